@@ -1,0 +1,84 @@
+//! The command line: clap definitions of every subcommand, nothing else.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::supervisor;
+
+#[derive(Debug, Parser)]
+#[command(name = "railgrid", version = crate::build_info::VERSION, about = "Fleet agent, job runner and process supervisor", propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the version, commit and target of this binary.
+    Version {
+        /// Print JSON: {"version", "commit", "target"}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run PROGRAM under the supervisor until SIGTERM or SIGINT, then stop its whole
+    /// process group and exit 0.
+    Supervise(SuperviseArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "As root, the child needs an account: --user NAME (for example --user nobody), or --uid N --gid N.\nDurations take humantime forms: 250ms, 2s, 1m."
+)]
+pub struct SuperviseArgs {
+    /// Log file for the child's stdout and stderr (created 0600, rotated to FILE.1).
+    #[arg(long, value_name = "FILE")]
+    pub log: PathBuf,
+    /// Rotate the log when it would exceed this many bytes.
+    #[arg(long, value_name = "N", default_value_t = supervisor::DEFAULT_MAX_LOG_BYTES)]
+    pub max_log_bytes: u64,
+    /// Time between SIGTERM and SIGKILL when stopping the child's process group.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
+    pub stop_grace: Duration,
+    /// First restart pause; it doubles on each consecutive unexpected exit, up to 60s.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "1s")]
+    pub initial_backoff: Duration,
+    /// Run the child as this user (with its groups, HOME, USER and LOGNAME).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["uid", "gid"])]
+    pub user: Option<String>,
+    /// Run the child as this uid (needs --gid).
+    #[arg(long, value_name = "N", requires = "gid")]
+    pub uid: Option<u32>,
+    /// Run the child with this gid (needs --uid).
+    #[arg(long, value_name = "N", requires = "uid")]
+    pub gid: Option<u32>,
+    /// HOME for the child (default: the account's home directory).
+    #[arg(long, value_name = "DIR")]
+    pub home: Option<PathBuf>,
+    /// PATH for the child, also used to find PROGRAM.
+    #[arg(long, value_name = "PATH")]
+    pub path: Option<String>,
+    /// Working directory of the child.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub dir: PathBuf,
+    /// Add K=V to the child's environment (repeatable). Loader variables are refused.
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Lock file of a runner: terminate a stale holder before the first start.
+    #[arg(long, value_name = "FILE")]
+    pub lock: Option<PathBuf>,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    pub command: Vec<OsString>,
+}
+
+/// Parses humantime durations ("250ms", "2s", "1m").
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (use forms like 250ms, 2s, 1m)"))
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    crate::env_policy::parse_assignment(s).map_err(|e| e.to_string())
+}

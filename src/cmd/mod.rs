@@ -1,0 +1,95 @@
+//! Glue between the command line and the library: builds configs from flags, runs the
+//! async parts on an explicitly built runtime, and classifies errors into exit codes.
+
+mod supervise;
+
+use std::fmt;
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+
+use crate::build_info;
+use crate::cli::{Cli, Command};
+
+/// An error the user must fix (bad flags, bad config, refused identity): exit code 2.
+#[derive(Debug)]
+pub struct UsageError(pub anyhow::Error);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Wraps an error as a usage error.
+pub fn usage(err: impl Into<anyhow::Error>) -> anyhow::Error {
+    anyhow::Error::new(UsageError(err.into()))
+}
+
+/// Exit code for an error returned by [`run`]: 2 for usage errors, 1 otherwise.
+pub fn exit_code(err: &anyhow::Error) -> u8 {
+    if err.downcast_ref::<UsageError>().is_some() {
+        2
+    } else {
+        1
+    }
+}
+
+/// Runs one command.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    init_tracing();
+    match cli.command {
+        Command::Version { json } => version(json),
+        Command::Supervise(args) => supervise::run(args),
+    }
+}
+
+fn version(json: bool) -> anyhow::Result<ExitCode> {
+    let info = build_info::current();
+    let text = if json {
+        serde_json::to_string(&info)?
+    } else {
+        let commit = info.commit.as_deref().unwrap_or("unknown commit");
+        format!("railgrid {} ({commit}, {})", info.version, info.target)
+    };
+    print_stdout(&text)
+}
+
+/// Prints a line to stdout; a closed pipe (`railgrid version | head -c0`) is not an error.
+fn print_stdout(text: &str) -> anyhow::Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Logs to stderr. `RAILGRID_LOG` takes a filter such as `debug` or `railgrid=trace`.
+fn init_tracing() {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    let filter = std::env::var("RAILGRID_LOG")
+        .ok()
+        .and_then(|s| s.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(LevelFilter::INFO));
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_target(false),
+        )
+        .with(filter)
+        .try_init();
+}
+
+/// A runtime on the calling thread: the supervisor needs no more, and one thread keeps
+/// an idle `supervise` small.
+fn current_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}

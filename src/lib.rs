@@ -1,0 +1,14 @@
+//! railgrid: a fleet agent that keeps one supervised runner alive on a host, the runner
+//! that executes jobs in confined process trees, and the reference hub they reconcile
+//! against — one binary. See DESIGN.md for the invariants each module upholds.
+
+pub mod build_info;
+pub mod cli;
+pub mod cmd;
+pub mod env_policy;
+pub mod supervisor;
+#[allow(unsafe_code)]
+pub mod sys;
+pub mod util;
+
+pub use util::error_chain;

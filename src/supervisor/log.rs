@@ -1,0 +1,393 @@
+//! The child's capped, owner-only log, and the thread that fills it.
+//!
+//! One pipe carries both stdout and stderr of every child a supervisor launches; a
+//! dedicated thread (`pump`) moves its bytes into [`CappedLog`], which keeps at most
+//! `max_bytes` in `<log>` and `max_bytes` in `<log>.1`. The thread, not the async
+//! runtime, does the blocking file I/O, so a slow disk never stalls supervision, and a
+//! log that cannot be written drops bytes instead of blocking the child.
+
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use thiserror::Error;
+
+use crate::sys::pipe::{self, Ready};
+
+/// Size of each read from the pipe: large enough that a fast writer costs few syscalls.
+const READ_CHUNK: usize = 256 * 1024;
+/// Pipe buffer asked of the kernel (Linux caps it at /proc/sys/fs/pipe-max-size, 1 MiB by
+/// default).
+const PIPE_BYTES: usize = 1024 * 1024;
+
+#[derive(Debug, Error)]
+pub enum LogError {
+    #[error("could not open log file {path}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("log path {path} is not a regular file")]
+    NotAFile { path: PathBuf },
+    #[error("could not restrict log file {path} to mode 0600")]
+    Chmod {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("could not create the log pipe")]
+    Pipe(#[source] io::Error),
+    #[error("could not start the log thread")]
+    Thread(#[source] io::Error),
+}
+
+/// An append-only file that rotates to `<path>.1` before it would exceed `max_bytes`.
+#[derive(Debug)]
+pub struct CappedLog {
+    path: PathBuf,
+    backup: PathBuf,
+    file: Option<File>,
+    size: u64,
+    max: u64,
+    /// Set while writes fail, so a full disk is reported once rather than per chunk.
+    failing: bool,
+}
+
+impl CappedLog {
+    /// Opens (or creates, mode 0600) the log for appending. An existing file with wider
+    /// permissions is tightened to 0600; a symlink is refused.
+    pub fn open(path: &Path, max_bytes: u64) -> Result<Self, LogError> {
+        let backup = backup_path(path);
+        let file = open_private(path)?;
+        if backup.exists() {
+            tighten(&backup)?;
+        }
+        let size = file
+            .metadata()
+            .map_err(|source| LogError::Open {
+                path: path.to_owned(),
+                source,
+            })?
+            .len();
+        Ok(Self {
+            path: path.to_owned(),
+            backup,
+            file: Some(file),
+            size,
+            max: max_bytes.max(1),
+            failing: false,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends `data`, rotating whenever the current file would pass the cap. When the
+    /// file has room for part of the chunk, it is cut after the last newline that fits,
+    /// so lines stay whole unless a single line is longer than the space left.
+    pub fn write(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            let room = self.max.saturating_sub(self.size);
+            if data.len() as u64 <= room {
+                self.append(data);
+                return;
+            }
+            let fits = &data[..room as usize];
+            let cut = match fits.iter().rposition(|&b| b == b'\n') {
+                Some(i) => i + 1,
+                None if self.size == 0 => fits.len(),
+                None => 0,
+            };
+            self.append(&data[..cut]);
+            data = &data[cut..];
+            self.rotate();
+        }
+    }
+
+    fn append(&mut self, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        if self.file.is_none() {
+            self.reopen();
+        }
+        let Some(file) = self.file.as_mut() else {
+            return;
+        };
+        match file.write_all(data) {
+            Ok(()) => {
+                self.size += data.len() as u64;
+                if self.failing {
+                    tracing::info!(log = %self.path.display(), "log writes work again");
+                    self.failing = false;
+                }
+            }
+            Err(e) => {
+                // The bytes are dropped: the child must never block on its log.
+                if !self.failing {
+                    tracing::warn!(log = %self.path.display(), error = %e, "could not write child output; dropping it until writes work again");
+                    self.failing = true;
+                }
+                // A partial write leaves the size unknown; re-read it.
+                self.size = file.metadata().map(|m| m.len()).unwrap_or(self.max);
+            }
+        }
+    }
+
+    fn rotate(&mut self) {
+        self.file = None;
+        if let Err(e) = fs::rename(&self.path, &self.backup) {
+            // Without the rename the file must still shrink, or the cap would not hold.
+            tracing::warn!(log = %self.path.display(), error = %e, "could not rotate log; truncating it instead");
+            if let Err(e) = OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&self.path)
+            {
+                tracing::warn!(log = %self.path.display(), error = %e, "could not truncate log");
+            }
+        }
+        self.reopen();
+    }
+
+    fn reopen(&mut self) {
+        match open_private(&self.path) {
+            Ok(file) => {
+                self.size = file.metadata().map(|m| m.len()).unwrap_or(0);
+                self.file = Some(file);
+            }
+            Err(e) => {
+                if !self.failing {
+                    tracing::warn!(error = %crate::error_chain(&e), "dropping child output");
+                    self.failing = true;
+                }
+            }
+        }
+    }
+}
+
+/// `<path>.1`.
+pub fn backup_path(path: &Path) -> PathBuf {
+    let mut name = OsString::from(path.as_os_str());
+    name.push(".1");
+    PathBuf::from(name)
+}
+
+fn open_private(path: &Path) -> Result<File, LogError> {
+    let file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|source| LogError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+    let meta = file.metadata().map_err(|source| LogError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    if !meta.is_file() {
+        return Err(LogError::NotAFile {
+            path: path.to_owned(),
+        });
+    }
+    tighten_open(&file, path, meta.mode())?;
+    Ok(file)
+}
+
+fn tighten(path: &Path) -> Result<(), LogError> {
+    let meta = fs::symlink_metadata(path).map_err(|source| LogError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    if !meta.is_file() {
+        return Err(LogError::NotAFile {
+            path: path.to_owned(),
+        });
+    }
+    if meta.mode() & 0o077 != 0 {
+        fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(|source| {
+            LogError::Chmod {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
+        tracing::warn!(log = %path.display(), was = format!("{:o}", meta.mode() & 0o777), "log file was readable by others; restricted it to 0600");
+    }
+    Ok(())
+}
+
+fn tighten_open(file: &File, path: &Path, mode: u32) -> Result<(), LogError> {
+    if mode & 0o077 != 0 {
+        file.set_permissions(fs::Permissions::from_mode(0o600))
+            .map_err(|source| LogError::Chmod {
+                path: path.to_owned(),
+                source,
+            })?;
+        tracing::warn!(log = %path.display(), was = format!("{:o}", mode & 0o777), "log file was readable by others; restricted it to 0600");
+    }
+    Ok(())
+}
+
+/// The running log thread and the ends of its pipes that the supervisor keeps.
+pub struct Pump {
+    /// Handed (duplicated) to each child as stdout and stderr.
+    pub child_end: OwnedFd,
+    /// Dropping this wakes the thread and makes it give up, even if a stray writer still
+    /// holds the pipe open.
+    wake: OwnedFd,
+    thread: JoinHandle<CappedLog>,
+    done: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl Pump {
+    /// Starts a thread that moves everything written to `child_end` into `log`.
+    pub fn start(log: CappedLog) -> Result<Self, LogError> {
+        let (reader, child_end) = pipe::pipe().map_err(LogError::Pipe)?;
+        pipe::grow(&child_end, PIPE_BYTES);
+        let (wake_reader, wake) = pipe::pipe().map_err(LogError::Pipe)?;
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("railgrid-log".into())
+            .spawn(move || {
+                let log = pump(reader, wake_reader, log);
+                let _ = done_tx.send(());
+                log
+            })
+            .map_err(LogError::Thread)?;
+        Ok(Self {
+            child_end,
+            wake,
+            thread,
+            done,
+        })
+    }
+
+    /// Closes the supervisor's end of the pipe and waits up to `drain` for every writer
+    /// to go away and the thread to copy what is left; then wakes it and takes the log
+    /// back. A writer that escaped the child's process group cannot hold this up.
+    pub async fn finish(self, drain: std::time::Duration) -> Option<CappedLog> {
+        let Self {
+            child_end,
+            wake,
+            thread,
+            mut done,
+        } = self;
+        drop(child_end);
+        // Cancel-safe: `done` is a oneshot receiver held by reference.
+        let drained = tokio::time::timeout(drain, &mut done).await.is_ok();
+        drop(wake);
+        if !drained {
+            tracing::warn!("a process outside the child's group still holds its output pipe; closing the log without it");
+            let _ = done.await;
+        }
+        thread.join().ok()
+    }
+}
+
+fn pump(mut reader: File, wake: File, mut log: CappedLog) -> CappedLog {
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        match pipe::wait_readable(&reader, &wake, None) {
+            Ok(Ready::Data) => {}
+            Ok(Ready::Timeout) => continue,
+            Ok(Ready::Woken) => return log,
+            Err(e) => {
+                tracing::warn!(error = %e, "log pipe poll failed; closing the log");
+                return log;
+            }
+        }
+        match reader.read(&mut buf) {
+            Ok(0) => return log,
+            Ok(n) => log.write(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "log pipe read failed; closing the log");
+                return log;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on_disk(path: &Path) -> (u64, u64) {
+        let main = fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let backup = fs::metadata(backup_path(path))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        (main, backup)
+    }
+
+    #[test]
+    fn rotates_at_line_boundaries_and_never_passes_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("child.log");
+        let mut log = CappedLog::open(&path, 100).unwrap();
+        for i in 0..50 {
+            log.write(format!("line {i:04}\n").as_bytes());
+            let (main, backup) = on_disk(&path);
+            assert!(main <= 100 && backup <= 100, "{main} {backup}");
+        }
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.ends_with("line 0049\n"));
+        assert!(text.lines().all(|l| l.len() == 9), "{text:?}");
+    }
+
+    #[test]
+    fn a_chunk_larger_than_the_cap_is_split() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("child.log");
+        let mut log = CappedLog::open(&path, 64).unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        log.write(&data);
+        let (main, backup) = on_disk(&path);
+        assert!(main <= 64 && backup <= 64);
+        assert!(data.ends_with(&fs::read(&path).unwrap()));
+    }
+
+    #[test]
+    fn creates_0600_and_tightens_an_open_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("child.log");
+        CappedLog::open(&path, 1024).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        CappedLog::open(&path, 1024).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn refuses_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        fs::write(&target, b"").unwrap();
+        let link = dir.path().join("child.log");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(matches!(
+            CappedLog::open(&link, 1024),
+            Err(LogError::Open { .. })
+        ));
+    }
+
+    #[test]
+    fn appends_across_opens_and_counts_what_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("child.log");
+        CappedLog::open(&path, 20).unwrap().write(b"0123456789\n");
+        let mut log = CappedLog::open(&path, 20).unwrap();
+        log.write(b"abcdefghij\n");
+        assert_eq!(fs::read(backup_path(&path)).unwrap(), b"0123456789\n");
+        assert_eq!(fs::read(&path).unwrap(), b"abcdefghij\n");
+    }
+}

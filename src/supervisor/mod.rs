@@ -1,0 +1,598 @@
+//! The supervisor: keeps one child process alive, safely.
+//!
+//! Tasks:
+//! - the *supervision task* (`run`, one per started supervisor): launches the child,
+//!   waits for it to exit or for a stop request, restarts it after a backoff, and on stop
+//!   terminates its whole process group. In: a stop request (watch channel). Out: the
+//!   published [`Status`].
+//! - the *log thread* ([`log::Pump`]): copies the child's stdout and stderr into the
+//!   capped log file. Blocking I/O stays off the async runtime.
+//!
+//! Callers hold a [`Supervisor`] and use its systemctl-like verbs: `start` (a no-op when
+//! running), `stop` (a no-op when stopped), `alive`, `starts`, `last_error`, `status`.
+//!
+//! What it promises (DESIGN.md invariants 1–5): never uid 0 for the child, decided when
+//! the supervisor is constructed; an environment built from nothing; an owner-only log
+//! that never holds more than twice its cap; the child leads its own session and process
+//! group, and stop takes the whole group down (SIGTERM, grace, SIGKILL); restarts back off.
+
+pub mod account;
+pub mod backoff;
+pub mod env;
+pub mod lock;
+pub mod log;
+
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use thiserror::Error;
+use tokio::sync::{watch, Mutex};
+use tokio::time::Instant;
+
+use crate::env_policy::{self, EnvError};
+use crate::sys::group::{self, Sig};
+use crate::sys::spawn::{self, Credentials};
+use crate::sys::{self, ProcessId};
+
+use self::account::Account;
+use self::backoff::Backoff;
+use self::log::{CappedLog, LogError, Pump};
+
+pub use self::env::DEFAULT_PATH;
+
+/// First restart pause.
+pub const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_secs(1);
+/// Longest restart pause.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// A child that ran this long is taken as healthy: the next pause starts from the initial one.
+pub const DEFAULT_STABLE_AFTER: Duration = Duration::from_secs(10);
+/// Time between SIGTERM and SIGKILL.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
+/// Log cap; `<log>.1` holds at most as much again.
+pub const DEFAULT_MAX_LOG_BYTES: u64 = 8 * 1024 * 1024;
+/// Smallest accepted log cap: below it rotation would churn on every line.
+pub const MIN_LOG_BYTES: u64 = 1024;
+/// How long stop waits for the log thread to copy what the child wrote last.
+const LOG_DRAIN: Duration = Duration::from_secs(2);
+/// How often stop re-checks whether a process group still has live members. Only used
+/// while stopping, never while idle.
+const GROUP_POLL: Duration = Duration::from_millis(5);
+/// How long to wait for a group to vanish after SIGKILL before giving up on it.
+const KILL_WAIT: Duration = Duration::from_secs(2);
+
+/// Whom the child runs as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// As the supervisor itself. Refused when the supervisor is root.
+    Inherit,
+    /// As this account. Only a root supervisor can switch, and never to uid or gid 0.
+    User(Account),
+}
+
+/// What to supervise and how. Validated by [`Supervisor::new`].
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Used in log lines and errors.
+    pub name: String,
+    /// Absolute path of the program.
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    /// Working directory; must exist.
+    pub dir: PathBuf,
+    /// The child's *complete* environment (see [`env::child_env`]).
+    pub env: Vec<(String, String)>,
+    pub identity: Identity,
+    pub log: PathBuf,
+    pub max_log_bytes: u64,
+    pub stop_grace: Duration,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    pub stable_after: Duration,
+}
+
+impl Config {
+    /// A config with the documented defaults for everything but what must be chosen.
+    pub fn new(
+        name: impl Into<String>,
+        program: impl Into<PathBuf>,
+        log: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            program: program.into(),
+            args: Vec::new(),
+            dir: PathBuf::from("/"),
+            env: Vec::new(),
+            identity: Identity::Inherit,
+            log: log.into(),
+            max_log_bytes: DEFAULT_MAX_LOG_BYTES,
+            stop_grace: DEFAULT_STOP_GRACE,
+            initial_backoff: DEFAULT_INITIAL_BACKOFF,
+            max_backoff: MAX_BACKOFF,
+            stable_after: DEFAULT_STABLE_AFTER,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error(
+        "refusing to run {name} as root: a root supervisor needs a non-root account for its child"
+    )]
+    RootChild { name: String },
+    #[error("refusing to run {name} as uid {uid} gid 0 ({user}): the child must not be in the root group")]
+    RootGroup {
+        name: String,
+        uid: u32,
+        user: String,
+    },
+    #[error("refusing to run {name} as uid {wanted}: only root can switch users, and this process runs as uid {ours}")]
+    OtherUser {
+        name: String,
+        wanted: u32,
+        ours: u32,
+    },
+    #[error("program {path} is not an absolute path")]
+    RelativeProgram { path: PathBuf },
+    #[error("program {path} cannot be used")]
+    Program {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("program {path} is not an executable file")]
+    NotExecutable { path: PathBuf },
+    #[error("working directory {path} cannot be used")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("working directory {path} is not a directory")]
+    NotADir { path: PathBuf },
+    #[error("invalid environment for {name}")]
+    Env {
+        name: String,
+        #[source]
+        source: EnvError,
+    },
+    #[error("could not read the supplementary groups of user {user}")]
+    Groups {
+        user: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("max log bytes {got} is below the minimum of {min}")]
+    LogTooSmall { got: u64, min: u64 },
+    #[error("initial backoff must be greater than zero")]
+    ZeroBackoff,
+    #[error(transparent)]
+    Log(#[from] LogError),
+}
+
+/// What the child is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    Stopped,
+    Running,
+    Backoff,
+}
+
+/// A snapshot of the supervisor, published on every change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Status {
+    pub state: State,
+    pub pid: Option<u32>,
+    pub starts: u64,
+    pub last_error: Option<String>,
+    /// When `state` last changed.
+    #[serde(with = "crate::util::unix_secs")]
+    pub since: SystemTime,
+}
+
+/// Keeps one child alive. See the module docs.
+pub struct Supervisor {
+    inner: Arc<Inner>,
+    ctl: Mutex<Ctl>,
+}
+
+struct Inner {
+    config: Config,
+    creds: Option<Credentials>,
+    starts: AtomicU64,
+    status: watch::Sender<Status>,
+}
+
+enum Ctl {
+    Idle(Option<CappedLog>),
+    Running {
+        stop: watch::Sender<bool>,
+        task: tokio::task::JoinHandle<Option<CappedLog>>,
+    },
+}
+
+impl Supervisor {
+    /// Validates `config` and opens the log. Everything the child could be refused for is
+    /// refused here, with an error that says why, never at exec time.
+    pub fn new(config: Config) -> Result<Self, Error> {
+        let creds = credentials(&config)?;
+        check_program(&config)?;
+        match fs::metadata(&config.dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(Error::NotADir {
+                    path: config.dir.clone(),
+                })
+            }
+            Err(source) => {
+                return Err(Error::Dir {
+                    path: config.dir.clone(),
+                    source,
+                })
+            }
+        }
+        for (k, v) in &config.env {
+            env_policy::check(k, v).map_err(|source| Error::Env {
+                name: config.name.clone(),
+                source,
+            })?;
+        }
+        if config.max_log_bytes < MIN_LOG_BYTES {
+            return Err(Error::LogTooSmall {
+                got: config.max_log_bytes,
+                min: MIN_LOG_BYTES,
+            });
+        }
+        if config.initial_backoff.is_zero() {
+            return Err(Error::ZeroBackoff);
+        }
+        let log = CappedLog::open(&config.log, config.max_log_bytes)?;
+        let (status, _) = watch::channel(Status {
+            state: State::Stopped,
+            pid: None,
+            starts: 0,
+            last_error: None,
+            since: SystemTime::now(),
+        });
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                creds,
+                starts: AtomicU64::new(0),
+                status,
+            }),
+            ctl: Mutex::new(Ctl::Idle(Some(log))),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Starts supervising. A no-op while running, so a reconcile loop may call it on every
+    /// pass. Launch failures do not fail `start`: they are retried with backoff and show in
+    /// [`Supervisor::last_error`].
+    pub async fn start(&self) -> Result<(), Error> {
+        let mut ctl = self.ctl.lock().await;
+        let log = match &mut *ctl {
+            Ctl::Running { task, .. } if !task.is_finished() => return Ok(()),
+            Ctl::Running { .. } => None,
+            Ctl::Idle(log) => log.take(),
+        };
+        let log = match log {
+            Some(log) => log,
+            None => {
+                let c = &self.inner.config;
+                CappedLog::open(&c.log, c.max_log_bytes)?
+            }
+        };
+        let pump = Pump::start(log)?;
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(run(self.inner.clone(), stop_rx, pump));
+        *ctl = Ctl::Running { stop, task };
+        Ok(())
+    }
+
+    /// Stops the child's whole process group (SIGTERM, `stop_grace`, SIGKILL), reaps it and
+    /// waits for the supervision task to end. A no-op when stopped.
+    pub async fn stop(&self) {
+        let mut ctl = self.ctl.lock().await;
+        if let Ctl::Running { stop, task } = std::mem::replace(&mut *ctl, Ctl::Idle(None)) {
+            let _ = stop.send(true);
+            let log = task.await.ok().flatten();
+            *ctl = Ctl::Idle(log);
+        }
+    }
+
+    /// True while a child process exists (not while backing off or stopped).
+    pub fn alive(&self) -> bool {
+        self.inner.status.borrow().state == State::Running
+    }
+
+    /// How many times a child was launched.
+    pub fn starts(&self) -> u64 {
+        self.inner.starts.load(Ordering::Relaxed)
+    }
+
+    /// The latest unexpected exit or launch failure.
+    pub fn last_error(&self) -> Option<String> {
+        self.inner.status.borrow().last_error.clone()
+    }
+
+    pub fn status(&self) -> Status {
+        self.inner.status.borrow().clone()
+    }
+
+    /// A receiver that sees every status change.
+    pub fn subscribe(&self) -> watch::Receiver<Status> {
+        self.inner.status.subscribe()
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        // Best effort: a dropped supervisor must not leave its child running unsupervised.
+        // The task, if the runtime is still alive, stops the group.
+        if let Ok(ctl) = self.ctl.try_lock() {
+            if let Ctl::Running { stop, .. } = &*ctl {
+                let _ = stop.send(true);
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn publish(&self, f: impl FnOnce(&mut Status)) {
+        self.status.send_modify(|s| {
+            let before = s.state;
+            f(s);
+            s.starts = self.starts.load(Ordering::Relaxed);
+            if s.state != before {
+                s.since = SystemTime::now();
+            }
+        });
+    }
+
+    fn launch(&self, log_fd: &std::os::fd::OwnedFd) -> std::io::Result<tokio::process::Child> {
+        let c = &self.config;
+        let mut cmd = std::process::Command::new(&c.program);
+        cmd.args(&c.args)
+            .env_clear()
+            .envs(c.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&c.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log_fd.try_clone()?))
+            .stderr(Stdio::from(log_fd.try_clone()?));
+        spawn::session_leader_as(&mut cmd, self.creds.clone());
+        tokio::process::Command::from(cmd).spawn()
+    }
+}
+
+/// The supervision task. Returns the log so a later `start` appends to the same file.
+async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>, pump: Pump) -> Option<CappedLog> {
+    let c = &inner.config;
+    let mut backoff = Backoff::new(c.initial_backoff, c.max_backoff, c.stable_after);
+    loop {
+        let started = Instant::now();
+        let outcome = match inner.launch(&pump.child_end) {
+            Ok(mut child) => {
+                let n = inner.starts.fetch_add(1, Ordering::Relaxed) + 1;
+                let pid = child.id().and_then(ProcessId::from_u32);
+                inner.publish(|s| {
+                    s.state = State::Running;
+                    s.pid = pid.map(|p| p.get() as u32);
+                });
+                tracing::info!(child = %c.name, pid = pid.map(|p| p.get()), start = n, "started");
+                tokio::select! {
+                    // Cancel-safe: `Child::wait` may be dropped and called again.
+                    status = child.wait() => {
+                        let why = match status {
+                            Ok(status) => describe(status),
+                            Err(e) => format!("could not be waited for: {e}"),
+                        };
+                        tracing::warn!(child = %c.name, pid = pid.map(|p| p.get()), ran_for = ?started.elapsed(), "exited unexpectedly: {why}");
+                        // Descendants that stayed in the group do not outlive their leader.
+                        if let Some(pgid) = pid {
+                            terminate_group(&c.name, pgid, c.stop_grace).await;
+                        }
+                        Some(why)
+                    }
+                    // Cancel-safe: `changed` only observes the channel.
+                    _ = stop.changed() => {
+                        if let Some(pgid) = pid {
+                            stop_child(&c.name, &mut child, pgid, c.stop_grace).await;
+                        }
+                        None
+                    }
+                }
+            }
+            Err(e) => {
+                let why = format!("could not launch {}: {e}", c.program.display());
+                tracing::warn!(child = %c.name, "{why}");
+                Some(why)
+            }
+        };
+        let Some(why) = outcome else { break };
+        let delay = backoff.after_exit(started.elapsed());
+        inner.publish(|s| {
+            s.state = State::Backoff;
+            s.pid = None;
+            s.last_error = Some(why);
+        });
+        tracing::info!(child = %c.name, delay = ?delay, "restarting after backoff");
+        tokio::select! {
+            // Cancel-safe: sleeping holds no state.
+            _ = tokio::time::sleep(delay) => {}
+            // Cancel-safe: as above.
+            _ = stop.changed() => break,
+        }
+    }
+    inner.publish(|s| {
+        s.state = State::Stopped;
+        s.pid = None;
+    });
+    tracing::info!(child = %c.name, "stopped");
+    pump.finish(LOG_DRAIN).await
+}
+
+/// SIGTERM to the child's group, wait for the child and every live member of the group up
+/// to `grace`, then SIGKILL the group and reap.
+async fn stop_child(
+    name: &str,
+    child: &mut tokio::process::Child,
+    pgid: ProcessId,
+    grace: Duration,
+) {
+    let deadline = Instant::now() + grace;
+    tracing::info!(child = %name, pid = pgid.get(), grace = ?grace, "stopping: SIGTERM to the process group");
+    send(name, pgid, Sig::SIGTERM);
+    // Cancel-safe: `Child::wait` may be dropped and called again.
+    let status = tokio::time::timeout_at(deadline, child.wait()).await;
+    let group_gone = wait_group(pgid, deadline).await;
+    if status.is_ok() && group_gone {
+        if let Ok(Ok(status)) = status {
+            tracing::info!(child = %name, pid = pgid.get(), "exited: {}", describe(status));
+        }
+        return;
+    }
+    tracing::warn!(child = %name, pid = pgid.get(), "grace period over: SIGKILL to the process group");
+    send(name, pgid, Sig::SIGKILL);
+    if let Ok(status) = child.wait().await {
+        tracing::info!(child = %name, pid = pgid.get(), "exited: {}", describe(status));
+    }
+    if !wait_group(pgid, Instant::now() + KILL_WAIT).await {
+        tracing::error!(child = %name, pgid = pgid.get(), "process group still has live members after SIGKILL");
+    }
+}
+
+/// Cleans up what a child that exited by itself left in its group.
+async fn terminate_group(name: &str, pgid: ProcessId, grace: Duration) {
+    if !group::group_alive(pgid) {
+        return;
+    }
+    tracing::warn!(child = %name, pgid = pgid.get(), "the child left processes in its group: SIGTERM");
+    send(name, pgid, Sig::SIGTERM);
+    if wait_group(pgid, Instant::now() + grace).await {
+        return;
+    }
+    tracing::warn!(child = %name, pgid = pgid.get(), "grace period over: SIGKILL to the leftover group");
+    send(name, pgid, Sig::SIGKILL);
+    wait_group(pgid, Instant::now() + KILL_WAIT).await;
+}
+
+fn send(name: &str, pgid: ProcessId, sig: Sig) {
+    if let Err(e) = group::signal_group(pgid, sig) {
+        tracing::warn!(child = %name, pgid = pgid.get(), error = %e, "could not signal {sig}");
+    }
+}
+
+/// Waits until no live process is left in the group, or `deadline`. Returns whether the
+/// group is gone. The OS has no event for "group empty", so this polls — only while
+/// stopping, and only until the deadline.
+async fn wait_group(pgid: ProcessId, deadline: Instant) -> bool {
+    loop {
+        if !group::group_alive(pgid) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(GROUP_POLL).await;
+    }
+}
+
+/// "exited with status 3" or "killed by signal 9 (SIGKILL)".
+pub fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return format!("exited with status {code}");
+    }
+    match status.signal() {
+        Some(sig) => match Sig::try_from(sig) {
+            Ok(name) => format!("killed by signal {sig} ({name})"),
+            Err(_) => format!("killed by signal {sig}"),
+        },
+        None => format!("ended with {status}"),
+    }
+}
+
+fn check_program(c: &Config) -> Result<(), Error> {
+    if !c.program.is_absolute() {
+        return Err(Error::RelativeProgram {
+            path: c.program.clone(),
+        });
+    }
+    let meta = fs::metadata(&c.program).map_err(|source| Error::Program {
+        path: c.program.clone(),
+        source,
+    })?;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err(Error::NotExecutable {
+            path: c.program.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Decides, once, whom the child runs as (invariant 1).
+fn credentials(c: &Config) -> Result<Option<Credentials>, Error> {
+    let (uid, gid) = sys::current_ids();
+    let root = uid == 0;
+    match &c.identity {
+        Identity::Inherit if root => Err(Error::RootChild {
+            name: c.name.clone(),
+        }),
+        Identity::Inherit => Ok(None),
+        Identity::User(acct) if !root => {
+            if acct.uid == uid && acct.gid == gid {
+                Ok(None)
+            } else {
+                Err(Error::OtherUser {
+                    name: c.name.clone(),
+                    wanted: acct.uid,
+                    ours: uid,
+                })
+            }
+        }
+        Identity::User(acct) => {
+            if acct.uid == 0 {
+                return Err(Error::RootChild {
+                    name: c.name.clone(),
+                });
+            }
+            let root_group = || Error::RootGroup {
+                name: c.name.clone(),
+                uid: acct.uid,
+                user: acct.name.clone(),
+            };
+            if acct.gid == 0 {
+                return Err(root_group());
+            }
+            // initgroups for a named account; none but the primary for a bare uid.
+            let groups = match Account::by_uid(acct.uid) {
+                Some(known) if known.name == acct.name => spawn::group_list(&acct.name, acct.gid)
+                    .map_err(|source| Error::Groups {
+                    user: acct.name.clone(),
+                    source,
+                })?,
+                _ => vec![acct.gid],
+            };
+            if groups.contains(&0) {
+                return Err(root_group());
+            }
+            Ok(Some(Credentials {
+                uid: acct.uid,
+                gid: acct.gid,
+                groups,
+            }))
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! The only place in railgrid with `unsafe` code and raw system calls.
+//!
+//! Everything here is a small synchronous function that turns an OS call into a typed
+//! `Result` at once. Callers elsewhere never see a raw errno, a raw fd or a raw pid.
+
+pub mod group;
+pub mod locks;
+pub mod pipe;
+#[cfg(target_os = "linux")]
+pub mod procfs;
+pub mod spawn;
+
+use std::fmt;
+
+use nix::unistd::Pid;
+
+/// A process id that is known to be > 1, so that signalling it can never mean
+/// "every process" (-1), "my own group" (0) or init (1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProcessId(i32);
+
+impl ProcessId {
+    /// Returns `None` for 0, 1 and negative values.
+    pub fn new(raw: i32) -> Option<Self> {
+        (raw > 1).then_some(Self(raw))
+    }
+
+    pub fn from_u32(raw: u32) -> Option<Self> {
+        i32::try_from(raw).ok().and_then(Self::new)
+    }
+
+    pub fn get(self) -> i32 {
+        self.0
+    }
+
+    pub(crate) fn as_nix(self) -> Pid {
+        Pid::from_raw(self.0)
+    }
+
+    /// The calling process.
+    pub fn current() -> Self {
+        Self(std::process::id() as i32)
+    }
+}
+
+impl fmt::Display for ProcessId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// True when the effective uid is 0.
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// The effective uid and gid of this process.
+pub fn current_ids() -> (u32, u32) {
+    (
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    )
+}

@@ -1,0 +1,83 @@
+//! Preparing a child between fork and exec: new session, then credentials.
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use nix::unistd::{setgid, setsid, setuid, Gid, Uid};
+
+/// The account a child switches to before exec. Built before fork so that the
+/// `pre_exec` closure allocates nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups, set first (while still privileged). Empty clears them.
+    pub groups: Vec<u32>,
+}
+
+/// Makes the child the leader of a new session (and so of a new process group whose id is
+/// its pid), and switches it to `creds` when given: supplementary groups, then gid, then
+/// uid, so that no root group survives the drop.
+///
+/// std's own `uid()`/`gid()` cannot be used: they run before `pre_exec` closures, and
+/// `setgroups` needs privilege that is gone after `setuid`.
+pub fn session_leader_as(cmd: &mut Command, creds: Option<Credentials>) {
+    let creds = creds.map(|c| {
+        let groups: Vec<Gid> = c.groups.iter().map(|g| Gid::from_raw(*g)).collect();
+        (Uid::from_raw(c.uid), Gid::from_raw(c.gid), groups)
+    });
+    // SAFETY: the closure runs in the forked child before exec. It only calls setsid,
+    // setgroups, setgid and setuid — plain system calls that are async-signal-safe — and
+    // it does not allocate: the group list was built above, before fork, and is only
+    // borrowed here.
+    unsafe {
+        cmd.pre_exec(move || {
+            setsid()?;
+            if let Some((uid, gid, groups)) = &creds {
+                set_groups(groups)?;
+                setgid(*gid)?;
+                setuid(*uid)?;
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_vendor = "apple"))]
+fn set_groups(groups: &[Gid]) -> std::io::Result<()> {
+    nix::unistd::setgroups(groups).map_err(std::io::Error::from)
+}
+
+#[cfg(target_vendor = "apple")]
+fn set_groups(groups: &[Gid]) -> std::io::Result<()> {
+    // SAFETY: Gid is a transparent wrapper of gid_t, so the slice is a valid gid_t array
+    // of `groups.len()` entries for the duration of the call.
+    let rc = unsafe {
+        libc::setgroups(
+            groups.len() as libc::c_int,
+            groups.as_ptr() as *const libc::gid_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The supplementary groups `initgroups(user, gid)` would set: the user's groups from the
+/// group database plus `gid`. Done in the parent because the lookup allocates and reads
+/// files, which must not happen between fork and exec.
+#[cfg(not(target_vendor = "apple"))]
+pub fn group_list(user: &str, gid: u32) -> std::io::Result<Vec<u32>> {
+    let name = std::ffi::CString::new(user)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in user name"))?;
+    let groups = nix::unistd::getgrouplist(&name, Gid::from_raw(gid))?;
+    Ok(groups.into_iter().map(|g| g.as_raw()).collect())
+}
+
+/// macOS has no usable `getgrouplist` in nix; the child keeps only its primary group.
+#[cfg(target_vendor = "apple")]
+pub fn group_list(_user: &str, gid: u32) -> std::io::Result<Vec<u32>> {
+    Ok(vec![gid])
+}
