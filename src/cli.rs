@@ -25,7 +25,7 @@ pub enum Command {
     },
     /// Run PROGRAM under the supervisor until SIGTERM or SIGINT, then stop its whole
     /// process group and exit 0.
-    Supervise(SuperviseArgs),
+    Supervise(Box<SuperviseArgs>),
 }
 
 #[derive(Debug, Args)]

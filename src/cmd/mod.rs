@@ -41,7 +41,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     init_tracing();
     match cli.command {
         Command::Version { json } => version(json),
-        Command::Supervise(args) => supervise::run(args),
+        Command::Supervise(args) => supervise::run(*args),
     }
 }
 

@@ -1,0 +1,10 @@
+#![allow(unreachable_pub)]
+
+//! Integration tests: the real binary, real processes, real files.
+//!
+//! One test binary (modules below) keeps link time down.
+
+mod lock;
+mod supervise;
+mod supervisor_api;
+mod support;

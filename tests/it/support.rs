@@ -1,0 +1,214 @@
+//! Helpers shared by the integration tests: running the binary, polling with deadlines,
+//! looking at processes, and cleaning up what a test started.
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_railgrid");
+
+pub fn railgrid() -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("RAILGRID_LOG", "info");
+    cmd
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// The flags that give a child an account: `--user nobody` as root, nothing otherwise.
+pub fn user_flags() -> Vec<&'static str> {
+    if is_root() {
+        vec!["--user", "nobody"]
+    } else {
+        vec![]
+    }
+}
+
+/// Polls `f` until it returns `Some`, or panics after `limit` naming `what`.
+pub fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn read_lossy(path: &Path) -> String {
+    fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+/// Waits until the file at `path` contains `needle`, and returns its text.
+pub fn wait_for_text(path: &Path, needle: &str, limit: Duration) -> String {
+    wait_for(limit, &format!("{needle:?} in {}", path.display()), || {
+        let text = read_lossy(path);
+        text.contains(needle).then_some(text)
+    })
+}
+
+/// Fields of /proc/<pid>/stat: (pid, state, pgrp). Written here rather than taken from
+/// the crate, so the tests do not check the code with itself.
+fn proc_stats() -> Vec<(i32, char, i32)> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let (Some(state), Some(pgrp)) = (fields.first(), fields.get(2)) else {
+            continue;
+        };
+        let (Some(state), Ok(pgrp)) = (state.chars().next(), pgrp.parse()) else {
+            continue;
+        };
+        out.push((pid, state, pgrp));
+    }
+    out
+}
+
+/// Live (not zombie) processes in group `pgid`.
+pub fn live_in_group(pgid: i32) -> Vec<i32> {
+    proc_stats()
+        .into_iter()
+        .filter(|&(_, state, pgrp)| pgrp == pgid && state != 'Z' && state != 'X')
+        .map(|(pid, _, _)| pid)
+        .collect()
+}
+
+/// True when `pid` exists and is not a zombie.
+pub fn alive(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X"))
+        }
+        Err(_) => false,
+    }
+}
+
+/// A process a test started. Dropping it terminates it (SIGTERM, then SIGKILL) and
+/// kills the groups it registered, so a failing test leaves nothing behind.
+pub struct Guard {
+    pub child: Option<Child>,
+    groups: Vec<i32>,
+}
+
+impl Guard {
+    pub fn new(child: Child) -> Self {
+        Self {
+            child: Some(child),
+            groups: Vec::new(),
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
+    }
+
+    /// Also SIGKILL this process group on drop.
+    pub fn own_group(&mut self, pgid: i32) {
+        if pgid > 1 {
+            self.groups.push(pgid);
+        }
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        let _ = kill(Pid::from_raw(self.pid()), sig);
+    }
+
+    /// Waits up to `limit` for exit and returns the output; panics on timeout.
+    pub fn wait_output(&mut self, limit: Duration) -> Output {
+        let mut child = self.child.take().expect("child present");
+        let deadline = Instant::now() + limit;
+        loop {
+            match child.try_wait().expect("try_wait") {
+                Some(_) => return child.wait_with_output().expect("output"),
+                None if Instant::now() >= deadline => {
+                    let _ = child.kill();
+                    let out = child.wait_with_output().expect("output");
+                    panic!(
+                        "process did not exit within {limit:?}; stderr:\n{}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                None => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = Pid::from_raw(child.id() as i32);
+            let _ = kill(pid, Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for g in &self.groups {
+            let _ = killpg(Pid::from_raw(*g), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Starts `railgrid supervise` with `args` (which include `--`), stderr captured.
+pub fn supervise(args: &[&str]) -> Guard {
+    let child = railgrid()
+        .arg("supervise")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn railgrid supervise");
+    Guard::new(child)
+}
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("railgrid-test")
+        .tempdir()
+        .expect("tempdir")
+}
+
+pub fn path_str(p: &Path) -> String {
+    p.to_str().expect("utf-8 path").to_owned()
+}
+
+pub fn join(dir: &Path, name: &str) -> PathBuf {
+    dir.join(name)
+}
