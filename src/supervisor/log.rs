@@ -20,6 +20,9 @@ use crate::sys::pipe::{self, Ready};
 
 /// Size of each read from the pipe: large enough that a fast writer costs few syscalls.
 const READ_CHUNK: usize = 256 * 1024;
+/// A partial line is held back (so rotation never splits it) up to this size; a longer
+/// line is written in pieces.
+const LINE_HOLD: usize = 64 * 1024;
 /// Pipe buffer asked of the kernel (Linux caps it at /proc/sys/fs/pipe-max-size, 1 MiB by
 /// default).
 const PIPE_BYTES: usize = 1024 * 1024;
@@ -56,6 +59,8 @@ pub struct CappedLog {
     max: u64,
     /// Set while writes fail, so a full disk is reported once rather than per chunk.
     failing: bool,
+    /// The start of a line whose end has not arrived yet.
+    partial: Vec<u8>,
 }
 
 impl CappedLog {
@@ -81,6 +86,7 @@ impl CappedLog {
             size,
             max: max_bytes.max(1),
             failing: false,
+            partial: Vec::new(),
         })
     }
 
@@ -88,10 +94,50 @@ impl CappedLog {
         &self.path
     }
 
-    /// Appends `data`, rotating whenever the current file would pass the cap. When the
-    /// file has room for part of the chunk, it is cut after the last newline that fits,
-    /// so lines stay whole unless a single line is longer than the space left.
+    /// Appends `data`. Only whole lines reach the file: the unfinished last line is held
+    /// back (up to 64 KiB) until its newline arrives or [`CappedLog::flush`] is called, so a
+    /// read that ends mid-line never makes rotation split that line.
     pub fn write(&mut self, mut data: &[u8]) {
+        if !self.partial.is_empty() {
+            match data.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    self.partial.extend_from_slice(&data[..=i]);
+                    data = &data[i + 1..];
+                    self.flush();
+                }
+                None => {
+                    self.partial.extend_from_slice(data);
+                    if self.partial.len() >= LINE_HOLD {
+                        self.flush();
+                    }
+                    return;
+                }
+            }
+        }
+        let whole = data.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        self.write_lines(&data[..whole]);
+        let rest = &data[whole..];
+        if rest.len() >= LINE_HOLD {
+            self.write_lines(rest);
+        } else {
+            self.partial.extend_from_slice(rest);
+        }
+    }
+
+    /// Writes out a held-back partial line.
+    pub fn flush(&mut self) {
+        if !self.partial.is_empty() {
+            let partial = std::mem::take(&mut self.partial);
+            self.write_lines(&partial);
+            self.partial = partial; // keep the allocation
+            self.partial.clear();
+        }
+    }
+
+    /// Appends `data`, rotating whenever the current file would pass the cap. The cut is
+    /// made after the last newline that fits, so lines stay whole unless a single line is
+    /// longer than the space left in an empty file.
+    fn write_lines(&mut self, mut data: &[u8]) {
         while !data.is_empty() {
             let room = self.max.saturating_sub(self.size);
             if data.len() as u64 <= room {
@@ -293,25 +339,38 @@ impl Pump {
     }
 }
 
-fn pump(mut reader: File, wake: File, mut log: CappedLog) -> CappedLog {
+/// The log thread's loop. The read end is non-blocking, so while the child writes, each
+/// chunk costs one read and one write; `poll` runs only when the pipe is empty.
+fn pump(reader: File, wake: File, mut log: CappedLog) -> CappedLog {
+    copy(reader, &wake, &mut log);
+    log.flush();
+    log
+}
+
+fn copy(mut reader: File, wake: &File, log: &mut CappedLog) {
+    if let Err(e) = pipe::set_nonblocking(&reader) {
+        tracing::warn!(error = %e, "could not make the log pipe non-blocking; closing the log");
+        return;
+    }
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
-        match pipe::wait_readable(&reader, &wake, None) {
-            Ok(Ready::Data) => {}
-            Ok(Ready::Timeout) => continue,
-            Ok(Ready::Woken) => return log,
-            Err(e) => {
-                tracing::warn!(error = %e, "log pipe poll failed; closing the log");
-                return log;
-            }
-        }
         match reader.read(&mut buf) {
-            Ok(0) => return log,
+            Ok(0) => return,
             Ok(n) => log.write(&buf[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                match pipe::wait_readable(&reader, wake, None) {
+                    Ok(Ready::Data) | Ok(Ready::Timeout) => {}
+                    Ok(Ready::Woken) => return,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "log pipe poll failed; closing the log");
+                        return;
+                    }
+                }
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "log pipe read failed; closing the log");
-                return log;
+                return;
             }
         }
     }
@@ -345,12 +404,42 @@ mod tests {
     }
 
     #[test]
+    fn reads_that_end_mid_line_do_not_split_lines_at_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("child.log");
+        let mut log = CappedLog::open(&path, 1000).unwrap();
+        let text: String = (0..500).map(|i| format!("line {i:05}\n")).collect();
+        for piece in text.as_bytes().chunks(7) {
+            log.write(piece);
+        }
+        log.flush();
+        for p in [path.clone(), backup_path(&path)] {
+            let got = fs::read_to_string(&p).unwrap();
+            assert!(got.len() <= 1000);
+            assert!(got.lines().all(|l| l.len() == 10), "{got:?}");
+        }
+        assert!(fs::read_to_string(&path).unwrap().ends_with("line 00499\n"));
+    }
+
+    #[test]
+    fn a_partial_line_is_written_on_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("child.log");
+        let mut log = CappedLog::open(&path, 1000).unwrap();
+        log.write(b"done\nPassword: ");
+        assert_eq!(fs::read(&path).unwrap(), b"done\n");
+        log.flush();
+        assert_eq!(fs::read(&path).unwrap(), b"done\nPassword: ");
+    }
+
+    #[test]
     fn a_chunk_larger_than_the_cap_is_split() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("child.log");
         let mut log = CappedLog::open(&path, 64).unwrap();
         let data: Vec<u8> = (0..1000u32).map(|i| b'a' + (i % 26) as u8).collect();
         log.write(&data);
+        log.flush();
         let (main, backup) = on_disk(&path);
         assert!(main <= 64 && backup <= 64);
         assert!(data.ends_with(&fs::read(&path).unwrap()));

@@ -26,6 +26,14 @@ pub fn grow(fd: &impl AsFd, bytes: usize) {
 #[cfg(not(target_os = "linux"))]
 pub fn grow(_fd: &impl AsFd, _bytes: usize) {}
 
+/// Makes reads on `fd` return `WouldBlock` instead of waiting.
+pub fn set_nonblocking(fd: &impl AsFd) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg};
+    let flags = OFlag::from_bits_truncate(fcntl(fd.as_fd(), FcntlArg::F_GETFL)?);
+    fcntl(fd.as_fd(), FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
+}
+
 /// What woke a [`wait_readable`] call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ready {
