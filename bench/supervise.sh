@@ -120,17 +120,28 @@ echo "## Log throughput: ${MIB} MiB of 100-byte lines, ${RUNS} runs each, median
 echo
 echo "| logger | MiB/s | ratio to raw pipe |"
 echo "|---|---:|---:|"
-raw_ns=$(for _ in $(seq "$RUNS"); do run_raw; done | median)
+# Runs are interleaved (raw, railgrid, peers, raw, railgrid, ...) so that every logger sees
+# the same machine conditions; each figure is the median over the runs.
+loggers=(raw railgrid s6_log svlogd supervisord)
+declare -A results
+for _ in $(seq "$RUNS"); do
+  for name in "${loggers[@]}"; do
+    if ns=$("run_$name" 2>/dev/null) && [ -n "$ns" ]; then
+      results[$name]+="$ns "
+    fi
+  done
+done
+raw_ns=$(echo "${results[raw]}" | tr ' ' '\n' | grep . | median)
 echo "| raw pipe (\`child \| cat > file\`) | $(mibs "$raw_ns") | 1.00 |"
 for name in railgrid s6_log svlogd supervisord; do
-  label=$name
   case $name in
     railgrid) label="railgrid supervise (64 MiB cap)" ;;
     s6_log) label="s6-log (64 MiB cap)" ;;
     svlogd) label="runit svlogd (64 MiB cap)" ;;
     supervisord) label="supervisord (64 MiB cap)" ;;
   esac
-  if ns=$(for _ in $(seq "$RUNS"); do "run_$name" || exit 1; done | median) && [ -n "$ns" ]; then
+  if [ -n "${results[$name]:-}" ]; then
+    ns=$(echo "${results[$name]}" | tr ' ' '\n' | grep . | median)
     ratio=$(awk -v a="$raw_ns" -v b="$ns" 'BEGIN { printf "%.2f", a / b }')
     echo "| $label | $(mibs "$ns") | $ratio |"
   else

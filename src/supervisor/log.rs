@@ -1,10 +1,13 @@
-//! The child's capped, owner-only log, and the thread that fills it.
+//! The child's capped, owner-only log, and the threads that fill it.
 //!
-//! One pipe carries both stdout and stderr of every child a supervisor launches; a
-//! dedicated thread (`pump`) moves its bytes into [`CappedLog`], which keeps at most
-//! `max_bytes` in `<log>` and `max_bytes` in `<log>.1`. The thread, not the async
-//! runtime, does the blocking file I/O, so a slow disk never stalls supervision, and a
-//! log that cannot be written drops bytes instead of blocking the child.
+//! Each `start` of a supervisor creates one pipe for the stdout and stderr of the children
+//! it launches, and one thread ([`Pump`]) that copies the pipe into the supervisor's
+//! [`CappedLog`], which keeps at most `max_bytes` in `<log>` and as much again in
+//! `<log>.1`. The thread, not the async runtime, does the blocking I/O, so a slow disk
+//! never stalls supervision; a log that cannot be written drops bytes, so the child never
+//! blocks on it. Reads block (no polling): a pump ends when the last writer of its pipe is
+//! gone. A process that escaped the child's process group may keep its pipe open after a
+//! stop; its pump then lives on, still writing through the same capped log.
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
@@ -12,11 +15,12 @@ use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::sys::pipe::{self, Ready};
+use crate::sys::pipe;
 
 /// Size of each read from the pipe: large enough that a fast writer costs few syscalls.
 const READ_CHUNK: usize = 256 * 1024;
@@ -24,7 +28,7 @@ const READ_CHUNK: usize = 256 * 1024;
 /// line is written in pieces.
 const LINE_HOLD: usize = 64 * 1024;
 /// Pipe buffer asked of the kernel (Linux caps it at /proc/sys/fs/pipe-max-size, 1 MiB by
-/// default).
+/// default): a fast writer blocks less often and each read moves more.
 const PIPE_BYTES: usize = 1024 * 1024;
 
 #[derive(Debug, Error)]
@@ -59,8 +63,6 @@ pub struct CappedLog {
     max: u64,
     /// Set while writes fail, so a full disk is reported once rather than per chunk.
     failing: bool,
-    /// The start of a line whose end has not arrived yet.
-    partial: Vec<u8>,
 }
 
 impl CappedLog {
@@ -86,7 +88,6 @@ impl CappedLog {
             size,
             max: max_bytes.max(1),
             failing: false,
-            partial: Vec::new(),
         })
     }
 
@@ -94,50 +95,10 @@ impl CappedLog {
         &self.path
     }
 
-    /// Appends `data`. Only whole lines reach the file: the unfinished last line is held
-    /// back (up to 64 KiB) until its newline arrives or [`CappedLog::flush`] is called, so a
-    /// read that ends mid-line never makes rotation split that line.
-    pub fn write(&mut self, mut data: &[u8]) {
-        if !self.partial.is_empty() {
-            match data.iter().position(|&b| b == b'\n') {
-                Some(i) => {
-                    self.partial.extend_from_slice(&data[..=i]);
-                    data = &data[i + 1..];
-                    self.flush();
-                }
-                None => {
-                    self.partial.extend_from_slice(data);
-                    if self.partial.len() >= LINE_HOLD {
-                        self.flush();
-                    }
-                    return;
-                }
-            }
-        }
-        let whole = data.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        self.write_lines(&data[..whole]);
-        let rest = &data[whole..];
-        if rest.len() >= LINE_HOLD {
-            self.write_lines(rest);
-        } else {
-            self.partial.extend_from_slice(rest);
-        }
-    }
-
-    /// Writes out a held-back partial line.
-    pub fn flush(&mut self) {
-        if !self.partial.is_empty() {
-            let partial = std::mem::take(&mut self.partial);
-            self.write_lines(&partial);
-            self.partial = partial; // keep the allocation
-            self.partial.clear();
-        }
-    }
-
     /// Appends `data`, rotating whenever the current file would pass the cap. The cut is
-    /// made after the last newline that fits, so lines stay whole unless a single line is
-    /// longer than the space left in an empty file.
-    fn write_lines(&mut self, mut data: &[u8]) {
+    /// made after the last newline that fits, so whole lines stay whole unless a single line
+    /// is longer than the space left in an empty file.
+    pub fn write(&mut self, mut data: &[u8]) {
         while !data.is_empty() {
             let room = self.max.saturating_sub(self.size);
             if data.len() as u64 <= room {
@@ -283,97 +244,110 @@ fn tighten_open(file: &File, path: &Path, mode: u32) -> Result<(), LogError> {
     Ok(())
 }
 
-/// The running log thread and the ends of its pipes that the supervisor keeps.
+/// Whole lines from a byte stream: the unfinished last line is held back (up to
+/// [`LINE_HOLD`]) until its newline arrives or the stream ends, so a read that ends mid-line
+/// never makes rotation split that line.
+#[derive(Debug, Default)]
+struct Lines {
+    partial: Vec<u8>,
+}
+
+impl Lines {
+    /// Hands every complete line in `data` (with what was held) to `out`.
+    fn feed(&mut self, mut data: &[u8], out: &mut impl FnMut(&[u8])) {
+        if !self.partial.is_empty() {
+            match data.iter().position(|&b| b == b'\n') {
+                Some(i) => {
+                    self.partial.extend_from_slice(&data[..=i]);
+                    data = &data[i + 1..];
+                    self.flush(out);
+                }
+                None => {
+                    self.partial.extend_from_slice(data);
+                    if self.partial.len() >= LINE_HOLD {
+                        self.flush(out);
+                    }
+                    return;
+                }
+            }
+        }
+        let whole = data.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        if whole > 0 {
+            out(&data[..whole]);
+        }
+        let rest = &data[whole..];
+        if rest.len() >= LINE_HOLD {
+            out(rest);
+        } else {
+            self.partial.extend_from_slice(rest);
+        }
+    }
+
+    /// Hands over a held-back partial line.
+    fn flush(&mut self, out: &mut impl FnMut(&[u8])) {
+        if !self.partial.is_empty() {
+            out(&self.partial);
+            self.partial.clear();
+        }
+    }
+}
+
+/// A log shared by the supervisor and its pumps.
+pub type SharedLog = Arc<Mutex<CappedLog>>;
+
+/// A running log thread and the supervisor's end of its pipe.
 pub struct Pump {
     /// Handed (duplicated) to each child as stdout and stderr.
     pub child_end: OwnedFd,
-    /// Dropping this wakes the thread and makes it give up, even if a stray writer still
-    /// holds the pipe open.
-    wake: OwnedFd,
-    thread: JoinHandle<CappedLog>,
     done: tokio::sync::oneshot::Receiver<()>,
 }
 
 impl Pump {
-    /// Starts a thread that moves everything written to `child_end` into `log`.
-    pub fn start(log: CappedLog) -> Result<Self, LogError> {
+    /// Starts a thread that copies everything written to `child_end` into `log`.
+    pub fn start(log: SharedLog) -> Result<Self, LogError> {
         let (reader, child_end) = pipe::pipe().map_err(LogError::Pipe)?;
         pipe::grow(&child_end, PIPE_BYTES);
-        let (wake_reader, wake) = pipe::pipe().map_err(LogError::Pipe)?;
         let (done_tx, done) = tokio::sync::oneshot::channel();
-        let thread = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("railgrid-log".into())
             .spawn(move || {
-                let log = pump(reader, wake_reader, log);
+                copy(reader, &log);
                 let _ = done_tx.send(());
-                log
             })
             .map_err(LogError::Thread)?;
-        Ok(Self {
-            child_end,
-            wake,
-            thread,
-            done,
-        })
+        Ok(Self { child_end, done })
     }
 
-    /// Closes the supervisor's end of the pipe and waits up to `drain` for every writer
-    /// to go away and the thread to copy what is left; then wakes it and takes the log
-    /// back. A writer that escaped the child's process group cannot hold this up.
-    pub async fn finish(self, drain: std::time::Duration) -> Option<CappedLog> {
-        let Self {
-            child_end,
-            wake,
-            thread,
-            mut done,
-        } = self;
+    /// Closes the supervisor's end of the pipe and waits up to `drain` for the thread to
+    /// copy what the children wrote last and end.
+    pub async fn finish(self, drain: Duration) {
+        let Self { child_end, done } = self;
         drop(child_end);
-        // Cancel-safe: `done` is a oneshot receiver held by reference.
-        let drained = tokio::time::timeout(drain, &mut done).await.is_ok();
-        drop(wake);
-        if !drained {
-            tracing::warn!("a process outside the child's group still holds its output pipe; closing the log without it");
-            let _ = done.await;
+        if tokio::time::timeout(drain, done).await.is_err() {
+            tracing::warn!("a process outside the child's process group still holds its output pipe; its output keeps going to the log");
         }
-        thread.join().ok()
     }
 }
 
-/// The log thread's loop. The read end is non-blocking, so while the child writes, each
-/// chunk costs one read and one write; `poll` runs only when the pipe is empty.
-fn pump(reader: File, wake: File, mut log: CappedLog) -> CappedLog {
-    copy(reader, &wake, &mut log);
-    log.flush();
-    log
-}
-
-fn copy(mut reader: File, wake: &File, log: &mut CappedLog) {
-    if let Err(e) = pipe::set_nonblocking(&reader) {
-        tracing::warn!(error = %e, "could not make the log pipe non-blocking; closing the log");
-        return;
-    }
+fn copy(mut reader: File, log: &Mutex<CappedLog>) {
     let mut buf = vec![0u8; READ_CHUNK];
+    let mut lines = Lines::default();
+    let mut write = |bytes: &[u8]| match log.lock() {
+        Ok(mut log) => log.write(bytes),
+        Err(poisoned) => poisoned.into_inner().write(bytes),
+    };
     loop {
         match reader.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) => log.write(&buf[..n]),
+            Ok(0) => break,
+            Ok(n) => lines.feed(&buf[..n], &mut write),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                match pipe::wait_readable(&reader, wake, None) {
-                    Ok(Ready::Data) | Ok(Ready::Timeout) => {}
-                    Ok(Ready::Woken) => return,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "log pipe poll failed; closing the log");
-                        return;
-                    }
-                }
-            }
             Err(e) => {
                 tracing::warn!(error = %e, "log pipe read failed; closing the log");
-                return;
+                break;
             }
         }
     }
+    lines.flush(&mut write);
 }
 
 #[cfg(test)]
@@ -408,11 +382,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("child.log");
         let mut log = CappedLog::open(&path, 1000).unwrap();
+        let mut lines = Lines::default();
         let text: String = (0..500).map(|i| format!("line {i:05}\n")).collect();
         for piece in text.as_bytes().chunks(7) {
-            log.write(piece);
+            lines.feed(piece, &mut |b| log.write(b));
         }
-        log.flush();
+        lines.flush(&mut |b| log.write(b));
         for p in [path.clone(), backup_path(&path)] {
             let got = fs::read_to_string(&p).unwrap();
             assert!(got.len() <= 1000);
@@ -426,9 +401,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("child.log");
         let mut log = CappedLog::open(&path, 1000).unwrap();
-        log.write(b"done\nPassword: ");
+        let mut lines = Lines::default();
+        lines.feed(b"done\nPassword: ", &mut |b| log.write(b));
         assert_eq!(fs::read(&path).unwrap(), b"done\n");
-        log.flush();
+        lines.flush(&mut |b| log.write(b));
         assert_eq!(fs::read(&path).unwrap(), b"done\nPassword: ");
     }
 
@@ -439,7 +415,6 @@ mod tests {
         let mut log = CappedLog::open(&path, 64).unwrap();
         let data: Vec<u8> = (0..1000u32).map(|i| b'a' + (i % 26) as u8).collect();
         log.write(&data);
-        log.flush();
         let (main, backup) = on_disk(&path);
         assert!(main <= 64 && backup <= 64);
         assert!(data.ends_with(&fs::read(&path).unwrap()));

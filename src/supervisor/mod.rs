@@ -43,7 +43,7 @@ use crate::sys::{self, ProcessId};
 
 use self::account::Account;
 use self::backoff::Backoff;
-use self::log::{CappedLog, LogError, Pump};
+use self::log::{CappedLog, LogError, Pump, SharedLog};
 
 pub use self::env::DEFAULT_PATH;
 
@@ -201,7 +201,7 @@ pub struct Status {
 /// Keeps one child alive. See the module docs.
 pub struct Supervisor {
     inner: Arc<Inner>,
-    ctl: Mutex<Ctl>,
+    ctl: Mutex<Option<Running>>,
 }
 
 struct Inner {
@@ -209,14 +209,14 @@ struct Inner {
     creds: Option<Credentials>,
     starts: AtomicU64,
     status: watch::Sender<Status>,
+    /// One log for the supervisor's whole life, appended across starts and restarts.
+    log: SharedLog,
 }
 
-enum Ctl {
-    Idle(Option<CappedLog>),
-    Running {
-        stop: watch::Sender<bool>,
-        task: tokio::task::JoinHandle<Option<CappedLog>>,
-    },
+/// A started supervision task and the way to stop it.
+struct Running {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl Supervisor {
@@ -254,7 +254,10 @@ impl Supervisor {
         if config.initial_backoff.is_zero() {
             return Err(Error::ZeroBackoff);
         }
-        let log = CappedLog::open(&config.log, config.max_log_bytes)?;
+        let log = Arc::new(std::sync::Mutex::new(CappedLog::open(
+            &config.log,
+            config.max_log_bytes,
+        )?));
         let (status, _) = watch::channel(Status {
             state: State::Stopped,
             pid: None,
@@ -268,8 +271,9 @@ impl Supervisor {
                 creds,
                 starts: AtomicU64::new(0),
                 status,
+                log,
             }),
-            ctl: Mutex::new(Ctl::Idle(Some(log))),
+            ctl: Mutex::new(None),
         })
     }
 
@@ -282,22 +286,13 @@ impl Supervisor {
     /// [`Supervisor::last_error`].
     pub async fn start(&self) -> Result<(), Error> {
         let mut ctl = self.ctl.lock().await;
-        let log = match &mut *ctl {
-            Ctl::Running { task, .. } if !task.is_finished() => return Ok(()),
-            Ctl::Running { .. } => None,
-            Ctl::Idle(log) => log.take(),
-        };
-        let log = match log {
-            Some(log) => log,
-            None => {
-                let c = &self.inner.config;
-                CappedLog::open(&c.log, c.max_log_bytes)?
-            }
-        };
-        let pump = Pump::start(log)?;
+        if ctl.as_ref().is_some_and(|r| !r.task.is_finished()) {
+            return Ok(());
+        }
+        let pump = Pump::start(self.inner.log.clone())?;
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(run(self.inner.clone(), stop_rx, pump));
-        *ctl = Ctl::Running { stop, task };
+        *ctl = Some(Running { stop, task });
         Ok(())
     }
 
@@ -305,10 +300,9 @@ impl Supervisor {
     /// waits for the supervision task to end. A no-op when stopped.
     pub async fn stop(&self) {
         let mut ctl = self.ctl.lock().await;
-        if let Ctl::Running { stop, task } = std::mem::replace(&mut *ctl, Ctl::Idle(None)) {
+        if let Some(Running { stop, task }) = ctl.take() {
             let _ = stop.send(true);
-            let log = task.await.ok().flatten();
-            *ctl = Ctl::Idle(log);
+            let _ = task.await;
         }
     }
 
@@ -342,8 +336,8 @@ impl Drop for Supervisor {
         // Best effort: a dropped supervisor must not leave its child running unsupervised.
         // The task, if the runtime is still alive, stops the group.
         if let Ok(ctl) = self.ctl.try_lock() {
-            if let Ctl::Running { stop, .. } = &*ctl {
-                let _ = stop.send(true);
+            if let Some(running) = &*ctl {
+                let _ = running.stop.send(true);
             }
         }
     }
@@ -376,8 +370,8 @@ impl Inner {
     }
 }
 
-/// The supervision task. Returns the log so a later `start` appends to the same file.
-async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>, pump: Pump) -> Option<CappedLog> {
+/// The supervision task.
+async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>, pump: Pump) {
     let c = &inner.config;
     let mut backoff = Backoff::new(c.initial_backoff, c.max_backoff, c.stable_after);
     loop {
@@ -440,7 +434,7 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>, pump: Pump) -> 
         s.pid = None;
     });
     tracing::info!(child = %c.name, "stopped");
-    pump.finish(LOG_DRAIN).await
+    pump.finish(LOG_DRAIN).await;
 }
 
 /// SIGTERM to the child's group, wait for the child and every live member of the group up
