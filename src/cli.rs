@@ -26,6 +26,75 @@ pub enum Command {
     /// Run PROGRAM under the supervisor until SIGTERM or SIGINT, then stop its whole
     /// process group and exit 0.
     Supervise(Box<SuperviseArgs>),
+    /// The host daemon: keeps one runner alive, reconciled by a hub or standalone.
+    Agent {
+        #[command(subcommand)]
+        command: AgentCommand,
+    },
+    /// The job runner (started by the agent; usable by hand for debugging).
+    Runner {
+        #[command(subcommand)]
+        command: RunnerCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCommand {
+    /// Run the agent in the foreground until SIGTERM or SIGINT (SIGHUP reloads the config).
+    Run(AgentArgs),
+    /// Show what the running agent reports (exit 3 when no agent is running).
+    Status(AgentStatusArgs),
+    /// Validate the configuration and print the effective settings (secrets redacted).
+    CheckConfig(AgentArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs {
+    /// Config file (default: /etc/railgrid/agent.toml as root, else
+    /// $XDG_CONFIG_HOME/railgrid/agent.toml; a missing default file means all defaults).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// State directory (default: /var/lib/railgrid as root, else $XDG_STATE_HOME/railgrid).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Log directory (default: /var/log/railgrid as root, else the state directory).
+    #[arg(long, value_name = "DIR")]
+    pub log_dir: Option<PathBuf>,
+    /// Account the runner runs as (required as root; never root).
+    #[arg(long, value_name = "NAME")]
+    pub runner_user: Option<String>,
+    /// Hub URL (https://...).
+    #[arg(long, value_name = "URL")]
+    pub hub: Option<String>,
+    /// File holding the agent's hub token (mode 0600).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// PEM file of the CA that signed the hub's certificate.
+    #[arg(long, value_name = "PEM")]
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentStatusArgs {
+    /// Config file naming the state directory.
+    #[arg(long, value_name = "FILE", conflicts_with = "state_dir")]
+    pub config: Option<PathBuf>,
+    /// State directory of the agent.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Print the status file as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RunnerCommand {
+    /// Serve the runner API on <state>/runner/runner.sock until SIGTERM or SIGINT.
+    Run {
+        /// The agent's state directory; the runner uses <DIR>/runner.
+        #[arg(long, value_name = "DIR")]
+        state_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]

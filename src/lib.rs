@@ -2,10 +2,12 @@
 //! that executes jobs in confined process trees, and the reference hub they reconcile
 //! against — one binary. See DESIGN.md for the invariants each module upholds.
 
+pub mod agent;
 pub mod build_info;
 pub mod cli;
 pub mod cmd;
 pub mod env_policy;
+pub mod runner;
 pub mod supervisor;
 #[allow(unsafe_code)]
 pub mod sys;

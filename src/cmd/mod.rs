@@ -1,6 +1,8 @@
 //! Glue between the command line and the library: builds configs from flags, runs the
 //! async parts on an explicitly built runtime, and classifies errors into exit codes.
 
+mod agent;
+mod runner;
 mod supervise;
 
 use std::fmt;
@@ -8,7 +10,7 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use crate::build_info;
-use crate::cli::{Cli, Command};
+use crate::cli::{AgentCommand, Cli, Command, RunnerCommand};
 
 /// An error the user must fix (bad flags, bad config, refused identity): exit code 2.
 #[derive(Debug)]
@@ -38,10 +40,30 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
 
 /// Runs one command.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    init_tracing();
     match cli.command {
-        Command::Version { json } => version(json),
-        Command::Supervise(args) => supervise::run(*args),
+        // The agent sets up its own logging once it knows its log directory.
+        Command::Agent {
+            command: AgentCommand::Run(args),
+        } => agent::run(args),
+        command => {
+            init_tracing(None);
+            match command {
+                Command::Version { json } => version(json),
+                Command::Supervise(args) => supervise::run(*args),
+                Command::Agent {
+                    command: AgentCommand::Status(args),
+                } => agent::status(args),
+                Command::Agent {
+                    command: AgentCommand::CheckConfig(args),
+                } => agent::check_config(args),
+                Command::Agent {
+                    command: AgentCommand::Run(_),
+                } => unreachable!("handled above"),
+                Command::Runner {
+                    command: RunnerCommand::Run { state_dir },
+                } => runner::run(&state_dir),
+            }
+        }
     }
 }
 
@@ -66,22 +88,29 @@ fn print_stdout(text: &str) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Logs to stderr. `RAILGRID_LOG` takes a filter such as `debug` or `railgrid=trace`.
-fn init_tracing() {
+/// Logs to stderr and, when given, to a second writer (the agent's rolling file).
+/// `RAILGRID_LOG` takes a filter such as `debug` or `railgrid=trace`.
+fn init_tracing(file: Option<tracing_appender::non_blocking::NonBlocking>) {
     use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = std::env::var("RAILGRID_LOG")
         .ok()
         .and_then(|s| s.parse::<Targets>().ok())
         .unwrap_or_else(|| Targets::new().with_default(LevelFilter::INFO));
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
+    let stderr = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false);
+    let file = file.map(|w| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(w)
+            .with_ansi(false)
+            .with_target(false)
+    });
     let _ = tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::stderr().is_terminal())
-                .with_target(false),
-        )
+        .with(stderr)
+        .with(file)
         .with(filter)
         .try_init();
 }

@@ -61,3 +61,48 @@ pub fn current_ids() -> (u32, u32) {
         nix::unistd::getegid().as_raw(),
     )
 }
+
+/// Sets the process umask, returning the previous one. Called once at daemon start, before
+/// any thread or file exists, so every file and socket the process creates is private.
+pub fn set_umask(mask: u32) -> u32 {
+    use nix::sys::stat::{umask, Mode};
+    umask(Mode::from_bits_truncate(mask as libc::mode_t)).bits() as u32
+}
+
+/// Changes the owner of `path` (not following a final symlink).
+pub fn chown(path: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid))
+}
+
+/// The start time of `pid` in clock ticks since boot, where the OS exposes it (Linux).
+/// With the pid it identifies a process across pid reuse.
+pub fn process_start_time(pid: ProcessId) -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        procfs::stat(pid).ok().flatten().map(|s| s.start_time)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = pid;
+        None
+    }
+}
+
+/// The command line of `pid`, where the OS exposes it (Linux).
+pub fn process_cmdline(pid: ProcessId) -> Option<Vec<String>> {
+    #[cfg(target_os = "linux")]
+    {
+        let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        Some(
+            raw.split(|&b| b == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect(),
+        )
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = pid;
+        None
+    }
+}

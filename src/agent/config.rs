@@ -1,0 +1,577 @@
+//! The agent's configuration: a TOML file, overridden by `RAILGRID_*` environment variables,
+//! overridden by flags; then validated into [`AgentConfig`].
+//!
+//! Every value remembers where it came from, so an error names the file and key, the
+//! variable or the flag that holds the bad value, and says what is accepted.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::supervisor::account::Account;
+use crate::supervisor::{self, DEFAULT_MAX_LOG_BYTES, DEFAULT_STOP_GRACE, MIN_LOG_BYTES};
+
+/// Config file of a root agent.
+pub const ROOT_CONFIG: &str = "/etc/railgrid/agent.toml";
+/// State directory of a root agent.
+pub const ROOT_STATE_DIR: &str = "/var/lib/railgrid";
+/// Log directory of a root agent.
+pub const ROOT_LOG_DIR: &str = "/var/log/railgrid";
+/// Daily agent log files kept.
+pub const DEFAULT_LOG_MAX_FILES: usize = 7;
+
+/// The file as written. Unknown keys are errors: a typo must not silently mean "default".
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub state_dir: Option<PathBuf>,
+    pub log_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub runner: RawRunner,
+    #[serde(default)]
+    pub hub: RawHub,
+    #[serde(default)]
+    pub log: RawLog,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRunner {
+    pub user: Option<String>,
+    pub stop_grace: Option<String>,
+    pub initial_backoff: Option<String>,
+    pub max_log_bytes: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHub {
+    pub url: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    pub max_files: Option<usize>,
+}
+
+/// Values given on the command line.
+#[derive(Debug, Default, Clone)]
+pub struct Flags {
+    pub config: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub log_dir: Option<PathBuf>,
+    pub runner_user: Option<String>,
+    pub hub: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+}
+
+/// The settings of the runner child; a change to any of them restarts it on reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunnerSettings {
+    /// `None`: run the runner as the agent's own (non-root) account.
+    pub user: Option<Account>,
+    pub stop_grace: Duration,
+    pub initial_backoff: Duration,
+    pub max_log_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HubSettings {
+    pub url: String,
+    pub token_file: PathBuf,
+    pub ca_file: Option<PathBuf>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// The file that was read, if any.
+    pub config_path: Option<PathBuf>,
+    pub state_dir: PathBuf,
+    pub log_dir: PathBuf,
+    pub runner: RunnerSettings,
+    pub hub: Option<HubSettings>,
+    pub log_max_files: usize,
+}
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("could not read config file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{origin}: {message}")]
+    Invalid { origin: String, message: String },
+    #[error("running as root needs an account for the runner: set runner.user (e.g. --runner-user nobody)")]
+    NoRunnerUser,
+    #[error("no default state directory: set state_dir, XDG_STATE_HOME or HOME")]
+    NoHome,
+}
+
+/// Every setting, with its TOML key, environment variable and flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    StateDir,
+    LogDir,
+    RunnerUser,
+    StopGrace,
+    InitialBackoff,
+    MaxLogBytes,
+    HubUrl,
+    TokenFile,
+    CaFile,
+    LogMaxFiles,
+}
+
+impl Key {
+    fn toml(self) -> &'static str {
+        match self {
+            Key::StateDir => "state_dir",
+            Key::LogDir => "log_dir",
+            Key::RunnerUser => "runner.user",
+            Key::StopGrace => "runner.stop_grace",
+            Key::InitialBackoff => "runner.initial_backoff",
+            Key::MaxLogBytes => "runner.max_log_bytes",
+            Key::HubUrl => "hub.url",
+            Key::TokenFile => "hub.token_file",
+            Key::CaFile => "hub.ca_file",
+            Key::LogMaxFiles => "log.max_files",
+        }
+    }
+
+    fn env(self) -> &'static str {
+        match self {
+            Key::StateDir => "RAILGRID_STATE_DIR",
+            Key::LogDir => "RAILGRID_LOG_DIR",
+            Key::RunnerUser => "RAILGRID_RUNNER_USER",
+            Key::StopGrace => "RAILGRID_RUNNER_STOP_GRACE",
+            Key::InitialBackoff => "RAILGRID_RUNNER_INITIAL_BACKOFF",
+            Key::MaxLogBytes => "RAILGRID_RUNNER_MAX_LOG_BYTES",
+            Key::HubUrl => "RAILGRID_HUB_URL",
+            Key::TokenFile => "RAILGRID_HUB_TOKEN_FILE",
+            Key::CaFile => "RAILGRID_HUB_CA_FILE",
+            Key::LogMaxFiles => "RAILGRID_LOG_MAX_FILES",
+        }
+    }
+}
+
+/// Where a value came from: named in errors.
+#[derive(Debug, Clone)]
+enum Origin {
+    File(PathBuf, Key),
+    Env(Key),
+    Flag(&'static str),
+}
+
+impl Origin {
+    fn describe(&self) -> String {
+        match self {
+            Origin::File(path, key) => format!("{}: key {}", path.display(), key.toml()),
+            Origin::Env(key) => format!("environment variable {}", key.env()),
+            Origin::Flag(flag) => format!("flag {flag}"),
+        }
+    }
+
+    /// Relative paths in a file are relative to the file; elsewhere to the current dir.
+    fn base_dir(&self) -> Option<PathBuf> {
+        match self {
+            Origin::File(path, _) => path.parent().map(Path::to_path_buf),
+            _ => std::env::current_dir().ok(),
+        }
+    }
+}
+
+/// The sources of one load, in precedence order.
+struct Sources<'a> {
+    file: Option<(PathBuf, RawConfig)>,
+    env: &'a dyn Fn(&str) -> Option<String>,
+    flags: &'a Flags,
+}
+
+impl Sources<'_> {
+    /// The winning value of `key` as text: flag, then environment, then file.
+    fn get(&self, key: Key) -> Option<(String, Origin)> {
+        let flag = match key {
+            Key::StateDir => self.flags.state_dir.as_ref().map(|p| (p.display().to_string(), "--state-dir")),
+            Key::LogDir => self.flags.log_dir.as_ref().map(|p| (p.display().to_string(), "--log-dir")),
+            Key::RunnerUser => self.flags.runner_user.clone().map(|u| (u, "--runner-user")),
+            Key::HubUrl => self.flags.hub.clone().map(|u| (u, "--hub")),
+            Key::TokenFile => self.flags.token_file.as_ref().map(|p| (p.display().to_string(), "--token-file")),
+            Key::CaFile => self.flags.ca_file.as_ref().map(|p| (p.display().to_string(), "--ca-file")),
+            _ => None,
+        };
+        if let Some((v, flag)) = flag {
+            return Some((v, Origin::Flag(flag)));
+        }
+        if let Some(v) = (self.env)(key.env()).filter(|v| !v.is_empty()) {
+            return Some((v, Origin::Env(key)));
+        }
+        let (path, raw) = self.file.as_ref()?;
+        let v = match key {
+            Key::StateDir => raw.state_dir.as_ref().map(|p| p.display().to_string()),
+            Key::LogDir => raw.log_dir.as_ref().map(|p| p.display().to_string()),
+            Key::RunnerUser => raw.runner.user.clone(),
+            Key::StopGrace => raw.runner.stop_grace.clone(),
+            Key::InitialBackoff => raw.runner.initial_backoff.clone(),
+            Key::MaxLogBytes => raw.runner.max_log_bytes.map(|n| n.to_string()),
+            Key::HubUrl => raw.hub.url.clone(),
+            Key::TokenFile => raw.hub.token_file.as_ref().map(|p| p.display().to_string()),
+            Key::CaFile => raw.hub.ca_file.as_ref().map(|p| p.display().to_string()),
+            Key::LogMaxFiles => raw.log.max_files.map(|n| n.to_string()),
+        }?;
+        Some((v, Origin::File(path.clone(), key)))
+    }
+
+    fn path(&self, key: Key) -> Option<PathBuf> {
+        let (v, origin) = self.get(key)?;
+        let p = PathBuf::from(v);
+        let p = match origin.base_dir() {
+            Some(base) if p.is_relative() => base.join(p),
+            _ => p,
+        };
+        // Drops `.` components; `..` stays (resolving it would need the file system).
+        Some(std::path::absolute(&p).unwrap_or(p))
+    }
+
+    fn duration(&self, key: Key, default: Duration) -> Result<Duration, ConfigError> {
+        let Some((v, origin)) = self.get(key) else {
+            return Ok(default);
+        };
+        let d = humantime::parse_duration(&v).map_err(|e| invalid(&origin, format!("invalid duration {v:?} ({e}); use forms like 250ms, 2s, 1m")))?;
+        if d.is_zero() {
+            return Err(invalid(&origin, "must be greater than zero".into()));
+        }
+        Ok(d)
+    }
+
+    fn number<T: std::str::FromStr>(&self, key: Key, default: T, what: &str) -> Result<T, ConfigError> {
+        let Some((v, origin)) = self.get(key) else {
+            return Ok(default);
+        };
+        v.trim().parse().map_err(|_| invalid(&origin, format!("invalid value {v:?}; expected {what}")))
+    }
+}
+
+fn invalid(origin: &Origin, message: String) -> ConfigError {
+    ConfigError::Invalid {
+        origin: origin.describe(),
+        message,
+    }
+}
+
+/// The config file used when none is named: `/etc/railgrid/agent.toml` for root, else
+/// `$XDG_CONFIG_HOME/railgrid/agent.toml` (or `~/.config/...`).
+pub fn default_config_path(root: bool, env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    if root {
+        return Some(PathBuf::from(ROOT_CONFIG));
+    }
+    let base = env("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| env("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("railgrid").join("agent.toml"))
+}
+
+/// State (and log) directory of a non-root agent: `$XDG_STATE_HOME/railgrid` or
+/// `~/.local/state/railgrid`.
+fn default_user_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    let base = env("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| env("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".local/state")))?;
+    Some(base.join("railgrid"))
+}
+
+/// Loads the configuration for the process's own environment.
+pub fn load(flags: &Flags) -> Result<AgentConfig, ConfigError> {
+    load_with(flags, crate::sys::is_root(), &|k| std::env::var(k).ok())
+}
+
+/// Loads the configuration from `flags`, the file they (or the defaults) name, and `env`.
+pub fn load_with(flags: &Flags, root: bool, env: &dyn Fn(&str) -> Option<String>) -> Result<AgentConfig, ConfigError> {
+    let explicit = flags.config.clone().or_else(|| env("RAILGRID_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
+    let file = match explicit {
+        Some(path) => Some((path.clone(), read_file(&path)?)),
+        None => match default_config_path(root, env) {
+            Some(path) if path.exists() => Some((path.clone(), read_file(&path)?)),
+            _ => None,
+        },
+    };
+    let src = Sources { file, env, flags };
+
+    let user_dir = || default_user_dir(env).ok_or(ConfigError::NoHome);
+    let state_dir = match src.path(Key::StateDir) {
+        Some(p) => p,
+        None if root => PathBuf::from(ROOT_STATE_DIR),
+        None => user_dir()?,
+    };
+    let log_dir = match src.path(Key::LogDir) {
+        Some(p) => p,
+        None if root => PathBuf::from(ROOT_LOG_DIR),
+        None => user_dir()?,
+    };
+
+    let user = match src.get(Key::RunnerUser) {
+        Some((name, origin)) => {
+            let acct = Account::by_name(&name).map_err(|e| invalid(&origin, e.to_string()))?;
+            if acct.uid == 0 {
+                return Err(invalid(&origin, format!("user {name} is uid 0; the runner must never run as root")));
+            }
+            let (own_uid, _) = crate::sys::current_ids();
+            if !root && acct.uid != own_uid {
+                return Err(invalid(&origin, format!("only a root agent can run the runner as another user ({name}); drop the setting to run it as yourself")));
+            }
+            (acct.uid != own_uid).then_some(acct)
+        }
+        None if root => return Err(ConfigError::NoRunnerUser),
+        None => None,
+    };
+    let max_log_bytes = src.number(Key::MaxLogBytes, DEFAULT_MAX_LOG_BYTES, "a number of bytes")?;
+    if max_log_bytes < MIN_LOG_BYTES {
+        let (_, origin) = src.get(Key::MaxLogBytes).ok_or(ConfigError::NoHome)?;
+        return Err(invalid(&origin, format!("must be at least {MIN_LOG_BYTES}")));
+    }
+    let runner = RunnerSettings {
+        user,
+        stop_grace: src.duration(Key::StopGrace, DEFAULT_STOP_GRACE)?,
+        initial_backoff: src.duration(Key::InitialBackoff, supervisor::DEFAULT_INITIAL_BACKOFF)?,
+        max_log_bytes,
+    };
+
+    let hub = match (src.get(Key::HubUrl), src.path(Key::TokenFile)) {
+        (None, None) => None,
+        (Some((url, origin)), token) => {
+            if !url.starts_with("https://") {
+                return Err(invalid(&origin, format!("hub URL {url:?} must start with https://")));
+            }
+            let Some(token_file) = token else {
+                return Err(invalid(&origin, "a hub needs a token file: set hub.token_file (or --token-file)".into()));
+            };
+            let (_, token_origin) = src.get(Key::TokenFile).ok_or(ConfigError::NoHome)?;
+            check_secret_file(&token_file).map_err(|m| invalid(&token_origin, m))?;
+            Some(HubSettings {
+                url,
+                token_file,
+                ca_file: src.path(Key::CaFile),
+            })
+        }
+        (None, Some(_)) => {
+            let (_, origin) = src.get(Key::TokenFile).ok_or(ConfigError::NoHome)?;
+            return Err(invalid(&origin, "a token file without a hub URL: set hub.url (or --hub)".into()));
+        }
+    };
+    let log_max_files = src.number(Key::LogMaxFiles, DEFAULT_LOG_MAX_FILES, "a whole number of files")?;
+
+    Ok(AgentConfig {
+        config_path: src.file.as_ref().map(|(p, _)| p.clone()),
+        state_dir,
+        log_dir,
+        runner,
+        hub,
+        log_max_files: log_max_files.max(1),
+    })
+}
+
+fn read_file(path: &Path) -> Result<RawConfig, ConfigError> {
+    let text = fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_owned(),
+        message: e.to_string().trim().replace('\n', " "),
+    })
+}
+
+/// A file holding a secret must be a regular file readable by its owner only.
+fn check_secret_file(path: &Path) -> Result<(), String> {
+    let meta = fs::metadata(path).map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("token file {} is not a regular file", path.display()));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "token file {} is readable by group or others (mode {mode:04o}, owner uid {}): run chmod 600 {}",
+            path.display(),
+            meta.uid(),
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The effective configuration as `check-config` prints it. It holds no secret: the
+/// token stays in its file.
+#[derive(Debug, Serialize)]
+pub struct Effective {
+    pub config_file: String,
+    pub state_dir: PathBuf,
+    pub log_dir: PathBuf,
+    pub runner: EffectiveRunner,
+    pub hub: Option<EffectiveHub>,
+    pub log: EffectiveLog,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EffectiveRunner {
+    pub user: String,
+    pub stop_grace: String,
+    pub initial_backoff: String,
+    pub max_log_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EffectiveHub {
+    pub url: String,
+    pub token_file: PathBuf,
+    pub token: &'static str,
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EffectiveLog {
+    pub max_files: usize,
+}
+
+impl AgentConfig {
+    pub fn effective(&self) -> Effective {
+        Effective {
+            config_file: self
+                .config_path
+                .as_ref()
+                .map_or_else(|| "(none: defaults)".to_owned(), |p| p.display().to_string()),
+            state_dir: self.state_dir.clone(),
+            log_dir: self.log_dir.clone(),
+            runner: EffectiveRunner {
+                user: self
+                    .runner
+                    .user
+                    .as_ref()
+                    .map_or_else(|| format!("{} (the agent's own account)", Account::current().name), |a| a.name.clone()),
+                stop_grace: humantime::format_duration(self.runner.stop_grace).to_string(),
+                initial_backoff: humantime::format_duration(self.runner.initial_backoff).to_string(),
+                max_log_bytes: self.runner.max_log_bytes,
+            },
+            hub: self.hub.as_ref().map(|h| EffectiveHub {
+                url: h.url.clone(),
+                token_file: h.token_file.clone(),
+                token: "<redacted>",
+                ca_file: h.ca_file.clone(),
+            }),
+            log: EffectiveLog {
+                max_files: self.log_max_files,
+            },
+        }
+    }
+
+    /// The runner's own state directory, `<state>/runner`.
+    pub fn runner_dir(&self) -> PathBuf {
+        self.state_dir.join("runner")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| map.get(k).cloned()
+    }
+
+    fn write(dir: &Path, text: &str) -> PathBuf {
+        let p = dir.join("agent.toml");
+        fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn flags_beat_environment_beat_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "state_dir = \"from-file\"\nlog_dir = \"/logs\"\n[runner]\nstop_grace = \"3s\"\n");
+        let flags = Flags { config: Some(path.clone()), ..Flags::default() };
+        let env = env_of(&[("RAILGRID_LOG_DIR", "/env-logs"), ("RAILGRID_RUNNER_STOP_GRACE", "4s")]);
+        let c = load_with(&flags, false, &env).unwrap();
+        assert_eq!(c.state_dir, dir.path().join("from-file"), "relative to the file");
+        assert_eq!(c.log_dir, PathBuf::from("/env-logs"));
+        assert_eq!(c.runner.stop_grace, Duration::from_secs(4));
+        let flags = Flags { log_dir: Some("/flag-logs".into()), ..flags };
+        assert_eq!(load_with(&flags, false, &env).unwrap().log_dir, PathBuf::from("/flag-logs"));
+    }
+
+    #[test]
+    fn errors_name_the_file_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "[runner]\nstop_grace = \"soon\"\n");
+        let flags = Flags { config: Some(path.clone()), ..Flags::default() };
+        let err = load_with(&flags, false, &env_of(&[("HOME", "/h")])).unwrap_err().to_string();
+        assert!(err.contains(&path.display().to_string()) && err.contains("runner.stop_grace") && err.contains("250ms"), "{err}");
+
+        let path = write(dir.path(), "[runner]\nuser = \"nobody\"\nbogus = 1\n");
+        let err = load_with(&flags, false, &env_of(&[])).unwrap_err().to_string();
+        assert!(err.contains("bogus") && err.contains(&path.display().to_string()), "{err}");
+    }
+
+    #[test]
+    fn root_needs_a_runner_user() {
+        let err = load_with(&Flags::default(), true, &env_of(&[("RAILGRID_CONFIG", "/nonexistent/agent.toml")])).unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }), "{err}");
+        let flags = Flags { state_dir: Some("/s".into()), ..Flags::default() };
+        // With no file at the root default path this machine may or may not have one; name an empty one.
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "");
+        let flags = Flags { config: Some(path), ..flags };
+        let err = load_with(&flags, true, &env_of(&[])).unwrap_err();
+        assert!(matches!(err, ConfigError::NoRunnerUser));
+        assert!(err.to_string().contains("--runner-user nobody"));
+    }
+
+    #[test]
+    fn a_token_file_open_to_others_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        fs::write(&token, "secret").unwrap();
+        fs::set_permissions(&token, fs::Permissions::from_mode(0o640)).unwrap();
+        let flags = Flags {
+            state_dir: Some(dir.path().into()),
+            hub: Some("https://hub.example".into()),
+            token_file: Some(token.clone()),
+            config: Some(write(dir.path(), "")),
+            ..Flags::default()
+        };
+        let err = load_with(&flags, false, &env_of(&[])).unwrap_err().to_string();
+        assert!(err.contains("--token-file") && err.contains("chmod 600"), "{err}");
+        fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(load_with(&flags, false, &env_of(&[])).unwrap().hub.is_some());
+    }
+
+    #[test]
+    fn non_root_defaults_follow_xdg() {
+        let env = env_of(&[("XDG_STATE_HOME", "/x/state"), ("HOME", "/home/u")]);
+        let c = load_with(&Flags::default(), false, &env).unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/x/state/railgrid"));
+        assert_eq!(c.log_dir, PathBuf::from("/x/state/railgrid"));
+        assert_eq!(default_config_path(false, &env), Some(PathBuf::from("/home/u/.config/railgrid/agent.toml")));
+    }
+
+    #[test]
+    fn the_shipped_example_parses() {
+        let text = include_str!("../../packaging/agent.toml.example");
+        let raw: RawConfig = toml::from_str(text).unwrap();
+        assert_eq!(raw.runner.user.as_deref(), Some("nobody"));
+    }
+}

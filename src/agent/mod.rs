@@ -1,0 +1,351 @@
+//! The agent: `railgrid agent run`, the long-lived daemon that keeps exactly one runner
+//! alive on this host.
+//!
+//! Tasks (all on one runtime thread; blocking work goes to `spawn_blocking`):
+//! - the *main loop* (`run`): owns the [`Supervisor`] of the runner. In: SIGTERM/SIGINT
+//!   (stop and exit), SIGHUP (reload the config), supervisor status changes, a 10 s tick,
+//!   the systemd watchdog tick. Out: `<state>/agent-status.json`, sd_notify messages.
+//! - the supervisor's own task and log thread (see [`crate::supervisor`]).
+//!
+//! The runner is this same executable re-executed as `railgrid runner run --state-dir`,
+//! as the runner account, with an environment built from nothing: the agent's secrets
+//! (hub token, cloud keys) never reach it.
+
+pub mod config;
+pub mod notify;
+pub mod status;
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use thiserror::Error;
+use tokio::signal::unix::{signal, SignalKind};
+
+use self::config::{AgentConfig, ConfigError};
+use self::notify::Notifier;
+use self::status::AgentStatus;
+use crate::build_info;
+use crate::supervisor::account::Account;
+use crate::supervisor::lock::{self, LockError};
+use crate::supervisor::{self, env, Identity, State, Status, Supervisor};
+use crate::sys::{self, ProcessId};
+
+/// The agent rewrites its status file at least this often, so a reader can tell a hung
+/// agent by a stale `updated_at`.
+const STATUS_EVERY: Duration = Duration::from_secs(10);
+/// The runner's lock file, inside the runner directory.
+pub const RUNNER_LOCK: &str = "runner.lock";
+/// The runner's API socket, inside the runner directory.
+pub const RUNNER_SOCKET: &str = "runner.sock";
+/// The capped log of the runner, inside the log directory.
+pub const RUNNER_LOG: &str = "runner.log";
+
+#[derive(Debug, Error)]
+pub enum AgentError {
+    #[error("could not create directory {path}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("could not give {path} to uid {uid} gid {gid}")]
+    Chown {
+        path: PathBuf,
+        uid: u32,
+        gid: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("runner user {user} cannot reach {path}: {dir} is mode {mode:04o} owned by uid {owner}; make it traversable (chmod o+x {dir}) or choose another state directory")]
+    Unreachable {
+        user: String,
+        path: PathBuf,
+        dir: PathBuf,
+        mode: u32,
+        owner: u32,
+    },
+    #[error("could not find this program's own executable")]
+    Exe(#[source] io::Error),
+    #[error(transparent)]
+    Supervisor(#[from] supervisor::Error),
+    #[error("could not reclaim the runner lock")]
+    Reclaim(#[source] LockError),
+    #[error("could not install signal handlers")]
+    Signals(#[source] io::Error),
+}
+
+impl AgentError {
+    /// True for errors an operator fixes in the configuration (exit code 2).
+    pub fn is_config(&self) -> bool {
+        matches!(self, AgentError::Unreachable { .. } | AgentError::Supervisor(_))
+    }
+}
+
+/// Runs the agent until SIGTERM or SIGINT. `reload` re-reads the configuration on SIGHUP.
+pub async fn run(
+    mut cfg: AgentConfig,
+    reload: impl Fn() -> Result<AgentConfig, ConfigError>,
+) -> Result<(), AgentError> {
+    // Signals first: one that arrives while the runner starts must not be lost.
+    let mut term = signal(SignalKind::terminate()).map_err(AgentError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(AgentError::Signals)?;
+    let mut hup = signal(SignalKind::hangup()).map_err(AgentError::Signals)?;
+
+    prepare(&cfg)?;
+    let exe = own_exe()?;
+    let mut sup = Supervisor::new(runner_config(&cfg, &exe)?)?;
+
+    // Only before the first start: a lock held now belongs to an orphan of a killed agent.
+    let lock_path = cfg.runner_dir().join(RUNNER_LOCK);
+    let grace = cfg.runner.stop_grace;
+    let path = lock_path.clone();
+    let reclaimed = tokio::task::spawn_blocking(move || lock::reclaim_stale_holder(&path, grace))
+        .await
+        .map_err(|e| AgentError::Reclaim(LockError::Lock { path: lock_path.clone(), source: io::Error::other(e) }))?
+        .map_err(AgentError::Reclaim)?;
+    let mut report = Reporter::new(&cfg, reclaimed.into_iter().collect());
+    if let Some(pid) = report.status.reclaimed_pids.first() {
+        tracing::warn!(pid, lock = %lock_path.display(), "reclaimed an orphan runner left by a previous agent");
+    }
+    if cfg.hub.is_some() {
+        tracing::warn!("a hub is configured, but this build reconciles only the local desired state (runner enabled)");
+    }
+
+    sup.start().await?;
+    let mut changes = sup.subscribe();
+    report.update(&cfg, &sup.status());
+    let mut tick = tokio::time::interval(STATUS_EVERY);
+    let mut watchdog = notify::watchdog_interval().map(tokio::time::interval);
+    tracing::info!(version = build_info::VERSION, pid = std::process::id(), state_dir = %cfg.state_dir.display(), "agent running");
+
+    let why = loop {
+        tokio::select! {
+            // Cancel-safe (all arms): signal streams, watch receivers and intervals keep
+            // their state between polls; nothing is lost when another arm wins.
+            _ = term.recv() => break "SIGTERM",
+            _ = int.recv() => break "SIGINT",
+            _ = hup.recv() => {
+                if let Some(new_sup) = apply_reload(&mut cfg, &reload, &exe).await {
+                    sup.stop().await;
+                    sup = new_sup;
+                    sup.start().await?;
+                    changes = sup.subscribe();
+                }
+                report.update(&cfg, &sup.status());
+            }
+            Ok(()) = changes.changed() => {
+                let st = changes.borrow_and_update().clone();
+                report.update(&cfg, &st);
+            }
+            _ = tick.tick() => report.update(&cfg, &sup.status()),
+            _ = async { watchdog.as_mut().map(|w| w.tick()).expect("guarded").await }, if watchdog.is_some() => {
+                report.notify("WATCHDOG=1");
+            }
+        }
+    };
+    tracing::info!("{why} received: stopping the runner");
+    report.notify("STOPPING=1");
+    sup.stop().await;
+    report.status.running = false;
+    report.update(&cfg, &sup.status());
+    tracing::info!("agent stopped");
+    Ok(())
+}
+
+/// Re-reads the configuration. Returns a new supervisor when the runner's settings
+/// changed and the new ones are valid; an invalid configuration is logged and the running
+/// one kept.
+async fn apply_reload(
+    cfg: &mut AgentConfig,
+    reload: &impl Fn() -> Result<AgentConfig, ConfigError>,
+    exe: &Path,
+) -> Option<Supervisor> {
+    let mut new = match reload() {
+        Ok(new) => new,
+        Err(e) => {
+            tracing::error!(error = %crate::error_chain(&e), "SIGHUP: the new configuration is invalid; keeping the running one");
+            return None;
+        }
+    };
+    if new.state_dir != cfg.state_dir || new.log_dir != cfg.log_dir {
+        tracing::warn!("SIGHUP: state_dir and log_dir changes take effect when the agent restarts");
+        new.state_dir = cfg.state_dir.clone();
+        new.log_dir = cfg.log_dir.clone();
+    }
+    if new.runner == cfg.runner {
+        tracing::info!("SIGHUP: configuration reloaded; runner settings unchanged");
+        *cfg = new;
+        return None;
+    }
+    let built = prepare(&new)
+        .and_then(|()| runner_config(&new, exe))
+        .and_then(|c| Supervisor::new(c).map_err(AgentError::from));
+    match built {
+        Ok(sup) => {
+            tracing::info!("SIGHUP: runner settings changed; restarting the runner");
+            *cfg = new;
+            Some(sup)
+        }
+        Err(e) => {
+            tracing::error!(error = %crate::error_chain(&e), "SIGHUP: cannot apply the new runner settings; keeping the running ones");
+            None
+        }
+    }
+}
+
+/// The supervisor configuration of the runner child.
+fn runner_config(cfg: &AgentConfig, exe: &Path) -> Result<supervisor::Config, AgentError> {
+    let account = cfg.runner.user.clone().unwrap_or_else(Account::current);
+    let env = env::child_env(&account, None, None, &[]).map_err(|source| {
+        AgentError::Supervisor(supervisor::Error::Env {
+            name: "runner".into(),
+            source,
+        })
+    })?;
+    let mut c = supervisor::Config::new("runner", exe, cfg.log_dir.join(RUNNER_LOG));
+    c.args = vec![
+        "runner".into(),
+        "run".into(),
+        "--state-dir".into(),
+        cfg.state_dir.clone().into_os_string(),
+    ];
+    c.dir = cfg.runner_dir();
+    c.env = env;
+    c.identity = cfg.runner.user.clone().map_or(Identity::Inherit, Identity::User);
+    c.max_log_bytes = cfg.runner.max_log_bytes;
+    c.stop_grace = cfg.runner.stop_grace;
+    c.initial_backoff = cfg.runner.initial_backoff;
+    Ok(c)
+}
+
+/// Creates the log dir (0700), the state dir (0700, or 0711 when the runner runs as
+/// another account and must traverse it) and `<state>/runner` (0700, owned by the runner).
+fn prepare(cfg: &AgentConfig) -> Result<(), AgentError> {
+    let other = cfg.runner.user.as_ref();
+    make_dir(&cfg.log_dir, 0o700)?;
+    make_dir(&cfg.state_dir, if other.is_some() { 0o711 } else { 0o700 })?;
+    let runner_dir = cfg.runner_dir();
+    make_dir(&runner_dir, 0o700)?;
+    if let Some(acct) = other {
+        sys::chown(&runner_dir, acct.uid, acct.gid).map_err(|source| AgentError::Chown {
+            path: runner_dir.clone(),
+            uid: acct.uid,
+            gid: acct.gid,
+            source,
+        })?;
+        check_reachable(&runner_dir, acct)?;
+    }
+    Ok(())
+}
+
+fn make_dir(path: &Path, mode: u32) -> Result<(), AgentError> {
+    let err = |source| AgentError::Dir { path: path.to_owned(), source };
+    fs::create_dir_all(path).map_err(err)?;
+    let meta = fs::metadata(path).map_err(err)?;
+    if meta.uid() == sys::current_ids().0 && meta.permissions().mode() & 0o777 != mode {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(err)?;
+    }
+    Ok(())
+}
+
+/// The runner account must be able to traverse every directory above its own.
+fn check_reachable(path: &Path, acct: &Account) -> Result<(), AgentError> {
+    let groups = sys::spawn::group_list(&acct.name, acct.gid).unwrap_or_else(|_| vec![acct.gid]);
+    for dir in path.ancestors().skip(1) {
+        let Ok(meta) = fs::metadata(dir) else { continue };
+        let mode = meta.permissions().mode() & 0o7777;
+        let bit = if meta.uid() == acct.uid {
+            0o100
+        } else if groups.contains(&meta.gid()) {
+            0o010
+        } else {
+            0o001
+        };
+        if mode & bit == 0 {
+            return Err(AgentError::Unreachable {
+                user: acct.name.clone(),
+                path: path.to_owned(),
+                dir: dir.to_owned(),
+                mode,
+                owner: meta.uid(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The canonical path of the running executable: what the runner is started from.
+fn own_exe() -> Result<PathBuf, AgentError> {
+    std::env::current_exe()
+        .and_then(fs::canonicalize)
+        .map_err(AgentError::Exe)
+}
+
+/// Keeps the status file and the service manager up to date.
+struct Reporter {
+    status: AgentStatus,
+    notifier: Option<Notifier>,
+    ready: bool,
+    last_line: String,
+}
+
+impl Reporter {
+    fn new(cfg: &AgentConfig, reclaimed: Vec<i32>) -> Self {
+        let now = SystemTime::now();
+        Self {
+            status: AgentStatus {
+                version: build_info::VERSION.to_owned(),
+                pid: std::process::id(),
+                pid_start_time: sys::process_start_time(ProcessId::current()),
+                started_at: now,
+                updated_at: now,
+                running: true,
+                config_path: cfg.config_path.clone(),
+                state_dir: cfg.state_dir.clone(),
+                log_dir: cfg.log_dir.clone(),
+                runner: Status {
+                    state: State::Stopped,
+                    pid: None,
+                    starts: 0,
+                    last_error: None,
+                    since: now,
+                },
+                reclaimed_pids: reclaimed,
+            },
+            notifier: Notifier::from_env(),
+            ready: false,
+            last_line: String::new(),
+        }
+    }
+
+    fn notify(&self, msg: &str) {
+        if let Some(n) = &self.notifier {
+            n.send(msg);
+        }
+    }
+
+    fn update(&mut self, cfg: &AgentConfig, runner: &Status) {
+        self.status.runner = runner.clone();
+        self.status.config_path = cfg.config_path.clone();
+        self.status.updated_at = SystemTime::now();
+        if let Err(e) = status::write(&cfg.state_dir, &self.status) {
+            tracing::warn!(error = %e, path = %status::path(&cfg.state_dir).display(), "could not write agent status");
+        }
+        let line = match (runner.state, runner.pid, &runner.last_error) {
+            (State::Running, Some(pid), _) => format!("runner running (pid {pid}, {} starts)", runner.starts),
+            (State::Backoff, _, Some(err)) => format!("runner restarting after: {err}"),
+            (state, _, _) => format!("runner {state:?}").to_lowercase(),
+        };
+        if line != self.last_line {
+            self.notify(&format!("STATUS={line}"));
+            self.last_line = line;
+        }
+        if !self.ready && runner.state != State::Stopped {
+            self.ready = true;
+            self.notify("READY=1");
+        }
+    }
+}

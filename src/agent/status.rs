@@ -1,0 +1,97 @@
+//! `<state>/agent-status.json`: what the agent is doing, for `railgrid agent status`,
+//! monitoring, and people. Written atomically, so a reader never sees half a file.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use crate::supervisor::Status;
+use crate::sys::{self, ProcessId};
+use crate::util;
+
+pub const FILE_NAME: &str = "agent-status.json";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AgentStatus {
+    pub version: String,
+    pub pid: u32,
+    /// The agent's process start time (clock ticks since boot, Linux): tells a live agent
+    /// from a process that reuses its pid.
+    pub pid_start_time: Option<u64>,
+    #[serde(with = "util::unix_secs")]
+    pub started_at: SystemTime,
+    #[serde(with = "util::unix_secs")]
+    pub updated_at: SystemTime,
+    /// False once the agent has shut down cleanly.
+    pub running: bool,
+    pub config_path: Option<PathBuf>,
+    pub state_dir: PathBuf,
+    pub log_dir: PathBuf,
+    pub runner: Status,
+    /// Orphan runners terminated at start.
+    pub reclaimed_pids: Vec<i32>,
+}
+
+pub fn path(state_dir: &Path) -> PathBuf {
+    state_dir.join(FILE_NAME)
+}
+
+/// Writes `status` to `<state>/agent-status.json` (mode 0644: it holds no secret and lets
+/// unprivileged operators run `railgrid agent status`).
+pub fn write(state_dir: &Path, status: &AgentStatus) -> std::io::Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(status).map_err(std::io::Error::other)?;
+    bytes.push(b'\n');
+    util::write_atomic(&path(state_dir), &bytes, 0o644)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("no agent status at {path}: the agent has not run with this state directory")]
+    Missing { path: PathBuf },
+    #[error("could not read agent status {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("agent status {path} is malformed")]
+    Malformed {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+pub fn read(state_dir: &Path) -> Result<AgentStatus, ReadError> {
+    let path = path(state_dir);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ReadError::Missing { path }),
+        Err(source) => return Err(ReadError::Io { path, source }),
+    };
+    serde_json::from_slice(&bytes).map_err(|source| ReadError::Malformed { path, source })
+}
+
+/// True when the process recorded in `status` is still that railgrid agent: alive, same
+/// start time where the OS tells it, and running `agent run`.
+pub fn agent_alive(status: &AgentStatus) -> bool {
+    if !status.running {
+        return false;
+    }
+    let Some(pid) = ProcessId::from_u32(status.pid) else {
+        return false;
+    };
+    if !sys::group::process_alive(pid) {
+        return false;
+    }
+    if let (Some(want), Some(got)) = (status.pid_start_time, sys::process_start_time(pid)) {
+        if want != got {
+            return false;
+        }
+    }
+    match sys::process_cmdline(pid) {
+        Some(args) => args.windows(2).any(|w| w[0] == "agent" && w[1] == "run"),
+        None => true,
+    }
+}

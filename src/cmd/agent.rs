@@ -1,0 +1,139 @@
+//! `railgrid agent run | status | check-config`.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+
+use super::{print_stdout, usage};
+use crate::agent::config::{self, AgentConfig, Flags};
+use crate::agent::status::{self, AgentStatus};
+use crate::agent::{self as agent_mod, AgentError};
+use crate::cli::{AgentArgs, AgentStatusArgs};
+
+fn flags(args: &AgentArgs) -> Flags {
+    Flags {
+        config: args.config.clone(),
+        state_dir: args.state_dir.clone(),
+        log_dir: args.log_dir.clone(),
+        runner_user: args.runner_user.clone(),
+        hub: args.hub.clone(),
+        token_file: args.token_file.clone(),
+        ca_file: args.ca_file.clone(),
+    }
+}
+
+pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
+    let flags = flags(&args);
+    let cfg = config::load(&flags).map_err(usage)?;
+    // Before any thread exists: state, logs and sockets are private unless made otherwise.
+    crate::sys::set_umask(0o077);
+    std::fs::create_dir_all(&cfg.log_dir)
+        .with_context(|| format!("could not create log directory {}", cfg.log_dir.display()))?;
+    let appender = tracing_appender::rolling::Builder::new()
+        .rotation(tracing_appender::rolling::Rotation::DAILY)
+        .filename_prefix("agent")
+        .filename_suffix("log")
+        .max_log_files(cfg.log_max_files)
+        .build(&cfg.log_dir)
+        .with_context(|| format!("could not open the agent log in {}", cfg.log_dir.display()))?;
+    let (writer, _guard) = tracing_appender::non_blocking(appender);
+    super::init_tracing(Some(writer));
+
+    let rt = super::current_thread_runtime()?;
+    let reload = move || config::load(&flags);
+    match rt.block_on(agent_mod::run(cfg, reload)) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e @ AgentError::Supervisor(crate::supervisor::Error::RootChild { .. })) => Err(usage(
+            anyhow::Error::new(e).context("set runner.user (e.g. --runner-user nobody)"),
+        )),
+        Err(e) if e.is_config() => Err(usage(e)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(super) fn check_config(args: AgentArgs) -> anyhow::Result<ExitCode> {
+    let cfg: AgentConfig = config::load(&flags(&args)).map_err(usage)?;
+    let text = toml::to_string(&cfg.effective()).context("could not render the configuration")?;
+    print_stdout(&format!("# railgrid agent: effective configuration (valid)\n{}", text.trim_end()))
+}
+
+/// Exit code when no agent is running.
+const NOT_RUNNING: u8 = 3;
+
+pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
+    let state_dir = match args.state_dir {
+        Some(dir) => dir,
+        None => {
+            let flags = Flags {
+                config: args.config.clone(),
+                ..Flags::default()
+            };
+            // Only the state directory matters here; a config that lacks a runner user is
+            // still good enough to find it.
+            match config::load(&flags) {
+                Ok(cfg) => cfg.state_dir,
+                Err(config::ConfigError::NoRunnerUser) => config::ROOT_STATE_DIR.into(),
+                Err(e) => return Err(usage(e)),
+            }
+        }
+    };
+    let st = match status::read(&state_dir) {
+        Ok(st) => st,
+        Err(status::ReadError::Missing { path }) => {
+            eprintln!("railgrid: agent not running (no status file at {})", path.display());
+            return Ok(ExitCode::from(NOT_RUNNING));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let alive = status::agent_alive(&st);
+    if args.json {
+        print_stdout(&serde_json::to_string_pretty(&st)?)?;
+    } else {
+        print_stdout(&render(&st, alive))?;
+    }
+    if alive {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        if !args.json {
+            eprintln!("railgrid: agent not running (last seen as pid {})", st.pid);
+        }
+        Ok(ExitCode::from(NOT_RUNNING))
+    }
+}
+
+fn ago(t: SystemTime) -> String {
+    let d = SystemTime::now().duration_since(t).unwrap_or_default();
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+fn render(st: &AgentStatus, alive: bool) -> String {
+    let mut out = String::new();
+    let agent = if alive { "running" } else { "not running" };
+    out.push_str(&format!(
+        "agent:    {agent} (pid {}, version {}, started {} ago, updated {} ago)\n",
+        st.pid,
+        st.version,
+        ago(st.started_at),
+        ago(st.updated_at)
+    ));
+    let r = &st.runner;
+    let state = format!("{:?}", r.state).to_lowercase();
+    let pid = r.pid.map(|p| format!("pid {p}, ")).unwrap_or_default();
+    out.push_str(&format!("runner:   {state} ({pid}{} starts, for {})\n", r.starts, ago(r.since)));
+    if let Some(err) = &r.last_error {
+        out.push_str(&format!("last error: {err}\n"));
+    }
+    if !st.reclaimed_pids.is_empty() {
+        let pids: Vec<String> = st.reclaimed_pids.iter().map(i32::to_string).collect();
+        out.push_str(&format!("reclaimed orphan runners: {}\n", pids.join(", ")));
+    }
+    out.push_str(&format!("state dir: {}\n", st.state_dir.display()));
+    out.push_str(&format!(
+        "config:   {}",
+        st.config_path
+            .as_ref()
+            .map_or_else(|| "(defaults)".to_owned(), |p| p.display().to_string())
+    ));
+    out
+}

@@ -1,0 +1,163 @@
+//! The runner: `railgrid runner run`, started by the agent under the supervisor.
+//!
+//! Tasks:
+//! - the *API server*: HTTP/1.1 + JSON on `<state>/runner/runner.sock` (mode 0600, never a
+//!   network port). In: requests. Out: responses.
+//! - the *main task* (`run`): holds the runner lock for the process's life, serves until
+//!   SIGTERM or SIGINT, then stops accepting, removes the socket and releases the lock.
+
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::agent::{RUNNER_LOCK, RUNNER_SOCKET};
+use crate::build_info;
+use crate::supervisor::lock::{self, LockError, RunnerLock};
+
+#[derive(Debug, Error)]
+pub enum RunnerError {
+    #[error("refusing to run the runner as root: the agent starts it as runner.user; run it by hand as that user")]
+    Root,
+    #[error("could not create runner directory {path}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error("could not remove the stale socket {path}")]
+    StaleSocket {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("could not listen on {path}")]
+    Bind {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("could not install signal handlers")]
+    Signals(#[source] io::Error),
+    #[error("the API server on {path} failed")]
+    Serve {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// `GET /v1/health`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Health {
+    pub version: String,
+    pub pid: u32,
+    pub uptime_secs: u64,
+    pub jobs_running: u64,
+}
+
+struct Shared {
+    started: Instant,
+}
+
+/// Paths of a runner's state.
+pub struct Paths {
+    pub dir: PathBuf,
+    pub lock: PathBuf,
+    pub socket: PathBuf,
+}
+
+impl Paths {
+    /// `<state>/runner/...`.
+    pub fn new(state_dir: &Path) -> Self {
+        let dir = state_dir.join("runner");
+        Self {
+            lock: dir.join(RUNNER_LOCK),
+            socket: dir.join(RUNNER_SOCKET),
+            dir,
+        }
+    }
+}
+
+/// Runs the runner until SIGTERM or SIGINT. The caller sets a 077 umask before the
+/// runtime starts, so the socket is never briefly reachable by others.
+pub async fn run(state_dir: &Path) -> Result<(), RunnerError> {
+    if crate::sys::is_root() {
+        return Err(RunnerError::Root);
+    }
+    let mut term = signal(SignalKind::terminate()).map_err(RunnerError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(RunnerError::Signals)?;
+    let paths = Paths::new(state_dir);
+    std::fs::create_dir_all(&paths.dir).map_err(|source| RunnerError::Dir {
+        path: paths.dir.clone(),
+        source,
+    })?;
+    let lock_path = paths.lock.clone();
+    let lock: RunnerLock = tokio::task::spawn_blocking(move || lock::acquire(&lock_path))
+        .await
+        .map_err(|e| LockError::Lock {
+            path: paths.lock.clone(),
+            source: io::Error::other(e),
+        })??;
+
+    // Holding the lock, any socket file left behind is a dead runner's.
+    match std::fs::remove_file(&paths.socket) {
+        Ok(()) => tracing::info!(socket = %paths.socket.display(), "removed a stale socket"),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(RunnerError::StaleSocket {
+                path: paths.socket.clone(),
+                source,
+            })
+        }
+    }
+    let bind_err = |source| RunnerError::Bind {
+        path: paths.socket.clone(),
+        source,
+    };
+    let listener = tokio::net::UnixListener::bind(&paths.socket).map_err(bind_err)?;
+    std::fs::set_permissions(&paths.socket, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
+
+    let shared = Arc::new(Shared {
+        started: Instant::now(),
+    });
+    let app = Router::new().route("/v1/health", get(health)).with_state(shared);
+    tracing::info!(pid = std::process::id(), socket = %paths.socket.display(), version = build_info::VERSION, "runner serving");
+
+    let shutdown = async move {
+        // Cancel-safe: signal streams buffer deliveries.
+        let which = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!("{which} received: runner stopping");
+    };
+    let served = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+    let _ = std::fs::remove_file(&paths.socket);
+    drop(lock);
+    served.map_err(|source| RunnerError::Serve {
+        path: paths.socket.clone(),
+        source,
+    })?;
+    tracing::info!("runner stopped");
+    Ok(())
+}
+
+async fn health(State(shared): State<Arc<Shared>>) -> Json<Health> {
+    Json(Health {
+        version: build_info::VERSION.to_owned(),
+        pid: std::process::id(),
+        uptime_secs: shared.started.elapsed().as_secs(),
+        jobs_running: 0,
+    })
+}
