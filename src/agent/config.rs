@@ -204,12 +204,28 @@ impl Sources<'_> {
     /// The winning value of `key` as text: flag, then environment, then file.
     fn get(&self, key: Key) -> Option<(String, Origin)> {
         let flag = match key {
-            Key::StateDir => self.flags.state_dir.as_ref().map(|p| (p.display().to_string(), "--state-dir")),
-            Key::LogDir => self.flags.log_dir.as_ref().map(|p| (p.display().to_string(), "--log-dir")),
+            Key::StateDir => self
+                .flags
+                .state_dir
+                .as_ref()
+                .map(|p| (p.display().to_string(), "--state-dir")),
+            Key::LogDir => self
+                .flags
+                .log_dir
+                .as_ref()
+                .map(|p| (p.display().to_string(), "--log-dir")),
             Key::RunnerUser => self.flags.runner_user.clone().map(|u| (u, "--runner-user")),
             Key::HubUrl => self.flags.hub.clone().map(|u| (u, "--hub")),
-            Key::TokenFile => self.flags.token_file.as_ref().map(|p| (p.display().to_string(), "--token-file")),
-            Key::CaFile => self.flags.ca_file.as_ref().map(|p| (p.display().to_string(), "--ca-file")),
+            Key::TokenFile => self
+                .flags
+                .token_file
+                .as_ref()
+                .map(|p| (p.display().to_string(), "--token-file")),
+            Key::CaFile => self
+                .flags
+                .ca_file
+                .as_ref()
+                .map(|p| (p.display().to_string(), "--ca-file")),
             _ => None,
         };
         if let Some((v, flag)) = flag {
@@ -235,6 +251,10 @@ impl Sources<'_> {
     }
 
     fn path(&self, key: Key) -> Option<PathBuf> {
+        self.path_from(key).map(|(p, _)| p)
+    }
+
+    fn path_from(&self, key: Key) -> Option<(PathBuf, Origin)> {
         let (v, origin) = self.get(key)?;
         let p = PathBuf::from(v);
         let p = match origin.base_dir() {
@@ -242,25 +262,37 @@ impl Sources<'_> {
             _ => p,
         };
         // Drops `.` components; `..` stays (resolving it would need the file system).
-        Some(std::path::absolute(&p).unwrap_or(p))
+        Some((std::path::absolute(&p).unwrap_or(p), origin))
     }
 
     fn duration(&self, key: Key, default: Duration) -> Result<Duration, ConfigError> {
         let Some((v, origin)) = self.get(key) else {
             return Ok(default);
         };
-        let d = humantime::parse_duration(&v).map_err(|e| invalid(&origin, format!("invalid duration {v:?} ({e}); use forms like 250ms, 2s, 1m")))?;
+        let d = humantime::parse_duration(&v).map_err(|e| {
+            invalid(
+                &origin,
+                format!("invalid duration {v:?} ({e}); use forms like 250ms, 2s, 1m"),
+            )
+        })?;
         if d.is_zero() {
             return Err(invalid(&origin, "must be greater than zero".into()));
         }
         Ok(d)
     }
 
-    fn number<T: std::str::FromStr>(&self, key: Key, default: T, what: &str) -> Result<T, ConfigError> {
+    fn number<T: std::str::FromStr>(
+        &self,
+        key: Key,
+        default: T,
+        what: &str,
+    ) -> Result<T, ConfigError> {
         let Some((v, origin)) = self.get(key) else {
             return Ok(default);
         };
-        v.trim().parse().map_err(|_| invalid(&origin, format!("invalid value {v:?}; expected {what}")))
+        v.trim()
+            .parse()
+            .map_err(|_| invalid(&origin, format!("invalid value {v:?}; expected {what}")))
     }
 }
 
@@ -280,7 +312,11 @@ pub fn default_config_path(root: bool, env: &dyn Fn(&str) -> Option<String>) -> 
     let base = env("XDG_CONFIG_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
-        .or_else(|| env("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".config")))?;
+        .or_else(|| {
+            env("HOME")
+                .filter(|h| !h.is_empty())
+                .map(|h| PathBuf::from(h).join(".config"))
+        })?;
     Some(base.join("railgrid").join("agent.toml"))
 }
 
@@ -290,7 +326,11 @@ fn default_user_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
     let base = env("XDG_STATE_HOME")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
-        .or_else(|| env("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".local/state")))?;
+        .or_else(|| {
+            env("HOME")
+                .filter(|h| !h.is_empty())
+                .map(|h| PathBuf::from(h).join(".local/state"))
+        })?;
     Some(base.join("railgrid"))
 }
 
@@ -300,8 +340,16 @@ pub fn load(flags: &Flags) -> Result<AgentConfig, ConfigError> {
 }
 
 /// Loads the configuration from `flags`, the file they (or the defaults) name, and `env`.
-pub fn load_with(flags: &Flags, root: bool, env: &dyn Fn(&str) -> Option<String>) -> Result<AgentConfig, ConfigError> {
-    let explicit = flags.config.clone().or_else(|| env("RAILGRID_CONFIG").filter(|v| !v.is_empty()).map(PathBuf::from));
+pub fn load_with(
+    flags: &Flags,
+    root: bool,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<AgentConfig, ConfigError> {
+    let explicit = flags.config.clone().or_else(|| {
+        env("RAILGRID_CONFIG")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
     let file = match explicit {
         Some(path) => Some((path.clone(), read_file(&path)?)),
         None => match default_config_path(root, env) {
@@ -327,7 +375,10 @@ pub fn load_with(flags: &Flags, root: bool, env: &dyn Fn(&str) -> Option<String>
         Some((name, origin)) => {
             let acct = Account::by_name(&name).map_err(|e| invalid(&origin, e.to_string()))?;
             if acct.uid == 0 {
-                return Err(invalid(&origin, format!("user {name} is uid 0; the runner must never run as root")));
+                return Err(invalid(
+                    &origin,
+                    format!("user {name} is uid 0; the runner must never run as root"),
+                ));
             }
             let (own_uid, _) = crate::sys::current_ids();
             if !root && acct.uid != own_uid {
@@ -339,9 +390,11 @@ pub fn load_with(flags: &Flags, root: bool, env: &dyn Fn(&str) -> Option<String>
         None => None,
     };
     let max_log_bytes = src.number(Key::MaxLogBytes, DEFAULT_MAX_LOG_BYTES, "a number of bytes")?;
-    if max_log_bytes < MIN_LOG_BYTES {
-        let (_, origin) = src.get(Key::MaxLogBytes).ok_or(ConfigError::NoHome)?;
-        return Err(invalid(&origin, format!("must be at least {MIN_LOG_BYTES}")));
+    if let (true, Some((_, origin))) = (max_log_bytes < MIN_LOG_BYTES, src.get(Key::MaxLogBytes)) {
+        return Err(invalid(
+            &origin,
+            format!("must be at least {MIN_LOG_BYTES}"),
+        ));
     }
     let runner = RunnerSettings {
         user,
@@ -350,16 +403,21 @@ pub fn load_with(flags: &Flags, root: bool, env: &dyn Fn(&str) -> Option<String>
         max_log_bytes,
     };
 
-    let hub = match (src.get(Key::HubUrl), src.path(Key::TokenFile)) {
+    let hub = match (src.get(Key::HubUrl), src.path_from(Key::TokenFile)) {
         (None, None) => None,
         (Some((url, origin)), token) => {
             if !url.starts_with("https://") {
-                return Err(invalid(&origin, format!("hub URL {url:?} must start with https://")));
+                return Err(invalid(
+                    &origin,
+                    format!("hub URL {url:?} must start with https://"),
+                ));
             }
-            let Some(token_file) = token else {
-                return Err(invalid(&origin, "a hub needs a token file: set hub.token_file (or --token-file)".into()));
+            let Some((token_file, token_origin)) = token else {
+                return Err(invalid(
+                    &origin,
+                    "a hub needs a token file: set hub.token_file (or --token-file)".into(),
+                ));
             };
-            let (_, token_origin) = src.get(Key::TokenFile).ok_or(ConfigError::NoHome)?;
             check_secret_file(&token_file).map_err(|m| invalid(&token_origin, m))?;
             Some(HubSettings {
                 url,
@@ -367,12 +425,18 @@ pub fn load_with(flags: &Flags, root: bool, env: &dyn Fn(&str) -> Option<String>
                 ca_file: src.path(Key::CaFile),
             })
         }
-        (None, Some(_)) => {
-            let (_, origin) = src.get(Key::TokenFile).ok_or(ConfigError::NoHome)?;
-            return Err(invalid(&origin, "a token file without a hub URL: set hub.url (or --hub)".into()));
+        (None, Some((_, origin))) => {
+            return Err(invalid(
+                &origin,
+                "a token file without a hub URL: set hub.url (or --hub)".into(),
+            ));
         }
     };
-    let log_max_files = src.number(Key::LogMaxFiles, DEFAULT_LOG_MAX_FILES, "a whole number of files")?;
+    let log_max_files = src.number(
+        Key::LogMaxFiles,
+        DEFAULT_LOG_MAX_FILES,
+        "a whole number of files",
+    )?;
 
     Ok(AgentConfig {
         config_path: src.file.as_ref().map(|(p, _)| p.clone()),
@@ -397,9 +461,13 @@ fn read_file(path: &Path) -> Result<RawConfig, ConfigError> {
 
 /// A file holding a secret must be a regular file readable by its owner only.
 fn check_secret_file(path: &Path) -> Result<(), String> {
-    let meta = fs::metadata(path).map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
+    let meta = fs::metadata(path)
+        .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
     if !meta.is_file() {
-        return Err(format!("token file {} is not a regular file", path.display()));
+        return Err(format!(
+            "token file {} is not a regular file",
+            path.display()
+        ));
     }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
@@ -449,20 +517,20 @@ pub struct EffectiveLog {
 impl AgentConfig {
     pub fn effective(&self) -> Effective {
         Effective {
-            config_file: self
-                .config_path
-                .as_ref()
-                .map_or_else(|| "(none: defaults)".to_owned(), |p| p.display().to_string()),
+            config_file: self.config_path.as_ref().map_or_else(
+                || "(none: defaults)".to_owned(),
+                |p| p.display().to_string(),
+            ),
             state_dir: self.state_dir.clone(),
             log_dir: self.log_dir.clone(),
             runner: EffectiveRunner {
-                user: self
-                    .runner
-                    .user
-                    .as_ref()
-                    .map_or_else(|| format!("{} (the agent's own account)", Account::current().name), |a| a.name.clone()),
+                user: self.runner.user.as_ref().map_or_else(
+                    || format!("{} (the agent's own account)", Account::current().name),
+                    |a| a.name.clone(),
+                ),
                 stop_grace: humantime::format_duration(self.runner.stop_grace).to_string(),
-                initial_backoff: humantime::format_duration(self.runner.initial_backoff).to_string(),
+                initial_backoff: humantime::format_duration(self.runner.initial_backoff)
+                    .to_string(),
                 max_log_bytes: self.runner.max_log_bytes,
             },
             hub: self.hub.as_ref().map(|h| EffectiveHub {
@@ -489,7 +557,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| map.get(k).cloned()
     }
 
@@ -502,39 +573,84 @@ mod tests {
     #[test]
     fn flags_beat_environment_beat_file() {
         let dir = tempfile::tempdir().unwrap();
-        let path = write(dir.path(), "state_dir = \"from-file\"\nlog_dir = \"/logs\"\n[runner]\nstop_grace = \"3s\"\n");
-        let flags = Flags { config: Some(path.clone()), ..Flags::default() };
-        let env = env_of(&[("RAILGRID_LOG_DIR", "/env-logs"), ("RAILGRID_RUNNER_STOP_GRACE", "4s")]);
+        let path = write(
+            dir.path(),
+            "state_dir = \"from-file\"\nlog_dir = \"/logs\"\n[runner]\nstop_grace = \"3s\"\n",
+        );
+        let flags = Flags {
+            config: Some(path.clone()),
+            ..Flags::default()
+        };
+        let env = env_of(&[
+            ("RAILGRID_LOG_DIR", "/env-logs"),
+            ("RAILGRID_RUNNER_STOP_GRACE", "4s"),
+        ]);
         let c = load_with(&flags, false, &env).unwrap();
-        assert_eq!(c.state_dir, dir.path().join("from-file"), "relative to the file");
+        assert_eq!(
+            c.state_dir,
+            dir.path().join("from-file"),
+            "relative to the file"
+        );
         assert_eq!(c.log_dir, PathBuf::from("/env-logs"));
         assert_eq!(c.runner.stop_grace, Duration::from_secs(4));
-        let flags = Flags { log_dir: Some("/flag-logs".into()), ..flags };
-        assert_eq!(load_with(&flags, false, &env).unwrap().log_dir, PathBuf::from("/flag-logs"));
+        let flags = Flags {
+            log_dir: Some("/flag-logs".into()),
+            ..flags
+        };
+        assert_eq!(
+            load_with(&flags, false, &env).unwrap().log_dir,
+            PathBuf::from("/flag-logs")
+        );
     }
 
     #[test]
     fn errors_name_the_file_and_key() {
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), "[runner]\nstop_grace = \"soon\"\n");
-        let flags = Flags { config: Some(path.clone()), ..Flags::default() };
-        let err = load_with(&flags, false, &env_of(&[("HOME", "/h")])).unwrap_err().to_string();
-        assert!(err.contains(&path.display().to_string()) && err.contains("runner.stop_grace") && err.contains("250ms"), "{err}");
+        let flags = Flags {
+            config: Some(path.clone()),
+            ..Flags::default()
+        };
+        let err = load_with(&flags, false, &env_of(&[("HOME", "/h")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&path.display().to_string())
+                && err.contains("runner.stop_grace")
+                && err.contains("250ms"),
+            "{err}"
+        );
 
         let path = write(dir.path(), "[runner]\nuser = \"nobody\"\nbogus = 1\n");
-        let err = load_with(&flags, false, &env_of(&[])).unwrap_err().to_string();
-        assert!(err.contains("bogus") && err.contains(&path.display().to_string()), "{err}");
+        let err = load_with(&flags, false, &env_of(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("bogus") && err.contains(&path.display().to_string()),
+            "{err}"
+        );
     }
 
     #[test]
     fn root_needs_a_runner_user() {
-        let err = load_with(&Flags::default(), true, &env_of(&[("RAILGRID_CONFIG", "/nonexistent/agent.toml")])).unwrap_err();
+        let err = load_with(
+            &Flags::default(),
+            true,
+            &env_of(&[("RAILGRID_CONFIG", "/nonexistent/agent.toml")]),
+        )
+        .unwrap_err();
         assert!(matches!(err, ConfigError::Read { .. }), "{err}");
-        let flags = Flags { state_dir: Some("/s".into()), ..Flags::default() };
+        let flags = Flags {
+            state_dir: Some("/s".into()),
+            ..Flags::default()
+        };
         // With no file at the root default path this machine may or may not have one; name an empty one.
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), "");
-        let flags = Flags { config: Some(path), ..flags };
+        let flags = Flags {
+            config: Some(path),
+            ..flags
+        };
         let err = load_with(&flags, true, &env_of(&[])).unwrap_err();
         assert!(matches!(err, ConfigError::NoRunnerUser));
         assert!(err.to_string().contains("--runner-user nobody"));
@@ -548,15 +664,24 @@ mod tests {
         fs::set_permissions(&token, fs::Permissions::from_mode(0o640)).unwrap();
         let flags = Flags {
             state_dir: Some(dir.path().into()),
+            log_dir: Some(dir.path().into()),
             hub: Some("https://hub.example".into()),
             token_file: Some(token.clone()),
             config: Some(write(dir.path(), "")),
             ..Flags::default()
         };
-        let err = load_with(&flags, false, &env_of(&[])).unwrap_err().to_string();
-        assert!(err.contains("--token-file") && err.contains("chmod 600"), "{err}");
+        let err = load_with(&flags, false, &env_of(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--token-file") && err.contains("chmod 600"),
+            "{err}"
+        );
         fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(load_with(&flags, false, &env_of(&[])).unwrap().hub.is_some());
+        assert!(load_with(&flags, false, &env_of(&[]))
+            .unwrap()
+            .hub
+            .is_some());
     }
 
     #[test]
@@ -565,7 +690,10 @@ mod tests {
         let c = load_with(&Flags::default(), false, &env).unwrap();
         assert_eq!(c.state_dir, PathBuf::from("/x/state/railgrid"));
         assert_eq!(c.log_dir, PathBuf::from("/x/state/railgrid"));
-        assert_eq!(default_config_path(false, &env), Some(PathBuf::from("/home/u/.config/railgrid/agent.toml")));
+        assert_eq!(
+            default_config_path(false, &env),
+            Some(PathBuf::from("/home/u/.config/railgrid/agent.toml"))
+        );
     }
 
     #[test]

@@ -80,7 +80,10 @@ pub enum AgentError {
 impl AgentError {
     /// True for errors an operator fixes in the configuration (exit code 2).
     pub fn is_config(&self) -> bool {
-        matches!(self, AgentError::Unreachable { .. } | AgentError::Supervisor(_))
+        matches!(
+            self,
+            AgentError::Unreachable { .. } | AgentError::Supervisor(_)
+        )
     }
 }
 
@@ -104,7 +107,12 @@ pub async fn run(
     let path = lock_path.clone();
     let reclaimed = tokio::task::spawn_blocking(move || lock::reclaim_stale_holder(&path, grace))
         .await
-        .map_err(|e| AgentError::Reclaim(LockError::Lock { path: lock_path.clone(), source: io::Error::other(e) }))?
+        .map_err(|e| {
+            AgentError::Reclaim(LockError::Lock {
+                path: lock_path.clone(),
+                source: io::Error::other(e),
+            })
+        })?
         .map_err(AgentError::Reclaim)?;
     let mut report = Reporter::new(&cfg, reclaimed.into_iter().collect());
     if let Some(pid) = report.status.reclaimed_pids.first() {
@@ -130,6 +138,7 @@ pub async fn run(
             _ = hup.recv() => {
                 if let Some(new_sup) = apply_reload(&mut cfg, &reload, &exe).await {
                     sup.stop().await;
+                    report.earlier_starts += sup.starts();
                     sup = new_sup;
                     sup.start().await?;
                     changes = sup.subscribe();
@@ -214,7 +223,11 @@ fn runner_config(cfg: &AgentConfig, exe: &Path) -> Result<supervisor::Config, Ag
     ];
     c.dir = cfg.runner_dir();
     c.env = env;
-    c.identity = cfg.runner.user.clone().map_or(Identity::Inherit, Identity::User);
+    c.identity = cfg
+        .runner
+        .user
+        .clone()
+        .map_or(Identity::Inherit, Identity::User);
     c.max_log_bytes = cfg.runner.max_log_bytes;
     c.stop_grace = cfg.runner.stop_grace;
     c.initial_backoff = cfg.runner.initial_backoff;
@@ -242,7 +255,10 @@ fn prepare(cfg: &AgentConfig) -> Result<(), AgentError> {
 }
 
 fn make_dir(path: &Path, mode: u32) -> Result<(), AgentError> {
-    let err = |source| AgentError::Dir { path: path.to_owned(), source };
+    let err = |source| AgentError::Dir {
+        path: path.to_owned(),
+        source,
+    };
     fs::create_dir_all(path).map_err(err)?;
     let meta = fs::metadata(path).map_err(err)?;
     if meta.uid() == sys::current_ids().0 && meta.permissions().mode() & 0o777 != mode {
@@ -255,7 +271,9 @@ fn make_dir(path: &Path, mode: u32) -> Result<(), AgentError> {
 fn check_reachable(path: &Path, acct: &Account) -> Result<(), AgentError> {
     let groups = sys::spawn::group_list(&acct.name, acct.gid).unwrap_or_else(|_| vec![acct.gid]);
     for dir in path.ancestors().skip(1) {
-        let Ok(meta) = fs::metadata(dir) else { continue };
+        let Ok(meta) = fs::metadata(dir) else {
+            continue;
+        };
         let mode = meta.permissions().mode() & 0o7777;
         let bit = if meta.uid() == acct.uid {
             0o100
@@ -290,6 +308,8 @@ struct Reporter {
     notifier: Option<Notifier>,
     ready: bool,
     last_line: String,
+    /// Starts by supervisors replaced on reload: `starts` counts over the agent's life.
+    earlier_starts: u64,
 }
 
 impl Reporter {
@@ -318,6 +338,7 @@ impl Reporter {
             notifier: Notifier::from_env(),
             ready: false,
             last_line: String::new(),
+            earlier_starts: 0,
         }
     }
 
@@ -329,13 +350,16 @@ impl Reporter {
 
     fn update(&mut self, cfg: &AgentConfig, runner: &Status) {
         self.status.runner = runner.clone();
+        self.status.runner.starts += self.earlier_starts;
         self.status.config_path = cfg.config_path.clone();
         self.status.updated_at = SystemTime::now();
         if let Err(e) = status::write(&cfg.state_dir, &self.status) {
             tracing::warn!(error = %e, path = %status::path(&cfg.state_dir).display(), "could not write agent status");
         }
         let line = match (runner.state, runner.pid, &runner.last_error) {
-            (State::Running, Some(pid), _) => format!("runner running (pid {pid}, {} starts)", runner.starts),
+            (State::Running, Some(pid), _) => {
+                format!("runner running (pid {pid}, {} starts)", runner.starts)
+            }
             (State::Backoff, _, Some(err)) => format!("runner restarting after: {err}"),
             (state, _, _) => format!("runner {state:?}").to_lowercase(),
         };

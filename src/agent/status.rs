@@ -67,7 +67,9 @@ pub fn read(state_dir: &Path) -> Result<AgentStatus, ReadError> {
     let path = path(state_dir);
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ReadError::Missing { path }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ReadError::Missing { path })
+        }
         Err(source) => return Err(ReadError::Io { path, source }),
     };
     serde_json::from_slice(&bytes).map_err(|source| ReadError::Malformed { path, source })

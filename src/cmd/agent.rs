@@ -55,7 +55,10 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
 pub(super) fn check_config(args: AgentArgs) -> anyhow::Result<ExitCode> {
     let cfg: AgentConfig = config::load(&flags(&args)).map_err(usage)?;
     let text = toml::to_string(&cfg.effective()).context("could not render the configuration")?;
-    print_stdout(&format!("# railgrid agent: effective configuration (valid)\n{}", text.trim_end()))
+    print_stdout(&format!(
+        "# railgrid agent: effective configuration (valid)\n{}",
+        text.trim_end()
+    ))
 }
 
 /// Exit code when no agent is running.
@@ -81,7 +84,10 @@ pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
     let st = match status::read(&state_dir) {
         Ok(st) => st,
         Err(status::ReadError::Missing { path }) => {
-            eprintln!("railgrid: agent not running (no status file at {})", path.display());
+            eprintln!(
+                "railgrid: agent not running (no status file at {})",
+                path.display()
+            );
             return Ok(ExitCode::from(NOT_RUNNING));
         }
         Err(e) => return Err(e.into()),
@@ -120,7 +126,11 @@ fn render(st: &AgentStatus, alive: bool) -> String {
     let r = &st.runner;
     let state = format!("{:?}", r.state).to_lowercase();
     let pid = r.pid.map(|p| format!("pid {p}, ")).unwrap_or_default();
-    out.push_str(&format!("runner:   {state} ({pid}{} starts, for {})\n", r.starts, ago(r.since)));
+    out.push_str(&format!(
+        "runner:   {state} ({pid}{} starts, for {})\n",
+        r.starts,
+        ago(r.since)
+    ));
     if let Some(err) = &r.last_error {
         out.push_str(&format!("last error: {err}\n"));
     }

@@ -126,12 +126,15 @@ pub async fn run(state_dir: &Path) -> Result<(), RunnerError> {
         source,
     };
     let listener = tokio::net::UnixListener::bind(&paths.socket).map_err(bind_err)?;
-    std::fs::set_permissions(&paths.socket, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
+    std::fs::set_permissions(&paths.socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(bind_err)?;
 
     let shared = Arc::new(Shared {
         started: Instant::now(),
     });
-    let app = Router::new().route("/v1/health", get(health)).with_state(shared);
+    let app = Router::new()
+        .route("/v1/health", get(health))
+        .with_state(shared);
     tracing::info!(pid = std::process::id(), socket = %paths.socket.display(), version = build_info::VERSION, "runner serving");
 
     let shutdown = async move {
@@ -142,7 +145,9 @@ pub async fn run(state_dir: &Path) -> Result<(), RunnerError> {
         };
         tracing::info!("{which} received: runner stopping");
     };
-    let served = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await;
     let _ = std::fs::remove_file(&paths.socket);
     drop(lock);
     served.map_err(|source| RunnerError::Serve {

@@ -4,6 +4,7 @@
 //!
 //! One test binary (modules below) keeps link time down.
 
+mod agent;
 mod lock;
 mod supervise;
 mod supervisor_api;
