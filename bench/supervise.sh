@@ -228,3 +228,27 @@ CONF
   idle_row "supervisord" "$sdp"
   kill -TERM "$sdp"; wait "$sdp" 2>/dev/null || true
 fi
+
+# --- stop ---------------------------------------------------------------------------------
+
+stop_ms() { # stop_ms GRACE SCRIPT -> ms from SIGTERM to supervise's exit
+  local log=$WORK/stop.log; rm -f "$log" "$log.1"
+  "$RG" supervise --log "$log" --stop-grace "$1" "${USER_FLAGS[@]}" -- /bin/sh -c "$2" 2>/dev/null &
+  local sup=$!
+  local deadline=$((SECONDS + 30))
+  until grep -q ready "$log" 2>/dev/null; do [ $SECONDS -ge $deadline ] && break; sleep 0.02; done
+  sleep 0.2 # let the grandchildren reach their sleep
+  local t0; t0=$(date +%s%N)
+  kill -TERM "$sup"; wait "$sup" || true
+  echo $((($(date +%s%N) - t0) / 1000000))
+}
+
+FAN='for i in $(seq 50); do sleep 100000 & done; echo ready; wait'
+IGNORER='for i in $(seq 50); do sleep 100000 & done; sh -c "trap \"\" TERM; exec sleep 100000" & echo ready; wait'
+echo
+echo "## Stop: SIGTERM to railgrid supervise until it exits, child with 50 grandchildren, median of ${RUNS}"
+echo
+echo "| case | stop grace | ms |"
+echo "|---|---:|---:|"
+echo "| all exit on SIGTERM | 10s | $(for _ in $(seq "$RUNS"); do stop_ms 10s "$FAN"; done | median) |"
+echo "| one grandchild ignores SIGTERM | 1s | $(for _ in $(seq "$RUNS"); do stop_ms 1s "$IGNORER"; done | median) |"
