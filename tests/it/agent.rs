@@ -511,6 +511,7 @@ fn systemd_notifications_bracket_the_runner() {
     let child = host
         .agent_cmd(&[])
         .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "200000")
         .spawn()
         .expect("spawn");
     let mut agent = Guard::new(child);
@@ -533,6 +534,8 @@ fn systemd_notifications_bracket_the_runner() {
         .expect("runner pid after READY=1") as i32;
     assert!(alive(runner));
     assert!(seen.iter().any(|m| m.starts_with("STATUS=")), "{seen:?}");
+    // The main loop pings the watchdog at half of WATCHDOG_USEC.
+    recv_until("WATCHDOG=1", &mut seen);
 
     agent.signal(Signal::SIGTERM);
     recv_until("STOPPING=1", &mut seen);
