@@ -31,6 +31,13 @@ pub enum Command {
         #[command(subcommand)]
         command: AgentCommand,
     },
+    /// Submit and inspect jobs on this host's runner.
+    Job {
+        #[command(flatten)]
+        target: JobTarget,
+        #[command(subcommand)]
+        command: JobCommand,
+    },
     /// The job runner (started by the agent; usable by hand for debugging).
     Runner {
         #[command(subcommand)]
@@ -90,11 +97,32 @@ pub struct AgentStatusArgs {
 #[derive(Debug, Subcommand)]
 pub enum RunnerCommand {
     /// Serve the runner API on <state>/runner/runner.sock until SIGTERM or SIGINT.
-    Run {
-        /// The agent's state directory; the runner uses <DIR>/runner.
-        #[arg(long, value_name = "DIR")]
-        state_dir: PathBuf,
-    },
+    Run(RunnerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunnerArgs {
+    /// The agent's state directory; the runner uses <DIR>/runner.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// Jobs running at once (default: the number of CPUs).
+    #[arg(long, value_name = "N")]
+    pub max_jobs: Option<usize>,
+    /// Jobs of one owner running at once (default: --max-jobs).
+    #[arg(long, value_name = "N")]
+    pub max_jobs_per_owner: Option<usize>,
+    /// Jobs waiting; beyond it submissions get 429.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub max_queued: usize,
+    /// Spool cap per stream and job; beyond it output is counted and dropped.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub max_output_bytes: u64,
+    /// Finished jobs kept (records and files).
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub max_finished_jobs: usize,
+    /// Total spool bytes of finished jobs kept.
+    #[arg(long, value_name = "BYTES", default_value_t = 1024 * 1024 * 1024)]
+    pub max_spool_bytes: u64,
 }
 
 #[derive(Debug, Args)]
@@ -150,4 +178,82 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
     crate::env_policy::parse_assignment(s).map_err(|e| e.to_string())
+}
+
+/// Where the runner's socket is.
+#[derive(Debug, Clone, Args)]
+pub struct JobTarget {
+    /// The agent's state directory (default as for the agent); the socket is
+    /// <DIR>/runner/runner.sock.
+    #[arg(long, value_name = "DIR", global = true, conflicts_with = "socket")]
+    pub state_dir: Option<PathBuf>,
+    /// The runner's socket.
+    #[arg(long, value_name = "PATH", global = true)]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Submit a job: argv after `--`, never a shell string.
+    Submit(JobSubmitArgs),
+    /// List jobs, newest first.
+    List {
+        /// Only jobs in this state.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only jobs of this owner.
+        #[arg(long)]
+        owner: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one job.
+    Status {
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a job's output (stdout unless --stderr).
+    Logs {
+        id: String,
+        #[arg(long)]
+        stderr: bool,
+        /// Keep printing until the job ends.
+        #[arg(long)]
+        follow: bool,
+    },
+    /// Wait for a job to end; the exit code is the job's.
+    Wait { id: String },
+    /// Cancel a job (SIGTERM to its process group, grace, SIGKILL).
+    Cancel { id: String },
+}
+
+#[derive(Debug, Args)]
+pub struct JobSubmitArgs {
+    /// Client-chosen id: resubmitting the same id and spec is idempotent.
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Working directory, inside the runner's workspace root.
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Add K=V to the job's environment (repeatable). Loader variables are refused.
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Wall-clock limit, then SIGTERM, grace, SIGKILL to the group.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Owner, for per-owner admission limits.
+    #[arg(long)]
+    pub owner: Option<String>,
+    /// Stream the job's output and exit with its exit code.
+    #[arg(long)]
+    pub wait: bool,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    pub command: Vec<String>,
 }

@@ -2,6 +2,7 @@
 //! async parts on an explicitly built runtime, and classifies errors into exit codes.
 
 mod agent;
+mod job;
 mod runner;
 mod supervise;
 
@@ -60,8 +61,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     command: AgentCommand::Run(_),
                 } => unreachable!("handled above"),
                 Command::Runner {
-                    command: RunnerCommand::Run { state_dir },
-                } => runner::run(&state_dir),
+                    command: RunnerCommand::Run(args),
+                } => runner::run(args),
+                Command::Job { target, command } => job::run(target, command),
             }
         }
     }

@@ -1,19 +1,33 @@
 //! `railgrid runner run`.
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use super::usage;
+use crate::cli::RunnerArgs;
+use crate::runner::engine::EngineConfig;
 use crate::runner::{self, RunnerError};
 
-pub(super) fn run(state_dir: &Path) -> anyhow::Result<ExitCode> {
+pub(super) fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
     if crate::sys::is_root() {
         return Err(usage(RunnerError::Root));
     }
     // Before any thread exists: everything the runner creates is private to its user.
     crate::sys::set_umask(0o077);
-    let state_dir = std::path::absolute(state_dir)?;
-    let rt = super::current_thread_runtime()?;
-    rt.block_on(runner::run(&state_dir))?;
+    let state_dir = std::path::absolute(&args.state_dir)?;
+    let defaults = EngineConfig::default();
+    let max_jobs = args.max_jobs.unwrap_or(defaults.max_jobs).max(1);
+    let cfg = EngineConfig {
+        max_jobs,
+        max_jobs_per_owner: args.max_jobs_per_owner.unwrap_or(max_jobs).max(1),
+        max_queued: args.max_queued,
+        max_output_bytes: args.max_output_bytes,
+        max_finished_jobs: args.max_finished_jobs,
+        max_spool_bytes: args.max_spool_bytes,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(runner::run(&state_dir, cfg))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,20 +1,25 @@
 //! The runner: `railgrid runner run`, started by the agent under the supervisor.
 //!
 //! Tasks:
-//! - the *API server*: HTTP/1.1 + JSON on `<state>/runner/runner.sock` (mode 0600, never a
-//!   network port). In: requests. Out: responses.
+//! - the *API server* ([`api`]): HTTP/1.1 + JSON on `<state>/runner/runner.sock` (mode
+//!   0600, never a network port). In: requests. Out: responses.
+//! - the *job engine* ([`engine`]): one task per running job.
 //! - the *main task* (`run`): holds the runner lock for the process's life, serves until
-//!   SIGTERM or SIGINT, then stops accepting, removes the socket and releases the lock.
+//!   SIGTERM or SIGINT, then stops every job's group, stops the server, removes the socket
+//!   and releases the lock.
+
+pub mod api;
+pub mod client;
+pub mod engine;
+pub mod job;
+pub mod spec;
+pub mod store;
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::signal::unix::{signal, SignalKind};
@@ -22,6 +27,9 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::agent::{RUNNER_LOCK, RUNNER_SOCKET};
 use crate::build_info;
 use crate::supervisor::lock::{self, LockError, RunnerLock};
+
+/// How long open requests may take to finish after the jobs have stopped.
+const SERVER_DRAIN: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Error)]
 pub enum RunnerError {
@@ -49,6 +57,8 @@ pub enum RunnerError {
     },
     #[error("could not install signal handlers")]
     Signals(#[source] io::Error),
+    #[error(transparent)]
+    Engine(#[from] engine::EngineError),
     #[error("the API server on {path} failed")]
     Serve {
         path: PathBuf,
@@ -64,10 +74,6 @@ pub struct Health {
     pub pid: u32,
     pub uptime_secs: u64,
     pub jobs_running: u64,
-}
-
-struct Shared {
-    started: Instant,
 }
 
 /// Paths of a runner's state.
@@ -91,7 +97,7 @@ impl Paths {
 
 /// Runs the runner until SIGTERM or SIGINT. The caller sets a 077 umask before the
 /// runtime starts, so the socket is never briefly reachable by others.
-pub async fn run(state_dir: &Path) -> Result<(), RunnerError> {
+pub async fn run(state_dir: &Path, cfg: engine::EngineConfig) -> Result<(), RunnerError> {
     if crate::sys::is_root() {
         return Err(RunnerError::Root);
     }
@@ -129,40 +135,53 @@ pub async fn run(state_dir: &Path) -> Result<(), RunnerError> {
     std::fs::set_permissions(&paths.socket, std::fs::Permissions::from_mode(0o600))
         .map_err(bind_err)?;
 
-    let shared = Arc::new(Shared {
+    let engine = engine::Engine::start(paths.dir.clone(), cfg).await?;
+    let app = api::router(api::Api {
+        engine: engine.clone(),
         started: Instant::now(),
     });
-    let app = Router::new()
-        .route("/v1/health", get(health))
-        .with_state(shared);
     tracing::info!(pid = std::process::id(), socket = %paths.socket.display(), version = build_info::VERSION, "runner serving");
 
-    let shutdown = async move {
-        // Cancel-safe: signal streams buffer deliveries.
-        let which = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-        };
-        tracing::info!("{which} received: runner stopping");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    let early = tokio::select! {
+        // Cancel-safe (all arms): signal streams buffer deliveries; the server task is
+        // polled by reference and can be awaited again below.
+        _ = term.recv() => { tracing::info!("SIGTERM received: runner stopping"); None }
+        _ = int.recv() => { tracing::info!("SIGINT received: runner stopping"); None }
+        r = &mut server => Some(r),
     };
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    // Jobs first, so their waiters and followers see them end; then the server, giving
+    // open requests a moment to finish.
+    engine.shutdown().await;
+    let served = match early {
+        Some(r) => r,
+        None => {
+            let _ = stop_tx.send(());
+            match tokio::time::timeout(SERVER_DRAIN, &mut server).await {
+                Ok(r) => r,
+                Err(_) => {
+                    server.abort();
+                    Ok(Ok(()))
+                }
+            }
+        }
+    };
     let _ = std::fs::remove_file(&paths.socket);
     drop(lock);
-    served.map_err(|source| RunnerError::Serve {
-        path: paths.socket.clone(),
-        source,
-    })?;
+    served
+        .map_err(|e| io::Error::other(e.to_string()))
+        .and_then(|r| r)
+        .map_err(|source| RunnerError::Serve {
+            path: paths.socket.clone(),
+            source,
+        })?;
     tracing::info!("runner stopped");
     Ok(())
-}
-
-async fn health(State(shared): State<Arc<Shared>>) -> Json<Health> {
-    Json(Health {
-        version: build_info::VERSION.to_owned(),
-        pid: std::process::id(),
-        uptime_secs: shared.started.elapsed().as_secs(),
-        jobs_running: 0,
-    })
 }

@@ -439,7 +439,7 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>, pump: Pump) {
 
 /// SIGTERM to the child's group, wait for the child and every live member of the group up
 /// to `grace`, then SIGKILL the group and reap.
-async fn stop_child(
+pub(crate) async fn stop_child(
     name: &str,
     child: &mut tokio::process::Child,
     pgid: ProcessId,
@@ -468,7 +468,7 @@ async fn stop_child(
 }
 
 /// Cleans up what a child that exited by itself left in its group.
-async fn terminate_group(name: &str, pgid: ProcessId, grace: Duration) {
+pub(crate) async fn terminate_group(name: &str, pgid: ProcessId, grace: Duration) {
     if !group::group_alive(pgid) {
         return;
     }
@@ -491,7 +491,7 @@ fn send(name: &str, pgid: ProcessId, sig: Sig) {
 /// Waits until no live process is left in the group, or `deadline`. Returns whether the
 /// group is gone. The OS has no event for "group empty", so this polls — only while
 /// stopping, and only until the deadline.
-async fn wait_group(pgid: ProcessId, deadline: Instant) -> bool {
+pub(crate) async fn wait_group(pgid: ProcessId, deadline: Instant) -> bool {
     loop {
         if !group::group_alive(pgid) {
             return true;

@@ -81,3 +81,47 @@ pub fn group_list(user: &str, gid: u32) -> std::io::Result<Vec<u32>> {
 pub fn group_list(_user: &str, gid: u32) -> std::io::Result<Vec<u32>> {
     Ok(vec![gid])
 }
+
+/// Resource limits a job's processes get before exec; `None` leaves the runner's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rlimits {
+    pub address_space: Option<u64>,
+    pub cpu_secs: Option<u64>,
+    pub open_files: Option<u64>,
+    pub processes: Option<u64>,
+}
+
+impl Rlimits {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Applies `limits` (soft and hard) in the child between fork and exec.
+pub fn rlimits(cmd: &mut Command, limits: Rlimits) {
+    use nix::sys::resource::{setrlimit, Resource};
+    if limits.is_empty() {
+        return;
+    }
+    // SAFETY: the closure runs in the forked child before exec; setrlimit is a plain,
+    // async-signal-safe system call, and the closure captures only a Copy struct, so it
+    // allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            let set = |res: Resource, v: Option<u64>| -> std::io::Result<()> {
+                if let Some(v) = v {
+                    setrlimit(res, v, v)?;
+                }
+                Ok(())
+            };
+            set(Resource::RLIMIT_AS, limits.address_space)?;
+            set(Resource::RLIMIT_CPU, limits.cpu_secs)?;
+            set(Resource::RLIMIT_NOFILE, limits.open_files)?;
+            #[cfg(not(target_os = "macos"))]
+            set(Resource::RLIMIT_NPROC, limits.processes)?;
+            #[cfg(target_os = "macos")]
+            let _ = limits.processes;
+            Ok(())
+        });
+    }
+}

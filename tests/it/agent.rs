@@ -2,9 +2,8 @@
 //! hub, against real processes, sockets and files.
 
 use std::fs;
-use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -99,22 +98,6 @@ impl Host {
         }
         text
     }
-}
-
-/// One HTTP/1.1 GET over a Unix socket, the way `curl --unix-socket` does it.
-fn get(socket: &Path, path: &str) -> Option<(u16, String)> {
-    let mut s = UnixStream::connect(socket).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).ok()?;
-    let status = resp.split_whitespace().nth(1)?.parse().ok()?;
-    let body = resp.split_once("\r\n\r\n")?.1.to_owned();
-    Some((status, body))
 }
 
 fn get_json(socket: &Path, path: &str) -> Option<Value> {

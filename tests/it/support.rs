@@ -212,3 +212,34 @@ pub fn path_str(p: &Path) -> String {
 pub fn join(dir: &Path, name: &str) -> PathBuf {
     dir.join(name)
 }
+
+/// One HTTP/1.1 request over a Unix socket, the way `curl --unix-socket` does it.
+pub fn http(socket: &Path, method: &str, path: &str, body: Option<&str>) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    let body = body.unwrap_or("");
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).ok()?;
+    let resp = String::from_utf8_lossy(&resp).into_owned();
+    let status = resp.split_whitespace().nth(1)?.parse().ok()?;
+    let body = resp.split_once("\r\n\r\n")?.1.to_owned();
+    Some((status, body))
+}
+
+pub fn get(socket: &Path, path: &str) -> Option<(u16, String)> {
+    http(socket, "GET", path, None)
+}
+
+pub fn get_json(socket: &Path, path: &str) -> Option<serde_json::Value> {
+    let (status, body) = get(socket, path)?;
+    (status == 200)
+        .then(|| serde_json::from_str(&body).ok())
+        .flatten()
+}

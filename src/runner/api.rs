@@ -1,0 +1,293 @@
+//! The runner's HTTP API (HTTP/1.1 + JSON on its Unix socket). Errors are
+//! `{"error": {"code", "message"}}` with a fitting status.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+
+use super::engine::{Engine, EngineError};
+use super::job::Stream;
+use super::spec::JobSpec;
+use super::store::{JobRecord, JobState};
+use super::Health;
+use crate::build_info;
+
+/// Request bodies above this are refused (413): a spec with 1 MiB of stdin fits.
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+/// Longest `wait` a client may ask for.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+/// Largest output slice returned by one request.
+const MAX_SLICE: u64 = 8 * 1024 * 1024;
+
+#[derive(Clone)]
+pub struct Api {
+    pub engine: Engine,
+    pub started: std::time::Instant,
+}
+
+pub fn router(api: Api) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/jobs", post(submit).get(list))
+        .route("/v1/jobs/{id}", get(status))
+        .route("/v1/jobs/{id}/cancel", post(cancel))
+        .route("/v1/jobs/{id}/wait", get(wait))
+        .route("/v1/jobs/{id}/output/{stream}", get(output))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(api)
+}
+
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        let message = crate::error_chain(&e);
+        match &e {
+            EngineError::Spec(_) => Self::new(StatusCode::BAD_REQUEST, "invalid_spec", message),
+            EngineError::Job(j) if j.is_client_error() => {
+                Self::new(StatusCode::BAD_REQUEST, "invalid_spec", message)
+            }
+            EngineError::Conflict { .. } => Self::new(StatusCode::CONFLICT, "conflict", message),
+            EngineError::QueueFull { .. } => {
+                Self::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", message)
+            }
+            EngineError::NotFound { .. } => Self::new(StatusCode::NOT_FOUND, "not_found", message),
+            EngineError::ShuttingDown => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
+            }
+            _ => {
+                tracing::error!(error = %message, "request failed");
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+            }
+        }
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+async fn health(State(api): State<Api>) -> Json<Health> {
+    Json(Health {
+        version: build_info::VERSION.to_owned(),
+        pid: std::process::id(),
+        uptime_secs: api.started.elapsed().as_secs(),
+        jobs_running: api.engine.running_count() as u64,
+    })
+}
+
+/// `{id, state}` of a submission.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Submitted {
+    pub id: String,
+    pub state: JobState,
+}
+
+async fn submit(State(api): State<Api>, body: axum::body::Bytes) -> ApiResult<Response> {
+    let spec: JobSpec = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("invalid job spec: {e}"),
+        )
+    })?;
+    let (created, rec) = api.engine.submit(spec).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(Submitted {
+            id: rec.id,
+            state: rec.state,
+        }),
+    )
+        .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    state: Option<String>,
+    owner: Option<String>,
+    before: Option<i64>,
+    limit: Option<u32>,
+}
+
+async fn list(
+    State(api): State<Api>,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<Json<Vec<JobRecord>>> {
+    let state = match q.state.as_deref() {
+        None => None,
+        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                format!("unknown state {s:?}"),
+            )
+        })?),
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    Ok(Json(
+        api.engine.list(state, q.owner, q.before, limit).await?,
+    ))
+}
+
+async fn found(api: &Api, id: &str) -> ApiResult<JobRecord> {
+    api.engine
+        .get(id)
+        .await?
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no job {id}")))
+}
+
+async fn status(State(api): State<Api>, Path(id): Path<String>) -> ApiResult<Json<JobRecord>> {
+    Ok(Json(found(&api, &id).await?))
+}
+
+async fn cancel(State(api): State<Api>, Path(id): Path<String>) -> ApiResult<Json<JobRecord>> {
+    found(&api, &id).await?;
+    Ok(Json(api.engine.cancel(&id).await?))
+}
+
+#[derive(Debug, Deserialize)]
+struct WaitQuery {
+    timeout_secs: Option<u64>,
+}
+
+async fn wait(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    Query(q): Query<WaitQuery>,
+) -> ApiResult<Json<JobRecord>> {
+    found(&api, &id).await?;
+    let timeout = Duration::from_secs(q.timeout_secs.unwrap_or(30)).min(MAX_WAIT);
+    Ok(Json(api.engine.wait(&id, timeout).await?))
+}
+
+#[derive(Debug, Deserialize)]
+struct OutputQuery {
+    offset: Option<u64>,
+    limit: Option<u64>,
+    follow: Option<bool>,
+}
+
+/// Raw bytes of a stream from `offset`. Headers: `X-Next-Offset` and `X-Complete` (the
+/// job has ended and everything up to the next offset is all there is). With
+/// `follow=true` the body streams until the job ends.
+async fn output(
+    State(api): State<Api>,
+    Path((id, stream)): Path<(String, String)>,
+    Query(q): Query<OutputQuery>,
+) -> ApiResult<Response> {
+    let stream = Stream::parse(&stream).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no stream {stream:?}: use stdout or stderr"),
+        )
+    })?;
+    let rec = found(&api, &id).await?;
+    let path = api.engine.paths().spool_file(&id, stream);
+    let offset = q.offset.unwrap_or(0);
+    if q.follow.unwrap_or(false) {
+        return Ok(follow(api, id, path, offset));
+    }
+    let limit = q.limit.unwrap_or(MAX_SLICE).min(MAX_SLICE);
+    let bytes = read_slice(&path, offset, limit).await;
+    let next = offset + bytes.len() as u64;
+    let size = tokio::fs::metadata(&path)
+        .await
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let complete = rec.state.is_terminal() && next >= size;
+    let mut resp = Response::new(Body::from(bytes));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert("x-next-offset", HeaderValue::from(next));
+    h.insert(
+        "x-complete",
+        HeaderValue::from_static(if complete { "true" } else { "false" }),
+    );
+    Ok(resp)
+}
+
+async fn read_slice(path: &std::path::Path, offset: u64, limit: u64) -> Vec<u8> {
+    let Ok(mut f) = tokio::fs::File::open(path).await else {
+        return Vec::new();
+    };
+    if f.seek(std::io::SeekFrom::Start(offset)).await.is_err() {
+        return Vec::new();
+    }
+    let mut buf = Vec::new();
+    let _ = f.take(limit).read_to_end(&mut buf).await;
+    buf
+}
+
+fn follow(api: Api, id: String, path: std::path::PathBuf, offset: u64) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    tokio::spawn(async move {
+        let mut offset = offset;
+        let mut activity = api.engine.activity();
+        loop {
+            // Read the state before the bytes: if the job had ended by then, the bytes read
+            // after it are all there will ever be.
+            let ended = matches!(api.engine.get(&id).await, Ok(Some(r)) if r.state.is_terminal());
+            let chunk = read_slice(&path, offset, 1024 * 1024).await;
+            if !chunk.is_empty() {
+                offset += chunk.len() as u64;
+                if tx.send(Ok(chunk)).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            if ended {
+                return;
+            }
+            // Cancel-safe: `changed` only observes; a closed client ends the loop on send.
+            tokio::select! {
+                r = activity.changed() => if r.is_err() { return },
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut resp = Response::new(Body::from_stream(stream));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    resp
+}

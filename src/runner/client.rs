@@ -1,0 +1,241 @@
+//! A client of the runner API over its Unix socket, used by `railgrid job` (and, later, by
+//! the agent).
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use thiserror::Error;
+use tokio::io::AsyncWriteExt;
+
+use super::api::Submitted;
+use super::job::Stream;
+use super::spec::JobSpec;
+use super::store::JobRecord;
+use super::Health;
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error("could not connect to the runner at {path} (is the agent running? see `railgrid agent status`)")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("request to the runner at {path} failed")]
+    Http {
+        path: PathBuf,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("{message}")]
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    #[error("malformed response from the runner at {path}")]
+    Decode {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("could not write job output")]
+    Output(#[source] std::io::Error),
+}
+
+pub struct Client {
+    socket: PathBuf,
+}
+
+impl Client {
+    pub fn new(socket: &Path) -> Self {
+        Self {
+            socket: socket.to_owned(),
+        }
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        uri: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Response<Incoming>, ClientError> {
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|source| ClientError::Connect {
+                path: self.socket.clone(),
+                source,
+            })?;
+        let http = |source| ClientError::Http {
+            path: self.socket.clone(),
+            source,
+        };
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(http)?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(hyper::header::HOST, "localhost");
+        if body.is_some() {
+            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| ClientError::Api {
+                status: 0,
+                code: "client".into(),
+                message: format!("could not build request {uri}: {e}"),
+            })?;
+        sender.send_request(req).await.map_err(http)
+    }
+
+    async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        uri: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, T), ClientError> {
+        let resp = self.send(method, uri, body).await?;
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|source| ClientError::Http {
+                path: self.socket.clone(),
+                source,
+            })?
+            .to_bytes();
+        if !status.is_success() {
+            #[derive(serde::Deserialize)]
+            struct Wrapper {
+                error: Inner,
+            }
+            #[derive(serde::Deserialize)]
+            struct Inner {
+                code: String,
+                message: String,
+            }
+            let (code, message) = match serde_json::from_slice::<Wrapper>(&bytes) {
+                Ok(w) => (w.error.code, w.error.message),
+                Err(_) => (
+                    "http".into(),
+                    format!(
+                        "runner answered {status}: {}",
+                        String::from_utf8_lossy(&bytes)
+                    ),
+                ),
+            };
+            return Err(ClientError::Api {
+                status: status.as_u16(),
+                code,
+                message,
+            });
+        }
+        let value = serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
+            path: self.socket.clone(),
+            source,
+        })?;
+        Ok((status, value))
+    }
+
+    pub async fn health(&self) -> Result<Health, ClientError> {
+        Ok(self.json(Method::GET, "/v1/health", None).await?.1)
+    }
+
+    /// Returns whether the job was created (false: an identical job already existed).
+    pub async fn submit(&self, spec: &JobSpec) -> Result<(bool, Submitted), ClientError> {
+        let body = serde_json::to_vec(spec).map_err(|source| ClientError::Decode {
+            path: self.socket.clone(),
+            source,
+        })?;
+        let (status, sub) = self.json(Method::POST, "/v1/jobs", Some(body)).await?;
+        Ok((status == StatusCode::CREATED, sub))
+    }
+
+    pub async fn get(&self, id: &str) -> Result<JobRecord, ClientError> {
+        Ok(self
+            .json(Method::GET, &format!("/v1/jobs/{id}"), None)
+            .await?
+            .1)
+    }
+
+    pub async fn list(&self, query: &str) -> Result<Vec<JobRecord>, ClientError> {
+        Ok(self
+            .json(Method::GET, &format!("/v1/jobs{query}"), None)
+            .await?
+            .1)
+    }
+
+    pub async fn cancel(&self, id: &str) -> Result<JobRecord, ClientError> {
+        Ok(self
+            .json(Method::POST, &format!("/v1/jobs/{id}/cancel"), None)
+            .await?
+            .1)
+    }
+
+    /// Waits until the job ends, however long it takes, in bounded long polls.
+    pub async fn wait(&self, id: &str) -> Result<JobRecord, ClientError> {
+        loop {
+            let rec: JobRecord = self
+                .json(
+                    Method::GET,
+                    &format!("/v1/jobs/{id}/wait?timeout_secs=300"),
+                    None,
+                )
+                .await?
+                .1;
+            if rec.state.is_terminal() {
+                return Ok(rec);
+            }
+        }
+    }
+
+    /// Copies a stream of the job to `out` from `offset`, following it until the job ends
+    /// when `follow` is set.
+    pub async fn output(
+        &self,
+        id: &str,
+        stream: Stream,
+        follow: bool,
+        out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    ) -> Result<(), ClientError> {
+        let uri = format!("/v1/jobs/{id}/output/{}?follow={follow}", stream.name());
+        let resp = self.send(Method::GET, &uri, None).await?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            return Err(ClientError::Api {
+                status: status.as_u16(),
+                code: "http".into(),
+                message: String::from_utf8_lossy(&bytes).into_owned(),
+            });
+        }
+        let mut body = resp.into_body();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|source| ClientError::Http {
+                path: self.socket.clone(),
+                source,
+            })?;
+            if let Some(data) = frame.data_ref() {
+                out.write_all(data).await.map_err(ClientError::Output)?;
+                out.flush().await.map_err(ClientError::Output)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,627 @@
+//! The job engine: admission, scheduling, supervision of each job, reconciliation after a
+//! restart, and retention.
+//!
+//! Tasks:
+//! - one *job task* per started job (`run_job`): spawns it, waits for exit, timeout or
+//!   cancel, stops its process group (SIGTERM, kill grace, SIGKILL), records the outcome.
+//! - two *spool threads* per job (see [`super::job`]).
+//!
+//! State: the store is the truth for every job; the scheduler (`Sched`) holds only the
+//! FIFO queue and what runs now. Every change bumps `activity`, which waiters and
+//! followers watch.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::job::{self, JobError, JobPaths, SpoolStats};
+use super::spec::{JobSpec, SpecError};
+use super::store::{Inserted, JobRecord, JobState, Outcome, Store, StoreError};
+use crate::supervisor;
+use crate::sys::group::Sig;
+use crate::sys::{self, ProcessId};
+
+/// Limits of one runner.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub max_jobs: usize,
+    pub max_jobs_per_owner: usize,
+    pub max_queued: usize,
+    /// Per stream.
+    pub max_output_bytes: u64,
+    pub max_finished_jobs: usize,
+    pub max_spool_bytes: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        Self {
+            max_jobs: cpus,
+            max_jobs_per_owner: cpus,
+            max_queued: 1000,
+            max_output_bytes: 64 * 1024 * 1024,
+            max_finished_jobs: 1000,
+            max_spool_bytes: 1024 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    Job(JobError),
+    #[error("job {id} already exists with a different spec")]
+    Conflict { id: String },
+    #[error("the queue is full ({max} jobs waiting): retry later")]
+    QueueFull { max: usize },
+    #[error("no job {id}")]
+    NotFound { id: String },
+    #[error("the runner is shutting down")]
+    ShuttingDown,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("internal task failed: {0}")]
+    Task(String),
+}
+
+struct RunningJob {
+    owner: String,
+    cancel: watch::Sender<Option<JobState>>,
+    stdout: Option<Arc<SpoolStats>>,
+    stderr: Option<Arc<SpoolStats>>,
+}
+
+#[derive(Default)]
+struct Sched {
+    queue: VecDeque<(String, String)>,
+    running: HashMap<String, RunningJob>,
+    per_owner: HashMap<String, usize>,
+}
+
+struct Inner {
+    cfg: EngineConfig,
+    paths: JobPaths,
+    store: Arc<Store>,
+    sched: Mutex<Sched>,
+    activity: watch::Sender<u64>,
+    shutting_down: AtomicBool,
+    ids: AtomicU64,
+    /// Job tasks, awaited at shutdown.
+    tasks: Mutex<tokio::task::JoinSet<()>>,
+}
+
+/// A handle to the engine; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, EngineError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| EngineError::Task(e.to_string()))
+}
+
+impl Engine {
+    /// Opens the store, reconciles what a previous runner left, and re-queues queued jobs.
+    pub async fn start(runner_dir: PathBuf, cfg: EngineConfig) -> Result<Self, EngineError> {
+        let paths = JobPaths {
+            work_root: runner_dir.join("work"),
+            spool_root: runner_dir.join("jobs"),
+        };
+        for dir in [&paths.work_root, &paths.spool_root] {
+            std::fs::create_dir_all(dir).map_err(|source| {
+                EngineError::Job(JobError::Io {
+                    path: dir.clone(),
+                    source,
+                })
+            })?;
+        }
+        let db = runner_dir.join("jobs.db");
+        let store = Arc::new(blocking(move || Store::open(&db)).await??);
+        let (activity, _) = watch::channel(0);
+        let engine = Self {
+            inner: Arc::new(Inner {
+                cfg,
+                paths,
+                store,
+                sched: Mutex::new(Sched::default()),
+                activity,
+                shutting_down: AtomicBool::new(false),
+                ids: AtomicU64::new(0),
+                tasks: Mutex::new(tokio::task::JoinSet::new()),
+            }),
+        };
+        engine.reconcile().await?;
+        Ok(engine)
+    }
+
+    fn sched(&self) -> std::sync::MutexGuard<'_, Sched> {
+        match self.inner.sched.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn bump(&self) {
+        self.inner.activity.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A receiver that changes whenever any job changes state or writes output.
+    pub fn activity(&self) -> watch::Receiver<u64> {
+        self.inner.activity.subscribe()
+    }
+
+    pub fn paths(&self) -> &JobPaths {
+        &self.inner.paths
+    }
+
+    pub fn running_count(&self) -> usize {
+        self.sched().running.len()
+    }
+
+    /// Records left in `starting`/`running` by a previous runner become `lost`; a job
+    /// process that still lives (same pid *and* start time) has its group killed first.
+    async fn reconcile(&self) -> Result<(), EngineError> {
+        let store = self.inner.store.clone();
+        let stale =
+            blocking(move || store.in_states(&[JobState::Starting, JobState::Running])).await??;
+        for rec in stale {
+            let reason = match live_job_process(&rec) {
+                Some(pid) => {
+                    tracing::warn!(job = %rec.id, pid = pid.get(), "a job of a previous runner is still running: stopping its process group");
+                    kill_orphan_group(pid, Duration::from_secs(rec.spec.kill_grace_secs())).await;
+                    "the runner restarted while the job ran; its process group was killed"
+                        .to_owned()
+                }
+                None => "the runner restarted while the job ran; its process was already gone"
+                    .to_owned(),
+            };
+            let store = self.inner.store.clone();
+            let id = rec.id.clone();
+            let outcome = Outcome {
+                error: Some(reason),
+                stdout_bytes: file_len(&self.inner.paths.spool_file(&id, job::Stream::Stdout)),
+                stderr_bytes: file_len(&self.inner.paths.spool_file(&id, job::Stream::Stderr)),
+                ..Outcome::default()
+            };
+            blocking(move || store.mark_finished(&id, JobState::Lost, &outcome)).await??;
+            tracing::warn!(job = %rec.id, "marked lost");
+        }
+        let store = self.inner.store.clone();
+        let queued = blocking(move || store.in_states(&[JobState::Queued])).await??;
+        {
+            let mut s = self.sched();
+            for rec in queued {
+                s.queue.push_back((rec.id, rec.owner));
+            }
+        }
+        self.schedule();
+        Ok(())
+    }
+
+    /// Admits a job: 201 with a new record, 200 with the existing one for an identical
+    /// resubmission.
+    pub async fn submit(&self, spec: JobSpec) -> Result<(bool, JobRecord), EngineError> {
+        spec.validate()?;
+        if self.inner.shutting_down.load(Ordering::Relaxed) {
+            return Err(EngineError::ShuttingDown);
+        }
+        let id = match &spec.id {
+            Some(id) => id.clone(),
+            None => self.new_id(),
+        };
+        if let Some(existing) = self.get(&id).await? {
+            return if existing.spec.canonical() == spec.canonical() {
+                Ok((false, existing))
+            } else {
+                Err(EngineError::Conflict { id })
+            };
+        }
+        {
+            let s = self.sched();
+            if s.queue.len() >= self.inner.cfg.max_queued {
+                return Err(EngineError::QueueFull {
+                    max: self.inner.cfg.max_queued,
+                });
+            }
+        }
+        // The working directory is checked now, so a bad one is the client's 400.
+        let paths = self.inner.paths.clone();
+        let (wid, cwd) = (id.clone(), spec.cwd.clone());
+        if let Err(e) =
+            blocking(move || job::prepare_workspace(&paths, &wid, cwd.as_deref())).await?
+        {
+            let _ = std::fs::remove_dir_all(self.inner.paths.workspace(&id));
+            return Err(EngineError::Job(e));
+        }
+        let store = self.inner.store.clone();
+        let (iid, ispec) = (id.clone(), spec.clone());
+        let rec = match blocking(move || store.insert(&iid, &ispec)).await?? {
+            Inserted::New(rec) => rec,
+            Inserted::Existing(rec) => return Ok((false, rec)),
+            Inserted::Conflict(_) => return Err(EngineError::Conflict { id }),
+        };
+        self.sched()
+            .queue
+            .push_back((rec.id.clone(), rec.owner.clone()));
+        self.bump();
+        self.schedule();
+        Ok((true, rec))
+    }
+
+    fn new_id(&self) -> String {
+        let n = self.inner.ids.fetch_add(1, Ordering::Relaxed);
+        format!("j{:x}-{}-{n}", super::store::now_ms(), std::process::id())
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<JobRecord>, EngineError> {
+        let store = self.inner.store.clone();
+        let id = id.to_owned();
+        let mut rec = blocking(move || store.get(&id)).await??;
+        if let Some(r) = rec.as_mut() {
+            self.overlay_live(r);
+        }
+        Ok(rec)
+    }
+
+    pub async fn list(
+        &self,
+        state: Option<JobState>,
+        owner: Option<String>,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<JobRecord>, EngineError> {
+        let store = self.inner.store.clone();
+        let mut recs =
+            blocking(move || store.list(state, owner.as_deref(), before, limit)).await??;
+        for r in &mut recs {
+            self.overlay_live(r);
+        }
+        Ok(recs)
+    }
+
+    /// Running jobs report their output counters live.
+    fn overlay_live(&self, rec: &mut JobRecord) {
+        let s = self.sched();
+        if let Some(run) = s.running.get(&rec.id) {
+            if let Some(st) = &run.stdout {
+                rec.stdout_bytes = st.written.load(Ordering::Relaxed);
+                rec.stdout_truncated = st.truncated.load(Ordering::Relaxed);
+            }
+            if let Some(st) = &run.stderr {
+                rec.stderr_bytes = st.written.load(Ordering::Relaxed);
+                rec.stderr_truncated = st.truncated.load(Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Cancels a queued job at once, or a running one with SIGTERM, grace, SIGKILL to its
+    /// group. Cancelling a finished job changes nothing.
+    pub async fn cancel(&self, id: &str) -> Result<JobRecord, EngineError> {
+        let queued = {
+            let mut s = self.sched();
+            if let Some(run) = s.running.get(id) {
+                let _ = run.cancel.send(Some(JobState::Cancelled));
+                false
+            } else if let Some(pos) = s.queue.iter().position(|(q, _)| q == id) {
+                s.queue.remove(pos);
+                true
+            } else {
+                false
+            }
+        };
+        if queued {
+            let store = self.inner.store.clone();
+            let cid = id.to_owned();
+            let outcome = Outcome {
+                error: Some("cancelled while queued".into()),
+                ..Outcome::default()
+            };
+            blocking(move || store.mark_finished(&cid, JobState::Cancelled, &outcome)).await??;
+            self.bump();
+        }
+        self.get(id)
+            .await?
+            .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })
+    }
+
+    /// Waits until the job is in a terminal state or `timeout` passes; returns the record.
+    pub async fn wait(&self, id: &str, timeout: Duration) -> Result<JobRecord, EngineError> {
+        let deadline = Instant::now() + timeout;
+        let mut activity = self.activity();
+        loop {
+            let rec = self
+                .get(id)
+                .await?
+                .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })?;
+            if rec.state.is_terminal() {
+                return Ok(rec);
+            }
+            tokio::select! {
+                // Cancel-safe: `changed` only observes the channel.
+                r = activity.changed() => if r.is_err() { return Ok(rec) },
+                _ = tokio::time::sleep_until(deadline) => return Ok(rec),
+            }
+        }
+    }
+
+    /// Starts queued jobs while there is room, FIFO, skipping owners at their limit.
+    fn schedule(&self) {
+        if self.inner.shutting_down.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut started = Vec::new();
+        {
+            let mut s = self.sched();
+            while s.running.len() < self.inner.cfg.max_jobs {
+                let per_owner = self.inner.cfg.max_jobs_per_owner;
+                let Some(pos) = s.queue.iter().position(|(_, owner)| {
+                    s.per_owner.get(owner).copied().unwrap_or(0) < per_owner
+                }) else {
+                    break;
+                };
+                let Some((id, owner)) = s.queue.remove(pos) else {
+                    break;
+                };
+                let (cancel, cancel_rx) = watch::channel(None);
+                *s.per_owner.entry(owner.clone()).or_default() += 1;
+                s.running.insert(
+                    id.clone(),
+                    RunningJob {
+                        owner,
+                        cancel,
+                        stdout: None,
+                        stderr: None,
+                    },
+                );
+                started.push((id, cancel_rx));
+            }
+        }
+        if started.is_empty() {
+            return;
+        }
+        let mut tasks = match self.inner.tasks.lock() {
+            Ok(t) => t,
+            Err(p) => p.into_inner(),
+        };
+        // Reap finished tasks so the set does not grow without bound.
+        while tasks.try_join_next().is_some() {}
+        for (id, cancel_rx) in started {
+            let engine = self.clone();
+            tasks.spawn(async move { engine.run_job(id, cancel_rx).await });
+        }
+    }
+
+    async fn run_job(self, id: String, mut cancel: watch::Receiver<Option<JobState>>) {
+        let (state, outcome) = match self.execute(&id, &mut cancel).await {
+            Ok(done) => done,
+            Err(e) => (
+                JobState::Failed,
+                Outcome {
+                    error: Some(crate::error_chain(&e)),
+                    ..Outcome::default()
+                },
+            ),
+        };
+        let store = self.inner.store.clone();
+        let fid = id.clone();
+        let o = outcome.clone();
+        match blocking(move || store.mark_finished(&fid, state, &o)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(job = %id, error = %crate::error_chain(&e), "could not record the job's end")
+            }
+            Err(e) => tracing::error!(job = %id, error = %e, "could not record the job's end"),
+        }
+        tracing::info!(job = %id, state = state.as_str(), exit_code = ?outcome.exit_code, signal = ?outcome.signal, "job finished");
+        {
+            let mut s = self.sched();
+            if let Some(run) = s.running.remove(&id) {
+                if let Some(n) = s.per_owner.get_mut(&run.owner) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+        }
+        self.bump();
+        self.schedule();
+        if let Err(e) = self.retain().await {
+            tracing::warn!(error = %crate::error_chain(&e), "retention failed");
+        }
+    }
+
+    async fn execute(
+        &self,
+        id: &str,
+        cancel: &mut watch::Receiver<Option<JobState>>,
+    ) -> Result<(JobState, Outcome), EngineError> {
+        let store = self.inner.store.clone();
+        let sid = id.to_owned();
+        let rec = blocking(move || {
+            store.mark_starting(&sid)?;
+            store.get(&sid)
+        })
+        .await??
+        .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })?;
+        self.bump();
+        let spec = rec.spec.clone();
+        let paths = self.inner.paths.clone();
+        let (pid_, cwd) = (id.to_owned(), spec.cwd.clone());
+        let cwd = blocking(move || job::prepare_workspace(&paths, &pid_, cwd.as_deref()))
+            .await?
+            .map_err(EngineError::Job)?;
+        let activity = self.inner.activity.clone();
+        let notify: Arc<dyn Fn() + Send + Sync> =
+            Arc::new(move || activity.send_modify(|n| *n = n.wrapping_add(1)));
+        let mut started = job::start(
+            &self.inner.paths,
+            id,
+            &spec,
+            &cwd,
+            self.inner.cfg.max_output_bytes,
+            notify,
+        )
+        .map_err(EngineError::Job)?;
+        let pid = ProcessId::new(started.pid);
+        let start_time = pid.and_then(sys::process_start_time);
+        {
+            let mut s = self.sched();
+            if let Some(run) = s.running.get_mut(id) {
+                run.stdout = Some(started.stdout.clone());
+                run.stderr = Some(started.stderr.clone());
+            }
+        }
+        let store = self.inner.store.clone();
+        let (sid, confinement) = (id.to_owned(), started.confinement);
+        let spid = started.pid;
+        blocking(move || store.mark_running(&sid, spid, start_time, confinement)).await??;
+        self.bump();
+        tracing::info!(job = %id, pid = started.pid, argv = ?spec.argv, "job running");
+
+        let grace = Duration::from_secs(spec.kill_grace_secs());
+        let timeout = spec.timeout_secs.map(Duration::from_secs);
+        let name = format!("job {id}");
+        let ended_by = tokio::select! {
+            // Cancel-safe: `Child::wait` may be dropped and called again.
+            _ = started.child.wait() => None,
+            // Cancel-safe: sleeping holds no state.
+            _ = async { match timeout { Some(t) => tokio::time::sleep(t).await, None => std::future::pending().await } } => Some(JobState::TimedOut),
+            // Cancel-safe: `changed` only observes the channel.
+            _ = cancel.changed() => Some((*cancel.borrow()).unwrap_or(JobState::Cancelled)),
+        };
+        if let Some(pgid) = pid {
+            match ended_by {
+                Some(_) => supervisor::stop_child(&name, &mut started.child, pgid, grace).await,
+                // The leader is gone; nothing it left in its group outlives it.
+                None => supervisor::terminate_group(&name, pgid, grace).await,
+            }
+        }
+        let status = started.child.wait().await.ok();
+        // Output threads end once every writer is gone; the group is dead, so promptly.
+        let spoolers = std::mem::take(&mut started.spoolers);
+        let joined = blocking(move || {
+            for h in spoolers {
+                let _ = h.join();
+            }
+        });
+        if tokio::time::timeout(Duration::from_secs(5), joined)
+            .await
+            .is_err()
+        {
+            tracing::warn!(job = %id, "a process outside the job's group still holds its output pipes");
+        }
+        use std::os::unix::process::ExitStatusExt;
+        let outcome = Outcome {
+            exit_code: status.and_then(|s| s.code()),
+            signal: status.and_then(|s| s.signal()),
+            error: match ended_by {
+                Some(JobState::TimedOut) => Some(format!(
+                    "timed out after {}s",
+                    timeout.map(|t| t.as_secs()).unwrap_or(0)
+                )),
+                Some(JobState::Cancelled) if self.inner.shutting_down.load(Ordering::Relaxed) => {
+                    Some("cancelled: the runner is shutting down".into())
+                }
+                Some(JobState::Cancelled) => Some("cancelled".into()),
+                _ => None,
+            },
+            stdout_bytes: started.stdout.written.load(Ordering::Relaxed),
+            stderr_bytes: started.stderr.written.load(Ordering::Relaxed),
+            stdout_truncated: started.stdout.truncated.load(Ordering::Relaxed),
+            stderr_truncated: started.stderr.truncated.load(Ordering::Relaxed),
+        };
+        let state = match ended_by {
+            Some(s) => s,
+            None if outcome.exit_code == Some(0) => JobState::Succeeded,
+            None => JobState::Failed,
+        };
+        Ok((state, outcome))
+    }
+
+    /// Deletes the oldest finished jobs, records and files together, beyond the count and
+    /// spool-size bounds.
+    async fn retain(&self) -> Result<(), EngineError> {
+        let store = self.inner.store.clone();
+        let finished = blocking(move || store.finished_oldest_first()).await??;
+        let (max_jobs, max_bytes) = (
+            self.inner.cfg.max_finished_jobs,
+            self.inner.cfg.max_spool_bytes,
+        );
+        let mut count = finished.len();
+        let mut bytes: u64 = finished.iter().map(|(_, b)| b).sum();
+        for (id, b) in finished {
+            if count <= max_jobs && bytes <= max_bytes {
+                break;
+            }
+            let store = self.inner.store.clone();
+            let paths = self.inner.paths.clone();
+            blocking(move || {
+                let _ = std::fs::remove_dir_all(paths.spool_dir(&id));
+                let _ = std::fs::remove_dir_all(paths.workspace(&id));
+                store.delete(&id)
+            })
+            .await??;
+            count -= 1;
+            bytes = bytes.saturating_sub(b);
+        }
+        Ok(())
+    }
+
+    /// Stops every running job (SIGTERM, grace, SIGKILL to each group) and records them
+    /// cancelled. Queued jobs stay queued for the next runner.
+    pub async fn shutdown(&self) {
+        self.inner.shutting_down.store(true, Ordering::Relaxed);
+        {
+            let s = self.sched();
+            for run in s.running.values() {
+                let _ = run.cancel.send(Some(JobState::Cancelled));
+            }
+        }
+        let mut tasks = match self.inner.tasks.lock() {
+            Ok(mut t) => std::mem::take(&mut *t),
+            Err(p) => std::mem::take(&mut *p.into_inner()),
+        };
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+fn file_len(path: &std::path::Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// The record's process, if that very process still lives: same pid *and* start time. A
+/// recycled pid has another start time and is never touched.
+fn live_job_process(rec: &JobRecord) -> Option<ProcessId> {
+    let pid = ProcessId::new(rec.pid?)?;
+    if !sys::group::process_alive(pid) {
+        return None;
+    }
+    match (rec.start_time, sys::process_start_time(pid)) {
+        (Some(want), Some(got)) if want == got => Some(pid),
+        // No start time to compare (not Linux): a live pid is not proof enough.
+        _ => None,
+    }
+}
+
+/// SIGTERM to the orphaned job's group, grace, SIGKILL.
+async fn kill_orphan_group(pgid: ProcessId, grace: Duration) {
+    let _ = sys::group::signal_group(pgid, Sig::SIGTERM);
+    if supervisor::wait_group(pgid, Instant::now() + grace).await {
+        return;
+    }
+    let _ = sys::group::signal_group(pgid, Sig::SIGKILL);
+    supervisor::wait_group(pgid, Instant::now() + Duration::from_secs(2)).await;
+}

@@ -1,0 +1,374 @@
+//! One job process: the hardened spawn (the single choke point for every job process) and
+//! the spooling of its output.
+//!
+//! A job is argv, never a shell string. Its environment is a small baseline plus the
+//! spec's variables (loader variables were refused at submission). Its working directory
+//! must resolve, after symlinks, inside the workspace root. It leads its own session and
+//! process group, gets the spec's rlimits before exec, and reads /dev/null unless the spec
+//! gives stdin. Output goes to append-only spool files as it is produced, each capped.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use super::spec::JobSpec;
+use crate::supervisor::DEFAULT_PATH;
+use crate::sys::pipe;
+use crate::sys::spawn::{self, Rlimits};
+
+/// The runner's directories for jobs.
+#[derive(Debug, Clone)]
+pub struct JobPaths {
+    /// `<runner>/work`: every job's working directory must resolve inside it.
+    pub work_root: PathBuf,
+    /// `<runner>/jobs`: spool files.
+    pub spool_root: PathBuf,
+}
+
+impl JobPaths {
+    pub fn workspace(&self, id: &str) -> PathBuf {
+        self.work_root.join(id)
+    }
+
+    pub fn spool_dir(&self, id: &str) -> PathBuf {
+        self.spool_root.join(id)
+    }
+
+    pub fn spool_file(&self, id: &str, stream: Stream) -> PathBuf {
+        self.spool_dir(id).join(stream.name())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "stdout" => Some(Stream::Stdout),
+            "stderr" => Some(Stream::Stderr),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum JobError {
+    #[error("field cwd {cwd:?} resolves to {resolved}, outside the workspace root {root}")]
+    CwdOutside {
+        cwd: String,
+        resolved: PathBuf,
+        root: PathBuf,
+    },
+    #[error("field cwd {cwd:?} does not exist in the workspace ({path})")]
+    CwdMissing { cwd: String, path: PathBuf },
+    #[error("could not prepare {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("could not start {program}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl JobError {
+    /// Errors in the spec (400) rather than in the runner.
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            JobError::CwdOutside { .. } | JobError::CwdMissing { .. }
+        )
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> JobError + '_ {
+    move |source| JobError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Creates the job's workspace (0700, with a `tmp` inside) and returns the resolved
+/// working directory. `cwd` is relative to the workspace, or absolute; either way, after
+/// symlinks, it must lie inside the workspace root: `..` and symlink escapes are refused.
+pub fn prepare_workspace(
+    paths: &JobPaths,
+    id: &str,
+    cwd: Option<&str>,
+) -> Result<PathBuf, JobError> {
+    let ws = paths.workspace(id);
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(ws.join("tmp"))
+        .map_err(io_err(&ws))?;
+    let Some(cwd) = cwd else { return Ok(ws) };
+    let root = fs::canonicalize(&paths.work_root).map_err(io_err(&paths.work_root))?;
+    let wanted = ws.join(cwd);
+    let resolved = match fs::canonicalize(&wanted) {
+        Ok(p) => p,
+        // A path that does not exist yet is judged by its spelling: `..` that climbs out
+        // of the root is an escape, not a missing directory.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let lexical = lexical_normal(&wanted);
+            let root_lexical = lexical_normal(&paths.work_root);
+            if !lexical.starts_with(&root_lexical) {
+                return Err(JobError::CwdOutside {
+                    cwd: cwd.to_owned(),
+                    resolved: lexical,
+                    root,
+                });
+            }
+            return Err(JobError::CwdMissing {
+                cwd: cwd.to_owned(),
+                path: wanted,
+            });
+        }
+        Err(e) => return Err(io_err(&wanted)(e)),
+    };
+    if !resolved.starts_with(&root) || !resolved.is_dir() {
+        return Err(JobError::CwdOutside {
+            cwd: cwd.to_owned(),
+            resolved,
+            root,
+        });
+    }
+    Ok(resolved)
+}
+
+/// `path` with `.` and `..` folded by spelling alone (no symlinks consulted).
+fn lexical_normal(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+/// Counters of one spooled stream, shared with the API while the job runs.
+#[derive(Debug, Default)]
+pub struct SpoolStats {
+    /// Bytes on disk.
+    pub written: AtomicU64,
+    /// Bytes the job produced, kept or not.
+    pub produced: AtomicU64,
+    pub truncated: AtomicBool,
+}
+
+/// A started job process and its output threads.
+pub struct Started {
+    pub child: tokio::process::Child,
+    pub pid: i32,
+    pub stdout: Arc<SpoolStats>,
+    pub stderr: Arc<SpoolStats>,
+    pub spoolers: Vec<std::thread::JoinHandle<()>>,
+    pub confinement: &'static str,
+}
+
+/// Starts the job's process. `on_output` is called from the spool threads after each write
+/// (to wake followers).
+pub fn start(
+    paths: &JobPaths,
+    id: &str,
+    spec: &JobSpec,
+    cwd: &Path,
+    cap: u64,
+    on_output: Arc<dyn Fn() + Send + Sync>,
+) -> Result<Started, JobError> {
+    let ws = paths.workspace(id);
+    let spool_dir = paths.spool_dir(id);
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&spool_dir)
+        .map_err(io_err(&spool_dir))?;
+
+    let mut cmd = std::process::Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .env("PATH", DEFAULT_PATH)
+        .env("HOME", &ws)
+        .env("LANG", "C.UTF-8")
+        .env("TMPDIR", ws.join("tmp"))
+        .envs(&spec.env)
+        .current_dir(cwd);
+    cmd.stdin(if spec.stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+
+    let (out_r, out_w) = pipe::pipe().map_err(io_err(&spool_dir))?;
+    let (err_r, err_w) = pipe::pipe().map_err(io_err(&spool_dir))?;
+    cmd.stdout(Stdio::from(out_w)).stderr(Stdio::from(err_w));
+    spawn::session_leader_as(&mut cmd, None);
+    let limits = spec.limits.clone().unwrap_or_default();
+    let rl = Rlimits {
+        address_space: limits.memory_bytes,
+        cpu_secs: limits.cpu_secs,
+        open_files: limits.open_files,
+        processes: limits.processes,
+    };
+    spawn::rlimits(&mut cmd, rl);
+    let confinement = if rl.is_empty() {
+        "process-group"
+    } else {
+        "process-group+rlimits"
+    };
+
+    let mut child = tokio::process::Command::from(cmd)
+        .spawn()
+        .map_err(|source| JobError::Spawn {
+            program: spec.argv[0].clone(),
+            source,
+        })?;
+    let pid = child.id().map(|p| p as i32).unwrap_or(0);
+    if let (Some(text), Some(mut stdin)) = (spec.stdin.clone(), child.stdin.take()) {
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            // A job that exits without reading its stdin is not an error.
+            let _ = stdin.write_all(text.as_bytes()).await;
+        });
+    }
+    let stdout = Arc::new(SpoolStats::default());
+    let stderr = Arc::new(SpoolStats::default());
+    let mut spoolers = Vec::new();
+    for (reader, stream, stats) in [
+        (out_r, Stream::Stdout, &stdout),
+        (err_r, Stream::Stderr, &stderr),
+    ] {
+        let path = paths.spool_file(id, stream);
+        let file = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        let stats = stats.clone();
+        let notify = on_output.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("railgrid-spool-{}", stream.name()))
+            .spawn(move || spool(reader, file, cap, &stats, &*notify))
+            .map_err(io_err(&path))?;
+        spoolers.push(handle);
+    }
+    Ok(Started {
+        child,
+        pid,
+        stdout,
+        stderr,
+        spoolers,
+        confinement,
+    })
+}
+
+/// Copies a job's stream into its spool file until every writer is gone. Past `cap`
+/// bytes are counted and dropped, so a slow reader or a chatty job never blocks: the pipe
+/// is always drained.
+fn spool(
+    mut reader: File,
+    mut file: File,
+    cap: u64,
+    stats: &SpoolStats,
+    notify: &(dyn Fn() + Send + Sync),
+) {
+    let mut buf = vec![0u8; 128 * 1024];
+    let mut written = file.metadata().map(|m| m.len()).unwrap_or(0);
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        stats.produced.fetch_add(n as u64, Ordering::Relaxed);
+        let keep = (cap.saturating_sub(written) as usize).min(n);
+        if keep > 0 && file.write_all(&buf[..keep]).is_ok() {
+            written += keep as u64;
+            stats.written.store(written, Ordering::Relaxed);
+        }
+        if keep < n {
+            stats.truncated.store(true, Ordering::Relaxed);
+        }
+        notify();
+    }
+    let _ = file.sync_data();
+    notify();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paths(dir: &Path) -> JobPaths {
+        let p = JobPaths {
+            work_root: dir.join("work"),
+            spool_root: dir.join("jobs"),
+        };
+        fs::create_dir_all(&p.work_root).unwrap();
+        p
+    }
+
+    #[test]
+    fn cwd_escapes_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = paths(dir.path());
+        assert!(matches!(
+            prepare_workspace(&p, "a", Some("../../etc")),
+            Err(JobError::CwdOutside { .. })
+        ));
+        assert!(matches!(
+            prepare_workspace(&p, "a", Some("/etc")),
+            Err(JobError::CwdOutside { .. })
+        ));
+        std::os::unix::fs::symlink("/etc", p.workspace("a").join("link")).unwrap();
+        assert!(matches!(
+            prepare_workspace(&p, "a", Some("link")),
+            Err(JobError::CwdOutside { .. })
+        ));
+        fs::create_dir(p.workspace("a").join("src")).unwrap();
+        assert_eq!(
+            prepare_workspace(&p, "a", Some("src")).unwrap(),
+            fs::canonicalize(p.workspace("a").join("src")).unwrap()
+        );
+        // Another job's workspace is inside the root too: allowed, like a shared checkout.
+        assert!(prepare_workspace(&p, "b", Some("../a/src")).is_ok());
+        assert!(matches!(
+            prepare_workspace(&p, "a", Some("missing")),
+            Err(JobError::CwdMissing { .. })
+        ));
+        assert!(matches!(
+            prepare_workspace(&p, "a", Some("../../nonexistent")),
+            Err(JobError::CwdOutside { .. })
+        ));
+    }
+}

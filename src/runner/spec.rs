@@ -1,0 +1,177 @@
+//! Job specs as submitted, and their validation.
+//!
+//! A spec is checked completely before anything is stored or started; every refusal names
+//! the field (and the variable, for the environment) so a client can fix it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::env_policy::{self, EnvError};
+
+/// Default grace between SIGTERM and SIGKILL of a job's process group.
+pub const DEFAULT_KILL_GRACE_SECS: u64 = 5;
+/// Longest id a client may choose.
+const MAX_ID_LEN: usize = 128;
+/// Largest `stdin` accepted inline.
+pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
+
+/// Resource limits applied to the job's processes before exec.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Address space (RLIMIT_AS), bytes.
+    pub memory_bytes: Option<u64>,
+    /// CPU time (RLIMIT_CPU), seconds.
+    pub cpu_secs: Option<u64>,
+    /// Open files (RLIMIT_NOFILE).
+    pub open_files: Option<u64>,
+    /// Processes of the runner's user (RLIMIT_NPROC): counts every process of that uid.
+    pub processes: Option<u64>,
+}
+
+/// `POST /v1/jobs` body. Unknown fields are ignored (forward compatibility with newer
+/// clients); missing or invalid required fields are refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub id: Option<String>,
+    #[serde(default)]
+    pub argv: Vec<String>,
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub timeout_secs: Option<u64>,
+    pub kill_grace_secs: Option<u64>,
+    pub owner: Option<String>,
+    pub stdin: Option<String>,
+    pub limits: Option<Limits>,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SpecError {
+    #[error("field argv is required and must name a program: [\"program\", \"arg\", ...]")]
+    NoArgv,
+    #[error("field argv[{index}] holds a NUL byte")]
+    NulInArgv { index: usize },
+    #[error("field env: {0}")]
+    Env(EnvError),
+    #[error("field id {id:?} is invalid: use 1-128 characters from A-Z a-z 0-9 . _ -")]
+    BadId { id: String },
+    #[error("field owner {owner:?} is invalid: use 1-128 characters from A-Z a-z 0-9 . _ - @")]
+    BadOwner { owner: String },
+    #[error("field timeout_secs must be greater than zero")]
+    ZeroTimeout,
+    #[error("field stdin is {len} bytes; at most {max} are accepted")]
+    StdinTooLarge { len: usize, max: usize },
+    #[error("field cwd holds a NUL byte")]
+    NulInCwd,
+}
+
+impl JobSpec {
+    /// Checks everything that does not need the file system.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.argv.first().is_none_or(|p| p.is_empty()) {
+            return Err(SpecError::NoArgv);
+        }
+        if let Some(index) = self.argv.iter().position(|a| a.contains('\0')) {
+            return Err(SpecError::NulInArgv { index });
+        }
+        for (k, v) in &self.env {
+            env_policy::check(k, v).map_err(SpecError::Env)?;
+        }
+        if let Some(id) = &self.id {
+            if !valid_name(id, false) {
+                return Err(SpecError::BadId { id: id.clone() });
+            }
+        }
+        if let Some(owner) = &self.owner {
+            if !valid_name(owner, true) {
+                return Err(SpecError::BadOwner {
+                    owner: owner.clone(),
+                });
+            }
+        }
+        if self.timeout_secs == Some(0) {
+            return Err(SpecError::ZeroTimeout);
+        }
+        if let Some(stdin) = &self.stdin {
+            if stdin.len() > MAX_STDIN_BYTES {
+                return Err(SpecError::StdinTooLarge {
+                    len: stdin.len(),
+                    max: MAX_STDIN_BYTES,
+                });
+            }
+        }
+        if self.cwd.as_deref().is_some_and(|c| c.contains('\0')) {
+            return Err(SpecError::NulInCwd);
+        }
+        Ok(())
+    }
+
+    pub fn owner(&self) -> &str {
+        self.owner.as_deref().unwrap_or("default")
+    }
+
+    pub fn kill_grace_secs(&self) -> u64 {
+        self.kill_grace_secs.unwrap_or(DEFAULT_KILL_GRACE_SECS)
+    }
+
+    /// The spec as stored: identical specs compare equal whatever the field order of the
+    /// request, so resubmission is recognised.
+    pub fn canonical(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// Ids and owners end up in paths and logs: a small alphabet keeps them harmless.
+fn valid_name(s: &str, allow_at: bool) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_ID_LEN
+        && s != "."
+        && s != ".."
+        && s.chars().all(|c| {
+            c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') || (allow_at && c == '@')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(argv: &[&str]) -> JobSpec {
+        JobSpec {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            ..JobSpec::default()
+        }
+    }
+
+    #[test]
+    fn refuses_what_it_must() {
+        assert_eq!(spec(&[]).validate(), Err(SpecError::NoArgv));
+        assert_eq!(spec(&[""]).validate(), Err(SpecError::NoArgv));
+        let mut s = spec(&["true"]);
+        s.env.insert("LD_PRELOAD".into(), "/x.so".into());
+        assert!(matches!(
+            s.validate(),
+            Err(SpecError::Env(EnvError::Loader { .. }))
+        ));
+        let mut s = spec(&["true"]);
+        s.id = Some("../../etc".into());
+        assert!(matches!(s.validate(), Err(SpecError::BadId { .. })));
+        let mut s = spec(&["true"]);
+        s.id = Some("..".into());
+        assert!(matches!(s.validate(), Err(SpecError::BadId { .. })));
+        let mut s = spec(&["true"]);
+        s.timeout_secs = Some(0);
+        assert_eq!(s.validate(), Err(SpecError::ZeroTimeout));
+    }
+
+    #[test]
+    fn canonical_form_ignores_field_order() {
+        let a: JobSpec =
+            serde_json::from_str(r#"{"argv":["a"],"env":{"B":"2","A":"1"},"unknown":1}"#).unwrap();
+        let b: JobSpec = serde_json::from_str(r#"{"env":{"A":"1","B":"2"},"argv":["a"]}"#).unwrap();
+        assert_eq!(a.canonical(), b.canonical());
+    }
+}

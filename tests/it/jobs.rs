@@ -1,0 +1,533 @@
+//! The runner's job engine through its real API and the `railgrid job` CLI: real
+//! processes, real SQLite, real sockets.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+struct Runner {
+    dir: tempfile::TempDir,
+    guard: Option<Guard>,
+}
+
+fn as_runner_user(cmd: &mut Command) {
+    if is_root() {
+        let nobody = uzers::get_user_by_name("nobody").expect("nobody");
+        cmd.uid(nobody.uid()).gid(nobody.primary_group_id());
+    }
+}
+
+/// Gives the runner account the runner directory (as the agent does).
+fn chown_runner_dir(dir: &Path) {
+    if !is_root() {
+        return;
+    }
+    let nobody = uzers::get_user_by_name("nobody").expect("nobody");
+    let (uid, gid) = (nobody.uid(), nobody.primary_group_id());
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        std::os::unix::fs::lchown(&p, Some(uid), Some(gid)).expect("chown");
+        if p.is_dir() && !p.is_symlink() {
+            stack.extend(
+                fs::read_dir(&p)
+                    .expect("read_dir")
+                    .flatten()
+                    .map(|e| e.path()),
+            );
+        }
+    }
+}
+
+impl Runner {
+    fn new() -> Self {
+        let dir = tempdir();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+        let runner_dir = dir.path().join("state/runner");
+        fs::create_dir_all(&runner_dir).expect("mkdir");
+        fs::set_permissions(dir.path().join("state"), fs::Permissions::from_mode(0o711))
+            .expect("chmod");
+        fs::set_permissions(&runner_dir, fs::Permissions::from_mode(0o700)).expect("chmod");
+        chown_runner_dir(&runner_dir);
+        Self { dir, guard: None }
+    }
+
+    fn started(extra: &[&str]) -> Self {
+        let mut r = Self::new();
+        r.start(extra);
+        r
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn runner_dir(&self) -> PathBuf {
+        self.state().join("runner")
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.runner_dir().join("runner.sock")
+    }
+
+    fn start(&mut self, extra: &[&str]) {
+        let mut cmd = railgrid();
+        cmd.args(["runner", "run", "--state-dir"])
+            .arg(self.state())
+            .args(extra)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("RUNNER_SECRET", "runner-secret-value")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        as_runner_user(&mut cmd);
+        let child = cmd.spawn().expect("spawn runner");
+        let pid = child.id() as i32;
+        self.guard = Some(Guard::new(child));
+        wait_for(LIMIT, "the runner to answer", || {
+            let h = get_json(&self.socket(), "/v1/health")?;
+            (h["pid"] == pid).then_some(())
+        });
+    }
+
+    fn submit(&self, spec: Value) -> (u16, Value) {
+        let (status, body) = http(&self.socket(), "POST", "/v1/jobs", Some(&spec.to_string()))
+            .expect("POST /v1/jobs");
+        (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+    }
+
+    fn job(&self, id: &str) -> Value {
+        get_json(&self.socket(), &format!("/v1/jobs/{id}")).expect("job")
+    }
+
+    fn wait(&self, id: &str) -> Value {
+        wait_for(LIMIT, &format!("job {id} to end"), || {
+            let rec = get_json(
+                &self.socket(),
+                &format!("/v1/jobs/{id}/wait?timeout_secs=5"),
+            )?;
+            let state = rec["state"].as_str()?;
+            (!matches!(state, "queued" | "starting" | "running")).then_some(rec)
+        })
+    }
+
+    fn output(&self, id: &str, stream: &str) -> String {
+        get(&self.socket(), &format!("/v1/jobs/{id}/output/{stream}"))
+            .expect("output")
+            .1
+    }
+
+    fn cli(&self) -> Command {
+        let mut cmd = railgrid();
+        cmd.arg("job").arg("--socket").arg(self.socket());
+        cmd
+    }
+}
+
+fn submit_ok(r: &Runner, spec: Value) -> String {
+    let (status, body) = r.submit(spec);
+    assert_eq!(status, 201, "{body}");
+    body["id"].as_str().expect("id").to_owned()
+}
+
+#[test]
+fn output_and_exit_code_round_trip_and_ids_are_idempotent() {
+    let r = Runner::started(&[]);
+    let spec = json!({"id": "round-trip", "argv": ["sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 3"]});
+    let id = submit_ok(&r, spec.clone());
+    let rec = r.wait(&id);
+    assert_eq!(rec["state"], "failed");
+    assert_eq!(rec["exit_code"], 3);
+    assert_eq!(rec["signal"], Value::Null);
+    assert_eq!(r.output(&id, "stdout"), "to-stdout\n");
+    assert_eq!(r.output(&id, "stderr"), "to-stderr\n");
+    assert_eq!(rec["stdout_bytes"], 10);
+
+    let (status, body) = r.submit(spec);
+    assert_eq!(status, 200, "identical resubmission: {body}");
+    assert_eq!(body["id"], "round-trip");
+    let (status, body) = r.submit(json!({"id": "round-trip", "argv": ["true"]}));
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "conflict");
+    let (status, _) = get(&r.socket(), "/v1/jobs/no-such-job").expect("get");
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn hostile_specs_are_refused_and_the_environment_is_a_baseline() {
+    let r = Runner::started(&[]);
+    let (status, body) = r.submit(json!({"argv": ["true"], "env": {"LD_PRELOAD": "/tmp/evil.so"}}));
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_spec");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("LD_PRELOAD"),
+        "{body}"
+    );
+
+    let (status, body) = r.submit(json!({"argv": ["true"], "cwd": "../../etc"}));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("outside the workspace root"),
+        "{body}"
+    );
+
+    // A symlink inside the workspace root that points out of it.
+    let link = r.runner_dir().join("work/escape");
+    std::os::unix::fs::symlink("/etc", &link).expect("symlink");
+    let (status, body) = r.submit(json!({"argv": ["true"], "cwd": "../escape"}));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("/etc"),
+        "{body}"
+    );
+
+    let (status, body) = r.submit(json!({"argv": []}));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("argv"),
+        "{body}"
+    );
+    let (status, _) = http(&r.socket(), "POST", "/v1/jobs", Some("{not json")).expect("post");
+    assert_eq!(status, 400);
+
+    let id = submit_ok(&r, json!({"argv": ["env"], "env": {"JOB_VAR": "1"}}));
+    r.wait(&id);
+    let out = r.output(&id, "stdout");
+    let mut names: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        ["HOME", "JOB_VAR", "LANG", "PATH", "TMPDIR"],
+        "{out}"
+    );
+    assert!(!out.contains("runner-secret-value"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "HOME={}",
+            r.runner_dir().join("work").join(&id).display()
+        )),
+        "{out}"
+    );
+}
+
+fn tree_script() -> &'static str {
+    r#"for i in $(seq 20); do sleep 1000 & done
+       sh -c 'trap "" TERM; exec sleep 1000' &
+       echo ready; wait"#
+}
+
+fn assert_no_survivors(r: &Runner, rec: &Value) {
+    let pid = rec["pid"].as_i64().expect("pid") as i32;
+    let survivors = live_in_group(pid);
+    assert!(
+        survivors.is_empty(),
+        "survivors of job group {pid}: {survivors:?} ({})",
+        r.dir.path().display()
+    );
+}
+
+#[test]
+fn a_timed_out_tree_is_killed_whole() {
+    let r = Runner::started(&[]);
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", tree_script()], "timeout_secs": 1, "kill_grace_secs": 1}),
+    );
+    let rec = r.wait(&id);
+    assert_eq!(rec["state"], "timed_out", "{rec}");
+    assert_eq!(r.output(&id, "stdout"), "ready\n");
+    assert_no_survivors(&r, &rec);
+}
+
+#[test]
+fn a_cancelled_tree_is_killed_whole() {
+    let r = Runner::started(&[]);
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", tree_script()], "kill_grace_secs": 1}),
+    );
+    wait_for(LIMIT, "the job to be ready", || {
+        (r.output(&id, "stdout") == "ready\n").then_some(())
+    });
+    let pid = r.job(&id)["pid"].as_i64().expect("pid") as i32;
+    wait_for(LIMIT, "22 processes in the job's group", || {
+        (live_in_group(pid).len() >= 22).then_some(())
+    });
+    let out = r.cli().args(["cancel", &id]).output().expect("cancel");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{id} cancelled")
+    );
+    let rec = r.job(&id);
+    assert_eq!(rec["state"], "cancelled");
+    assert_no_survivors(&r, &rec);
+}
+
+#[test]
+fn a_killed_runner_leaves_a_lost_job_and_its_output() {
+    let mut r = Runner::started(&[]);
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", "echo written-before-the-crash; sleep 1000 & exec sleep 1000"]}),
+    );
+    wait_for(LIMIT, "output", || {
+        (r.output(&id, "stdout") == "written-before-the-crash\n").then_some(())
+    });
+    let pid = r.job(&id)["pid"].as_i64().expect("pid") as i32;
+    let runner_pid = r.guard.as_ref().expect("runner").pid();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(runner_pid), Signal::SIGKILL)
+        .expect("kill -9");
+    let _ = r.guard.take().expect("runner").wait_output(LIMIT);
+    assert!(alive(pid), "the job outlives a SIGKILLed runner");
+
+    r.start(&[]);
+    let rec = r.job(&id);
+    assert_eq!(rec["state"], "lost", "{rec}");
+    assert!(
+        rec["error"]
+            .as_str()
+            .expect("error")
+            .contains("process group was killed"),
+        "{rec}"
+    );
+    assert!(
+        live_in_group(pid).is_empty(),
+        "the orphaned job group survived"
+    );
+    assert_eq!(r.output(&id, "stdout"), "written-before-the-crash\n");
+}
+
+#[test]
+fn a_recycled_pid_is_never_signalled() {
+    use railgrid::runner::spec::JobSpec;
+    use railgrid::runner::store::Store;
+    let mut r = Runner::new();
+    // A live process that is not the job: same pid as the record, another start time.
+    let bystander = Guard::new(Command::new("sleep").arg("1000").spawn().expect("sleep"));
+    {
+        let store = Store::open(&r.runner_dir().join("jobs.db")).expect("store");
+        let spec = JobSpec {
+            argv: vec!["sleep".into(), "1000".into()],
+            ..JobSpec::default()
+        };
+        store.insert("recycled", &spec).expect("insert");
+        store.mark_starting("recycled").expect("starting");
+        let real = railgrid::sys::process_start_time(
+            railgrid::sys::ProcessId::new(bystander.pid()).expect("pid"),
+        );
+        store
+            .mark_running(
+                "recycled",
+                bystander.pid(),
+                Some(real.expect("start time") + 1),
+                "process-group",
+            )
+            .expect("running");
+    }
+    chown_runner_dir(&r.runner_dir());
+    r.start(&[]);
+    let rec = r.job("recycled");
+    assert_eq!(rec["state"], "lost");
+    assert!(
+        rec["error"]
+            .as_str()
+            .expect("error")
+            .contains("already gone"),
+        "{rec}"
+    );
+    assert!(
+        alive(bystander.pid()),
+        "a process with a recycled pid was signalled"
+    );
+}
+
+#[test]
+fn admission_runs_at_most_max_jobs_in_fifo_order() {
+    let r = Runner::started(&["--max-jobs", "2"]);
+    let ids: Vec<String> = (1..=5)
+        .map(|i| {
+            submit_ok(
+                &r,
+                json!({"id": format!("fifo-{i}"), "argv": ["sleep", "0.3"]}),
+            )
+        })
+        .collect();
+    let recs: Vec<Value> = ids.iter().map(|id| r.wait(id)).collect();
+    let span = |rec: &Value| {
+        (
+            rec["started_ms"].as_i64().expect("started"),
+            rec["finished_ms"].as_i64().expect("finished"),
+        )
+    };
+    let spans: Vec<(i64, i64)> = recs.iter().map(span).collect();
+    for rec in &recs {
+        assert_eq!(rec["state"], "succeeded", "{rec}");
+    }
+    // At no job's start were more than two jobs running.
+    let max_overlap = spans
+        .iter()
+        .map(|&(start, _)| {
+            spans
+                .iter()
+                .filter(|&&(s, f)| s <= start && start < f)
+                .count()
+        })
+        .max()
+        .expect("spans");
+    assert_eq!(max_overlap, 2, "{spans:?}");
+    assert!(
+        spans.windows(2).all(|w| w[0].0 <= w[1].0),
+        "not FIFO: {spans:?}"
+    );
+}
+
+#[test]
+fn a_full_queue_answers_429() {
+    let r = Runner::started(&["--max-jobs", "1", "--max-queued", "2"]);
+    for i in 0..3 {
+        submit_ok(
+            &r,
+            json!({"id": format!("hold-{i}"), "argv": ["sleep", "1000"]}),
+        );
+    }
+    wait_for(LIMIT, "one job running", || {
+        (r.job("hold-0")["state"] == "running").then_some(())
+    });
+    let (status, body) = r.submit(json!({"argv": ["true"]}));
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "queue_full");
+    // Cancelling a queued job frees a place.
+    assert!(r
+        .cli()
+        .args(["cancel", "hold-2"])
+        .output()
+        .expect("cancel")
+        .status
+        .success());
+    assert_eq!(r.submit(json!({"argv": ["true"]})).0, 201);
+}
+
+#[test]
+fn output_beyond_the_cap_is_counted_and_dropped_without_blocking() {
+    let r = Runner::started(&["--max-output-bytes", "1048576"]);
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", "head -c 104857600 /dev/zero; echo done >&2"]}),
+    );
+    let rec = r.wait(&id);
+    assert_eq!(rec["state"], "succeeded", "{rec}");
+    assert_eq!(rec["stdout_bytes"], 1048576);
+    assert_eq!(rec["stdout_truncated"], true);
+    assert_eq!(rec["stderr_truncated"], false);
+    let file = r.runner_dir().join("jobs").join(&id).join("stdout");
+    assert_eq!(fs::metadata(&file).expect("spool").len(), 1048576);
+    assert_eq!(
+        fs::metadata(&file).expect("spool").permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(r.output(&id, "stderr"), "done\n");
+}
+
+#[test]
+fn submit_wait_behaves_like_running_the_program() {
+    let r = Runner::started(&[]);
+    let out = r
+        .cli()
+        .args([
+            "submit",
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            "echo out-line; echo err-line >&2; exit 7",
+        ])
+        .output()
+        .expect("submit");
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "out-line\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "err-line\n");
+
+    let out = r
+        .cli()
+        .args(["submit", "--wait", "--timeout", "1s", "--", "sleep", "1000"])
+        .output()
+        .expect("submit");
+    assert_eq!(out.status.code(), Some(124), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("timed_out"));
+
+    let out = r
+        .cli()
+        .args(["submit", "--env", "LD_AUDIT=x", "--", "true"])
+        .output()
+        .expect("submit");
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn runner_shutdown_stops_running_jobs_and_keeps_queued_ones() {
+    let mut r = Runner::started(&["--max-jobs", "1"]);
+    submit_ok(
+        &r,
+        json!({"id": "long", "argv": ["sh", "-c", tree_script()], "kill_grace_secs": 1}),
+    );
+    submit_ok(
+        &r,
+        json!({"id": "waiting", "argv": ["echo", "ran-after-restart"]}),
+    );
+    wait_for(LIMIT, "the long job to run", || {
+        (r.output("long", "stdout") == "ready\n").then_some(())
+    });
+    let pid = r.job("long")["pid"].as_i64().expect("pid") as i32;
+    let mut guard = r.guard.take().expect("runner");
+    guard.signal(Signal::SIGTERM);
+    let out = guard.wait_output(LIMIT);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        live_in_group(pid).is_empty(),
+        "the job group survived runner shutdown"
+    );
+
+    r.start(&["--max-jobs", "1"]);
+    let rec = r.job("long");
+    assert_eq!(rec["state"], "cancelled");
+    assert!(
+        rec["error"]
+            .as_str()
+            .expect("error")
+            .contains("shutting down"),
+        "{rec}"
+    );
+    r.wait("waiting");
+    assert_eq!(r.output("waiting", "stdout"), "ran-after-restart\n");
+}
