@@ -469,6 +469,14 @@ fn check_secret_file(path: &Path) -> Result<(), String> {
             path.display()
         ));
     }
+    let (euid, _) = crate::sys::current_ids();
+    if meta.uid() != euid && meta.uid() != 0 {
+        return Err(format!(
+            "token file {} is owned by uid {}, not by the agent (uid {euid}) or root: another account could read or replace it",
+            path.display(),
+            meta.uid()
+        ));
+    }
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         return Err(format!(

@@ -67,6 +67,13 @@ pub enum AgentError {
         mode: u32,
         owner: u32,
     },
+    #[error("{path} holds files of uid {owner}, but runner.user is {user} (uid {uid}): move the directory away, or chown -R it to {user} if you trust its contents")]
+    RunnerDirOwner {
+        path: PathBuf,
+        owner: u32,
+        user: String,
+        uid: u32,
+    },
     #[error("could not find this program's own executable")]
     Exe(#[source] io::Error),
     #[error(transparent)]
@@ -82,7 +89,9 @@ impl AgentError {
     pub fn is_config(&self) -> bool {
         matches!(
             self,
-            AgentError::Unreachable { .. } | AgentError::Supervisor(_)
+            AgentError::Unreachable { .. }
+                | AgentError::RunnerDirOwner { .. }
+                | AgentError::Supervisor(_)
         )
     }
 }
@@ -243,6 +252,7 @@ fn prepare(cfg: &AgentConfig) -> Result<(), AgentError> {
     let runner_dir = cfg.runner_dir();
     make_dir(&runner_dir, 0o700)?;
     if let Some(acct) = other {
+        check_runner_dir_owner(&runner_dir, acct)?;
         sys::chown(&runner_dir, acct.uid, acct.gid).map_err(|source| AgentError::Chown {
             path: runner_dir.clone(),
             uid: acct.uid,
@@ -252,6 +262,30 @@ fn prepare(cfg: &AgentConfig) -> Result<(), AgentError> {
         check_reachable(&runner_dir, acct)?;
     }
     Ok(())
+}
+
+/// The runner's files (lock, socket, job records) belong to the account that ran it. A
+/// directory that already holds another account's files is refused rather than re-owned:
+/// chowning a tree another user controls is how root gets tricked through symlinks.
+fn check_runner_dir_owner(dir: &Path, acct: &Account) -> Result<(), AgentError> {
+    let err = |source| AgentError::Dir {
+        path: dir.to_owned(),
+        source,
+    };
+    let owner = fs::symlink_metadata(dir).map_err(err)?.uid();
+    if owner == acct.uid {
+        return Ok(());
+    }
+    let empty = fs::read_dir(dir).map_err(err)?.next().is_none();
+    if empty {
+        return Ok(());
+    }
+    Err(AgentError::RunnerDirOwner {
+        path: dir.to_owned(),
+        owner,
+        user: acct.name.clone(),
+        uid: acct.uid,
+    })
 }
 
 fn make_dir(path: &Path, mode: u32) -> Result<(), AgentError> {

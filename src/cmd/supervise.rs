@@ -22,6 +22,10 @@ pub(super) fn run(args: SuperviseArgs) -> anyhow::Result<ExitCode> {
             signal(SignalKind::terminate()).context("could not install a SIGTERM handler")?;
         let mut int =
             signal(SignalKind::interrupt()).context("could not install a SIGINT handler")?;
+        // A lost terminal (SIGHUP) or SIGQUIT would otherwise kill supervise and leave the
+        // child, in its own session, unsupervised: they stop it like SIGTERM.
+        let mut hup = signal(SignalKind::hangup()).context("could not install a SIGHUP handler")?;
+        let mut quit = signal(SignalKind::quit()).context("could not install a SIGQUIT handler")?;
         let sup = Supervisor::new(config).map_err(refusal)?;
         if let Some(lock_path) = &args.lock {
             let path = lock_path.clone();
@@ -48,6 +52,8 @@ pub(super) fn run(args: SuperviseArgs) -> anyhow::Result<ExitCode> {
         let which = tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
+            _ = hup.recv() => "SIGHUP",
+            _ = quit.recv() => "SIGQUIT",
         };
         tracing::info!("{which} received: stopping");
         sup.stop().await;

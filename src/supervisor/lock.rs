@@ -194,6 +194,21 @@ pub fn reclaim_stale_holder(lock_path: &Path, grace: Duration) -> Result<Option<
         }
     }
 
+    // The holder must run as the account that owns the lock file (the runner's): a pid
+    // planted by anyone else never gets a root-sent signal.
+    let owner = std::os::unix::fs::MetadataExt::uid(&file.metadata().map_err(|source| {
+        LockError::Open {
+            path: lock_path.to_owned(),
+            source,
+        }
+    })?);
+    if let Some(uid) = crate::sys::process_uid(pid) {
+        if uid != owner {
+            return Err(unsafe_pid(
+                "it runs as another user than the owner of the lock file",
+            ));
+        }
+    }
     let leads_group = group::group_of(pid)
         .ok()
         .flatten()
@@ -285,15 +300,24 @@ fn try_lock(file: &File, path: &Path) -> Result<bool, LockError> {
 
 fn open(path: &Path, create: bool) -> Result<File, LockError> {
     let mut opts = OpenOptions::new();
+    // O_NONBLOCK: a FIFO planted in place of the lock must not hang the opener.
     opts.read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK);
     if create {
         opts.write(true).create(true).truncate(false).mode(0o600);
     }
-    opts.open(path).map_err(|source| LockError::Open {
+    let err = |source| LockError::Open {
         path: path.to_owned(),
         source,
-    })
+    };
+    let file = opts.open(path).map_err(err)?;
+    if !file.metadata().map_err(err)?.is_file() {
+        return Err(err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    Ok(file)
 }
 
 fn read_pid(file: &mut File) -> Option<i32> {

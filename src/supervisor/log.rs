@@ -114,6 +114,12 @@ impl CappedLog {
             self.append(&data[..cut]);
             data = &data[cut..];
             self.rotate();
+            if self.file.is_none() {
+                // The log cannot be reopened (directory gone, no descriptors, no space):
+                // drop the rest rather than retry forever; the next write tries again.
+                self.size = 0;
+                return;
+            }
         }
     }
 
@@ -155,6 +161,7 @@ impl CappedLog {
             if let Err(e) = OpenOptions::new()
                 .write(true)
                 .truncate(true)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(&self.path)
             {
                 tracing::warn!(log = %self.path.display(), error = %e, "could not truncate log");
@@ -406,6 +413,21 @@ mod tests {
         assert_eq!(fs::read(&path).unwrap(), b"done\n");
         lines.flush(&mut |b| log.write(b));
         assert_eq!(fs::read(&path).unwrap(), b"done\nPassword: ");
+    }
+
+    #[test]
+    fn a_log_that_cannot_be_reopened_drops_output_instead_of_spinning() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = dir.path().join("logs");
+        fs::create_dir(&logs).unwrap();
+        let path = logs.join("child.log");
+        let mut log = CappedLog::open(&path, 64).unwrap();
+        log.write(b"0123456789012345678901234567890123456789012345678901234567\n");
+        fs::remove_dir_all(&logs).unwrap();
+        // Rotation is due and nothing can be reopened: this must return.
+        log.write(b"a line that does not fit in what is left\n");
+        log.write(b"and another\n");
+        assert!(!path.exists());
     }
 
     #[test]

@@ -80,11 +80,19 @@ pub fn process_alive(pid: ProcessId) -> bool {
 
 #[cfg(target_os = "linux")]
 fn live_members_exist(pgid: ProcessId) -> bool {
-    // killpg(0) also succeeds for zombies; /proc tells them apart.
+    // killpg(0) also succeeds for zombies; /proc tells them apart. If /proc shows no
+    // member at all (hidepid, another pid namespace), it cannot judge: alive.
     match super::procfs::processes() {
-        Ok(all) => all
-            .into_iter()
-            .any(|st| st.pgrp == pgid.get() && st.state != 'Z' && st.state != 'X'),
+        Ok(all) => {
+            let mut members = all
+                .into_iter()
+                .filter(|st| st.pgrp == pgid.get())
+                .peekable();
+            if members.peek().is_none() {
+                return true;
+            }
+            members.any(|st| st.state != 'Z' && st.state != 'X')
+        }
         Err(_) => true,
     }
 }

@@ -106,3 +106,18 @@ pub fn process_cmdline(pid: ProcessId) -> Option<Vec<String>> {
         None
     }
 }
+
+/// The real uid of `pid`, where the OS exposes it (Linux).
+pub fn process_uid(pid: ProcessId) -> Option<u32> {
+    #[cfg(target_os = "linux")]
+    {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = pid;
+        None
+    }
+}

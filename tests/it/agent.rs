@@ -534,3 +534,33 @@ fn systemd_notifications_bracket_the_runner() {
         .expect("stopping");
     assert!(ready < stopping, "{seen:?}");
 }
+
+#[test]
+fn a_runner_dir_of_another_account_is_refused_not_reowned() {
+    if !is_root() || uzers::get_user_by_name("daemon").is_none() {
+        eprintln!("SKIPPED: needs root and the daemon account");
+        return;
+    }
+    let host = Host::new();
+    let mut agent = host.start_agent();
+    host.wait_runner("a runner as nobody", |_| true);
+    agent.signal(Signal::SIGTERM);
+    assert_eq!(agent.wait_output(LIMIT).status.code(), Some(0));
+
+    let out = railgrid()
+        .args(["agent", "run", "--config"])
+        .arg(host.path("agent.toml"))
+        .arg("--state-dir")
+        .arg(host.state())
+        .arg("--log-dir")
+        .arg(host.path("logs"))
+        .args(["--runner-user", "daemon"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&host.state().join("runner").display().to_string()) && err.contains("daemon"),
+        "{err}"
+    );
+}

@@ -187,3 +187,30 @@ fn lock_files_are_private() {
     let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
 }
+
+#[test]
+fn a_holder_running_as_another_user_than_the_lock_owner_is_never_signalled() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root to give the lock file to another account");
+        return;
+    }
+    let dir = tempdir();
+    let path = dir.path().join("runner.lock");
+    let holder = spawn_holder(&path);
+    // The file now belongs to nobody, but a root process holds it.
+    let nobody = uzers::get_user_by_name("nobody").expect("nobody");
+    std::os::unix::fs::lchown(&path, Some(nobody.uid()), Some(nobody.primary_group_id()))
+        .expect("chown");
+    let err = lock::reclaim_stale_holder(&path, GRACE).expect_err("refused");
+    assert!(matches!(err, LockError::Unsafe { .. }), "{err}");
+    assert!(alive(holder.pid()));
+}
+
+#[test]
+fn a_fifo_in_place_of_the_lock_is_refused_without_hanging() {
+    let dir = tempdir();
+    let path = dir.path().join("runner.lock");
+    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let err = lock::reclaim_stale_holder(&path, GRACE).expect_err("refused");
+    assert!(err.to_string().contains("runner.lock"), "{err}");
+}
