@@ -89,8 +89,19 @@ struct Sched {
     per_owner: HashMap<String, usize>,
 }
 
+/// Finished jobs kept, known without asking the store on every job's end.
+#[derive(Debug, Default)]
+struct Totals {
+    count: usize,
+    bytes: u64,
+}
+
+/// How many of the oldest finished jobs retention looks at per pass.
+const RETAIN_BATCH: u32 = 64;
+
 struct Inner {
     cfg: EngineConfig,
+    totals: Mutex<Totals>,
     paths: JobPaths,
     store: Arc<Store>,
     sched: Mutex<Sched>,
@@ -136,6 +147,7 @@ impl Engine {
         let engine = Self {
             inner: Arc::new(Inner {
                 cfg,
+                totals: Mutex::new(Totals::default()),
                 paths,
                 store,
                 sched: Mutex::new(Sched::default()),
@@ -154,6 +166,19 @@ impl Engine {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         }
+    }
+
+    fn totals(&self) -> std::sync::MutexGuard<'_, Totals> {
+        match self.inner.totals.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn count_finished(&self, bytes: u64) {
+        let mut t = self.totals();
+        t.count += 1;
+        t.bytes += bytes;
     }
 
     fn bump(&self) {
@@ -201,6 +226,9 @@ impl Engine {
             blocking(move || store.mark_finished(&id, JobState::Lost, &outcome)).await??;
             tracing::warn!(job = %rec.id, "marked lost");
         }
+        let store = self.inner.store.clone();
+        let (count, bytes) = blocking(move || store.finished_totals()).await??;
+        *self.totals() = Totals { count, bytes };
         let store = self.inner.store.clone();
         let queued = blocking(move || store.in_states(&[JobState::Queued])).await??;
         {
@@ -332,6 +360,7 @@ impl Engine {
                 ..Outcome::default()
             };
             blocking(move || store.mark_finished(&cid, JobState::Cancelled, &outcome)).await??;
+            self.count_finished(0);
             self.bump();
         }
         self.get(id)
@@ -344,19 +373,31 @@ impl Engine {
         let deadline = Instant::now() + timeout;
         let mut activity = self.activity();
         loop {
-            let rec = self
-                .get(id)
-                .await?
-                .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })?;
-            if rec.state.is_terminal() {
-                return Ok(rec);
+            // While the scheduler holds the job it has not ended: no need to ask the store.
+            if !self.is_active(id) {
+                let rec = self
+                    .get(id)
+                    .await?
+                    .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })?;
+                if rec.state.is_terminal() || !self.is_active(id) && rec.state.is_terminal() {
+                    return Ok(rec);
+                }
             }
             tokio::select! {
                 // Cancel-safe: `changed` only observes the channel.
-                r = activity.changed() => if r.is_err() { return Ok(rec) },
-                _ = tokio::time::sleep_until(deadline) => return Ok(rec),
+                r = activity.changed() => if r.is_err() { break },
+                _ = tokio::time::sleep_until(deadline) => break,
             }
         }
+        self.get(id)
+            .await?
+            .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })
+    }
+
+    /// True while the job is queued or running in this runner.
+    fn is_active(&self, id: &str) -> bool {
+        let s = self.sched();
+        s.running.contains_key(id) || s.queue.iter().any(|(q, _)| q == id)
     }
 
     /// Starts queued jobs while there is room, FIFO, skipping owners at their limit.
@@ -420,6 +461,7 @@ impl Engine {
         let store = self.inner.store.clone();
         let fid = id.clone();
         let o = outcome.clone();
+        self.count_finished(outcome.stdout_bytes + outcome.stderr_bytes);
         match blocking(move || store.mark_finished(&fid, state, &o)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -510,13 +552,13 @@ impl Engine {
             }
         }
         let status = started.child.wait().await.ok();
-        // Output threads end once every writer is gone; the group is dead, so promptly.
+        // Output tasks end once every writer is gone; the group is dead, so promptly.
         let spoolers = std::mem::take(&mut started.spoolers);
-        let joined = blocking(move || {
+        let joined = async {
             for h in spoolers {
-                let _ = h.join();
+                let _ = h.await;
             }
-        });
+        };
         if tokio::time::timeout(Duration::from_secs(5), joined)
             .await
             .is_err()
@@ -554,16 +596,18 @@ impl Engine {
     /// Deletes the oldest finished jobs, records and files together, beyond the count and
     /// spool-size bounds.
     async fn retain(&self) -> Result<(), EngineError> {
-        let store = self.inner.store.clone();
-        let finished = blocking(move || store.finished_oldest_first()).await??;
         let (max_jobs, max_bytes) = (
             self.inner.cfg.max_finished_jobs,
             self.inner.cfg.max_spool_bytes,
         );
-        let mut count = finished.len();
-        let mut bytes: u64 = finished.iter().map(|(_, b)| b).sum();
+        let over = |t: &Totals| t.count > max_jobs || t.bytes > max_bytes;
+        if !over(&self.totals()) {
+            return Ok(());
+        }
+        let store = self.inner.store.clone();
+        let finished = blocking(move || store.finished_oldest_first(RETAIN_BATCH)).await??;
         for (id, b) in finished {
-            if count <= max_jobs && bytes <= max_bytes {
+            if !over(&self.totals()) {
                 break;
             }
             let store = self.inner.store.clone();
@@ -574,8 +618,9 @@ impl Engine {
                 store.delete(&id)
             })
             .await??;
-            count -= 1;
-            bytes = bytes.saturating_sub(b);
+            let mut t = self.totals();
+            t.count = t.count.saturating_sub(1);
+            t.bytes = t.bytes.saturating_sub(b);
         }
         Ok(())
     }

@@ -8,7 +8,7 @@
 //! gives stdin. Output goes to append-only spool files as it is produced, each capped.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -189,7 +189,7 @@ pub struct Started {
     pub pid: i32,
     pub stdout: Arc<SpoolStats>,
     pub stderr: Arc<SpoolStats>,
-    pub spoolers: Vec<std::thread::JoinHandle<()>>,
+    pub spoolers: Vec<tokio::task::JoinHandle<()>>,
     pub confinement: &'static str,
 }
 
@@ -205,11 +205,6 @@ pub fn start(
 ) -> Result<Started, JobError> {
     let ws = paths.workspace(id);
     let spool_dir = paths.spool_dir(id);
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&spool_dir)
-        .map_err(io_err(&spool_dir))?;
 
     let mut cmd = std::process::Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..])
@@ -266,19 +261,12 @@ pub fn start(
         (err_r, Stream::Stderr, &stderr),
     ] {
         let path = paths.spool_file(id, stream);
-        let file = OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(io_err(&path))?;
         let stats = stats.clone();
         let notify = on_output.clone();
-        let handle = std::thread::Builder::new()
-            .name(format!("railgrid-spool-{}", stream.name()))
-            .spawn(move || spool(reader, file, cap, &stats, &*notify))
-            .map_err(io_err(&path))?;
+        let rx =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(std::os::fd::OwnedFd::from(reader))
+                .map_err(io_err(&path))?;
+        let handle = tokio::spawn(async move { spool(rx, &path, cap, &stats, &*notify).await });
         spoolers.push(handle);
     }
     Ok(Started {
@@ -294,17 +282,23 @@ pub fn start(
 /// Copies a job's stream into its spool file until every writer is gone. Past `cap`
 /// bytes are counted and dropped, so a slow reader or a chatty job never blocks: the pipe
 /// is always drained.
-fn spool(
-    mut reader: File,
-    mut file: File,
+/// The spool file is created with the first byte: a job that prints nothing costs no
+/// inodes (file creation dominates the runner's cost for trivial jobs). Reads are async
+/// (no thread per stream); writes go straight to the page cache, which takes microseconds,
+/// so they stay on the runtime rather than paying a thread hand-off per chunk.
+async fn spool(
+    mut reader: tokio::net::unix::pipe::Receiver,
+    path: &Path,
     cap: u64,
     stats: &SpoolStats,
     notify: &(dyn Fn() + Send + Sync),
 ) {
-    let mut buf = vec![0u8; 128 * 1024];
-    let mut written = file.metadata().map(|m| m.len()).unwrap_or(0);
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut file: Option<File> = None;
+    let mut written = 0u64;
     loop {
-        let n = match reader.read(&mut buf) {
+        let n = match reader.read(&mut buf).await {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -312,17 +306,41 @@ fn spool(
         };
         stats.produced.fetch_add(n as u64, Ordering::Relaxed);
         let keep = (cap.saturating_sub(written) as usize).min(n);
-        if keep > 0 && file.write_all(&buf[..keep]).is_ok() {
-            written += keep as u64;
-            stats.written.store(written, Ordering::Relaxed);
+        if keep > 0 && file.is_none() {
+            match open_spool(path) {
+                Ok(f) => file = Some(f),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "could not create spool file; dropping output")
+                }
+            }
+        }
+        if let (true, Some(f)) = (keep > 0, file.as_mut()) {
+            if f.write_all(&buf[..keep]).is_ok() {
+                written += keep as u64;
+                stats.written.store(written, Ordering::Relaxed);
+            }
         }
         if keep < n {
             stats.truncated.store(true, Ordering::Relaxed);
         }
         notify();
     }
-    let _ = file.sync_data();
     notify();
+}
+
+fn open_spool(path: &Path) -> io::Result<File> {
+    if let Some(dir) = path.parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
 }
 
 #[cfg(test)]

@@ -424,17 +424,29 @@ impl Store {
         })
     }
 
-    /// Finished jobs, oldest first: `(id, spooled bytes)`.
-    pub fn finished_oldest_first(&self) -> Result<Vec<(String, u64)>, StoreError> {
+    /// Up to `limit` finished jobs, oldest first: `(id, spooled bytes)`.
+    pub fn finished_oldest_first(&self, limit: u32) -> Result<Vec<(String, u64)>, StoreError> {
         self.with(|c| {
             let mut stmt = c.prepare_cached(
                 "SELECT id, stdout_bytes + stderr_bytes FROM jobs \
-                 WHERE state NOT IN ('queued', 'starting', 'running') ORDER BY seq",
+                 WHERE state NOT IN ('queued', 'starting', 'running') ORDER BY seq LIMIT ?1",
             )?;
-            let rows = stmt.query_map([], |r| {
+            let rows = stmt.query_map(params![limit], |r| {
                 Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
             })?;
             rows.collect()
+        })
+    }
+
+    /// How many finished jobs there are and how many spooled bytes they hold.
+    pub fn finished_totals(&self) -> Result<(usize, u64), StoreError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT COUNT(*), COALESCE(SUM(stdout_bytes + stderr_bytes), 0) FROM jobs \
+                 WHERE state NOT IN ('queued', 'starting', 'running')",
+                [],
+                |r| Ok((r.get::<_, i64>(0)? as usize, r.get::<_, i64>(1)? as u64)),
+            )
         })
     }
 

@@ -531,3 +531,104 @@ fn runner_shutdown_stops_running_jobs_and_keeps_queued_ones() {
     r.wait("waiting");
     assert_eq!(r.output("waiting", "stdout"), "ran-after-restart\n");
 }
+
+#[test]
+fn per_owner_limits_let_other_owners_pass() {
+    let r = Runner::started(&["--max-jobs", "2", "--max-jobs-per-owner", "1"]);
+    submit_ok(
+        &r,
+        json!({"id": "alice-1", "owner": "alice", "argv": ["sleep", "1000"]}),
+    );
+    submit_ok(
+        &r,
+        json!({"id": "alice-2", "owner": "alice", "argv": ["true"]}),
+    );
+    submit_ok(&r, json!({"id": "bob-1", "owner": "bob", "argv": ["true"]}));
+    // bob's job overtakes alice's second one: alice is at her limit.
+    assert_eq!(r.wait("bob-1")["state"], "succeeded");
+    assert_eq!(r.job("alice-2")["state"], "queued");
+    let out = r
+        .cli()
+        .args(["list", "--owner", "alice", "--json"])
+        .output()
+        .expect("list");
+    let list: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let ids: Vec<&str> = list
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|j| j["id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, ["alice-2", "alice-1"], "newest first, alice only");
+    assert!(r
+        .cli()
+        .args(["cancel", "alice-1"])
+        .output()
+        .expect("cancel")
+        .status
+        .success());
+    assert_eq!(r.wait("alice-2")["state"], "succeeded");
+}
+
+#[test]
+fn rlimits_apply_and_are_reported() {
+    let r = Runner::started(&[]);
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", "ulimit -n; ulimit -t"], "limits": {"open_files": 64, "cpu_secs": 7}}),
+    );
+    let rec = r.wait(&id);
+    assert_eq!(r.output(&id, "stdout"), "64\n7\n");
+    assert_eq!(rec["confinement"], "process-group+rlimits");
+}
+
+#[test]
+fn logs_follow_streams_until_the_job_ends() {
+    let r = Runner::started(&[]);
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", "for i in 1 2 3; do echo line-$i; sleep 0.2; done"]}),
+    );
+    let out = r
+        .cli()
+        .args(["logs", "--follow", &id])
+        .output()
+        .expect("logs");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "line-1\nline-2\nline-3\n"
+    );
+    let (status, body) = get(
+        &r.socket(),
+        &format!("/v1/jobs/{id}/output/stdout?offset=7&limit=7"),
+    )
+    .expect("slice");
+    assert_eq!((status, body.as_str()), (200, "line-2\n"));
+}
+
+#[test]
+fn finished_jobs_beyond_the_retention_bound_are_deleted_with_their_files() {
+    let r = Runner::started(&["--max-finished-jobs", "2"]);
+    for i in 1..=4 {
+        let id = submit_ok(
+            &r,
+            json!({"id": format!("keep-{i}"), "argv": ["echo", format!("output-{i}")]}),
+        );
+        r.wait(&id);
+    }
+    wait_for(LIMIT, "the oldest jobs to be deleted", || {
+        (get(&r.socket(), "/v1/jobs/keep-2").map(|(s, _)| s) == Some(404)).then_some(())
+    });
+    assert_eq!(get(&r.socket(), "/v1/jobs/keep-1").expect("get").0, 404);
+    assert!(
+        !r.runner_dir().join("jobs/keep-1").exists(),
+        "spool files of a deleted job remain"
+    );
+    assert!(
+        !r.runner_dir().join("work/keep-1").exists(),
+        "workspace of a deleted job remains"
+    );
+    assert_eq!(r.output("keep-4", "stdout"), "output-4\n");
+    assert_eq!(r.job("keep-3")["state"], "succeeded");
+}
