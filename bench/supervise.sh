@@ -20,6 +20,8 @@ BYTES=$((MIB * 1024 * 1024))
 CAP=$((64 * 1024 * 1024))
 LINE=$(printf '%099d' 0)   # 99 characters + newline = 100-byte lines
 IDLE_SECS=${IDLE_SECS:-10}
+SECTIONS=${SECTIONS:-"throughput idle stop"}   # run a subset: SECTIONS=idle bash bench/supervise.sh
+want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 cargo build --release --quiet
 RG=$PWD/target/release/railgrid
@@ -91,16 +93,23 @@ run_svlogd() {
   cat "$WORK/svlogd.result"
 }
 
+# supervisord_conf DIR PROGRAM COMMAND: a foreground supervisord with one program.
+supervisord_conf() {
+  cat > "$1/supervisord.conf" <<CONF
+[supervisord]
+nodaemon=true
+logfile=$1/supervisord.log
+pidfile=$1/supervisord.pid
+[program:$2]
+command=$3
+CONF
+}
+
 run_supervisord() {
   command -v supervisord >/dev/null || return 1
   local d=$WORK/sd; rm -rf "$d"; mkdir -p "$d"
-  cat > "$d/supervisord.conf" <<CONF
-[supervisord]
-nodaemon=true
-logfile=$d/supervisord.log
-pidfile=$d/supervisord.pid
-[program:producer]
-command=/bin/sh -c '$(producer "$d/result" | sed 's/%/%%/g'); exec sleep 1000'
+  supervisord_conf "$d" producer "/bin/sh -c '$(producer "$d/result" | sed 's/%/%%/g'); exec sleep 1000'"
+  cat >> "$d/supervisord.conf" <<CONF
 stdout_logfile=$d/child.log
 stdout_logfile_maxbytes=$CAP
 stdout_logfile_backups=1
@@ -116,6 +125,7 @@ CONF
 
 echo "# railgrid supervise benchmark: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $(uname -sr)"
 echo
+if want throughput; then
 echo "## Log throughput: ${MIB} MiB of 100-byte lines, ${RUNS} runs each, median"
 echo
 echo "| logger | MiB/s | ratio to raw pipe |"
@@ -149,9 +159,13 @@ for name in railgrid s6_log svlogd supervisord; do
   fi
 done
 
+fi
+
 # --- idle ---------------------------------------------------------------------------------
 
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+anon_kib() { awk '/^RssAnon:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+sum_anon() { local t=0; for p in "$@"; do t=$((t + $(anon_kib "$p"))); done; echo "$t"; }
 cpu_ticks() { awk '{ i = index($0, ") "); split(substr($0, i + 2), f, " "); print f[12] + f[13] }' "/proc/$1/stat"; }
 sum_rss() { local t=0; for p in "$@"; do t=$((t + $(rss_kib "$p"))); done; echo "$t"; }
 sum_cpu() { local t=0; for p in "$@"; do t=$((t + $(cpu_ticks "$p"))); done; echo "$t"; }
@@ -162,18 +176,21 @@ idle_row() { # idle_row LABEL PID...
   sleep "$IDLE_SECS"
   local c1; c1=$(sum_cpu "$@")
   local rss; rss=$(sum_rss "$@")
+  local anon; anon=$(sum_anon "$@")
   local hz; hz=$(getconf CLK_TCK)
-  printf '| %s | %s | %.2f | %s |\n' "$label" "$(awk -v k="$rss" 'BEGIN { printf "%.1f", k / 1024 }')" \
+  printf '| %s | %s | %s | %.2f | %s |\n' "$label" "$(awk -v k="$rss" 'BEGIN { printf "%.1f", k / 1024 }')" \
+    "$(awk -v k="$anon" 'BEGIN { printf "%.1f", k / 1024 }')" \
     "$(awk -v c=$((c1 - c0)) -v h="$hz" 'BEGIN { print c / h * 1000 }')" "$#"
 }
 
 children_of() { pgrep -P "$1" || true; }
 
+if want idle; then
 echo
 echo "## Idle: child sleeping, supervision processes only, ${IDLE_SECS} s"
 echo
-echo "| supervisor | RSS MiB | CPU ms over ${IDLE_SECS} s | processes |"
-echo "|---|---:|---:|---:|"
+echo "| supervisor | RSS MiB | of which anonymous MiB | CPU ms over ${IDLE_SECS} s | processes |"
+echo "|---|---:|---:|---:|---:|"
 
 "$RG" supervise --log "$WORK/idle.log" "${USER_FLAGS[@]}" -- /bin/sleep 100000 2>/dev/null &
 rg=$!; pids_to_kill+=("$rg"); sleep 1
@@ -213,13 +230,8 @@ fi
 
 if command -v supervisord >/dev/null; then
   d=$WORK/sdidle; mkdir -p "$d"
-  cat > "$d/supervisord.conf" <<CONF
-[supervisord]
-nodaemon=true
-logfile=$d/supervisord.log
-pidfile=$d/supervisord.pid
-[program:sleeper]
-command=/bin/sleep 100000
+  supervisord_conf "$d" sleeper "/bin/sleep 100000"
+  cat >> "$d/supervisord.conf" <<CONF
 stdout_logfile=$d/child.log
 redirect_stderr=true
 CONF
@@ -227,6 +239,8 @@ CONF
   sdp=$!; pids_to_kill+=("$sdp"); sleep 2
   idle_row "supervisord" "$sdp"
   kill -TERM "$sdp"; wait "$sdp" 2>/dev/null || true
+fi
+
 fi
 
 # --- stop ---------------------------------------------------------------------------------
@@ -243,6 +257,7 @@ stop_ms() { # stop_ms GRACE SCRIPT -> ms from SIGTERM to supervise's exit
   echo $((($(date +%s%N) - t0) / 1000000))
 }
 
+if want stop; then
 FAN='for i in $(seq 50); do sleep 100000 & done; echo ready; wait'
 IGNORER='for i in $(seq 50); do sleep 100000 & done; sh -c "trap \"\" TERM; exec sleep 100000" & echo ready; wait'
 echo
@@ -252,3 +267,4 @@ echo "| case | stop grace | ms |"
 echo "|---|---:|---:|"
 echo "| all exit on SIGTERM | 10s | $(for _ in $(seq "$RUNS"); do stop_ms 10s "$FAN"; done | median) |"
 echo "| one grandchild ignores SIGTERM | 1s | $(for _ in $(seq "$RUNS"); do stop_ms 1s "$IGNORER"; done | median) |"
+fi

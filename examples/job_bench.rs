@@ -11,10 +11,7 @@ use railgrid::runner::job::Stream;
 use railgrid::runner::spec::JobSpec;
 
 fn spec(argv: &[&str]) -> JobSpec {
-    JobSpec {
-        argv: argv.iter().map(|s| s.to_string()).collect(),
-        ..JobSpec::default()
-    }
+    JobSpec::from_argv(argv.iter().copied())
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

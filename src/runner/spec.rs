@@ -109,6 +109,14 @@ impl JobSpec {
         Ok(())
     }
 
+    /// A spec with only `argv` set.
+    pub fn from_argv<S: Into<String>>(argv: impl IntoIterator<Item = S>) -> Self {
+        Self {
+            argv: argv.into_iter().map(Into::into).collect(),
+            ..Self::default()
+        }
+    }
+
     pub fn owner(&self) -> &str {
         self.owner.as_deref().unwrap_or("default")
     }
@@ -140,10 +148,7 @@ mod tests {
     use super::*;
 
     fn spec(argv: &[&str]) -> JobSpec {
-        JobSpec {
-            argv: argv.iter().map(|s| s.to_string()).collect(),
-            ..JobSpec::default()
-        }
+        JobSpec::from_argv(argv.iter().copied())
     }
 
     #[test]

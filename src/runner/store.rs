@@ -468,10 +468,7 @@ mod tests {
     use super::*;
 
     fn spec(argv: &[&str]) -> JobSpec {
-        JobSpec {
-            argv: argv.iter().map(|s| s.to_string()).collect(),
-            ..JobSpec::default()
-        }
+        JobSpec::from_argv(argv.iter().copied())
     }
 
     #[test]

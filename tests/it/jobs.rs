@@ -332,10 +332,7 @@ fn a_recycled_pid_is_never_signalled() {
     let bystander = Guard::new(Command::new("sleep").arg("1000").spawn().expect("sleep"));
     {
         let store = Store::open(&r.runner_dir().join("jobs.db")).expect("store");
-        let spec = JobSpec {
-            argv: vec!["sleep".into(), "1000".into()],
-            ..JobSpec::default()
-        };
+        let spec = JobSpec::from_argv(["sleep", "1000"]);
         store.insert("recycled", &spec).expect("insert");
         store.mark_starting("recycled").expect("starting");
         let real = railgrid::sys::process_start_time(
