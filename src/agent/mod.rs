@@ -303,30 +303,18 @@ fn make_dir(path: &Path, mode: u32) -> Result<(), AgentError> {
 
 /// The runner account must be able to traverse every directory above its own.
 fn check_reachable(path: &Path, acct: &Account) -> Result<(), AgentError> {
-    let groups = sys::spawn::group_list(&acct.name, acct.gid).unwrap_or_else(|_| vec![acct.gid]);
-    for dir in path.ancestors().skip(1) {
-        let Ok(meta) = fs::metadata(dir) else {
-            continue;
-        };
-        let mode = meta.permissions().mode() & 0o7777;
-        let bit = if meta.uid() == acct.uid {
-            0o100
-        } else if groups.contains(&meta.gid()) {
-            0o010
-        } else {
-            0o001
-        };
-        if mode & bit == 0 {
-            return Err(AgentError::Unreachable {
-                user: acct.name.clone(),
-                path: path.to_owned(),
-                dir: dir.to_owned(),
-                mode,
-                owner: meta.uid(),
-            });
-        }
-    }
-    Ok(())
+    let who = crate::supervisor::access::Who {
+        uid: acct.uid,
+        groups: sys::spawn::group_list(&acct.name, acct.gid).unwrap_or_else(|_| vec![acct.gid]),
+    };
+    who.can_reach(path, false)
+        .map_err(|d| AgentError::Unreachable {
+            user: acct.name.clone(),
+            path: path.to_owned(),
+            dir: d.at,
+            mode: d.mode,
+            owner: d.owner,
+        })
 }
 
 /// The canonical path of the running executable: what the runner is started from.

@@ -213,8 +213,7 @@ pub fn start(
         .env("HOME", &ws)
         .env("LANG", "C.UTF-8")
         .env("TMPDIR", ws.join("tmp"))
-        .envs(&spec.env)
-        .current_dir(cwd);
+        .envs(&spec.env);
     cmd.stdin(if spec.stdin.is_some() {
         Stdio::piped()
     } else {
@@ -224,7 +223,7 @@ pub fn start(
     let (out_r, out_w) = pipe::pipe().map_err(io_err(&spool_dir))?;
     let (err_r, err_w) = pipe::pipe().map_err(io_err(&spool_dir))?;
     cmd.stdout(Stdio::from(out_w)).stderr(Stdio::from(err_w));
-    spawn::session_leader_as(&mut cmd, None);
+    spawn::session_leader_as(&mut cmd, None, cwd).map_err(io_err(cwd))?;
     let limits = spec.limits.clone().unwrap_or_default();
     let rl = Rlimits {
         address_space: limits.memory_bytes,

@@ -16,6 +16,7 @@
 //! that never holds more than twice its cap; the child leads its own session and process
 //! group, and stop takes the whole group down (SIGTERM, grace, SIGKILL); restarts back off.
 
+pub mod access;
 pub mod account;
 pub mod backoff;
 pub mod env;
@@ -157,6 +158,12 @@ pub enum Error {
     },
     #[error("working directory {path} is not a directory")]
     NotADir { path: PathBuf },
+    #[error("{name} cannot run as uid {uid}: {} is mode {:04o} owned by uid {}, and that account may not {} it", denied.at.display(), denied.mode, denied.owner, denied.need)]
+    Denied {
+        name: String,
+        uid: u32,
+        denied: access::Denied,
+    },
     #[error("invalid environment for {name}")]
     Env {
         name: String,
@@ -238,6 +245,20 @@ impl Supervisor {
                     source,
                 })
             }
+        }
+        if let Some(c) = &creds {
+            // Root may go anywhere; the child may not. Judge with the child's eyes.
+            let who = access::Who {
+                uid: c.uid,
+                groups: c.groups.clone(),
+            };
+            let denied = |denied| Error::Denied {
+                name: config.name.clone(),
+                uid: c.uid,
+                denied,
+            };
+            who.can_execute(&config.program).map_err(denied)?;
+            who.can_reach(&config.dir, true).map_err(denied)?;
         }
         for (k, v) in &config.env {
             env_policy::check(k, v).map_err(|source| Error::Env {
@@ -361,11 +382,10 @@ impl Inner {
         cmd.args(&c.args)
             .env_clear()
             .envs(c.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(&c.dir)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log_fd.try_clone()?))
             .stderr(Stdio::from(log_fd.try_clone()?));
-        spawn::session_leader_as(&mut cmd, self.creds.clone());
+        spawn::session_leader_as(&mut cmd, self.creds.clone(), &c.dir)?;
         tokio::process::Command::from(cmd).spawn()
     }
 }

@@ -17,19 +17,29 @@ pub struct Credentials {
 
 /// Makes the child the leader of a new session (and so of a new process group whose id is
 /// its pid), and switches it to `creds` when given: supplementary groups, then gid, then
-/// uid, so that no root group survives the drop.
+/// uid, so that no root group survives the drop; then enters `dir` as that account, so a
+/// directory the account may not enter fails the launch instead of being entered by root.
 ///
 /// std's own `uid()`/`gid()` cannot be used: they run before `pre_exec` closures, and
-/// `setgroups` needs privilege that is gone after `setuid`.
-pub fn session_leader_as(cmd: &mut Command, creds: Option<Credentials>) {
+/// `setgroups` needs privilege that is gone after `setuid`. For the same reason std's
+/// `current_dir` (which runs first, as root) is not used when switching accounts.
+pub fn session_leader_as(
+    cmd: &mut Command,
+    creds: Option<Credentials>,
+    dir: &std::path::Path,
+) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|_| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in working directory")
+    })?;
     let creds = creds.map(|c| {
         let groups: Vec<Gid> = c.groups.iter().map(|g| Gid::from_raw(*g)).collect();
         (Uid::from_raw(c.uid), Gid::from_raw(c.gid), groups)
     });
     // SAFETY: the closure runs in the forked child before exec. It only calls setsid,
-    // setgroups, setgid and setuid — plain system calls that are async-signal-safe — and
-    // it does not allocate: the group list was built above, before fork, and is only
-    // borrowed here.
+    // setgroups, setgid, setuid and chdir — plain system calls that are async-signal-safe —
+    // and it does not allocate: the group list and the directory's C string were built
+    // above, before fork, and are only borrowed here.
     unsafe {
         cmd.pre_exec(move || {
             setsid()?;
@@ -38,9 +48,11 @@ pub fn session_leader_as(cmd: &mut Command, creds: Option<Credentials>) {
                 setgid(*gid)?;
                 setuid(*uid)?;
             }
+            nix::unistd::chdir(dir.as_c_str())?;
             Ok(())
         });
     }
+    Ok(())
 }
 
 #[cfg(not(target_vendor = "apple"))]

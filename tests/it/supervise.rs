@@ -406,3 +406,42 @@ fn version_reports_json() {
     assert!(v["target"].as_str().is_some_and(|t| t.contains('-')));
     assert!(v.get("commit").is_some());
 }
+
+#[test]
+fn paths_the_child_account_cannot_reach_are_refused_up_front() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root to judge another account's access");
+        return;
+    }
+    let dir = tempdir();
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).expect("chmod");
+    let log = path_str(&dir.path().join("child.log"));
+    let private = path_str(dir.path());
+    // Spawned with a deadline: a supervise that wrongly accepted would run forever.
+    let out = supervise(&[
+        "--log",
+        &log,
+        "--user",
+        "nobody",
+        "--dir",
+        &private,
+        "--",
+        "/bin/true",
+    ])
+    .wait_output(LIMIT);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&private) && err.contains("0700") && err.contains("search"),
+        "{err}"
+    );
+
+    let program = dir.path().join("tool");
+    fs::write(&program, "#!/bin/sh\nexit 0\n").expect("write");
+    fs::set_permissions(&program, fs::Permissions::from_mode(0o700)).expect("chmod");
+    let program_s = path_str(&program);
+    let out = supervise(&["--log", &log, "--user", "nobody", "--", &program_s]).wait_output(LIMIT);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot run as uid"), "{err}");
+}
