@@ -296,6 +296,30 @@ impl Sources<'_> {
     }
 }
 
+/// Longest runner stop grace accepted: the service manager's own stop timeout
+/// (TimeoutStopSec, ExitTimeOut) must stay above it, and a reload waits for it.
+pub const MAX_STOP_GRACE: Duration = Duration::from_secs(300);
+
+fn bounded(
+    src: &Sources<'_>,
+    key: Key,
+    default: Duration,
+    max: Duration,
+) -> Result<Duration, ConfigError> {
+    let d = src.duration(key, default)?;
+    match src.get(key) {
+        Some((_, origin)) if d > max => Err(invalid(
+            &origin,
+            format!(
+                "{} is longer than the {} allowed; the service manager's stop timeout must exceed it",
+                humantime::format_duration(d),
+                humantime::format_duration(max)
+            ),
+        )),
+        _ => Ok(d),
+    }
+}
+
 fn invalid(origin: &Origin, message: String) -> ConfigError {
     ConfigError::Invalid {
         origin: origin.describe(),
@@ -398,7 +422,7 @@ pub fn load_with(
     }
     let runner = RunnerSettings {
         user,
-        stop_grace: src.duration(Key::StopGrace, DEFAULT_STOP_GRACE)?,
+        stop_grace: bounded(&src, Key::StopGrace, DEFAULT_STOP_GRACE, MAX_STOP_GRACE)?,
         initial_backoff: src.duration(Key::InitialBackoff, supervisor::DEFAULT_INITIAL_BACKOFF)?,
         max_log_bytes,
     };
@@ -635,6 +659,18 @@ mod tests {
             .to_string();
         assert!(
             err.contains("bogus") && err.contains(&path.display().to_string()),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn stop_grace_is_bounded() {
+        let env = env_of(&[("HOME", "/h"), ("RAILGRID_RUNNER_STOP_GRACE", "1h")]);
+        let err = load_with(&Flags::default(), false, &env)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("RAILGRID_RUNNER_STOP_GRACE") && err.contains("5m"),
             "{err}"
         );
     }
