@@ -45,6 +45,10 @@ pub struct RawRunner {
     pub stop_grace: Option<String>,
     pub initial_backoff: Option<String>,
     pub max_log_bytes: Option<u64>,
+    pub max_jobs: Option<usize>,
+    pub max_jobs_per_owner: Option<usize>,
+    pub max_queued: Option<usize>,
+    pub max_output_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -81,6 +85,11 @@ pub struct RunnerSettings {
     pub stop_grace: Duration,
     pub initial_backoff: Duration,
     pub max_log_bytes: u64,
+    /// Job engine limits passed to the runner; `None` keeps the runner's defaults.
+    pub max_jobs: Option<usize>,
+    pub max_jobs_per_owner: Option<usize>,
+    pub max_queued: Option<usize>,
+    pub max_output_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,6 +138,10 @@ enum Key {
     StopGrace,
     InitialBackoff,
     MaxLogBytes,
+    MaxJobs,
+    MaxJobsPerOwner,
+    MaxQueued,
+    MaxOutputBytes,
     HubUrl,
     TokenFile,
     CaFile,
@@ -144,6 +157,10 @@ impl Key {
             Key::StopGrace => "runner.stop_grace",
             Key::InitialBackoff => "runner.initial_backoff",
             Key::MaxLogBytes => "runner.max_log_bytes",
+            Key::MaxJobs => "runner.max_jobs",
+            Key::MaxJobsPerOwner => "runner.max_jobs_per_owner",
+            Key::MaxQueued => "runner.max_queued",
+            Key::MaxOutputBytes => "runner.max_output_bytes",
             Key::HubUrl => "hub.url",
             Key::TokenFile => "hub.token_file",
             Key::CaFile => "hub.ca_file",
@@ -159,6 +176,10 @@ impl Key {
             Key::StopGrace => "RAILGRID_RUNNER_STOP_GRACE",
             Key::InitialBackoff => "RAILGRID_RUNNER_INITIAL_BACKOFF",
             Key::MaxLogBytes => "RAILGRID_RUNNER_MAX_LOG_BYTES",
+            Key::MaxJobs => "RAILGRID_RUNNER_MAX_JOBS",
+            Key::MaxJobsPerOwner => "RAILGRID_RUNNER_MAX_JOBS_PER_OWNER",
+            Key::MaxQueued => "RAILGRID_RUNNER_MAX_QUEUED",
+            Key::MaxOutputBytes => "RAILGRID_RUNNER_MAX_OUTPUT_BYTES",
             Key::HubUrl => "RAILGRID_HUB_URL",
             Key::TokenFile => "RAILGRID_HUB_TOKEN_FILE",
             Key::CaFile => "RAILGRID_HUB_CA_FILE",
@@ -242,6 +263,10 @@ impl Sources<'_> {
             Key::StopGrace => raw.runner.stop_grace.clone(),
             Key::InitialBackoff => raw.runner.initial_backoff.clone(),
             Key::MaxLogBytes => raw.runner.max_log_bytes.map(|n| n.to_string()),
+            Key::MaxJobs => raw.runner.max_jobs.map(|n| n.to_string()),
+            Key::MaxJobsPerOwner => raw.runner.max_jobs_per_owner.map(|n| n.to_string()),
+            Key::MaxQueued => raw.runner.max_queued.map(|n| n.to_string()),
+            Key::MaxOutputBytes => raw.runner.max_output_bytes.map(|n| n.to_string()),
             Key::HubUrl => raw.hub.url.clone(),
             Key::TokenFile => raw.hub.token_file.as_ref().map(|p| p.display().to_string()),
             Key::CaFile => raw.hub.ca_file.as_ref().map(|p| p.display().to_string()),
@@ -279,6 +304,29 @@ impl Sources<'_> {
             return Err(invalid(&origin, "must be greater than zero".into()));
         }
         Ok(d)
+    }
+
+    /// A number that, when set, must be at least 1.
+    fn positive(&self, key: Key) -> Result<Option<usize>, ConfigError> {
+        let n: Option<usize> = self.optional(key, "a whole number of at least 1")?;
+        match (n, self.get(key)) {
+            (Some(0), Some((_, origin))) => Err(invalid(&origin, "must be at least 1".into())),
+            _ => Ok(n),
+        }
+    }
+
+    fn optional<T: std::str::FromStr>(
+        &self,
+        key: Key,
+        what: &str,
+    ) -> Result<Option<T>, ConfigError> {
+        let Some((v, origin)) = self.get(key) else {
+            return Ok(None);
+        };
+        v.trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| invalid(&origin, format!("invalid value {v:?}; expected {what}")))
     }
 
     fn number<T: std::str::FromStr>(
@@ -425,6 +473,10 @@ pub fn load_with(
         stop_grace: bounded(&src, Key::StopGrace, DEFAULT_STOP_GRACE, MAX_STOP_GRACE)?,
         initial_backoff: src.duration(Key::InitialBackoff, supervisor::DEFAULT_INITIAL_BACKOFF)?,
         max_log_bytes,
+        max_jobs: src.positive(Key::MaxJobs)?,
+        max_jobs_per_owner: src.positive(Key::MaxJobsPerOwner)?,
+        max_queued: src.optional(Key::MaxQueued, "a whole number of jobs")?,
+        max_output_bytes: src.optional(Key::MaxOutputBytes, "a number of bytes")?,
     };
 
     let hub = match (src.get(Key::HubUrl), src.path_from(Key::TokenFile)) {
@@ -531,6 +583,10 @@ pub struct EffectiveRunner {
     pub stop_grace: String,
     pub initial_backoff: String,
     pub max_log_bytes: u64,
+    pub max_jobs: Option<usize>,
+    pub max_jobs_per_owner: Option<usize>,
+    pub max_queued: Option<usize>,
+    pub max_output_bytes: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -564,6 +620,10 @@ impl AgentConfig {
                 initial_backoff: humantime::format_duration(self.runner.initial_backoff)
                     .to_string(),
                 max_log_bytes: self.runner.max_log_bytes,
+                max_jobs: self.runner.max_jobs,
+                max_jobs_per_owner: self.runner.max_jobs_per_owner,
+                max_queued: self.runner.max_queued,
+                max_output_bytes: self.runner.max_output_bytes,
             },
             hub: self.hub.as_ref().map(|h| EffectiveHub {
                 url: h.url.clone(),
@@ -659,6 +719,21 @@ mod tests {
             .to_string();
         assert!(
             err.contains("bogus") && err.contains(&path.display().to_string()),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn job_limits_pass_through_and_zero_is_refused() {
+        let env = env_of(&[("HOME", "/h"), ("RAILGRID_RUNNER_MAX_JOBS", "3")]);
+        let c = load_with(&Flags::default(), false, &env).unwrap();
+        assert_eq!((c.runner.max_jobs, c.runner.max_queued), (Some(3), None));
+        let env = env_of(&[("HOME", "/h"), ("RAILGRID_RUNNER_MAX_JOBS", "0")]);
+        let err = load_with(&Flags::default(), false, &env)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("RAILGRID_RUNNER_MAX_JOBS") && err.contains("at least 1"),
             "{err}"
         );
     }

@@ -230,6 +230,25 @@ fn runner_config(cfg: &AgentConfig, exe: &Path) -> Result<supervisor::Config, Ag
         "--state-dir".into(),
         cfg.state_dir.clone().into_os_string(),
     ];
+    let r = &cfg.runner;
+    let limits = [
+        ("--max-jobs", r.max_jobs.map(|n| n.to_string())),
+        (
+            "--max-jobs-per-owner",
+            r.max_jobs_per_owner.map(|n| n.to_string()),
+        ),
+        ("--max-queued", r.max_queued.map(|n| n.to_string())),
+        (
+            "--max-output-bytes",
+            r.max_output_bytes.map(|n| n.to_string()),
+        ),
+    ];
+    for (flag, value) in limits {
+        if let Some(v) = value {
+            c.args.push(flag.into());
+            c.args.push(v.into());
+        }
+    }
     c.dir = cfg.runner_dir();
     c.env = env;
     c.identity = cfg

@@ -564,3 +564,43 @@ fn a_runner_dir_of_another_account_is_refused_not_reowned() {
         "{err}"
     );
 }
+
+#[test]
+fn job_limits_in_the_agent_config_reach_the_runner() {
+    let host = Host::new();
+    fs::write(
+        host.path("agent.toml"),
+        "[runner]\nmax_jobs = 1\nmax_queued = 1\n",
+    )
+    .expect("config");
+    let _agent = host.start_agent();
+    host.wait_runner("a runner", |_| true);
+    let spec = |id: &str| format!(r#"{{"id":"{id}","argv":["sleep","1000"]}}"#);
+    let socket = host.socket();
+    assert_eq!(
+        http(&socket, "POST", "/v1/jobs", Some(&spec("a")))
+            .expect("post")
+            .0,
+        201
+    );
+    assert_eq!(
+        http(&socket, "POST", "/v1/jobs", Some(&spec("b")))
+            .expect("post")
+            .0,
+        201
+    );
+    wait_for(LIMIT, "job a to run", || {
+        (get_json(&socket, "/v1/jobs/a")?["state"] == "running").then_some(())
+    });
+    // One running, one queued: the queue is full at 1.
+    assert_eq!(
+        get_json(&socket, "/v1/jobs/b").expect("b")["state"],
+        "queued"
+    );
+    assert_eq!(
+        http(&socket, "POST", "/v1/jobs", Some(&spec("c")))
+            .expect("post")
+            .0,
+        429
+    );
+}
