@@ -159,7 +159,12 @@ pub async fn run(
                 report.update(&cfg, &st);
             }
             _ = tick.tick() => report.update(&cfg, &sup.status()),
-            _ = async { watchdog.as_mut().map(|w| w.tick()).expect("guarded").await }, if watchdog.is_some() => {
+            _ = async {
+                match watchdog.as_mut() {
+                    Some(w) => { w.tick().await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => {
                 report.notify("WATCHDOG=1");
             }
         }

@@ -379,7 +379,7 @@ impl Engine {
                     .get(id)
                     .await?
                     .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })?;
-                if rec.state.is_terminal() || !self.is_active(id) && rec.state.is_terminal() {
+                if rec.state.is_terminal() {
                     return Ok(rec);
                 }
             }
