@@ -48,14 +48,58 @@ pub enum ClientError {
     Output(#[source] std::io::Error),
 }
 
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
 pub struct Client {
     socket: PathBuf,
+    /// One kept-alive connection, reused by requests whose response is read at once.
+    idle: std::sync::Mutex<Option<Sender>>,
 }
 
 impl Client {
     pub fn new(socket: &Path) -> Self {
         Self {
             socket: socket.to_owned(),
+            idle: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn http(&self, source: hyper::Error) -> ClientError {
+        ClientError::Http {
+            path: self.socket.clone(),
+            source,
+        }
+    }
+
+    /// The idle connection if it is still usable, else a new one.
+    async fn sender(&self) -> Result<Sender, ClientError> {
+        let idle = match self.idle.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(mut sender) = idle {
+            if sender.ready().await.is_ok() {
+                return Ok(sender);
+            }
+        }
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|source| ClientError::Connect {
+                path: self.socket.clone(),
+                source,
+            })?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| self.http(e))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    fn keep(&self, sender: Sender) {
+        if let Ok(mut g) = self.idle.lock() {
+            *g = Some(sender);
         }
     }
 
@@ -64,23 +108,8 @@ impl Client {
         method: Method,
         uri: &str,
         body: Option<Vec<u8>>,
-    ) -> Result<Response<Incoming>, ClientError> {
-        let stream = tokio::net::UnixStream::connect(&self.socket)
-            .await
-            .map_err(|source| ClientError::Connect {
-                path: self.socket.clone(),
-                source,
-            })?;
-        let http = |source| ClientError::Http {
-            path: self.socket.clone(),
-            source,
-        };
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(http)?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+    ) -> Result<(Response<Incoming>, Sender), ClientError> {
+        let mut sender = self.sender().await?;
         let mut req = Request::builder()
             .method(method)
             .uri(uri)
@@ -95,7 +124,8 @@ impl Client {
                 code: "client".into(),
                 message: format!("could not build request {uri}: {e}"),
             })?;
-        sender.send_request(req).await.map_err(http)
+        let resp = sender.send_request(req).await.map_err(|e| self.http(e))?;
+        Ok((resp, sender))
     }
 
     async fn json<T: DeserializeOwned>(
@@ -104,17 +134,16 @@ impl Client {
         uri: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, T), ClientError> {
-        let resp = self.send(method, uri, body).await?;
+        let (resp, sender) = self.send(method, uri, body).await?;
         let status = resp.status();
         let bytes = resp
             .into_body()
             .collect()
             .await
-            .map_err(|source| ClientError::Http {
-                path: self.socket.clone(),
-                source,
-            })?
+            .map_err(|e| self.http(e))?
             .to_bytes();
+        // The response is read whole: the connection is free for the next request.
+        self.keep(sender);
         if !status.is_success() {
             #[derive(serde::Deserialize)]
             struct Wrapper {
@@ -210,7 +239,8 @@ impl Client {
         out: &mut (impl tokio::io::AsyncWrite + Unpin),
     ) -> Result<(), ClientError> {
         let uri = format!("/v1/jobs/{id}/output/{}?follow={follow}", stream.name());
-        let resp = self.send(Method::GET, &uri, None).await?;
+        // A followed stream holds its connection until the job ends: not kept for reuse.
+        let (resp, _sender) = self.send(Method::GET, &uri, None).await?;
         if !resp.status().is_success() {
             let status = resp.status();
             let bytes = resp
