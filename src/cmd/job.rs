@@ -108,7 +108,10 @@ pub(super) fn run(target: JobTarget, command: JobCommand) -> anyhow::Result<Exit
 /// Errors the runner refused as the client's fault become exit code 2.
 fn api_err(e: ClientError) -> anyhow::Error {
     match &e {
-        ClientError::Api { status, .. } if (400..500).contains(status) => usage(e),
+        // 429 is the runner's load, not the caller's mistake: a runtime failure (1).
+        ClientError::Api { status, .. } if (400..500).contains(status) && *status != 429 => {
+            usage(e)
+        }
         _ => e.into(),
     }
 }

@@ -262,7 +262,8 @@ fn follow(api: Api, id: String, path: std::path::PathBuf, offset: u64) -> Respon
         loop {
             // Read the state before the bytes: if the job had ended by then, the bytes read
             // after it are all there will ever be.
-            let ended = matches!(api.engine.get(&id).await, Ok(Some(r)) if r.state.is_terminal());
+            // A job that is gone (retention) or unreadable ends the stream too.
+            let ended = !matches!(api.engine.get(&id).await, Ok(Some(r)) if !r.state.is_terminal());
             let chunk = read_slice(&path, offset, 1024 * 1024).await;
             if !chunk.is_empty() {
                 offset += chunk.len() as u64;

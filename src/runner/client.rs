@@ -238,29 +238,65 @@ impl Client {
         follow: bool,
         out: &mut (impl tokio::io::AsyncWrite + Unpin),
     ) -> Result<(), ClientError> {
-        let uri = format!("/v1/jobs/{id}/output/{}?follow={follow}", stream.name());
-        // A followed stream holds its connection until the job ends: not kept for reuse.
-        let (resp, _sender) = self.send(Method::GET, &uri, None).await?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let bytes = resp
-                .into_body()
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            return Err(ClientError::Api {
-                status: status.as_u16(),
-                code: "http".into(),
-                message: String::from_utf8_lossy(&bytes).into_owned(),
-            });
+        if follow {
+            let uri = format!("/v1/jobs/{id}/output/{}?follow=true", stream.name());
+            // A followed stream holds its connection until the job ends: not kept for reuse.
+            let (resp, _sender) = self.send(Method::GET, &uri, None).await?;
+            let resp = self.ok_or_api_error(resp).await?;
+            return self.copy_body(resp.into_body(), out).await;
         }
-        let mut body = resp.into_body();
+        // Slices of at most 8 MiB each, until the runner says there is no more.
+        let mut offset = 0u64;
+        loop {
+            let uri = format!("/v1/jobs/{id}/output/{}?offset={offset}", stream.name());
+            let (resp, sender) = self.send(Method::GET, &uri, None).await?;
+            let resp = self.ok_or_api_error(resp).await?;
+            let header = |name: &str| {
+                resp.headers()
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            };
+            let next = header("x-next-offset").and_then(|v| v.parse::<u64>().ok());
+            let complete = header("x-complete").as_deref() == Some("true");
+            let copied = self.copy_body(resp.into_body(), out).await;
+            self.keep(sender);
+            copied?;
+            match next {
+                Some(n) if n > offset && !complete => offset = n,
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    async fn ok_or_api_error(
+        &self,
+        resp: Response<Incoming>,
+    ) -> Result<Response<Incoming>, ClientError> {
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        Err(ClientError::Api {
+            status: status.as_u16(),
+            code: "http".into(),
+            message: String::from_utf8_lossy(&bytes).into_owned(),
+        })
+    }
+
+    async fn copy_body(
+        &self,
+        mut body: Incoming,
+        out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    ) -> Result<(), ClientError> {
         while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|source| ClientError::Http {
-                path: self.socket.clone(),
-                source,
-            })?;
+            let frame = frame.map_err(|e| self.http(e))?;
             if let Some(data) = frame.data_ref() {
                 out.write_all(data).await.map_err(ClientError::Output)?;
                 out.flush().await.map_err(ClientError::Output)?;

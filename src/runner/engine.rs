@@ -108,6 +108,8 @@ struct Inner {
     activity: watch::Sender<u64>,
     shutting_down: AtomicBool,
     ids: AtomicU64,
+    /// Serializes retention passes.
+    retention: tokio::sync::Mutex<()>,
     /// Job tasks, awaited at shutdown.
     tasks: Mutex<tokio::task::JoinSet<()>>,
 }
@@ -148,6 +150,7 @@ impl Engine {
             inner: Arc::new(Inner {
                 cfg,
                 totals: Mutex::new(Totals::default()),
+                retention: tokio::sync::Mutex::new(()),
                 paths,
                 store,
                 sched: Mutex::new(Sched::default()),
@@ -402,12 +405,14 @@ impl Engine {
 
     /// Starts queued jobs while there is room, FIFO, skipping owners at their limit.
     fn schedule(&self) {
-        if self.inner.shutting_down.load(Ordering::Relaxed) {
-            return;
-        }
         let mut started = Vec::new();
         {
             let mut s = self.sched();
+            // Checked under the scheduler lock, which shutdown takes after setting it: no
+            // job can start after shutdown has broadcast its cancels.
+            if self.inner.shutting_down.load(Ordering::Relaxed) {
+                return;
+            }
             while s.running.len() < self.inner.cfg.max_jobs {
                 let per_owner = self.inner.cfg.max_jobs_per_owner;
                 let Some(pos) = s.queue.iter().position(|(_, owner)| {
@@ -508,6 +513,14 @@ impl Engine {
         let activity = self.inner.activity.clone();
         let notify: Arc<dyn Fn() + Send + Sync> =
             Arc::new(move || activity.send_modify(|n| *n = n.wrapping_add(1)));
+        // A cancel that arrived while the job was starting wins before any of its code runs.
+        if let Some(state) = *cancel.borrow() {
+            let outcome = Outcome {
+                error: Some("cancelled before it started".into()),
+                ..Outcome::default()
+            };
+            return Ok((state, outcome));
+        }
         let mut started = job::start(
             &self.inner.paths,
             id,
@@ -534,7 +547,7 @@ impl Engine {
         tracing::info!(job = %id, pid = started.pid, argv = ?spec.argv, "job running");
 
         let grace = Duration::from_secs(spec.kill_grace_secs());
-        let timeout = spec.timeout_secs.map(Duration::from_secs);
+        let timeout = Some(Duration::from_secs(spec.timeout_secs()));
         let name = format!("job {id}");
         let ended_by = tokio::select! {
             // Cancel-safe: `Child::wait` may be dropped and called again.
@@ -596,6 +609,8 @@ impl Engine {
     /// Deletes the oldest finished jobs, records and files together, beyond the count and
     /// spool-size bounds.
     async fn retain(&self) -> Result<(), EngineError> {
+        // One pass at a time: two passes would delete the same oldest jobs and count them twice.
+        let _pass = self.inner.retention.lock().await;
         let (max_jobs, max_bytes) = (
             self.inner.cfg.max_finished_jobs,
             self.inner.cfg.max_spool_bytes,

@@ -322,7 +322,10 @@ async fn spool(
         if keep < n {
             stats.truncated.store(true, Ordering::Relaxed);
         }
-        notify();
+        // Followers only care about bytes they can read.
+        if keep > 0 {
+            notify();
+        }
     }
     notify();
 }

@@ -12,6 +12,13 @@ use crate::env_policy::{self, EnvError};
 
 /// Default grace between SIGTERM and SIGKILL of a job's process group.
 pub const DEFAULT_KILL_GRACE_SECS: u64 = 5;
+/// Longest kill grace accepted: a runner stop waits for it, and the agent's own stop grace
+/// must cover it.
+pub const MAX_KILL_GRACE_SECS: u64 = 300;
+/// Wall-clock limit of a job that names none: every job has one.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 24 * 3600;
+/// Longest wall-clock limit accepted.
+pub const MAX_TIMEOUT_SECS: u64 = 30 * 24 * 3600;
 /// Longest id a client may choose.
 const MAX_ID_LEN: usize = 128;
 /// Largest `stdin` accepted inline.
@@ -62,6 +69,12 @@ pub enum SpecError {
     BadOwner { owner: String },
     #[error("field timeout_secs must be greater than zero")]
     ZeroTimeout,
+    #[error("field {field} is {got}; at most {max} is accepted")]
+    TooLong {
+        field: &'static str,
+        got: u64,
+        max: u64,
+    },
     #[error("field stdin is {len} bytes; at most {max} are accepted")]
     StdinTooLarge { len: usize, max: usize },
     #[error("field cwd holds a NUL byte")]
@@ -95,6 +108,14 @@ impl JobSpec {
         if self.timeout_secs == Some(0) {
             return Err(SpecError::ZeroTimeout);
         }
+        for (field, got, max) in [
+            ("timeout_secs", self.timeout_secs, MAX_TIMEOUT_SECS),
+            ("kill_grace_secs", self.kill_grace_secs, MAX_KILL_GRACE_SECS),
+        ] {
+            if let Some(got) = got.filter(|g| *g > max) {
+                return Err(SpecError::TooLong { field, got, max });
+            }
+        }
         if let Some(stdin) = &self.stdin {
             if stdin.len() > MAX_STDIN_BYTES {
                 return Err(SpecError::StdinTooLarge {
@@ -121,8 +142,16 @@ impl JobSpec {
         self.owner.as_deref().unwrap_or("default")
     }
 
+    pub fn timeout_secs(&self) -> u64 {
+        self.timeout_secs
+            .unwrap_or(DEFAULT_TIMEOUT_SECS)
+            .min(MAX_TIMEOUT_SECS)
+    }
+
     pub fn kill_grace_secs(&self) -> u64 {
-        self.kill_grace_secs.unwrap_or(DEFAULT_KILL_GRACE_SECS)
+        self.kill_grace_secs
+            .unwrap_or(DEFAULT_KILL_GRACE_SECS)
+            .min(MAX_KILL_GRACE_SECS)
     }
 
     /// The spec as stored: identical specs compare equal whatever the field order of the
@@ -170,6 +199,15 @@ mod tests {
         let mut s = spec(&["true"]);
         s.timeout_secs = Some(0);
         assert_eq!(s.validate(), Err(SpecError::ZeroTimeout));
+        let mut s = spec(&["true"]);
+        s.kill_grace_secs = Some(u64::MAX);
+        assert!(matches!(
+            s.validate(),
+            Err(SpecError::TooLong {
+                field: "kill_grace_secs",
+                ..
+            })
+        ));
     }
 
     #[test]

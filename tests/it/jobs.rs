@@ -629,3 +629,23 @@ fn finished_jobs_beyond_the_retention_bound_are_deleted_with_their_files() {
     assert_eq!(r.output("keep-4", "stdout"), "output-4\n");
     assert_eq!(r.job("keep-3")["state"], "succeeded");
 }
+
+#[test]
+fn logs_prints_all_output_past_one_slice() {
+    let r = Runner::started(&[]);
+    // 10 MiB: more than the 8 MiB one request returns.
+    let id = submit_ok(&r, json!({"argv": ["head", "-c", "10485760", "/dev/zero"]}));
+    assert_eq!(r.wait(&id)["stdout_bytes"], 10485760);
+    let out = r.cli().args(["logs", &id]).output().expect("logs");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout.len(), 10485760);
+    let (status, body) = r.submit(json!({"argv": ["true"], "kill_grace_secs": 100000}));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .expect("message")
+            .contains("kill_grace_secs"),
+        "{body}"
+    );
+}
