@@ -118,11 +118,28 @@ pub fn prepare_workspace(
     cwd: Option<&str>,
 ) -> Result<PathBuf, JobError> {
     let ws = paths.workspace(id);
+    if fs::symlink_metadata(&ws).is_ok_and(|m| !m.is_dir()) {
+        return Err(JobError::Io {
+            path: ws,
+            source: io::Error::new(io::ErrorKind::InvalidInput, "not a directory (a symlink?)"),
+        });
+    }
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(ws.join("tmp"))
         .map_err(io_err(&ws))?;
+    // create_dir_all follows a symlink planted where the workspace should be (another job
+    // can write in the work root): the workspace and its tmp must be real directories.
+    for dir in [ws.clone(), ws.join("tmp")] {
+        let meta = fs::symlink_metadata(&dir).map_err(io_err(&dir))?;
+        if !meta.is_dir() {
+            return Err(JobError::Io {
+                path: dir,
+                source: io::Error::new(io::ErrorKind::InvalidInput, "not a directory (a symlink?)"),
+            });
+        }
+    }
     let Some(cwd) = cwd else { return Ok(ws) };
     let root = fs::canonicalize(&paths.work_root).map_err(io_err(&paths.work_root))?;
     let wanted = ws.join(cwd);
@@ -356,6 +373,17 @@ mod tests {
         };
         fs::create_dir_all(&p.work_root).unwrap();
         p
+    }
+
+    #[test]
+    fn a_planted_workspace_symlink_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = paths(dir.path());
+        std::os::unix::fs::symlink(dir.path(), p.workspace("victim")).unwrap();
+        assert!(matches!(
+            prepare_workspace(&p, "victim", None),
+            Err(JobError::Io { .. })
+        ));
     }
 
     #[test]

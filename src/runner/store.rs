@@ -294,23 +294,33 @@ impl Store {
             });
         }
         let now = now_ms();
-        self.with(|c| {
+        // ON CONFLICT: a concurrent submission of the same id may have won since the check;
+        // then this one is a resubmission, not an error.
+        let inserted = self.with(|c| {
             let tx = c.unchecked_transaction()?;
-            tx.execute(
-                "INSERT INTO jobs (id, owner, spec, state, created_ms) VALUES (?1, ?2, ?3, 'queued', ?4)",
+            let n = tx.execute(
+                "INSERT INTO jobs (id, owner, spec, state, created_ms) VALUES (?1, ?2, ?3, 'queued', ?4) \
+                 ON CONFLICT(id) DO NOTHING",
                 params![id, spec.owner(), canonical, now],
             )?;
-            tx.execute(
-                "INSERT INTO transitions (job_seq, state, at_ms) VALUES (last_insert_rowid(), 'queued', ?1)",
-                params![now],
-            )?;
-            tx.commit()
+            if n == 1 {
+                tx.execute(
+                    "INSERT INTO transitions (job_seq, state, at_ms) VALUES (last_insert_rowid(), 'queued', ?1)",
+                    params![now],
+                )?;
+            }
+            tx.commit()?;
+            Ok(n == 1)
         })?;
         let rec = self.get(id)?.ok_or_else(|| StoreError::Sql {
             path: self.path.clone(),
             source: rusqlite::Error::QueryReturnedNoRows,
         })?;
-        Ok(Inserted::New(rec))
+        Ok(match (inserted, rec.spec.canonical() == canonical) {
+            (true, _) => Inserted::New(rec),
+            (false, true) => Inserted::Existing(rec),
+            (false, false) => Inserted::Conflict(rec),
+        })
     }
 
     pub fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
