@@ -663,9 +663,14 @@ fn file_len(path: &std::path::Path) -> u64 {
 }
 
 /// The record's process, if that very process still lives: same pid *and* start time. A
-/// recycled pid has another start time and is never touched.
+/// recycled pid has another start time and is never touched. A record without a pid (the
+/// runner died between spawn and recording it) is matched by the job id in the initial
+/// environment of our own processes.
 fn live_job_process(rec: &JobRecord) -> Option<ProcessId> {
-    let pid = ProcessId::new(rec.pid?)?;
+    let Some(pid) = rec.pid else {
+        return sys::find_own_process_with_env(super::job::JOB_ID_VAR, &rec.id);
+    };
+    let pid = ProcessId::new(pid)?;
     if !sys::group::process_alive(pid) {
         return None;
     }

@@ -22,6 +22,9 @@ use crate::supervisor::DEFAULT_PATH;
 use crate::sys::pipe;
 use crate::sys::spawn::{self, Rlimits};
 
+/// Set in every job's environment to the job's id.
+pub const JOB_ID_VAR: &str = "RAILGRID_JOB_ID";
+
 /// The runner's directories for jobs.
 #[derive(Debug, Clone)]
 pub struct JobPaths {
@@ -230,6 +233,9 @@ pub fn start(
         .env("HOME", &ws)
         .env("LANG", "C.UTF-8")
         .env("TMPDIR", ws.join("tmp"))
+        // Marks the process as this job's, for the next runner if this one dies between
+        // spawning it and recording its pid.
+        .env(JOB_ID_VAR, id)
         .envs(&spec.env);
     cmd.stdin(if spec.stdin.is_some() {
         Stdio::piped()

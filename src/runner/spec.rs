@@ -67,6 +67,8 @@ pub enum SpecError {
     BadId { id: String },
     #[error("field owner {owner:?} is invalid: use 1-128 characters from A-Z a-z 0-9 . _ - @")]
     BadOwner { owner: String },
+    #[error("field env: {name} is set by the runner and cannot be given")]
+    Reserved { name: String },
     #[error("field timeout_secs must be greater than zero")]
     ZeroTimeout,
     #[error("field {field} is {got}; at most {max} is accepted")]
@@ -92,6 +94,9 @@ impl JobSpec {
         }
         for (k, v) in &self.env {
             env_policy::check(k, v).map_err(SpecError::Env)?;
+            if k == super::job::JOB_ID_VAR {
+                return Err(SpecError::Reserved { name: k.clone() });
+            }
         }
         if let Some(id) = &self.id {
             if !valid_name(id, false) {

@@ -121,3 +121,29 @@ pub fn process_uid(pid: ProcessId) -> Option<u32> {
         None
     }
 }
+
+/// A live process of this uid, leading its own group, whose initial environment holds
+/// `name=value` (Linux: /proc/<pid>/environ, readable for our own processes only).
+pub fn find_own_process_with_env(name: &str, value: &str) -> Option<ProcessId> {
+    #[cfg(target_os = "linux")]
+    {
+        let (uid, _) = current_ids();
+        let needle = format!("{name}={value}");
+        procfs::processes().ok()?.into_iter().find_map(|st| {
+            let pid = ProcessId::new(st.pid)?;
+            if st.pgrp != st.pid || st.state == 'Z' || process_uid(pid) != Some(uid) {
+                return None;
+            }
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            environ
+                .split(|&b| b == 0)
+                .any(|kv| kv == needle.as_bytes())
+                .then_some(pid)
+        })
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (name, value);
+        None
+    }
+}

@@ -222,7 +222,14 @@ fn hostile_specs_are_refused_and_the_environment_is_a_baseline() {
     names.sort_unstable();
     assert_eq!(
         names,
-        ["HOME", "JOB_VAR", "LANG", "PATH", "TMPDIR"],
+        [
+            "HOME",
+            "JOB_VAR",
+            "LANG",
+            "PATH",
+            "RAILGRID_JOB_ID",
+            "TMPDIR"
+        ],
         "{out}"
     );
     assert!(!out.contains("runner-secret-value"), "{out}");
@@ -648,4 +655,49 @@ fn logs_prints_all_output_past_one_slice() {
             .contains("kill_grace_secs"),
         "{body}"
     );
+}
+
+#[test]
+fn a_job_spawned_but_not_yet_recorded_is_found_and_killed_after_a_crash() {
+    use railgrid::runner::spec::JobSpec;
+    use railgrid::runner::store::Store;
+    let mut r = Runner::new();
+    {
+        let store = Store::open(&r.runner_dir().join("jobs.db")).expect("store");
+        store
+            .insert("unrecorded", &JobSpec::from_argv(["sleep", "1000"]))
+            .expect("insert");
+        store.mark_starting("unrecorded").expect("starting");
+    }
+    chown_runner_dir(&r.runner_dir());
+    // The process a dead runner spawned but never recorded: its own group, the runner's
+    // account, the job id in its environment.
+    let mut cmd = Command::new("sleep");
+    cmd.arg("1000")
+        .env_clear()
+        .env("RAILGRID_JOB_ID", "unrecorded")
+        .process_group(0);
+    as_runner_user(&mut cmd);
+    let orphan = Guard::new(cmd.spawn().expect("spawn"));
+    // A process of the same account with another job's marker is left alone.
+    let mut cmd = Command::new("sleep");
+    cmd.arg("1000")
+        .env_clear()
+        .env("RAILGRID_JOB_ID", "another-job")
+        .process_group(0);
+    as_runner_user(&mut cmd);
+    let bystander = Guard::new(cmd.spawn().expect("spawn"));
+
+    r.start(&[]);
+    let rec = r.job("unrecorded");
+    assert_eq!(rec["state"], "lost", "{rec}");
+    assert!(
+        rec["error"].as_str().expect("error").contains("killed"),
+        "{rec}"
+    );
+    assert!(!alive(orphan.pid()), "the unrecorded job process survived");
+    assert!(alive(bystander.pid()));
+
+    let (status, body) = r.submit(json!({"argv": ["true"], "env": {"RAILGRID_JOB_ID": "x"}}));
+    assert_eq!(status, 400, "{body}");
 }
