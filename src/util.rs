@@ -13,6 +13,13 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     out
 }
 
+/// Locks `m`, recovering the guard if another thread panicked while holding it. Every
+/// mutex in railgrid guards state that stays consistent between statements (a log file
+/// handle, a queue, a connection), so a panic elsewhere must not wedge the process.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Serde helper: a `SystemTime` as whole seconds since the Unix epoch.
 pub mod unix_secs {
     use std::time::{SystemTime, UNIX_EPOCH};

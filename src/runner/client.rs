@@ -73,10 +73,7 @@ impl Client {
 
     /// The idle connection if it is still usable, else a new one.
     async fn sender(&self) -> Result<Sender, ClientError> {
-        let idle = match self.idle.lock() {
-            Ok(mut g) => g.take(),
-            Err(p) => p.into_inner().take(),
-        };
+        let idle = crate::util::lock(&self.idle).take();
         if let Some(mut sender) = idle {
             if sender.ready().await.is_ok() {
                 return Ok(sender);
@@ -98,9 +95,7 @@ impl Client {
     }
 
     fn keep(&self, sender: Sender) {
-        if let Ok(mut g) = self.idle.lock() {
-            *g = Some(sender);
-        }
+        *crate::util::lock(&self.idle) = Some(sender);
     }
 
     async fn send(

@@ -165,17 +165,11 @@ impl Engine {
     }
 
     fn sched(&self) -> std::sync::MutexGuard<'_, Sched> {
-        match self.inner.sched.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::lock(&self.inner.sched)
     }
 
     fn totals(&self) -> std::sync::MutexGuard<'_, Totals> {
-        match self.inner.totals.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::util::lock(&self.inner.totals)
     }
 
     fn count_finished(&self, bytes: u64) {
@@ -440,10 +434,7 @@ impl Engine {
         if started.is_empty() {
             return;
         }
-        let mut tasks = match self.inner.tasks.lock() {
-            Ok(t) => t,
-            Err(p) => p.into_inner(),
-        };
+        let mut tasks = crate::util::lock(&self.inner.tasks);
         // Reap finished tasks so the set does not grow without bound.
         while tasks.try_join_next().is_some() {}
         for (id, cancel_rx) in started {
@@ -650,10 +641,7 @@ impl Engine {
                 let _ = run.cancel.send(Some(JobState::Cancelled));
             }
         }
-        let mut tasks = match self.inner.tasks.lock() {
-            Ok(mut t) => std::mem::take(&mut *t),
-            Err(p) => std::mem::take(&mut *p.into_inner()),
-        };
+        let mut tasks = std::mem::take(&mut *crate::util::lock(&self.inner.tasks));
         while tasks.join_next().await.is_some() {}
     }
 }

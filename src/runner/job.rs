@@ -121,28 +121,10 @@ pub fn prepare_workspace(
     cwd: Option<&str>,
 ) -> Result<PathBuf, JobError> {
     let ws = paths.workspace(id);
-    if fs::symlink_metadata(&ws).is_ok_and(|m| !m.is_dir()) {
-        return Err(JobError::Io {
-            path: ws,
-            source: io::Error::new(io::ErrorKind::InvalidInput, "not a directory (a symlink?)"),
-        });
-    }
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(ws.join("tmp"))
-        .map_err(io_err(&ws))?;
-    // create_dir_all follows a symlink planted where the workspace should be (another job
-    // can write in the work root): the workspace and its tmp must be real directories.
-    for dir in [ws.clone(), ws.join("tmp")] {
-        let meta = fs::symlink_metadata(&dir).map_err(io_err(&dir))?;
-        if !meta.is_dir() {
-            return Err(JobError::Io {
-                path: dir,
-                source: io::Error::new(io::ErrorKind::InvalidInput, "not a directory (a symlink?)"),
-            });
-        }
-    }
+    // One level at a time, never through a symlink: another job can write in the work root
+    // and plant one where this workspace should be.
+    real_dir(&ws)?;
+    real_dir(&ws.join("tmp"))?;
     let Some(cwd) = cwd else { return Ok(ws) };
     let root = fs::canonicalize(&paths.work_root).map_err(io_err(&paths.work_root))?;
     let wanted = ws.join(cwd);
@@ -175,6 +157,25 @@ pub fn prepare_workspace(
         });
     }
     Ok(resolved)
+}
+
+/// Creates `path` (0700) unless it exists, and insists it is a real directory: `mkdir`
+/// does not follow a symlink in its last component, and a symlink found there is refused.
+fn real_dir(path: &Path) -> Result<(), JobError> {
+    match fs::DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io_err(path)(e)),
+    }
+    let meta = fs::symlink_metadata(path).map_err(io_err(path))?;
+    if meta.is_dir() {
+        Ok(())
+    } else {
+        Err(JobError::Io {
+            path: path.to_owned(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "not a directory (a symlink?)"),
+        })
+    }
 }
 
 /// `path` with `.` and `..` folded by spelling alone (no symlinks consulted).

@@ -224,10 +224,7 @@ impl Store {
     }
 
     fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
-        let conn = match self.conn.lock() {
-            Ok(c) => c,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let conn = crate::util::lock(&self.conn);
         f(&conn).map_err(|source| StoreError::Sql {
             path: self.path.clone(),
             source,

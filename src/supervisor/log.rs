@@ -339,10 +339,7 @@ impl Pump {
 fn copy(mut reader: File, log: &Mutex<CappedLog>) {
     let mut buf = vec![0u8; READ_CHUNK];
     let mut lines = Lines::default();
-    let mut write = |bytes: &[u8]| match log.lock() {
-        Ok(mut log) => log.write(bytes),
-        Err(poisoned) => poisoned.into_inner().write(bytes),
-    };
+    let mut write = |bytes: &[u8]| crate::util::lock(log).write(bytes);
     loop {
         match reader.read(&mut buf) {
             Ok(0) => break,
