@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use super::job::{self, JobError, JobPaths, SpoolStats};
 use super::spec::{JobSpec, SpecError};
 use super::store::{Inserted, JobRecord, JobState, Outcome, Store, StoreError};
-use crate::supervisor;
+use crate::supervisor::{self, Reapable};
 use crate::sys::group::Sig;
 use crate::sys::{self, ProcessId};
 
@@ -428,7 +428,7 @@ impl Engine {
                         stderr: None,
                     },
                 );
-                started.push((id, cancel_rx));
+                started.push((id, cancel_rx, super::store::now_ms()));
             }
         }
         if started.is_empty() {
@@ -437,14 +437,19 @@ impl Engine {
         let mut tasks = crate::util::lock(&self.inner.tasks);
         // Reap finished tasks so the set does not grow without bound.
         while tasks.try_join_next().is_some() {}
-        for (id, cancel_rx) in started {
+        for (id, cancel_rx, admitted_ms) in started {
             let engine = self.clone();
-            tasks.spawn(async move { engine.run_job(id, cancel_rx).await });
+            tasks.spawn(async move { engine.run_job(id, cancel_rx, admitted_ms).await });
         }
     }
 
-    async fn run_job(self, id: String, mut cancel: watch::Receiver<Option<JobState>>) {
-        let (state, outcome) = match self.execute(&id, &mut cancel).await {
+    async fn run_job(
+        self,
+        id: String,
+        mut cancel: watch::Receiver<Option<JobState>>,
+        admitted_ms: i64,
+    ) {
+        let (state, outcome) = match self.execute(&id, &mut cancel, admitted_ms).await {
             Ok(done) => done,
             Err(e) => (
                 JobState::Failed,
@@ -485,11 +490,12 @@ impl Engine {
         &self,
         id: &str,
         cancel: &mut watch::Receiver<Option<JobState>>,
+        admitted_ms: i64,
     ) -> Result<(JobState, Outcome), EngineError> {
         let store = self.inner.store.clone();
         let sid = id.to_owned();
         let rec = blocking(move || {
-            store.mark_starting(&sid)?;
+            store.mark_starting(&sid, admitted_ms)?;
             store.get(&sid)
         })
         .await??
@@ -521,7 +527,7 @@ impl Engine {
             notify,
         )
         .map_err(EngineError::Job)?;
-        let pid = ProcessId::new(started.pid);
+        let pid = started.child.pid();
         let start_time = pid.and_then(sys::process_start_time);
         {
             let mut s = self.sched();

@@ -7,8 +7,10 @@
 //! process group, gets the spec's rlimits before exec, and reads /dev/null unless the spec
 //! gives stdin. Output goes to append-only spool files as it is produced, each capped.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -17,6 +19,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+use super::process::JobProcess;
 use super::spec::JobSpec;
 use crate::supervisor::DEFAULT_PATH;
 use crate::sys::pipe;
@@ -84,6 +87,13 @@ pub enum JobError {
     #[error("could not prepare {path}")]
     Io {
         path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("could not start {program}: {step} failed")]
+    Launch {
+        program: String,
+        step: crate::sys::launch::Step,
         #[source]
         source: io::Error,
     },
@@ -204,9 +214,9 @@ pub struct SpoolStats {
     pub truncated: AtomicBool,
 }
 
-/// A started job process and its output threads.
+/// A started job process and its output tasks.
 pub struct Started {
-    pub child: tokio::process::Child,
+    pub child: JobProcess,
     pub pid: i32,
     pub stdout: Arc<SpoolStats>,
     pub stderr: Arc<SpoolStats>,
@@ -214,7 +224,25 @@ pub struct Started {
     pub confinement: &'static str,
 }
 
-/// Starts the job's process. `on_output` is called from the spool threads after each write
+/// The job's complete environment: the baseline, then the spec's variables (which were
+/// checked at submission and may override the baseline).
+fn job_env(ws: &Path, id: &str, spec: &JobSpec) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    env.insert("PATH".to_owned(), DEFAULT_PATH.to_owned());
+    env.insert("HOME".to_owned(), ws.to_string_lossy().into_owned());
+    env.insert("LANG".to_owned(), "C.UTF-8".to_owned());
+    env.insert(
+        "TMPDIR".to_owned(),
+        ws.join("tmp").to_string_lossy().into_owned(),
+    );
+    // Marks the process as this job's, for the next runner if this one dies between
+    // spawning it and recording its pid.
+    env.insert(JOB_ID_VAR.to_owned(), id.to_owned());
+    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+/// Starts the job's process. `on_output` is called by the spool tasks after each write
 /// (to wake followers).
 pub fn start(
     paths: &JobPaths,
@@ -226,28 +254,20 @@ pub fn start(
 ) -> Result<Started, JobError> {
     let ws = paths.workspace(id);
     let spool_dir = paths.spool_dir(id);
-
-    let mut cmd = std::process::Command::new(&spec.argv[0]);
-    cmd.args(&spec.argv[1..])
-        .env_clear()
-        .env("PATH", DEFAULT_PATH)
-        .env("HOME", &ws)
-        .env("LANG", "C.UTF-8")
-        .env("TMPDIR", ws.join("tmp"))
-        // Marks the process as this job's, for the next runner if this one dies between
-        // spawning it and recording its pid.
-        .env(JOB_ID_VAR, id)
-        .envs(&spec.env);
-    cmd.stdin(if spec.stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    });
+    let env = job_env(&ws, id, spec);
 
     let (out_r, out_w) = pipe::pipe().map_err(io_err(&spool_dir))?;
     let (err_r, err_w) = pipe::pipe().map_err(io_err(&spool_dir))?;
-    cmd.stdout(Stdio::from(out_w)).stderr(Stdio::from(err_w));
-    spawn::session_leader_as(&mut cmd, None, cwd).map_err(io_err(cwd))?;
+    let (stdin_r, stdin_w) = match spec.stdin {
+        Some(_) => {
+            let (r, w) = pipe::pipe().map_err(io_err(&spool_dir))?;
+            (OwnedFd::from(r), Some(w))
+        }
+        None => {
+            let null = Path::new("/dev/null");
+            (File::open(null).map_err(io_err(null))?.into(), None)
+        }
+    };
     let limits = spec.limits.clone().unwrap_or_default();
     let rl = Rlimits {
         address_space: limits.memory_bytes,
@@ -255,25 +275,30 @@ pub fn start(
         open_files: limits.open_files,
         processes: limits.processes,
     };
-    spawn::rlimits(&mut cmd, rl);
     let confinement = if rl.is_empty() {
         "process-group"
     } else {
         "process-group+rlimits"
     };
-
-    let mut child = tokio::process::Command::from(cmd)
-        .spawn()
-        .map_err(|source| JobError::Spawn {
-            program: spec.argv[0].clone(),
-            source,
-        })?;
-    let pid = child.id().map(|p| p as i32).unwrap_or(0);
-    if let (Some(text), Some(mut stdin)) = (spec.stdin.clone(), child.stdin.take()) {
+    let stdio = Stdio3 {
+        stdin: stdin_r,
+        stdout: out_w,
+        stderr: err_w,
+    };
+    #[cfg(target_os = "linux")]
+    let child = launch(spec, &env, cwd, stdio, rl)?;
+    #[cfg(not(target_os = "linux"))]
+    let child = fork_exec(spec, &env, cwd, stdio, rl)?;
+    // The child's ends of the pipes were closed above (moved into the launch), so the
+    // spool tasks see end-of-file when the job's last writer exits.
+    let pid = child.pid().map_or(0, |p| p.get());
+    if let (Some(text), Some(w)) = (spec.stdin.clone(), stdin_w) {
+        let path = spool_dir.join("stdin");
+        let mut tx = tokio::net::unix::pipe::Sender::from_owned_fd(w).map_err(io_err(&path))?;
         tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
             // A job that exits without reading its stdin is not an error.
-            let _ = stdin.write_all(text.as_bytes()).await;
+            let _ = tx.write_all(text.as_bytes()).await;
         });
     }
     let stdout = Arc::new(SpoolStats::default());
@@ -286,9 +311,8 @@ pub fn start(
         let path = paths.spool_file(id, stream);
         let stats = stats.clone();
         let notify = on_output.clone();
-        let rx =
-            tokio::net::unix::pipe::Receiver::from_owned_fd(std::os::fd::OwnedFd::from(reader))
-                .map_err(io_err(&path))?;
+        let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))
+            .map_err(io_err(&path))?;
         let handle = tokio::spawn(async move { spool(rx, &path, cap, &stats, &*notify).await });
         spoolers.push(handle);
     }
@@ -300,6 +324,127 @@ pub fn start(
         spoolers,
         confinement,
     })
+}
+
+/// The job's ends of its standard streams.
+struct Stdio3 {
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
+/// Launches without fork (see `sys::launch`): setsid, rlimits, stdio, chdir, exec.
+#[cfg(target_os = "linux")]
+fn launch(
+    spec: &JobSpec,
+    env: &BTreeMap<String, String>,
+    cwd: &Path,
+    stdio: Stdio3,
+    limits: Rlimits,
+) -> Result<JobProcess, JobError> {
+    use std::ffi::CString;
+    use std::os::fd::AsFd;
+    use std::os::unix::ffi::OsStrExt;
+
+    use crate::sys::launch::{self, LaunchSpec};
+
+    let program = &spec.argv[0];
+    let spawn_err = |source: io::Error| JobError::Spawn {
+        program: program.clone(),
+        source,
+    };
+    let nul = || spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "NUL byte"));
+    let path =
+        resolve_program(program, env.get("PATH").map(String::as_str), cwd).map_err(spawn_err)?;
+    let c_program = CString::new(path.as_os_str().as_bytes()).map_err(|_| nul())?;
+    let argv = spec
+        .argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| nul())?;
+    let c_env = env
+        .iter()
+        .map(|(k, v)| CString::new(format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| nul())?;
+    let c_cwd = CString::new(cwd.as_os_str().as_bytes()).map_err(|_| nul())?;
+    let launched = launch::launch(&LaunchSpec {
+        program: &c_program,
+        argv: &argv,
+        env: &c_env,
+        cwd: &c_cwd,
+        stdin: stdio.stdin.as_fd(),
+        stdout: stdio.stdout.as_fd(),
+        stderr: stdio.stderr.as_fd(),
+        limits,
+        cgroup_procs: None,
+    })
+    .map_err(|e| JobError::Launch {
+        program: program.clone(),
+        step: e.step,
+        source: e.source,
+    })?;
+    JobProcess::from_launched(launched).map_err(spawn_err)
+}
+
+/// The portable path: std's fork/exec with the same preparation in `pre_exec`.
+#[cfg_attr(target_os = "linux", allow(dead_code))]
+fn fork_exec(
+    spec: &JobSpec,
+    env: &BTreeMap<String, String>,
+    cwd: &Path,
+    stdio: Stdio3,
+    limits: Rlimits,
+) -> Result<JobProcess, JobError> {
+    let mut cmd = std::process::Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .envs(env)
+        .stdin(Stdio::from(stdio.stdin))
+        .stdout(Stdio::from(stdio.stdout))
+        .stderr(Stdio::from(stdio.stderr));
+    spawn::session_leader_as(&mut cmd, None, cwd).map_err(io_err(cwd))?;
+    spawn::rlimits(&mut cmd, limits);
+    let child = tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| JobError::Spawn {
+            program: spec.argv[0].clone(),
+            source,
+        })?;
+    Ok(JobProcess::Std(child))
+}
+
+/// Finds `program` the way execvp would, in the job's PATH (relative entries are relative
+/// to the job's working directory). A name with a slash is used as it is.
+pub fn resolve_program(program: &str, path: Option<&str>, cwd: &Path) -> io::Result<PathBuf> {
+    if program.contains('/') {
+        return Ok(PathBuf::from(program));
+    }
+    let path = path.unwrap_or(DEFAULT_PATH);
+    let mut denied = false;
+    for dir in path.split(':') {
+        let candidate = cwd
+            .join(if dir.is_empty() { "." } else { dir })
+            .join(program);
+        let Ok(meta) = fs::metadata(&candidate) else {
+            continue;
+        };
+        if !meta.is_file() {
+            continue;
+        }
+        match nix::unistd::access(&candidate, nix::unistd::AccessFlags::X_OK) {
+            Ok(()) => return Ok(candidate),
+            Err(_) => denied = true,
+        }
+    }
+    let (kind, what) = if denied {
+        (io::ErrorKind::PermissionDenied, "not executable")
+    } else {
+        (io::ErrorKind::NotFound, "not found")
+    };
+    Err(io::Error::new(kind, format!("{what} in PATH {path}")))
 }
 
 /// Copies a job's stream into its spool file until every writer is gone. Past `cap`

@@ -12,6 +12,7 @@ pub mod api;
 pub mod client;
 pub mod engine;
 pub mod job;
+pub mod process;
 pub mod spec;
 pub mod store;
 

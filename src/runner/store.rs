@@ -383,8 +383,11 @@ impl Store {
         })
     }
 
-    pub fn mark_starting(&self, id: &str) -> Result<(), StoreError> {
-        self.transition(id, JobState::Starting, "", &[])
+    /// `admitted_ms` is when the scheduler took the job off the queue: it becomes the
+    /// job's `started_ms`, so start times follow admission order (FIFO) even when several
+    /// jobs launch at once.
+    pub fn mark_starting(&self, id: &str, admitted_ms: i64) -> Result<(), StoreError> {
+        self.transition(id, JobState::Starting, ", started_ms = ?3", &[&admitted_ms])
     }
 
     pub fn mark_running(
@@ -395,12 +398,11 @@ impl Store {
         confinement: &str,
     ) -> Result<(), StoreError> {
         let st = start_time.map(|t| t as i64);
-        let now = now_ms();
         self.transition(
             id,
             JobState::Running,
-            ", pid = ?3, start_time = ?4, confinement = ?5, started_ms = ?6",
-            &[&pid, &st, &confinement, &now],
+            ", pid = ?3, start_time = ?4, confinement = ?5",
+            &[&pid, &st, &confinement],
         )
     }
 
@@ -503,7 +505,7 @@ mod tests {
         {
             let store = Store::open(&path).unwrap();
             store.insert("a", &spec(&["true"])).unwrap();
-            store.mark_starting("a").unwrap();
+            store.mark_starting("a", now_ms()).unwrap();
             store.mark_running("a", 1234, Some(99), "rlimits").unwrap();
             let o = Outcome {
                 exit_code: Some(0),

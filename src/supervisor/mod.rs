@@ -457,11 +457,23 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>, pump: Pump) {
     pump.finish(LOG_DRAIN).await;
 }
 
+/// A child process this process can reap: tokio's, or a job launched without fork.
+pub(crate) trait Reapable {
+    /// Waits for the child to exit and reaps it; must be cancel-safe.
+    fn wait(&mut self) -> impl std::future::Future<Output = std::io::Result<ExitStatus>> + Send;
+}
+
+impl Reapable for tokio::process::Child {
+    async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        tokio::process::Child::wait(self).await
+    }
+}
+
 /// SIGTERM to the child's group, wait for the child and every live member of the group up
 /// to `grace`, then SIGKILL the group and reap.
 pub(crate) async fn stop_child(
     name: &str,
-    child: &mut tokio::process::Child,
+    child: &mut impl Reapable,
     pgid: ProcessId,
     grace: Duration,
 ) {

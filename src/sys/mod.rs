@@ -4,6 +4,8 @@
 //! `Result` at once. Callers elsewhere never see a raw errno, a raw fd or a raw pid.
 
 pub mod group;
+#[cfg(target_os = "linux")]
+pub mod launch;
 pub mod locks;
 pub mod pipe;
 #[cfg(target_os = "linux")]

@@ -341,7 +341,7 @@ fn a_recycled_pid_is_never_signalled() {
         let store = Store::open(&r.runner_dir().join("jobs.db")).expect("store");
         let spec = JobSpec::from_argv(["sleep", "1000"]);
         store.insert("recycled", &spec).expect("insert");
-        store.mark_starting("recycled").expect("starting");
+        store.mark_starting("recycled", 0).expect("starting");
         let real = railgrid::sys::process_start_time(
             railgrid::sys::ProcessId::new(bystander.pid()).expect("pid"),
         );
@@ -667,7 +667,7 @@ fn a_job_spawned_but_not_yet_recorded_is_found_and_killed_after_a_crash() {
         store
             .insert("unrecorded", &JobSpec::from_argv(["sleep", "1000"]))
             .expect("insert");
-        store.mark_starting("unrecorded").expect("starting");
+        store.mark_starting("unrecorded", 0).expect("starting");
     }
     chown_runner_dir(&r.runner_dir());
     // The process a dead runner spawned but never recorded: its own group, the runner's
@@ -700,4 +700,54 @@ fn a_job_spawned_but_not_yet_recorded_is_found_and_killed_after_a_crash() {
 
     let (status, body) = r.submit(json!({"argv": ["true"], "env": {"RAILGRID_JOB_ID": "x"}}));
     assert_eq!(status, 400, "{body}");
+}
+
+#[test]
+fn a_job_starts_clean_and_a_failed_launch_names_its_cause() {
+    let r = Runner::started(&[]);
+    // Only stdin, stdout and stderr are open; no signal is blocked or ignored (the runner
+    // ignores SIGPIPE and blocks signals while it launches); the job leads its session.
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", "ls /proc/$$/fd; grep -E '^Sig(Blk|Ign)' /proc/$$/status; ps -o sid= -p $$; echo $$"]}),
+    );
+    let rec = r.wait(&id);
+    assert_eq!(rec["state"], "succeeded", "{rec}");
+    let out = r.output(&id, "stdout");
+    let lines: Vec<&str> = out.lines().collect();
+    let pid = lines.last().expect("pid").trim();
+    // `ls` itself opens the directory it lists: allow its one descriptor beyond 0-2.
+    let fds: Vec<&str> = lines
+        .iter()
+        .take_while(|l| !l.starts_with("Sig"))
+        .copied()
+        .collect();
+    assert!(fds.len() <= 4 && fds[..3] == ["0", "1", "2"], "{out}");
+    assert!(out.contains("SigBlk:\t0000000000000000"), "{out}");
+    assert!(out.contains("SigIgn:\t0000000000000000"), "{out}");
+    assert_eq!(lines[lines.len() - 2].trim(), pid, "session id: {out}");
+
+    let id = submit_ok(&r, json!({"argv": ["no-such-program-anywhere"]}));
+    let rec = r.wait(&id);
+    assert_eq!(rec["state"], "failed", "{rec}");
+    let err = rec["error"].as_str().expect("error");
+    assert!(
+        err.contains("no-such-program-anywhere") && err.contains("not found in PATH"),
+        "{err}"
+    );
+
+    // A file that is executable but no program: the step that failed is named.
+    let ws = r.runner_dir().join("work/not-a-program");
+    fs::create_dir_all(&ws).expect("mkdir");
+    fs::write(ws.join("data"), [0u8; 64]).expect("write");
+    fs::set_permissions(ws.join("data"), fs::Permissions::from_mode(0o755)).expect("chmod");
+    chown_runner_dir(&ws);
+    let (status, body) = r.submit(json!({"id": "not-a-program", "argv": ["./data"]}));
+    assert_eq!(status, 201, "{body}");
+    let rec = r.wait("not-a-program");
+    let err = rec["error"].as_str().expect("error");
+    assert!(
+        err.contains("execve failed") && err.contains("./data"),
+        "{err}"
+    );
 }

@@ -1,0 +1,81 @@
+//! A job's leader process as the engine waits for it: launched through `sys::launch` on
+//! Linux (waited for through its pidfd), or through std's fork/exec elsewhere.
+
+use std::io;
+use std::process::ExitStatus;
+
+use crate::sys::ProcessId;
+
+pub enum JobProcess {
+    #[cfg(target_os = "linux")]
+    Pidfd {
+        pid: ProcessId,
+        fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+        status: Option<ExitStatus>,
+    },
+    Std(tokio::process::Child),
+}
+
+impl JobProcess {
+    #[cfg(target_os = "linux")]
+    pub fn from_launched(l: crate::sys::launch::Launched) -> io::Result<Self> {
+        Ok(JobProcess::Pidfd {
+            pid: l.pid,
+            fd: crate::sys::launch::watch_pidfd(l.pidfd)?,
+            status: None,
+        })
+    }
+
+    pub fn pid(&self) -> Option<ProcessId> {
+        match self {
+            #[cfg(target_os = "linux")]
+            JobProcess::Pidfd { pid, .. } => Some(*pid),
+            JobProcess::Std(c) => c.id().and_then(ProcessId::from_u32),
+        }
+    }
+}
+
+impl crate::supervisor::Reapable for JobProcess {
+    /// Cancel-safe: the status is kept once reaped, and waiting again returns it.
+    async fn wait(&mut self) -> io::Result<ExitStatus> {
+        match self {
+            #[cfg(target_os = "linux")]
+            JobProcess::Pidfd { pid, fd, status } => {
+                use std::os::unix::process::ExitStatusExt;
+                loop {
+                    if let Some(s) = status {
+                        return Ok(*s);
+                    }
+                    if let Some(raw) = crate::sys::launch::reap(pid.get(), false)? {
+                        *status = Some(ExitStatus::from_raw(raw));
+                        continue;
+                    }
+                    // The pidfd turns readable when the process exits.
+                    let mut ready = fd.readable().await?;
+                    ready.clear_ready();
+                }
+            }
+            JobProcess::Std(c) => c.wait().await,
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for JobProcess {
+    /// A job process dropped before it was reaped (an error path after the launch) is
+    /// killed with its group and reaped off the runtime, never left running or a zombie.
+    fn drop(&mut self) {
+        if let JobProcess::Pidfd {
+            pid, status: None, ..
+        } = self
+        {
+            let pid = *pid;
+            let _ = crate::sys::group::signal_group(pid, crate::sys::group::Sig::SIGKILL);
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn_blocking(move || crate::sys::launch::reap(pid.get(), true));
+            } else {
+                let _ = crate::sys::launch::reap(pid.get(), true);
+            }
+        }
+    }
+}
