@@ -99,6 +99,7 @@ async fn health(State(api): State<Api>) -> Json<Health> {
         pid: std::process::id(),
         uptime_secs: api.started.elapsed().as_secs(),
         jobs_running: api.engine.running_count() as u64,
+        confinement: api.engine.confinement().to_owned(),
     })
 }
 

@@ -20,8 +20,9 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::confine::CgroupTier;
 use super::job::{self, JobError, JobPaths, SpoolStats};
-use super::spec::{JobSpec, SpecError};
+use super::spec::{self, JobSpec, SpecError};
 use super::store::{Inserted, JobRecord, JobState, Outcome, Store, StoreError};
 use crate::supervisor::{self, Reapable};
 use crate::sys::group::Sig;
@@ -112,6 +113,8 @@ struct Inner {
     retention: tokio::sync::Mutex<()>,
     /// Job tasks, awaited at shutdown.
     tasks: Mutex<tokio::task::JoinSet<()>>,
+    /// The cgroup tier, when the runner's cgroup is delegated to it.
+    cgroups: Option<CgroupTier>,
 }
 
 /// A handle to the engine; cheap to clone.
@@ -158,6 +161,7 @@ impl Engine {
                 shutting_down: AtomicBool::new(false),
                 ids: AtomicU64::new(0),
                 tasks: Mutex::new(tokio::task::JoinSet::new()),
+                cgroups: CgroupTier::detect(),
             }),
         };
         engine.reconcile().await?;
@@ -191,6 +195,11 @@ impl Engine {
         &self.inner.paths
     }
 
+    /// The confinement tier jobs get: `cgroup` or `process-group`.
+    pub fn confinement(&self) -> &'static str {
+        CgroupTier::name(self.inner.cgroups.as_ref())
+    }
+
     pub fn running_count(&self) -> usize {
         self.sched().running.len()
     }
@@ -201,17 +210,36 @@ impl Engine {
         let store = self.inner.store.clone();
         let stale =
             blocking(move || store.in_states(&[JobState::Starting, JobState::Running])).await??;
+        #[cfg(target_os = "linux")]
+        let mut leftovers: HashMap<String, sys::cgroup::Cgroup> = self
+            .inner
+            .cgroups
+            .as_ref()
+            .map(|t| t.leftovers().into_iter().collect())
+            .unwrap_or_default();
         for rec in stale {
-            let reason = match live_job_process(&rec) {
+            let grace = Duration::from_secs(rec.spec.kill_grace_secs());
+            #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
+            let mut reason = match live_job_process(&rec) {
                 Some(pid) => {
                     tracing::warn!(job = %rec.id, pid = pid.get(), "a job of a previous runner is still running: stopping its process group");
-                    kill_orphan_group(pid, Duration::from_secs(rec.spec.kill_grace_secs())).await;
+                    kill_orphan_group(pid, grace).await;
                     "the runner restarted while the job ran; its process group was killed"
                         .to_owned()
                 }
                 None => "the runner restarted while the job ran; its process was already gone"
                     .to_owned(),
             };
+            // Whatever left the group but stayed in the job's cgroup goes too.
+            #[cfg(target_os = "linux")]
+            if let Some(cg) = leftovers.remove(&rec.id) {
+                if cg.populated().unwrap_or(false) {
+                    tracing::warn!(job = %rec.id, cgroup = %cg.path().display(), "processes of a previous runner's job are still in its cgroup: stopping them");
+                    reason =
+                        "the runner restarted while the job ran; its cgroup was killed".to_owned();
+                }
+                stop_orphan_cgroup(&cg, grace).await;
+            }
             let store = self.inner.store.clone();
             let id = rec.id.clone();
             let outcome = Outcome {
@@ -222,6 +250,12 @@ impl Engine {
             };
             blocking(move || store.mark_finished(&id, JobState::Lost, &outcome)).await??;
             tracing::warn!(job = %rec.id, "marked lost");
+        }
+        // Cgroups of jobs that had ended (the runner died before removing them).
+        #[cfg(target_os = "linux")]
+        for (id, cg) in leftovers {
+            tracing::info!(job = %id, cgroup = %cg.path().display(), "removing a job cgroup left by a previous runner");
+            stop_orphan_cgroup(&cg, Duration::from_secs(spec::DEFAULT_KILL_GRACE_SECS)).await;
         }
         let store = self.inner.store.clone();
         let (count, bytes) = blocking(move || store.finished_totals()).await??;
@@ -524,6 +558,7 @@ impl Engine {
             &spec,
             &cwd,
             self.inner.cfg.max_output_bytes,
+            self.inner.cgroups.as_ref(),
             notify,
         )
         .map_err(EngineError::Job)?;
@@ -537,9 +572,9 @@ impl Engine {
             }
         }
         let store = self.inner.store.clone();
-        let (sid, confinement) = (id.to_owned(), started.confinement);
+        let (sid, confinement) = (id.to_owned(), started.confinement.clone());
         let spid = started.pid;
-        blocking(move || store.mark_running(&sid, spid, start_time, confinement)).await??;
+        blocking(move || store.mark_running(&sid, spid, start_time, &confinement)).await??;
         self.bump();
         tracing::info!(job = %id, pid = started.pid, argv = ?spec.argv, "job running");
 
@@ -554,14 +589,37 @@ impl Engine {
             // Cancel-safe: `changed` only observes the channel.
             _ = cancel.changed() => Some((*cancel.borrow()).unwrap_or(JobState::Cancelled)),
         };
-        if let Some(pgid) = pid {
-            match ended_by {
+        #[cfg(target_os = "linux")]
+        let cgroup = started.cgroup.take();
+        #[cfg(not(target_os = "linux"))]
+        let cgroup: Option<()> = None;
+        match (pid, &cgroup) {
+            #[cfg(target_os = "linux")]
+            (Some(pgid), Some(cg)) => {
+                stop_in_cgroup(
+                    &name,
+                    &mut started.child,
+                    pgid,
+                    cg,
+                    grace,
+                    ended_by.is_none(),
+                )
+                .await
+            }
+            (Some(pgid), _) => match ended_by {
                 Some(_) => supervisor::stop_child(&name, &mut started.child, pgid, grace).await,
                 // The leader is gone; nothing it left in its group outlives it.
                 None => supervisor::terminate_group(&name, pgid, grace).await,
-            }
+            },
+            (None, _) => {}
         }
         let status = started.child.wait().await.ok();
+        #[cfg(target_os = "linux")]
+        if let Some(cg) = &cgroup {
+            if let Err(e) = cg.remove() {
+                tracing::warn!(job = %id, cgroup = %cg.path().display(), error = %e, "could not remove the job's cgroup");
+            }
+        }
         // Output tasks end once every writer is gone; the group is dead, so promptly.
         let spoolers = std::mem::take(&mut started.spoolers);
         let joined = async {
@@ -683,4 +741,81 @@ async fn kill_orphan_group(pgid: ProcessId, grace: Duration) {
     }
     let _ = sys::group::signal_group(pgid, Sig::SIGKILL);
     supervisor::wait_group(pgid, Instant::now() + Duration::from_secs(2)).await;
+}
+
+/// How often stopping checks whether a cgroup has emptied. Only while stopping.
+#[cfg(target_os = "linux")]
+const CGROUP_POLL: Duration = Duration::from_millis(10);
+/// How long after `cgroup.kill` the cgroup may take to empty.
+#[cfg(target_os = "linux")]
+const CGROUP_KILL_WAIT: Duration = Duration::from_secs(2);
+
+/// Waits until nothing lives in `cg`, or `deadline`. Returns whether it emptied.
+#[cfg(target_os = "linux")]
+async fn wait_unpopulated(cg: &sys::cgroup::Cgroup, deadline: Instant) -> bool {
+    loop {
+        // A cgroup that cannot be read any more was removed: nothing lives in it.
+        if !cg.populated().unwrap_or(false) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(CGROUP_POLL).await;
+    }
+}
+
+/// Stops a job in the cgroup tier: SIGTERM to its group and to every process in its
+/// cgroup (those that left the group included), `grace` for the leader and the cgroup to
+/// empty, then `cgroup.kill`. With `leader_exited`, only what the job left behind is
+/// stopped, and nothing at all when its cgroup is already empty.
+#[cfg(target_os = "linux")]
+async fn stop_in_cgroup(
+    name: &str,
+    child: &mut super::process::JobProcess,
+    pgid: ProcessId,
+    cg: &sys::cgroup::Cgroup,
+    grace: Duration,
+    leader_exited: bool,
+) {
+    if leader_exited && !cg.populated().unwrap_or(false) {
+        return;
+    }
+    let deadline = Instant::now() + grace;
+    if leader_exited {
+        tracing::warn!(child = %name, cgroup = %cg.path().display(), "the job left processes in its cgroup: SIGTERM");
+    } else {
+        tracing::info!(child = %name, pid = pgid.get(), grace = ?grace, "stopping: SIGTERM to the process group and the cgroup");
+    }
+    let _ = sys::group::signal_group(pgid, Sig::SIGTERM);
+    let _ = cg.signal_all(Sig::SIGTERM);
+    let leader = tokio::time::timeout_at(deadline, child.wait()).await;
+    if leader.is_ok() && wait_unpopulated(cg, deadline).await {
+        return;
+    }
+    tracing::warn!(child = %name, cgroup = %cg.path().display(), "grace period over: cgroup.kill");
+    if let Err(e) = cg.kill() {
+        tracing::error!(child = %name, cgroup = %cg.path().display(), error = %e, "cgroup.kill failed: SIGKILL to the process group");
+        let _ = sys::group::signal_group(pgid, Sig::SIGKILL);
+    }
+    let _ = child.wait().await;
+    if !wait_unpopulated(cg, Instant::now() + CGROUP_KILL_WAIT).await {
+        tracing::error!(child = %name, cgroup = %cg.path().display(), "the job's cgroup still has live processes after cgroup.kill");
+    }
+}
+
+/// Stops whatever lives in a job cgroup left by a previous runner: SIGTERM to each
+/// process, `grace`, then `cgroup.kill`; then removes the cgroup.
+#[cfg(target_os = "linux")]
+async fn stop_orphan_cgroup(cg: &sys::cgroup::Cgroup, grace: Duration) {
+    if cg.populated().unwrap_or(false) {
+        let _ = cg.signal_all(Sig::SIGTERM);
+        if !wait_unpopulated(cg, Instant::now() + grace).await {
+            let _ = cg.kill();
+            wait_unpopulated(cg, Instant::now() + CGROUP_KILL_WAIT).await;
+        }
+    }
+    if let Err(e) = cg.remove() {
+        tracing::warn!(cgroup = %cg.path().display(), error = %e, "could not remove a job cgroup left by a previous runner");
+    }
 }

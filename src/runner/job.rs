@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+use super::confine::{self, CgroupTier};
 use super::process::JobProcess;
 use super::spec::JobSpec;
 use crate::supervisor::DEFAULT_PATH;
@@ -221,7 +222,10 @@ pub struct Started {
     pub stdout: Arc<SpoolStats>,
     pub stderr: Arc<SpoolStats>,
     pub spoolers: Vec<tokio::task::JoinHandle<()>>,
-    pub confinement: &'static str,
+    pub confinement: String,
+    /// The job's own cgroup, in the cgroup tier.
+    #[cfg(target_os = "linux")]
+    pub cgroup: Option<crate::sys::cgroup::Cgroup>,
 }
 
 /// The job's complete environment: the baseline, then the spec's variables (which were
@@ -250,6 +254,7 @@ pub fn start(
     spec: &JobSpec,
     cwd: &Path,
     cap: u64,
+    tier: Option<&CgroupTier>,
     on_output: Arc<dyn Fn() + Send + Sync>,
 ) -> Result<Started, JobError> {
     let ws = paths.workspace(id);
@@ -268,27 +273,31 @@ pub fn start(
             (File::open(null).map_err(io_err(null))?.into(), None)
         }
     };
-    let limits = spec.limits.clone().unwrap_or_default();
-    let rl = Rlimits {
-        address_space: limits.memory_bytes,
-        cpu_secs: limits.cpu_secs,
-        open_files: limits.open_files,
-        processes: limits.processes,
-    };
-    let confinement = if rl.is_empty() {
-        "process-group"
-    } else {
-        "process-group+rlimits"
-    };
+    let plan = confine::plan(tier, id, &spec.limits.clone().unwrap_or_default());
     let stdio = Stdio3 {
         stdin: stdin_r,
         stdout: out_w,
         stderr: err_w,
     };
     #[cfg(target_os = "linux")]
-    let child = launch(spec, &env, cwd, stdio, rl)?;
+    let (child, cgroup) = {
+        use std::os::fd::AsFd;
+        let cg = plan.cgroup;
+        let procs = cg.as_ref().map(|c| c.procs.as_fd());
+        let launched = launch(spec, &env, cwd, stdio, plan.rlimits, procs);
+        let cgroup = cg.map(|c| c.cgroup);
+        match launched {
+            Ok(child) => (child, cgroup),
+            Err(e) => {
+                if let Some(c) = cgroup {
+                    let _ = c.remove();
+                }
+                return Err(e);
+            }
+        }
+    };
     #[cfg(not(target_os = "linux"))]
-    let child = fork_exec(spec, &env, cwd, stdio, rl)?;
+    let child = fork_exec(spec, &env, cwd, stdio, plan.rlimits)?;
     // The child's ends of the pipes were closed above (moved into the launch), so the
     // spool tasks see end-of-file when the job's last writer exits.
     let pid = child.pid().map_or(0, |p| p.get());
@@ -322,7 +331,9 @@ pub fn start(
         stdout,
         stderr,
         spoolers,
-        confinement,
+        confinement: plan.confinement,
+        #[cfg(target_os = "linux")]
+        cgroup,
     })
 }
 
@@ -333,7 +344,8 @@ struct Stdio3 {
     stderr: OwnedFd,
 }
 
-/// Launches without fork (see `sys::launch`): setsid, rlimits, stdio, chdir, exec.
+/// Launches without fork (see `sys::launch`): setsid, join the job's cgroup, rlimits,
+/// stdio, chdir, exec.
 #[cfg(target_os = "linux")]
 fn launch(
     spec: &JobSpec,
@@ -341,6 +353,7 @@ fn launch(
     cwd: &Path,
     stdio: Stdio3,
     limits: Rlimits,
+    cgroup_procs: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<JobProcess, JobError> {
     use std::ffi::CString;
     use std::os::fd::AsFd;
@@ -378,7 +391,7 @@ fn launch(
         stdout: stdio.stdout.as_fd(),
         stderr: stdio.stderr.as_fd(),
         limits,
-        cgroup_procs: None,
+        cgroup_procs,
     })
     .map_err(|e| JobError::Launch {
         program: program.clone(),

@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod client;
+pub mod confine;
 pub mod engine;
 pub mod job;
 pub mod process;
@@ -75,6 +76,9 @@ pub struct Health {
     pub pid: u32,
     pub uptime_secs: u64,
     pub jobs_running: u64,
+    /// How jobs are confined: `cgroup` or `process-group` (see `runner::confine`).
+    #[serde(default)]
+    pub confinement: String,
 }
 
 /// Paths of a runner's state.

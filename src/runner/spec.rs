@@ -34,9 +34,18 @@ pub struct Limits {
     pub cpu_secs: Option<u64>,
     /// Open files (RLIMIT_NOFILE).
     pub open_files: Option<u64>,
-    /// Processes of the runner's user (RLIMIT_NPROC): counts every process of that uid.
+    /// Processes: the job's own tree (`pids.max`) in the cgroup tier; otherwise every
+    /// process of the runner's account (RLIMIT_NPROC).
     pub processes: Option<u64>,
+    /// CPU bandwidth in thousandths of a CPU (1500 = one and a half CPUs), as `cpu.max`.
+    /// Only the cgroup tier can enforce it; the job's `confinement` says when it did not.
+    /// Left out when unset, so specs stored before it existed keep their canonical form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_millis: Option<u64>,
 }
+
+/// Smallest `cpu_millis`: cpu.max takes at least 1 ms of CPU per 100 ms period.
+pub const MIN_CPU_MILLIS: u64 = 10;
 
 /// `POST /v1/jobs` body. Unknown fields are ignored (forward compatibility with newer
 /// clients); missing or invalid required fields are refused.
@@ -81,6 +90,8 @@ pub enum SpecError {
     StdinTooLarge { len: usize, max: usize },
     #[error("field cwd holds a NUL byte")]
     NulInCwd,
+    #[error("field limits.cpu_millis is {got}; at least {MIN_CPU_MILLIS} (1% of a CPU) is needed")]
+    CpuTooSmall { got: u64 },
 }
 
 impl JobSpec {
@@ -131,6 +142,14 @@ impl JobSpec {
         }
         if self.cwd.as_deref().is_some_and(|c| c.contains('\0')) {
             return Err(SpecError::NulInCwd);
+        }
+        if let Some(got) = self
+            .limits
+            .as_ref()
+            .and_then(|l| l.cpu_millis)
+            .filter(|m| *m < MIN_CPU_MILLIS)
+        {
+            return Err(SpecError::CpuTooSmall { got });
         }
         Ok(())
     }

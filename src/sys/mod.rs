@@ -3,6 +3,8 @@
 //! Everything here is a small synchronous function that turns an OS call into a typed
 //! `Result` at once. Callers elsewhere never see a raw errno, a raw fd or a raw pid.
 
+#[cfg(target_os = "linux")]
+pub mod cgroup;
 pub mod group;
 #[cfg(target_os = "linux")]
 pub mod launch;

@@ -1,0 +1,257 @@
+//! Confinement of job processes, the best the host offers, reported per job.
+//!
+//! - **cgroup** (Linux, when the runner's own cgroup v2 is delegated to it): every job starts
+//!   inside its own cgroup `<runner cgroup>/job-<id>`, joined before its first instruction.
+//!   Stopping it ends with `cgroup.kill`, so even a process that left the job's process
+//!   group (setsid, a daemonizing build server) dies with the job. `memory_bytes`,
+//!   `processes` and `cpu_millis` become `memory.max`, `pids.max` and `cpu.max` where those
+//!   controllers are available.
+//! - **process-group** otherwise: the job leads its own process group, which is signalled
+//!   whole; a process that calls setsid escapes it.
+//!
+//! rlimits apply on top in both tiers (the per-process ones always; `memory_bytes` and
+//! `processes` only when no cgroup controller enforces them, because RLIMIT_AS counts
+//! address space rather than memory and RLIMIT_NPROC counts every process of the uid).
+//!
+//! Neither tier is a boundary against a hostile job: jobs run as the runner's account and
+//! may write whatever that account may, the delegated cgroup tree included.
+
+use std::io;
+
+use super::spec::Limits;
+use crate::sys::spawn::Rlimits;
+
+/// Name of the leaf the runner moves itself into, so the delegated cgroup has no processes
+/// of its own and may enable controllers for its children (v2 keeps processes in leaves).
+#[cfg(target_os = "linux")]
+const RUNNER_LEAF: &str = "runner";
+/// Job cgroups are `job-<id>` beside the runner's leaf.
+#[cfg(target_os = "linux")]
+const JOB_PREFIX: &str = "job-";
+/// `cpu.max` period, microseconds.
+#[cfg(target_os = "linux")]
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// The cgroup tier, when the runner's cgroup is delegated to it.
+#[derive(Debug)]
+pub struct CgroupTier {
+    #[cfg(target_os = "linux")]
+    base: crate::sys::cgroup::Cgroup,
+    controllers: Vec<&'static str>,
+}
+
+/// A job's own cgroup, open for the launch.
+#[cfg(target_os = "linux")]
+pub struct JobCgroup {
+    pub cgroup: crate::sys::cgroup::Cgroup,
+    pub procs: std::fs::File,
+}
+
+/// How one job is confined.
+pub struct Plan {
+    pub rlimits: Rlimits,
+    #[cfg(target_os = "linux")]
+    pub cgroup: Option<JobCgroup>,
+    /// What applied, for the job's record: `cgroup+memory.max+rlimits`,
+    /// `process-group+rlimits; not enforced: cpu_millis`, ...
+    pub confinement: String,
+}
+
+impl CgroupTier {
+    /// Sets the tier up when the runner's own cgroup v2 is delegated to it: moves the
+    /// runner into a leaf and enables what it can of memory, pids and cpu for job cgroups.
+    /// `None` (and a log line saying why) otherwise.
+    #[cfg(target_os = "linux")]
+    pub fn detect() -> Option<Self> {
+        use crate::sys::cgroup::Cgroup;
+        let own = match Cgroup::own() {
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                tracing::info!(
+                    "no cgroup v2 hierarchy mounted: jobs are confined to their process group"
+                );
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read this process's cgroup: jobs are confined to their process group");
+                return None;
+            }
+        };
+        // A runner started in the leaf of an earlier one (where a restart must place it once
+        // the delegated cgroup has controllers enabled) manages the leaf's parent.
+        let base = match own.parent() {
+            Some(parent)
+                if own.path().file_name() == Some(std::ffi::OsStr::new(RUNNER_LEAF))
+                    && parent.delegated_to_us() =>
+            {
+                parent
+            }
+            _ => own,
+        };
+        if !base.delegated_to_us() {
+            tracing::info!(cgroup = %base.path().display(), "the runner's cgroup is not delegated to its account: jobs are confined to their process group");
+            return None;
+        }
+        if !base.can_kill() {
+            tracing::info!(cgroup = %base.path().display(), "this kernel has no cgroup.kill (Linux 5.14): jobs are confined to their process group");
+            return None;
+        }
+        let leaf = base.child(RUNNER_LEAF);
+        if let Err(e) = leaf.create().and_then(|()| leaf.move_self()) {
+            tracing::warn!(cgroup = %leaf.path().display(), error = %e, "could not move the runner into its own leaf cgroup: jobs are confined to their process group");
+            return None;
+        }
+        let available = base.controllers().unwrap_or_default();
+        let mut controllers = Vec::new();
+        for c in ["memory", "pids", "cpu"] {
+            if !available.iter().any(|a| a == c) {
+                continue;
+            }
+            match base.enable(c) {
+                Ok(()) => controllers.push(c),
+                Err(e) => {
+                    tracing::warn!(cgroup = %base.path().display(), controller = c, error = %e, "could not enable a controller for job cgroups")
+                }
+            }
+        }
+        tracing::info!(cgroup = %base.path().display(), controllers = ?controllers, "each job gets its own cgroup");
+        Some(Self { base, controllers })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn detect() -> Option<Self> {
+        None
+    }
+
+    /// The controllers job cgroups get.
+    pub fn controllers(&self) -> &[&'static str] {
+        &self.controllers
+    }
+
+    /// `cgroup` or `process-group`, for the runner's health report.
+    pub fn name(tier: Option<&Self>) -> &'static str {
+        if tier.is_some() {
+            "cgroup"
+        } else {
+            "process-group"
+        }
+    }
+
+    /// Job cgroups a previous runner left behind (it was killed): `(id, cgroup)`.
+    #[cfg(target_os = "linux")]
+    pub fn leftovers(&self) -> Vec<(String, crate::sys::cgroup::Cgroup)> {
+        self.base
+            .children()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|name| {
+                let id = name.strip_prefix(JOB_PREFIX)?.to_owned();
+                Some((id, self.base.child(&name)))
+            })
+            .collect()
+    }
+
+    #[cfg(target_os = "linux")]
+    fn job_cgroup(&self, id: &str, limits: &Limits) -> io::Result<(JobCgroup, Vec<&'static str>)> {
+        let cg = self.base.child(&format!("{JOB_PREFIX}{id}"));
+        cg.create()?;
+        let mut applied = Vec::new();
+        let has = |c: &str| self.controllers.contains(&c);
+        if let (Some(bytes), true) = (limits.memory_bytes, has("memory")) {
+            cg.write("memory.max", &bytes.to_string())?;
+            // Without this, memory.max only pushes the job into swap.
+            let _ = cg.write("memory.swap.max", "0");
+            applied.push("memory.max");
+        }
+        if let (Some(n), true) = (limits.processes, has("pids")) {
+            cg.write("pids.max", &n.to_string())?;
+            applied.push("pids.max");
+        }
+        if let (Some(m), true) = (limits.cpu_millis, has("cpu")) {
+            let quota = m.saturating_mul(CPU_PERIOD_US) / 1000;
+            cg.write("cpu.max", &format!("{quota} {CPU_PERIOD_US}"))?;
+            applied.push("cpu.max");
+        }
+        let procs = cg.open_procs()?;
+        Ok((JobCgroup { cgroup: cg, procs }, applied))
+    }
+}
+
+/// Decides how job `id` is confined and prepares it (its cgroup, when the tier is there).
+/// A cgroup that cannot be made costs the job that tier, not its start: the job runs in
+/// the process-group tier and its record says so.
+pub fn plan(tier: Option<&CgroupTier>, id: &str, limits: &Limits) -> Plan {
+    let mut parts: Vec<&str> = Vec::new();
+    #[cfg(target_os = "linux")]
+    let mut cgroup = None;
+    let mut cgroup_applied: Vec<&'static str> = Vec::new();
+    #[cfg(target_os = "linux")]
+    if let Some(tier) = tier {
+        match tier.job_cgroup(id, limits) {
+            Ok((cg, applied)) => {
+                cgroup = Some(cg);
+                cgroup_applied = applied;
+            }
+            Err(e) => {
+                tracing::warn!(job = %id, cgroup = %tier.base.path().display(), error = %e, "could not create the job's cgroup: process-group confinement only")
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (tier, id);
+    #[cfg(target_os = "linux")]
+    let in_cgroup = cgroup.is_some();
+    #[cfg(not(target_os = "linux"))]
+    let in_cgroup = false;
+    parts.push(if in_cgroup { "cgroup" } else { "process-group" });
+    parts.extend(cgroup_applied.iter().copied());
+    let rlimits = Rlimits {
+        address_space: limits
+            .memory_bytes
+            .filter(|_| !cgroup_applied.contains(&"memory.max")),
+        cpu_secs: limits.cpu_secs,
+        open_files: limits.open_files,
+        processes: limits
+            .processes
+            .filter(|_| !cgroup_applied.contains(&"pids.max")),
+    };
+    if !rlimits.is_empty() {
+        parts.push("rlimits");
+    }
+    let mut confinement = parts.join("+");
+    if limits.cpu_millis.is_some() && !cgroup_applied.contains(&"cpu.max") {
+        confinement.push_str("; not enforced: cpu_millis");
+    }
+    Plan {
+        rlimits,
+        #[cfg(target_os = "linux")]
+        cgroup,
+        confinement,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_cgroup_limits_are_rlimits_and_the_rest_is_reported() {
+        let limits = Limits {
+            memory_bytes: Some(1 << 30),
+            processes: Some(64),
+            cpu_millis: Some(500),
+            ..Limits::default()
+        };
+        let p = plan(None, "j", &limits);
+        assert_eq!(p.rlimits.address_space, Some(1 << 30));
+        assert_eq!(p.rlimits.processes, Some(64));
+        assert_eq!(
+            p.confinement,
+            "process-group+rlimits; not enforced: cpu_millis"
+        );
+        assert_eq!(
+            plan(None, "j", &Limits::default()).confinement,
+            "process-group"
+        );
+    }
+}
