@@ -10,7 +10,7 @@ JOBS=${1:-2000}
 CONC=${2:-4}
 cargo build --release --quiet --example job_bench
 cargo build --release --quiet
-WORK=$(mktemp -d /tmp/railgrid-jobbench.XXXXXX)
+WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-jobbench.XXXXXX")
 chmod 755 "$WORK"
 mkdir -p "$WORK/state/runner"
 chmod 700 "$WORK/state/runner"

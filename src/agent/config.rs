@@ -49,6 +49,7 @@ pub struct RawRunner {
     pub max_jobs_per_owner: Option<usize>,
     pub max_queued: Option<usize>,
     pub max_output_bytes: Option<u64>,
+    pub delegate_cgroup: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -90,6 +91,10 @@ pub struct RunnerSettings {
     pub max_jobs_per_owner: Option<usize>,
     pub max_queued: Option<usize>,
     pub max_output_bytes: Option<u64>,
+    /// Give the runner a cgroup of its own, delegated to its account, so that jobs get the
+    /// cgroup tier (Linux; the agent must run in a cgroup delegated to it, e.g. a systemd
+    /// unit with `Delegate=yes`).
+    pub delegate_cgroup: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,6 +147,7 @@ enum Key {
     MaxJobsPerOwner,
     MaxQueued,
     MaxOutputBytes,
+    DelegateCgroup,
     HubUrl,
     TokenFile,
     CaFile,
@@ -161,6 +167,7 @@ impl Key {
             Key::MaxJobsPerOwner => "runner.max_jobs_per_owner",
             Key::MaxQueued => "runner.max_queued",
             Key::MaxOutputBytes => "runner.max_output_bytes",
+            Key::DelegateCgroup => "runner.delegate_cgroup",
             Key::HubUrl => "hub.url",
             Key::TokenFile => "hub.token_file",
             Key::CaFile => "hub.ca_file",
@@ -180,6 +187,7 @@ impl Key {
             Key::MaxJobsPerOwner => "RAILGRID_RUNNER_MAX_JOBS_PER_OWNER",
             Key::MaxQueued => "RAILGRID_RUNNER_MAX_QUEUED",
             Key::MaxOutputBytes => "RAILGRID_RUNNER_MAX_OUTPUT_BYTES",
+            Key::DelegateCgroup => "RAILGRID_RUNNER_DELEGATE_CGROUP",
             Key::HubUrl => "RAILGRID_HUB_URL",
             Key::TokenFile => "RAILGRID_HUB_TOKEN_FILE",
             Key::CaFile => "RAILGRID_HUB_CA_FILE",
@@ -267,6 +275,7 @@ impl Sources<'_> {
             Key::MaxJobsPerOwner => raw.runner.max_jobs_per_owner.map(|n| n.to_string()),
             Key::MaxQueued => raw.runner.max_queued.map(|n| n.to_string()),
             Key::MaxOutputBytes => raw.runner.max_output_bytes.map(|n| n.to_string()),
+            Key::DelegateCgroup => raw.runner.delegate_cgroup.map(|b| b.to_string()),
             Key::HubUrl => raw.hub.url.clone(),
             Key::TokenFile => raw.hub.token_file.as_ref().map(|p| p.display().to_string()),
             Key::CaFile => raw.hub.ca_file.as_ref().map(|p| p.display().to_string()),
@@ -477,6 +486,9 @@ pub fn load_with(
         max_jobs_per_owner: src.positive(Key::MaxJobsPerOwner)?,
         max_queued: src.optional(Key::MaxQueued, "a whole number of jobs")?,
         max_output_bytes: src.optional(Key::MaxOutputBytes, "a number of bytes")?,
+        delegate_cgroup: src
+            .optional(Key::DelegateCgroup, "true or false")?
+            .unwrap_or(false),
     };
 
     let hub = match (src.get(Key::HubUrl), src.path_from(Key::TokenFile)) {
@@ -587,6 +599,7 @@ pub struct EffectiveRunner {
     pub max_jobs_per_owner: Option<usize>,
     pub max_queued: Option<usize>,
     pub max_output_bytes: Option<u64>,
+    pub delegate_cgroup: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -624,6 +637,7 @@ impl AgentConfig {
                 max_jobs_per_owner: self.runner.max_jobs_per_owner,
                 max_queued: self.runner.max_queued,
                 max_output_bytes: self.runner.max_output_bytes,
+                delegate_cgroup: self.runner.delegate_cgroup,
             },
             hub: self.hub.as_ref().map(|h| EffectiveHub {
                 url: h.url.clone(),

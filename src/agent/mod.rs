@@ -11,6 +11,8 @@
 //! as the runner account, with an environment built from nothing: the agent's secrets
 //! (hub token, cloud keys) never reach it.
 
+#[cfg(target_os = "linux")]
+pub mod cgroup;
 pub mod config;
 pub mod notify;
 pub mod status;
@@ -264,7 +266,29 @@ fn runner_config(cfg: &AgentConfig, exe: &Path) -> Result<supervisor::Config, Ag
     c.max_log_bytes = cfg.runner.max_log_bytes;
     c.stop_grace = cfg.runner.stop_grace;
     c.initial_backoff = cfg.runner.initial_backoff;
+    if cfg.runner.delegate_cgroup {
+        c.cgroup = runner_cgroup(&account);
+    }
     Ok(c)
+}
+
+/// The cgroup delegated to the runner, or `None` (logged) where the host cannot give one:
+/// its jobs then get process-group confinement.
+fn runner_cgroup(acct: &Account) -> Option<PathBuf> {
+    #[cfg(target_os = "linux")]
+    match cgroup::delegate_to_runner(acct) {
+        Ok(dir) => Some(dir),
+        Err(e) => {
+            tracing::warn!(error = %crate::error_chain(&e), "runner.delegate_cgroup: no cgroup for the runner; its jobs get process-group confinement");
+            None
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = acct;
+        tracing::warn!("runner.delegate_cgroup needs Linux cgroup v2; ignored");
+        None
+    }
 }
 
 /// Creates the log dir (0700), the state dir (0700, or 0711 when the runner runs as

@@ -417,7 +417,7 @@ fn fork_exec(
         .stdin(Stdio::from(stdio.stdin))
         .stdout(Stdio::from(stdio.stdout))
         .stderr(Stdio::from(stdio.stderr));
-    spawn::session_leader_as(&mut cmd, None, cwd).map_err(io_err(cwd))?;
+    spawn::session_leader_as(&mut cmd, None, cwd, None).map_err(io_err(cwd))?;
     spawn::rlimits(&mut cmd, limits);
     let child = tokio::process::Command::from(cmd)
         .kill_on_drop(true)

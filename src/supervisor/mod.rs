@@ -96,6 +96,9 @@ pub struct Config {
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
     pub stable_after: Duration,
+    /// A cgroup v2 directory the child joins before exec, at every launch. One that cannot
+    /// be opened is logged and the child starts where the supervisor is.
+    pub cgroup: Option<PathBuf>,
 }
 
 impl Config {
@@ -118,6 +121,7 @@ impl Config {
             initial_backoff: DEFAULT_INITIAL_BACKOFF,
             max_backoff: MAX_BACKOFF,
             stable_after: DEFAULT_STABLE_AFTER,
+            cgroup: None,
         }
     }
 }
@@ -385,7 +389,17 @@ impl Inner {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log_fd.try_clone()?))
             .stderr(Stdio::from(log_fd.try_clone()?));
-        spawn::session_leader_as(&mut cmd, self.creds.clone(), &c.dir)?;
+        let procs = c.cgroup.as_ref().and_then(|dir| {
+            let path = dir.join("cgroup.procs");
+            match fs::OpenOptions::new().write(true).open(&path) {
+                Ok(f) => Some(std::os::fd::OwnedFd::from(f)),
+                Err(e) => {
+                    tracing::warn!(child = %c.name, path = %path.display(), error = %e, "cannot start the child in its cgroup; starting it in ours");
+                    None
+                }
+            }
+        });
+        spawn::session_leader_as(&mut cmd, self.creds.clone(), &c.dir, procs)?;
         tokio::process::Command::from(cmd).spawn()
     }
 }

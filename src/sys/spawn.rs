@@ -23,10 +23,14 @@ pub struct Credentials {
 /// std's own `uid()`/`gid()` cannot be used: they run before `pre_exec` closures, and
 /// `setgroups` needs privilege that is gone after `setuid`. For the same reason std's
 /// `current_dir` (which runs first, as root) is not used when switching accounts.
+///
+/// With `cgroup_procs` (an open `cgroup.procs`), the child first moves itself into that
+/// cgroup, while it may still do so as the caller.
 pub fn session_leader_as(
     cmd: &mut Command,
     creds: Option<Credentials>,
     dir: &std::path::Path,
+    cgroup_procs: Option<std::os::fd::OwnedFd>,
 ) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let dir = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|_| {
@@ -36,13 +40,16 @@ pub fn session_leader_as(
         let groups: Vec<Gid> = c.groups.iter().map(|g| Gid::from_raw(*g)).collect();
         (Uid::from_raw(c.uid), Gid::from_raw(c.gid), groups)
     });
-    // SAFETY: the closure runs in the forked child before exec. It only calls setsid,
+    // SAFETY: the closure runs in the forked child before exec. It only calls setsid, write,
     // setgroups, setgid, setuid and chdir — plain system calls that are async-signal-safe —
-    // and it does not allocate: the group list and the directory's C string were built
-    // above, before fork, and are only borrowed here.
+    // and it does not allocate: the group list, the directory's C string and the cgroup
+    // descriptor were made above, before fork, and are only borrowed here.
     unsafe {
         cmd.pre_exec(move || {
             setsid()?;
+            if let Some(fd) = &cgroup_procs {
+                nix::unistd::write(fd, b"0")?;
+            }
             if let Some((uid, gid, groups)) = &creds {
                 set_groups(groups)?;
                 setgid(*gid)?;

@@ -604,3 +604,42 @@ fn job_limits_in_the_agent_config_reach_the_runner() {
         429
     );
 }
+
+#[test]
+fn a_delegated_agent_gives_its_runner_a_cgroup_and_jobs_get_the_cgroup_tier() {
+    let Some(cg) = DelegatedCgroup::new("agent", None) else {
+        return;
+    };
+    let host = Host::new();
+    let cmd = host.agent_cmd(&[]);
+    let mut cmd = in_cgroup(&cmd, &cg.dir, None);
+    cmd.env("RAILGRID_RUNNER_DELEGATE_CGROUP", "true")
+        .env("RAILGRID_RUNNER_INITIAL_BACKOFF", "100ms")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let agent = Guard::new(cmd.spawn().expect("spawn agent"));
+    let runner = host.wait_runner("a healthy runner", |_| true);
+    let health = get_json(&host.socket(), "/v1/health").expect("health");
+    assert_eq!(health["confinement"], "cgroup", "{health}");
+    // The agent moved into its leaf; the runner started in its own, in the delegated tree.
+    assert_eq!(cg.procs("agent"), [agent.pid()]);
+    assert_eq!(cg.procs("runner/runner"), [runner]);
+    assert!(cg.procs("").is_empty());
+    if let Some(nobody) = uzers::get_user_by_name("nobody") {
+        use std::os::unix::fs::MetadataExt;
+        let meta = fs::metadata(cg.dir.join("runner/cgroup.procs")).expect("tree");
+        assert_eq!(
+            meta.uid(),
+            nobody.uid(),
+            "the runner's tree is delegated to it"
+        );
+    }
+
+    // A runner killed and restarted by the agent goes back into its leaf.
+    sigkill(runner);
+    let again = host.wait_runner("a restarted runner", |st| st["runner"]["pid"] != runner);
+    assert_eq!(cg.procs("runner/runner"), [again]);
+    let health = get_json(&host.socket(), "/v1/health").expect("health");
+    assert_eq!(health["confinement"], "cgroup", "{health}");
+}

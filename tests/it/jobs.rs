@@ -752,101 +752,24 @@ fn a_job_starts_clean_and_a_failed_launch_names_its_cause() {
     );
 }
 
-/// A cgroup v2 directory delegated to the runner account, as the agent prepares it.
-/// Dropping it kills whatever is left inside and removes it with its children.
-struct DelegatedCgroup {
-    dir: PathBuf,
-}
-
-impl DelegatedCgroup {
-    /// `None` (and a note saying why) where this host cannot delegate one.
-    fn new(name: &str) -> Option<Self> {
-        if !is_root() {
-            eprintln!("skipping: delegating a cgroup to the runner account needs root");
-            return None;
-        }
-        let mountinfo = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-        let Some(mount) = mountinfo.lines().find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let mount = left.split_whitespace().nth(4)?;
-            (right.split_whitespace().next()? == "cgroup2").then(|| PathBuf::from(mount))
-        }) else {
-            eprintln!("skipping: no cgroup v2 hierarchy is mounted");
-            return None;
-        };
-        let dir = mount.join(format!("railgrid-test-{name}-{}", std::process::id()));
-        if let Err(e) = fs::create_dir(&dir) {
-            eprintln!("skipping: cannot create {}: {e}", dir.display());
-            return None;
-        }
-        let cg = Self { dir };
-        if !cg.dir.join("cgroup.kill").exists() {
-            eprintln!("skipping: this kernel has no cgroup.kill");
-            return None;
-        }
-        let nobody = uzers::get_user_by_name("nobody").expect("nobody");
-        for p in [
-            "",
-            "cgroup.procs",
-            "cgroup.subtree_control",
-            "cgroup.threads",
-        ] {
-            std::os::unix::fs::chown(
-                cg.dir.join(p),
-                Some(nobody.uid()),
-                Some(nobody.primary_group_id()),
-            )
-            .expect("chown");
-        }
-        Some(cg)
-    }
-
-    /// Starts the runner as nobody inside `cgroup` (a directory of this one).
-    fn start_runner(&self, r: &mut Runner, cgroup: &Path) {
-        let mut cmd = Command::new("sh");
-        cmd.arg("-c")
-            .arg(r#"echo $$ > "$0/cgroup.procs" && exec setpriv --reuid=nobody --regid=nogroup --clear-groups "$@""#)
-            .arg(cgroup)
-            .arg(env!("CARGO_BIN_EXE_railgrid"))
-            .args(["runner", "run", "--state-dir"])
-            .arg(r.state())
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let child = cmd.spawn().expect("spawn runner");
-        let pid = child.id() as i32;
-        r.guard = Some(Guard::new(child));
-        wait_for(LIMIT, "the runner to answer", || {
-            let h = get_json(&r.socket(), "/v1/health")?;
-            (h["pid"] == pid).then_some(())
-        });
-    }
-}
-
-impl Drop for DelegatedCgroup {
-    fn drop(&mut self) {
-        let _ = fs::write(self.dir.join("cgroup.kill"), "1");
-        let mut dirs = vec![self.dir.clone()];
-        let mut i = 0;
-        while i < dirs.len() {
-            if let Ok(rd) = fs::read_dir(&dirs[i]) {
-                dirs.extend(rd.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()));
-            }
-            i += 1;
-        }
-        let populated = |d: &Path| {
-            fs::read_to_string(d.join("cgroup.events")).is_ok_and(|e| e.contains("populated 1"))
-        };
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while populated(&self.dir) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        for d in dirs.iter().rev() {
-            let _ = fs::remove_dir(d);
-        }
-    }
+/// Starts the runner as nobody inside `cgroup` (a directory of a delegated one).
+fn start_runner_in(r: &mut Runner, cgroup: &Path) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_railgrid"));
+    cmd.args(["runner", "run", "--state-dir"])
+        .arg(r.state())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin");
+    let mut cmd = in_cgroup(&cmd, cgroup, Some("nobody"));
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().expect("spawn runner");
+    let pid = child.id() as i32;
+    r.guard = Some(Guard::new(child));
+    wait_for(LIMIT, "the runner to answer", || {
+        let h = get_json(&r.socket(), "/v1/health")?;
+        (h["pid"] == pid).then_some(())
+    });
 }
 
 /// A job script whose escapee leaves the process group (setsid) and ignores SIGTERM:
@@ -863,11 +786,11 @@ fn escaped_pid(r: &Runner, id: &str) -> i32 {
 
 #[test]
 fn the_cgroup_tier_kills_processes_that_left_the_group() {
-    let Some(cg) = DelegatedCgroup::new("kill") else {
+    let Some(cg) = DelegatedCgroup::new("kill", Some("nobody")) else {
         return;
     };
     let mut r = Runner::new();
-    cg.start_runner(&mut r, &cg.dir);
+    start_runner_in(&mut r, &cg.dir);
     let health = get_json(&r.socket(), "/v1/health").expect("health");
     assert_eq!(health["confinement"], "cgroup", "{health}");
     // The runner moved itself into a leaf, so the delegated cgroup can enable controllers.
@@ -928,11 +851,11 @@ fn the_cgroup_tier_kills_processes_that_left_the_group() {
 
 #[test]
 fn a_restarted_runner_kills_what_a_killed_one_left_in_a_job_cgroup() {
-    let Some(cg) = DelegatedCgroup::new("crash") else {
+    let Some(cg) = DelegatedCgroup::new("crash", Some("nobody")) else {
         return;
     };
     let mut r = Runner::new();
-    cg.start_runner(&mut r, &cg.dir);
+    start_runner_in(&mut r, &cg.dir);
     let id = submit_ok(
         &r,
         json!({"argv": ["sh", "-c", ESCAPE_SCRIPT], "kill_grace_secs": 1}),
@@ -946,7 +869,7 @@ fn a_restarted_runner_kills_what_a_killed_one_left_in_a_job_cgroup() {
     assert!(alive(escapee));
 
     // Where a restart must go once the delegated cgroup may have controllers enabled.
-    cg.start_runner(&mut r, &cg.dir.join("runner"));
+    start_runner_in(&mut r, &cg.dir.join("runner"));
     let rec = r.wait(&id);
     assert_eq!(rec["state"], "lost", "{rec}");
     assert!(

@@ -243,3 +243,123 @@ pub fn get_json(socket: &Path, path: &str) -> Option<serde_json::Value> {
         .then(|| serde_json::from_str(&body).ok())
         .flatten()
 }
+
+/// A fresh cgroup v2 directory for one test, handed to `owner` (as the agent delegates one
+/// to the runner account) when given. Dropping it kills whatever is left inside and
+/// removes it with its children.
+pub struct DelegatedCgroup {
+    pub dir: PathBuf,
+}
+
+impl DelegatedCgroup {
+    /// `None` (and a note saying why) where this host cannot make one.
+    pub fn new(name: &str, owner: Option<&str>) -> Option<Self> {
+        if !is_root() {
+            eprintln!("skipping: making a cgroup for the test needs root");
+            return None;
+        }
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        let Some(mount) = mountinfo.lines().find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mount = left.split_whitespace().nth(4)?;
+            (right.split_whitespace().next()? == "cgroup2").then(|| PathBuf::from(mount))
+        }) else {
+            eprintln!("skipping: no cgroup v2 hierarchy is mounted");
+            return None;
+        };
+        let dir = mount.join(format!("railgrid-test-{name}-{}", std::process::id()));
+        if let Err(e) = fs::create_dir(&dir) {
+            eprintln!("skipping: cannot create {}: {e}", dir.display());
+            return None;
+        }
+        let cg = Self { dir };
+        if !cg.dir.join("cgroup.kill").exists() {
+            eprintln!("skipping: this kernel has no cgroup.kill");
+            return None;
+        }
+        if let Some(owner) = owner {
+            let user = uzers::get_user_by_name(owner).expect("owner");
+            for p in [
+                "",
+                "cgroup.procs",
+                "cgroup.subtree_control",
+                "cgroup.threads",
+            ] {
+                std::os::unix::fs::chown(
+                    cg.dir.join(p),
+                    Some(user.uid()),
+                    Some(user.primary_group_id()),
+                )
+                .expect("chown");
+            }
+        }
+        Some(cg)
+    }
+
+    /// Pids in `sub` (a path below this cgroup, "" for itself).
+    pub fn procs(&self, sub: &str) -> Vec<i32> {
+        fs::read_to_string(self.dir.join(sub).join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for DelegatedCgroup {
+    fn drop(&mut self) {
+        let _ = fs::write(self.dir.join("cgroup.kill"), "1");
+        let mut dirs = vec![self.dir.clone()];
+        let mut i = 0;
+        while i < dirs.len() {
+            if let Ok(rd) = fs::read_dir(&dirs[i]) {
+                dirs.extend(rd.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()));
+            }
+            i += 1;
+        }
+        let populated = |d: &Path| {
+            fs::read_to_string(d.join("cgroup.events")).is_ok_and(|e| e.contains("populated 1"))
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while populated(&self.dir) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for d in dirs.iter().rev() {
+            let _ = fs::remove_dir(d);
+        }
+    }
+}
+
+/// `cmd` (program, arguments, environment) started inside the cgroup `dir`: a root shell
+/// moves itself there, then execs the program, as `user` when given (setpriv).
+pub fn in_cgroup(cmd: &Command, dir: &Path, user: Option<&str>) -> Command {
+    let mut out = Command::new("sh");
+    out.arg("-c");
+    match user {
+        Some(u) => {
+            let group = uzers::get_user_by_name(u)
+                .and_then(|u| uzers::get_group_by_gid(u.primary_group_id()))
+                .expect("the user's group");
+            out.arg(
+                r#"echo $$ > "$0/cgroup.procs" || exit 1; u=$1 g=$2; shift 2
+                   exec setpriv --reuid="$u" --regid="$g" --clear-groups -- "$@""#,
+            )
+            .arg(dir)
+            .arg(u)
+            .arg(group.name());
+        }
+        None => {
+            out.arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
+                .arg(dir);
+        }
+    }
+    out.arg(cmd.get_program()).args(cmd.get_args());
+    out.env_clear().env("PATH", "/usr/bin:/bin");
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => out.env(k, v),
+            None => out.env_remove(k),
+        };
+    }
+    out
+}
