@@ -18,12 +18,21 @@ pub enum JobProcess {
 
 impl JobProcess {
     #[cfg(target_os = "linux")]
+    /// A process that cannot be watched is not left running: its group is killed and it is
+    /// reaped before the error returns.
     pub fn from_launched(l: crate::sys::launch::Launched) -> io::Result<Self> {
-        Ok(JobProcess::Pidfd {
-            pid: l.pid,
-            fd: crate::sys::launch::watch_pidfd(l.pidfd)?,
-            status: None,
-        })
+        match crate::sys::launch::watch_pidfd(l.pidfd) {
+            Ok(fd) => Ok(JobProcess::Pidfd {
+                pid: l.pid,
+                fd,
+                status: None,
+            }),
+            Err(e) => {
+                let _ = crate::sys::group::signal_group(l.pid, crate::sys::group::Sig::SIGKILL);
+                let _ = crate::sys::launch::reap(l.pid.get(), true);
+                Err(e)
+            }
+        }
     }
 
     pub fn pid(&self) -> Option<ProcessId> {
