@@ -15,13 +15,12 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+use crate::runner::confine::RUNNER_LEAF;
 use crate::supervisor::account::Account;
 use crate::sys::cgroup::Cgroup;
 
 const AGENT_LEAF: &str = "agent";
 const RUNNER_TREE: &str = "runner";
-/// The runner's leaf inside its tree; `runner::confine` knows it by this name too.
-const RUNNER_LEAF: &str = "runner";
 
 #[derive(Debug, Error)]
 pub enum CgroupError {

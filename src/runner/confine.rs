@@ -21,10 +21,11 @@ use std::io;
 use super::spec::Limits;
 use crate::sys::spawn::Rlimits;
 
-/// Name of the leaf the runner moves itself into, so the delegated cgroup has no processes
-/// of its own and may enable controllers for its children (v2 keeps processes in leaves).
+/// Name of the leaf the runner lives in, so the delegated cgroup has no processes of its
+/// own and may enable controllers for its children (v2 keeps processes in leaves). The
+/// agent starts the runner there when it delegates the cgroup itself.
 #[cfg(target_os = "linux")]
-const RUNNER_LEAF: &str = "runner";
+pub const RUNNER_LEAF: &str = "runner";
 /// Job cgroups are `job-<id>` beside the runner's leaf.
 #[cfg(target_os = "linux")]
 const JOB_PREFIX: &str = "job-";
