@@ -83,9 +83,36 @@ struct RunningJob {
     stderr: Option<Arc<SpoolStats>>,
 }
 
+/// A job waiting for admission.
+struct Queued {
+    id: String,
+    owner: String,
+    /// The spec, kept at hand so that starting the job needs no read of the store; left
+    /// out when it carries a large stdin, which then waits in the store only.
+    spec: Option<Arc<JobSpec>>,
+}
+
+impl Queued {
+    fn new(id: String, owner: String, spec: JobSpec) -> Self {
+        let small = spec
+            .stdin
+            .as_ref()
+            .is_none_or(|s| s.len() <= MAX_QUEUED_STDIN);
+        Self {
+            id,
+            owner,
+            spec: small.then(|| Arc::new(spec)),
+        }
+    }
+}
+
+/// Specs with a larger stdin are read back from the store when their job starts, so that
+/// a full queue does not hold its stdins in memory.
+const MAX_QUEUED_STDIN: usize = 4096;
+
 #[derive(Default)]
 struct Sched {
-    queue: VecDeque<(String, String)>,
+    queue: VecDeque<Queued>,
     running: HashMap<String, RunningJob>,
     per_owner: HashMap<String, usize>,
 }
@@ -248,7 +275,7 @@ impl Engine {
                 stderr_bytes: file_len(&self.inner.paths.spool_file(&id, job::Stream::Stderr)),
                 ..Outcome::default()
             };
-            blocking(move || store.mark_finished(&id, JobState::Lost, &outcome)).await??;
+            store.mark_finished(&id, JobState::Lost, &outcome).await?;
             tracing::warn!(job = %rec.id, "marked lost");
         }
         // Cgroups of jobs that had ended (the runner died before removing them).
@@ -265,7 +292,7 @@ impl Engine {
         {
             let mut s = self.sched();
             for rec in queued {
-                s.queue.push_back((rec.id, rec.owner));
+                s.queue.push_back(Queued::new(rec.id, rec.owner, rec.spec));
             }
         }
         self.schedule();
@@ -283,40 +310,38 @@ impl Engine {
             Some(id) => id.clone(),
             None => self.new_id(),
         };
-        if let Some(existing) = self.get(&id).await? {
-            return if existing.spec.canonical() == spec.canonical() {
-                Ok((false, existing))
-            } else {
-                Err(EngineError::Conflict { id })
+        if self.sched().queue.len() >= self.inner.cfg.max_queued {
+            // An identical resubmission still gets its job back.
+            return match self.get(&id).await? {
+                Some(existing) if existing.spec.canonical() == spec.canonical() => {
+                    Ok((false, existing))
+                }
+                Some(_) => Err(EngineError::Conflict { id }),
+                None => Err(EngineError::QueueFull {
+                    max: self.inner.cfg.max_queued,
+                }),
             };
         }
-        {
-            let s = self.sched();
-            if s.queue.len() >= self.inner.cfg.max_queued {
-                return Err(EngineError::QueueFull {
-                    max: self.inner.cfg.max_queued,
-                });
+        // A working directory the client chose is checked now, so a bad one is its 400.
+        // The default workspace is made when the job starts.
+        if spec.cwd.is_some() {
+            let paths = self.inner.paths.clone();
+            let (wid, cwd) = (id.clone(), spec.cwd.clone());
+            if let Err(e) =
+                blocking(move || job::prepare_workspace(&paths, &wid, cwd.as_deref())).await?
+            {
+                let _ = std::fs::remove_dir_all(self.inner.paths.workspace(&id));
+                return Err(EngineError::Job(e));
             }
         }
-        // The working directory is checked now, so a bad one is the client's 400.
-        let paths = self.inner.paths.clone();
-        let (wid, cwd) = (id.clone(), spec.cwd.clone());
-        if let Err(e) =
-            blocking(move || job::prepare_workspace(&paths, &wid, cwd.as_deref())).await?
-        {
-            let _ = std::fs::remove_dir_all(self.inner.paths.workspace(&id));
-            return Err(EngineError::Job(e));
-        }
-        let store = self.inner.store.clone();
-        let (iid, ispec) = (id.clone(), spec.clone());
-        let rec = match blocking(move || store.insert(&iid, &ispec)).await?? {
+        let rec = match self.inner.store.insert(&id, &spec).await? {
             Inserted::New(rec) => rec,
             Inserted::Existing(rec) => return Ok((false, rec)),
             Inserted::Conflict(_) => return Err(EngineError::Conflict { id }),
         };
         self.sched()
             .queue
-            .push_back((rec.id.clone(), rec.owner.clone()));
+            .push_back(Queued::new(rec.id.clone(), rec.owner.clone(), spec));
         self.bump();
         self.schedule();
         Ok((true, rec))
@@ -376,7 +401,7 @@ impl Engine {
             if let Some(run) = s.running.get(id) {
                 let _ = run.cancel.send(Some(JobState::Cancelled));
                 false
-            } else if let Some(pos) = s.queue.iter().position(|(q, _)| q == id) {
+            } else if let Some(pos) = s.queue.iter().position(|q| q.id == id) {
                 s.queue.remove(pos);
                 true
             } else {
@@ -384,13 +409,14 @@ impl Engine {
             }
         };
         if queued {
-            let store = self.inner.store.clone();
-            let cid = id.to_owned();
             let outcome = Outcome {
                 error: Some("cancelled while queued".into()),
                 ..Outcome::default()
             };
-            blocking(move || store.mark_finished(&cid, JobState::Cancelled, &outcome)).await??;
+            self.inner
+                .store
+                .mark_finished(id, JobState::Cancelled, &outcome)
+                .await?;
             self.count_finished(0);
             self.bump();
         }
@@ -428,7 +454,7 @@ impl Engine {
     /// True while the job is queued or running in this runner.
     fn is_active(&self, id: &str) -> bool {
         let s = self.sched();
-        s.running.contains_key(id) || s.queue.iter().any(|(q, _)| q == id)
+        s.running.contains_key(id) || s.queue.iter().any(|q| q.id == id)
     }
 
     /// Starts queued jobs while there is room, FIFO, skipping owners at their limit.
@@ -443,12 +469,14 @@ impl Engine {
             }
             while s.running.len() < self.inner.cfg.max_jobs {
                 let per_owner = self.inner.cfg.max_jobs_per_owner;
-                let Some(pos) = s.queue.iter().position(|(_, owner)| {
-                    s.per_owner.get(owner).copied().unwrap_or(0) < per_owner
-                }) else {
+                let Some(pos) = s
+                    .queue
+                    .iter()
+                    .position(|q| s.per_owner.get(&q.owner).copied().unwrap_or(0) < per_owner)
+                else {
                     break;
                 };
-                let Some((id, owner)) = s.queue.remove(pos) else {
+                let Some(Queued { id, owner, spec }) = s.queue.remove(pos) else {
                     break;
                 };
                 let (cancel, cancel_rx) = watch::channel(None);
@@ -462,7 +490,7 @@ impl Engine {
                         stderr: None,
                     },
                 );
-                started.push((id, cancel_rx, super::store::now_ms()));
+                started.push((id, spec, cancel_rx, super::store::now_ms()));
             }
         }
         if started.is_empty() {
@@ -471,19 +499,20 @@ impl Engine {
         let mut tasks = crate::util::lock(&self.inner.tasks);
         // Reap finished tasks so the set does not grow without bound.
         while tasks.try_join_next().is_some() {}
-        for (id, cancel_rx, admitted_ms) in started {
+        for (id, spec, cancel_rx, admitted_ms) in started {
             let engine = self.clone();
-            tasks.spawn(async move { engine.run_job(id, cancel_rx, admitted_ms).await });
+            tasks.spawn(async move { engine.run_job(id, spec, cancel_rx, admitted_ms).await });
         }
     }
 
     async fn run_job(
         self,
         id: String,
+        spec: Option<Arc<JobSpec>>,
         mut cancel: watch::Receiver<Option<JobState>>,
         admitted_ms: i64,
     ) {
-        let (state, outcome) = match self.execute(&id, &mut cancel, admitted_ms).await {
+        let (state, outcome) = match self.execute(&id, spec, &mut cancel, admitted_ms).await {
             Ok(done) => done,
             Err(e) => (
                 JobState::Failed,
@@ -493,16 +522,9 @@ impl Engine {
                 },
             ),
         };
-        let store = self.inner.store.clone();
-        let fid = id.clone();
-        let o = outcome.clone();
         self.count_finished(outcome.stdout_bytes + outcome.stderr_bytes);
-        match blocking(move || store.mark_finished(&fid, state, &o)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::error!(job = %id, error = %crate::error_chain(&e), "could not record the job's end")
-            }
-            Err(e) => tracing::error!(job = %id, error = %e, "could not record the job's end"),
+        if let Err(e) = self.inner.store.mark_finished(&id, state, &outcome).await {
+            tracing::error!(job = %id, error = %crate::error_chain(&e), "could not record the job's end")
         }
         tracing::info!(job = %id, state = state.as_str(), exit_code = ?outcome.exit_code, signal = ?outcome.signal, "job finished");
         {
@@ -523,24 +545,32 @@ impl Engine {
     async fn execute(
         &self,
         id: &str,
+        spec: Option<Arc<JobSpec>>,
         cancel: &mut watch::Receiver<Option<JobState>>,
         admitted_ms: i64,
     ) -> Result<(JobState, Outcome), EngineError> {
-        let store = self.inner.store.clone();
-        let sid = id.to_owned();
-        let rec = blocking(move || {
-            store.mark_starting(&sid, admitted_ms)?;
-            store.get(&sid)
-        })
-        .await??
-        .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })?;
+        // Committed before the job is launched: a runner killed after the launch leaves a
+        // `starting` record for the next one to reconcile, never a `queued` one it would
+        // run a second time.
+        let starting = self.inner.store.mark_starting(id, admitted_ms);
+        let spec = match spec {
+            Some(spec) => spec,
+            None => {
+                let store = self.inner.store.clone();
+                let sid = id.to_owned();
+                let rec = blocking(move || store.get(&sid))
+                    .await??
+                    .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })?;
+                Arc::new(rec.spec)
+            }
+        };
+        // The workspace is made while the writer commits: two mkdirs, too short to be
+        // worth a trip to the blocking pool.
+        let cwd = job::prepare_workspace(&self.inner.paths, id, spec.cwd.as_deref())
+            .map_err(EngineError::Job);
+        starting.await?;
+        let cwd = cwd?;
         self.bump();
-        let spec = rec.spec.clone();
-        let paths = self.inner.paths.clone();
-        let (pid_, cwd) = (id.to_owned(), spec.cwd.clone());
-        let cwd = blocking(move || job::prepare_workspace(&paths, &pid_, cwd.as_deref()))
-            .await?
-            .map_err(EngineError::Job)?;
         let activity = self.inner.activity.clone();
         let notify: Arc<dyn Fn() + Send + Sync> =
             Arc::new(move || activity.send_modify(|n| *n = n.wrapping_add(1)));
@@ -571,10 +601,13 @@ impl Engine {
                 run.stderr = Some(started.stderr.clone());
             }
         }
-        let store = self.inner.store.clone();
-        let (sid, confinement) = (id.to_owned(), started.confinement.clone());
-        let spid = started.pid;
-        blocking(move || store.mark_running(&sid, spid, start_time, &confinement)).await??;
+        // Not awaited: the job runs either way, and the writer applies writes in order, so
+        // the job's end is recorded after this. A failure is logged by the writer.
+        drop(
+            self.inner
+                .store
+                .mark_running(id, started.pid, start_time, &started.confinement),
+        );
         self.bump();
         tracing::info!(job = %id, pid = started.pid, argv = ?spec.argv, "job running");
 
@@ -680,14 +713,14 @@ impl Engine {
             if !over(&self.totals()) {
                 break;
             }
-            let store = self.inner.store.clone();
             let paths = self.inner.paths.clone();
+            let rid = id.clone();
             blocking(move || {
-                let _ = std::fs::remove_dir_all(paths.spool_dir(&id));
-                let _ = std::fs::remove_dir_all(paths.workspace(&id));
-                store.delete(&id)
+                let _ = std::fs::remove_dir_all(paths.spool_dir(&rid));
+                let _ = std::fs::remove_dir_all(paths.workspace(&rid));
             })
-            .await??;
+            .await?;
+            self.inner.store.delete(&id).await?;
             let mut t = self.totals();
             t.count = t.count.saturating_sub(1);
             t.bytes = t.bytes.saturating_sub(b);

@@ -3,15 +3,18 @@
 //! Every state change is committed before it is acted on or reported, so a killed runner
 //! leaves records that say what was running (pid and process start time included) for the
 //! next one to reconcile. WAL with `synchronous=NORMAL` survives any process crash; only
-//! a power loss may drop the last commits. All calls block: use them off the runtime.
+//! a power loss may drop the last commits. Writes go through one writer thread that
+//! commits in groups (see [`Store`]); reads block: use them off the runtime.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+use tokio::sync::oneshot;
 
 use super::spec::JobSpec;
 
@@ -151,6 +154,16 @@ pub enum StoreError {
         found: i64,
         known: usize,
     },
+    #[error("job database {path}: commit failed: {reason}")]
+    Commit { path: PathBuf, reason: String },
+    #[error("job database {path}: its writer thread has stopped")]
+    WriterGone { path: PathBuf },
+    #[error("job database {path}: could not start its writer thread")]
+    Thread {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("stored spec of job {id} in {path} is unreadable")]
     Spec {
         path: PathBuf,
@@ -169,9 +182,64 @@ pub enum Inserted {
     Conflict(JobRecord),
 }
 
+/// The job database: one writer thread that commits in groups, and one connection for
+/// reads, which WAL lets run beside the writer.
+///
+/// Writes are queued to the writer and return a [`Pending`] that resolves once the
+/// transaction holding them has been committed. Whatever is queued when the writer wakes
+/// goes into one transaction, so N jobs changing state at once cost one commit, not N;
+/// each write runs in its own savepoint, so one failing write does not undo the others.
 pub struct Store {
-    path: PathBuf,
-    conn: Mutex<Connection>,
+    path: Arc<Path>,
+    read: Mutex<Connection>,
+    writes: Option<mpsc::Sender<Write>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Runs a write's statements; returns what to tell its caller once the batch's commit
+/// succeeded (`None`) or failed (`Some(reason)`).
+type Write = Box<dyn FnOnce(&Connection) -> Reply + Send>;
+type Reply = Box<dyn FnOnce(Option<&str>) + Send>;
+
+/// More writes than this wait for the next transaction, so that no caller waits behind an
+/// unbounded batch.
+const MAX_BATCH: usize = 256;
+
+/// A queued write: `.await` it, or [`Pending::wait`] outside the runtime. Dropping it does
+/// not cancel the write; a failure nobody waits for is logged.
+#[must_use = "a write's failure is only seen by awaiting it"]
+pub struct Pending<T> {
+    rx: oneshot::Receiver<Result<T, StoreError>>,
+    path: Arc<Path>,
+}
+
+impl<T> Pending<T> {
+    /// Blocks until the write has been committed. Not on a runtime thread.
+    pub fn wait(self) -> Result<T, StoreError> {
+        let path = self.path;
+        self.rx.blocking_recv().unwrap_or_else(|_| {
+            Err(StoreError::WriterGone {
+                path: path.to_path_buf(),
+            })
+        })
+    }
+}
+
+impl<T> std::future::Future for Pending<T> {
+    type Output = Result<T, StoreError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.rx).poll(cx).map(|r| {
+            r.unwrap_or_else(|_| {
+                Err(StoreError::WriterGone {
+                    path: self.path.to_path_buf(),
+                })
+            })
+        })
+    }
 }
 
 pub fn now_ms() -> i64 {
@@ -181,152 +249,263 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-const COLUMNS: &str = "seq, id, owner, spec, state, pid, start_time, exit_code, signal, error, confinement, \
-     stdout_bytes, stderr_bytes, stdout_truncated, stderr_truncated, created_ms, started_ms, finished_ms";
+macro_rules! columns {
+    () => {
+        "seq, id, owner, spec, state, pid, start_time, exit_code, signal, error, confinement, \
+         stdout_bytes, stderr_bytes, stdout_truncated, stderr_truncated, created_ms, started_ms, \
+         finished_ms"
+    };
+}
+
+const GET: &str = concat!("SELECT ", columns!(), " FROM jobs WHERE id = ?1");
+
+fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+    move |source| StoreError::Sql {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn connect(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path).map_err(sql(path))?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(sql(path))?;
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(sql(path))?;
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(sql(path))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(sql(path))?;
+    Ok(conn)
+}
+
+fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(sql(path))?;
+    if version as usize > MIGRATIONS.len() {
+        return Err(StoreError::TooNew {
+            path: path.to_owned(),
+            found: version,
+            known: MIGRATIONS.len(),
+        });
+    }
+    for (i, m) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let tx = conn.unchecked_transaction().map_err(sql(path))?;
+        tx.execute_batch(m).map_err(sql(path))?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)
+            .map_err(sql(path))?;
+        tx.commit().map_err(sql(path))?;
+    }
+    Ok(())
+}
+
+fn record(path: &Path, row: &Row<'_>) -> rusqlite::Result<Result<JobRecord, StoreError>> {
+    let id: String = row.get(1)?;
+    let spec_text: String = row.get(3)?;
+    let state_text: String = row.get(4)?;
+    let spec = match serde_json::from_str(&spec_text) {
+        Ok(s) => s,
+        Err(source) => {
+            return Ok(Err(StoreError::Spec {
+                path: path.to_owned(),
+                id,
+                source,
+            }))
+        }
+    };
+    Ok(Ok(JobRecord {
+        seq: row.get(0)?,
+        owner: row.get(2)?,
+        spec,
+        state: JobState::parse(&state_text).unwrap_or(JobState::Lost),
+        pid: row.get(5)?,
+        start_time: row.get::<_, Option<i64>>(6)?.map(|t| t as u64),
+        exit_code: row.get(7)?,
+        signal: row.get(8)?,
+        error: row.get(9)?,
+        confinement: row.get(10)?,
+        stdout_bytes: row.get::<_, i64>(11)? as u64,
+        stderr_bytes: row.get::<_, i64>(12)? as u64,
+        stdout_truncated: row.get(13)?,
+        stderr_truncated: row.get(14)?,
+        created_ms: row.get(15)?,
+        started_ms: row.get(16)?,
+        finished_ms: row.get(17)?,
+        id,
+    }))
+}
+
+fn get_on(c: &Connection, path: &Path, id: &str) -> Result<Option<JobRecord>, StoreError> {
+    let mut stmt = c.prepare_cached(GET).map_err(sql(path))?;
+    stmt.query_row(params![id], |r| record(path, r))
+        .optional()
+        .map_err(sql(path))?
+        .transpose()
+}
+
+/// Runs `f` in a savepoint of the batch's transaction: undone alone when it fails.
+fn in_savepoint<T>(
+    c: &Connection,
+    path: &Path,
+    f: impl FnOnce(&Connection, &Path) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    c.execute_batch("SAVEPOINT write").map_err(sql(path))?;
+    match f(c, path) {
+        Ok(v) => {
+            c.execute_batch("RELEASE write").map_err(sql(path))?;
+            Ok(v)
+        }
+        Err(e) => {
+            let _ = c.execute_batch("ROLLBACK TO write; RELEASE write");
+            Err(e)
+        }
+    }
+}
+
+/// The writer thread: takes whatever writes are queued, runs them in one transaction,
+/// commits once and answers each. Ends when the store is dropped.
+fn write_loop(conn: Connection, path: Arc<Path>, queue: mpsc::Receiver<Write>) {
+    let mut batch = Vec::new();
+    while let Ok(first) = queue.recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(w) => batch.push(w),
+                Err(_) => break,
+            }
+        }
+        // If BEGIN fails (the database is busy past the timeout), each write's savepoint
+        // is then a transaction of its own and reports its own result.
+        let in_tx = conn.execute_batch("BEGIN IMMEDIATE").is_ok();
+        let replies: Vec<Reply> = batch.drain(..).map(|w| w(&conn)).collect();
+        let failed = if in_tx {
+            conn.execute_batch("COMMIT").err().map(|e| {
+                let _ = conn.execute_batch("ROLLBACK");
+                tracing::error!(db = %path.display(), error = %e, "could not commit job records");
+                e.to_string()
+            })
+        } else {
+            None
+        };
+        for reply in replies {
+            reply(failed.as_deref());
+        }
+    }
+}
 
 impl Store {
-    /// Opens (creating, mode 0600 through the runner's umask) and migrates the database.
+    /// Opens (creating, mode 0600 through the runner's umask) and migrates the database,
+    /// and starts its writer thread.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let sql = |source| StoreError::Sql {
-            path: path.to_owned(),
-            source,
-        };
-        let conn = Connection::open(path).map_err(sql)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(sql)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(sql)?;
-        conn.pragma_update(None, "foreign_keys", "ON")
-            .map_err(sql)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(sql)?;
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(sql)?;
-        if version as usize > MIGRATIONS.len() {
-            return Err(StoreError::TooNew {
-                path: path.to_owned(),
-                found: version,
-                known: MIGRATIONS.len(),
-            });
-        }
-        for (i, m) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-            let tx = conn.unchecked_transaction().map_err(sql)?;
-            tx.execute_batch(m).map_err(sql)?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64)
-                .map_err(sql)?;
-            tx.commit().map_err(sql)?;
-        }
+        let writer_conn = connect(path)?;
+        migrate(&writer_conn, path)?;
+        let read = connect(path)?;
+        read.pragma_update(None, "query_only", true)
+            .map_err(sql(path))?;
+        let path: Arc<Path> = path.into();
+        let (tx, rx) = mpsc::channel();
+        let wpath = path.clone();
+        let writer = std::thread::Builder::new()
+            .name("jobs-db-writer".into())
+            .spawn(move || write_loop(writer_conn, wpath, rx))
+            .map_err(|source| StoreError::Thread {
+                path: path.to_path_buf(),
+                source,
+            })?;
         Ok(Self {
-            path: path.to_owned(),
-            conn: Mutex::new(conn),
+            path,
+            read: Mutex::new(read),
+            writes: Some(tx),
+            writer: Some(writer),
         })
+    }
+
+    /// Queues `f` for the writer.
+    fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection, &Path) -> Result<T, StoreError> + Send + 'static,
+    ) -> Pending<T> {
+        let (tx, rx) = oneshot::channel();
+        let path = self.path.clone();
+        let w: Write = Box::new(move |conn| {
+            let result = in_savepoint(conn, &path, f);
+            Box::new(move |failed: Option<&str>| {
+                let result = match (result, failed) {
+                    (Ok(_), Some(reason)) => Err(StoreError::Commit {
+                        path: path.to_path_buf(),
+                        reason: reason.to_owned(),
+                    }),
+                    (r, _) => r,
+                };
+                if let Err(Err(e)) = tx.send(result) {
+                    tracing::error!(error = %crate::error_chain(&e), "could not record a job's change");
+                }
+            })
+        });
+        if let Some(writes) = &self.writes {
+            // A send fails only when the writer thread is gone; the dropped reply channel
+            // then tells the caller.
+            let _ = writes.send(w);
+        }
+        Pending {
+            rx,
+            path: self.path.clone(),
+        }
     }
 
     fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
-        let conn = crate::util::lock(&self.conn);
-        f(&conn).map_err(|source| StoreError::Sql {
-            path: self.path.clone(),
-            source,
-        })
-    }
-
-    fn record(&self, row: &Row<'_>) -> rusqlite::Result<Result<JobRecord, StoreError>> {
-        let id: String = row.get(1)?;
-        let spec_text: String = row.get(3)?;
-        let state_text: String = row.get(4)?;
-        let spec = match serde_json::from_str(&spec_text) {
-            Ok(s) => s,
-            Err(source) => {
-                return Ok(Err(StoreError::Spec {
-                    path: self.path.clone(),
-                    id,
-                    source,
-                }))
-            }
-        };
-        Ok(Ok(JobRecord {
-            seq: row.get(0)?,
-            owner: row.get(2)?,
-            spec,
-            state: JobState::parse(&state_text).unwrap_or(JobState::Lost),
-            pid: row.get(5)?,
-            start_time: row.get::<_, Option<i64>>(6)?.map(|t| t as u64),
-            exit_code: row.get(7)?,
-            signal: row.get(8)?,
-            error: row.get(9)?,
-            confinement: row.get(10)?,
-            stdout_bytes: row.get::<_, i64>(11)? as u64,
-            stderr_bytes: row.get::<_, i64>(12)? as u64,
-            stdout_truncated: row.get(13)?,
-            stderr_truncated: row.get(14)?,
-            created_ms: row.get(15)?,
-            started_ms: row.get(16)?,
-            finished_ms: row.get(17)?,
-            id,
-        }))
+        let conn = crate::util::lock(&self.read);
+        f(&conn).map_err(sql(&self.path))
     }
 
     fn query(
         &self,
-        sql: &str,
+        sql_text: &str,
         params: impl rusqlite::Params,
     ) -> Result<Vec<JobRecord>, StoreError> {
         let rows = self.with(|c| {
-            let mut stmt = c.prepare_cached(sql)?;
-            let rows = stmt.query_map(params, |r| self.record(r))?;
+            let mut stmt = c.prepare_cached(sql_text)?;
+            let rows = stmt.query_map(params, |r| record(&self.path, r))?;
             rows.collect::<rusqlite::Result<Vec<_>>>()
         })?;
         rows.into_iter().collect()
     }
 
     /// Inserts a queued job, or finds the job that already has this id.
-    pub fn insert(&self, id: &str, spec: &JobSpec) -> Result<Inserted, StoreError> {
-        let canonical = spec.canonical();
-        if let Some(existing) = self.get(id)? {
-            return Ok(if existing.spec.canonical() == canonical {
-                Inserted::Existing(existing)
-            } else {
-                Inserted::Conflict(existing)
-            });
-        }
-        let now = now_ms();
-        // ON CONFLICT: a concurrent submission of the same id may have won since the check;
-        // then this one is a resubmission, not an error.
-        let inserted = self.with(|c| {
-            let tx = c.unchecked_transaction()?;
-            let n = tx.execute(
-                "INSERT INTO jobs (id, owner, spec, state, created_ms) VALUES (?1, ?2, ?3, 'queued', ?4) \
-                 ON CONFLICT(id) DO NOTHING",
-                params![id, spec.owner(), canonical, now],
-            )?;
-            if n == 1 {
-                tx.execute(
-                    "INSERT INTO transitions (job_seq, state, at_ms) VALUES (last_insert_rowid(), 'queued', ?1)",
-                    params![now],
-                )?;
+    pub fn insert(&self, id: &str, spec: &JobSpec) -> Pending<Inserted> {
+        let (id, owner, canonical) = (id.to_owned(), spec.owner().to_owned(), spec.canonical());
+        self.write(move |c, path| {
+            if let Some(existing) = get_on(c, path, &id)? {
+                return Ok(if existing.spec.canonical() == canonical {
+                    Inserted::Existing(existing)
+                } else {
+                    Inserted::Conflict(existing)
+                });
             }
-            tx.commit()?;
-            Ok(n == 1)
-        })?;
-        let rec = self.get(id)?.ok_or_else(|| StoreError::Sql {
-            path: self.path.clone(),
-            source: rusqlite::Error::QueryReturnedNoRows,
-        })?;
-        Ok(match (inserted, rec.spec.canonical() == canonical) {
-            (true, _) => Inserted::New(rec),
-            (false, true) => Inserted::Existing(rec),
-            (false, false) => Inserted::Conflict(rec),
+            let now = now_ms();
+            c.prepare_cached(
+                "INSERT INTO jobs (id, owner, spec, state, created_ms) VALUES (?1, ?2, ?3, 'queued', ?4)",
+            )
+            .and_then(|mut s| s.execute(params![id, owner, canonical, now]))
+            .and_then(|_| {
+                c.prepare_cached(
+                    "INSERT INTO transitions (job_seq, state, at_ms) VALUES (last_insert_rowid(), 'queued', ?1)",
+                )?
+                .execute(params![now])
+            })
+            .map_err(sql(path))?;
+            let rec = get_on(c, path, &id)?.ok_or_else(|| StoreError::Sql {
+                path: path.to_owned(),
+                source: rusqlite::Error::QueryReturnedNoRows,
+            })?;
+            Ok(Inserted::New(rec))
         })
     }
 
     pub fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
-        let sql = format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1");
-        let rec = self.with(|c| {
-            c.query_row(&sql, params![id], |r| self.record(r))
-                .optional()
-        })?;
-        rec.transpose()
+        let conn = crate::util::lock(&self.read);
+        get_on(&conn, &self.path, id)
     }
 
     /// Newest first, optionally filtered, paged by `before` (a `seq`).
@@ -337,12 +516,13 @@ impl Store {
         before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<JobRecord>, StoreError> {
-        let sql = format!(
-            "SELECT {COLUMNS} FROM jobs WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR owner = ?2) \
-             AND (?3 IS NULL OR seq < ?3) ORDER BY seq DESC LIMIT ?4"
-        );
         self.query(
-            &sql,
+            concat!(
+                "SELECT ",
+                columns!(),
+                " FROM jobs WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR owner = ?2) \
+                 AND (?3 IS NULL OR seq < ?3) ORDER BY seq DESC LIMIT ?4"
+            ),
             params![state.map(JobState::as_str), owner, before, limit],
         )
     }
@@ -350,44 +530,59 @@ impl Store {
     /// Jobs in these states, oldest first.
     pub fn in_states(&self, states: &[JobState]) -> Result<Vec<JobRecord>, StoreError> {
         let list: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
-        let sql = format!(
-            "SELECT {COLUMNS} FROM jobs WHERE state IN ({}) ORDER BY seq",
+        let sql_text = format!(
+            concat!(
+                "SELECT ",
+                columns!(),
+                " FROM jobs WHERE state IN ({}) ORDER BY seq"
+            ),
             list.iter()
                 .map(|s| format!("'{s}'"))
                 .collect::<Vec<_>>()
                 .join(",")
         );
-        self.query(&sql, [])
+        self.query(&sql_text, [])
     }
 
+    /// Sets the job's state (plus the columns in `set`, bound from ?3 on) and records the
+    /// transition.
     fn transition(
         &self,
         id: &str,
         state: JobState,
-        extra: &str,
-        p: &[&dyn rusqlite::ToSql],
-    ) -> Result<(), StoreError> {
-        let now = now_ms();
-        let sql = format!("UPDATE jobs SET state = ?1{extra} WHERE id = ?2");
-        self.with(|c| {
-            let tx = c.unchecked_transaction()?;
+        set: &'static str,
+        values: Vec<Value>,
+    ) -> Pending<()> {
+        let id = id.to_owned();
+        self.write(move |c, path| {
+            let now = now_ms();
+            let update = format!("UPDATE jobs SET state = ?1{set} WHERE id = ?2");
             let state_text = state.as_str();
             let mut all: Vec<&dyn rusqlite::ToSql> = vec![&state_text, &id];
-            all.extend_from_slice(p);
-            tx.execute(&sql, all.as_slice())?;
-            tx.execute(
-                "INSERT INTO transitions (job_seq, state, at_ms) SELECT seq, ?1, ?2 FROM jobs WHERE id = ?3",
-                params![state.as_str(), now, id],
-            )?;
-            tx.commit()
+            all.extend(values.iter().map(|v| v as &dyn rusqlite::ToSql));
+            c.prepare_cached(&update)
+                .and_then(|mut s| s.execute(all.as_slice()))
+                .and_then(|_| {
+                    c.prepare_cached(
+                        "INSERT INTO transitions (job_seq, state, at_ms) SELECT seq, ?1, ?2 FROM jobs WHERE id = ?3",
+                    )?
+                    .execute(params![state_text, now, id])
+                })
+                .map(|_| ())
+                .map_err(sql(path))
         })
     }
 
     /// `admitted_ms` is when the scheduler took the job off the queue: it becomes the
     /// job's `started_ms`, so start times follow admission order (FIFO) even when several
     /// jobs launch at once.
-    pub fn mark_starting(&self, id: &str, admitted_ms: i64) -> Result<(), StoreError> {
-        self.transition(id, JobState::Starting, ", started_ms = ?3", &[&admitted_ms])
+    pub fn mark_starting(&self, id: &str, admitted_ms: i64) -> Pending<()> {
+        self.transition(
+            id,
+            JobState::Starting,
+            ", started_ms = ?3",
+            vec![admitted_ms.into()],
+        )
     }
 
     pub fn mark_running(
@@ -396,40 +591,45 @@ impl Store {
         pid: i32,
         start_time: Option<u64>,
         confinement: &str,
-    ) -> Result<(), StoreError> {
-        let st = start_time.map(|t| t as i64);
+    ) -> Pending<()> {
         self.transition(
             id,
             JobState::Running,
             ", pid = ?3, start_time = ?4, confinement = ?5",
-            &[&pid, &st, &confinement],
+            vec![
+                pid.into(),
+                start_time.map(|t| t as i64).into(),
+                confinement.to_owned().into(),
+            ],
         )
     }
 
-    pub fn mark_finished(&self, id: &str, state: JobState, o: &Outcome) -> Result<(), StoreError> {
-        let now = now_ms();
+    pub fn mark_finished(&self, id: &str, state: JobState, o: &Outcome) -> Pending<()> {
         self.transition(
             id,
             state,
             ", exit_code = ?3, signal = ?4, error = ?5, stdout_bytes = ?6, stderr_bytes = ?7, \
              stdout_truncated = ?8, stderr_truncated = ?9, finished_ms = ?10",
-            &[
-                &o.exit_code,
-                &o.signal,
-                &o.error,
-                &(o.stdout_bytes as i64),
-                &(o.stderr_bytes as i64),
-                &o.stdout_truncated,
-                &o.stderr_truncated,
-                &now,
+            vec![
+                o.exit_code.into(),
+                o.signal.into(),
+                o.error.clone().into(),
+                (o.stdout_bytes as i64).into(),
+                (o.stderr_bytes as i64).into(),
+                o.stdout_truncated.into(),
+                o.stderr_truncated.into(),
+                now_ms().into(),
             ],
         )
     }
 
-    pub fn delete(&self, id: &str) -> Result<(), StoreError> {
-        self.with(|c| {
-            c.execute("DELETE FROM jobs WHERE id = ?1", params![id])
+    pub fn delete(&self, id: &str) -> Pending<()> {
+        let id = id.to_owned();
+        self.write(move |c, path| {
+            c.prepare_cached("DELETE FROM jobs WHERE id = ?1")
+                .and_then(|mut s| s.execute(params![id]))
                 .map(|_| ())
+                .map_err(sql(path))
         })
     }
 
@@ -472,6 +672,16 @@ impl Store {
     }
 }
 
+impl Drop for Store {
+    /// Lets the writer finish what is queued, so every write a caller was promised lands.
+    fn drop(&mut self) {
+        self.writes = None;
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,15 +695,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("jobs.db")).unwrap();
         assert!(matches!(
-            store.insert("a", &spec(&["true"])).unwrap(),
+            store.insert("a", &spec(&["true"])).wait().unwrap(),
             Inserted::New(_)
         ));
         assert!(matches!(
-            store.insert("a", &spec(&["true"])).unwrap(),
+            store.insert("a", &spec(&["true"])).wait().unwrap(),
             Inserted::Existing(_)
         ));
         assert!(matches!(
-            store.insert("a", &spec(&["false"])).unwrap(),
+            store.insert("a", &spec(&["false"])).wait().unwrap(),
             Inserted::Conflict(_)
         ));
     }
@@ -504,15 +714,21 @@ mod tests {
         let path = dir.path().join("jobs.db");
         {
             let store = Store::open(&path).unwrap();
-            store.insert("a", &spec(&["true"])).unwrap();
-            store.mark_starting("a", now_ms()).unwrap();
-            store.mark_running("a", 1234, Some(99), "rlimits").unwrap();
+            store.insert("a", &spec(&["true"])).wait().unwrap();
+            store.mark_starting("a", now_ms()).wait().unwrap();
+            store
+                .mark_running("a", 1234, Some(99), "rlimits")
+                .wait()
+                .unwrap();
             let o = Outcome {
                 exit_code: Some(0),
                 stdout_bytes: 5,
                 ..Outcome::default()
             };
-            store.mark_finished("a", JobState::Succeeded, &o).unwrap();
+            store
+                .mark_finished("a", JobState::Succeeded, &o)
+                .wait()
+                .unwrap();
         }
         let store = Store::open(&path).unwrap();
         let rec = store.get("a").unwrap().unwrap();
@@ -528,6 +744,52 @@ mod tests {
             .map(|(s, _)| s)
             .collect();
         assert_eq!(states, ["queued", "starting", "running", "succeeded"]);
+    }
+
+    #[test]
+    fn a_failing_write_does_not_undo_the_others_committed_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+        // Hold the writer until the next three writes are queued, so they share a batch.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let held = store.write(move |_, _| {
+            wait.recv().ok();
+            Ok(())
+        });
+        let b = store.insert("b", &spec(&["true"]));
+        // Half done, then failing: its first half must not be committed.
+        let bad = store.write(|c, path| {
+            c.execute_batch(
+                "INSERT INTO jobs (id, owner, spec, state, created_ms) VALUES ('d', '', '{}', 'queued', 0); \
+                 INSERT INTO no_such_table VALUES (1);",
+            )
+            .map_err(sql(path))
+        });
+        let c = store.insert("c", &spec(&["true"]));
+        go.send(()).unwrap();
+        held.wait().unwrap();
+        assert!(matches!(b.wait().unwrap(), Inserted::New(_)));
+        assert!(matches!(bad.wait(), Err(StoreError::Sql { .. })));
+        assert!(matches!(c.wait().unwrap(), Inserted::New(_)));
+        drop(store);
+        let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+        assert!(store.get("b").unwrap().is_some());
+        assert!(store.get("c").unwrap().is_some());
+        assert!(store.get("d").unwrap().is_none());
+    }
+
+    #[test]
+    fn writes_queued_before_the_store_is_dropped_land() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        {
+            let store = Store::open(&path).unwrap();
+            for i in 0..100 {
+                drop(store.insert(&format!("j{i}"), &spec(&["true"])));
+            }
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.in_states(&[JobState::Queued]).unwrap().len(), 100);
     }
 
     #[test]

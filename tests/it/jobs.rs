@@ -340,8 +340,8 @@ fn a_recycled_pid_is_never_signalled() {
     {
         let store = Store::open(&r.runner_dir().join("jobs.db")).expect("store");
         let spec = JobSpec::from_argv(["sleep", "1000"]);
-        store.insert("recycled", &spec).expect("insert");
-        store.mark_starting("recycled", 0).expect("starting");
+        store.insert("recycled", &spec).wait().expect("insert");
+        store.mark_starting("recycled", 0).wait().expect("starting");
         let real = railgrid::sys::process_start_time(
             railgrid::sys::ProcessId::new(bystander.pid()).expect("pid"),
         );
@@ -352,6 +352,7 @@ fn a_recycled_pid_is_never_signalled() {
                 Some(real.expect("start time") + 1),
                 "process-group",
             )
+            .wait()
             .expect("running");
     }
     chown_runner_dir(&r.runner_dir());
@@ -666,8 +667,12 @@ fn a_job_spawned_but_not_yet_recorded_is_found_and_killed_after_a_crash() {
         let store = Store::open(&r.runner_dir().join("jobs.db")).expect("store");
         store
             .insert("unrecorded", &JobSpec::from_argv(["sleep", "1000"]))
+            .wait()
             .expect("insert");
-        store.mark_starting("unrecorded", 0).expect("starting");
+        store
+            .mark_starting("unrecorded", 0)
+            .wait()
+            .expect("starting");
     }
     chown_runner_dir(&r.runner_dir());
     // The process a dead runner spawned but never recorded: its own group, the runner's
