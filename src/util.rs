@@ -71,3 +71,12 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io:
     }
     result
 }
+
+/// Called once a long-lived command has finished starting (its child is launched): gives
+/// back the pages of code that only startup ran (see [`crate::sys::memory`]).
+pub fn release_startup_code() {
+    match crate::sys::memory::page_out_own_code() {
+        Ok(bytes) => tracing::debug!(bytes, "released startup code pages"),
+        Err(e) => tracing::debug!(error = %e, "could not release startup code pages"),
+    }
+}

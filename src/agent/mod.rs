@@ -440,6 +440,7 @@ impl Reporter {
         if !self.ready && runner.state != State::Stopped {
             self.ready = true;
             self.notify("READY=1");
+            crate::util::release_startup_code();
         }
     }
 }

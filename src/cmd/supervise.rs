@@ -48,6 +48,7 @@ pub(super) fn run(args: SuperviseArgs) -> anyhow::Result<ExitCode> {
             }
         }
         sup.start().await?;
+        crate::util::release_startup_code();
         // Cancel-safe: signal streams buffer deliveries between polls.
         let which = tokio::select! {
             _ = term.recv() => "SIGTERM",

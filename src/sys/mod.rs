@@ -9,6 +9,7 @@ pub mod group;
 #[cfg(target_os = "linux")]
 pub mod launch;
 pub mod locks;
+pub mod memory;
 pub mod pipe;
 #[cfg(target_os = "linux")]
 pub mod procfs;
