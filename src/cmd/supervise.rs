@@ -47,14 +47,23 @@ pub(super) fn run(args: SuperviseArgs) -> anyhow::Result<ExitCode> {
                 None => tracing::info!(lock = %lock_path.display(), "lock is free"),
             }
         }
+        let mut status = sup.subscribe();
         sup.start().await?;
-        crate::util::release_startup_code();
-        // Cancel-safe: signal streams buffer deliveries between polls.
-        let which = tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
-            _ = hup.recv() => "SIGHUP",
-            _ = quit.recv() => "SIGQUIT",
+        let mut started = false;
+        let which = loop {
+            // Cancel-safe: signal streams buffer deliveries between polls, and `wait_for`
+            // only observes the channel.
+            tokio::select! {
+                _ = status.wait_for(|s| s.pid.is_some() || s.last_error.is_some()), if !started => {
+                    // The first launch is done: the code that only startup ran can go.
+                    started = true;
+                    crate::util::release_startup_code();
+                }
+                _ = term.recv() => break "SIGTERM",
+                _ = int.recv() => break "SIGINT",
+                _ = hup.recv() => break "SIGHUP",
+                _ = quit.recv() => break "SIGQUIT",
+            }
         };
         tracing::info!("{which} received: stopping");
         sup.stop().await;
