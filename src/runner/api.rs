@@ -100,6 +100,7 @@ async fn health(State(api): State<Api>) -> Json<Health> {
         uptime_secs: api.started.elapsed().as_secs(),
         jobs_running: api.engine.running_count() as u64,
         confinement: api.engine.confinement().to_owned(),
+        isolation: api.engine.isolation().to_owned(),
     })
 }
 

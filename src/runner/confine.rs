@@ -13,12 +13,28 @@
 //! `processes` only when no cgroup controller enforces them, because RLIMIT_AS counts
 //! address space rather than memory and RLIMIT_NPROC counts every process of the uid).
 //!
-//! Neither tier is a boundary against a hostile job: jobs run as the runner's account and
-//! may write whatever that account may, the delegated cgroup tree included.
+//! **landlock** (Linux 5.13+, on top of either tier): jobs run as the runner's account, so
+//! without more they could read `jobs.db` (every job's environment), other jobs' output,
+//! and use the runner's lock. Each job restricts itself, last before exec, to a Landlock
+//! ruleset that allows every path except the runner's own directory, of which it keeps
+//! `work/`. From Landlock ABI 6 the job can also no longer signal anything outside its
+//! own domain: not the runner, not another job. See [`FsGuard`] for what that costs a job.
+//!
+//! Still not a boundary against a hostile job: the job may write whatever the runner's
+//! account may outside the runner's directory, the delegated cgroup tree included, and
+//! can reach the runner's socket (Landlock does not govern connecting to a Unix socket).
 
 use std::io;
+#[cfg(target_os = "linux")]
+use std::path::{Path, PathBuf};
+#[cfg(target_os = "linux")]
+use std::sync::{Arc, Mutex};
+#[cfg(target_os = "linux")]
+use std::time::SystemTime;
 
 use super::spec::Limits;
+#[cfg(target_os = "linux")]
+use crate::sys::landlock::{self, Ruleset};
 use crate::sys::spawn::Rlimits;
 
 /// Name of the leaf the runner lives in, so the delegated cgroup has no processes of its
@@ -32,6 +48,13 @@ const JOB_PREFIX: &str = "job-";
 /// `cpu.max` period, microseconds.
 #[cfg(target_os = "linux")]
 const CPU_PERIOD_US: u64 = 100_000;
+
+/// The confinement a runner has to offer its jobs, beyond process groups and rlimits.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Tiers<'a> {
+    pub cgroups: Option<&'a CgroupTier>,
+    pub fs: Option<&'a FsGuard>,
+}
 
 /// The cgroup tier, when the runner's cgroup is delegated to it.
 #[derive(Debug)]
@@ -181,7 +204,7 @@ impl CgroupTier {
 /// Decides how job `id` is confined and prepares it (its cgroup, when the tier is there).
 /// A cgroup that cannot be made costs the job that tier, not its start: the job runs in
 /// the process-group tier and its record says so.
-pub fn plan(tier: Option<&CgroupTier>, id: &str, limits: &Limits) -> Plan {
+pub fn plan(tier: Option<&CgroupTier>, id: &str, limits: &Limits, landlock: bool) -> Plan {
     let mut parts: Vec<&str> = Vec::new();
     #[cfg(target_os = "linux")]
     let mut cgroup = None;
@@ -219,6 +242,9 @@ pub fn plan(tier: Option<&CgroupTier>, id: &str, limits: &Limits) -> Plan {
     if !rlimits.is_empty() {
         parts.push("rlimits");
     }
+    if landlock {
+        parts.push("landlock");
+    }
     let mut confinement = parts.join("+");
     if limits.cpu_millis.is_some() && !cgroup_applied.contains(&"cpu.max") {
         confinement.push_str("; not enforced: cpu_millis");
@@ -228,6 +254,160 @@ pub fn plan(tier: Option<&CgroupTier>, id: &str, limits: &Limits) -> Plan {
         #[cfg(target_os = "linux")]
         cgroup,
         confinement,
+    }
+}
+
+/// The file-system tier: a Landlock ruleset that allows every path but the runner's own
+/// directory, of which it keeps the work root.
+///
+/// Landlock only allows, so "everything but D" is spelled as: every entry of `/` except
+/// the one that leads to D, every entry of that one except the next, and so on down to D,
+/// where only `work/` is allowed. What that costs a job: it cannot list or create entries
+/// directly in the directories on the way to the runner's directory (`/`, and with the
+/// default state dir `/var`, `/var/lib`, `/var/lib/railgrid`), nor use the other entries
+/// of one of those it may not list; below any other entry nothing changes. Symlinks among those entries need no rule: access is judged where
+/// they lead. Set-user-id programs no longer raise privileges (`no_new_privs`).
+///
+/// The ruleset is built once and rebuilt when one of those directories changes (an entry
+/// added or removed changes its mtime), checked at each job's start.
+#[cfg(target_os = "linux")]
+#[derive(Debug)]
+pub struct FsGuard {
+    abi: i32,
+    runner_dir: PathBuf,
+    work_root: PathBuf,
+    current: Mutex<Option<Built>>,
+}
+
+#[cfg(target_os = "linux")]
+#[derive(Debug)]
+struct Built {
+    ruleset: Arc<Ruleset>,
+    /// The directories whose entries were listed, with their mtime then.
+    listed: Vec<(PathBuf, Option<SystemTime>)>,
+}
+
+#[cfg(target_os = "linux")]
+impl FsGuard {
+    /// `None` (and a log line saying why) where the kernel has no Landlock.
+    pub fn detect(runner_dir: &Path, work_root: &Path) -> Option<Self> {
+        let Some(abi) = landlock::abi() else {
+            tracing::info!("no Landlock in this kernel: jobs can read the runner's files");
+            return None;
+        };
+        let guard = Self {
+            abi,
+            runner_dir: runner_dir.to_owned(),
+            work_root: work_root.to_owned(),
+            current: Mutex::new(None),
+        };
+        match guard.ruleset() {
+            Ok(r) => {
+                tracing::info!(
+                    abi,
+                    signals = r.scopes_signals,
+                    runner_dir = %runner_dir.display(),
+                    "jobs are kept out of the runner's directory by Landlock"
+                );
+                Some(guard)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not build a Landlock ruleset: jobs can read the runner's files");
+                None
+            }
+        }
+    }
+
+    /// Whether jobs are also kept from signalling outside their own domain (ABI 6+).
+    pub fn scopes_signals(&self) -> bool {
+        self.abi >= 6
+    }
+
+    /// The ruleset for a job starting now.
+    pub fn ruleset(&self) -> io::Result<Arc<Ruleset>> {
+        let mut current = crate::util::lock(&self.current);
+        if let Some(b) = current.as_ref() {
+            if b.listed.iter().all(|(dir, t)| mtime(dir) == *t) {
+                return Ok(b.ruleset.clone());
+            }
+        }
+        let built = self.build()?;
+        let ruleset = built.ruleset.clone();
+        *current = Some(built);
+        Ok(ruleset)
+    }
+
+    fn build(&self) -> io::Result<Built> {
+        let runner_dir = std::fs::canonicalize(&self.runner_dir)?;
+        let work_root = std::fs::canonicalize(&self.work_root)?;
+        let mut ruleset = Ruleset::new(self.abi)?;
+        let mut listed = Vec::new();
+        // `/`, then each directory on the way down, each with the step it leads to.
+        let mut path: Vec<&Path> = runner_dir.ancestors().collect();
+        path.reverse();
+        for pair in path.windows(2) {
+            let (dir, toward) = (pair[0], pair[1]);
+            listed.push((dir.to_owned(), mtime(dir)));
+            // A directory this account may not list (the agent's state dir, 0711) keeps
+            // all of its other entries from jobs: they have no business there.
+            let entries = match std::fs::read_dir(dir) {
+                Ok(entries) => entries,
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => continue,
+                Err(e) => return Err(e),
+            };
+            for entry in entries {
+                let entry = entry?.path();
+                if entry != toward {
+                    allow(&mut ruleset, &entry)?;
+                }
+            }
+        }
+        allow(&mut ruleset, &work_root)?;
+        Ok(Built {
+            ruleset: Arc::new(ruleset),
+            listed,
+        })
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn mtime(dir: &Path) -> Option<SystemTime> {
+    std::fs::metadata(dir).and_then(|m| m.modified()).ok()
+}
+
+/// Adds `path` (not followed if a symlink) to the ruleset. An entry that vanished since it
+/// was listed, or that cannot be opened, is left out: jobs then cannot use it.
+#[cfg(target_os = "linux")]
+fn allow(ruleset: &mut Ruleset, path: &Path) -> io::Result<()> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+        .open(path)
+    else {
+        return Ok(());
+    };
+    let meta = file.metadata()?;
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    ruleset.allow(file.as_fd(), meta.is_dir())
+}
+
+/// Other systems have no Landlock.
+#[cfg(not(target_os = "linux"))]
+#[derive(Debug)]
+pub struct FsGuard;
+
+#[cfg(not(target_os = "linux"))]
+impl FsGuard {
+    pub fn detect(_runner_dir: &std::path::Path, _work_root: &std::path::Path) -> Option<Self> {
+        None
+    }
+
+    pub fn scopes_signals(&self) -> bool {
+        false
     }
 }
 
@@ -243,7 +423,7 @@ mod tests {
             cpu_millis: Some(500),
             ..Limits::default()
         };
-        let p = plan(None, "j", &limits);
+        let p = plan(None, "j", &limits, false);
         assert_eq!(p.rlimits.address_space, Some(1 << 30));
         assert_eq!(p.rlimits.processes, Some(64));
         assert_eq!(
@@ -251,8 +431,12 @@ mod tests {
             "process-group+rlimits; not enforced: cpu_millis"
         );
         assert_eq!(
-            plan(None, "j", &Limits::default()).confinement,
+            plan(None, "j", &Limits::default(), false).confinement,
             "process-group"
+        );
+        assert_eq!(
+            plan(None, "j", &limits, true).confinement,
+            "process-group+rlimits+landlock; not enforced: cpu_millis"
         );
     }
 }

@@ -20,7 +20,7 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::confine::CgroupTier;
+use super::confine::{CgroupTier, FsGuard, Tiers};
 use super::job::{self, JobError, JobPaths, SpoolStats};
 use super::spec::{self, JobSpec, SpecError};
 use super::store::{Inserted, JobRecord, JobState, Outcome, Store, StoreError};
@@ -142,6 +142,8 @@ struct Inner {
     tasks: Mutex<tokio::task::JoinSet<()>>,
     /// The cgroup tier, when the runner's cgroup is delegated to it.
     cgroups: Option<CgroupTier>,
+    /// The Landlock ruleset jobs restrict themselves to, where the kernel has Landlock.
+    fs_guard: Option<FsGuard>,
 }
 
 /// A handle to the engine; cheap to clone.
@@ -173,6 +175,7 @@ impl Engine {
                 })
             })?;
         }
+        let work_root = paths.work_root.clone();
         let db = runner_dir.join("jobs.db");
         let store = Arc::new(blocking(move || Store::open(&db)).await??);
         let (activity, _) = watch::channel(0);
@@ -189,6 +192,7 @@ impl Engine {
                 ids: AtomicU64::new(0),
                 tasks: Mutex::new(tokio::task::JoinSet::new()),
                 cgroups: CgroupTier::detect(),
+                fs_guard: FsGuard::detect(&runner_dir, &work_root),
             }),
         };
         engine.reconcile().await?;
@@ -225,6 +229,16 @@ impl Engine {
     /// The confinement tier jobs get: `cgroup` or `process-group`.
     pub fn confinement(&self) -> &'static str {
         CgroupTier::name(self.inner.cgroups.as_ref())
+    }
+
+    /// What keeps jobs away from the runner: `landlock+signals` (its files and its
+    /// signals), `landlock` (its files) or `none`.
+    pub fn isolation(&self) -> &'static str {
+        match &self.inner.fs_guard {
+            Some(g) if g.scopes_signals() => "landlock+signals",
+            Some(_) => "landlock",
+            None => "none",
+        }
     }
 
     pub fn running_count(&self) -> usize {
@@ -588,7 +602,10 @@ impl Engine {
             &spec,
             &cwd,
             self.inner.cfg.max_output_bytes,
-            self.inner.cgroups.as_ref(),
+            Tiers {
+                cgroups: self.inner.cgroups.as_ref(),
+                fs: self.inner.fs_guard.as_ref(),
+            },
             notify,
         )
         .map_err(EngineError::Job)?;

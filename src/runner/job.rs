@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use super::confine::{self, CgroupTier};
+use super::confine::{self, Tiers};
 use super::process::JobProcess;
 use super::spec::JobSpec;
 use crate::supervisor::DEFAULT_PATH;
@@ -101,6 +101,12 @@ pub enum JobError {
     #[error("could not start {program}")]
     Spawn {
         program: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("could not build the Landlock ruleset that keeps jobs out of {runner_dir}")]
+    Landlock {
+        runner_dir: PathBuf,
         #[source]
         source: io::Error,
     },
@@ -254,9 +260,10 @@ pub fn start(
     spec: &JobSpec,
     cwd: &Path,
     cap: u64,
-    tier: Option<&CgroupTier>,
+    tiers: Tiers<'_>,
     on_output: Arc<dyn Fn() + Send + Sync>,
 ) -> Result<Started, JobError> {
+    let Tiers { cgroups: tier, fs } = tiers;
     let ws = paths.workspace(id);
     let spool_dir = paths.spool_dir(id);
     let env = job_env(&ws, id, spec);
@@ -273,7 +280,26 @@ pub fn start(
             (File::open(null).map_err(io_err(null))?.into(), None)
         }
     };
-    let plan = confine::plan(tier, id, &spec.limits.clone().unwrap_or_default());
+    #[cfg(target_os = "linux")]
+    let ruleset = fs
+        .map(|g| g.ruleset())
+        .transpose()
+        .map_err(|source| JobError::Landlock {
+            runner_dir: paths
+                .work_root
+                .parent()
+                .unwrap_or(&paths.work_root)
+                .to_owned(),
+            source,
+        })?;
+    #[cfg(not(target_os = "linux"))]
+    let ruleset: Option<()> = fs.and(None);
+    let plan = confine::plan(
+        tier,
+        id,
+        &spec.limits.clone().unwrap_or_default(),
+        ruleset.is_some(),
+    );
     let stdio = Stdio3 {
         stdin: stdin_r,
         stdout: out_w,
@@ -284,7 +310,8 @@ pub fn start(
         use std::os::fd::AsFd;
         let cg = plan.cgroup;
         let procs = cg.as_ref().map(|c| c.procs.as_fd());
-        let launched = launch(spec, &env, cwd, stdio, plan.rlimits, procs);
+        let landlock = ruleset.as_ref().map(|r| r.fd());
+        let launched = launch(spec, &env, cwd, stdio, plan.rlimits, procs, landlock);
         let cgroup = cg.map(|c| c.cgroup);
         match launched {
             Ok(child) => (child, cgroup),
@@ -354,6 +381,7 @@ fn launch(
     stdio: Stdio3,
     limits: Rlimits,
     cgroup_procs: Option<std::os::fd::BorrowedFd<'_>>,
+    landlock: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<JobProcess, JobError> {
     use std::ffi::CString;
     use std::os::fd::AsFd;
@@ -392,6 +420,7 @@ fn launch(
         stderr: stdio.stderr.as_fd(),
         limits,
         cgroup_procs,
+        landlock,
     })
     .map_err(|e| JobError::Launch {
         program: program.clone(),

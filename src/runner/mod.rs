@@ -79,6 +79,9 @@ pub struct Health {
     /// How jobs are confined: `cgroup` or `process-group` (see `runner::confine`).
     #[serde(default)]
     pub confinement: String,
+    /// What keeps jobs away from the runner: `landlock+signals`, `landlock` or `none`.
+    #[serde(default)]
+    pub isolation: String,
 }
 
 /// Paths of a runner's state.
@@ -105,6 +108,11 @@ impl Paths {
 pub async fn run(state_dir: &Path, cfg: engine::EngineConfig) -> Result<(), RunnerError> {
     if crate::sys::is_root() {
         return Err(RunnerError::Root);
+    }
+    // Jobs run as this account: without this, one could read this process's memory (other
+    // jobs' environments), its environment and its descriptors through /proc or ptrace.
+    if let Err(e) = crate::sys::forbid_inspection() {
+        tracing::warn!(error = %e, "could not make the runner non-dumpable: jobs can inspect it");
     }
     let mut term = signal(SignalKind::terminate()).map_err(RunnerError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(RunnerError::Signals)?;

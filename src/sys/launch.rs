@@ -36,6 +36,8 @@ pub struct LaunchSpec<'a> {
     pub limits: Rlimits,
     /// An open `cgroup.procs` the child writes itself into before anything else.
     pub cgroup_procs: Option<BorrowedFd<'a>>,
+    /// A Landlock ruleset the child restricts itself to, last before exec.
+    pub landlock: Option<BorrowedFd<'a>>,
 }
 
 /// The step of the launch that failed, so that an error says "chdir" rather than only the
@@ -48,6 +50,7 @@ pub enum Step {
     Setrlimit,
     Stdio,
     Chdir,
+    Landlock,
     Exec,
 }
 
@@ -63,7 +66,8 @@ impl Step {
             4 => Step::Setrlimit,
             5 => Step::Stdio,
             6 => Step::Chdir,
-            7 => Step::Exec,
+            7 => Step::Landlock,
+            8 => Step::Exec,
             _ => Step::Clone,
         }
     }
@@ -78,6 +82,7 @@ impl std::fmt::Display for Step {
             Step::Setrlimit => "setrlimit",
             Step::Stdio => "set up stdin/stdout/stderr",
             Step::Chdir => "chdir to its working directory",
+            Step::Landlock => "restrict itself to its Landlock ruleset",
             Step::Exec => "execve",
         })
     }
@@ -283,6 +288,11 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         );
         if libc::chdir(sh.spec.cwd.as_ptr()) < 0 {
             return fail(Step::Chdir);
+        }
+        if let Some(ruleset) = sh.spec.landlock {
+            if !super::landlock::restrict_self(ruleset.as_raw_fd()) {
+                return fail(Step::Landlock);
+            }
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);

@@ -2,7 +2,7 @@
 //! processes, real SQLite, real sockets.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -584,7 +584,12 @@ fn rlimits_apply_and_are_reported() {
     );
     let rec = r.wait(&id);
     assert_eq!(r.output(&id, "stdout"), "64\n7\n");
-    assert_eq!(rec["confinement"], "process-group+rlimits");
+    // Landlock joins where the kernel has it.
+    let confinement = rec["confinement"].as_str().expect("confinement");
+    assert!(
+        ["process-group+rlimits", "process-group+rlimits+landlock"].contains(&confinement),
+        "{rec}"
+    );
 }
 
 #[test]
@@ -886,4 +891,83 @@ fn a_restarted_runner_kills_what_a_killed_one_left_in_a_job_cgroup() {
     );
     assert!(!alive(escapee), "the escapee {escapee} survived");
     assert!(!cg.dir.join(format!("job-{id}")).exists());
+}
+
+#[test]
+fn landlock_keeps_a_job_out_of_the_runners_files_and_away_from_its_signals() {
+    let r = Runner::started(&[]);
+    let health = get_json(&r.socket(), "/v1/health").expect("health");
+    let isolation = health["isolation"].as_str().unwrap_or_default().to_owned();
+    if !isolation.starts_with("landlock") {
+        eprintln!("skipped: this kernel offers no Landlock (health: {health})");
+        return;
+    }
+    let runner_pid = health["pid"].as_i64().expect("pid");
+    let earlier = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", "echo another-jobs-output"], "env": {"TOKEN": "s3cret"}}),
+    );
+    r.wait(&earlier);
+    let dir = r.runner_dir();
+    // Each probe prints its name only if it got through.
+    let probes = format!(
+        "cat {db} >/dev/null 2>&1 && echo READ_DB; \
+         cat {spool} >/dev/null 2>&1 && echo READ_OTHER_OUTPUT; \
+         ls {dir} >/dev/null 2>&1 && echo LISTED_RUNNER_DIR; \
+         cat /proc/{pid}/environ >/dev/null 2>&1 && echo READ_RUNNER_ENVIRON; \
+         kill -0 {pid} 2>/dev/null && echo SIGNALLED_RUNNER; \
+         echo kept > here && cat here; \
+         cat /etc/passwd >/dev/null && echo READ_ETC; \
+         ls {work} >/dev/null && echo LISTED_WORK",
+        db = dir.join("jobs.db").display(),
+        spool = dir.join("jobs").join(&earlier).join("stdout").display(),
+        dir = dir.display(),
+        work = dir.join("work").display(),
+        pid = runner_pid,
+    );
+    let id = submit_ok(&r, json!({"argv": ["sh", "-c", probes]}));
+    let rec = r.wait(&id);
+    let out = r.output(&id, "stdout");
+    assert_eq!(rec["state"], "succeeded", "{rec} {out}");
+    assert!(
+        rec["confinement"]
+            .as_str()
+            .is_some_and(|c| c.contains("landlock")),
+        "{rec}"
+    );
+    for line in ["kept", "READ_ETC", "LISTED_WORK"] {
+        assert!(
+            out.contains(line),
+            "the job lost ordinary access ({line}): {out}"
+        );
+    }
+    for line in [
+        "READ_DB",
+        "READ_OTHER_OUTPUT",
+        "LISTED_RUNNER_DIR",
+        "READ_RUNNER_ENVIRON",
+    ] {
+        assert!(!out.contains(line), "{line}: {out}");
+    }
+    if isolation == "landlock+signals" {
+        assert!(!out.contains("SIGNALLED_RUNNER"), "{out}");
+    }
+}
+
+#[test]
+fn the_runner_cannot_be_inspected_by_its_own_account() {
+    if !is_root() {
+        eprintln!("skipped: needs root, to run the runner as another account");
+        return;
+    }
+    let r = Runner::started(&[]);
+    let pid = get_json(&r.socket(), "/v1/health").expect("health")["pid"].clone();
+    // The kernel gives /proc/<pid> of a non-dumpable process to root: the runner's own
+    // account (and so every job) can no longer read its environ, memory or descriptors.
+    let environ = fs::metadata(format!("/proc/{pid}/environ")).expect("environ");
+    assert_eq!(
+        environ.uid(),
+        0,
+        "/proc/{pid}/environ belongs to the runner's account"
+    );
 }
