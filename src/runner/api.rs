@@ -30,18 +30,48 @@ const MAX_SLICE: u64 = 8 * 1024 * 1024;
 pub struct Api {
     pub engine: Engine,
     pub started: std::time::Instant,
+    /// What `Authorization: Bearer` must carry (see `runner::token`).
+    pub token: std::sync::Arc<str>,
 }
 
 pub fn router(api: Api) -> Router {
-    Router::new()
-        .route("/v1/health", get(health))
+    let jobs = Router::new()
         .route("/v1/jobs", post(submit).get(list))
         .route("/v1/jobs/{id}", get(status))
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/wait", get(wait))
         .route("/v1/jobs/{id}/output/{stream}", get(output))
+        .route_layer(axum::middleware::from_fn_with_state(api.clone(), authorize));
+    Router::new()
+        .route("/v1/health", get(health))
+        .merge(jobs)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(api)
+}
+
+/// Every route but health needs the token.
+async fn authorize(
+    State(api): State<Api>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match presented {
+        Some(t) if super::token::matches(&api.token, t.trim()) => next.run(req).await,
+        _ => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            format!(
+                "missing or wrong API token: send `Authorization: Bearer <token>` with the token from {} beside the socket (readable by the runner's account and root)",
+                super::token::TOKEN_FILE
+            ),
+        )
+        .into_response(),
+    }
 }
 
 pub struct ApiError {

@@ -54,13 +54,23 @@ pub struct Client {
     socket: PathBuf,
     /// One kept-alive connection, reused by requests whose response is read at once.
     idle: std::sync::Mutex<Option<Sender>>,
+    /// The API token beside the socket, or why it could not be read (reported if the
+    /// runner then refuses a request).
+    token: Result<String, String>,
 }
 
 impl Client {
     pub fn new(socket: &Path) -> Self {
+        let token = super::token::read_beside(socket).map_err(|e| {
+            format!(
+                "could not read the runner's API token {}: {e} (run as the runner's account or root)",
+                socket.with_file_name(super::token::TOKEN_FILE).display()
+            )
+        });
         Self {
             socket: socket.to_owned(),
             idle: std::sync::Mutex::new(None),
+            token,
         }
     }
 
@@ -109,6 +119,9 @@ impl Client {
             .method(method)
             .uri(uri)
             .header(hyper::header::HOST, "localhost");
+        if let Ok(token) = &self.token {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
         if body.is_some() {
             req = req.header(hyper::header::CONTENT_TYPE, "application/json");
         }
@@ -140,30 +153,7 @@ impl Client {
         // The response is read whole: the connection is free for the next request.
         self.keep(sender);
         if !status.is_success() {
-            #[derive(serde::Deserialize)]
-            struct Wrapper {
-                error: Inner,
-            }
-            #[derive(serde::Deserialize)]
-            struct Inner {
-                code: String,
-                message: String,
-            }
-            let (code, message) = match serde_json::from_slice::<Wrapper>(&bytes) {
-                Ok(w) => (w.error.code, w.error.message),
-                Err(_) => (
-                    "http".into(),
-                    format!(
-                        "runner answered {status}: {}",
-                        String::from_utf8_lossy(&bytes)
-                    ),
-                ),
-            };
-            return Err(ClientError::Api {
-                status: status.as_u16(),
-                code,
-                message,
-            });
+            return Err(self.api_error(status, &bytes));
         }
         let value = serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
             path: self.socket.clone(),
@@ -278,11 +268,40 @@ impl Client {
             .await
             .map(|b| b.to_bytes())
             .unwrap_or_default();
-        Err(ClientError::Api {
+        Err(self.api_error(status, &bytes))
+    }
+
+    /// The runner's error envelope as an error; a refusal for want of a token says why
+    /// this client had none.
+    fn api_error(&self, status: StatusCode, bytes: &[u8]) -> ClientError {
+        #[derive(serde::Deserialize)]
+        struct Wrapper {
+            error: Inner,
+        }
+        #[derive(serde::Deserialize)]
+        struct Inner {
+            code: String,
+            message: String,
+        }
+        let (code, message) = match serde_json::from_slice::<Wrapper>(bytes) {
+            Ok(w) => (w.error.code, w.error.message),
+            Err(_) => (
+                "http".into(),
+                format!(
+                    "runner answered {status}: {}",
+                    String::from_utf8_lossy(bytes)
+                ),
+            ),
+        };
+        let message = match (&self.token, status) {
+            (Err(why), StatusCode::UNAUTHORIZED) => why.clone(),
+            _ => message,
+        };
+        ClientError::Api {
             status: status.as_u16(),
-            code: "http".into(),
-            message: String::from_utf8_lossy(&bytes).into_owned(),
-        })
+            code,
+            message,
+        }
     }
 
     async fn copy_body(

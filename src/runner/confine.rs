@@ -21,8 +21,9 @@
 //! own domain: not the runner, not another job. See [`FsGuard`] for what that costs a job.
 //!
 //! Still not a boundary against a hostile job: the job may write whatever the runner's
-//! account may outside the runner's directory, the delegated cgroup tree included, and
-//! can reach the runner's socket (Landlock does not govern connecting to a Unix socket).
+//! account may outside the runner's directory, the delegated cgroup tree included. It can
+//! connect to the runner's socket (Landlock does not govern that), but cannot read the API
+//! token that every endpoint but health asks for (see `runner::token`).
 
 use std::io;
 #[cfg(target_os = "linux")]

@@ -16,6 +16,7 @@ pub mod job;
 pub mod process;
 pub mod spec;
 pub mod store;
+pub mod token;
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -47,6 +48,12 @@ pub enum RunnerError {
     Lock(#[from] LockError),
     #[error("could not remove the stale socket {path}")]
     StaleSocket {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("could not write the API token {path}")]
+    Token {
         path: PathBuf,
         #[source]
         source: io::Error,
@@ -140,6 +147,11 @@ pub async fn run(state_dir: &Path, cfg: engine::EngineConfig) -> Result<(), Runn
             })
         }
     }
+    // The token first: when the socket appears, the token that opens it is in place.
+    let token = token::create(&paths.dir).map_err(|source| RunnerError::Token {
+        path: paths.dir.join(token::TOKEN_FILE),
+        source,
+    })?;
     let bind_err = |source| RunnerError::Bind {
         path: paths.socket.clone(),
         source,
@@ -152,6 +164,7 @@ pub async fn run(state_dir: &Path, cfg: engine::EngineConfig) -> Result<(), Runn
     let app = api::router(api::Api {
         engine: engine.clone(),
         started: Instant::now(),
+        token: token.into(),
     });
     tracing::info!(pid = std::process::id(), socket = %paths.socket.display(), version = build_info::VERSION, "runner serving");
 

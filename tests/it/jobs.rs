@@ -918,12 +918,16 @@ fn landlock_keeps_a_job_out_of_the_runners_files_and_away_from_its_signals() {
          kill -0 {pid} 2>/dev/null && echo SIGNALLED_RUNNER; \
          echo kept > here && cat here; \
          cat /etc/passwd >/dev/null && echo READ_ETC; \
-         ls {work} >/dev/null && echo LISTED_WORK",
+         ls {work} >/dev/null && echo LISTED_WORK; \
+         cat {dir}/api.token >/dev/null 2>&1 && echo READ_TOKEN; \
+         {exe} job --socket {dir}/runner.sock list >/dev/null 2>&1 && echo USED_API; \
+         true",
         db = dir.join("jobs.db").display(),
         spool = dir.join("jobs").join(&earlier).join("stdout").display(),
         dir = dir.display(),
         work = dir.join("work").display(),
         pid = runner_pid,
+        exe = env!("CARGO_BIN_EXE_railgrid"),
     );
     let id = submit_ok(&r, json!({"argv": ["sh", "-c", probes]}));
     let rec = r.wait(&id);
@@ -946,6 +950,8 @@ fn landlock_keeps_a_job_out_of_the_runners_files_and_away_from_its_signals() {
         "READ_OTHER_OUTPUT",
         "LISTED_RUNNER_DIR",
         "READ_RUNNER_ENVIRON",
+        "READ_TOKEN",
+        "USED_API",
     ] {
         assert!(!out.contains(line), "{line}: {out}");
     }
@@ -970,4 +976,46 @@ fn the_runner_cannot_be_inspected_by_its_own_account() {
         0,
         "/proc/{pid}/environ belongs to the runner's account"
     );
+}
+
+#[test]
+fn the_job_api_answers_only_clients_with_the_token() {
+    let r = Runner::started(&[]);
+    let sock = r.socket();
+    // Health stays open: the agent and operators probe it with plain curl.
+    let (status, _) = http_with(&sock, "GET", "/v1/health", None, None).expect("health");
+    assert_eq!(status, 200);
+    for (method, path) in [
+        ("GET", "/v1/jobs"),
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/jobs/x"),
+    ] {
+        for token in [None, Some("0".repeat(64))] {
+            let (status, body) =
+                http_with(&sock, method, path, Some("{}"), token.as_deref()).expect("request");
+            assert_eq!(status, 401, "{method} {path}: {body}");
+            assert!(body.contains("\"unauthorized\""), "{body}");
+        }
+    }
+    let token = fs::read_to_string(r.runner_dir().join("api.token")).expect("token");
+    let mode = fs::metadata(r.runner_dir().join("api.token"))
+        .expect("token")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let (status, body) = http_with(&sock, "GET", "/v1/jobs", None, Some(&token)).expect("list");
+    assert_eq!(status, 200, "{body}");
+    // A client that cannot read the token says which file it needed.
+    let token_path = r.runner_dir().join("api.token");
+    let aside = r.runner_dir().join("api.token.aside");
+    fs::rename(&token_path, &aside).expect("move the token aside");
+    let out = r.cli().arg("list").output().expect("job list");
+    fs::rename(&aside, &token_path).expect("put the token back");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("could not read the runner's API token"),
+        "{err}"
+    );
+    assert!(r.cli().arg("list").status().expect("job list").success());
 }

@@ -213,15 +213,31 @@ pub fn join(dir: &Path, name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// One HTTP/1.1 request over a Unix socket, the way `curl --unix-socket` does it.
+/// One HTTP/1.1 request over a Unix socket, the way `curl --unix-socket` does it, with the
+/// runner's API token (when the runner has one), as an authorized client sends it.
 pub fn http(socket: &Path, method: &str, path: &str, body: Option<&str>) -> Option<(u16, String)> {
+    let token = std::fs::read_to_string(socket.with_file_name("api.token")).ok();
+    http_with(socket, method, path, body, token.as_deref())
+}
+
+/// [`http`] with the given token, or none.
+pub fn http_with(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    token: Option<&str>,
+) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut s = std::os::unix::net::UnixStream::connect(socket).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
     let body = body.unwrap_or("");
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {}\r\n", t.trim()))
+        .unwrap_or_default();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .ok()?;
