@@ -35,34 +35,39 @@ pub struct Api {
 }
 
 pub fn router(api: Api) -> Router {
-    let jobs = Router::new()
+    Router::new()
+        .route("/v1/health", get(health))
         .route("/v1/jobs", post(submit).get(list))
         .route("/v1/jobs/{id}", get(status))
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/wait", get(wait))
         .route("/v1/jobs/{id}/output/{stream}", get(output))
-        .route_layer(axum::middleware::from_fn_with_state(api.clone(), authorize));
-    Router::new()
-        .route("/v1/health", get(health))
-        .merge(jobs)
+        .layer(axum::middleware::from_fn_with_state(api.clone(), authorize))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(api)
 }
 
-/// Every route but health needs the token.
+/// Every route but health needs the token. A request without it is answered (401, or
+/// health) on a connection that is then closed, so a client without the token cannot hold
+/// one of the server's connections (see `runner::serve`).
 async fn authorize(
     State(api): State<Api>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let presented = req
+    let authorized = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match presented {
-        Some(t) if super::token::matches(&api.token, t.trim()) => next.run(req).await,
-        _ => ApiError::new(
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| super::token::matches(&api.token, t.trim()));
+    if authorized {
+        return next.run(req).await;
+    }
+    let mut resp = if req.uri().path() == "/v1/health" {
+        next.run(req).await
+    } else {
+        ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             format!(
@@ -70,8 +75,11 @@ async fn authorize(
                 super::token::TOKEN_FILE
             ),
         )
-        .into_response(),
-    }
+        .into_response()
+    };
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
 }
 
 pub struct ApiError {

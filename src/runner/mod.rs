@@ -14,6 +14,7 @@ pub mod confine;
 pub mod engine;
 pub mod job;
 pub mod process;
+pub mod serve;
 pub mod spec;
 pub mod store;
 pub mod token;
@@ -169,13 +170,9 @@ pub async fn run(state_dir: &Path, cfg: engine::EngineConfig) -> Result<(), Runn
     tracing::info!(pid = std::process::id(), socket = %paths.socket.display(), version = build_info::VERSION, "runner serving");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let mut server = tokio::spawn(serve::serve(listener, app, async move {
+        let _ = stop_rx.await;
+    }));
     let early = tokio::select! {
         // Cancel-safe (all arms): signal streams buffer deliveries; the server task is
         // polled by reference and can be awaited again below.

@@ -1019,3 +1019,57 @@ fn the_job_api_answers_only_clients_with_the_token() {
     );
     assert!(r.cli().arg("list").status().expect("job list").success());
 }
+
+#[test]
+fn silent_and_unauthorized_connections_cannot_exhaust_the_runner() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    let r = Runner::started(&[]);
+    let sock = r.socket();
+    // Without the token even health is answered on a connection that is then closed.
+    let mut s = UnixStream::connect(&sock).expect("connect");
+    s.set_read_timeout(Some(LIMIT)).expect("timeout");
+    write!(s, "GET /v1/health HTTP/1.1\r\nHost: localhost\r\n\r\n").expect("write");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)
+        .expect("the runner closes the connection");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(
+        resp.to_ascii_lowercase().contains("connection: close"),
+        "{resp}"
+    );
+
+    if !is_root() {
+        eprintln!("skipped the connection cap: needs root to count the runner's descriptors");
+        return;
+    }
+    let pid = get_json(&sock, "/v1/health").expect("health")["pid"].clone();
+    let fds = || fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    let before = fds();
+    // More silent connections than the runner serves at once (256).
+    let silent: Vec<UnixStream> = (0..300)
+        .map(|_| UnixStream::connect(&sock).expect("connect"))
+        .collect();
+    wait_for(LIMIT, "the runner to take up to its cap", || {
+        (fds() >= before + 256).then_some(())
+    });
+    let most = (0..200).map(|_| fds()).max().unwrap_or(0);
+    assert!(
+        most < before + 256 + 16,
+        "{most} descriptors, {before} before 300 connections"
+    );
+    // Each silent connection is closed by the runner after a few seconds (5; hyper's own
+    // default would be 30).
+    let mut first = &silent[0];
+    first
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let mut buf = [0u8; 1];
+    assert_eq!(first.read(&mut buf).expect("closed, not timed out"), 0);
+    // The rest are served in turn, and an authorized client gets through.
+    drop(silent);
+    assert_eq!(
+        r.cli().arg("list").status().expect("job list").code(),
+        Some(0)
+    );
+}
