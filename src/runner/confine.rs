@@ -13,12 +13,13 @@
 //! `processes` only when no cgroup controller enforces them, because RLIMIT_AS counts
 //! address space rather than memory and RLIMIT_NPROC counts every process of the uid).
 //!
-//! **landlock** (Linux 5.13+, on top of either tier): jobs run as the runner's account, so
-//! without more they could read `jobs.db` (every job's environment), other jobs' output,
-//! and use the runner's lock. Each job restricts itself, last before exec, to a Landlock
-//! ruleset that allows every path except the runner's own directory, of which it keeps
-//! `work/`. From Landlock ABI 6 the job can also no longer signal anything outside its
-//! own domain: not the runner, not another job. See [`FsGuard`] for what that costs a job.
+//! **landlock** (Linux 5.19+, on top of either tier): jobs run as the runner's account, so
+//! without more they could read `jobs.db` (every job's environment), other jobs' output and
+//! workspaces, and the runner's API token. Each job restricts itself, last before exec, to
+//! a Landlock ruleset that allows every path except the state directory, of which it keeps
+//! its own workspace. From Landlock ABI 6 the job can also no longer signal anything
+//! outside its own domain: not the runner, not another job. See [`FsGuard`] for what that
+//! costs a job.
 //!
 //! Still not a boundary against a hostile job: the job may write whatever the runner's
 //! account may outside the runner's directory, the delegated cgroup tree included. It can
@@ -258,116 +259,146 @@ pub fn plan(tier: Option<&CgroupTier>, id: &str, limits: &Limits, landlock: bool
     }
 }
 
-/// The file-system tier: a Landlock ruleset that allows every path but the runner's own
-/// directory, of which it keeps the work root.
+/// The file-system tier: for each job, a Landlock ruleset that allows every path except
+/// the state directory (the runner's files, and the agent's in a non-root layout), of which
+/// it keeps the job's own workspace (and its `cwd`, when that is elsewhere in the work root).
 ///
 /// Landlock only allows, so "everything but D" is spelled as: every entry of `/` except
 /// the one that leads to D, every entry of that one except the next, and so on down to D,
-/// where only `work/` is allowed. What that costs a job: it cannot list or create entries
-/// directly in the directories on the way to the runner's directory (`/`, and with the
-/// default state dir `/var`, `/var/lib`, `/var/lib/railgrid`), nor use the other entries
-/// of one of those it may not list; below any other entry nothing changes. Symlinks among those entries need no rule: access is judged where
-/// they lead. Set-user-id programs no longer raise privileges (`no_new_privs`).
+/// then the job's workspace. What that costs a job: it cannot list or create entries
+/// directly in the directories on the way to the state directory (`/`, and with the default
+/// state dir `/var`, `/var/lib`), nor use the other entries of one of those it may not
+/// list; below any other entry nothing changes. Symlinks among those entries need no rule:
+/// access is judged where they lead. An entry that cannot be opened or added is left out
+/// (denied), never the whole guard. Set-user-id programs no longer raise privileges
+/// (`no_new_privs`), and a job can no longer mount (so no nested sandboxes).
 ///
-/// The ruleset is built once and rebuilt when one of those directories changes (an entry
-/// added or removed changes its mtime), checked at each job's start.
+/// The entries are opened once and reopened when one of the listed directories changes (an
+/// entry added or removed changes its mtime), checked at each job's start; each job's
+/// ruleset is then a few dozen `landlock_add_rule` calls.
 #[cfg(target_os = "linux")]
 #[derive(Debug)]
 pub struct FsGuard {
     abi: i32,
-    runner_dir: PathBuf,
-    work_root: PathBuf,
-    current: Mutex<Option<Built>>,
+    hidden: PathBuf,
+    current: Mutex<Option<Arc<Allowed>>>,
 }
 
+/// The entries beside the path to the hidden directory, open (`O_PATH`), and the
+/// directories they were listed from with their mtime then.
 #[cfg(target_os = "linux")]
 #[derive(Debug)]
-struct Built {
-    ruleset: Arc<Ruleset>,
-    /// The directories whose entries were listed, with their mtime then.
+struct Allowed {
+    entries: Vec<(std::os::fd::OwnedFd, bool)>,
     listed: Vec<(PathBuf, Option<SystemTime>)>,
 }
 
+/// Landlock ABI 1 refuses every rename or link across directories (git, cargo and `mv`
+/// would fail in jobs): the guard needs ABI 2 (Linux 5.19).
+#[cfg(target_os = "linux")]
+const MIN_ABI: i32 = 2;
+
 #[cfg(target_os = "linux")]
 impl FsGuard {
-    /// `None` (and a log line saying why) where the kernel has no Landlock.
-    pub fn detect(runner_dir: &Path, work_root: &Path) -> Option<Self> {
-        let Some(abi) = landlock::abi() else {
-            tracing::info!("no Landlock in this kernel: jobs can read the runner's files");
-            return None;
+    /// `None` (and a log line saying why) where the kernel's Landlock cannot do it.
+    pub fn detect(hidden: &Path) -> Option<Self> {
+        let abi = match landlock::abi() {
+            Some(abi) if abi >= MIN_ABI => abi,
+            Some(abi) => {
+                tracing::warn!(
+                    abi,
+                    "Landlock ABI {abi} is too old (2 is needed): jobs can read the runner's files"
+                );
+                return None;
+            }
+            None => {
+                tracing::warn!("no Landlock in this kernel: jobs can read the runner's files");
+                return None;
+            }
         };
         let guard = Self {
             abi,
-            runner_dir: runner_dir.to_owned(),
-            work_root: work_root.to_owned(),
+            hidden: hidden.to_owned(),
             current: Mutex::new(None),
         };
-        match guard.ruleset() {
-            Ok(r) => {
-                tracing::info!(
-                    abi,
-                    signals = r.scopes_signals,
-                    runner_dir = %runner_dir.display(),
-                    "jobs are kept out of the runner's directory by Landlock"
-                );
+        match guard.allowed().and_then(|_| Ruleset::new(abi)) {
+            Ok(_) => {
+                tracing::info!(abi, isolation = guard.isolation(), hidden = %hidden.display(), "jobs are kept out of the state directory by Landlock");
                 Some(guard)
             }
             Err(e) => {
-                tracing::warn!(error = %e, "could not build a Landlock ruleset: jobs can read the runner's files");
+                tracing::warn!(error = %e, "could not set Landlock up: jobs can read the runner's files");
                 None
             }
         }
     }
 
-    /// Whether jobs are also kept from signalling outside their own domain (ABI 6+).
-    pub fn scopes_signals(&self) -> bool {
-        self.abi >= 6
+    /// `landlock+signals` (ABI 6+: signals scoped too), `landlock`, or `landlock-partial`
+    /// (ABI 2: jobs can still truncate the runner's files, which Landlock governs from 3).
+    pub fn isolation(&self) -> &'static str {
+        match self.abi {
+            6.. => "landlock+signals",
+            3..=5 => "landlock",
+            _ => "landlock-partial",
+        }
     }
 
-    /// The ruleset for a job starting now.
-    pub fn ruleset(&self) -> io::Result<Arc<Ruleset>> {
-        let mut current = crate::util::lock(&self.current);
-        if let Some(b) = current.as_ref() {
-            if b.listed.iter().all(|(dir, t)| mtime(dir) == *t) {
-                return Ok(b.ruleset.clone());
+    /// The ruleset for a job whose workspace is `workspace` and working directory `cwd`.
+    pub fn ruleset_for(&self, workspace: &Path, cwd: &Path) -> io::Result<Ruleset> {
+        let allowed = self.allowed()?;
+        let mut ruleset = Ruleset::new(self.abi)?;
+        for (fd, is_dir) in &allowed.entries {
+            use std::os::fd::AsFd;
+            if let Err(e) = ruleset.allow(fd.as_fd(), *is_dir) {
+                tracing::debug!(error = %e, "an entry could not be added to a job's Landlock ruleset; jobs cannot use it");
             }
         }
-        let built = self.build()?;
-        let ruleset = built.ruleset.clone();
-        *current = Some(built);
+        for dir in [workspace, cwd] {
+            let (fd, is_dir) = open_entry(dir)?;
+            ruleset.allow(std::os::fd::AsFd::as_fd(&fd), is_dir)?;
+        }
         Ok(ruleset)
     }
 
-    fn build(&self) -> io::Result<Built> {
-        let runner_dir = std::fs::canonicalize(&self.runner_dir)?;
-        let work_root = std::fs::canonicalize(&self.work_root)?;
-        let mut ruleset = Ruleset::new(self.abi)?;
+    fn allowed(&self) -> io::Result<Arc<Allowed>> {
+        let mut current = crate::util::lock(&self.current);
+        if let Some(a) = current.as_ref() {
+            if a.listed.iter().all(|(dir, t)| mtime(dir) == *t) {
+                return Ok(a.clone());
+            }
+        }
+        let allowed = Arc::new(self.list()?);
+        *current = Some(allowed.clone());
+        Ok(allowed)
+    }
+
+    fn list(&self) -> io::Result<Allowed> {
+        let hidden = std::fs::canonicalize(&self.hidden)?;
+        let mut entries = Vec::new();
         let mut listed = Vec::new();
         // `/`, then each directory on the way down, each with the step it leads to.
-        let mut path: Vec<&Path> = runner_dir.ancestors().collect();
+        let mut path: Vec<&Path> = hidden.ancestors().collect();
         path.reverse();
         for pair in path.windows(2) {
             let (dir, toward) = (pair[0], pair[1]);
             listed.push((dir.to_owned(), mtime(dir)));
             // A directory this account may not list (the agent's state dir, 0711) keeps
-            // all of its other entries from jobs: they have no business there.
-            let entries = match std::fs::read_dir(dir) {
-                Ok(entries) => entries,
-                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => continue,
-                Err(e) => return Err(e),
+            // its other entries from jobs: they have no business there.
+            let Ok(list) = std::fs::read_dir(dir) else {
+                continue;
             };
-            for entry in entries {
-                let entry = entry?.path();
-                if entry != toward {
-                    allow(&mut ruleset, &entry)?;
+            for entry in list.flatten() {
+                let entry = entry.path();
+                if entry == toward {
+                    continue;
+                }
+                // Left out (so denied) if it cannot be opened: vanished, or unreadable.
+                if let Ok(open) = open_entry(&entry) {
+                    entries.push(open);
                 }
             }
         }
-        allow(&mut ruleset, &work_root)?;
-        Ok(Built {
-            ruleset: Arc::new(ruleset),
-            listed,
-        })
+        Ok(Allowed { entries, listed })
     }
 }
 
@@ -376,24 +407,23 @@ fn mtime(dir: &Path) -> Option<SystemTime> {
     std::fs::metadata(dir).and_then(|m| m.modified()).ok()
 }
 
-/// Adds `path` (not followed if a symlink) to the ruleset. An entry that vanished since it
-/// was listed, or that cannot be opened, is left out: jobs then cannot use it.
+/// Opens `path` (`O_PATH`, not following a last symlink) for a rule. A symlink gets no rule
+/// of its own (access is judged where it leads): reported as an error, so it is left out.
 #[cfg(target_os = "linux")]
-fn allow(ruleset: &mut Ruleset, path: &Path) -> io::Result<()> {
-    use std::os::fd::AsFd;
+fn open_entry(path: &Path) -> io::Result<(std::os::fd::OwnedFd, bool)> {
     use std::os::unix::fs::OpenOptionsExt;
-    let Ok(file) = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
-        .open(path)
-    else {
-        return Ok(());
-    };
+        .open(path)?;
     let meta = file.metadata()?;
     if meta.file_type().is_symlink() {
-        return Ok(());
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is a symlink", path.display()),
+        ));
     }
-    ruleset.allow(file.as_fd(), meta.is_dir())
+    Ok((file.into(), meta.is_dir()))
 }
 
 /// Other systems have no Landlock.
@@ -403,12 +433,12 @@ pub struct FsGuard;
 
 #[cfg(not(target_os = "linux"))]
 impl FsGuard {
-    pub fn detect(_runner_dir: &std::path::Path, _work_root: &std::path::Path) -> Option<Self> {
+    pub fn detect(_hidden: &std::path::Path) -> Option<Self> {
         None
     }
 
-    pub fn scopes_signals(&self) -> bool {
-        false
+    pub fn isolation(&self) -> &'static str {
+        "none"
     }
 }
 

@@ -175,7 +175,6 @@ impl Engine {
                 })
             })?;
         }
-        let work_root = paths.work_root.clone();
         let db = runner_dir.join("jobs.db");
         let store = Arc::new(blocking(move || Store::open(&db)).await??);
         let (activity, _) = watch::channel(0);
@@ -192,7 +191,7 @@ impl Engine {
                 ids: AtomicU64::new(0),
                 tasks: Mutex::new(tokio::task::JoinSet::new()),
                 cgroups: CgroupTier::detect(),
-                fs_guard: FsGuard::detect(&runner_dir, &work_root),
+                fs_guard: runner_dir.parent().and_then(FsGuard::detect),
             }),
         };
         engine.reconcile().await?;
@@ -231,14 +230,13 @@ impl Engine {
         CgroupTier::name(self.inner.cgroups.as_ref())
     }
 
-    /// What keeps jobs away from the runner: `landlock+signals` (its files and its
-    /// signals), `landlock` (its files) or `none`.
+    /// What keeps jobs away from the runner and each other: see `FsGuard::isolation`;
+    /// `none` without it.
     pub fn isolation(&self) -> &'static str {
-        match &self.inner.fs_guard {
-            Some(g) if g.scopes_signals() => "landlock+signals",
-            Some(_) => "landlock",
-            None => "none",
-        }
+        self.inner
+            .fs_guard
+            .as_ref()
+            .map_or("none", FsGuard::isolation)
     }
 
     pub fn running_count(&self) -> usize {
@@ -324,17 +322,23 @@ impl Engine {
             Some(id) => id.clone(),
             None => self.new_id(),
         };
-        if self.sched().queue.len() >= self.inner.cfg.max_queued {
-            // An identical resubmission still gets its job back.
-            return match self.get(&id).await? {
-                Some(existing) if existing.spec.canonical() == spec.canonical() => {
-                    Ok((false, existing))
-                }
-                Some(_) => Err(EngineError::Conflict { id }),
-                None => Err(EngineError::QueueFull {
-                    max: self.inner.cfg.max_queued,
-                }),
+        // A client-chosen id may be a resubmission: answered from the record, before
+        // anything touches the filesystem (the job's workspace is the existing job's).
+        let existing = match spec.id {
+            Some(_) => self.get(&id).await?,
+            None => None,
+        };
+        if let Some(existing) = existing {
+            return if existing.spec.canonical() == spec.canonical() {
+                Ok((false, existing))
+            } else {
+                Err(EngineError::Conflict { id })
             };
+        }
+        if self.sched().queue.len() >= self.inner.cfg.max_queued {
+            return Err(EngineError::QueueFull {
+                max: self.inner.cfg.max_queued,
+            });
         }
         // A working directory the client chose is checked now, so a bad one is its 400.
         // The default workspace is made when the job starts.

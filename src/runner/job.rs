@@ -104,9 +104,9 @@ pub enum JobError {
         #[source]
         source: io::Error,
     },
-    #[error("could not build the Landlock ruleset that keeps jobs out of {runner_dir}")]
+    #[error("could not build the Landlock ruleset of the job with workspace {workspace}")]
     Landlock {
-        runner_dir: PathBuf,
+        workspace: PathBuf,
         #[source]
         source: io::Error,
     },
@@ -282,14 +282,10 @@ pub fn start(
     };
     #[cfg(target_os = "linux")]
     let ruleset = fs
-        .map(|g| g.ruleset())
+        .map(|g| g.ruleset_for(&ws, cwd))
         .transpose()
         .map_err(|source| JobError::Landlock {
-            runner_dir: paths
-                .work_root
-                .parent()
-                .unwrap_or(&paths.work_root)
-                .to_owned(),
+            workspace: ws.clone(),
             source,
         })?;
     #[cfg(not(target_os = "linux"))]

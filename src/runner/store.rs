@@ -196,9 +196,10 @@ pub struct Store {
     writer: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Runs a write's statements; returns what to tell its caller once the batch's commit
-/// succeeded (`None`) or failed (`Some(reason)`).
-type Write = Box<dyn FnOnce(&Connection) -> Reply + Send>;
+/// Runs a write's statements (or, when told the batch's transaction is gone, only fails);
+/// returns what to tell its caller once the batch's commit succeeded (`None`) or failed
+/// (`Some(reason)`).
+type Write = Box<dyn FnOnce(&Connection, bool) -> Reply + Send>;
 type Reply = Box<dyn FnOnce(Option<&str>) + Send>;
 
 /// More writes than this wait for the next transaction, so that no caller waits behind an
@@ -378,7 +379,18 @@ fn write_loop(conn: Connection, path: Arc<Path>, queue: mpsc::Receiver<Write>) {
         // If BEGIN fails (the database is busy past the timeout), each write's savepoint
         // is then a transaction of its own and reports its own result.
         let in_tx = conn.execute_batch("BEGIN IMMEDIATE").is_ok();
-        let replies: Vec<Reply> = batch.drain(..).map(|w| w(&conn)).collect();
+        // Some errors (SQLITE_FULL, IOERR, NOMEM) roll the whole transaction back, not
+        // just the savepoint. The writes after that must not run on their own in
+        // autocommit while their batch is reported failed: they fail too.
+        let mut lost = false;
+        let replies: Vec<Reply> = batch
+            .drain(..)
+            .map(|w| {
+                let reply = w(&conn, lost);
+                lost = lost || (in_tx && conn.is_autocommit());
+                reply
+            })
+            .collect();
         let failed = if in_tx {
             conn.execute_batch("COMMIT").err().map(|e| {
                 let _ = conn.execute_batch("ROLLBACK");
@@ -428,8 +440,15 @@ impl Store {
     ) -> Pending<T> {
         let (tx, rx) = oneshot::channel();
         let path = self.path.clone();
-        let w: Write = Box::new(move |conn| {
-            let result = in_savepoint(conn, &path, f);
+        let w: Write = Box::new(move |conn, lost| {
+            let result = if lost {
+                Err(StoreError::Commit {
+                    path: path.to_path_buf(),
+                    reason: "an earlier write of the same transaction rolled it back".into(),
+                })
+            } else {
+                in_savepoint(conn, &path, f)
+            };
             Box::new(move |failed: Option<&str>| {
                 let result = match (result, failed) {
                     (Ok(_), Some(reason)) => Err(StoreError::Commit {
@@ -776,6 +795,39 @@ mod tests {
         assert!(store.get("b").unwrap().is_some());
         assert!(store.get("c").unwrap().is_some());
         assert!(store.get("d").unwrap().is_none());
+    }
+
+    #[test]
+    fn writes_after_a_rolled_back_transaction_fail_rather_than_commit_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let held = store.write(move |_, _| {
+            wait.recv().ok();
+            Ok(())
+        });
+        let a = store.insert("a", &spec(&["true"]));
+        // What SQLITE_FULL does to a transaction, on purpose.
+        let rollback = store.write(|c, path| c.execute_batch("ROLLBACK").map_err(sql(path)));
+        let c = store.insert("c", &spec(&["true"]));
+        go.send(()).unwrap();
+        let _ = held.wait();
+        let _ = rollback.wait();
+        assert!(
+            a.wait().is_err(),
+            "a write that was rolled back reported success"
+        );
+        assert!(
+            c.wait().is_err(),
+            "a write after the rollback reported success"
+        );
+        assert!(store.get("a").unwrap().is_none());
+        assert!(store.get("c").unwrap().is_none());
+        // The writer goes on.
+        assert!(matches!(
+            store.insert("d", &spec(&["true"])).wait().unwrap(),
+            Inserted::New(_)
+        ));
     }
 
     #[test]

@@ -29,6 +29,9 @@ const READ_CHUNK: usize = 128 * 1024;
 /// A partial line is held back (so rotation never splits it) up to this size; a longer
 /// line is written in pieces.
 const LINE_HOLD: usize = 64 * 1024;
+/// A replaced backup at least this large is freed on a helper thread (see
+/// `CappedLog::release`); a smaller one costs less to free than a thread costs to start.
+const RELEASE_OFF_THREAD: u64 = 1024 * 1024;
 /// Pipe buffer asked of the kernel (Linux caps it at /proc/sys/fs/pipe-max-size, 1 MiB by
 /// default): a fast writer blocks less often and each read moves more.
 const PIPE_BYTES: usize = 1024 * 1024;
@@ -74,6 +77,8 @@ impl CappedLog {
     /// permissions is tightened to 0600; a symlink is refused.
     pub fn open(path: &Path, max_bytes: u64) -> Result<Self, LogError> {
         let backup = backup_path(path);
+        // A backup moved aside by a rotation that was cut short: past the cap, so gone.
+        let _ = fs::remove_file(backup.with_extension("1.old"));
         let file = open_private(path)?;
         if backup.exists() {
             tighten(&backup)?;
@@ -163,17 +168,20 @@ impl CappedLog {
         // Two kernel costs would otherwise land here, on the thread the child's output
         // waits for. Freeing the replaced backup's blocks and pages (20-50 ms for 64 MiB)
         // happens at its last close: holding it open moves that to `release`. And ext4
-        // starts writeback of a file renamed *over* another (auto_da_alloc): removing the
-        // old name first makes the rename a plain one.
+        // starts writeback of a file renamed *over* another (auto_da_alloc): the old backup
+        // is first moved aside, so that the rename replaces nothing, and is put back if the
+        // rename fails.
+        let aside = self.backup.with_extension("1.old");
         let replaced = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&self.backup)
-            .ok();
-        if replaced.is_some() {
-            let _ = fs::remove_file(&self.backup);
-        }
+            .ok()
+            .filter(|_| fs::rename(&self.backup, &aside).is_ok());
         if let Err(e) = fs::rename(&self.path, &self.backup) {
+            if replaced.is_some() {
+                let _ = fs::rename(&aside, &self.backup);
+            }
             // Without the rename the file must still shrink, or the cap would not hold.
             tracing::warn!(log = %self.path.display(), error = %e, "could not rotate log; truncating it instead");
             if let Err(e) = OpenOptions::new()
@@ -185,18 +193,22 @@ impl CappedLog {
                 tracing::warn!(log = %self.path.display(), error = %e, "could not truncate log");
             }
         } else if let Some(old) = replaced {
+            let _ = fs::remove_file(&aside);
             self.release(old);
         }
         self.reopen();
     }
 
-    /// Closes the last descriptor of a replaced backup on a helper thread, where the kernel
-    /// frees it, so the child's output keeps flowing meanwhile. The previous release is
-    /// waited for first: at most one replaced backup (≤ max_bytes) is ever being freed, for
-    /// the few milliseconds that takes.
+    /// Closes the last descriptor of a replaced backup, where the kernel frees it: on a
+    /// helper thread when it is large, so the child's output keeps flowing meanwhile. The
+    /// previous release is waited for first: at most one replaced backup (≤ max_bytes) is
+    /// ever being freed, for the few milliseconds that takes.
     fn release(&mut self, old: File) {
         if let Some(previous) = self.releasing.take() {
             let _ = previous.join();
+        }
+        if old.metadata().map_or(0, |m| m.len()) < RELEASE_OFF_THREAD {
+            return;
         }
         // If no thread can be started, the closure and the file in it are dropped here:
         // freed inline, as without a helper.
@@ -415,6 +427,11 @@ mod tests {
         let text = fs::read_to_string(&path).unwrap();
         assert!(text.ends_with("line 0049\n"));
         assert!(text.lines().all(|l| l.len() == 9), "{text:?}");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "only the log and its backup: {names:?}");
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub fn page_out_own_code() -> io::Result<u64> {
     };
     let maps = std::fs::read_to_string("/proc/self/maps")?;
     let mut advised = 0;
+    let mut refused = None;
     for line in maps.lines() {
         // start-end perms offset dev inode path (the path is padded with spaces)
         let mut fields = line.splitn(6, ' ');
@@ -58,12 +59,18 @@ pub fn page_out_own_code() -> io::Result<u64> {
                 libc::MADV_PAGEOUT,
             )
         };
+        // One mapping refused (a kernel without MADV_PAGEOUT, a locked mapping) does not
+        // keep the others from being released.
         if rc != 0 {
-            return Err(io::Error::last_os_error());
+            refused = Some(io::Error::last_os_error());
+            continue;
         }
         advised += end.saturating_sub(start) as u64;
     }
-    Ok(advised)
+    match refused {
+        Some(e) if advised == 0 => Err(e),
+        _ => Ok(advised),
+    }
 }
 
 /// Other systems: nothing to do.

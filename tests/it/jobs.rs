@@ -159,6 +159,14 @@ fn output_and_exit_code_round_trip_and_ids_are_idempotent() {
     let (status, body) = r.submit(json!({"id": "round-trip", "argv": ["true"]}));
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"]["code"], "conflict");
+    // A conflicting resubmission with a bad cwd is still a conflict, and leaves the
+    // existing job's workspace alone.
+    let ws = r.runner_dir().join("work/round-trip");
+    assert!(ws.is_dir());
+    let (status, body) =
+        r.submit(json!({"id": "round-trip", "argv": ["true"], "cwd": "no-such-dir"}));
+    assert_eq!(status, 409, "{body}");
+    assert!(ws.is_dir(), "the existing job's workspace was removed");
     let (status, _) = get(&r.socket(), "/v1/jobs/no-such-job").expect("get");
     assert_eq!(status, 404);
 }
@@ -894,7 +902,7 @@ fn a_restarted_runner_kills_what_a_killed_one_left_in_a_job_cgroup() {
 }
 
 #[test]
-fn landlock_keeps_a_job_out_of_the_runners_files_and_away_from_its_signals() {
+fn landlock_keeps_a_job_out_of_the_state_dir_and_other_workspaces_and_its_signals_in() {
     let r = Runner::started(&[]);
     let health = get_json(&r.socket(), "/v1/health").expect("health");
     let isolation = health["isolation"].as_str().unwrap_or_default().to_owned();
@@ -909,6 +917,10 @@ fn landlock_keeps_a_job_out_of_the_runners_files_and_away_from_its_signals() {
     );
     r.wait(&earlier);
     let dir = r.runner_dir();
+    // A file of the agent's beside the runner's directory, readable by anyone.
+    let agent_file = r.state().join("agent-note");
+    fs::write(&agent_file, "agent").expect("agent file");
+    fs::set_permissions(&agent_file, fs::Permissions::from_mode(0o644)).expect("chmod");
     // Each probe prints its name only if it got through.
     let probes = format!(
         "cat {db} >/dev/null 2>&1 && echo READ_DB; \
@@ -918,8 +930,11 @@ fn landlock_keeps_a_job_out_of_the_runners_files_and_away_from_its_signals() {
          kill -0 {pid} 2>/dev/null && echo SIGNALLED_RUNNER; \
          echo kept > here && cat here; \
          cat /etc/passwd >/dev/null && echo READ_ETC; \
-         ls {work} >/dev/null && echo LISTED_WORK; \
+         ls {work} >/dev/null 2>&1 && echo LISTED_WORK; \
          cat {dir}/api.token >/dev/null 2>&1 && echo READ_TOKEN; \
+         cat {agent_file} >/dev/null 2>&1 && echo READ_AGENT_FILE; \
+         echo x > {dir}/work/{earlier}/planted 2>/dev/null && echo PLANTED; \
+         ls {dir}/work/{earlier} >/dev/null 2>&1 && echo LISTED_OTHER_WORKSPACE; \
          {exe} job --socket {dir}/runner.sock list >/dev/null 2>&1 && echo USED_API; \
          true",
         db = dir.join("jobs.db").display(),
@@ -928,6 +943,7 @@ fn landlock_keeps_a_job_out_of_the_runners_files_and_away_from_its_signals() {
         work = dir.join("work").display(),
         pid = runner_pid,
         exe = env!("CARGO_BIN_EXE_railgrid"),
+        agent_file = agent_file.display(),
     );
     let id = submit_ok(&r, json!({"argv": ["sh", "-c", probes]}));
     let rec = r.wait(&id);
@@ -939,7 +955,7 @@ fn landlock_keeps_a_job_out_of_the_runners_files_and_away_from_its_signals() {
             .is_some_and(|c| c.contains("landlock")),
         "{rec}"
     );
-    for line in ["kept", "READ_ETC", "LISTED_WORK"] {
+    for line in ["kept", "READ_ETC"] {
         assert!(
             out.contains(line),
             "the job lost ordinary access ({line}): {out}"
@@ -952,6 +968,10 @@ fn landlock_keeps_a_job_out_of_the_runners_files_and_away_from_its_signals() {
         "READ_RUNNER_ENVIRON",
         "READ_TOKEN",
         "USED_API",
+        "READ_AGENT_FILE",
+        "PLANTED",
+        "LISTED_OTHER_WORKSPACE",
+        "LISTED_WORK",
     ] {
         assert!(!out.contains(line), "{line}: {out}");
     }
@@ -960,6 +980,7 @@ fn landlock_keeps_a_job_out_of_the_runners_files_and_away_from_its_signals() {
     }
 }
 
+#[cfg(target_os = "linux")]
 #[test]
 fn the_runner_cannot_be_inspected_by_its_own_account() {
     if !is_root() {
@@ -1039,8 +1060,10 @@ fn silent_and_unauthorized_connections_cannot_exhaust_the_runner() {
         "{resp}"
     );
 
-    if !is_root() {
-        eprintln!("skipped the connection cap: needs root to count the runner's descriptors");
+    if !is_root() || !cfg!(target_os = "linux") {
+        eprintln!(
+            "skipped the connection cap: needs root and /proc to count the runner's descriptors"
+        );
         return;
     }
     let pid = get_json(&sock, "/v1/health").expect("health")["pid"].clone();
