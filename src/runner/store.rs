@@ -765,16 +765,26 @@ mod tests {
         assert_eq!(states, ["queued", "starting", "running", "succeeded"]);
     }
 
+    /// Returns once the writer is busy in a write that ends when the returned sender is
+    /// used, so that the writes queued meanwhile share the next batch. The held write's own
+    /// result is of no interest.
+    fn hold_writer(store: &Store) -> (std::sync::mpsc::Sender<()>, Pending<()>) {
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let (inside, entered) = std::sync::mpsc::channel::<()>();
+        let held = store.write(move |_, _| {
+            inside.send(()).ok();
+            wait.recv().ok();
+            Ok(())
+        });
+        entered.recv().unwrap();
+        (go, held)
+    }
+
     #[test]
     fn a_failing_write_does_not_undo_the_others_committed_with_it() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("jobs.db")).unwrap();
-        // Hold the writer until the next three writes are queued, so they share a batch.
-        let (go, wait) = std::sync::mpsc::channel::<()>();
-        let held = store.write(move |_, _| {
-            wait.recv().ok();
-            Ok(())
-        });
+        let (go, held) = hold_writer(&store);
         let b = store.insert("b", &spec(&["true"]));
         // Half done, then failing: its first half must not be committed.
         let bad = store.write(|c, path| {
@@ -786,7 +796,7 @@ mod tests {
         });
         let c = store.insert("c", &spec(&["true"]));
         go.send(()).unwrap();
-        held.wait().unwrap();
+        let _ = held.wait();
         assert!(matches!(b.wait().unwrap(), Inserted::New(_)));
         assert!(matches!(bad.wait(), Err(StoreError::Sql { .. })));
         assert!(matches!(c.wait().unwrap(), Inserted::New(_)));
@@ -801,11 +811,7 @@ mod tests {
     fn writes_after_a_rolled_back_transaction_fail_rather_than_commit_alone() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("jobs.db")).unwrap();
-        let (go, wait) = std::sync::mpsc::channel::<()>();
-        let held = store.write(move |_, _| {
-            wait.recv().ok();
-            Ok(())
-        });
+        let (go, held) = hold_writer(&store);
         let a = store.insert("a", &spec(&["true"]));
         // What SQLITE_FULL does to a transaction, on purpose.
         let rollback = store.write(|c, path| c.execute_batch("ROLLBACK").map_err(sql(path)));
