@@ -50,28 +50,57 @@ pub enum ClientError {
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
+/// True for the errors of a request written to a connection its peer had already closed:
+/// the runner cannot have read it, so sending it again cannot run anything twice.
+fn never_reached_the_runner(e: &hyper::Error) -> bool {
+    use std::error::Error;
+    e.is_canceled()
+        || e.source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                )
+            })
+}
+
+fn read_token(socket: &Path) -> Result<String, String> {
+    super::token::read_beside(socket).map_err(|e| {
+        format!(
+            "could not read the runner's API token {}: {e} (run as the runner's account or root)",
+            socket.with_file_name(super::token::TOKEN_FILE).display()
+        )
+    })
+}
+
 pub struct Client {
     socket: PathBuf,
     /// One kept-alive connection, reused by requests whose response is read at once.
     idle: std::sync::Mutex<Option<Sender>>,
     /// The API token beside the socket, or why it could not be read (reported if the
-    /// runner then refuses a request).
-    token: Result<String, String>,
+    /// runner then refuses a request). Read again when the runner refuses it: a restarted
+    /// runner has a new one.
+    token: std::sync::Mutex<Result<String, String>>,
 }
 
 impl Client {
     pub fn new(socket: &Path) -> Self {
-        let token = super::token::read_beside(socket).map_err(|e| {
-            format!(
-                "could not read the runner's API token {}: {e} (run as the runner's account or root)",
-                socket.with_file_name(super::token::TOKEN_FILE).display()
-            )
-        });
         Self {
             socket: socket.to_owned(),
             idle: std::sync::Mutex::new(None),
-            token,
+            token: std::sync::Mutex::new(read_token(socket)),
         }
+    }
+
+    /// Reads the token again; true when it changed, so a refused request is worth one
+    /// more try.
+    fn reload_token(&self) -> bool {
+        let fresh = read_token(&self.socket);
+        let mut token = crate::util::lock(&self.token);
+        let changed = fresh.is_ok() && *token != fresh;
+        *token = fresh;
+        changed
     }
 
     fn http(&self, source: hyper::Error) -> ClientError {
@@ -81,14 +110,18 @@ impl Client {
         }
     }
 
-    /// The idle connection if it is still usable, else a new one.
-    async fn sender(&self) -> Result<Sender, ClientError> {
+    /// The idle connection if it is still usable (and `true`), else a new one.
+    async fn sender(&self) -> Result<(Sender, bool), ClientError> {
         let idle = crate::util::lock(&self.idle).take();
         if let Some(mut sender) = idle {
             if sender.ready().await.is_ok() {
-                return Ok(sender);
+                return Ok((sender, true));
             }
         }
+        Ok((self.connect().await?, false))
+    }
+
+    async fn connect(&self) -> Result<Sender, ClientError> {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
             .map_err(|source| ClientError::Connect {
@@ -108,35 +141,72 @@ impl Client {
         *crate::util::lock(&self.idle) = Some(sender);
     }
 
+    fn request(
+        &self,
+        method: &Method,
+        uri: &str,
+        body: &Option<Vec<u8>>,
+    ) -> Result<Request<Full<Bytes>>, ClientError> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(hyper::header::HOST, "localhost");
+        if let Ok(token) = &*crate::util::lock(&self.token) {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        if body.is_some() {
+            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        req.body(Full::new(Bytes::from(body.clone().unwrap_or_default())))
+            .map_err(|e| ClientError::Api {
+                status: 0,
+                code: "client".into(),
+                message: format!("could not build request {uri}: {e}"),
+            })
+    }
+
+    /// Sends one request. A kept-alive connection the runner has closed meanwhile (it
+    /// restarted, or its header timeout passed) fails before the runner sees the request:
+    /// then it is sent once more on a new connection.
     async fn send(
         &self,
         method: Method,
         uri: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(Response<Incoming>, Sender), ClientError> {
-        let mut sender = self.sender().await?;
-        let mut req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(hyper::header::HOST, "localhost");
-        if let Ok(token) = &self.token {
-            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+        let (mut sender, reused) = self.sender().await?;
+        match sender
+            .send_request(self.request(&method, uri, &body)?)
+            .await
+        {
+            Ok(resp) => Ok((resp, sender)),
+            Err(e) if reused && never_reached_the_runner(&e) => {
+                let mut sender = self.connect().await?;
+                let resp = sender
+                    .send_request(self.request(&method, uri, &body)?)
+                    .await
+                    .map_err(|e| self.http(e))?;
+                Ok((resp, sender))
+            }
+            Err(e) => Err(self.http(e)),
         }
-        if body.is_some() {
-            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
-        }
-        let req = req
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .map_err(|e| ClientError::Api {
-                status: 0,
-                code: "client".into(),
-                message: format!("could not build request {uri}: {e}"),
-            })?;
-        let resp = sender.send_request(req).await.map_err(|e| self.http(e))?;
-        Ok((resp, sender))
     }
 
     async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        uri: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, T), ClientError> {
+        match self.json_once(method.clone(), uri, body.clone()).await {
+            Err(ClientError::Api { status: 401, .. }) if self.reload_token() => {
+                self.json_once(method, uri, body).await
+            }
+            other => other,
+        }
+    }
+
+    async fn json_once<T: DeserializeOwned>(
         &self,
         method: Method,
         uri: &str,
@@ -293,7 +363,7 @@ impl Client {
                 ),
             ),
         };
-        let message = match (&self.token, status) {
+        let message = match (&*crate::util::lock(&self.token), status) {
             (Err(why), StatusCode::UNAUTHORIZED) => why.clone(),
             _ => message,
         };

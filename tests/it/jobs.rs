@@ -1101,3 +1101,23 @@ fn silent_and_unauthorized_connections_cannot_exhaust_the_runner() {
         Some(0)
     );
 }
+
+#[test]
+fn a_client_follows_the_token_of_a_restarted_runner() {
+    let mut r = Runner::started(&[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let client = railgrid::runner::client::Client::new(&r.socket());
+    rt.block_on(client.list("")).expect("list");
+    let first = fs::read_to_string(r.runner_dir().join("api.token")).expect("token");
+    let mut old = r.guard.take().expect("runner");
+    old.signal(Signal::SIGTERM);
+    let _ = old.wait_output(LIMIT);
+    r.start(&[]);
+    let second = fs::read_to_string(r.runner_dir().join("api.token")).expect("token");
+    assert_ne!(first, second, "a restarted runner has a new token");
+    rt.block_on(client.list(""))
+        .expect("list after the restart");
+}
