@@ -4,11 +4,13 @@
 //! Why bounds on a private socket: jobs run as the runner's account and can connect to it
 //! (the API token keeps them from using it, not from connecting). Without bounds, a job
 //! could open connections until the runner has no descriptors left to start jobs with.
-//! So: at most [`MAX_CONNECTIONS`] at once (the rest wait in the kernel's backlog), a
-//! connection that has not sent a whole request header within [`HEADER_READ`] of being
-//! accepted (or of its previous request) is closed, silent ones included, and a client
-//! without the token is answered on a connection that is then closed (see
-//! `api::authorize`). Clients with the token may keep connections open and long-poll.
+//! So: at most [`MAX_CONNECTIONS`] at once from any account but root (one more is closed
+//! as soon as it is accepted), a connection that has not sent a whole request header
+//! within [`HEADER_READ`] of being accepted (or of its previous request) is closed, silent
+//! ones included, and a client without the token is answered on a connection that is then
+//! closed (see `api::authorize`). Clients with the token may keep connections open and
+//! long-poll. Root's connections (the agent, an operator) skip the count: a job, which
+//! never runs as root, cannot crowd them out.
 
 use std::future::Future;
 use std::io;
@@ -21,7 +23,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 
-/// Connections served at once.
+/// Connections served at once, root's not counted.
 pub const MAX_CONNECTIONS: usize = 256;
 /// How long a connection may take to send a request header.
 pub const HEADER_READ: Duration = Duration::from_secs(5);
@@ -41,14 +43,7 @@ pub async fn serve(
         .header_read_timeout(HEADER_READ);
     tokio::pin!(stop);
     loop {
-        // Cancel-safe: dropping a pending acquire or accept loses nothing.
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            _ = &mut stop => break,
-        };
+        // Cancel-safe: dropping a pending accept loses nothing.
         let stream = tokio::select! {
             r = listener.accept() => match r {
                 Ok((stream, _)) => stream,
@@ -59,6 +54,18 @@ pub async fn serve(
                 }
             },
             _ = &mut stop => break,
+        };
+        let root = stream.peer_cred().is_ok_and(|c| c.uid() == 0);
+        let permit = if root {
+            None
+        } else {
+            match permits.clone().try_acquire_owned() {
+                Ok(p) => Some(p),
+                Err(_) => {
+                    tracing::debug!("API connection limit reached: closing a new connection");
+                    continue;
+                }
+            }
         };
         let conn =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
