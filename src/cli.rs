@@ -253,6 +253,21 @@ pub struct JobSubmitArgs {
     /// Stream the job's output and exit with its exit code.
     #[arg(long)]
     pub wait: bool,
+    /// Memory limit in bytes: memory.max in the cgroup tier, else RLIMIT_AS.
+    #[arg(long, value_name = "BYTES")]
+    pub memory_bytes: Option<u64>,
+    /// Process limit: pids.max of the job's tree in the cgroup tier, else RLIMIT_NPROC.
+    #[arg(long, value_name = "N")]
+    pub processes: Option<u64>,
+    /// CPU bandwidth in thousandths of a CPU (at least 10): cpu.max, cgroup tier only.
+    #[arg(long, value_name = "N")]
+    pub cpu_millis: Option<u64>,
+    /// CPU time limit in seconds (RLIMIT_CPU).
+    #[arg(long, value_name = "SECS")]
+    pub cpu_secs: Option<u64>,
+    /// Open-file limit (RLIMIT_NOFILE).
+    #[arg(long, value_name = "N")]
+    pub open_files: Option<u64>,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM")]
     pub command: Vec<String>,

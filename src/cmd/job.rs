@@ -10,7 +10,7 @@ use crate::agent::config::{self, Flags};
 use crate::cli::{JobCommand, JobSubmitArgs, JobTarget};
 use crate::runner::client::{Client, ClientError};
 use crate::runner::job::Stream;
-use crate::runner::spec::JobSpec;
+use crate::runner::spec::{JobSpec, Limits};
 use crate::runner::store::{JobRecord, JobState};
 use crate::runner::Paths;
 
@@ -117,6 +117,13 @@ fn api_err(e: ClientError) -> anyhow::Error {
 }
 
 async fn submit(client: &Client, args: JobSubmitArgs) -> anyhow::Result<ExitCode> {
+    let limits = Limits {
+        memory_bytes: args.memory_bytes,
+        cpu_secs: args.cpu_secs,
+        open_files: args.open_files,
+        processes: args.processes,
+        cpu_millis: args.cpu_millis,
+    };
     let spec = JobSpec {
         id: args.id,
         argv: args.command,
@@ -124,6 +131,7 @@ async fn submit(client: &Client, args: JobSubmitArgs) -> anyhow::Result<ExitCode
         env: args.env.into_iter().collect(),
         timeout_secs: args.timeout.map(|d| d.as_secs().max(1)),
         owner: args.owner,
+        limits: (limits != Limits::default()).then_some(limits),
         ..JobSpec::default()
     };
     let (created, sub) = client.submit(&spec).await.map_err(api_err)?;

@@ -598,6 +598,28 @@ fn rlimits_apply_and_are_reported() {
         ["process-group+rlimits", "process-group+rlimits+landlock"].contains(&confinement),
         "{rec}"
     );
+
+    // The same limits from the command line.
+    let out = r
+        .cli()
+        .args([
+            "submit",
+            "--open-files",
+            "48",
+            "--cpu-secs",
+            "5",
+            "--wait",
+            "--",
+        ])
+        .args(["sh", "-c", "ulimit -n; ulimit -t"])
+        .output()
+        .expect("job submit");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "48\n5\n");
 }
 
 #[test]
