@@ -291,26 +291,12 @@ fn runner_cgroup(acct: &Account) -> Option<PathBuf> {
     }
 }
 
-/// Creates the log dir (0700), the state dir and `<state>/runner` (0700, owned by the
-/// runner).
-///
-/// The state dir is 0700, or, when the runner runs as another account and must traverse
-/// it, 0710 with the runner's group: only root and that group can reach anything inside.
-/// That is what keeps the runner's files from other local accounts even if a job (which
-/// runs as the runner's account and may chmod its directory) opens `<state>/runner` up.
+/// Creates the log dir (0700), the state dir (0700, or 0711 when the runner runs as
+/// another account and must traverse it) and `<state>/runner` (0700, owned by the runner).
 fn prepare(cfg: &AgentConfig) -> Result<(), AgentError> {
     let other = cfg.runner.user.as_ref();
     make_dir(&cfg.log_dir, 0o700)?;
-    make_dir(&cfg.state_dir, if other.is_some() { 0o710 } else { 0o700 })?;
-    if let Some(acct) = other {
-        let (uid, _) = sys::current_ids();
-        sys::chown(&cfg.state_dir, uid, acct.gid).map_err(|source| AgentError::Chown {
-            path: cfg.state_dir.clone(),
-            uid,
-            gid: acct.gid,
-            source,
-        })?;
-    }
+    make_dir(&cfg.state_dir, if other.is_some() { 0o711 } else { 0o700 })?;
     let runner_dir = cfg.runner_dir();
     make_dir(&runner_dir, 0o700)?;
     if let Some(acct) = other {

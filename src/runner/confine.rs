@@ -382,7 +382,7 @@ impl FsGuard {
         for pair in path.windows(2) {
             let (dir, toward) = (pair[0], pair[1]);
             listed.push((dir.to_owned(), mtime(dir)));
-            // A directory this account may not list (the agent's state dir, 0710) keeps
+            // A directory this account may not list (the agent's state dir, 0711) keeps
             // its other entries from jobs: they have no business there.
             let Ok(list) = std::fs::read_dir(dir) else {
                 continue;
