@@ -256,7 +256,8 @@ pub struct JobSubmitArgs {
     /// Memory limit in bytes: memory.max in the cgroup tier, else RLIMIT_AS.
     #[arg(long, value_name = "BYTES")]
     pub memory_bytes: Option<u64>,
-    /// Process limit: pids.max of the job's tree in the cgroup tier, else RLIMIT_NPROC.
+    /// Process limit: pids.max of the job's tree in the cgroup tier; else RLIMIT_NPROC,
+    /// which counts every process and thread of the runner's account, the runner's own too.
     #[arg(long, value_name = "N")]
     pub processes: Option<u64>,
     /// CPU bandwidth in thousandths of a CPU (at least 10): cpu.max, cgroup tier only.

@@ -93,14 +93,13 @@ impl Client {
         }
     }
 
-    /// Reads the token again; true when it changed, so a refused request is worth one
-    /// more try.
+    /// Reads the token again; true when there is one, so a refused request is worth one
+    /// more try (another task may have re-read it already, so "unchanged" proves nothing).
     fn reload_token(&self) -> bool {
         let fresh = read_token(&self.socket);
-        let mut token = crate::util::lock(&self.token);
-        let changed = fresh.is_ok() && *token != fresh;
-        *token = fresh;
-        changed
+        let usable = fresh.is_ok();
+        *crate::util::lock(&self.token) = fresh;
+        usable
     }
 
     fn http(&self, source: hyper::Error) -> ClientError {
@@ -165,48 +164,41 @@ impl Client {
             })
     }
 
-    /// Sends one request. A kept-alive connection the runner has closed meanwhile (it
-    /// restarted, or its header timeout passed) fails before the runner sees the request:
-    /// then it is sent once more on a new connection.
+    /// Sends one request. Sent once more, on a new connection, when the runner cannot have
+    /// acted on it: a kept-alive connection it had closed meanwhile (it restarted, or its
+    /// header timeout passed) failed before it read the request, or it refused the token
+    /// (a restarted runner has a new one, read again first).
     async fn send(
         &self,
         method: Method,
         uri: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(Response<Incoming>, Sender), ClientError> {
-        let (mut sender, reused) = self.sender().await?;
-        match sender
-            .send_request(self.request(&method, uri, &body)?)
-            .await
-        {
-            Ok(resp) => Ok((resp, sender)),
-            Err(e) if reused && never_reached_the_runner(&e) => {
-                let mut sender = self.connect().await?;
-                let resp = sender
-                    .send_request(self.request(&method, uri, &body)?)
-                    .await
-                    .map_err(|e| self.http(e))?;
-                Ok((resp, sender))
+        let (mut sender, mut reused) = self.sender().await?;
+        let mut token_retried = false;
+        loop {
+            match sender
+                .send_request(self.request(&method, uri, &body)?)
+                .await
+            {
+                Ok(resp)
+                    if resp.status() == StatusCode::UNAUTHORIZED
+                        && !token_retried
+                        && self.reload_token() =>
+                {
+                    token_retried = true;
+                }
+                Ok(resp) => return Ok((resp, sender)),
+                Err(e) if reused && never_reached_the_runner(&e) => {}
+                Err(e) => return Err(self.http(e)),
             }
-            Err(e) => Err(self.http(e)),
+            // Each way back here happens at most once: a new connection is never "reused".
+            sender = self.connect().await?;
+            reused = false;
         }
     }
 
     async fn json<T: DeserializeOwned>(
-        &self,
-        method: Method,
-        uri: &str,
-        body: Option<Vec<u8>>,
-    ) -> Result<(StatusCode, T), ClientError> {
-        match self.json_once(method.clone(), uri, body.clone()).await {
-            Err(ClientError::Api { status: 401, .. }) if self.reload_token() => {
-                self.json_once(method, uri, body).await
-            }
-            other => other,
-        }
-    }
-
-    async fn json_once<T: DeserializeOwned>(
         &self,
         method: Method,
         uri: &str,

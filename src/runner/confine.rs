@@ -291,7 +291,15 @@ pub struct FsGuard {
 struct Allowed {
     entries: Vec<(std::os::fd::OwnedFd, bool)>,
     listed: Vec<(PathBuf, Option<SystemTime>)>,
+    /// A directory changed too shortly before it was listed for its mtime to tell a later
+    /// change apart (timestamps are coarse): list again at the next job.
+    racy: bool,
 }
+
+/// How old a directory's last change must be, when it is listed, for its mtime to be
+/// trusted as the mark of that listing.
+#[cfg(target_os = "linux")]
+const RACY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Landlock ABI 1 refuses every rename or link across directories (git, cargo and `mv`
 /// would fail in jobs): the guard needs ABI 2 (Linux 5.19).
@@ -363,7 +371,7 @@ impl FsGuard {
     fn allowed(&self) -> io::Result<Arc<Allowed>> {
         let mut current = crate::util::lock(&self.current);
         if let Some(a) = current.as_ref() {
-            if a.listed.iter().all(|(dir, t)| mtime(dir) == *t) {
+            if !a.racy && a.listed.iter().all(|(dir, t)| mtime(dir) == *t) {
                 return Ok(a.clone());
             }
         }
@@ -374,6 +382,7 @@ impl FsGuard {
 
     fn list(&self) -> io::Result<Allowed> {
         let hidden = std::fs::canonicalize(&self.hidden)?;
+        let listed_at = SystemTime::now();
         let mut entries = Vec::new();
         let mut listed = Vec::new();
         // `/`, then each directory on the way down, each with the step it leads to.
@@ -398,7 +407,14 @@ impl FsGuard {
                 }
             }
         }
-        Ok(Allowed { entries, listed })
+        let racy = listed.iter().any(|(_, t)| {
+            t.is_none_or(|t| listed_at.duration_since(t).map_or(true, |age| age < RACY))
+        });
+        Ok(Allowed {
+            entries,
+            listed,
+            racy,
+        })
     }
 }
 

@@ -92,6 +92,13 @@ pub enum SpecError {
     NulInCwd,
     #[error("field limits.cpu_millis is {got}; at least {MIN_CPU_MILLIS} (1% of a CPU) is needed")]
     CpuTooSmall { got: u64 },
+    #[error("field limits.{field} is {got}; at least {min} is needed ({why})")]
+    LimitTooSmall {
+        field: &'static str,
+        got: u64,
+        min: u64,
+        why: &'static str,
+    },
 }
 
 impl JobSpec {
@@ -150,6 +157,30 @@ impl JobSpec {
             .filter(|m| *m < MIN_CPU_MILLIS)
         {
             return Err(SpecError::CpuTooSmall { got });
+        }
+        if let Some(l) = &self.limits {
+            // Limits below these fail the job before its first instruction, with an error
+            // about the launch rather than the limit.
+            for (field, value, min, why) in [
+                ("open_files", l.open_files, 3, "stdin, stdout and stderr"),
+                ("processes", l.processes, 1, "the job itself"),
+                ("cpu_secs", l.cpu_secs, 1, "RLIMIT_CPU counts whole seconds"),
+                (
+                    "memory_bytes",
+                    l.memory_bytes,
+                    1 << 20,
+                    "1 MiB, to load a program",
+                ),
+            ] {
+                if let Some(got) = value.filter(|v| *v < min) {
+                    return Err(SpecError::LimitTooSmall {
+                        field,
+                        got,
+                        min,
+                        why,
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -232,6 +263,45 @@ mod tests {
                 ..
             })
         ));
+        for (limits, field) in [
+            (
+                Limits {
+                    open_files: Some(2),
+                    ..Limits::default()
+                },
+                "open_files",
+            ),
+            (
+                Limits {
+                    processes: Some(0),
+                    ..Limits::default()
+                },
+                "processes",
+            ),
+            (
+                Limits {
+                    memory_bytes: Some(4096),
+                    ..Limits::default()
+                },
+                "memory_bytes",
+            ),
+        ] {
+            let mut s = spec(&["true"]);
+            s.limits = Some(limits);
+            assert!(
+                matches!(s.validate(), Err(SpecError::LimitTooSmall { field: f, .. }) if f == field),
+                "{field}"
+            );
+        }
+        let mut s = spec(&["true"]);
+        s.limits = Some(Limits {
+            open_files: Some(3),
+            processes: Some(1),
+            memory_bytes: Some(1 << 20),
+            cpu_secs: Some(1),
+            cpu_millis: Some(MIN_CPU_MILLIS),
+        });
+        assert_eq!(s.validate(), Ok(()));
     }
 
     #[test]

@@ -352,16 +352,15 @@ fn in_savepoint<T>(
     f: impl FnOnce(&Connection, &Path) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
     c.execute_batch("SAVEPOINT write").map_err(sql(path))?;
-    match f(c, path) {
-        Ok(v) => {
-            c.execute_batch("RELEASE write").map_err(sql(path))?;
-            Ok(v)
-        }
-        Err(e) => {
-            let _ = c.execute_batch("ROLLBACK TO write; RELEASE write");
-            Err(e)
-        }
+    let result = f(c, path).and_then(|v| {
+        c.execute_batch("RELEASE write").map_err(sql(path))?;
+        Ok(v)
+    });
+    if result.is_err() {
+        // Undone, and the savepoint closed, so no later write nests in a leftover one.
+        let _ = c.execute_batch("ROLLBACK TO write; RELEASE write");
     }
+    result
 }
 
 /// The writer thread: takes whatever writes are queued, runs them in one transaction,
@@ -376,13 +375,17 @@ fn write_loop(conn: Connection, path: Arc<Path>, queue: mpsc::Receiver<Write>) {
                 Err(_) => break,
             }
         }
-        // If BEGIN fails (the database is busy past the timeout), each write's savepoint
-        // is then a transaction of its own and reports its own result.
-        let in_tx = conn.execute_batch("BEGIN IMMEDIATE").is_ok();
+        // If BEGIN fails (something else holds the database past the busy timeout), the
+        // whole batch fails at once rather than each write waiting out the timeout again.
+        let began = conn.execute_batch("BEGIN IMMEDIATE");
+        if let Err(e) = &began {
+            tracing::error!(db = %path.display(), error = %e, "could not begin a transaction for job records");
+        }
+        let in_tx = began.is_ok();
         // Some errors (SQLITE_FULL, IOERR, NOMEM) roll the whole transaction back, not
         // just the savepoint. The writes after that must not run on their own in
         // autocommit while their batch is reported failed: they fail too.
-        let mut lost = false;
+        let mut lost = !in_tx;
         let replies: Vec<Reply> = batch
             .drain(..)
             .map(|w| {
@@ -444,7 +447,8 @@ impl Store {
             let result = if lost {
                 Err(StoreError::Commit {
                     path: path.to_path_buf(),
-                    reason: "an earlier write of the same transaction rolled it back".into(),
+                    reason: "its transaction could not begin, or an earlier write rolled it back"
+                        .into(),
                 })
             } else {
                 in_savepoint(conn, &path, f)

@@ -948,6 +948,11 @@ fn landlock_keeps_a_job_out_of_the_state_dir_and_other_workspaces_and_its_signal
     let agent_file = r.state().join("agent-note");
     fs::write(&agent_file, "agent").expect("agent file");
     fs::set_permissions(&agent_file, fs::Permissions::from_mode(0o644)).expect("chmod");
+    // A directory that appears beside the state dir after the runner started is usable.
+    let late = r.dir.path().join("late");
+    fs::create_dir(&late).expect("late dir");
+    fs::write(late.join("file"), "late").expect("late file");
+    fs::set_permissions(late.join("file"), fs::Permissions::from_mode(0o644)).expect("chmod");
     // Each probe prints its name only if it got through.
     let probes = format!(
         "cat {db} >/dev/null 2>&1 && echo READ_DB; \
@@ -957,6 +962,7 @@ fn landlock_keeps_a_job_out_of_the_state_dir_and_other_workspaces_and_its_signal
          kill -0 {pid} 2>/dev/null && echo SIGNALLED_RUNNER; \
          echo kept > here && cat here; \
          cat /etc/passwd >/dev/null && echo READ_ETC; \
+         cat {late}/file >/dev/null && echo READ_LATE; \
          ls {work} >/dev/null 2>&1 && echo LISTED_WORK; \
          cat {dir}/api.token >/dev/null 2>&1 && echo READ_TOKEN; \
          cat {agent_file} >/dev/null 2>&1 && echo READ_AGENT_FILE; \
@@ -971,6 +977,7 @@ fn landlock_keeps_a_job_out_of_the_state_dir_and_other_workspaces_and_its_signal
         pid = runner_pid,
         exe = env!("CARGO_BIN_EXE_railgrid"),
         agent_file = agent_file.display(),
+        late = late.display(),
     );
     let id = submit_ok(&r, json!({"argv": ["sh", "-c", probes]}));
     let rec = r.wait(&id);
@@ -982,7 +989,7 @@ fn landlock_keeps_a_job_out_of_the_state_dir_and_other_workspaces_and_its_signal
             .is_some_and(|c| c.contains("landlock")),
         "{rec}"
     );
-    for line in ["kept", "READ_ETC"] {
+    for line in ["kept", "READ_ETC", "READ_LATE"] {
         assert!(
             out.contains(line),
             "the job lost ordinary access ({line}): {out}"
