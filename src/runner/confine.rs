@@ -291,13 +291,14 @@ pub struct FsGuard {
 struct Allowed {
     entries: Vec<(std::os::fd::OwnedFd, bool)>,
     listed: Vec<(PathBuf, Option<SystemTime>)>,
-    /// A directory changed too shortly before it was listed for its mtime to tell a later
-    /// change apart (timestamps are coarse): list again at the next job.
-    racy: bool,
+    /// Set when a directory changed too shortly before it was listed for its mtime to
+    /// tell a later change apart (timestamps are coarse): list again once this has passed.
+    recheck_at: Option<SystemTime>,
 }
 
 /// How old a directory's last change must be, when it is listed, for its mtime to be
-/// trusted as the mark of that listing.
+/// trusted as the mark of that listing; a change that a same-tick mtime hides is seen at
+/// most this long after it.
 #[cfg(target_os = "linux")]
 const RACY: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -371,7 +372,8 @@ impl FsGuard {
     fn allowed(&self) -> io::Result<Arc<Allowed>> {
         let mut current = crate::util::lock(&self.current);
         if let Some(a) = current.as_ref() {
-            if !a.racy && a.listed.iter().all(|(dir, t)| mtime(dir) == *t) {
+            let due = a.recheck_at.is_some_and(|at| SystemTime::now() >= at);
+            if !due && a.listed.iter().all(|(dir, t)| mtime(dir) == *t) {
                 return Ok(a.clone());
             }
         }
@@ -413,7 +415,7 @@ impl FsGuard {
         Ok(Allowed {
             entries,
             listed,
-            racy,
+            recheck_at: racy.then(|| listed_at + RACY),
         })
     }
 }
