@@ -166,7 +166,9 @@ pub fn prepare_workspace(
         }
         Err(e) => return Err(io_err(&wanted)(e)),
     };
-    if !resolved.starts_with(&root) || !resolved.is_dir() {
+    // The root itself is not inside it: a job there could reach every workspace, which
+    // Landlock otherwise keeps each job out of.
+    if !resolved.starts_with(&root) || resolved == root || !resolved.is_dir() {
         return Err(JobError::CwdOutside {
             cwd: cwd.to_owned(),
             resolved,
@@ -600,6 +602,11 @@ mod tests {
         );
         // Another job's workspace is inside the root too: allowed, like a shared checkout.
         assert!(prepare_workspace(&p, "b", Some("../a/src")).is_ok());
+        // The root itself is not.
+        assert!(matches!(
+            prepare_workspace(&p, "a", Some("..")),
+            Err(JobError::CwdOutside { .. })
+        ));
         assert!(matches!(
             prepare_workspace(&p, "a", Some("missing")),
             Err(JobError::CwdMissing { .. })
