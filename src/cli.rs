@@ -123,6 +123,10 @@ pub struct RunnerArgs {
     /// Total spool bytes of finished jobs kept.
     #[arg(long, value_name = "BYTES", default_value_t = 1024 * 1024 * 1024)]
     pub max_spool_bytes: u64,
+    /// API connections served at once from accounts other than root; one more is answered
+    /// 503 and closed.
+    #[arg(long, value_name = "N", default_value_t = crate::runner::serve::MAX_CONNECTIONS)]
+    pub max_api_connections: usize,
 }
 
 #[derive(Debug, Args)]

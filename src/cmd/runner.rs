@@ -28,6 +28,10 @@ pub(super) fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(runner::run(&state_dir, cfg))?;
+    rt.block_on(runner::run(
+        &state_dir,
+        cfg,
+        args.max_api_connections.max(1),
+    ))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -50,6 +50,11 @@ pub enum ClientError {
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
+/// Tries after a 503 for the runner's connection limit, and the first pause between them
+/// (doubling: 0.1 + 0.2 + 0.4 + 0.8 s).
+const BUSY_RETRIES: u32 = 4;
+const BUSY_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// True for the errors of a request written to a connection its peer had already closed:
 /// the runner cannot have read it, so sending it again cannot run anything twice.
 fn never_reached_the_runner(e: &hyper::Error) -> bool {
@@ -164,10 +169,11 @@ impl Client {
             })
     }
 
-    /// Sends one request. Sent once more, on a new connection, when the runner cannot have
+    /// Sends one request. Sent again, on a new connection, when the runner cannot have
     /// acted on it: a kept-alive connection it had closed meanwhile (it restarted, or its
-    /// header timeout passed) failed before it read the request, or it refused the token
-    /// (a restarted runner has a new one, read again first).
+    /// header timeout passed) failed before it read the request; it refused the token (a
+    /// restarted runner has a new one, read again first); or it was at its connection
+    /// limit (503 with Retry-After: a few tries, with growing pauses).
     async fn send(
         &self,
         method: Method,
@@ -176,6 +182,7 @@ impl Client {
     ) -> Result<(Response<Incoming>, Sender), ClientError> {
         let (mut sender, mut reused) = self.sender().await?;
         let mut token_retried = false;
+        let mut busy_retries = 0;
         loop {
             match sender
                 .send_request(self.request(&method, uri, &body)?)
@@ -188,11 +195,26 @@ impl Client {
                 {
                     token_retried = true;
                 }
+                Ok(resp)
+                    if resp.status() == StatusCode::SERVICE_UNAVAILABLE
+                        && resp.headers().contains_key(hyper::header::RETRY_AFTER)
+                        && busy_retries < BUSY_RETRIES =>
+                {
+                    tokio::time::sleep(BUSY_PAUSE * (1 << busy_retries)).await;
+                    busy_retries += 1;
+                }
                 Ok(resp) => return Ok((resp, sender)),
                 Err(e) if reused && never_reached_the_runner(&e) => {}
+                // A new connection closed before the runner read the request: it was over
+                // its connection limit and could not answer in time.
+                Err(e) if never_reached_the_runner(&e) && busy_retries < BUSY_RETRIES => {
+                    tokio::time::sleep(BUSY_PAUSE * (1 << busy_retries)).await;
+                    busy_retries += 1;
+                }
                 Err(e) => return Err(self.http(e)),
             }
-            // Each way back here happens at most once: a new connection is never "reused".
+            // Bounded: the token is retried once, a stale connection once (a new one is
+            // never "reused"), the connection limit BUSY_RETRIES times.
             sender = self.connect().await?;
             reused = false;
         }

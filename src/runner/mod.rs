@@ -113,7 +113,11 @@ impl Paths {
 
 /// Runs the runner until SIGTERM or SIGINT. The caller sets a 077 umask before the
 /// runtime starts, so the socket is never briefly reachable by others.
-pub async fn run(state_dir: &Path, cfg: engine::EngineConfig) -> Result<(), RunnerError> {
+pub async fn run(
+    state_dir: &Path,
+    cfg: engine::EngineConfig,
+    max_api_connections: usize,
+) -> Result<(), RunnerError> {
     if crate::sys::is_root() {
         return Err(RunnerError::Root);
     }
@@ -170,9 +174,14 @@ pub async fn run(state_dir: &Path, cfg: engine::EngineConfig) -> Result<(), Runn
     tracing::info!(pid = std::process::id(), socket = %paths.socket.display(), version = build_info::VERSION, "runner serving");
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(serve::serve(listener, app, async move {
-        let _ = stop_rx.await;
-    }));
+    let mut server = tokio::spawn(serve::serve(
+        listener,
+        app,
+        max_api_connections,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
     let early = tokio::select! {
         // Cancel-safe (all arms): signal streams buffer deliveries; the server task is
         // polled by reference and can be awaited again below.

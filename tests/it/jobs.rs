@@ -1130,7 +1130,7 @@ fn silent_and_unauthorized_connections_cannot_exhaust_the_runner() {
     }
     let most = (0..200).map(|_| fds()).max().unwrap_or(0);
     assert!(
-        most < before + 256 + 16,
+        most < before + 256 + 16 + 16, // served, refusals being answered, slack
         "{most} descriptors, {before} before 300 connections"
     );
     // Root's clients are not crowded out: the listing answers while the flood holds on.
@@ -1162,4 +1162,45 @@ fn a_client_follows_the_token_of_a_restarted_runner() {
     assert_ne!(first, second, "a restarted runner has a new token");
     rt.block_on(client.list(""))
         .expect("list after the restart");
+}
+
+#[test]
+fn a_client_over_the_connection_limit_is_told_why_and_root_still_gets_in() {
+    if !is_root() {
+        eprintln!("skipped: needs root, to run clients as the runner's account and as root");
+        return;
+    }
+    let r = Runner::started(&["--max-api-connections", "1"]);
+    let nobody = uzers::get_user_by_name("nobody").expect("nobody");
+    let as_runner = |cmd: &mut Command| {
+        cmd.uid(nobody.uid()).gid(nobody.primary_group_id());
+    };
+    let id = submit_ok(&r, json!({"argv": ["sleep", "1000"]}));
+    // The runner's account holds the one connection with a long poll.
+    let mut waiter = r.cli();
+    waiter
+        .args(["wait", &id])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    as_runner(&mut waiter);
+    let _waiter = Guard::new(waiter.spawn().expect("job wait"));
+    // Another client of that account is refused, and told why.
+    let refused = wait_for(LIMIT, "a client to be refused", || {
+        let mut list = r.cli();
+        list.arg("list");
+        as_runner(&mut list);
+        let out = list.output().expect("job list");
+        (!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).into_owned())
+    });
+    assert!(refused.contains("limit of 1 API connections"), "{refused}");
+    // Root's clients are not counted.
+    let out = r.cli().arg("list").output().expect("job list");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, _) =
+        http(&r.socket(), "POST", &format!("/v1/jobs/{id}/cancel"), None).expect("cancel");
+    assert_eq!(status, 200);
 }
