@@ -149,7 +149,7 @@ impl Client {
         &self,
         method: &Method,
         uri: &str,
-        body: &Option<Vec<u8>>,
+        body: &Option<Bytes>,
     ) -> Result<Request<Full<Bytes>>, ClientError> {
         let mut req = Request::builder()
             .method(method)
@@ -161,7 +161,7 @@ impl Client {
         if body.is_some() {
             req = req.header(hyper::header::CONTENT_TYPE, "application/json");
         }
-        req.body(Full::new(Bytes::from(body.clone().unwrap_or_default())))
+        req.body(Full::new(body.clone().unwrap_or_default()))
             .map_err(|e| ClientError::Api {
                 status: 0,
                 code: "client".into(),
@@ -180,6 +180,7 @@ impl Client {
         uri: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(Response<Incoming>, Sender), ClientError> {
+        let body = body.map(Bytes::from);
         let (mut sender, mut reused) = self.sender().await?;
         let mut token_retried = false;
         let mut busy_retries = 0;

@@ -362,7 +362,9 @@ impl FsGuard {
                 tracing::debug!(error = %e, "an entry could not be added to a job's Landlock ruleset; jobs cannot use it");
             }
         }
-        for dir in [workspace, cwd] {
+        // The cwd needs a rule of its own only when it is outside the workspace.
+        let outside = (!cwd.starts_with(workspace)).then_some(cwd);
+        for dir in std::iter::once(workspace).chain(outside) {
             let (fd, is_dir) = open_entry(dir)?;
             ruleset.allow(std::os::fd::AsFd::as_fd(&fd), is_dir)?;
         }

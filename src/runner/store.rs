@@ -260,6 +260,14 @@ macro_rules! columns {
 
 const GET: &str = concat!("SELECT ", columns!(), " FROM jobs WHERE id = ?1");
 
+/// The statement of a state change: `state` is ?1, the job's id ?2, the extra columns
+/// from ?3 on. Built at compile time, so a transition formats nothing.
+macro_rules! update {
+    ($set:literal) => {
+        concat!("UPDATE jobs SET state = ?1", $set, " WHERE id = ?2")
+    };
+}
+
 fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
     move |source| StoreError::Sql {
         path: path.to_owned(),
@@ -567,23 +575,22 @@ impl Store {
         self.query(&sql_text, [])
     }
 
-    /// Sets the job's state (plus the columns in `set`, bound from ?3 on) and records the
-    /// transition.
+    /// Sets the job's state with `update` (see `update!`; `values` are bound from ?3 on)
+    /// and records the transition.
     fn transition(
         &self,
         id: &str,
         state: JobState,
-        set: &'static str,
+        update: &'static str,
         values: Vec<Value>,
     ) -> Pending<()> {
         let id = id.to_owned();
         self.write(move |c, path| {
             let now = now_ms();
-            let update = format!("UPDATE jobs SET state = ?1{set} WHERE id = ?2");
             let state_text = state.as_str();
             let mut all: Vec<&dyn rusqlite::ToSql> = vec![&state_text, &id];
             all.extend(values.iter().map(|v| v as &dyn rusqlite::ToSql));
-            c.prepare_cached(&update)
+            c.prepare_cached(update)
                 .and_then(|mut s| s.execute(all.as_slice()))
                 .and_then(|_| {
                     c.prepare_cached(
@@ -603,7 +610,7 @@ impl Store {
         self.transition(
             id,
             JobState::Starting,
-            ", started_ms = ?3",
+            update!(", started_ms = ?3"),
             vec![admitted_ms.into()],
         )
     }
@@ -618,7 +625,7 @@ impl Store {
         self.transition(
             id,
             JobState::Running,
-            ", pid = ?3, start_time = ?4, confinement = ?5",
+            update!(", pid = ?3, start_time = ?4, confinement = ?5"),
             vec![
                 pid.into(),
                 start_time.map(|t| t as i64).into(),
@@ -631,8 +638,10 @@ impl Store {
         self.transition(
             id,
             state,
-            ", exit_code = ?3, signal = ?4, error = ?5, stdout_bytes = ?6, stderr_bytes = ?7, \
-             stdout_truncated = ?8, stderr_truncated = ?9, finished_ms = ?10",
+            update!(
+                ", exit_code = ?3, signal = ?4, error = ?5, stdout_bytes = ?6, stderr_bytes = ?7, \
+                 stdout_truncated = ?8, stderr_truncated = ?9, finished_ms = ?10"
+            ),
             vec![
                 o.exit_code.into(),
                 o.signal.into(),

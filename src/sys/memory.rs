@@ -24,15 +24,8 @@ pub fn page_out_own_code() -> io::Result<u64> {
     let mut refused = None;
     for line in maps.lines() {
         // start-end perms offset dev inode path (the path is padded with spaces)
-        let mut fields = line.splitn(6, ' ');
-        let (Some(range), Some(perms), Some(offset), Some(_), Some(_), Some(path)) = (
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-        ) else {
+        let fields: Vec<&str> = line.splitn(6, ' ').collect();
+        let [range, perms, offset, _, _, path] = fields[..] else {
             continue;
         };
         let code = perms == "r-xp";

@@ -1012,6 +1012,13 @@ fn landlock_keeps_a_job_out_of_the_state_dir_and_other_workspaces_and_its_signal
     if isolation == "landlock+signals" {
         assert!(!out.contains("SIGNALLED_RUNNER"), "{out}");
     }
+    // A job whose cwd is another workspace (a shared checkout) may work there.
+    let shared = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", "echo shared > file && cat file"], "cwd": format!("../{earlier}")}),
+    );
+    assert_eq!(r.wait(&shared)["state"], "succeeded");
+    assert_eq!(r.output(&shared, "stdout"), "shared\n");
 }
 
 #[cfg(target_os = "linux")]
