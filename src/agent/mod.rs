@@ -14,6 +14,7 @@
 #[cfg(target_os = "linux")]
 pub mod cgroup;
 pub mod config;
+pub mod instance;
 pub mod notify;
 pub mod status;
 
@@ -84,6 +85,10 @@ pub enum AgentError {
     Reclaim(#[source] LockError),
     #[error("could not install signal handlers")]
     Signals(#[source] io::Error),
+    #[error("another agent (pid {pid}) is running with state directory {}: stop it first (systemctl stop railgrid-agent), or give this one another --state-dir", state_dir.display())]
+    AlreadyRunning { pid: i32, state_dir: PathBuf },
+    #[error("could not take the agent lock of the state directory")]
+    InstanceLock(#[source] LockError),
 }
 
 impl AgentError {
@@ -93,14 +98,17 @@ impl AgentError {
             self,
             AgentError::Unreachable { .. }
                 | AgentError::RunnerDirOwner { .. }
+                | AgentError::AlreadyRunning { .. }
                 | AgentError::Supervisor(_)
         )
     }
 }
 
 /// Runs the agent until SIGTERM or SIGINT. `reload` re-reads the configuration on SIGHUP.
+/// `_instance` is the state directory's agent lock, held for as long as this runs.
 pub async fn run(
     mut cfg: AgentConfig,
+    _instance: &instance::Instance,
     reload: impl Fn() -> Result<AgentConfig, ConfigError>,
 ) -> Result<(), AgentError> {
     // Signals first: one that arrives while the runner starts must not be lost.
@@ -112,7 +120,8 @@ pub async fn run(
     let exe = own_exe()?;
     let mut sup = Supervisor::new(runner_config(&cfg, &exe)?)?;
 
-    // Only before the first start: a lock held now belongs to an orphan of a killed agent.
+    // Only before the first start, and only because this agent holds the state dir's
+    // instance lock: a runner lock held now belongs to an orphan of a killed agent.
     let lock_path = cfg.runner_dir().join(RUNNER_LOCK);
     let grace = cfg.runner.stop_grace;
     let path = lock_path.clone();

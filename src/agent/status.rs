@@ -75,15 +75,20 @@ pub fn read(state_dir: &Path) -> Result<AgentStatus, ReadError> {
     serde_json::from_slice(&bytes).map_err(|source| ReadError::Malformed { path, source })
 }
 
-/// True when the process recorded in `status` is still that railgrid agent: alive, same
-/// start time where the OS tells it, and running `agent run`.
-pub fn agent_alive(status: &AgentStatus) -> bool {
+/// True when the process recorded in `status` is still the agent of `state_dir`: where
+/// the kernel says who holds the state directory's agent lock (Linux), that it is this
+/// pid; elsewhere that the pid lives, with the same start time where the OS tells it, and
+/// runs `agent run`.
+pub fn agent_alive(state_dir: &Path, status: &AgentStatus) -> bool {
     if !status.running {
         return false;
     }
     let Some(pid) = ProcessId::from_u32(status.pid) else {
         return false;
     };
+    if let Some(holders) = super::instance::holders(state_dir) {
+        return holders.contains(&pid.get());
+    }
     if !sys::group::process_alive(pid) {
         return false;
     }

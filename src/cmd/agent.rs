@@ -28,6 +28,12 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     let cfg = config::load(&flags).map_err(usage)?;
     // Before any thread exists: state, logs and sockets are private unless made otherwise.
     crate::sys::set_umask(0o077);
+    // Before anything else is touched (the log, the runner, the status file): a second
+    // agent on a live state directory refuses here and changes nothing.
+    let instance = crate::agent::instance::acquire(&cfg.state_dir).map_err(|e| match e {
+        e @ AgentError::AlreadyRunning { .. } => usage(e),
+        e => anyhow::Error::new(e),
+    })?;
     std::fs::create_dir_all(&cfg.log_dir)
         .with_context(|| format!("could not create log directory {}", cfg.log_dir.display()))?;
     let appender = tracing_appender::rolling::Builder::new()
@@ -42,7 +48,7 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
 
     let rt = super::current_thread_runtime()?;
     let reload = move || config::load(&flags);
-    match rt.block_on(agent_mod::run(cfg, reload)) {
+    match rt.block_on(agent_mod::run(cfg, &instance, reload)) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e @ AgentError::Supervisor(crate::supervisor::Error::RootChild { .. })) => Err(usage(
             anyhow::Error::new(e).context("set runner.user (e.g. --runner-user nobody)"),
@@ -92,7 +98,7 @@ pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return Err(e.into()),
     };
-    let alive = status::agent_alive(&st);
+    let alive = status::agent_alive(&state_dir, &st);
     if args.json {
         print_stdout(&serde_json::to_string_pretty(&st)?)?;
     } else {

@@ -30,7 +30,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::agent::{RUNNER_LOCK, RUNNER_SOCKET};
 use crate::build_info;
-use crate::supervisor::lock::{self, LockError, RunnerLock};
+use crate::supervisor::lock::{self, LockError, PidLock};
 
 /// How long open requests may take to finish after the jobs have stopped.
 const SERVER_DRAIN: Duration = Duration::from_secs(2);
@@ -134,7 +134,7 @@ pub async fn run(
         source,
     })?;
     let lock_path = paths.lock.clone();
-    let lock: RunnerLock = tokio::task::spawn_blocking(move || lock::acquire(&lock_path))
+    let lock: PidLock = tokio::task::spawn_blocking(move || lock::acquire(&lock_path))
         .await
         .map_err(|e| LockError::Lock {
             path: paths.lock.clone(),

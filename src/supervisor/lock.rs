@@ -74,14 +74,15 @@ pub enum LockError {
     },
 }
 
-/// A held runner lock. Dropping it (or the process dying) releases the lock.
+/// A held lock file with our pid in it (the runner's, or the agent's own instance lock).
+/// Dropping it (or the process dying) releases the lock.
 #[derive(Debug)]
-pub struct RunnerLock {
+pub struct PidLock {
     _file: File,
     path: PathBuf,
 }
 
-impl RunnerLock {
+impl PidLock {
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -90,7 +91,7 @@ impl RunnerLock {
 /// Takes the exclusive lock on `path` (created 0600) and records our pid in it, truncated
 /// and fsynced so a reader never sees a stale or partial pid. Fails at once, naming the
 /// holder, when another process holds it.
-pub fn acquire(path: &Path) -> Result<RunnerLock, LockError> {
+pub fn acquire(path: &Path) -> Result<PidLock, LockError> {
     let mut file = open(path, true)?;
     match fs4::FileExt::try_lock(&file) {
         Ok(()) => {}
@@ -122,7 +123,7 @@ pub fn acquire(path: &Path) -> Result<RunnerLock, LockError> {
         path: path.to_owned(),
         source,
     })?;
-    Ok(RunnerLock {
+    Ok(PidLock {
         _file: file,
         path: path.to_owned(),
     })

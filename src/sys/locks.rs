@@ -19,6 +19,22 @@ pub fn flock_holders(_file: &File) -> io::Result<Option<Vec<i32>>> {
     Ok(None)
 }
 
+/// [`flock_holders`] for the file at `path`, found by its device and inode without opening
+/// it: a reader that may not open the file (0600, another owner) can still tell who holds
+/// it, and a reader that never opens it can never take or disturb the lock.
+#[cfg(target_os = "linux")]
+pub fn flock_holders_at(path: &std::path::Path) -> io::Result<Option<Vec<i32>>> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path)?;
+    let table = std::fs::read_to_string("/proc/locks")?;
+    Ok(Some(holders_in(&table, meta.dev(), meta.ino())))
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn flock_holders_at(_path: &std::path::Path) -> io::Result<Option<Vec<i32>>> {
+    Ok(None)
+}
+
 /// Parses a /proc/locks table. Lines look like
 /// `1: FLOCK  ADVISORY  WRITE 1234 fe:00:10010815 0 EOF`; waiters carry a `->` marker and
 /// hold nothing. The device in the table is the superblock's, which on some filesystems

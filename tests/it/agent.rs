@@ -643,3 +643,83 @@ fn a_delegated_agent_gives_its_runner_a_cgroup_and_jobs_get_the_cgroup_tier() {
     let health = get_json(&host.socket(), "/v1/health").expect("health");
     assert_eq!(health["confinement"], "cgroup", "{health}");
 }
+
+#[test]
+fn a_second_agent_on_a_live_state_dir_refuses_and_touches_nothing() {
+    let host = Host::new();
+    let first = host.start_agent();
+    let runner = host.wait_runner("a runner", |_| true);
+    let (code, body) = http(
+        &host.socket(),
+        "POST",
+        "/v1/jobs",
+        Some(r#"{"id":"keep","argv":["sleep","1000"]}"#),
+    )
+    .expect("submit");
+    assert_eq!(code, 201, "{body}");
+    let job_pid = wait_for(LIMIT, "the job running", || {
+        let job = get_json(&host.socket(), "/v1/jobs/keep")?;
+        (job["state"] == "running").then(|| job["pid"].as_i64())?
+    }) as i32;
+
+    let mut second = Guard::new(host.agent_cmd(&[]).spawn().expect("spawn agent"));
+    let out = second.wait_output(LIMIT);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("another agent (pid {})", first.pid())),
+        "{err}"
+    );
+    // Nothing of the first agent's was touched: its runner, its job, its status file.
+    assert!(alive(runner), "the first agent's runner was killed");
+    assert!(alive(job_pid), "the first agent's job was killed");
+    assert_eq!(
+        get_json(&host.socket(), "/v1/health").expect("health")["pid"],
+        runner
+    );
+    assert_eq!(
+        get_json(&host.socket(), "/v1/jobs/keep").expect("job")["state"],
+        "running"
+    );
+    assert_eq!(host.status()["pid"], first.pid());
+    let out = railgrid()
+        .args(["agent", "status", "--state-dir"])
+        .arg(host.state())
+        .output()
+        .expect("status");
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("running (pid {}", first.pid())));
+}
+
+#[test]
+fn agent_status_believes_only_the_holder_of_the_agent_lock() {
+    if !cfg!(target_os = "linux") {
+        eprintln!("SKIPPED: the kernel's lock table is read on Linux only");
+        return;
+    }
+    let host = Host::new();
+    let mut agent = host.start_agent();
+    let runner = host.wait_runner("a runner", |_| true);
+    // The runner outlives a SIGKILLed agent: the guard kills it at the end.
+    agent.own_group(runner);
+    agent.signal(Signal::SIGKILL);
+    let _ = agent.wait_output(LIMIT);
+    // A status file that says running, naming a live process that looks like an agent
+    // (`agent run` in its command line: a recycled pid) but holds no agent lock.
+    let impostor = Guard::new(
+        Command::new("sh")
+            .args(["-c", "sleep 1000", "agent", "run"])
+            .spawn()
+            .expect("spawn sh"),
+    );
+    let mut st = host.status();
+    st["pid"] = serde_json::json!(impostor.pid());
+    st["pid_start_time"] = Value::Null;
+    fs::write(host.state().join("agent-status.json"), st.to_string()).expect("write status");
+    let out = railgrid()
+        .args(["agent", "status", "--state-dir"])
+        .arg(host.state())
+        .output()
+        .expect("status");
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+}

@@ -1,0 +1,72 @@
+//! One agent per state directory.
+//!
+//! The agent takes an exclusive flock on `<state>/agent.lock` before it touches anything
+//! else in the state directory, and holds it for its whole life. A second `agent run` on
+//! the same directory refuses at once, naming the first. Without this, the second agent
+//! took the first one's live runner for an orphan and killed it with its jobs. With it, a
+//! runner lock that is held while the agent lock is free can only belong to a runner
+//! orphaned by a killed agent, which is the one case the stale-holder reclaim is for.
+//!
+//! The status file is written by the lock holder only, and `agent status` believes a
+//! status file only while the pid it names holds this lock.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use super::AgentError;
+use crate::supervisor::lock::{self, LockError, PidLock};
+
+/// The agent's instance lock, inside the state directory.
+pub const AGENT_LOCK: &str = "agent.lock";
+
+/// Proof that this process is the one agent of its state directory. Dropping it (or the
+/// process dying) releases the directory.
+#[derive(Debug)]
+pub struct Instance {
+    _lock: PidLock,
+}
+
+pub fn lock_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(AGENT_LOCK)
+}
+
+/// Creates the state directory if needed (0700; `prepare` later sets its final mode) and
+/// takes the instance lock. Blocking, but only for an open and a flock: called once, before
+/// the runtime does anything else.
+pub fn acquire(state_dir: &Path) -> Result<Instance, AgentError> {
+    match fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state_dir)
+    {
+        Ok(()) => {}
+        Err(source) => {
+            return Err(AgentError::Dir {
+                path: state_dir.to_owned(),
+                source,
+            })
+        }
+    }
+    match lock::acquire(&lock_path(state_dir)) {
+        Ok(lock) => Ok(Instance { _lock: lock }),
+        Err(LockError::Held { pid, .. }) => Err(AgentError::AlreadyRunning {
+            pid,
+            state_dir: state_dir.to_owned(),
+        }),
+        Err(e) => Err(AgentError::InstanceLock(e)),
+    }
+}
+
+/// Who holds the instance lock of `state_dir`, as the kernel tells it: `Some(pids)`
+/// (empty when nobody does) on Linux, `None` where the OS does not say. The lock file is
+/// never opened, so asking can never get in the way of an agent taking it.
+pub fn holders(state_dir: &Path) -> Option<Vec<i32>> {
+    match crate::sys::locks::flock_holders_at(&lock_path(state_dir)) {
+        Ok(found) => found,
+        // No lock file: no agent ever ran here with this build, so none holds it.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Some(Vec::new()),
+        Err(_) => None,
+    }
+}
