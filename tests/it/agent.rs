@@ -706,12 +706,16 @@ fn agent_status_believes_only_the_holder_of_the_agent_lock() {
     let _ = agent.wait_output(LIMIT);
     // A status file that says running, naming a live process that looks like an agent
     // (`agent run` in its command line: a recycled pid) but holds no agent lock.
-    let impostor = Guard::new(
+    let mut impostor = Guard::new(
         Command::new("sh")
             .args(["-c", "sleep 1000", "agent", "run"])
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .expect("spawn sh"),
     );
+    impostor.own_group(impostor.pid());
     let mut st = host.status();
     st["pid"] = serde_json::json!(impostor.pid());
     st["pid_start_time"] = Value::Null;
