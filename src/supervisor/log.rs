@@ -5,9 +5,10 @@
 //! [`CappedLog`], which keeps at most `max_bytes` in `<log>` and as much again in
 //! `<log>.1`. The thread, not the async runtime, does the blocking I/O, so a slow disk
 //! never stalls supervision; a log that cannot be written drops bytes, so the child never
-//! blocks on it. Reads block (no polling): a pump ends when the last writer of its pipe is
-//! gone. A process that escaped the child's process group may keep its pipe open after a
-//! stop; its pump then lives on, still writing through the same capped log.
+//! blocks on it. The thread sleeps in `poll` while the pipe is empty (no timer). A pump
+//! ends when the last writer of its pipe is gone, or when stop asks it to: once the
+//! children's process groups are gone, it copies what is left in the pipe and ends, even
+//! if a process that escaped the group (setsid) still holds the pipe open.
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
@@ -15,6 +16,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,6 +37,10 @@ const RELEASE_OFF_THREAD: u64 = 1024 * 1024;
 /// Pipe buffer asked of the kernel (Linux caps it at /proc/sys/fs/pipe-max-size, 1 MiB by
 /// default): a fast writer blocks less often and each read moves more.
 const PIPE_BYTES: usize = 1024 * 1024;
+/// Most a drain takes from the pipe: more than the pipe holds, so everything the dead
+/// children wrote is taken, yet bounded, so a process that escaped their group and writes
+/// without pause cannot keep the drain going.
+const DRAIN_MAX: usize = 2 * PIPE_BYTES;
 
 #[derive(Debug, Error)]
 pub enum LogError {
@@ -354,7 +360,22 @@ pub type SharedLog = Arc<Mutex<CappedLog>>;
 pub struct Pump {
     /// Handed (duplicated) to each child as stdout and stderr.
     pub child_end: OwnedFd,
-    done: tokio::sync::oneshot::Receiver<()>,
+    /// Closing it wakes the thread out of its wait for the pipe (see [`Pump::finish`]).
+    wake: OwnedFd,
+    /// Set before `wake` is closed: copy what is in the pipe, then end.
+    draining: Arc<AtomicBool>,
+    done: tokio::sync::oneshot::Receiver<End>,
+}
+
+/// Why a log thread ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Every writer closed the pipe.
+    Eof,
+    /// Drained on request while some process still held the pipe open.
+    Drained,
+    /// Reading the pipe failed.
+    Failed,
 }
 
 impl Pump {
@@ -362,44 +383,92 @@ impl Pump {
     pub fn start(log: SharedLog) -> Result<Self, LogError> {
         let (reader, child_end) = pipe::pipe().map_err(LogError::Pipe)?;
         pipe::grow(&child_end, PIPE_BYTES);
+        pipe::set_nonblocking(&reader).map_err(LogError::Pipe)?;
+        let (wake_rx, wake) = pipe::pipe().map_err(LogError::Pipe)?;
+        let draining = Arc::new(AtomicBool::new(false));
         let (done_tx, done) = tokio::sync::oneshot::channel();
+        let flag = draining.clone();
         std::thread::Builder::new()
             .name("railgrid-log".into())
             .spawn(move || {
-                copy(reader, &log);
-                let _ = done_tx.send(());
+                let end = copy(reader, &wake_rx, &flag, &log);
+                let _ = done_tx.send(end);
             })
             .map_err(LogError::Thread)?;
-        Ok(Self { child_end, done })
+        Ok(Self {
+            child_end,
+            wake,
+            draining,
+            done,
+        })
     }
 
-    /// Closes the supervisor's end of the pipe and waits up to `drain` for the thread to
-    /// copy what the children wrote last and end.
-    pub async fn finish(self, drain: Duration) {
-        let Self { child_end, done } = self;
+    /// Copies what is already in the pipe, then ends the thread; waits up to `limit`
+    /// for that (a log on a stalled disk). Call it once every process of the children's
+    /// groups is gone: what they wrote is then all in the pipe, so nothing they wrote is
+    /// lost, and a process that escaped their groups (setsid) and still holds the pipe
+    /// cannot hold the stop. What such a process writes afterwards is not logged (its
+    /// writes fail with EPIPE once the thread has closed the pipe).
+    pub async fn finish(self, limit: Duration) {
+        let Self {
+            child_end,
+            wake,
+            draining,
+            done,
+        } = self;
         drop(child_end);
-        if tokio::time::timeout(drain, done).await.is_err() {
-            tracing::warn!("a process outside the child's process group still holds its output pipe; its output keeps going to the log");
+        draining.store(true, Ordering::Release);
+        drop(wake);
+        match tokio::time::timeout(limit, done).await {
+            Ok(Ok(End::Drained)) => tracing::warn!("a process that left the child's process group still holds its output pipe; what it writes from now on is not logged"),
+            Ok(_) => {}
+            Err(_) => tracing::warn!(limit = ?limit, "the log thread did not finish copying the child's last output in time; it goes on in the background"),
         }
     }
 }
 
-fn copy(mut reader: File, log: &Mutex<CappedLog>) {
+/// The log thread: copies the pipe into the log until every writer is gone, or until a
+/// drain is asked for and the pipe is empty. Reads do not block; an empty pipe is waited
+/// for with `poll` on the pipe and the wake-up pipe together, so no timer runs.
+fn copy(mut reader: File, wake: &File, draining: &AtomicBool, log: &Mutex<CappedLog>) -> End {
     let mut buf = vec![0u8; READ_CHUNK];
     let mut lines = Lines::default();
     let mut write = |bytes: &[u8]| crate::util::lock(log).write(bytes);
-    loop {
+    // Set once a drain is asked for: how much more may be taken.
+    let mut budget: Option<usize> = None;
+    let end = loop {
+        if budget.is_none() && draining.load(Ordering::Acquire) {
+            budget = Some(DRAIN_MAX);
+        }
         match reader.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => lines.feed(&buf[..n], &mut write),
+            Ok(0) => break End::Eof,
+            Ok(n) => {
+                lines.feed(&buf[..n], &mut write);
+                if let Some(left) = budget.as_mut() {
+                    *left = left.saturating_sub(n);
+                    if *left == 0 {
+                        break End::Drained;
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if budget.is_some() {
+                    break End::Drained;
+                }
+                if let Err(e) = pipe::wait_readable(&reader, wake) {
+                    tracing::warn!(error = %e, "could not wait for the log pipe; closing the log");
+                    break End::Failed;
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
                 tracing::warn!(error = %e, "log pipe read failed; closing the log");
-                break;
+                break End::Failed;
             }
         }
-    }
+    };
     lines.flush(&mut write);
+    end
 }
 
 #[cfg(test)]
