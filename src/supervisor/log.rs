@@ -18,7 +18,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -37,6 +37,9 @@ const RELEASE_OFF_THREAD: u64 = 1024 * 1024;
 /// Pipe buffer asked of the kernel (Linux caps it at /proc/sys/fs/pipe-max-size, 1 MiB by
 /// default): a fast writer blocks less often and each read moves more.
 const PIPE_BYTES: usize = 1024 * 1024;
+/// At most one report of failing log writes (and one of their recovery) per this period: a
+/// disk that keeps filling up would otherwise log a pair for every few chunks of output.
+const REPORT_EVERY: Duration = Duration::from_secs(30);
 /// Most a drain takes from the pipe: more than the pipe holds, so everything the dead
 /// children wrote is taken, yet bounded, so a process that escaped their group and writes
 /// without pause cannot keep the drain going.
@@ -72,8 +75,8 @@ pub struct CappedLog {
     file: Option<File>,
     size: u64,
     max: u64,
-    /// Set while writes fail, so a full disk is reported once rather than per chunk.
-    failing: bool,
+    /// Which write failures are reported (once per failure, and rate-limited).
+    reports: Reports,
     /// The thread freeing the backup that the last rotation replaced.
     releasing: Option<std::thread::JoinHandle<()>>,
 }
@@ -102,7 +105,7 @@ impl CappedLog {
             file: Some(file),
             size,
             max: max_bytes.max(1),
-            failing: false,
+            reports: Reports::new(REPORT_EVERY),
             releasing: None,
         })
     }
@@ -152,16 +155,14 @@ impl CappedLog {
         match file.write_all(data) {
             Ok(()) => {
                 self.size += data.len() as u64;
-                if self.failing {
+                if self.reports.recovered() {
                     tracing::info!(log = %self.path.display(), "log writes work again");
-                    self.failing = false;
                 }
             }
             Err(e) => {
                 // The bytes are dropped: the child must never block on its log.
-                if !self.failing {
-                    tracing::warn!(log = %self.path.display(), error = %e, "could not write child output; dropping it until writes work again");
-                    self.failing = true;
+                if let Some(n) = self.reports.failed(Instant::now()) {
+                    tracing::warn!(log = %self.path.display(), error = %e, "could not write child output; dropping it until writes work again{}", not_logged(n));
                 }
                 // A partial write leaves the size unknown; re-read it.
                 self.size = file.metadata().map(|m| m.len()).unwrap_or(self.max);
@@ -231,12 +232,76 @@ impl CappedLog {
                 self.file = Some(file);
             }
             Err(e) => {
-                if !self.failing {
-                    tracing::warn!(error = %crate::error_chain(&e), "dropping child output");
-                    self.failing = true;
+                if let Some(n) = self.reports.failed(Instant::now()) {
+                    tracing::warn!(error = %crate::error_chain(&e), "dropping child output until the log can be opened again{}", not_logged(n));
                 }
             }
         }
+    }
+}
+
+/// Decides which failures of the log's writes are reported: the first of a run of failed
+/// writes (and then its recovery), at most once per period; failures inside the period are
+/// counted, and the next report says how many were not logged. A failure that lasts past
+/// the period is reported then, so a log that stopped working never goes unmentioned.
+#[derive(Debug)]
+struct Reports {
+    every: Duration,
+    /// When a failure was last reported.
+    last: Option<Instant>,
+    /// Failures (runs of failed writes) since the last report, the current one included.
+    pending: u64,
+    /// Writes fail now.
+    failing: bool,
+    /// The current failure was reported, so its recovery is too.
+    reported: bool,
+}
+
+impl Reports {
+    fn new(every: Duration) -> Self {
+        Self {
+            every,
+            last: None,
+            pending: 0,
+            failing: false,
+            reported: false,
+        }
+    }
+
+    /// A write failed at `now`. `Some(n)` when this is to be reported, `n` being how many
+    /// failures before it were not.
+    fn failed(&mut self, now: Instant) -> Option<u64> {
+        if !self.failing {
+            self.failing = true;
+            self.reported = false;
+            self.pending += 1;
+        }
+        let quiet = self
+            .last
+            .is_some_and(|at| now.saturating_duration_since(at) < self.every);
+        if self.reported || quiet {
+            return None;
+        }
+        self.reported = true;
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.pending).saturating_sub(1))
+    }
+
+    /// A write worked. True when a reported failure ended, which is reported too.
+    fn recovered(&mut self) -> bool {
+        let report = self.failing && self.reported;
+        self.failing = false;
+        self.reported = false;
+        report
+    }
+}
+
+/// "; 3 more failures since the last report were not logged", when some were left out.
+fn not_logged(n: u64) -> String {
+    match n {
+        0 => String::new(),
+        1 => "; 1 more failure since the last report was not logged".to_owned(),
+        n => format!("; {n} more failures since the last report were not logged"),
     }
 }
 
@@ -481,6 +546,36 @@ mod tests {
             .map(|m| m.len())
             .unwrap_or(0);
         (main, backup)
+    }
+
+    #[test]
+    fn write_failures_are_reported_at_most_once_per_period_with_a_count() {
+        let every = Duration::from_secs(30);
+        let mut r = Reports::new(every);
+        let t0 = Instant::now();
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        // The first failure is reported, once, however many writes fail.
+        assert_eq!(r.failed(at(0)), Some(0));
+        assert_eq!(r.failed(at(0)), None);
+        assert!(r.recovered(), "the reported failure's end is reported");
+        assert!(!r.recovered(), "one recovery per failure");
+        // A disk that keeps filling up: 40 failures and recoveries in 3 s, none logged.
+        for i in 0..40 {
+            assert_eq!(r.failed(at(1) + Duration::from_millis(75 * i)), None);
+            assert!(
+                !r.recovered(),
+                "the end of an unreported failure is not reported"
+            );
+        }
+        // The next failure after the period is reported, with the count of those left out.
+        assert_eq!(r.failed(at(31)), Some(40));
+        assert!(r.recovered());
+        // A failure that began inside the period and lasts is reported once it is over.
+        assert_eq!(r.failed(at(40)), None);
+        assert_eq!(r.failed(at(60)), None);
+        assert_eq!(r.failed(at(61)), Some(0));
+        assert_eq!(r.failed(at(62)), None);
+        assert!(r.recovered());
     }
 
     #[test]
