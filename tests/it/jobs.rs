@@ -1288,3 +1288,28 @@ fn bad_query_values_get_the_json_invalid_query_error_naming_the_parameter() {
         assert_eq!(status, 200, "{path}: {body}");
     }
 }
+
+#[test]
+fn glibc_unsecure_variables_are_refused_by_name_and_tmpdir_may_be_chosen() {
+    let r = Runner::started(&[]);
+    for name in ["GLIBC_TUNABLES", "TZDIR", "LOCALDOMAIN"] {
+        let (status, body) = r.submit(json!({
+            "argv": ["true"],
+            "env": {name: "glibc.malloc.mxfast=0"},
+        }));
+        assert_eq!(status, 400, "{name}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_spec", "{body}");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains(name), "{name}: {message}");
+    }
+    let tmp = r.runner_dir().join("work/chosen-tmp");
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", "echo TMPDIR=$TMPDIR"], "env": {"TMPDIR": path_str(&tmp)}}),
+    );
+    r.wait(&id);
+    assert_eq!(
+        r.output(&id, "stdout"),
+        format!("TMPDIR={}\n", tmp.display())
+    );
+}
