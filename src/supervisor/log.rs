@@ -520,9 +520,15 @@ fn copy(mut reader: File, wake: &File, draining: &AtomicBool, log: &Mutex<Capped
                 if budget.is_some() {
                     break End::Drained;
                 }
-                if let Err(e) = pipe::wait_readable(&reader, wake) {
-                    tracing::warn!(error = %e, "could not wait for the log pipe; closing the log");
-                    break End::Failed;
+                match pipe::wait_readable(&reader, wake) {
+                    // Woken: a drain was asked for, or the pump was dropped without one
+                    // (its wake-up pipe hung up for good), which must end the thread too.
+                    Ok(true) => budget = Some(DRAIN_MAX),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not wait for the log pipe; closing the log");
+                        break End::Failed;
+                    }
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -546,6 +552,44 @@ mod tests {
             .map(|m| m.len())
             .unwrap_or(0);
         (main, backup)
+    }
+
+    #[tokio::test]
+    async fn finish_takes_what_is_in_the_pipe_while_another_process_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("child.log");
+        let log = Arc::new(Mutex::new(CappedLog::open(&path, 1024).unwrap()));
+        let pump = Pump::start(log).unwrap();
+        // Stands for a process that left the child's group with the pipe as its stdout.
+        let escapee = File::from(pump.child_end.try_clone().unwrap());
+        let mut child = File::from(pump.child_end.try_clone().unwrap());
+        child.write_all(b"whole line\npartial").unwrap();
+        drop(child);
+        pump.finish(Duration::from_secs(60)).await;
+        assert_eq!(fs::read(&path).unwrap(), b"whole line\npartial");
+        // The thread closed the pipe: it did not wait for the escapee.
+        let err = (&escapee).write(b"later").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn a_pump_dropped_without_finish_ends_its_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(Mutex::new(
+            CappedLog::open(&dir.path().join("child.log"), 1024).unwrap(),
+        ));
+        let pump = Pump::start(log).unwrap();
+        let escapee = File::from(pump.child_end.try_clone().unwrap());
+        drop(pump);
+        // The thread drains and closes the pipe rather than waking up forever.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match (&escapee).write(b"x") {
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => break,
+                _ => assert!(std::time::Instant::now() < deadline, "the pipe stayed open"),
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     #[test]

@@ -34,8 +34,9 @@ pub fn set_nonblocking(fd: &impl AsFd) -> io::Result<()> {
 }
 
 /// Blocks until `data` can be read (data, or end of file) or `wake` becomes readable or
-/// hung up (its write end closed). Interrupted waits are retried.
-pub fn wait_readable(data: &impl AsFd, wake: &impl AsFd) -> io::Result<()> {
+/// hung up (its write end closed). Returns whether `wake` fired. Interrupted waits are
+/// retried.
+pub fn wait_readable(data: &impl AsFd, wake: &impl AsFd) -> io::Result<bool> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     loop {
         let mut fds = [
@@ -43,7 +44,7 @@ pub fn wait_readable(data: &impl AsFd, wake: &impl AsFd) -> io::Result<()> {
             PollFd::new(wake.as_fd(), PollFlags::POLLIN),
         ];
         match poll(&mut fds, PollTimeout::NONE) {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(fds[1].revents().is_some_and(|r| !r.is_empty())),
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
         }
