@@ -8,6 +8,9 @@
 #    The producer times itself, so each figure is how fast the logger let it write.
 # 2. Idle: resident memory (VmRSS) of the supervision processes while their child sleeps,
 #    and their CPU time over 10 s.
+# 3. Stop: SIGTERM to railgrid supervise until it exits, for children with 50 grandchildren,
+#    one of which may ignore SIGTERM, and one that escaped the group (setsid) holding the
+#    log pipe.
 # Peers run when installed (Debian packages s6, runit, supervisor); missing ones are skipped.
 # Needs root for s6/runit/supervisord scan dirs under /tmp; the railgrid child runs as nobody
 # when root.
@@ -23,8 +26,12 @@ IDLE_SECS=${IDLE_SECS:-10}
 SECTIONS=${SECTIONS:-"throughput idle stop"}   # run a subset: SECTIONS=idle bash bench/supervise.sh
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
-cargo build --release --quiet
-RG=$PWD/target/release/railgrid
+# RG=/path/to/railgrid measures that binary instead of a fresh release build (to compare
+# two builds on the same machine).
+if [ -z "${RG:-}" ]; then
+  cargo build --release --quiet
+  RG=${CARGO_TARGET_DIR:-$PWD/target}/release/railgrid
+fi
 WORK=$(mktemp -d /tmp/railgrid-bench.XXXXXX)
 chmod 755 "$WORK"
 USER_FLAGS=()
@@ -255,11 +262,15 @@ stop_ms() { # stop_ms GRACE SCRIPT -> ms from SIGTERM to supervise's exit
   local t0; t0=$(date +%s%N)
   kill -TERM "$sup"; wait "$sup" || true
   echo $((($(date +%s%N) - t0) / 1000000))
+  # A child that escaped the group (it printed `escapee PID`) outlives the stop by design.
+  for p in $(awk '$1 == "escapee" { print $2 }' "$log"); do kill -KILL "$p" 2>/dev/null || true; done
 }
 
 if want stop; then
 FAN='for i in $(seq 50); do sleep 100000 & done; echo ready; wait'
 IGNORER='for i in $(seq 50); do sleep 100000 & done; sh -c "trap \"\" TERM; exec sleep 100000" & echo ready; wait'
+# Leaves the group with setsid and keeps the log pipe as its stdout.
+ESCAPEE='setsid sh -c "echo escapee \$\$; exec sleep 100000" &'
 echo
 echo "## Stop: SIGTERM to railgrid supervise until it exits, child with 50 grandchildren, median of ${RUNS}"
 echo
@@ -267,4 +278,6 @@ echo "| case | stop grace | ms |"
 echo "|---|---:|---:|"
 echo "| all exit on SIGTERM | 10s | $(for _ in $(seq "$RUNS"); do stop_ms 10s "$FAN"; done | median) |"
 echo "| one grandchild ignores SIGTERM | 1s | $(for _ in $(seq "$RUNS"); do stop_ms 1s "$IGNORER"; done | median) |"
+echo "| all exit on SIGTERM, one process escaped the group holding the log pipe | 10s | $(for _ in $(seq "$RUNS"); do stop_ms 10s "$ESCAPEE $FAN"; done | median) |"
+echo "| one grandchild ignores SIGTERM, one process escaped the group holding the log pipe | 1s | $(for _ in $(seq "$RUNS"); do stop_ms 1s "$ESCAPEE $IGNORER"; done | median) |"
 fi

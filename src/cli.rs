@@ -208,8 +208,8 @@ pub enum JobCommand {
         /// Only jobs of this owner.
         #[arg(long)]
         owner: Option<String>,
-        /// At most this many.
-        #[arg(long, default_value_t = 50)]
+        /// At most this many (1–1000).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,
         /// Print JSON.
         #[arg(long)]

@@ -1,31 +1,65 @@
 //! Which environment variables a child may be given.
 //!
 //! Children are started with an environment built from nothing, so the only way a
-//! variable reaches one is that a caller named it. Loader variables are refused rather
-//! than dropped: a job spec or a config that asks for `LD_PRELOAD` is either a mistake or
-//! an attack, and either way its author must hear about it.
+//! variable reaches one is that a caller named it. Loader variables (every `LD_*` and
+//! `DYLD_*`) and the rest of glibc's list of variables unsafe for privileged programs are
+//! refused rather than dropped: a job spec or a config that asks for `LD_PRELOAD` or
+//! `GLIBC_TUNABLES` is either a mistake or an attack, and either way its author must hear
+//! about it.
 
 use thiserror::Error;
 
-/// Names the dynamic loaders (glibc's ld.so, musl, macOS dyld) or libc act on before the
-/// program's own code runs: they can inject code, redirect libraries or leak files.
-/// Every `LD_*` and `DYLD_*` name is refused as well.
-pub const LOADER_VARIABLES: &[&str] = &[
+/// The variables glibc removes from the environment of set-user-id and set-group-id
+/// programs (`UNSECURE_ENVVARS` in glibc's `sysdeps/generic/unsecvars.h`; `GLIBC_TUNABLES`
+/// is filtered by glibc's tunables code where that is built), less `TMPDIR` (see
+/// [`ALLOWED_FROM_GLIBC_LIST`]). They steer the
+/// dynamic loader (`LD_*`, `GLIBC_TUNABLES`), and what libc loads or opens by path before
+/// or beside the program's own code: character-set converters (`GCONV_PATH`), locales
+/// (`LOCPATH`, `NLSPATH`), time zones (`TZDIR`), the resolver (`HOSTALIASES`,
+/// `LOCALDOMAIN`, `RES_OPTIONS`, `RESOLV_HOST_CONF`), NIS, malloc tracing. No child of
+/// railgrid needs them from a caller, and each has carried exploits
+/// (`GLIBC_TUNABLES`: CVE-2023-4911), so they are refused rather than passed on.
+pub const GLIBC_UNSECURE_VARIABLES: &[&str] = &[
     "GCONV_PATH",
     "GETCONF_DIR",
+    "GLIBC_TUNABLES",
     "HOSTALIASES",
+    "LD_AUDIT",
+    "LD_DEBUG",
+    "LD_DEBUG_OUTPUT",
+    "LD_DYNAMIC_WEAK",
+    "LD_HWCAP_MASK",
+    "LD_LIBRARY_PATH",
+    "LD_ORIGIN_PATH",
+    "LD_PRELOAD",
+    "LD_PROFILE",
+    "LD_SHOW_AUXV",
+    "LD_USE_LOAD_BIAS",
+    "LOCALDOMAIN",
     "LOCPATH",
     "MALLOC_TRACE",
+    "NIS_PATH",
     "NLSPATH",
     "RESOLV_HOST_CONF",
     "RES_OPTIONS",
+    "TZDIR",
 ];
+
+/// On glibc's list but accepted: `TMPDIR`. The runner sets it for every job (to the
+/// job's workspace `tmp/`), and build tools commonly point it elsewhere. glibc drops it
+/// for privileged programs so that an unprivileged caller cannot choose where they make
+/// temporary files; a child of railgrid runs with no more privilege than whoever set the
+/// variable (set-user-id programs it starts are scrubbed by glibc itself, and get no
+/// privileges at all under Landlock's `no_new_privs`).
+pub const ALLOWED_FROM_GLIBC_LIST: &[&str] = &["TMPDIR"];
 
 /// Why a variable was refused.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum EnvError {
-    #[error("environment variable {name} is refused: loader variables (LD_*, DYLD_*, GCONV_PATH, ...) could inject code into the child")]
+    #[error("environment variable {name} is refused: loader variables (LD_*, DYLD_*) could inject code into the child")]
     Loader { name: String },
+    #[error("environment variable {name} is refused: it is on glibc's list of variables unsafe to pass to privileged programs (GLIBC_TUNABLES, GCONV_PATH, LOCPATH, TZDIR, resolver and NIS paths, ...), which railgrid refuses for every child")]
+    Unsecure { name: String },
     #[error("environment variable name {name:?} is invalid: it must be non-empty and hold no '=' or NUL")]
     BadName { name: String },
     #[error("environment variable {name} has a NUL byte in its value")]
@@ -46,20 +80,20 @@ pub fn check(name: &str, value: &str) -> Result<(), EnvError> {
             name: name.to_owned(),
         });
     }
-    if is_loader_variable(name) {
+    // Case-insensitive: no loader honours `ld_preload`, but no caller needs it either,
+    // and a name that looks like one is a mistake or a probe.
+    let upper = name.to_ascii_uppercase();
+    if upper.starts_with("LD_") || upper.starts_with("DYLD_") {
         return Err(EnvError::Loader {
             name: name.to_owned(),
         });
     }
+    if GLIBC_UNSECURE_VARIABLES.contains(&upper.as_str()) {
+        return Err(EnvError::Unsecure {
+            name: name.to_owned(),
+        });
+    }
     Ok(())
-}
-
-/// True for names that steer the dynamic loader.
-pub fn is_loader_variable(name: &str) -> bool {
-    let upper = name.to_ascii_uppercase();
-    upper.starts_with("LD_")
-        || upper.starts_with("DYLD_")
-        || LOADER_VARIABLES.contains(&upper.as_str())
 }
 
 /// Parses a `KEY=VALUE` argument and checks it.
@@ -81,13 +115,41 @@ mod tests {
             "LD_PRELOAD",
             "ld_library_path",
             "LD_AUDIT",
+            "LD_BIND_NOW",
             "DYLD_INSERT_LIBRARIES",
-            "GCONV_PATH",
+            "dyld_library_path",
         ] {
-            assert!(
-                matches!(check(name, "x"), Err(EnvError::Loader { .. })),
+            assert_eq!(
+                check(name, "x"),
+                Err(EnvError::Loader { name: name.into() }),
                 "{name}"
             );
+        }
+    }
+
+    #[test]
+    fn refuses_all_of_glibcs_unsecure_list_but_tmpdir_naming_the_variable() {
+        for &name in GLIBC_UNSECURE_VARIABLES {
+            let err = check(name, "x").expect_err(name);
+            assert!(err.to_string().contains(name), "{err}");
+            if !name.starts_with("LD_") {
+                assert_eq!(err, EnvError::Unsecure { name: name.into() });
+            }
+            let lower = name.to_ascii_lowercase();
+            assert!(check(&lower, "x").is_err(), "{lower}");
+        }
+        for name in [
+            "GLIBC_TUNABLES",
+            "LOCALDOMAIN",
+            "NIS_PATH",
+            "TZDIR",
+            "HOSTALIASES",
+        ] {
+            assert!(GLIBC_UNSECURE_VARIABLES.contains(&name), "{name}");
+        }
+        for &name in ALLOWED_FROM_GLIBC_LIST {
+            assert_eq!(check(name, "/var/tmp/build"), Ok(()), "{name}");
+            assert!(!GLIBC_UNSECURE_VARIABLES.contains(&name));
         }
     }
 
@@ -95,6 +157,8 @@ mod tests {
     fn accepts_ordinary_names() {
         assert_eq!(check("RUST_LOG", "debug"), Ok(()));
         assert_eq!(check("OLDPWD", "/"), Ok(()));
+        assert_eq!(check("TZ", "UTC"), Ok(()));
+        assert_eq!(check("MALLOC_ARENA_MAX", "2"), Ok(()));
     }
 
     #[test]

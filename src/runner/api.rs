@@ -4,11 +4,12 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::{header, request::Parts, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
@@ -21,10 +22,16 @@ use crate::build_info;
 
 /// Request bodies above this are refused (413): a spec with 1 MiB of stdin fits.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
-/// Longest `wait` a client may ask for.
-const MAX_WAIT: Duration = Duration::from_secs(3600);
+/// Longest `wait` a client may ask for, in seconds.
+const MAX_WAIT_SECS: u64 = 3600;
+/// `wait` without `timeout_secs`.
+const DEFAULT_WAIT_SECS: u64 = 30;
 /// Largest output slice returned by one request.
 const MAX_SLICE: u64 = 8 * 1024 * 1024;
+/// Most jobs one list request returns.
+const MAX_LIST: u32 = 1000;
+/// A list without `limit`.
+const DEFAULT_LIST: u32 = 100;
 
 #[derive(Clone)]
 pub struct Api {
@@ -131,6 +138,48 @@ impl From<EngineError> for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
+/// Query parameters, or the API's JSON `invalid_query` error naming the parameter that
+/// could not be read. Every handler takes its query through this, never through axum's
+/// `Query`, whose rejection is plain text.
+struct ApiQuery<T>(T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        Query::<T>::try_from_uri(&parts.uri)
+            .map(|Query(q)| Self(q))
+            .map_err(|e| invalid_query(e.body_text()))
+    }
+}
+
+fn invalid_query(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", message)
+}
+
+/// `value` of query parameter `name` when given and inside `range`; `default` when not
+/// given. Out of range is refused, not clamped: a client that asks for what it cannot get
+/// is told so.
+fn in_range<T>(
+    name: &str,
+    value: Option<T>,
+    default: T,
+    range: std::ops::RangeInclusive<T>,
+) -> ApiResult<T>
+where
+    T: PartialOrd + Copy + std::fmt::Display,
+{
+    match value {
+        None => Ok(default),
+        Some(v) if range.contains(&v) => Ok(v),
+        Some(v) => Err(invalid_query(format!(
+            "{name}={v} is out of range: use {}–{}",
+            range.start(),
+            range.end()
+        ))),
+    }
+}
+
 async fn health(State(api): State<Api>) -> Json<Health> {
     Json(Health {
         version: build_info::VERSION.to_owned(),
@@ -183,19 +232,15 @@ struct ListQuery {
 
 async fn list(
     State(api): State<Api>,
-    Query(q): Query<ListQuery>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult<Json<Vec<JobRecord>>> {
     let state = match q.state.as_deref() {
         None => None,
-        Some(s) => Some(JobState::parse(s).ok_or_else(|| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_query",
-                format!("unknown state {s:?}"),
-            )
-        })?),
+        Some(s) => {
+            Some(JobState::parse(s).ok_or_else(|| invalid_query(format!("unknown state {s:?}")))?)
+        }
     };
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = in_range("limit", q.limit, DEFAULT_LIST, 1..=MAX_LIST)?;
     Ok(Json(
         api.engine.list(state, q.owner, q.before, limit).await?,
     ))
@@ -225,10 +270,16 @@ struct WaitQuery {
 async fn wait(
     State(api): State<Api>,
     Path(id): Path<String>,
-    Query(q): Query<WaitQuery>,
+    ApiQuery(q): ApiQuery<WaitQuery>,
 ) -> ApiResult<Json<JobRecord>> {
+    let secs = in_range(
+        "timeout_secs",
+        q.timeout_secs,
+        DEFAULT_WAIT_SECS,
+        0..=MAX_WAIT_SECS,
+    )?;
     found(&api, &id).await?;
-    let timeout = Duration::from_secs(q.timeout_secs.unwrap_or(30)).min(MAX_WAIT);
+    let timeout = Duration::from_secs(secs);
     Ok(Json(api.engine.wait(&id, timeout).await?))
 }
 
@@ -245,8 +296,9 @@ struct OutputQuery {
 async fn output(
     State(api): State<Api>,
     Path((id, stream)): Path<(String, String)>,
-    Query(q): Query<OutputQuery>,
+    ApiQuery(q): ApiQuery<OutputQuery>,
 ) -> ApiResult<Response> {
+    let limit = in_range("limit", q.limit, MAX_SLICE, 1..=MAX_SLICE)?;
     let stream = Stream::parse(&stream).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -260,7 +312,6 @@ async fn output(
     if q.follow.unwrap_or(false) {
         return Ok(follow(api, id, path, offset));
     }
-    let limit = q.limit.unwrap_or(MAX_SLICE).min(MAX_SLICE);
     let bytes = read_slice(&path, offset, limit).await;
     let next = offset + bytes.len() as u64;
     let size = tokio::fs::metadata(&path)

@@ -281,10 +281,15 @@ impl Engine {
             }
             let store = self.inner.store.clone();
             let id = rec.id.clone();
+            // What the job produced died with the runner that counted it; what reached
+            // the spool is what is known.
+            let stdout_bytes = file_len(&self.inner.paths.spool_file(&id, job::Stream::Stdout));
+            let stderr_bytes = file_len(&self.inner.paths.spool_file(&id, job::Stream::Stderr));
             let outcome = Outcome {
                 error: Some(reason),
-                stdout_bytes: file_len(&self.inner.paths.spool_file(&id, job::Stream::Stdout)),
-                stderr_bytes: file_len(&self.inner.paths.spool_file(&id, job::Stream::Stderr)),
+                stdout_bytes,
+                stderr_bytes,
+                spooled_bytes: stdout_bytes + stderr_bytes,
                 ..Outcome::default()
             };
             store.mark_finished(&id, JobState::Lost, &outcome).await?;
@@ -396,16 +401,16 @@ impl Engine {
         Ok(recs)
     }
 
-    /// Running jobs report their output counters live.
+    /// Running jobs report their output counters live: bytes produced, kept or not.
     fn overlay_live(&self, rec: &mut JobRecord) {
         let s = self.sched();
         if let Some(run) = s.running.get(&rec.id) {
             if let Some(st) = &run.stdout {
-                rec.stdout_bytes = st.written.load(Ordering::Relaxed);
+                rec.stdout_bytes = st.produced.load(Ordering::Relaxed);
                 rec.stdout_truncated = st.truncated.load(Ordering::Relaxed);
             }
             if let Some(st) = &run.stderr {
-                rec.stderr_bytes = st.written.load(Ordering::Relaxed);
+                rec.stderr_bytes = st.produced.load(Ordering::Relaxed);
                 rec.stderr_truncated = st.truncated.load(Ordering::Relaxed);
             }
         }
@@ -540,7 +545,7 @@ impl Engine {
                 },
             ),
         };
-        self.count_finished(outcome.stdout_bytes + outcome.stderr_bytes);
+        self.count_finished(outcome.spooled_bytes);
         if let Err(e) = self.inner.store.mark_finished(&id, state, &outcome).await {
             tracing::error!(job = %id, error = %crate::error_chain(&e), "could not record the job's end")
         }
@@ -702,8 +707,10 @@ impl Engine {
                 Some(JobState::Cancelled) => Some("cancelled".into()),
                 _ => None,
             },
-            stdout_bytes: started.stdout.written.load(Ordering::Relaxed),
-            stderr_bytes: started.stderr.written.load(Ordering::Relaxed),
+            stdout_bytes: started.stdout.produced.load(Ordering::Relaxed),
+            stderr_bytes: started.stderr.produced.load(Ordering::Relaxed),
+            spooled_bytes: started.stdout.written.load(Ordering::Relaxed)
+                + started.stderr.written.load(Ordering::Relaxed),
             stdout_truncated: started.stdout.truncated.load(Ordering::Relaxed),
             stderr_truncated: started.stderr.truncated.load(Ordering::Relaxed),
         };

@@ -49,6 +49,10 @@ const MIGRATIONS: &[&str] = &[
         at_ms INTEGER NOT NULL
     );
     CREATE INDEX transitions_job ON transitions(job_seq);",
+    // 2: `*_bytes` count what a job produced, past the cap too; retention needs what is
+    // on disk, which until now was what `*_bytes` held.
+    "ALTER TABLE jobs ADD COLUMN spooled_bytes INTEGER NOT NULL DEFAULT 0;
+    UPDATE jobs SET spooled_bytes = stdout_bytes + stderr_bytes;",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -134,8 +138,11 @@ pub struct Outcome {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub error: Option<String>,
+    /// Bytes the job wrote to each stream, including those past the cap.
     pub stdout_bytes: u64,
     pub stderr_bytes: u64,
+    /// Bytes of both streams kept in the spool files: what retention frees.
+    pub spooled_bytes: u64,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
 }
@@ -640,7 +647,8 @@ impl Store {
             state,
             update!(
                 ", exit_code = ?3, signal = ?4, error = ?5, stdout_bytes = ?6, stderr_bytes = ?7, \
-                 stdout_truncated = ?8, stderr_truncated = ?9, finished_ms = ?10"
+                 stdout_truncated = ?8, stderr_truncated = ?9, finished_ms = ?10, \
+                 spooled_bytes = ?11"
             ),
             vec![
                 o.exit_code.into(),
@@ -651,6 +659,7 @@ impl Store {
                 o.stdout_truncated.into(),
                 o.stderr_truncated.into(),
                 now_ms().into(),
+                (o.spooled_bytes as i64).into(),
             ],
         )
     }
@@ -669,7 +678,7 @@ impl Store {
     pub fn finished_oldest_first(&self, limit: u32) -> Result<Vec<(String, u64)>, StoreError> {
         self.with(|c| {
             let mut stmt = c.prepare_cached(
-                "SELECT id, stdout_bytes + stderr_bytes FROM jobs \
+                "SELECT id, spooled_bytes FROM jobs \
                  WHERE state NOT IN ('queued', 'starting', 'running') ORDER BY seq LIMIT ?1",
             )?;
             let rows = stmt.query_map(params![limit], |r| {
@@ -683,7 +692,7 @@ impl Store {
     pub fn finished_totals(&self) -> Result<(usize, u64), StoreError> {
         self.with(|c| {
             c.query_row(
-                "SELECT COUNT(*), COALESCE(SUM(stdout_bytes + stderr_bytes), 0) FROM jobs \
+                "SELECT COUNT(*), COALESCE(SUM(spooled_bytes), 0) FROM jobs \
                  WHERE state NOT IN ('queued', 'starting', 'running')",
                 [],
                 |r| Ok((r.get::<_, i64>(0)? as usize, r.get::<_, i64>(1)? as u64)),
@@ -875,5 +884,41 @@ mod tests {
             Store::open(&path),
             Err(StoreError::TooNew { found: 99, .. })
         ));
+    }
+
+    #[test]
+    fn records_from_before_produced_counts_keep_their_spooled_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        {
+            // A database as the first schema left it: `*_bytes` were the bytes kept.
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(MIGRATIONS[0]).unwrap();
+            c.pragma_update(None, "user_version", 1).unwrap();
+            c.execute(
+                "INSERT INTO jobs (id, owner, spec, state, created_ms, stdout_bytes, stderr_bytes) \
+                 VALUES ('old', 'o', '{}', 'succeeded', 0, 7, 3)",
+                [],
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.finished_totals().unwrap(), (1, 10));
+        store.insert("new", &spec(&["true"])).wait().unwrap();
+        let o = Outcome {
+            stdout_bytes: 5_000,
+            spooled_bytes: 1_024,
+            ..Outcome::default()
+        };
+        store
+            .mark_finished("new", JobState::Succeeded, &o)
+            .wait()
+            .unwrap();
+        assert_eq!(store.get("new").unwrap().unwrap().stdout_bytes, 5_000);
+        assert_eq!(store.finished_totals().unwrap(), (2, 1_034));
+        assert_eq!(
+            store.finished_oldest_first(10).unwrap(),
+            vec![("old".to_owned(), 10), ("new".to_owned(), 1_024)]
+        );
     }
 }

@@ -5,9 +5,10 @@
 //! [`CappedLog`], which keeps at most `max_bytes` in `<log>` and as much again in
 //! `<log>.1`. The thread, not the async runtime, does the blocking I/O, so a slow disk
 //! never stalls supervision; a log that cannot be written drops bytes, so the child never
-//! blocks on it. Reads block (no polling): a pump ends when the last writer of its pipe is
-//! gone. A process that escaped the child's process group may keep its pipe open after a
-//! stop; its pump then lives on, still writing through the same capped log.
+//! blocks on it. The thread sleeps in `poll` while the pipe is empty (no timer). A pump
+//! ends when the last writer of its pipe is gone, or when stop asks it to: once the
+//! children's process groups are gone, it copies what is left in the pipe and ends, even
+//! if a process that escaped the group (setsid) still holds the pipe open.
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
@@ -15,8 +16,9 @@ use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -35,6 +37,13 @@ const RELEASE_OFF_THREAD: u64 = 1024 * 1024;
 /// Pipe buffer asked of the kernel (Linux caps it at /proc/sys/fs/pipe-max-size, 1 MiB by
 /// default): a fast writer blocks less often and each read moves more.
 const PIPE_BYTES: usize = 1024 * 1024;
+/// At most one report of failing log writes (and one of their recovery) per this period: a
+/// disk that keeps filling up would otherwise log a pair for every few chunks of output.
+const REPORT_EVERY: Duration = Duration::from_secs(30);
+/// Most a drain takes from the pipe: more than the pipe holds, so everything the dead
+/// children wrote is taken, yet bounded, so a process that escaped their group and writes
+/// without pause cannot keep the drain going.
+const DRAIN_MAX: usize = 2 * PIPE_BYTES;
 
 #[derive(Debug, Error)]
 pub enum LogError {
@@ -66,8 +75,8 @@ pub struct CappedLog {
     file: Option<File>,
     size: u64,
     max: u64,
-    /// Set while writes fail, so a full disk is reported once rather than per chunk.
-    failing: bool,
+    /// Which write failures are reported (once per failure, and rate-limited).
+    reports: Reports,
     /// The thread freeing the backup that the last rotation replaced.
     releasing: Option<std::thread::JoinHandle<()>>,
 }
@@ -96,7 +105,7 @@ impl CappedLog {
             file: Some(file),
             size,
             max: max_bytes.max(1),
-            failing: false,
+            reports: Reports::new(REPORT_EVERY),
             releasing: None,
         })
     }
@@ -146,16 +155,14 @@ impl CappedLog {
         match file.write_all(data) {
             Ok(()) => {
                 self.size += data.len() as u64;
-                if self.failing {
+                if self.reports.recovered() {
                     tracing::info!(log = %self.path.display(), "log writes work again");
-                    self.failing = false;
                 }
             }
             Err(e) => {
                 // The bytes are dropped: the child must never block on its log.
-                if !self.failing {
-                    tracing::warn!(log = %self.path.display(), error = %e, "could not write child output; dropping it until writes work again");
-                    self.failing = true;
+                if let Some(n) = self.reports.failed(Instant::now()) {
+                    tracing::warn!(log = %self.path.display(), error = %e, "could not write child output; dropping it until writes work again{}", not_logged(n));
                 }
                 // A partial write leaves the size unknown; re-read it.
                 self.size = file.metadata().map(|m| m.len()).unwrap_or(self.max);
@@ -225,12 +232,76 @@ impl CappedLog {
                 self.file = Some(file);
             }
             Err(e) => {
-                if !self.failing {
-                    tracing::warn!(error = %crate::error_chain(&e), "dropping child output");
-                    self.failing = true;
+                if let Some(n) = self.reports.failed(Instant::now()) {
+                    tracing::warn!(error = %crate::error_chain(&e), "dropping child output until the log can be opened again{}", not_logged(n));
                 }
             }
         }
+    }
+}
+
+/// Decides which failures of the log's writes are reported: the first of a run of failed
+/// writes (and then its recovery), at most once per period; failures inside the period are
+/// counted, and the next report says how many were not logged. A failure that lasts past
+/// the period is reported then, so a log that stopped working never goes unmentioned.
+#[derive(Debug)]
+struct Reports {
+    every: Duration,
+    /// When a failure was last reported.
+    last: Option<Instant>,
+    /// Failures (runs of failed writes) since the last report, the current one included.
+    pending: u64,
+    /// Writes fail now.
+    failing: bool,
+    /// The current failure was reported, so its recovery is too.
+    reported: bool,
+}
+
+impl Reports {
+    fn new(every: Duration) -> Self {
+        Self {
+            every,
+            last: None,
+            pending: 0,
+            failing: false,
+            reported: false,
+        }
+    }
+
+    /// A write failed at `now`. `Some(n)` when this is to be reported, `n` being how many
+    /// failures before it were not.
+    fn failed(&mut self, now: Instant) -> Option<u64> {
+        if !self.failing {
+            self.failing = true;
+            self.reported = false;
+            self.pending += 1;
+        }
+        let quiet = self
+            .last
+            .is_some_and(|at| now.saturating_duration_since(at) < self.every);
+        if self.reported || quiet {
+            return None;
+        }
+        self.reported = true;
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.pending).saturating_sub(1))
+    }
+
+    /// A write worked. True when a reported failure ended, which is reported too.
+    fn recovered(&mut self) -> bool {
+        let report = self.failing && self.reported;
+        self.failing = false;
+        self.reported = false;
+        report
+    }
+}
+
+/// "; 3 more failures since the last report were not logged", when some were left out.
+fn not_logged(n: u64) -> String {
+    match n {
+        0 => String::new(),
+        1 => "; 1 more failure since the last report was not logged".to_owned(),
+        n => format!("; {n} more failures since the last report were not logged"),
     }
 }
 
@@ -354,7 +425,22 @@ pub type SharedLog = Arc<Mutex<CappedLog>>;
 pub struct Pump {
     /// Handed (duplicated) to each child as stdout and stderr.
     pub child_end: OwnedFd,
-    done: tokio::sync::oneshot::Receiver<()>,
+    /// Closing it wakes the thread out of its wait for the pipe (see [`Pump::finish`]).
+    wake: OwnedFd,
+    /// Set before `wake` is closed: copy what is in the pipe, then end.
+    draining: Arc<AtomicBool>,
+    done: tokio::sync::oneshot::Receiver<End>,
+}
+
+/// Why a log thread ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Every writer closed the pipe.
+    Eof,
+    /// Drained on request while some process still held the pipe open.
+    Drained,
+    /// Reading the pipe failed.
+    Failed,
 }
 
 impl Pump {
@@ -362,44 +448,98 @@ impl Pump {
     pub fn start(log: SharedLog) -> Result<Self, LogError> {
         let (reader, child_end) = pipe::pipe().map_err(LogError::Pipe)?;
         pipe::grow(&child_end, PIPE_BYTES);
+        pipe::set_nonblocking(&reader).map_err(LogError::Pipe)?;
+        let (wake_rx, wake) = pipe::pipe().map_err(LogError::Pipe)?;
+        let draining = Arc::new(AtomicBool::new(false));
         let (done_tx, done) = tokio::sync::oneshot::channel();
+        let flag = draining.clone();
         std::thread::Builder::new()
             .name("railgrid-log".into())
             .spawn(move || {
-                copy(reader, &log);
-                let _ = done_tx.send(());
+                let end = copy(reader, &wake_rx, &flag, &log);
+                let _ = done_tx.send(end);
             })
             .map_err(LogError::Thread)?;
-        Ok(Self { child_end, done })
+        Ok(Self {
+            child_end,
+            wake,
+            draining,
+            done,
+        })
     }
 
-    /// Closes the supervisor's end of the pipe and waits up to `drain` for the thread to
-    /// copy what the children wrote last and end.
-    pub async fn finish(self, drain: Duration) {
-        let Self { child_end, done } = self;
+    /// Copies what is already in the pipe, then ends the thread; waits up to `limit`
+    /// for that (a log on a stalled disk). Call it once every process of the children's
+    /// groups is gone: what they wrote is then all in the pipe, so nothing they wrote is
+    /// lost, and a process that escaped their groups (setsid) and still holds the pipe
+    /// cannot hold the stop. What such a process writes afterwards is not logged (its
+    /// writes fail with EPIPE once the thread has closed the pipe).
+    pub async fn finish(self, limit: Duration) {
+        let Self {
+            child_end,
+            wake,
+            draining,
+            done,
+        } = self;
         drop(child_end);
-        if tokio::time::timeout(drain, done).await.is_err() {
-            tracing::warn!("a process outside the child's process group still holds its output pipe; its output keeps going to the log");
+        draining.store(true, Ordering::Release);
+        drop(wake);
+        match tokio::time::timeout(limit, done).await {
+            Ok(Ok(End::Drained)) => tracing::warn!("a process that left the child's process group still holds its output pipe; what it writes from now on is not logged"),
+            Ok(_) => {}
+            Err(_) => tracing::warn!(limit = ?limit, "the log thread did not finish copying the child's last output in time; it goes on in the background"),
         }
     }
 }
 
-fn copy(mut reader: File, log: &Mutex<CappedLog>) {
+/// The log thread: copies the pipe into the log until every writer is gone, or until a
+/// drain is asked for and the pipe is empty. Reads do not block; an empty pipe is waited
+/// for with `poll` on the pipe and the wake-up pipe together, so no timer runs.
+fn copy(mut reader: File, wake: &File, draining: &AtomicBool, log: &Mutex<CappedLog>) -> End {
     let mut buf = vec![0u8; READ_CHUNK];
     let mut lines = Lines::default();
     let mut write = |bytes: &[u8]| crate::util::lock(log).write(bytes);
-    loop {
+    // Set once a drain is asked for: how much more may be taken.
+    let mut budget: Option<usize> = None;
+    let end = loop {
+        if budget.is_none() && draining.load(Ordering::Acquire) {
+            budget = Some(DRAIN_MAX);
+        }
         match reader.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => lines.feed(&buf[..n], &mut write),
+            Ok(0) => break End::Eof,
+            Ok(n) => {
+                lines.feed(&buf[..n], &mut write);
+                if let Some(left) = budget.as_mut() {
+                    *left = left.saturating_sub(n);
+                    if *left == 0 {
+                        break End::Drained;
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if budget.is_some() {
+                    break End::Drained;
+                }
+                match pipe::wait_readable(&reader, wake) {
+                    // Woken: a drain was asked for, or the pump was dropped without one
+                    // (its wake-up pipe hung up for good), which must end the thread too.
+                    Ok(true) => budget = Some(DRAIN_MAX),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not wait for the log pipe; closing the log");
+                        break End::Failed;
+                    }
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
                 tracing::warn!(error = %e, "log pipe read failed; closing the log");
-                break;
+                break End::Failed;
             }
         }
-    }
+    };
     lines.flush(&mut write);
+    end
 }
 
 #[cfg(test)]
@@ -412,6 +552,74 @@ mod tests {
             .map(|m| m.len())
             .unwrap_or(0);
         (main, backup)
+    }
+
+    #[tokio::test]
+    async fn finish_takes_what_is_in_the_pipe_while_another_process_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("child.log");
+        let log = Arc::new(Mutex::new(CappedLog::open(&path, 1024).unwrap()));
+        let pump = Pump::start(log).unwrap();
+        // Stands for a process that left the child's group with the pipe as its stdout.
+        let escapee = File::from(pump.child_end.try_clone().unwrap());
+        let mut child = File::from(pump.child_end.try_clone().unwrap());
+        child.write_all(b"whole line\npartial").unwrap();
+        drop(child);
+        pump.finish(Duration::from_secs(60)).await;
+        assert_eq!(fs::read(&path).unwrap(), b"whole line\npartial");
+        // The thread closed the pipe: it did not wait for the escapee.
+        let err = (&escapee).write(b"later").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn a_pump_dropped_without_finish_ends_its_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(Mutex::new(
+            CappedLog::open(&dir.path().join("child.log"), 1024).unwrap(),
+        ));
+        let pump = Pump::start(log).unwrap();
+        let escapee = File::from(pump.child_end.try_clone().unwrap());
+        drop(pump);
+        // The thread drains and closes the pipe rather than waking up forever.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match (&escapee).write(b"x") {
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => break,
+                _ => assert!(std::time::Instant::now() < deadline, "the pipe stayed open"),
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn write_failures_are_reported_at_most_once_per_period_with_a_count() {
+        let every = Duration::from_secs(30);
+        let mut r = Reports::new(every);
+        let t0 = Instant::now();
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        // The first failure is reported, once, however many writes fail.
+        assert_eq!(r.failed(at(0)), Some(0));
+        assert_eq!(r.failed(at(0)), None);
+        assert!(r.recovered(), "the reported failure's end is reported");
+        assert!(!r.recovered(), "one recovery per failure");
+        // A disk that keeps filling up: 40 failures and recoveries in 3 s, none logged.
+        for i in 0..40 {
+            assert_eq!(r.failed(at(1) + Duration::from_millis(75 * i)), None);
+            assert!(
+                !r.recovered(),
+                "the end of an unreported failure is not reported"
+            );
+        }
+        // The next failure after the period is reported, with the count of those left out.
+        assert_eq!(r.failed(at(31)), Some(40));
+        assert!(r.recovered());
+        // A failure that began inside the period and lasts is reported once it is over.
+        assert_eq!(r.failed(at(40)), None);
+        assert_eq!(r.failed(at(60)), None);
+        assert_eq!(r.failed(at(61)), Some(0));
+        assert_eq!(r.failed(at(62)), None);
+        assert!(r.recovered());
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //!   terminates its whole process group. In: a stop request (watch channel). Out: the
 //!   published [`Status`].
 //! - the *log thread* ([`log::Pump`]): copies the child's stdout and stderr into the
-//!   capped log file. Blocking I/O stays off the async runtime.
+//!   capped log file. Blocking I/O stays off the async runtime. At stop, once the child's
+//!   group is gone, it takes what is left in the pipe and ends, without waiting for a
+//!   process that escaped the group and still holds the pipe.
 //!
 //! Callers hold a [`Supervisor`] and use its systemctl-like verbs: `start` (a no-op when
 //! running), `stop` (a no-op when stopped), `alive`, `starts`, `last_error`, `status`.
@@ -60,7 +62,8 @@ pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_LOG_BYTES: u64 = 8 * 1024 * 1024;
 /// Smallest accepted log cap: below it rotation would churn on every line.
 pub const MIN_LOG_BYTES: u64 = 1024;
-/// How long stop waits for the log thread to copy what the child wrote last.
+/// Most stop waits for the log thread to copy what the child wrote last: it takes what is
+/// in the pipe without waiting for writers, so this is only reached on a stalled disk.
 const LOG_DRAIN: Duration = Duration::from_secs(2);
 /// How often stop re-checks whether a process group still has live members. Only used
 /// while stopping, never while idle.
@@ -468,6 +471,9 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>, pump: Pump) {
         s.pid = None;
     });
     tracing::info!(child = %c.name, "stopped");
+    // Every group this task started is gone (stopped, or cleaned up after its leader
+    // exited), so their output is all in the pipe; a process that escaped them may hold
+    // the pipe open, and is not waited for.
     pump.finish(LOG_DRAIN).await;
 }
 

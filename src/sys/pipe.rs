@@ -23,3 +23,30 @@ pub fn grow(fd: &impl AsFd, bytes: usize) {
 
 #[cfg(not(target_os = "linux"))]
 pub fn grow(_fd: &impl AsFd, _bytes: usize) {}
+
+/// Makes reads from `fd` return `WouldBlock` instead of waiting, so that the reader can
+/// wait with [`wait_readable`] for its data *or* a wake-up.
+pub fn set_nonblocking(fd: &impl AsFd) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg};
+    let flags = OFlag::from_bits_truncate(fcntl(fd.as_fd(), FcntlArg::F_GETFL)?);
+    fcntl(fd.as_fd(), FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
+}
+
+/// Blocks until `data` can be read (data, or end of file) or `wake` becomes readable or
+/// hung up (its write end closed). Returns whether `wake` fired. Interrupted waits are
+/// retried.
+pub fn wait_readable(data: &impl AsFd, wake: &impl AsFd) -> io::Result<bool> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    loop {
+        let mut fds = [
+            PollFd::new(data.as_fd(), PollFlags::POLLIN),
+            PollFd::new(wake.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => return Ok(fds[1].revents().is_some_and(|r| !r.is_empty())),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

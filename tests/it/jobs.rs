@@ -455,11 +455,23 @@ fn output_beyond_the_cap_is_counted_and_dropped_without_blocking() {
     );
     let rec = r.wait(&id);
     assert_eq!(rec["state"], "succeeded", "{rec}");
-    assert_eq!(rec["stdout_bytes"], 1048576);
+    // The record counts what the job produced; the spool keeps the cap.
+    assert_eq!(rec["stdout_bytes"], 104857600, "{rec}");
     assert_eq!(rec["stdout_truncated"], true);
+    assert_eq!(rec["stderr_bytes"], 5);
     assert_eq!(rec["stderr_truncated"], false);
     let file = r.runner_dir().join("jobs").join(&id).join("stdout");
     assert_eq!(fs::metadata(&file).expect("spool").len(), 1048576);
+    let listed = get_json(&r.socket(), "/v1/jobs").expect("list");
+    assert_eq!(listed[0]["stdout_bytes"], 104857600, "{listed}");
+    // Reading the output follows the spool, not the count: the next offset stops at what
+    // was kept, and that is complete.
+    let resp = raw_get(
+        &r.socket(),
+        &format!("/v1/jobs/{id}/output/stdout?offset=1048000"),
+    );
+    assert!(resp.contains("x-next-offset: 1048576"), "{resp}");
+    assert!(resp.contains("x-complete: true"), "{resp}");
     assert_eq!(
         fs::metadata(&file).expect("spool").permissions().mode() & 0o777,
         0o600
@@ -1210,4 +1222,94 @@ fn a_client_over_the_connection_limit_is_told_why_and_root_still_gets_in() {
     let (status, _) =
         http(&r.socket(), "POST", &format!("/v1/jobs/{id}/cancel"), None).expect("cancel");
     assert_eq!(status, 200);
+}
+
+/// One GET with the token, returning the whole response, headers included (lower-cased
+/// header names, as hyper sends them).
+fn raw_get(socket: &Path, path: &str) -> String {
+    use std::io::{Read, Write};
+    let token = fs::read_to_string(socket.with_file_name("api.token")).expect("token");
+    let mut s = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAuthorization: Bearer {}\r\n\r\n",
+        token.trim()
+    )
+    .expect("write");
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).expect("read");
+    String::from_utf8_lossy(&resp).to_lowercase()
+}
+
+#[test]
+fn bad_query_values_get_the_json_invalid_query_error_naming_the_parameter() {
+    let r = Runner::started(&[]);
+    let id = submit_ok(&r, json!({"argv": ["echo", "hi"]}));
+    r.wait(&id);
+    let cases = [
+        (format!("/v1/jobs/{id}/output/stdout?offset=-1"), "offset"),
+        (format!("/v1/jobs/{id}/output/stdout?limit=0"), "limit"),
+        (
+            format!("/v1/jobs/{id}/output/stdout?limit=8388609"),
+            "limit",
+        ),
+        (format!("/v1/jobs/{id}/output/stdout?follow=yes"), "follow"),
+        ("/v1/jobs?before=abc".to_owned(), "before"),
+        ("/v1/jobs?limit=0".to_owned(), "limit"),
+        ("/v1/jobs?limit=100000".to_owned(), "limit"),
+        ("/v1/jobs?limit=-5".to_owned(), "limit"),
+        ("/v1/jobs?state=sleeping".to_owned(), "sleeping"),
+        (
+            format!("/v1/jobs/{id}/wait?timeout_secs=-1"),
+            "timeout_secs",
+        ),
+        (
+            format!("/v1/jobs/{id}/wait?timeout_secs=3601"),
+            "timeout_secs",
+        ),
+    ];
+    for (path, needle) in cases {
+        let (status, body) = get(&r.socket(), &path).expect("GET");
+        assert_eq!(status, 400, "{path}: {body}");
+        let body: Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("{path}: not the JSON error ({e}): {body}"));
+        assert_eq!(body["error"]["code"], "invalid_query", "{path}: {body}");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains(needle), "{path}: {message}");
+    }
+    // The bounds themselves are accepted.
+    for path in [
+        "/v1/jobs?limit=1".to_owned(),
+        "/v1/jobs?limit=1000".to_owned(),
+        format!("/v1/jobs/{id}/wait?timeout_secs=0"),
+        format!("/v1/jobs/{id}/output/stdout?limit=8388608"),
+    ] {
+        let (status, body) = get(&r.socket(), &path).expect("GET");
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+}
+
+#[test]
+fn glibc_unsecure_variables_are_refused_by_name_and_tmpdir_may_be_chosen() {
+    let r = Runner::started(&[]);
+    for name in ["GLIBC_TUNABLES", "TZDIR", "LOCALDOMAIN"] {
+        let (status, body) = r.submit(json!({
+            "argv": ["true"],
+            "env": {name: "glibc.malloc.mxfast=0"},
+        }));
+        assert_eq!(status, 400, "{name}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_spec", "{body}");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains(name), "{name}: {message}");
+    }
+    let tmp = r.runner_dir().join("work/chosen-tmp");
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", "echo TMPDIR=$TMPDIR"], "env": {"TMPDIR": path_str(&tmp)}}),
+    );
+    r.wait(&id);
+    assert_eq!(
+        r.output(&id, "stdout"),
+        format!("TMPDIR={}\n", tmp.display())
+    );
 }

@@ -445,3 +445,115 @@ fn paths_the_child_account_cannot_reach_are_refused_up_front() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("cannot run as uid"), "{err}");
 }
+
+/// The pid a child printed as `<label> <pid>` in the log.
+fn printed_pid(text: &str, label: &str) -> i32 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(label)?.strip_prefix(' '))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{label} pid in the log:\n{text}"))
+}
+
+/// True while `pid` has its stdout open on a pipe.
+fn holds_a_pipe(pid: i32) -> bool {
+    fs::read_link(format!("/proc/{pid}/fd/1"))
+        .is_ok_and(|t| t.to_string_lossy().starts_with("pipe:"))
+}
+
+#[test]
+fn stop_does_not_wait_for_a_process_that_escaped_the_group() {
+    let dir = tempdir();
+    let log_path = dir.path().join("child.log");
+    let log = path_str(&log_path);
+    // The escapee leaves the group (setsid) and keeps the log pipe as its stdout. The
+    // leader's last words on SIGTERM end without a newline: held back, then flushed.
+    let script = r#"
+        setsid sh -c 'echo escapee $$; exec sleep 1000' &
+        trap 'printf "last words on SIGTERM"; exit 0' TERM
+        echo leader $$
+        echo line before the stop
+        while :; do sleep 1 & wait $!; done
+    "#;
+    let mut sup = supervise(&args(&log, &["--stop-grace", "10s"], &["sh", "-c", script]));
+    let text = wait_for_text(&log_path, "escapee ", LIMIT);
+    let text = if text.contains("line before the stop") {
+        text
+    } else {
+        wait_for_text(&log_path, "line before the stop", LIMIT)
+    };
+    let escapee = printed_pid(&text, "escapee");
+    sup.own_group(escapee);
+    sup.own_group(printed_pid(&text, "leader"));
+    wait_for(LIMIT, "the escapee to hold the log pipe", || {
+        holds_a_pipe(escapee).then_some(())
+    });
+
+    sup.signal(Signal::SIGTERM);
+    let out = sup.wait_output(LIMIT);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        alive(escapee) && holds_a_pipe(escapee),
+        "the test needs the escapee to outlive the stop with the pipe open"
+    );
+    assert!(
+        err.contains("still holds its output pipe; what it writes from now on is not logged"),
+        "stop should have drained the pipe, not waited for its last writer:\n{err}"
+    );
+    let text = read_lossy(&log_path);
+    assert!(
+        text.contains("line before the stop\n") && text.ends_with("last words on SIGTERM"),
+        "output written before the group died is missing:\n{text}"
+    );
+}
+
+#[test]
+fn stop_after_a_crash_does_not_wait_for_an_escapee_of_the_crashed_child() {
+    let dir = tempdir();
+    let log_path = dir.path().join("child.log");
+    let log = path_str(&log_path);
+    let script = r#"
+        setsid sh -c 'echo escapee $$; exec sleep 1000' &
+        echo leader $$
+        sleep 0.1
+        echo crashing now
+        exit 3
+    "#;
+    let mut sup = supervise(&args(
+        &log,
+        &["--initial-backoff", "1m"],
+        &["sh", "-c", script],
+    ));
+    let text = wait_for_text(&log_path, "crashing now", LIMIT);
+    let text = if text.contains("escapee ") {
+        text
+    } else {
+        wait_for_text(&log_path, "escapee ", LIMIT)
+    };
+    let escapee = printed_pid(&text, "escapee");
+    let leader = printed_pid(&text, "leader");
+    sup.own_group(escapee);
+    sup.own_group(leader);
+    // The leader is gone and its group cleaned up: the supervisor is backing off.
+    wait_for(LIMIT, "the crashed child's group to be gone", || {
+        live_in_group(leader).is_empty().then_some(())
+    });
+
+    sup.signal(Signal::SIGTERM);
+    let out = sup.wait_output(LIMIT);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("exited with status 3"),
+        "the child should have crashed once:\n{err}"
+    );
+    assert!(
+        alive(escapee) && holds_a_pipe(escapee),
+        "the test needs the escapee to outlive the stop with the pipe open"
+    );
+    assert!(
+        err.contains("still holds its output pipe; what it writes from now on is not logged"),
+        "{err}"
+    );
+    assert_eq!(read_lossy(&log_path).matches("crashing now").count(), 1);
+}
