@@ -189,12 +189,7 @@ pub enum StoreError {
         known: usize,
     },
     #[error("job database {path}: commit failed: {reason}")]
-    Commit {
-        path: PathBuf,
-        reason: String,
-        /// The commit failed with `SQLITE_FULL`.
-        full: bool,
-    },
+    Commit { path: PathBuf, reason: String },
     #[error("job database {path}: the disk is full ({reason}): free space on its file system and try again")]
     Full { path: PathBuf, reason: String },
     #[error("job database {path}: {count} job state changes wait in memory to be written (is its disk full?): no new jobs until they are")]
@@ -221,7 +216,6 @@ impl StoreError {
     pub fn is_disk_full(&self) -> bool {
         match self {
             StoreError::Full { .. } | StoreError::Backlog { .. } => true,
-            StoreError::Commit { full, .. } => *full,
             StoreError::Sql { source, .. } => {
                 source.sqlite_error_code() == Some(ErrorCode::DiskFull)
             }
@@ -993,17 +987,19 @@ impl Store {
                     path: path.to_path_buf(),
                     reason: "its transaction could not begin, or an earlier write rolled it back"
                         .into(),
-                    full: false,
                 })
             } else {
                 in_savepoint(conn, &path, f)
             };
             Box::new(move |failed: Option<&(String, bool)>| {
                 let result = match (result, failed) {
-                    (Ok(_), Some((reason, full))) => Err(StoreError::Commit {
+                    (Ok(_), Some((reason, true))) => Err(StoreError::Full {
                         path: path.to_path_buf(),
                         reason: reason.to_owned(),
-                        full: *full,
+                    }),
+                    (Ok(_), Some((reason, false))) => Err(StoreError::Commit {
+                        path: path.to_path_buf(),
+                        reason: reason.to_owned(),
                     }),
                     (r, _) => r,
                 };
@@ -1125,7 +1121,7 @@ impl Store {
                 && owner.is_none_or(|o| r.owner == o)
                 && before.is_none_or(|b| r.seq < b)
         });
-        recs.sort_by(|a, b| b.seq.cmp(&a.seq));
+        recs.sort_by_key(|r| std::cmp::Reverse(r.seq));
         recs.truncate(limit as usize);
         Ok(recs)
     }
