@@ -283,8 +283,8 @@ impl Client {
     }
 
     /// Waits until the job's end is recorded, however long it takes, in bounded long
-    /// polls. An end the runner holds in memory (its disk is full) is waited for too, with
-    /// a note once.
+    /// polls. An end the runner holds in memory (its disk is full) is waited for too: it
+    /// is not yet durable.
     pub async fn wait(&self, id: &str) -> Result<JobRecord, ClientError> {
         let mut noted = false;
         loop {

@@ -14,6 +14,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -275,6 +276,7 @@ pub struct Store {
     read: Mutex<Connection>,
     /// State changes the writer holds; locked before `read` whenever both are.
     held: Arc<Mutex<Held>>,
+    held_count: Arc<AtomicUsize>,
     /// With this many changes held, new jobs are refused.
     max_held: usize,
     writes: Option<mpsc::Sender<Msg>>,
@@ -446,7 +448,9 @@ impl Transition {
 #[derive(Default)]
 struct Held {
     by_job: HashMap<String, VecDeque<Transition>>,
-    count: usize,
+    /// How many, readable without the lock: reads skip it while nothing is held, so they
+    /// never make a submission or the health check wait.
+    count: Arc<AtomicUsize>,
 }
 
 impl Held {
@@ -455,14 +459,14 @@ impl Held {
             .entry(t.id.clone())
             .or_default()
             .push_back(t.clone());
-        self.count += 1;
+        self.count.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Forgets the oldest held change of `id`: changes of a job commit in order.
     fn pop(&mut self, id: &str) {
         if let Some(q) = self.by_job.get_mut(id) {
             if q.pop_front().is_some() {
-                self.count -= 1;
+                self.count.fetch_sub(1, Ordering::SeqCst);
             }
             if q.is_empty() {
                 self.by_job.remove(id);
@@ -740,7 +744,6 @@ impl Writer {
     fn fault(&self) -> Option<StoreError> {
         #[cfg(test)]
         {
-            use std::sync::atomic::Ordering;
             let take = self
                 .faults
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
@@ -924,7 +927,9 @@ impl Store {
             .map_err(sql(path))?;
         let path: Arc<Path> = path.into();
         let (tx, rx) = mpsc::channel();
-        let held = Arc::new(Mutex::new(Held::default()));
+        let held = Held::default();
+        let held_count = held.count.clone();
+        let held = Arc::new(Mutex::new(held));
         #[cfg(test)]
         let faults = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let writer = Writer {
@@ -948,6 +953,7 @@ impl Store {
             path,
             read: Mutex::new(read),
             held,
+            held_count,
             max_held: MAX_HELD,
             writes: Some(tx),
             writer: Some(writer),
@@ -963,7 +969,7 @@ impl Store {
 
     /// How many state changes wait in memory to be committed.
     pub fn held_count(&self) -> usize {
-        crate::util::lock(&self.held).count
+        self.held_count.load(Ordering::SeqCst)
     }
 
     fn send(&self, m: Msg) {
@@ -1066,6 +1072,10 @@ impl Store {
 
     /// The record, with the changes held in memory laid over it.
     pub fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        if self.held_count() == 0 {
+            let conn = crate::util::lock(&self.read);
+            return get_on(&conn, &self.path, id);
+        }
         // Held across the read, so a change committed meanwhile is seen either in the
         // row or in `held` (applying it to a row that has it changes nothing).
         let held = crate::util::lock(&self.held);
@@ -1092,22 +1102,23 @@ impl Store {
             " FROM jobs WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR owner = ?2) \
              AND (?3 IS NULL OR seq < ?3) ORDER BY seq DESC LIMIT ?4"
         );
-        let held = crate::util::lock(&self.held);
-        let conn = crate::util::lock(&self.read);
-        let query = |limit: usize| {
+        let query = |conn: &Connection, limit: usize| {
             query_on(
-                &conn,
+                conn,
                 &self.path,
                 LIST,
                 params![state.map(JobState::as_str), owner, before, limit as i64],
             )
         };
-        if held.count == 0 {
-            return query(limit as usize);
+        if self.held_count() == 0 {
+            return query(&crate::util::lock(&self.read), limit as usize);
         }
+        // As in `get`.
+        let held = crate::util::lock(&self.held);
+        let conn = crate::util::lock(&self.read);
         // Held changes may move jobs out of the filter (so ask for as many more) or
         // into it (so look at each of them).
-        let mut recs = query(limit as usize + held.by_job.len())?;
+        let mut recs = query(&conn, limit as usize + held.by_job.len())?;
         for id in held.by_job.keys() {
             if !recs.iter().any(|r| &r.id == id) {
                 recs.extend(get_on(&conn, &self.path, id)?);

@@ -100,8 +100,7 @@ impl FullDisk {
     fn kill_runner(&mut self, sig: Signal) {
         if let Some(mut child) = self.runner.take() {
             let _ = kill(Pid::from_raw(child.id() as i32), sig);
-            let done = wait_for(LIMIT, "the runner to exit", || child.try_wait().ok()?);
-            let _ = done;
+            let _status = wait_for(LIMIT, "the runner to exit", || child.try_wait().ok()?);
         }
     }
 
@@ -207,11 +206,10 @@ fn job_ends_on_a_full_disk_are_held_shown_and_recorded_when_space_returns() {
     assert!(cut.contains("disk full writing"), "{a}");
     assert!(cut.contains(&spool.display().to_string()), "{a}");
     assert_eq!(a["stdout_truncated"], true, "{a}");
-    assert_eq!(
-        a["stdout_bytes"].as_u64(),
-        Some(fs::metadata(&spool).expect("spool").len()),
-        "{a}"
-    );
+    // The spool holds what was written before the disk filled, and stops there.
+    let kept = fs::metadata(&spool).expect("spool").len();
+    assert!(read_lossy(&spool).starts_with("start\n"), "{a}");
+    assert!(a["stdout_bytes"].as_u64() >= Some(kept), "{a}");
     let b = wait_for(LIMIT, "b's start to be shown", || {
         let b = disk.job("b");
         (state_of(&b) == "starting").then_some(b)
