@@ -6,9 +6,10 @@
 //!   cancel, stops its process group (SIGTERM, kill grace, SIGKILL), records the outcome.
 //! - two *spool threads* per job (see [`super::job`]).
 //!
-//! State: the store is the truth for every job; the scheduler (`Sched`) holds only the
-//! FIFO queue and what runs now. Every change bumps `activity`, which waiters and
-//! followers watch.
+//! State: the store is the truth for every job (with the state changes it holds in memory
+//! while the disk is full, which reads show); the scheduler (`Sched`) holds only the FIFO
+//! queue and what runs now. Every change bumps `activity`, which waiters and followers
+//! watch, and so does the commit of a held change (`when_recorded`).
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
