@@ -128,6 +128,15 @@ impl From<EngineError> for ApiError {
             EngineError::ShuttingDown => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
             }
+            // The disk, not the runner, is at fault: a client may retry once there is room.
+            e if e.is_disk_full() => {
+                tracing::warn!(error = %message, "job refused: no room to record it");
+                Self::new(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    "insufficient_storage",
+                    message,
+                )
+            }
             _ => {
                 tracing::error!(error = %message, "request failed");
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
@@ -188,6 +197,7 @@ async fn health(State(api): State<Api>) -> Json<Health> {
         jobs_running: api.engine.running_count() as u64,
         confinement: api.engine.confinement().to_owned(),
         isolation: api.engine.isolation().to_owned(),
+        commits_pending: api.engine.commits_pending() as u64,
     })
 }
 

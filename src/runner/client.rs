@@ -282,8 +282,11 @@ impl Client {
             .1)
     }
 
-    /// Waits until the job ends, however long it takes, in bounded long polls.
+    /// Waits until the job's end is recorded, however long it takes, in bounded long
+    /// polls. An end the runner holds in memory (its disk is full) is waited for too: it
+    /// is not yet durable.
     pub async fn wait(&self, id: &str) -> Result<JobRecord, ClientError> {
+        let mut noted = false;
         loop {
             let rec: JobRecord = self
                 .json(
@@ -293,8 +296,12 @@ impl Client {
                 )
                 .await?
                 .1;
-            if rec.state.is_terminal() {
+            if rec.state.is_terminal() && !rec.commit_pending {
                 return Ok(rec);
+            }
+            if rec.state.is_terminal() && !noted {
+                noted = true;
+                tracing::warn!(job = %id, state = rec.state.as_str(), "the job has ended, but the runner could not record it yet (is its disk full?): waiting until it does");
             }
         }
     }

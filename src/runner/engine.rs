@@ -6,9 +6,10 @@
 //!   cancel, stops its process group (SIGTERM, kill grace, SIGKILL), records the outcome.
 //! - two *spool threads* per job (see [`super::job`]).
 //!
-//! State: the store is the truth for every job; the scheduler (`Sched`) holds only the
-//! FIFO queue and what runs now. Every change bumps `activity`, which waiters and
-//! followers watch.
+//! State: the store is the truth for every job (with the state changes it holds in memory
+//! while the disk is full, which reads show); the scheduler (`Sched`) holds only the FIFO
+//! queue and what runs now. Every change bumps `activity`, which waiters and followers
+//! watch, and so does the commit of a held change (`when_recorded`).
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -23,7 +24,7 @@ use tokio::time::Instant;
 use super::confine::{CgroupTier, FsGuard, Tiers};
 use super::job::{self, JobError, JobPaths, SpoolStats};
 use super::spec::{self, JobSpec, SpecError};
-use super::store::{Inserted, JobRecord, JobState, Outcome, Store, StoreError};
+use super::store::{Inserted, JobRecord, JobState, Outcome, Recorded, Store, StoreError};
 use crate::supervisor::{self, Reapable};
 use crate::sys::group::Sig;
 use crate::sys::{self, ProcessId};
@@ -74,6 +75,21 @@ pub enum EngineError {
     Store(#[from] StoreError),
     #[error("internal task failed: {0}")]
     Task(String),
+}
+
+impl EngineError {
+    /// Refused for want of disk space (507): the job database is full or holds too many
+    /// unwritten changes, or the job's workspace could not be made.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            EngineError::Store(e) => e.is_disk_full(),
+            EngineError::Job(JobError::Io { source, .. }) => {
+                source.raw_os_error() == Some(libc::ENOSPC)
+                    || source.kind() == std::io::ErrorKind::StorageFull
+            }
+            _ => false,
+        }
+    }
 }
 
 struct RunningJob {
@@ -243,6 +259,31 @@ impl Engine {
         self.sched().running.len()
     }
 
+    /// Job state changes held in memory because the database could not take them yet.
+    pub fn commits_pending(&self) -> usize {
+        self.inner.store.held_count()
+    }
+
+    /// When a state change was held rather than committed (a full disk), wakes waiters
+    /// once it is committed: `wait` returns only committed ends.
+    fn when_recorded(&self, id: &str, what: &str, recorded: Recorded) {
+        let Recorded::Held(later) = recorded else {
+            return;
+        };
+        tracing::warn!(job = %id, change = what, "could not record the job's change yet (is the disk full?): it is kept in memory, shown by the API, and written as soon as the database takes it");
+        let activity = self.inner.activity.clone();
+        let id = id.to_owned();
+        tokio::spawn(async move {
+            match later.await {
+                Ok(()) => tracing::info!(job = %id, "recorded the job's change held in memory"),
+                Err(e) => {
+                    tracing::error!(job = %id, error = %crate::error_chain(&e), "could not record the job's change")
+                }
+            }
+            activity.send_modify(|n| *n = n.wrapping_add(1));
+        });
+    }
+
     /// Records left in `starting`/`running` by a previous runner become `lost`; a job
     /// process that still lives (same pid *and* start time) has its group killed first.
     async fn reconcile(&self) -> Result<(), EngineError> {
@@ -401,7 +442,8 @@ impl Engine {
         Ok(recs)
     }
 
-    /// Running jobs report their output counters live: bytes produced, kept or not.
+    /// Running jobs report their output counters (bytes produced, kept or not) and why
+    /// output was cut, live.
     fn overlay_live(&self, rec: &mut JobRecord) {
         let s = self.sched();
         if let Some(run) = s.running.get(&rec.id) {
@@ -412,6 +454,9 @@ impl Engine {
             if let Some(st) = &run.stderr {
                 rec.stderr_bytes = st.produced.load(Ordering::Relaxed);
                 rec.stderr_truncated = st.truncated.load(Ordering::Relaxed);
+            }
+            if let (Some(out), Some(err)) = (&run.stdout, &run.stderr) {
+                rec.output_truncated = job::truncation(out, err);
             }
         }
     }
@@ -436,10 +481,12 @@ impl Engine {
                 error: Some("cancelled while queued".into()),
                 ..Outcome::default()
             };
-            self.inner
+            let recorded = self
+                .inner
                 .store
                 .mark_finished(id, JobState::Cancelled, &outcome)
                 .await?;
+            self.when_recorded(id, "cancelled", recorded);
             self.count_finished(0);
             self.bump();
         }
@@ -448,7 +495,8 @@ impl Engine {
             .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })
     }
 
-    /// Waits until the job is in a terminal state or `timeout` passes; returns the record.
+    /// Waits until the job's end is committed or `timeout` passes; returns the record. An
+    /// end held in memory (a full disk) is shown with `commit_pending` until it is written.
     pub async fn wait(&self, id: &str, timeout: Duration) -> Result<JobRecord, EngineError> {
         let deadline = Instant::now() + timeout;
         let mut activity = self.activity();
@@ -459,7 +507,7 @@ impl Engine {
                     .get(id)
                     .await?
                     .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })?;
-                if rec.state.is_terminal() {
+                if rec.state.is_terminal() && !rec.commit_pending {
                     return Ok(rec);
                 }
             }
@@ -546,8 +594,13 @@ impl Engine {
             ),
         };
         self.count_finished(outcome.spooled_bytes);
-        if let Err(e) = self.inner.store.mark_finished(&id, state, &outcome).await {
-            tracing::error!(job = %id, error = %crate::error_chain(&e), "could not record the job's end")
+        // Resolves after the first try: an end the disk could not take yet is held and
+        // shown meanwhile, so the job leaves the scheduler either way.
+        match self.inner.store.mark_finished(&id, state, &outcome).await {
+            Ok(recorded) => self.when_recorded(&id, state.as_str(), recorded),
+            Err(e) => {
+                tracing::error!(job = %id, error = %crate::error_chain(&e), "could not record the job's end")
+            }
         }
         tracing::info!(job = %id, state = state.as_str(), exit_code = ?outcome.exit_code, signal = ?outcome.signal, "job finished");
         {
@@ -591,7 +644,18 @@ impl Engine {
         // worth a trip to the blocking pool.
         let cwd = job::prepare_workspace(&self.inner.paths, id, spec.cwd.as_deref())
             .map_err(EngineError::Job);
-        starting.await?;
+        // A start the disk could not take yet is waited for (or cancelled): launching before
+        // it is committed could run the job twice after a restart.
+        if let Recorded::Held(later) = starting.await? {
+            tracing::warn!(job = %id, "could not record the job's start yet (is the disk full?): it starts once it is");
+            self.bump();
+            tokio::select! {
+                // Cancel-safe: a dropped `Pending` leaves the change held in the writer.
+                r = later => r?,
+                // Cancel-safe: `changed` only observes the channel.
+                _ = cancel.changed() => {}
+            }
+        }
         let cwd = cwd?;
         self.bump();
         let activity = self.inner.activity.clone();
@@ -713,6 +777,7 @@ impl Engine {
                 + started.stderr.written.load(Ordering::Relaxed),
             stdout_truncated: started.stdout.truncated.load(Ordering::Relaxed),
             stderr_truncated: started.stderr.truncated.load(Ordering::Relaxed),
+            output_truncated: job::truncation(&started.stdout, &started.stderr),
         };
         let state = match ended_by {
             Some(s) => s,

@@ -15,7 +15,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use thiserror::Error;
 
@@ -221,6 +221,33 @@ pub struct SpoolStats {
     /// Bytes the job produced, kept or not.
     pub produced: AtomicU64,
     pub truncated: AtomicBool,
+    /// Why the stream was cut, once it was: the cap, or a spool file that could not be
+    /// written.
+    pub reason: OnceLock<String>,
+}
+
+impl SpoolStats {
+    /// Marks the stream cut; the first reason stays.
+    fn cut(&self, reason: impl FnOnce() -> String) {
+        self.truncated.store(true, Ordering::Relaxed);
+        if self.reason.get().is_none() {
+            let _ = self.reason.set(reason());
+        }
+    }
+}
+
+/// Why the job's output was cut short, for its record.
+pub fn truncation(stdout: &SpoolStats, stderr: &SpoolStats) -> Option<super::store::Truncation> {
+    super::store::Truncation::of(stdout.reason.get().cloned(), stderr.reason.get().cloned())
+}
+
+/// What a failed spool write says in the record: a full disk by that name.
+fn spool_failure(what: &str, path: &Path, e: &io::Error) -> String {
+    if e.raw_os_error() == Some(libc::ENOSPC) || e.kind() == io::ErrorKind::StorageFull {
+        format!("disk full {what} {}: {e}", path.display())
+    } else {
+        format!("could not write ({what}) {}: {e}", path.display())
+    }
 }
 
 /// A started job process and its output tasks.
@@ -489,7 +516,8 @@ pub fn resolve_program(program: &str, path: Option<&str>, cwd: &Path) -> io::Res
 
 /// Copies a job's stream into its spool file until every writer is gone. Past `cap`
 /// bytes are counted and dropped, so a slow reader or a chatty job never blocks: the pipe
-/// is always drained.
+/// is always drained. A write that fails (a full disk) ends the file there for good, so it
+/// holds a prefix of the output and never one with a hole; `stats.reason` says why.
 /// The spool file is created with the first byte: a job that prints nothing costs no
 /// inodes (file creation dominates the runner's cost for trivial jobs). Reads are async
 /// (no thread per stream); writes go straight to the page cache, which takes microseconds,
@@ -505,6 +533,8 @@ async fn spool(
     let mut buf = vec![0u8; 64 * 1024];
     let mut file: Option<File> = None;
     let mut written = 0u64;
+    // The file could not be created or written: the rest is counted and dropped.
+    let mut broken = false;
     loop {
         let n = match reader.read(&mut buf).await {
             Ok(0) => break,
@@ -513,26 +543,54 @@ async fn spool(
             Err(_) => break,
         };
         stats.produced.fetch_add(n as u64, Ordering::Relaxed);
-        let keep = (cap.saturating_sub(written) as usize).min(n);
+        let keep = if broken {
+            0
+        } else {
+            (cap.saturating_sub(written) as usize).min(n)
+        };
         if keep > 0 && file.is_none() {
             match open_spool(path) {
                 Ok(f) => file = Some(f),
                 Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "could not create spool file; dropping output")
+                    tracing::warn!(path = %path.display(), error = %e, "could not create spool file; dropping output");
+                    stats.cut(|| spool_failure("creating", path, &e));
+                    broken = true;
                 }
             }
         }
+        let mut kept = 0;
         if let (true, Some(f)) = (keep > 0, file.as_mut()) {
-            if f.write_all(&buf[..keep]).is_ok() {
-                written += keep as u64;
-                stats.written.store(written, Ordering::Relaxed);
+            // By hand rather than `write_all`, to count what a failing write left in the
+            // file.
+            while kept < keep {
+                match f.write(&buf[kept..keep]) {
+                    Ok(0) => {
+                        let e = io::Error::from(io::ErrorKind::WriteZero);
+                        stats.cut(|| spool_failure("writing", path, &e));
+                        broken = true;
+                        break;
+                    }
+                    Ok(k) => kept += k,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "could not write spool file; dropping the rest of the output");
+                        stats.cut(|| spool_failure("writing", path, &e));
+                        broken = true;
+                        break;
+                    }
+                }
+            }
+            written += kept as u64;
+            stats.written.store(written, Ordering::Relaxed);
+            if broken {
+                file = None;
             }
         }
-        if keep < n {
-            stats.truncated.store(true, Ordering::Relaxed);
+        if kept < n {
+            stats.cut(|| format!("cap of {cap} bytes reached"));
         }
         // Followers only care about bytes they can read.
-        if keep > 0 {
+        if kept > 0 {
             notify();
         }
     }

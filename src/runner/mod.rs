@@ -90,6 +90,10 @@ pub struct Health {
     /// What keeps jobs away from the runner: `landlock+signals`, `landlock` or `none`.
     #[serde(default)]
     pub isolation: String,
+    /// Job state changes held in memory because the job database could not take them (a
+    /// full disk); written as soon as it can.
+    #[serde(default)]
+    pub commits_pending: u64,
 }
 
 /// Paths of a runner's state.

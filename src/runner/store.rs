@@ -5,13 +5,20 @@
 //! next one to reconcile. WAL with `synchronous=NORMAL` survives any process crash; only
 //! a power loss may drop the last commits. Writes go through one writer thread that
 //! commits in groups (see [`Store`]); reads block: use them off the runtime.
+//!
+//! A state change the database refuses for want of room (`SQLITE_FULL`, an I/O error, a
+//! lock held too long) is not dropped: the writer holds it in memory, in order, and tries
+//! again with backoff until it is committed. Meanwhile reads show it (`commit_pending`),
+//! so the API never reports a job that ended as still running. New jobs are refused while
+//! the disk is full or too many changes are held (see [`StoreError::is_disk_full`]).
 
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rusqlite::types::Value;
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Row};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::oneshot;
@@ -53,6 +60,9 @@ const MIGRATIONS: &[&str] = &[
     // on disk, which until now was what `*_bytes` held.
     "ALTER TABLE jobs ADD COLUMN spooled_bytes INTEGER NOT NULL DEFAULT 0;
     UPDATE jobs SET spooled_bytes = stdout_bytes + stderr_bytes;",
+    // 3: why a job's spooled output is shorter than what it printed (JSON, see
+    // `Truncation`); NULL when it is not, as for every job recorded before.
+    "ALTER TABLE jobs ADD COLUMN output_truncated TEXT;",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -107,6 +117,23 @@ impl JobState {
     }
 }
 
+/// Why a job's spooled output is shorter than what it printed, per stream: the cap was
+/// reached, or the spool file could not be written (a full disk).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Truncation {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
+}
+
+impl Truncation {
+    /// `None` when neither stream was cut.
+    pub fn of(stdout: Option<String>, stderr: Option<String>) -> Option<Self> {
+        (stdout.is_some() || stderr.is_some()).then_some(Self { stdout, stderr })
+    }
+}
+
 /// One job as stored and as the API reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobRecord {
@@ -127,9 +154,16 @@ pub struct JobRecord {
     pub stderr_bytes: u64,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
+    /// Why output was cut short, per stream; `None` when it was not.
+    #[serde(default)]
+    pub output_truncated: Option<Truncation>,
     pub created_ms: i64,
     pub started_ms: Option<i64>,
     pub finished_ms: Option<i64>,
+    /// The state shown is held in memory: the database could not take it yet (a full
+    /// disk), and the runner writes it as soon as it can. Lost if the runner dies first.
+    #[serde(default)]
+    pub commit_pending: bool,
 }
 
 /// How a job ended, as recorded.
@@ -145,6 +179,7 @@ pub struct Outcome {
     pub spooled_bytes: u64,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
+    pub output_truncated: Option<Truncation>,
 }
 
 #[derive(Debug, Error)]
@@ -163,6 +198,10 @@ pub enum StoreError {
     },
     #[error("job database {path}: commit failed: {reason}")]
     Commit { path: PathBuf, reason: String },
+    #[error("job database {path}: the disk is full ({reason}): free space on its file system and try again")]
+    Full { path: PathBuf, reason: String },
+    #[error("job database {path}: {count} job state changes wait in memory to be written (is its disk full?): no new jobs until they are")]
+    Backlog { path: PathBuf, count: usize },
     #[error("job database {path}: its writer thread has stopped")]
     WriterGone { path: PathBuf },
     #[error("job database {path}: could not start its writer thread")]
@@ -180,6 +219,39 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// The write failed for want of room: the API answers 507, not 500.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            StoreError::Full { .. } | StoreError::Backlog { .. } => true,
+            StoreError::Sql { source, .. } => {
+                source.sqlite_error_code() == Some(ErrorCode::DiskFull)
+            }
+            _ => false,
+        }
+    }
+
+    /// Worth trying again later: the same write may well succeed once there is room, the
+    /// lock is free, or the I/O error has passed.
+    fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Commit { .. } | StoreError::Full { .. } => true,
+            StoreError::Sql { source, .. } => matches!(
+                source.sqlite_error_code(),
+                Some(
+                    ErrorCode::DiskFull
+                        | ErrorCode::SystemIoFailure
+                        | ErrorCode::DatabaseBusy
+                        | ErrorCode::DatabaseLocked
+                        | ErrorCode::OutOfMemory
+                        | ErrorCode::CannotOpen
+                )
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// The result of inserting a job with a client-chosen id.
 pub enum Inserted {
     New(JobRecord),
@@ -189,6 +261,14 @@ pub enum Inserted {
     Conflict(JobRecord),
 }
 
+/// What became of a state change once the writer first tried it.
+pub enum Recorded {
+    Committed,
+    /// Not committed yet (the disk is full?): held in memory and shown by reads, retried
+    /// until it is; the pending resolves then.
+    Held(Pending<()>),
+}
+
 /// The job database: one writer thread that commits in groups, and one connection for
 /// reads, which WAL lets run beside the writer.
 ///
@@ -196,22 +276,218 @@ pub enum Inserted {
 /// transaction holding them has been committed. Whatever is queued when the writer wakes
 /// goes into one transaction, so N jobs changing state at once cost one commit, not N;
 /// each write runs in its own savepoint, so one failing write does not undo the others.
+/// State changes (`mark_*`) that cannot be committed are held and retried (see
+/// [`Recorded::Held`]).
 pub struct Store {
     path: Arc<Path>,
     read: Mutex<Connection>,
-    writes: Option<mpsc::Sender<Write>>,
+    /// State changes the writer holds; locked before `read` whenever both are.
+    held: Arc<Mutex<Held>>,
+    held_count: Arc<AtomicUsize>,
+    /// With this many changes held, new jobs are refused.
+    max_held: usize,
+    writes: Option<mpsc::Sender<Msg>>,
     writer: Option<std::thread::JoinHandle<()>>,
+    #[cfg(test)]
+    faults: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// Runs a write's statements (or, when told the batch's transaction is gone, only fails);
 /// returns what to tell its caller once the batch's commit succeeded (`None`) or failed
-/// (`Some(reason)`).
+/// (`Some(reason, full)`).
 type Write = Box<dyn FnOnce(&Connection, bool) -> Reply + Send>;
-type Reply = Box<dyn FnOnce(Option<&str>) + Send>;
+type Reply = Box<dyn FnOnce(Option<&(String, bool)>) + Send>;
+
+/// What the writer is sent: a one-off write, or a state change it holds until committed.
+enum Msg {
+    Write(Write),
+    Change(Transition, oneshot::Sender<Result<Recorded, StoreError>>),
+}
 
 /// More writes than this wait for the next transaction, so that no caller waits behind an
 /// unbounded batch.
 const MAX_BATCH: usize = 256;
+/// Changes held in memory beyond which new jobs are refused. Each job makes at most
+/// four, and the jobs that make them are bounded by the queue and `max_jobs`.
+pub const MAX_HELD: usize = 4096;
+/// The first pause before held changes are tried again; it doubles up to `MAX_RETRY`,
+/// and any successful write in between tries them at once.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const MAX_RETRY: Duration = Duration::from_secs(5);
+
+/// A job state change as data, so that one the database refused can be tried again and
+/// shown meanwhile.
+#[derive(Debug, Clone)]
+struct Transition {
+    id: String,
+    /// When it happened (not when it was committed).
+    at_ms: i64,
+    change: Change,
+}
+
+#[derive(Debug, Clone)]
+enum Change {
+    Starting {
+        admitted_ms: i64,
+    },
+    Running {
+        pid: i32,
+        start_time: Option<u64>,
+        confinement: String,
+    },
+    Finished {
+        state: JobState,
+        outcome: Box<Outcome>,
+    },
+}
+
+/// The statement of a state change: `state` is ?1, the job's id ?2, the extra columns
+/// from ?3 on. Built at compile time, so a transition formats nothing.
+macro_rules! update {
+    ($set:literal) => {
+        concat!("UPDATE jobs SET state = ?1", $set, " WHERE id = ?2")
+    };
+}
+
+impl Transition {
+    fn state(&self) -> JobState {
+        match &self.change {
+            Change::Starting { .. } => JobState::Starting,
+            Change::Running { .. } => JobState::Running,
+            Change::Finished { state, .. } => *state,
+        }
+    }
+
+    /// Sets the job's columns and records the transition. Running it twice changes nothing
+    /// more than running it once, but for a second row in `transitions`: it is only run
+    /// again when the first did not commit.
+    fn apply_sql(&self, c: &Connection, path: &Path) -> Result<(), StoreError> {
+        let state = self.state().as_str();
+        let id = &self.id;
+        match &self.change {
+            Change::Starting { admitted_ms } => c
+                .prepare_cached(update!(", started_ms = ?3"))
+                .and_then(|mut s| s.execute(params![state, id, admitted_ms])),
+            Change::Running {
+                pid,
+                start_time,
+                confinement,
+            } => c
+                .prepare_cached(update!(", pid = ?3, start_time = ?4, confinement = ?5"))
+                .and_then(|mut s| {
+                    s.execute(params![
+                        state,
+                        id,
+                        pid,
+                        start_time.map(|t| t as i64),
+                        confinement
+                    ])
+                }),
+            Change::Finished { outcome: o, .. } => {
+                let truncated = o
+                    .output_truncated
+                    .as_ref()
+                    .and_then(|t| serde_json::to_string(t).ok());
+                c.prepare_cached(update!(
+                    ", exit_code = ?3, signal = ?4, error = ?5, stdout_bytes = ?6, \
+                     stderr_bytes = ?7, stdout_truncated = ?8, stderr_truncated = ?9, \
+                     finished_ms = ?10, output_truncated = ?11, spooled_bytes = ?12"
+                ))
+                .and_then(|mut s| {
+                    s.execute(params![
+                        state,
+                        id,
+                        o.exit_code,
+                        o.signal,
+                        o.error,
+                        o.stdout_bytes as i64,
+                        o.stderr_bytes as i64,
+                        o.stdout_truncated,
+                        o.stderr_truncated,
+                        self.at_ms,
+                        truncated,
+                        o.spooled_bytes as i64
+                    ])
+                })
+            }
+        }
+        .and_then(|_| {
+            c.prepare_cached(
+                "INSERT INTO transitions (job_seq, state, at_ms) SELECT seq, ?1, ?2 FROM jobs WHERE id = ?3",
+            )?
+            .execute(params![state, self.at_ms, id])
+        })
+        .map(|_| ())
+        .map_err(sql(path))
+    }
+
+    /// What the record looks like with this change, as `apply_sql` would make it.
+    fn apply_to(&self, rec: &mut JobRecord) {
+        rec.state = self.state();
+        rec.commit_pending = true;
+        match &self.change {
+            Change::Starting { admitted_ms } => rec.started_ms = Some(*admitted_ms),
+            Change::Running {
+                pid,
+                start_time,
+                confinement,
+            } => {
+                rec.pid = Some(*pid);
+                rec.start_time = *start_time;
+                rec.confinement = Some(confinement.clone());
+            }
+            Change::Finished { outcome: o, .. } => {
+                rec.exit_code = o.exit_code;
+                rec.signal = o.signal;
+                rec.error = o.error.clone();
+                rec.stdout_bytes = o.stdout_bytes;
+                rec.stderr_bytes = o.stderr_bytes;
+                rec.stdout_truncated = o.stdout_truncated;
+                rec.stderr_truncated = o.stderr_truncated;
+                rec.output_truncated = o.output_truncated.clone();
+                rec.finished_ms = Some(self.at_ms);
+            }
+        }
+    }
+}
+
+/// The state changes the writer holds, per job, oldest first: what reads lay over the
+/// database until they are committed.
+#[derive(Default)]
+struct Held {
+    by_job: HashMap<String, VecDeque<Transition>>,
+    /// How many, readable without the lock: reads skip it while nothing is held, so they
+    /// never make a submission or the health check wait.
+    count: Arc<AtomicUsize>,
+}
+
+impl Held {
+    fn push(&mut self, t: &Transition) {
+        self.by_job
+            .entry(t.id.clone())
+            .or_default()
+            .push_back(t.clone());
+        self.count.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Forgets the oldest held change of `id`: changes of a job commit in order.
+    fn pop(&mut self, id: &str) {
+        if let Some(q) = self.by_job.get_mut(id) {
+            if q.pop_front().is_some() {
+                self.count.fetch_sub(1, Ordering::SeqCst);
+            }
+            if q.is_empty() {
+                self.by_job.remove(id);
+            }
+        }
+    }
+
+    fn apply(&self, rec: &mut JobRecord) {
+        for t in self.by_job.get(&rec.id).into_iter().flatten() {
+            t.apply_to(rec);
+        }
+    }
+}
 
 /// A queued write: `.await` it, or [`Pending::wait`] outside the runtime. Dropping it does
 /// not cancel the write; a failure nobody waits for is logged.
@@ -230,6 +506,13 @@ impl<T> Pending<T> {
                 path: path.to_path_buf(),
             })
         })
+    }
+
+    /// A pending that has already failed.
+    fn failed(path: Arc<Path>, e: StoreError) -> Self {
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(Err(e));
+        Self { rx, path }
     }
 }
 
@@ -261,19 +544,11 @@ macro_rules! columns {
     () => {
         "seq, id, owner, spec, state, pid, start_time, exit_code, signal, error, confinement, \
          stdout_bytes, stderr_bytes, stdout_truncated, stderr_truncated, created_ms, started_ms, \
-         finished_ms"
+         finished_ms, output_truncated"
     };
 }
 
 const GET: &str = concat!("SELECT ", columns!(), " FROM jobs WHERE id = ?1");
-
-/// The statement of a state change: `state` is ?1, the job's id ?2, the extra columns
-/// from ?3 on. Built at compile time, so a transition formats nothing.
-macro_rules! update {
-    ($set:literal) => {
-        concat!("UPDATE jobs SET state = ?1", $set, " WHERE id = ?2")
-    };
-}
 
 fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
     move |source| StoreError::Sql {
@@ -348,6 +623,10 @@ fn record(path: &Path, row: &Row<'_>) -> rusqlite::Result<Result<JobRecord, Stor
         created_ms: row.get(15)?,
         started_ms: row.get(16)?,
         finished_ms: row.get(17)?,
+        output_truncated: row
+            .get::<_, Option<String>>(18)?
+            .and_then(|t| serde_json::from_str(&t).ok()),
+        commit_pending: false,
         id,
     }))
 }
@@ -358,6 +637,22 @@ fn get_on(c: &Connection, path: &Path, id: &str) -> Result<Option<JobRecord>, St
         .optional()
         .map_err(sql(path))?
         .transpose()
+}
+
+fn query_on(
+    c: &Connection,
+    path: &Path,
+    sql_text: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<JobRecord>, StoreError> {
+    let rows = c
+        .prepare_cached(sql_text)
+        .and_then(|mut stmt| {
+            stmt.query_map(params, |r| record(path, r))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(sql(path))?;
+    rows.into_iter().collect()
 }
 
 /// Runs `f` in a savepoint of the batch's transaction: undone alone when it fails.
@@ -378,48 +673,253 @@ fn in_savepoint<T>(
     result
 }
 
-/// The writer thread: takes whatever writes are queued, runs them in one transaction,
-/// commits once and answers each. Ends when the store is dropped.
-fn write_loop(conn: Connection, path: Arc<Path>, queue: mpsc::Receiver<Write>) {
-    let mut batch = Vec::new();
-    while let Ok(first) = queue.recv() {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(w) => batch.push(w),
-                Err(_) => break,
+/// A state change the writer has not committed yet, and whom to tell when it is.
+struct Unsaved {
+    t: Transition,
+    reply: Answer,
+}
+
+enum Answer {
+    /// Its caller waits for the first try.
+    First(oneshot::Sender<Result<Recorded, StoreError>>),
+    /// Its caller was told `Held`, and waits for the commit.
+    Later(oneshot::Sender<Result<(), StoreError>>),
+}
+
+/// One write of a batch, once run, before its commit.
+enum Step {
+    Write(Reply),
+    Change(Unsaved, Tried),
+}
+
+enum Tried {
+    Applied,
+    /// Not run, or run and refused for a reason that may pass: held for the next try.
+    Deferred,
+    Failed(StoreError),
+}
+
+/// The writer thread's state. It takes whatever is queued, runs it in one transaction,
+/// commits once and answers each write; held changes go first when they are due, and a
+/// change never overtakes one queued before it.
+struct Writer {
+    conn: Connection,
+    path: Arc<Path>,
+    held: Arc<Mutex<Held>>,
+    /// Changes not committed yet, oldest first; `held` shows the same to reads.
+    unsaved: VecDeque<Unsaved>,
+    retry_at: Instant,
+    backoff: Duration,
+    #[cfg(test)]
+    faults: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Writer {
+    /// Ends when the store is dropped, after one last try of what it holds.
+    fn run(mut self, queue: mpsc::Receiver<Msg>) {
+        loop {
+            let first = if self.unsaved.is_empty() {
+                match queue.recv() {
+                    Ok(m) => Some(m),
+                    Err(_) => break,
+                }
+            } else {
+                match queue.recv_timeout(self.retry_at.saturating_duration_since(Instant::now())) {
+                    Ok(m) => Some(m),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            };
+            let mut msgs: Vec<Msg> = first.into_iter().collect();
+            while msgs.len() < MAX_BATCH {
+                match queue.try_recv() {
+                    Ok(m) => msgs.push(m),
+                    Err(_) => break,
+                }
+            }
+            let retry = !self.unsaved.is_empty() && Instant::now() >= self.retry_at;
+            self.batch(msgs, retry);
+        }
+        if !self.unsaved.is_empty() {
+            self.batch(Vec::new(), true);
+        }
+        for u in self.unsaved.drain(..) {
+            tracing::error!(db = %self.path.display(), job = %u.t.id, state = u.t.state().as_str(), "the runner stops before this job state change could be recorded: the next runner reconciles the job");
+        }
+    }
+
+    /// Test hook: fails the next change as a full disk would.
+    fn fault(&self) -> Option<StoreError> {
+        #[cfg(test)]
+        {
+            let take = self
+                .faults
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            if take.is_ok() {
+                return Some(StoreError::Sql {
+                    path: self.path.to_path_buf(),
+                    source: rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+                        Some("injected".into()),
+                    ),
+                });
             }
         }
+        None
+    }
+
+    /// One transaction: the held changes first when `retry`, then `msgs` in order.
+    fn batch(&mut self, msgs: Vec<Msg>, retry: bool) {
+        let episode = !self.unsaved.is_empty();
         // If BEGIN fails (something else holds the database past the busy timeout), the
         // whole batch fails at once rather than each write waiting out the timeout again.
-        let began = conn.execute_batch("BEGIN IMMEDIATE");
+        let began = self.conn.execute_batch("BEGIN IMMEDIATE");
         if let Err(e) = &began {
-            tracing::error!(db = %path.display(), error = %e, "could not begin a transaction for job records");
+            tracing::error!(db = %self.path.display(), error = %e, "could not begin a transaction for job records");
         }
         let in_tx = began.is_ok();
         // Some errors (SQLITE_FULL, IOERR, NOMEM) roll the whole transaction back, not
         // just the savepoint. The writes after that must not run on their own in
         // autocommit while their batch is reported failed: they fail too.
         let mut lost = !in_tx;
-        let replies: Vec<Reply> = batch
-            .drain(..)
-            .map(|w| {
-                let reply = w(&conn, lost);
-                lost = lost || (in_tx && conn.is_autocommit());
-                reply
-            })
-            .collect();
+        // A change waits behind every change queued before it that is not committed, so
+        // that a job's changes land in order.
+        let mut blocked = !retry && !self.unsaved.is_empty();
+        let mut attempted = false;
+        let mut refused = false;
+        let mut writes = false;
+        let earlier = if retry {
+            std::mem::take(&mut self.unsaved)
+        } else {
+            VecDeque::new()
+        };
+        let mut steps = Vec::with_capacity(earlier.len() + msgs.len());
+        let mut change = |w: &Self, u: Unsaved, lost: &mut bool| {
+            if blocked || *lost {
+                blocked = true;
+                return Step::Change(u, Tried::Deferred);
+            }
+            attempted = true;
+            let r = match w.fault() {
+                Some(e) => Err(e),
+                None => in_savepoint(&w.conn, &w.path, |c, p| u.t.apply_sql(c, p)),
+            };
+            *lost = *lost || (in_tx && w.conn.is_autocommit());
+            match r {
+                Ok(()) => Step::Change(u, Tried::Applied),
+                Err(e) if e.is_transient() => {
+                    tracing::debug!(db = %w.path.display(), job = %u.t.id, error = %crate::error_chain(&e), "a job state change was refused");
+                    blocked = true;
+                    refused = true;
+                    Step::Change(u, Tried::Deferred)
+                }
+                Err(e) => Step::Change(u, Tried::Failed(e)),
+            }
+        };
+        for u in earlier {
+            steps.push(change(self, u, &mut lost));
+        }
+        for m in msgs {
+            match m {
+                Msg::Write(w) => {
+                    writes = true;
+                    let reply = w(&self.conn, lost);
+                    lost = lost || (in_tx && self.conn.is_autocommit());
+                    steps.push(Step::Write(reply));
+                }
+                Msg::Change(t, tx) => steps.push(change(
+                    self,
+                    Unsaved {
+                        t,
+                        reply: Answer::First(tx),
+                    },
+                    &mut lost,
+                )),
+            }
+        }
         let failed = if in_tx {
-            conn.execute_batch("COMMIT").err().map(|e| {
-                let _ = conn.execute_batch("ROLLBACK");
-                tracing::error!(db = %path.display(), error = %e, "could not commit job records");
-                e.to_string()
+            self.conn.execute_batch("COMMIT").err().map(|e| {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                if !episode {
+                    tracing::error!(db = %self.path.display(), error = %e, "could not commit job records");
+                }
+                let full = e.sqlite_error_code() == Some(ErrorCode::DiskFull);
+                (e.to_string(), full)
             })
         } else {
             None
         };
-        for reply in replies {
-            reply(failed.as_deref());
+        let committed = in_tx && failed.is_none();
+        let mut applied = false;
+        for step in steps {
+            match step {
+                Step::Write(reply) => reply(failed.as_ref()),
+                Step::Change(u, Tried::Applied) if committed => {
+                    applied = true;
+                    self.saved(u);
+                }
+                Step::Change(u, Tried::Applied | Tried::Deferred) => self.hold(u),
+                Step::Change(u, Tried::Failed(e)) => self.fail(u, e),
+            }
+        }
+        let now = Instant::now();
+        if self.unsaved.is_empty() {
+            if episode {
+                tracing::info!(db = %self.path.display(), "every held job state change is now recorded");
+            }
+            self.backoff = FIRST_RETRY;
+        } else if (retry || attempted) && (refused || !committed) {
+            if !episode {
+                tracing::warn!(db = %self.path.display(), held = self.unsaved.len(), "could not record job state changes (is the disk full?): holding them in memory and trying again until they are");
+            }
+            self.retry_at = now + self.backoff;
+            self.backoff = (self.backoff * 2).min(MAX_RETRY);
+        } else if committed && (applied || writes) {
+            // Something was just written: there is room again, so the held go next.
+            self.retry_at = now;
+        }
+    }
+
+    fn saved(&mut self, u: Unsaved) {
+        match u.reply {
+            Answer::First(tx) => {
+                let _ = tx.send(Ok(Recorded::Committed));
+            }
+            Answer::Later(tx) => {
+                crate::util::lock(&self.held).pop(&u.t.id);
+                let _ = tx.send(Ok(()));
+            }
+        }
+    }
+
+    /// Keeps `u` for the next try; the first time, shows it to reads before its caller
+    /// learns it is held.
+    fn hold(&mut self, u: Unsaved) {
+        let reply = match u.reply {
+            Answer::First(tx) => {
+                crate::util::lock(&self.held).push(&u.t);
+                let (later, rx) = oneshot::channel();
+                let _ = tx.send(Ok(Recorded::Held(Pending {
+                    rx,
+                    path: self.path.clone(),
+                })));
+                Answer::Later(later)
+            }
+            later => later,
+        };
+        self.unsaved.push_back(Unsaved { t: u.t, reply });
+    }
+
+    fn fail(&mut self, u: Unsaved, e: StoreError) {
+        tracing::error!(db = %self.path.display(), job = %u.t.id, state = u.t.state().as_str(), error = %crate::error_chain(&e), "could not record a job's change");
+        match u.reply {
+            Answer::First(tx) => {
+                let _ = tx.send(Err(e));
+            }
+            Answer::Later(tx) => {
+                crate::util::lock(&self.held).pop(&u.t.id);
+                let _ = tx.send(Err(e));
+            }
         }
     }
 }
@@ -435,10 +935,24 @@ impl Store {
             .map_err(sql(path))?;
         let path: Arc<Path> = path.into();
         let (tx, rx) = mpsc::channel();
-        let wpath = path.clone();
+        let held = Held::default();
+        let held_count = held.count.clone();
+        let held = Arc::new(Mutex::new(held));
+        #[cfg(test)]
+        let faults = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let writer = Writer {
+            conn: writer_conn,
+            path: path.clone(),
+            held: held.clone(),
+            unsaved: VecDeque::new(),
+            retry_at: Instant::now(),
+            backoff: FIRST_RETRY,
+            #[cfg(test)]
+            faults: faults.clone(),
+        };
         let writer = std::thread::Builder::new()
             .name("jobs-db-writer".into())
-            .spawn(move || write_loop(writer_conn, wpath, rx))
+            .spawn(move || writer.run(rx))
             .map_err(|source| StoreError::Thread {
                 path: path.to_path_buf(),
                 source,
@@ -446,9 +960,32 @@ impl Store {
         Ok(Self {
             path,
             read: Mutex::new(read),
+            held,
+            held_count,
+            max_held: MAX_HELD,
             writes: Some(tx),
             writer: Some(writer),
+            #[cfg(test)]
+            faults,
         })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How many state changes wait in memory to be committed.
+    pub fn held_count(&self) -> usize {
+        self.held_count.load(Ordering::SeqCst)
+    }
+
+    fn send(&self, m: Msg) {
+        if let Some(writes) = &self.writes {
+            // A send fails only when the writer thread is gone; the dropped reply channel
+            // then tells the caller.
+            let _ = writes.send(m);
+        }
     }
 
     /// Queues `f` for the writer.
@@ -468,9 +1005,13 @@ impl Store {
             } else {
                 in_savepoint(conn, &path, f)
             };
-            Box::new(move |failed: Option<&str>| {
+            Box::new(move |failed: Option<&(String, bool)>| {
                 let result = match (result, failed) {
-                    (Ok(_), Some(reason)) => Err(StoreError::Commit {
+                    (Ok(_), Some((reason, true))) => Err(StoreError::Full {
+                        path: path.to_path_buf(),
+                        reason: reason.to_owned(),
+                    }),
+                    (Ok(_), Some((reason, false))) => Err(StoreError::Commit {
                         path: path.to_path_buf(),
                         reason: reason.to_owned(),
                     }),
@@ -481,37 +1022,27 @@ impl Store {
                 }
             })
         });
-        if let Some(writes) = &self.writes {
-            // A send fails only when the writer thread is gone; the dropped reply channel
-            // then tells the caller.
-            let _ = writes.send(w);
-        }
+        self.send(Msg::Write(w));
         Pending {
             rx,
             path: self.path.clone(),
         }
     }
 
-    fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
-        let conn = crate::util::lock(&self.read);
-        f(&conn).map_err(sql(&self.path))
-    }
-
-    fn query(
-        &self,
-        sql_text: &str,
-        params: impl rusqlite::Params,
-    ) -> Result<Vec<JobRecord>, StoreError> {
-        let rows = self.with(|c| {
-            let mut stmt = c.prepare_cached(sql_text)?;
-            let rows = stmt.query_map(params, |r| record(&self.path, r))?;
-            rows.collect::<rusqlite::Result<Vec<_>>>()
-        })?;
-        rows.into_iter().collect()
-    }
-
-    /// Inserts a queued job, or finds the job that already has this id.
+    /// Inserts a queued job, or finds the job that already has this id. Refused with
+    /// [`StoreError::Full`] when the disk is full, or [`StoreError::Backlog`] while
+    /// [`MAX_HELD`] changes wait to be written.
     pub fn insert(&self, id: &str, spec: &JobSpec) -> Pending<Inserted> {
+        let held = self.held_count();
+        if held >= self.max_held {
+            return Pending::failed(
+                self.path.clone(),
+                StoreError::Backlog {
+                    path: self.path.to_path_buf(),
+                    count: held,
+                },
+            );
+        }
         let (id, owner, canonical) = (id.to_owned(), spec.owner().to_owned(), spec.canonical());
         self.write(move |c, path| {
             if let Some(existing) = get_on(c, path, &id)? {
@@ -532,7 +1063,13 @@ impl Store {
                 )?
                 .execute(params![now])
             })
-            .map_err(sql(path))?;
+            .map_err(|source| match source.sqlite_error_code() {
+                Some(ErrorCode::DiskFull) => StoreError::Full {
+                    path: path.to_owned(),
+                    reason: source.to_string(),
+                },
+                _ => sql(path)(source),
+            })?;
             let rec = get_on(c, path, &id)?.ok_or_else(|| StoreError::Sql {
                 path: path.to_owned(),
                 source: rusqlite::Error::QueryReturnedNoRows,
@@ -541,12 +1078,25 @@ impl Store {
         })
     }
 
+    /// The record, with the changes held in memory laid over it.
     pub fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+        if self.held_count() == 0 {
+            let conn = crate::util::lock(&self.read);
+            return get_on(&conn, &self.path, id);
+        }
+        // Held across the read, so a change committed meanwhile is seen either in the
+        // row or in `held` (applying it to a row that has it changes nothing).
+        let held = crate::util::lock(&self.held);
         let conn = crate::util::lock(&self.read);
-        get_on(&conn, &self.path, id)
+        let mut rec = get_on(&conn, &self.path, id)?;
+        if let Some(r) = rec.as_mut() {
+            held.apply(r);
+        }
+        Ok(rec)
     }
 
-    /// Newest first, optionally filtered, paged by `before` (a `seq`).
+    /// Newest first, optionally filtered, paged by `before` (a `seq`); with the changes
+    /// held in memory laid over them, filters included.
     pub fn list(
         &self,
         state: Option<JobState>,
@@ -554,18 +1104,53 @@ impl Store {
         before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<JobRecord>, StoreError> {
-        self.query(
-            concat!(
-                "SELECT ",
-                columns!(),
-                " FROM jobs WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR owner = ?2) \
-                 AND (?3 IS NULL OR seq < ?3) ORDER BY seq DESC LIMIT ?4"
-            ),
-            params![state.map(JobState::as_str), owner, before, limit],
-        )
+        const LIST: &str = concat!(
+            "SELECT ",
+            columns!(),
+            " FROM jobs WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR owner = ?2) \
+             AND (?3 IS NULL OR seq < ?3) ORDER BY seq DESC LIMIT ?4"
+        );
+        let query = |conn: &Connection, limit: usize| {
+            query_on(
+                conn,
+                &self.path,
+                LIST,
+                params![state.map(JobState::as_str), owner, before, limit as i64],
+            )
+        };
+        if self.held_count() == 0 {
+            return query(&crate::util::lock(&self.read), limit as usize);
+        }
+        // As in `get`.
+        let held = crate::util::lock(&self.held);
+        let conn = crate::util::lock(&self.read);
+        // Held changes may move jobs out of the filter (so ask for as many more) or
+        // into it (so look at each of them).
+        let mut recs = query(&conn, limit as usize + held.by_job.len())?;
+        for id in held.by_job.keys() {
+            if !recs.iter().any(|r| &r.id == id) {
+                recs.extend(get_on(&conn, &self.path, id)?);
+            }
+        }
+        for r in &mut recs {
+            held.apply(r);
+        }
+        recs.retain(|r| {
+            state.is_none_or(|s| r.state == s)
+                && owner.is_none_or(|o| r.owner == o)
+                && before.is_none_or(|b| r.seq < b)
+        });
+        recs.sort_by_key(|r| std::cmp::Reverse(r.seq));
+        recs.truncate(limit as usize);
+        Ok(recs)
     }
 
-    /// Jobs in these states, oldest first.
+    fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+        let conn = crate::util::lock(&self.read);
+        f(&conn).map_err(sql(&self.path))
+    }
+
+    /// Jobs in these states as committed, oldest first.
     pub fn in_states(&self, states: &[JobState]) -> Result<Vec<JobRecord>, StoreError> {
         let list: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
         let sql_text = format!(
@@ -579,47 +1164,31 @@ impl Store {
                 .collect::<Vec<_>>()
                 .join(",")
         );
-        self.query(&sql_text, [])
+        let conn = crate::util::lock(&self.read);
+        query_on(&conn, &self.path, &sql_text, [])
     }
 
-    /// Sets the job's state with `update` (see `update!`; `values` are bound from ?3 on)
-    /// and records the transition.
-    fn transition(
-        &self,
-        id: &str,
-        state: JobState,
-        update: &'static str,
-        values: Vec<Value>,
-    ) -> Pending<()> {
-        let id = id.to_owned();
-        self.write(move |c, path| {
-            let now = now_ms();
-            let state_text = state.as_str();
-            let mut all: Vec<&dyn rusqlite::ToSql> = vec![&state_text, &id];
-            all.extend(values.iter().map(|v| v as &dyn rusqlite::ToSql));
-            c.prepare_cached(update)
-                .and_then(|mut s| s.execute(all.as_slice()))
-                .and_then(|_| {
-                    c.prepare_cached(
-                        "INSERT INTO transitions (job_seq, state, at_ms) SELECT seq, ?1, ?2 FROM jobs WHERE id = ?3",
-                    )?
-                    .execute(params![state_text, now, id])
-                })
-                .map(|_| ())
-                .map_err(sql(path))
-        })
+    /// Queues a state change. It resolves after the first try: committed, or held and
+    /// retried until it is.
+    fn transition(&self, id: &str, change: Change) -> Pending<Recorded> {
+        let (tx, rx) = oneshot::channel();
+        let t = Transition {
+            id: id.to_owned(),
+            at_ms: now_ms(),
+            change,
+        };
+        self.send(Msg::Change(t, tx));
+        Pending {
+            rx,
+            path: self.path.clone(),
+        }
     }
 
     /// `admitted_ms` is when the scheduler took the job off the queue: it becomes the
     /// job's `started_ms`, so start times follow admission order (FIFO) even when several
     /// jobs launch at once.
-    pub fn mark_starting(&self, id: &str, admitted_ms: i64) -> Pending<()> {
-        self.transition(
-            id,
-            JobState::Starting,
-            update!(", started_ms = ?3"),
-            vec![admitted_ms.into()],
-        )
+    pub fn mark_starting(&self, id: &str, admitted_ms: i64) -> Pending<Recorded> {
+        self.transition(id, Change::Starting { admitted_ms })
     }
 
     pub fn mark_running(
@@ -628,39 +1197,24 @@ impl Store {
         pid: i32,
         start_time: Option<u64>,
         confinement: &str,
-    ) -> Pending<()> {
+    ) -> Pending<Recorded> {
         self.transition(
             id,
-            JobState::Running,
-            update!(", pid = ?3, start_time = ?4, confinement = ?5"),
-            vec![
-                pid.into(),
-                start_time.map(|t| t as i64).into(),
-                confinement.to_owned().into(),
-            ],
+            Change::Running {
+                pid,
+                start_time,
+                confinement: confinement.to_owned(),
+            },
         )
     }
 
-    pub fn mark_finished(&self, id: &str, state: JobState, o: &Outcome) -> Pending<()> {
+    pub fn mark_finished(&self, id: &str, state: JobState, o: &Outcome) -> Pending<Recorded> {
         self.transition(
             id,
-            state,
-            update!(
-                ", exit_code = ?3, signal = ?4, error = ?5, stdout_bytes = ?6, stderr_bytes = ?7, \
-                 stdout_truncated = ?8, stderr_truncated = ?9, finished_ms = ?10, \
-                 spooled_bytes = ?11"
-            ),
-            vec![
-                o.exit_code.into(),
-                o.signal.into(),
-                o.error.clone().into(),
-                (o.stdout_bytes as i64).into(),
-                (o.stderr_bytes as i64).into(),
-                o.stdout_truncated.into(),
-                o.stderr_truncated.into(),
-                now_ms().into(),
-                (o.spooled_bytes as i64).into(),
-            ],
+            Change::Finished {
+                state,
+                outcome: Box::new(o.clone()),
+            },
         )
     }
 
@@ -870,6 +1424,209 @@ mod tests {
         }
         let store = Store::open(&path).unwrap();
         assert_eq!(store.in_states(&[JobState::Queued]).unwrap().len(), 100);
+    }
+
+    /// Fails the next `n` state changes the writer tries as a full disk would.
+    fn fill(store: &Store, n: u32) {
+        store.faults.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn held(r: Recorded) -> Pending<()> {
+        match r {
+            Recorded::Held(later) => later,
+            Recorded::Committed => panic!("committed on a full disk"),
+        }
+    }
+
+    fn finished(code: i32) -> Outcome {
+        Outcome {
+            exit_code: Some(code),
+            stdout_bytes: 3,
+            output_truncated: Truncation::of(Some("disk full writing x".into()), None),
+            ..Outcome::default()
+        }
+    }
+
+    #[test]
+    fn a_refused_change_is_held_shown_and_committed_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+        store.insert("a", &spec(&["true"])).wait().unwrap();
+        // Refused on the first try and on two retries.
+        fill(&store, 3);
+        let starting = held(store.mark_starting("a", 7).wait().unwrap());
+        // Queued behind the held one, so held without a try of its own.
+        let running = held(
+            store
+                .mark_running("a", 42, Some(9), "rlimits")
+                .wait()
+                .unwrap(),
+        );
+        let ended = held(
+            store
+                .mark_finished("a", JobState::Succeeded, &finished(0))
+                .wait()
+                .unwrap(),
+        );
+        assert_eq!(store.held_count(), 3);
+        let shown = store.get("a").unwrap().unwrap();
+        assert_eq!(shown.state, JobState::Succeeded);
+        assert!(shown.commit_pending);
+        assert_eq!((shown.pid, shown.exit_code), (Some(42), Some(0)));
+        let listed = store.list(None, None, None, 10).unwrap();
+        assert_eq!(listed, vec![shown]);
+
+        starting.wait().unwrap();
+        running.wait().unwrap();
+        ended.wait().unwrap();
+        assert_eq!(store.held_count(), 0);
+        let rec = store.get("a").unwrap().unwrap();
+        assert_eq!(rec.state, JobState::Succeeded);
+        assert!(!rec.commit_pending);
+        assert_eq!(
+            (rec.pid, rec.started_ms, rec.exit_code),
+            (Some(42), Some(7), Some(0))
+        );
+        assert_eq!(
+            rec.output_truncated.and_then(|t| t.stdout).as_deref(),
+            Some("disk full writing x")
+        );
+        let states: Vec<String> = store
+            .transitions("a")
+            .unwrap()
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        assert_eq!(states, ["queued", "starting", "running", "succeeded"]);
+    }
+
+    #[test]
+    fn filters_of_a_list_see_held_states() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+        for id in ["a", "b", "c"] {
+            store.insert(id, &spec(&["true"])).wait().unwrap();
+        }
+        fill(&store, u32::MAX);
+        let _a = held(store.mark_starting("a", 1).wait().unwrap());
+        let ids = |state| -> Vec<String> {
+            store
+                .list(Some(state), None, None, 10)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.id)
+                .collect()
+        };
+        assert_eq!(ids(JobState::Queued), ["c", "b"]);
+        assert_eq!(ids(JobState::Starting), ["a"]);
+        // The limit counts what is shown, not what the database holds.
+        let first = store.list(Some(JobState::Queued), None, None, 1).unwrap();
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].id, "c");
+        fill(&store, 0);
+    }
+
+    #[test]
+    fn new_jobs_are_refused_while_too_many_changes_are_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("jobs.db")).unwrap();
+        store.max_held = 2;
+        store.insert("a", &spec(&["true"])).wait().unwrap();
+        fill(&store, u32::MAX);
+        let _s = held(store.mark_starting("a", 1).wait().unwrap());
+        let r = held(store.mark_running("a", 2, None, "none").wait().unwrap());
+        let refused = store.insert("b", &spec(&["true"])).wait();
+        assert!(
+            matches!(&refused, Err(e @ StoreError::Backlog { count: 2, .. }) if e.is_disk_full()),
+            "{:?}",
+            refused.err()
+        );
+        // Space returns: the held changes land at the next try, and jobs are taken again.
+        fill(&store, 0);
+        r.wait().unwrap();
+        store.insert("c", &spec(&["true"])).wait().unwrap();
+        let rec = store.get("a").unwrap().unwrap();
+        assert_eq!(rec.state, JobState::Running, "{rec:?}");
+    }
+
+    #[test]
+    fn a_change_rolled_back_with_its_batch_is_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+        store.insert("a", &spec(&["true"])).wait().unwrap();
+        let (go, hold) = hold_writer(&store);
+        let starting = store.mark_starting("a", 1);
+        // What SQLITE_FULL does to a transaction, after the change ran in it.
+        let rollback = store.write(|c, path| c.execute_batch("ROLLBACK").map_err(sql(path)));
+        go.send(()).unwrap();
+        let _ = hold.wait();
+        let _ = rollback.wait();
+        held(starting.wait().unwrap()).wait().unwrap();
+        let rec = store.get("a").unwrap().unwrap();
+        assert_eq!((rec.state, rec.commit_pending), (JobState::Starting, false));
+    }
+
+    #[test]
+    fn a_real_full_database_refuses_inserts_as_disk_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+        store
+            .write(|c, path| {
+                let pages: i64 = c
+                    .query_row("PRAGMA page_count", [], |r| r.get(0))
+                    .map_err(sql(path))?;
+                c.pragma_update(None, "max_page_count", pages)
+                    .map_err(sql(path))
+            })
+            .wait()
+            .unwrap();
+        let mut big = spec(&["cat"]);
+        big.stdin = Some("x".repeat(256 * 1024));
+        let refused = store.insert("big", &big).wait();
+        assert!(
+            matches!(&refused, Err(e @ StoreError::Full { .. }) if e.is_disk_full()),
+            "{:?}",
+            refused.err()
+        );
+        assert!(store.get("big").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_store_dropped_with_held_changes_stops() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+        store.insert("a", &spec(&["true"])).wait().unwrap();
+        fill(&store, u32::MAX);
+        let later = held(store.mark_starting("a", 1).wait().unwrap());
+        drop(store);
+        assert!(matches!(later.wait(), Err(StoreError::WriterGone { .. })));
+    }
+
+    #[test]
+    fn a_database_of_schema_1_is_migrated_and_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(MIGRATIONS[0]).unwrap();
+            c.pragma_update(None, "user_version", 1).unwrap();
+            c.execute(
+                "INSERT INTO jobs (id, owner, spec, state, exit_code, created_ms) \
+                 VALUES ('old', '', ?1, 'succeeded', 0, 5)",
+                params![spec(&["true"]).canonical()],
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let rec = store.get("old").unwrap().unwrap();
+        assert_eq!((rec.state, rec.exit_code), (JobState::Succeeded, Some(0)));
+        assert_eq!(rec.output_truncated, None);
+        drop(store);
+        let c = Connection::open(&path).unwrap();
+        let version: i64 = c
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version as usize, MIGRATIONS.len());
     }
 
     #[test]

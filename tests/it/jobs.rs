@@ -460,6 +460,11 @@ fn output_beyond_the_cap_is_counted_and_dropped_without_blocking() {
     assert_eq!(rec["stdout_truncated"], true);
     assert_eq!(rec["stderr_bytes"], 5);
     assert_eq!(rec["stderr_truncated"], false);
+    assert_eq!(
+        rec["output_truncated"],
+        json!({"stdout": "cap of 1048576 bytes reached"}),
+        "{rec}"
+    );
     let file = r.runner_dir().join("jobs").join(&id).join("stdout");
     assert_eq!(fs::metadata(&file).expect("spool").len(), 1048576);
     let listed = get_json(&r.socket(), "/v1/jobs").expect("list");

@@ -5,6 +5,7 @@
 //! One test binary (modules below) keeps link time down.
 
 mod agent;
+mod disk;
 mod jobs;
 mod lock;
 mod supervise;
