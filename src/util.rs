@@ -42,32 +42,33 @@ pub mod unix_secs {
 
 /// Replaces `path` atomically with `bytes`: a temporary file in the same directory is
 /// written, fsynced and renamed over it, then the directory is fsynced, so a crash leaves
-/// either the old or the new file, never a torn one.
+/// either the old or the new file, never a torn one. The directory is opened once and
+/// every step goes through that descriptor, so all of them act on the same directory.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write as _;
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let dir = path.parent().unwrap_or_else(|| std::path::Path::new("."));
+    use std::os::unix::fs::PermissionsExt;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
     let name = path
         .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no file name"))?;
+    let dir = crate::sys::dirfd::Dir::open(parent)?;
+    let tmp = format!(".{name}.tmp.{}", std::process::id());
+    // Left by an earlier process with our pid that died mid-write.
+    let _ = dir.remove_file(&tmp);
     let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
+        let mut f = dir.create_new_file(&tmp, mode)?;
         f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         f.write_all(bytes)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        dir.rename(&tmp, name)?;
+        dir.sync()
     })();
     if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = dir.remove_file(&tmp);
     }
     result
 }

@@ -352,8 +352,14 @@ impl FsGuard {
         }
     }
 
-    /// The ruleset for a job whose workspace is `workspace` and working directory `cwd`.
-    pub fn ruleset_for(&self, workspace: &Path, cwd: &Path) -> io::Result<Ruleset> {
+    /// The ruleset for a job whose workspace is `workspace` and whose working directory,
+    /// when the spec names one, is `cwd`: both open already, so the rules are made from the
+    /// very directories that were checked.
+    pub fn ruleset_for(
+        &self,
+        workspace: &crate::sys::dirfd::Dir,
+        cwd: Option<&crate::sys::dirfd::Dir>,
+    ) -> io::Result<Ruleset> {
         let allowed = self.allowed()?;
         let mut ruleset = Ruleset::new(self.abi)?;
         for (fd, is_dir) in &allowed.entries {
@@ -362,11 +368,8 @@ impl FsGuard {
                 tracing::debug!(error = %e, "an entry could not be added to a job's Landlock ruleset; jobs cannot use it");
             }
         }
-        // The cwd needs a rule of its own only when it is outside the workspace.
-        let outside = (!cwd.starts_with(workspace)).then_some(cwd);
-        for dir in std::iter::once(workspace).chain(outside) {
-            let (fd, is_dir) = open_entry(dir)?;
-            ruleset.allow(std::os::fd::AsFd::as_fd(&fd), is_dir)?;
+        for dir in std::iter::once(workspace).chain(cwd) {
+            ruleset.allow(std::os::fd::AsFd::as_fd(dir), true)?;
         }
         Ok(ruleset)
     }

@@ -179,18 +179,7 @@ async fn blocking<T: Send + 'static>(
 impl Engine {
     /// Opens the store, reconciles what a previous runner left, and re-queues queued jobs.
     pub async fn start(runner_dir: PathBuf, cfg: EngineConfig) -> Result<Self, EngineError> {
-        let paths = JobPaths {
-            work_root: runner_dir.join("work"),
-            spool_root: runner_dir.join("jobs"),
-        };
-        for dir in [&paths.work_root, &paths.spool_root] {
-            std::fs::create_dir_all(dir).map_err(|source| {
-                EngineError::Job(JobError::Io {
-                    path: dir.clone(),
-                    source,
-                })
-            })?;
-        }
+        let paths = JobPaths::open(&runner_dir).map_err(EngineError::Job)?;
         let db = runner_dir.join("jobs.db");
         let store = Arc::new(blocking(move || Store::open(&db)).await??);
         let (activity, _) = watch::channel(0);
@@ -642,7 +631,7 @@ impl Engine {
         };
         // The workspace is made while the writer commits: two mkdirs, too short to be
         // worth a trip to the blocking pool.
-        let cwd = job::prepare_workspace(&self.inner.paths, id, spec.cwd.as_deref())
+        let workspace = job::prepare_workspace(&self.inner.paths, id, spec.cwd.as_deref())
             .map_err(EngineError::Job);
         // A start the disk could not take yet is waited for (or cancelled): launching before
         // it is committed could run the job twice after a restart.
@@ -656,7 +645,7 @@ impl Engine {
                 _ = cancel.changed() => {}
             }
         }
-        let cwd = cwd?;
+        let workspace = workspace?;
         self.bump();
         let activity = self.inner.activity.clone();
         let notify: Arc<dyn Fn() + Send + Sync> =
@@ -673,7 +662,7 @@ impl Engine {
             &self.inner.paths,
             id,
             &spec,
-            &cwd,
+            &workspace,
             self.inner.cfg.max_output_bytes,
             Tiers {
                 cgroups: self.inner.cgroups.as_ref(),

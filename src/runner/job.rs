@@ -3,15 +3,16 @@
 //!
 //! A job is argv, never a shell string. Its environment is a small baseline plus the
 //! spec's variables (loader variables were refused at submission). Its working directory
-//! must resolve, after symlinks, inside the workspace root. It leads its own session and
+//! is opened once, beneath the workspace root and through no symlink, and that descriptor
+//! is what is checked, what its Landlock rule is made from and what the child `fchdir`s
+//! to: no checked path is ever resolved again. It leads its own session and
 //! process group, gets the spec's rlimits before exec, and reads /dev/null unless the spec
 //! gives stdin. Output goes to append-only spool files as it is produced, each capped.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,22 +24,45 @@ use super::confine::{self, Tiers};
 use super::process::JobProcess;
 use super::spec::JobSpec;
 use crate::supervisor::DEFAULT_PATH;
+use crate::sys::dirfd::Dir;
 use crate::sys::pipe;
 use crate::sys::spawn::{self, Rlimits};
 
 /// Set in every job's environment to the job's id.
 pub const JOB_ID_VAR: &str = "RAILGRID_JOB_ID";
 
-/// The runner's directories for jobs.
+/// The runner's directories for jobs, each opened once when the runner starts: what is
+/// made or opened below them goes through these descriptors.
 #[derive(Debug, Clone)]
 pub struct JobPaths {
     /// `<runner>/work`: every job's working directory must resolve inside it.
     pub work_root: PathBuf,
     /// `<runner>/jobs`: spool files.
     pub spool_root: PathBuf,
+    work: Arc<Dir>,
+    spool: Arc<Dir>,
 }
 
 impl JobPaths {
+    /// Creates (0700) and opens `<runner>/work` and `<runner>/jobs`.
+    pub fn open(runner_dir: &Path) -> Result<Self, JobError> {
+        let open = |name: &str| -> Result<(PathBuf, Arc<Dir>), JobError> {
+            let path = runner_dir.join(name);
+            let dir = Dir::open(runner_dir)
+                .and_then(|d| d.make_child(name, 0o700))
+                .map_err(io_err(&path))?;
+            Ok((path, Arc::new(dir)))
+        };
+        let (work_root, work) = open("work")?;
+        let (spool_root, spool) = open("jobs")?;
+        Ok(Self {
+            work_root,
+            spool_root,
+            work,
+            spool,
+        })
+    }
+
     pub fn workspace(&self, id: &str) -> PathBuf {
         self.work_root.join(id)
     }
@@ -85,6 +109,10 @@ pub enum JobError {
     },
     #[error("field cwd {cwd:?} does not exist in the workspace ({path})")]
     CwdMissing { cwd: String, path: PathBuf },
+    #[error("field cwd {cwd:?} passes through a symlink ({path}): a job's cwd must be a path of real directories inside the workspace root")]
+    CwdSymlink { cwd: String, path: PathBuf },
+    #[error("field cwd {cwd:?} is not a directory ({path})")]
+    CwdNotDir { cwd: String, path: PathBuf },
     #[error("could not prepare {path}")]
     Io {
         path: PathBuf,
@@ -117,7 +145,10 @@ impl JobError {
     pub fn is_client_error(&self) -> bool {
         matches!(
             self,
-            JobError::CwdOutside { .. } | JobError::CwdMissing { .. }
+            JobError::CwdOutside { .. }
+                | JobError::CwdMissing { .. }
+                | JobError::CwdSymlink { .. }
+                | JobError::CwdNotDir { .. }
         )
     }
 }
@@ -129,72 +160,104 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> JobError + '_ {
     }
 }
 
-/// Creates the job's workspace (0700, with a `tmp` inside) and returns the resolved
-/// working directory. `cwd` is relative to the workspace, or absolute; either way, after
-/// symlinks, it must lie inside the workspace root: `..` and symlink escapes are refused.
+/// A job's workspace and working directory, open.
+#[derive(Debug)]
+pub struct Workspace {
+    /// `<work>/<id>`.
+    pub dir: Dir,
+    /// The spec's `cwd`, when it names one.
+    pub cwd: Option<Dir>,
+}
+
+impl Workspace {
+    /// Where the job starts.
+    pub fn cwd(&self) -> &Dir {
+        self.cwd.as_ref().unwrap_or(&self.dir)
+    }
+}
+
+/// Creates the job's workspace (0700, with a `tmp` inside) and opens it and the job's
+/// working directory. `cwd` is relative to the workspace, or absolute under the work root;
+/// either way it is opened beneath the work root with no symlink at any component, so
+/// neither `..` nor a symlink (nor one swapped in while this runs) can lead out of it. The
+/// work root itself is refused: from there a job could reach every workspace.
 pub fn prepare_workspace(
     paths: &JobPaths,
     id: &str,
     cwd: Option<&str>,
-) -> Result<PathBuf, JobError> {
+) -> Result<Workspace, JobError> {
     let ws = paths.workspace(id);
-    // One level at a time, never through a symlink: another job can write in the work root
-    // and plant one where this workspace should be.
-    real_dir(&ws)?;
-    real_dir(&ws.join("tmp"))?;
-    let Some(cwd) = cwd else { return Ok(ws) };
-    let root = fs::canonicalize(&paths.work_root).map_err(io_err(&paths.work_root))?;
-    let wanted = ws.join(cwd);
-    let resolved = match fs::canonicalize(&wanted) {
-        Ok(p) => p,
-        // A path that does not exist yet is judged by its spelling: `..` that climbs out
-        // of the root is an escape, not a missing directory.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let lexical = lexical_normal(&wanted);
-            let root_lexical = lexical_normal(&paths.work_root);
-            if !lexical.starts_with(&root_lexical) {
-                return Err(JobError::CwdOutside {
-                    cwd: cwd.to_owned(),
-                    resolved: lexical,
-                    root,
-                });
-            }
-            return Err(JobError::CwdMissing {
-                cwd: cwd.to_owned(),
-                path: wanted,
-            });
+    // Made and opened by descriptor, never through a symlink: another job can write in
+    // the work root (without Landlock) and plant one where this workspace should be.
+    let planted = |path: PathBuf| {
+        move |e: io::Error| JobError::Io {
+            path,
+            source: match e.raw_os_error() {
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
+                    io::Error::new(io::ErrorKind::InvalidInput, "not a directory (a symlink?)")
+                }
+                _ => e,
+            },
         }
-        Err(e) => return Err(io_err(&wanted)(e)),
     };
-    // The root itself is not inside it: a job there could reach every workspace, which
-    // Landlock otherwise keeps each job out of.
-    if !resolved.starts_with(&root) || resolved == root || !resolved.is_dir() {
-        return Err(JobError::CwdOutside {
-            cwd: cwd.to_owned(),
-            resolved,
-            root,
-        });
-    }
-    Ok(resolved)
-}
-
-/// Creates `path` (0700) unless it exists, and insists it is a real directory: `mkdir`
-/// does not follow a symlink in its last component, and a symlink found there is refused.
-fn real_dir(path: &Path) -> Result<(), JobError> {
-    match fs::DirBuilder::new().mode(0o700).create(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io_err(path)(e)),
-    }
-    let meta = fs::symlink_metadata(path).map_err(io_err(path))?;
-    if meta.is_dir() {
-        Ok(())
+    let dir = paths
+        .work
+        .make_child(id, 0o700)
+        .map_err(planted(ws.clone()))?;
+    dir.make_child("tmp", 0o700)
+        .map_err(planted(ws.join("tmp")))?;
+    let Some(cwd) = cwd else {
+        return Ok(Workspace { dir, cwd: None });
+    };
+    let outside = |resolved: PathBuf| JobError::CwdOutside {
+        cwd: cwd.to_owned(),
+        resolved,
+        root: paths.work_root.clone(),
+    };
+    let rel = if Path::new(cwd).is_absolute() {
+        let canonical = fs::canonicalize(&paths.work_root).ok();
+        let under = Path::new(cwd)
+            .strip_prefix(&paths.work_root)
+            .ok()
+            .or_else(|| {
+                canonical
+                    .as_deref()
+                    .and_then(|c| Path::new(cwd).strip_prefix(c).ok())
+            });
+        match under {
+            Some(rel) => rel.to_owned(),
+            None => return Err(outside(lexical_normal(Path::new(cwd)))),
+        }
     } else {
-        Err(JobError::Io {
-            path: path.to_owned(),
-            source: io::Error::new(io::ErrorKind::InvalidInput, "not a directory (a symlink?)"),
-        })
+        Path::new(id).join(cwd)
+    };
+    let wanted = paths.work_root.join(&rel);
+    let opened = paths
+        .work
+        .open_beneath(&rel)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EXDEV) => outside(lexical_normal(&wanted)),
+            Some(libc::ELOOP) => JobError::CwdSymlink {
+                cwd: cwd.to_owned(),
+                path: wanted.clone(),
+            },
+            Some(libc::ENOENT) => JobError::CwdMissing {
+                cwd: cwd.to_owned(),
+                path: wanted.clone(),
+            },
+            Some(libc::ENOTDIR) => JobError::CwdNotDir {
+                cwd: cwd.to_owned(),
+                path: wanted.clone(),
+            },
+            _ => io_err(&wanted)(e),
+        })?;
+    if opened.same_as(&paths.work).map_err(io_err(&wanted))? {
+        return Err(outside(paths.work_root.clone()));
     }
+    Ok(Workspace {
+        dir,
+        cwd: Some(opened),
+    })
 }
 
 /// `path` with `.` and `..` folded by spelling alone (no symlinks consulted).
@@ -287,7 +350,7 @@ pub fn start(
     paths: &JobPaths,
     id: &str,
     spec: &JobSpec,
-    cwd: &Path,
+    workspace: &Workspace,
     cap: u64,
     tiers: Tiers<'_>,
     on_output: Arc<dyn Fn() + Send + Sync>,
@@ -311,7 +374,7 @@ pub fn start(
     };
     #[cfg(target_os = "linux")]
     let ruleset = fs
-        .map(|g| g.ruleset_for(&ws, cwd))
+        .map(|g| g.ruleset_for(&workspace.dir, workspace.cwd.as_ref()))
         .transpose()
         .map_err(|source| JobError::Landlock {
             workspace: ws.clone(),
@@ -336,7 +399,15 @@ pub fn start(
         let cg = plan.cgroup;
         let procs = cg.as_ref().map(|c| c.procs.as_fd());
         let landlock = ruleset.as_ref().map(|r| r.fd());
-        let launched = launch(spec, &env, cwd, stdio, plan.rlimits, procs, landlock);
+        let launched = launch(
+            spec,
+            &env,
+            workspace.cwd(),
+            stdio,
+            plan.rlimits,
+            procs,
+            landlock,
+        );
         let cgroup = cg.map(|c| c.cgroup);
         match launched {
             Ok(child) => (child, cgroup),
@@ -349,7 +420,7 @@ pub fn start(
         }
     };
     #[cfg(not(target_os = "linux"))]
-    let child = fork_exec(spec, &env, cwd, stdio, plan.rlimits)?;
+    let child = fork_exec(spec, &env, workspace.cwd(), stdio, plan.rlimits)?;
     // The child's ends of the pipes were closed above (moved into the launch), so the
     // spool tasks see end-of-file when the job's last writer exits.
     let pid = child.pid().map_or(0, |p| p.get());
@@ -374,7 +445,13 @@ pub fn start(
         let notify = on_output.clone();
         let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))
             .map_err(io_err(&path))?;
-        let handle = tokio::spawn(async move { spool(rx, &path, cap, &stats, &*notify).await });
+        let target = SpoolTarget {
+            root: paths.spool.clone(),
+            id: id.to_owned(),
+            stream,
+            path,
+        };
+        let handle = tokio::spawn(async move { spool(rx, &target, cap, &stats, &*notify).await });
         spoolers.push(handle);
     }
     Ok(Started {
@@ -402,7 +479,7 @@ struct Stdio3 {
 fn launch(
     spec: &JobSpec,
     env: &BTreeMap<String, String>,
-    cwd: &Path,
+    cwd: &Dir,
     stdio: Stdio3,
     limits: Rlimits,
     cgroup_procs: Option<std::os::fd::BorrowedFd<'_>>,
@@ -434,12 +511,11 @@ fn launch(
         .map(|(k, v)| CString::new(format!("{k}={v}")))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| nul())?;
-    let c_cwd = CString::new(cwd.as_os_str().as_bytes()).map_err(|_| nul())?;
     let launched = launch::launch(&LaunchSpec {
         program: &c_program,
         argv: &argv,
         env: &c_env,
-        cwd: &c_cwd,
+        cwd: cwd.as_fd(),
         stdin: stdio.stdin.as_fd(),
         stdout: stdio.stdout.as_fd(),
         stderr: stdio.stderr.as_fd(),
@@ -460,18 +536,33 @@ fn launch(
 fn fork_exec(
     spec: &JobSpec,
     env: &BTreeMap<String, String>,
-    cwd: &Path,
+    cwd: &Dir,
     stdio: Stdio3,
     limits: Rlimits,
 ) -> Result<JobProcess, JobError> {
-    let mut cmd = std::process::Command::new(&spec.argv[0]);
-    cmd.args(&spec.argv[1..])
+    use std::os::unix::process::CommandExt;
+    let program = &spec.argv[0];
+    let path =
+        resolve_program(program, env.get("PATH").map(String::as_str), cwd).map_err(|source| {
+            JobError::Spawn {
+                program: program.clone(),
+                source,
+            }
+        })?;
+    let mut cmd = std::process::Command::new(path);
+    cmd.arg0(program)
+        .args(&spec.argv[1..])
         .env_clear()
         .envs(env)
         .stdin(Stdio::from(stdio.stdin))
         .stdout(Stdio::from(stdio.stdout))
         .stderr(Stdio::from(stdio.stderr));
-    spawn::session_leader_as(&mut cmd, None, cwd, None).map_err(io_err(cwd))?;
+    spawn::session_leader_as(&mut cmd, None, spawn::WorkDir::Fd(cwd.as_fd()), None).map_err(
+        |source| JobError::Spawn {
+            program: program.clone(),
+            source,
+        },
+    )?;
     spawn::rlimits(&mut cmd, limits);
     let child = tokio::process::Command::from(cmd)
         .kill_on_drop(true)
@@ -483,27 +574,33 @@ fn fork_exec(
     Ok(JobProcess::Std(child))
 }
 
-/// Finds `program` the way execvp would, in the job's PATH (relative entries are relative
-/// to the job's working directory). A name with a slash is used as it is.
-pub fn resolve_program(program: &str, path: Option<&str>, cwd: &Path) -> io::Result<PathBuf> {
+/// Finds `program` the way execvp would, in the job's PATH. A relative PATH entry is
+/// looked up beneath the job's working directory by descriptor and returned relative
+/// (`dir/program`, `./program`), so that execve resolves it from the directory the child
+/// entered with `fchdir`, never from a path looked up again. A name with a slash is used
+/// as it is.
+pub fn resolve_program(program: &str, path: Option<&str>, cwd: &Dir) -> io::Result<PathBuf> {
     if program.contains('/') {
         return Ok(PathBuf::from(program));
     }
     let path = path.unwrap_or(DEFAULT_PATH);
     let mut denied = false;
     for dir in path.split(':') {
-        let candidate = cwd
-            .join(if dir.is_empty() { "." } else { dir })
-            .join(program);
-        let Ok(meta) = fs::metadata(&candidate) else {
-            continue;
+        let candidate = Path::new(if dir.is_empty() { "." } else { dir }).join(program);
+        let executable = if candidate.is_absolute() {
+            match fs::metadata(&candidate) {
+                Ok(meta) if meta.is_file() => {
+                    Ok(nix::unistd::access(&candidate, nix::unistd::AccessFlags::X_OK).is_ok())
+                }
+                _ => Err(()),
+            }
+        } else {
+            cwd.executable_at(&candidate).map_err(|_| ())
         };
-        if !meta.is_file() {
-            continue;
-        }
-        match nix::unistd::access(&candidate, nix::unistd::AccessFlags::X_OK) {
-            Ok(()) => return Ok(candidate),
-            Err(_) => denied = true,
+        match executable {
+            Ok(true) => return Ok(candidate),
+            Ok(false) => denied = true,
+            Err(()) => {}
         }
     }
     let (kind, what) = if denied {
@@ -524,12 +621,13 @@ pub fn resolve_program(program: &str, path: Option<&str>, cwd: &Path) -> io::Res
 /// so they stay on the runtime rather than paying a thread hand-off per chunk.
 async fn spool(
     mut reader: tokio::net::unix::pipe::Receiver,
-    path: &Path,
+    target: &SpoolTarget,
     cap: u64,
     stats: &SpoolStats,
     notify: &(dyn Fn() + Send + Sync),
 ) {
     use tokio::io::AsyncReadExt;
+    let path = &target.path;
     let mut buf = vec![0u8; 64 * 1024];
     let mut file: Option<File> = None;
     let mut written = 0u64;
@@ -549,7 +647,7 @@ async fn spool(
             (cap.saturating_sub(written) as usize).min(n)
         };
         if keep > 0 && file.is_none() {
-            match open_spool(path) {
+            match target.open() {
                 Ok(f) => file = Some(f),
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "could not create spool file; dropping output");
@@ -597,19 +695,23 @@ async fn spool(
     notify();
 }
 
-fn open_spool(path: &Path) -> io::Result<File> {
-    if let Some(dir) = path.parent() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
+/// Where one stream is spooled: `<jobs>/<id>/<stream>`, made and opened through the spool
+/// root's descriptor (`path` is for messages).
+struct SpoolTarget {
+    root: Arc<Dir>,
+    id: String,
+    stream: Stream,
+    path: PathBuf,
+}
+
+impl SpoolTarget {
+    /// Creates the job's spool dir (0700) and its stream's file (0600, append-only); a
+    /// symlink planted at either is refused, never followed.
+    fn open(&self) -> io::Result<File> {
+        self.root
+            .make_child(&self.id, 0o700)?
+            .append_file(self.stream.name(), 0o600)
     }
-    OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
 }
 
 #[cfg(test)]
@@ -617,12 +719,7 @@ mod tests {
     use super::*;
 
     fn paths(dir: &Path) -> JobPaths {
-        let p = JobPaths {
-            work_root: dir.join("work"),
-            spool_root: dir.join("jobs"),
-        };
-        fs::create_dir_all(&p.work_root).unwrap();
-        p
+        JobPaths::open(dir).unwrap()
     }
 
     #[test]
@@ -651,13 +748,26 @@ mod tests {
         std::os::unix::fs::symlink("/etc", p.workspace("a").join("link")).unwrap();
         assert!(matches!(
             prepare_workspace(&p, "a", Some("link")),
-            Err(JobError::CwdOutside { .. })
+            Err(JobError::CwdSymlink { .. })
         ));
         fs::create_dir(p.workspace("a").join("src")).unwrap();
-        assert_eq!(
-            prepare_workspace(&p, "a", Some("src")).unwrap(),
-            fs::canonicalize(p.workspace("a").join("src")).unwrap()
-        );
+        // Even a symlink that stays inside is refused: it could be swapped at any moment.
+        std::os::unix::fs::symlink("src", p.workspace("a").join("inner")).unwrap();
+        assert!(matches!(
+            prepare_workspace(&p, "a", Some("inner")),
+            Err(JobError::CwdSymlink { .. })
+        ));
+        fs::write(p.workspace("a").join("file"), "").unwrap();
+        assert!(matches!(
+            prepare_workspace(&p, "a", Some("file")),
+            Err(JobError::CwdNotDir { .. })
+        ));
+        let ws = prepare_workspace(&p, "a", Some("src")).unwrap();
+        let src = Dir::open(&p.workspace("a").join("src")).unwrap();
+        assert!(ws.cwd().same_as(&src).unwrap());
+        let abs = p.workspace("a").join("src");
+        let ws = prepare_workspace(&p, "b", Some(abs.to_str().unwrap())).unwrap();
+        assert!(ws.cwd().same_as(&src).unwrap());
         // Another job's workspace is inside the root too: allowed, like a shared checkout.
         assert!(prepare_workspace(&p, "b", Some("../a/src")).is_ok());
         // The root itself is not.

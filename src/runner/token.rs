@@ -7,8 +7,7 @@
 //! list, read or cancel other jobs through the API. The account and root can, as before.
 
 use std::fs;
-use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::{self, Read};
 use std::path::Path;
 
 /// File name of the token, beside the socket.
@@ -19,16 +18,7 @@ pub fn create(dir: &Path) -> io::Result<String> {
     let mut raw = [0u8; 32];
     fs::File::open("/dev/urandom")?.read_exact(&mut raw)?;
     let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-    let tmp = dir.join(format!("{TOKEN_FILE}.tmp"));
-    let _ = fs::remove_file(&tmp);
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    f.write_all(token.as_bytes())?;
-    fs::rename(&tmp, dir.join(TOKEN_FILE))?;
+    crate::util::write_atomic(&dir.join(TOKEN_FILE), token.as_bytes(), 0o600)?;
     Ok(token)
 }
 

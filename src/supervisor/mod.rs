@@ -402,7 +402,12 @@ impl Inner {
                 }
             }
         });
-        spawn::session_leader_as(&mut cmd, self.creds.clone(), &c.dir, procs)?;
+        spawn::session_leader_as(
+            &mut cmd,
+            self.creds.clone(),
+            spawn::WorkDir::Path(&c.dir),
+            procs,
+        )?;
         tokio::process::Command::from(cmd).spawn()
     }
 }

@@ -29,7 +29,9 @@ pub struct LaunchSpec<'a> {
     pub argv: &'a [CString],
     /// `NAME=value` entries: the complete environment.
     pub env: &'a [CString],
-    pub cwd: &'a CStr,
+    /// The working directory, already resolved and checked: the child `fchdir`s to it, so
+    /// no path is looked up again between the check and the job's first instruction.
+    pub cwd: BorrowedFd<'a>,
     pub stdin: BorrowedFd<'a>,
     pub stdout: BorrowedFd<'a>,
     pub stderr: BorrowedFd<'a>,
@@ -286,7 +288,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
             libc::c_uint::MAX,
             libc::CLOSE_RANGE_CLOEXEC,
         );
-        if libc::chdir(sh.spec.cwd.as_ptr()) < 0 {
+        if libc::fchdir(sh.spec.cwd.as_raw_fd()) < 0 {
             return fail(Step::Chdir);
         }
         if let Some(ruleset) = sh.spec.landlock {

@@ -5,6 +5,7 @@
 
 #[cfg(target_os = "linux")]
 pub mod cgroup;
+pub mod dirfd;
 pub mod group;
 #[cfg(target_os = "linux")]
 pub mod landlock;

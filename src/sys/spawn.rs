@@ -29,19 +29,26 @@ pub struct Credentials {
 pub fn session_leader_as(
     cmd: &mut Command,
     creds: Option<Credentials>,
-    dir: &std::path::Path,
+    dir: WorkDir<'_>,
     cgroup_procs: Option<std::os::fd::OwnedFd>,
 ) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
-    let dir = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in working directory")
-    })?;
+    enum Dir {
+        Path(std::ffi::CString),
+        Fd(std::os::fd::OwnedFd),
+    }
+    let dir = match dir {
+        WorkDir::Path(p) => Dir::Path(std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(
+            |_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in working directory"),
+        )?),
+        WorkDir::Fd(fd) => Dir::Fd(fd.try_clone_to_owned()?),
+    };
     let creds = creds.map(|c| {
         let groups: Vec<Gid> = c.groups.iter().map(|g| Gid::from_raw(*g)).collect();
         (Uid::from_raw(c.uid), Gid::from_raw(c.gid), groups)
     });
     // SAFETY: the closure runs in the forked child before exec. It only calls setsid, write,
-    // setgroups, setgid, setuid and chdir — plain system calls that are async-signal-safe —
+    // setgroups, setgid, setuid and chdir or fchdir — plain system calls that are async-signal-safe —
     // and it does not allocate: the group list, the directory's C string and the cgroup
     // descriptor were made above, before fork, and are only borrowed here.
     unsafe {
@@ -55,11 +62,22 @@ pub fn session_leader_as(
                 setgid(*gid)?;
                 setuid(*uid)?;
             }
-            nix::unistd::chdir(dir.as_c_str())?;
+            match &dir {
+                Dir::Path(p) => nix::unistd::chdir(p.as_c_str())?,
+                Dir::Fd(fd) => nix::unistd::fchdir(fd)?,
+            }
             Ok(())
         });
     }
     Ok(())
+}
+
+/// Where a child starts: a configured path (the supervisor's `--dir`, the operator's own),
+/// or a directory already resolved and checked, entered by descriptor (a job's cwd).
+#[derive(Debug, Clone, Copy)]
+pub enum WorkDir<'a> {
+    Path(&'a std::path::Path),
+    Fd(std::os::fd::BorrowedFd<'a>),
 }
 
 #[cfg(not(target_vendor = "apple"))]

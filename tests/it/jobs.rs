@@ -204,7 +204,7 @@ fn hostile_specs_are_refused_and_the_environment_is_a_baseline() {
         body["error"]["message"]
             .as_str()
             .expect("message")
-            .contains("/etc"),
+            .contains("passes through a symlink"),
         "{body}"
     );
 
@@ -1316,5 +1316,108 @@ fn glibc_unsecure_variables_are_refused_by_name_and_tmpdir_may_be_chosen() {
     assert_eq!(
         r.output(&id, "stdout"),
         format!("TMPDIR={}\n", tmp.display())
+    );
+}
+
+/// The attack of a job on another job's cwd: a directory on the way to that cwd is
+/// swapped, as fast as a thread can, with a symlink to the state directory. A path that is
+/// checked and then resolved again lands some jobs in `<state>/runner`, with its API token
+/// and database; resolved once by descriptor, none.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_cwd_swapped_with_a_symlink_never_lands_a_job_in_the_state_dir() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let r = Runner::started(&[]);
+    let token = fs::read_to_string(r.runner_dir().join("api.token")).expect("token");
+    let attack = submit_ok(&r, json!({"id": "attack", "argv": ["true"]}));
+    r.wait(&attack);
+    let ws = r.runner_dir().join("work/attack");
+    // `x/runner` exists for real, with a decoy token, so a cwd through `x` passes every
+    // check while `x` is the directory; swapped, `x/runner` is `<state>/runner`.
+    fs::create_dir_all(ws.join("x/runner")).expect("mkdir");
+    fs::write(ws.join("x/runner/api.token"), "decoy\n").expect("decoy");
+    std::os::unix::fs::symlink(r.state(), ws.join("y")).expect("symlink");
+    chown_runner_dir(&ws);
+
+    /// Swaps `x` and `y` until dropped (also when the test fails, before its files go).
+    struct Swapper {
+        stop: Arc<AtomicBool>,
+        swaps: Arc<AtomicU64>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    }
+    impl Drop for Swapper {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicU64::new(0));
+    let thread = {
+        let (stop, swaps, ws) = (stop.clone(), swaps.clone(), ws.clone());
+        std::thread::spawn(move || {
+            let (x, y) = (ws.join("x"), ws.join("y"));
+            while !stop.load(Ordering::Relaxed) {
+                let swapped = nix::fcntl::renameat2(
+                    nix::fcntl::AT_FDCWD,
+                    &x,
+                    nix::fcntl::AT_FDCWD,
+                    &y,
+                    nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                );
+                if swapped.is_err() {
+                    break;
+                }
+                swaps.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let swapper = Swapper {
+        stop,
+        swaps,
+        thread: Some(thread),
+    };
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    for i in 0..60 {
+        let id = format!("victim-{i}");
+        let (status, body) = r.submit(json!({
+            "id": id, "argv": ["cat", "api.token"], "cwd": "../attack/x/runner",
+        }));
+        match status {
+            201 => accepted.push(id),
+            400 => refused += 1,
+            _ => panic!("submission {id}: {status} {body}"),
+        }
+    }
+    let mut decoys = 0;
+    for id in &accepted {
+        let rec = r.wait(id);
+        let out = r.output(id, "stdout");
+        assert!(
+            !out.contains(token.trim()),
+            "job {id} read the runner's API token from its cwd: {rec}"
+        );
+        if out == "decoy\n" {
+            decoys += 1;
+        } else {
+            // Refused at its start instead: the symlink was there when it was opened.
+            let error = rec["error"].as_str().unwrap_or_default();
+            assert!(
+                rec["state"] == "failed" && error.contains("field cwd"),
+                "job {id}: {rec}"
+            );
+        }
+    }
+    let swaps = swapper.swaps.load(Ordering::Relaxed);
+    drop(swapper);
+    assert!(swaps > 0, "the swapper never swapped");
+    eprintln!(
+        "{} accepted ({decoys} ran in the real directory), {refused} refused, {swaps} swaps",
+        accepted.len(),
     );
 }

@@ -1,0 +1,338 @@
+//! Directories held by descriptor, and everything below them reached relative to that
+//! descriptor: a path is resolved once, checked, and from then on only the descriptor is
+//! used. A path checked and then resolved again (to open, to build a Landlock rule, to
+//! chdir) can be redirected in between by whoever can rename entries on the way, and a
+//! job can do that inside its own workspace.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{self, OFlag};
+use nix::sys::stat::{self, Mode};
+
+/// An open directory.
+#[derive(Debug)]
+pub struct Dir(OwnedFd);
+
+/// Flags of a directory that is only ever used as an anchor (`*at` calls, `fchdir`,
+/// Landlock rules), never read: `O_PATH` where the OS has it, so even a directory the
+/// account may only traverse can be held.
+#[cfg(target_os = "linux")]
+const ANCHOR: OFlag = OFlag::O_PATH;
+#[cfg(not(target_os = "linux"))]
+const ANCHOR: OFlag = OFlag::O_RDONLY;
+
+/// How often openat2 is asked again after EAGAIN before the walk takes over.
+#[cfg(target_os = "linux")]
+const OPENAT2_TRIES: usize = 8;
+
+fn anchor_flags() -> OFlag {
+    ANCHOR | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
+}
+
+impl Dir {
+    /// Opens the directory at `path`, symlinks included: this is where resolution starts,
+    /// a path from the caller's own configuration (a state dir may well be a symlink to
+    /// another disk), never one a job can write. What lies below is reached with
+    /// [`Self::make_child`] and [`Self::open_beneath`], which follow nothing.
+    pub fn open(path: &Path) -> io::Result<Self> {
+        Ok(Self(fcntl::openat(
+            fcntl::AT_FDCWD,
+            path,
+            anchor_flags() - OFlag::O_NOFOLLOW,
+            Mode::empty(),
+        )?))
+    }
+
+    /// Creates the directory `name` (one component) inside this one with `mode`, unless
+    /// it exists, and opens it without following a symlink: something planted under
+    /// that name is refused, never followed.
+    pub fn make_child(&self, name: &str, mode: u32) -> io::Result<Self> {
+        single_component(name)?;
+        match stat::mkdirat(
+            self.0.as_fd(),
+            name,
+            Mode::from_bits_truncate(mode as libc::mode_t),
+        ) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(Self(fcntl::openat(
+            self.0.as_fd(),
+            name,
+            anchor_flags(),
+            Mode::empty(),
+        )?))
+    }
+
+    /// Opens the directory `rel` below this one. No symlink is followed at any component
+    /// and `..` may not climb above this directory. The errors say which rule refused:
+    /// `EXDEV` for an escape, `ELOOP` for a symlink, `ENOENT` for a missing component,
+    /// `ENOTDIR` for one that is not a directory.
+    pub fn open_beneath(&self, rel: &Path) -> io::Result<Self> {
+        if rel.is_absolute() {
+            return Err(Errno::EXDEV.into());
+        }
+        #[cfg(target_os = "linux")]
+        {
+            let how = fcntl::OpenHow::new()
+                .flags(anchor_flags() - OFlag::O_NOFOLLOW)
+                .resolve(
+                    fcntl::ResolveFlag::RESOLVE_BENEATH
+                        | fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS
+                        | fcntl::ResolveFlag::RESOLVE_NO_MAGICLINKS,
+                );
+            // A rename anywhere on the system while `..` is resolved makes the kernel give
+            // up with EAGAIN (it cannot prove the result is beneath): a few more tries, then
+            // the walk, which keeps its own way back up and is immune to renames.
+            for _ in 0..OPENAT2_TRIES {
+                match fcntl::openat2(self.0.as_fd(), rel, how) {
+                    Ok(fd) => return Ok(Self(fd)),
+                    Err(Errno::EAGAIN) => continue,
+                    // Linux before 5.6, or a seccomp filter that does not know openat2.
+                    Err(Errno::ENOSYS) => break,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        self.walk_beneath(rel)
+    }
+
+    /// [`Self::open_beneath`] one component at a time, for kernels without openat2: each
+    /// step opens the next name with `O_NOFOLLOW` relative to the last step's descriptor,
+    /// and `..` goes back to the descriptor it came from, so the walk never leaves the
+    /// tree it has opened.
+    fn walk_beneath(&self, rel: &Path) -> io::Result<Self> {
+        let mut stack: Vec<OwnedFd> = Vec::new();
+        for comp in rel.components() {
+            match comp {
+                Component::CurDir => {}
+                Component::ParentDir => {
+                    if stack.pop().is_none() {
+                        return Err(Errno::EXDEV.into());
+                    }
+                }
+                Component::Normal(name) => {
+                    let cur = stack.last().map_or(self.0.as_fd(), |fd| fd.as_fd());
+                    let next = open_step(cur, name)?;
+                    stack.push(next);
+                }
+                Component::RootDir | Component::Prefix(_) => return Err(Errno::EXDEV.into()),
+            }
+        }
+        match stack.pop() {
+            Some(fd) => Ok(Self(fd)),
+            None => Ok(Self(self.0.try_clone()?)),
+        }
+    }
+
+    /// True when `other` is this very directory (same device and inode).
+    pub fn same_as(&self, other: &Dir) -> io::Result<bool> {
+        let (a, b) = (stat::fstat(self.0.as_fd())?, stat::fstat(other.0.as_fd())?);
+        Ok(a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+    }
+
+    /// Opens the regular file `name` in this directory for appending, created with
+    /// `mode` if needed; a symlink under that name is refused.
+    pub fn append_file(&self, name: &str, mode: u32) -> io::Result<File> {
+        single_component(name)?;
+        let fd = fcntl::openat(
+            self.0.as_fd(),
+            name,
+            OFlag::O_WRONLY
+                | OFlag::O_APPEND
+                | OFlag::O_CREAT
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(mode as libc::mode_t),
+        )?;
+        Ok(File::from(fd))
+    }
+
+    /// Creates `name` in this directory (which must not exist yet), for writing.
+    pub fn create_new_file(&self, name: &str, mode: u32) -> io::Result<File> {
+        single_component(name)?;
+        let fd = fcntl::openat(
+            self.0.as_fd(),
+            name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(mode as libc::mode_t),
+        )?;
+        Ok(File::from(fd))
+    }
+
+    /// Renames `from` to `to`, both in this directory.
+    pub fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        single_component(from)?;
+        single_component(to)?;
+        Ok(fcntl::renameat(self.0.as_fd(), from, self.0.as_fd(), to)?)
+    }
+
+    /// Removes the file `name` from this directory.
+    pub fn remove_file(&self, name: &str) -> io::Result<()> {
+        single_component(name)?;
+        Ok(nix::unistd::unlinkat(
+            self.0.as_fd(),
+            name,
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        )?)
+    }
+
+    /// Flushes the directory's entries to disk (after a create or rename in it).
+    pub fn sync(&self) -> io::Result<()> {
+        // An O_PATH descriptor cannot be fsynced: open the directory itself through it.
+        let fd = fcntl::openat(
+            self.0.as_fd(),
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(nix::unistd::fsync(fd.as_fd())?)
+    }
+
+    /// Whether `rel` (relative to this directory) names a regular file this process may
+    /// execute: `Ok(true)`, `Ok(false)` when it is a file that may not be executed, an
+    /// error when there is no such file.
+    pub fn executable_at(&self, rel: &Path) -> io::Result<bool> {
+        let st = stat::fstatat(self.0.as_fd(), rel, fcntl::AtFlags::empty())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Errno::ENOENT.into());
+        }
+        Ok(nix::unistd::faccessat(
+            self.0.as_fd(),
+            rel,
+            nix::unistd::AccessFlags::X_OK,
+            fcntl::AtFlags::empty(),
+        )
+        .is_ok())
+    }
+
+    /// Where this directory is now, for messages and records only: never to be opened
+    /// again (Linux asks the kernel; elsewhere `None`).
+    pub fn current_path(&self) -> Option<PathBuf> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            std::fs::read_link(format!("/proc/self/fd/{}", self.0.as_raw_fd())).ok()
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            None
+        }
+    }
+
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(Self(self.0.try_clone()?))
+    }
+}
+
+impl AsFd for Dir {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl From<Dir> for OwnedFd {
+    fn from(d: Dir) -> Self {
+        d.0
+    }
+}
+
+/// One step of the walk: `name` in `dir`, a directory, not a symlink.
+fn open_step(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<OwnedFd> {
+    match fcntl::openat(dir, name, anchor_flags(), Mode::empty()) {
+        Ok(fd) => Ok(fd),
+        // With O_NOFOLLOW | O_DIRECTORY a symlink fails as ELOOP or ENOTDIR depending
+        // on the system: look, so the error says which.
+        Err(Errno::ENOTDIR) | Err(Errno::ELOOP) => {
+            let st = stat::fstatat(dir, name, fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)?;
+            if st.st_mode & libc::S_IFMT == libc::S_IFLNK {
+                Err(Errno::ELOOP.into())
+            } else {
+                Err(Errno::ENOTDIR.into())
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Names given to the one-component helpers must be exactly one component.
+fn single_component(name: &str) -> io::Result<()> {
+    let mut comps = Path::new(name).components();
+    match (comps.next(), comps.next()) {
+        (Some(Component::Normal(_)), None) => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a single file name"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errno(r: io::Result<Dir>) -> Option<i32> {
+        r.err().and_then(|e| e.raw_os_error())
+    }
+
+    fn check_rules(open: impl Fn(&Dir, &str) -> io::Result<Dir>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        std::fs::write(root.join("a/file"), "").unwrap();
+        std::os::unix::fs::symlink("b", root.join("a/link")).unwrap();
+        std::os::unix::fs::symlink(tmp.path(), root.join("out")).unwrap();
+        let dir = Dir::open(&root).unwrap();
+        let b = open(&dir, "a/b").unwrap();
+        assert_eq!(
+            b.current_path(),
+            Some(root.join("a/b")).filter(|_| cfg!(target_os = "linux"))
+        );
+        assert!(open(&dir, "a/b/..")
+            .unwrap()
+            .same_as(&Dir::open(&root.join("a")).unwrap())
+            .unwrap());
+        assert!(open(&dir, ".").unwrap().same_as(&dir).unwrap());
+        assert_eq!(errno(open(&dir, "..")), Some(libc::EXDEV));
+        assert_eq!(errno(open(&dir, "a/../../root")), Some(libc::EXDEV));
+        assert_eq!(errno(open(&dir, "a/link")), Some(libc::ELOOP));
+        assert_eq!(errno(open(&dir, "out/root")), Some(libc::ELOOP));
+        assert_eq!(errno(open(&dir, "a/missing")), Some(libc::ENOENT));
+        assert_eq!(errno(open(&dir, "a/file")), Some(libc::ENOTDIR));
+        assert_eq!(errno(open(&dir, "/etc")), Some(libc::EXDEV));
+    }
+
+    #[test]
+    fn beneath_refuses_escapes_and_symlinks() {
+        check_rules(|d, p| d.open_beneath(Path::new(p)));
+    }
+
+    #[test]
+    fn the_walk_follows_the_same_rules() {
+        check_rules(|d, p| {
+            if p.starts_with('/') {
+                d.open_beneath(Path::new(p))
+            } else {
+                d.walk_beneath(Path::new(p))
+            }
+        });
+    }
+
+    #[test]
+    fn a_child_planted_as_a_symlink_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Dir::open(tmp.path()).unwrap();
+        std::os::unix::fs::symlink("/", tmp.path().join("ws")).unwrap();
+        assert!(dir.make_child("ws", 0o700).is_err());
+        assert!(dir.make_child("real", 0o700).is_ok());
+        assert!(dir.make_child("real", 0o700).is_ok());
+        assert!(dir.make_child("a/b", 0o700).is_err());
+        std::os::unix::fs::symlink("/etc/passwd", tmp.path().join("f")).unwrap();
+        assert!(dir.append_file("f", 0o600).is_err());
+    }
+}
