@@ -254,9 +254,13 @@ pub struct JobSubmitArgs {
     /// Owner, for per-owner admission limits.
     #[arg(long)]
     pub owner: Option<String>,
-    /// Stream the job's output and exit with its exit code.
-    #[arg(long)]
+    /// Stream the job's output and exit with its exit code (the default). The first Ctrl-C
+    /// (or SIGTERM) cancels the job and waits for its end; a second one detaches.
+    #[arg(long, conflicts_with = "detach")]
     pub wait: bool,
+    /// Print the job's id and return at once; the job runs on.
+    #[arg(long)]
+    pub detach: bool,
     /// Memory limit in bytes: memory.max in the cgroup tier, else RLIMIT_AS.
     #[arg(long, value_name = "BYTES")]
     pub memory_bytes: Option<u64>,

@@ -30,11 +30,12 @@ fn socket(target: &JobTarget) -> anyhow::Result<PathBuf> {
 }
 
 pub(super) fn run(target: JobTarget, command: JobCommand) -> anyhow::Result<ExitCode> {
-    let client = Client::new(&socket(&target)?);
+    let socket = socket(&target)?;
+    let client = Client::new(&socket);
     let rt = super::current_thread_runtime()?;
     rt.block_on(async move {
         match command {
-            JobCommand::Submit(args) => submit(&client, args).await,
+            JobCommand::Submit(args) => submit(&client, &socket, args).await,
             JobCommand::List {
                 state,
                 owner,
@@ -89,10 +90,17 @@ pub(super) fn run(target: JobTarget, command: JobCommand) -> anyhow::Result<Exit
                     .output(&id, stream, follow, &mut out)
                     .await
                     .map_err(api_err)?;
+                // A job that never started has no output: say why instead of nothing.
+                let rec = client.get(&id).await.map_err(api_err)?;
+                if never_started(&rec) {
+                    report_end(&rec);
+                    return Ok(ExitCode::from(exit_code(&rec)));
+                }
                 Ok(ExitCode::SUCCESS)
             }
             JobCommand::Wait { id } => {
                 let rec = client.wait(&id).await.map_err(api_err)?;
+                report_end(&rec);
                 Ok(ExitCode::from(exit_code(&rec)))
             }
             JobCommand::Cancel { id } => {
@@ -116,7 +124,11 @@ fn api_err(e: ClientError) -> anyhow::Error {
     }
 }
 
-async fn submit(client: &Client, args: JobSubmitArgs) -> anyhow::Result<ExitCode> {
+async fn submit(
+    client: &Client,
+    socket: &std::path::Path,
+    args: JobSubmitArgs,
+) -> anyhow::Result<ExitCode> {
     let limits = Limits {
         memory_bytes: args.memory_bytes,
         cpu_secs: args.cpu_secs,
@@ -134,36 +146,120 @@ async fn submit(client: &Client, args: JobSubmitArgs) -> anyhow::Result<ExitCode
         limits: (limits != Limits::default()).then_some(limits),
         ..JobSpec::default()
     };
+    // Before the submission: a Ctrl-C from then on is the job's to handle.
+    let signals = if args.detach {
+        None
+    } else {
+        Some(Interrupts::new()?)
+    };
     let (created, sub) = client.submit(&spec).await.map_err(api_err)?;
-    if !args.wait {
+    for w in &sub.warnings {
+        eprintln!("railgrid: warning: {w}");
+    }
+    let Some(mut signals) = signals else {
         let note = if created { "" } else { " (already submitted)" };
         return print_stdout(&format!("{}{note}", sub.id));
-    }
+    };
     // Stream both outputs while the job runs, then exit as the job did.
-    let (mut out, mut err) = (tokio::io::stdout(), tokio::io::stderr());
-    let (a, b) = tokio::join!(
-        client.output(&sub.id, Stream::Stdout, true, &mut out),
-        client.output(&sub.id, Stream::Stderr, true, &mut err),
-    );
-    a.context("streaming stdout")?;
-    b.context("streaming stderr")?;
-    let rec = client.wait(&sub.id).await.map_err(api_err)?;
-    if rec.state != JobState::Succeeded && rec.state != JobState::Failed {
-        eprintln!(
-            "railgrid: job {} {}{}",
-            rec.id,
-            rec.state.as_str(),
-            rec.error
-                .as_ref()
-                .map(|e| format!(": {e}"))
-                .unwrap_or_default()
+    let follow = async {
+        let (mut out, mut err) = (tokio::io::stdout(), tokio::io::stderr());
+        let (a, b) = tokio::join!(
+            client.output(&sub.id, Stream::Stdout, true, &mut out),
+            client.output(&sub.id, Stream::Stderr, true, &mut err),
         );
-    }
+        a.context("streaming stdout")?;
+        b.context("streaming stderr")?;
+        client.wait(&sub.id).await.map_err(api_err)
+    };
+    tokio::pin!(follow);
+    let mut cancelling = false;
+    let rec = loop {
+        tokio::select! {
+            // Cancel-safe: the future is pinned outside the loop and polled by reference.
+            rec = &mut follow => break rec?,
+            // Cancel-safe: the signal streams buffer deliveries.
+            sig = signals.next() => {
+                if cancelling {
+                    eprintln!(
+                        "railgrid: {sig}: detached from job {id}, which is being cancelled; follow it with: railgrid job --socket {socket} logs --follow {id}",
+                        id = sub.id,
+                        socket = socket.display(),
+                    );
+                    return Ok(ExitCode::from(DETACHED));
+                }
+                cancelling = true;
+                eprintln!(
+                    "railgrid: {sig}: cancelling job {} (SIGTERM to its process group, SIGKILL after its grace); {sig} again to detach",
+                    sub.id
+                );
+                client.cancel(&sub.id).await.map_err(api_err)?;
+            }
+        }
+    };
+    report_end(&rec);
     Ok(ExitCode::from(exit_code(&rec)))
 }
 
-/// The exit code a shell would show for the job: its own, 128 + signal, 124 for a
-/// timeout (as timeout(1)), 1 otherwise.
+/// What `submit` exits with when a second Ctrl-C detaches it: 128 + SIGINT, as a shell
+/// reports a command interrupted from the terminal.
+const DETACHED: u8 = 130;
+
+/// SIGINT and SIGTERM to the client, while it follows a job it submitted.
+struct Interrupts {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Interrupts {
+    fn new() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            int: signal(SignalKind::interrupt()).context("could not handle SIGINT")?,
+            term: signal(SignalKind::terminate()).context("could not handle SIGTERM")?,
+        })
+    }
+
+    /// The next one, by the name a user knows it by.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            // Cancel-safe (both arms): `recv` on a signal stream loses nothing.
+            _ = self.int.recv() => "Ctrl-C",
+            _ = self.term.recv() => "SIGTERM",
+        }
+    }
+}
+
+/// True for a job whose process never ran: it could not be started.
+fn never_started(rec: &JobRecord) -> bool {
+    rec.state == JobState::Failed && rec.pid.is_none() && rec.signal.is_none()
+}
+
+/// One line on stderr for a job that did not end by its own exit: it could not start,
+/// timed out, was cancelled, was lost, or was killed by a signal. A job that exited (0 or
+/// not) says nothing more, as a command run from a shell.
+fn report_end(rec: &JobRecord) {
+    let why = rec
+        .error
+        .as_deref()
+        .map(|e| format!(": {e}"))
+        .unwrap_or_default();
+    let line = match rec.state {
+        JobState::Failed if never_started(rec) => format!("could not be started{why}"),
+        JobState::Succeeded | JobState::Failed => match (rec.exit_code, rec.signal) {
+            (None, Some(sig)) => format!("was killed by signal {sig}"),
+            _ => return,
+        },
+        JobState::TimedOut => format!("timed out{why}"),
+        // "cancelled: cancelled" says nothing twice.
+        other if rec.error.as_deref() == Some(other.as_str()) => other.as_str().to_owned(),
+        other => format!("{}{why}", other.as_str()),
+    };
+    eprintln!("railgrid: job {} {line}", rec.id);
+}
+
+/// The exit code a shell would show for the job: its own (127 not found and 126 not
+/// executable for a program that could not start), 128 + signal, 124 for a timeout (as
+/// timeout(1)), 1 otherwise.
 fn exit_code(rec: &JobRecord) -> u8 {
     match rec.state {
         JobState::TimedOut => 124,

@@ -206,6 +206,9 @@ async fn health(State(api): State<Api>) -> Json<Health> {
 pub struct Submitted {
     pub id: String,
     pub state: JobState,
+    /// Limits this host will not enforce as asked, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 async fn submit(State(api): State<Api>, body: axum::body::Bytes) -> ApiResult<Response> {
@@ -216,6 +219,7 @@ async fn submit(State(api): State<Api>, body: axum::body::Bytes) -> ApiResult<Re
             format!("invalid job spec: {e}"),
         )
     })?;
+    let warnings = api.engine.unenforced(&spec);
     let (created, rec) = api.engine.submit(spec).await?;
     let status = if created {
         StatusCode::CREATED
@@ -227,6 +231,7 @@ async fn submit(State(api): State<Api>, body: axum::body::Bytes) -> ApiResult<Re
         Json(Submitted {
             id: rec.id,
             state: rec.state,
+            warnings,
         }),
     )
         .into_response())

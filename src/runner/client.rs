@@ -26,6 +26,8 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    #[error("may not connect to the runner at {path}: the socket belongs to the runner's account ({owner}); run this as {owner} or as root")]
+    ConnectDenied { path: PathBuf, owner: String },
     #[error("request to the runner at {path} failed")]
     Http {
         path: PathBuf,
@@ -125,13 +127,41 @@ impl Client {
         Ok((self.connect().await?, false))
     }
 
+    /// A refused connection names whose socket it is: the runner is running, this
+    /// client's account is the problem.
+    fn connect_error(&self, source: std::io::Error) -> ClientError {
+        if source.kind() == std::io::ErrorKind::PermissionDenied {
+            use std::os::unix::fs::MetadataExt;
+            // The socket itself, or a directory on the way to it, is another account's.
+            let owner = std::fs::metadata(&self.socket)
+                .map(|m| m.uid())
+                .or_else(|_| {
+                    self.socket
+                        .parent()
+                        .map_or(Err(source.kind().into()), std::fs::metadata)
+                        .map(|m| m.uid())
+                });
+            if let Ok(uid) = owner {
+                let owner = uzers::get_user_by_uid(uid).map_or_else(
+                    || format!("uid {uid}"),
+                    |u| u.name().to_string_lossy().into_owned(),
+                );
+                return ClientError::ConnectDenied {
+                    path: self.socket.clone(),
+                    owner,
+                };
+            }
+        }
+        ClientError::Connect {
+            path: self.socket.clone(),
+            source,
+        }
+    }
+
     async fn connect(&self) -> Result<Sender, ClientError> {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
-            .map_err(|source| ClientError::Connect {
-                path: self.socket.clone(),
-                source,
-            })?;
+            .map_err(|source| self.connect_error(source))?;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| self.http(e))?;

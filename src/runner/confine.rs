@@ -203,6 +203,31 @@ impl CgroupTier {
     }
 }
 
+/// What of `limits` this host will not enforce as asked, and why, for the submitter (the
+/// job's `confinement` says the same once it runs).
+pub fn unenforced(tier: Option<&CgroupTier>, limits: &Limits) -> Vec<String> {
+    let has = |c: &str| tier.is_some_and(|t| t.controllers.contains(&c));
+    const HOW: &str =
+        "the cgroup tier: runner.delegate_cgroup = true under a systemd unit with Delegate=yes";
+    let mut out = Vec::new();
+    if limits.cpu_millis.is_some() && !has("cpu") {
+        out.push(format!(
+            "cpu_millis will not be enforced: it needs the cpu controller of {HOW}"
+        ));
+    }
+    if limits.memory_bytes.is_some() && !has("memory") {
+        out.push(format!(
+            "memory_bytes is enforced as RLIMIT_AS (address space, not memory): memory.max needs {HOW}"
+        ));
+    }
+    if limits.processes.is_some() && !has("pids") {
+        out.push(format!(
+            "processes is enforced as RLIMIT_NPROC, which counts every process of the runner's account: pids.max needs {HOW}"
+        ));
+    }
+    out
+}
+
 /// Decides how job `id` is confined and prepares it (its cgroup, when the tier is there).
 /// A cgroup that cannot be made costs the job that tier, not its start: the job runs in
 /// the process-group tier and its record says so.

@@ -230,6 +230,14 @@ impl Engine {
         &self.inner.paths
     }
 
+    /// Limits of `spec` this host will not enforce as asked, and why.
+    pub fn unenforced(&self, spec: &JobSpec) -> Vec<String> {
+        spec.limits
+            .as_ref()
+            .map(|l| super::confine::unenforced(self.inner.cgroups.as_ref(), l))
+            .unwrap_or_default()
+    }
+
     /// The confinement tier jobs get: `cgroup` or `process-group`.
     pub fn confinement(&self) -> &'static str {
         CgroupTier::name(self.inner.cgroups.as_ref())
@@ -577,6 +585,10 @@ impl Engine {
             Err(e) => (
                 JobState::Failed,
                 Outcome {
+                    exit_code: match &e {
+                        EngineError::Job(j) => j.shell_exit_code(),
+                        _ => None,
+                    },
                     error: Some(crate::error_chain(&e)),
                     ..Outcome::default()
                 },

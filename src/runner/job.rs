@@ -141,6 +141,29 @@ pub enum JobError {
 }
 
 impl JobError {
+    /// The exit code a shell reports for a program it could not start, when that is why:
+    /// 127 not found, 126 found but not executable. The record of such a job carries it
+    /// (with no pid: nothing ran), so `railgrid job` exits as `sh -c` would.
+    pub fn shell_exit_code(&self) -> Option<i32> {
+        let source = match self {
+            JobError::Spawn { source, .. } => source,
+            JobError::Launch {
+                step: crate::sys::launch::Step::Exec,
+                source,
+                ..
+            } => source,
+            _ => return None,
+        };
+        match (source.kind(), source.raw_os_error()) {
+            (io::ErrorKind::NotFound, _) | (_, Some(libc::ENOENT)) => Some(127),
+            (io::ErrorKind::PermissionDenied, _)
+            | (_, Some(libc::EACCES))
+            | (_, Some(libc::ENOEXEC))
+            | (_, Some(libc::EISDIR)) => Some(126),
+            _ => None,
+        }
+    }
+
     /// Errors in the spec (400) rather than in the runner.
     pub fn is_client_error(&self) -> bool {
         matches!(
