@@ -12,7 +12,7 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::AgentError;
@@ -33,20 +33,25 @@ pub fn lock_path(state_dir: &Path) -> PathBuf {
 }
 
 /// Creates the state directory if needed (0700; `prepare` later sets its final mode) and
-/// takes the instance lock. Blocking, but only for an open and a flock: called once, before
-/// the runtime does anything else.
-pub fn acquire(state_dir: &Path) -> Result<Instance, AgentError> {
-    match fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(state_dir)
-    {
-        Ok(()) => {}
-        Err(source) => {
-            return Err(AgentError::Dir {
-                path: state_dir.to_owned(),
-                source,
-            })
+/// takes the instance lock. Directories missing above it are made 0711 when `traversable`
+/// (the runner is another account and must pass through them), else 0700. Blocking, but
+/// only for a few mkdirs, an open and a flock: called once, before the runtime does
+/// anything else.
+pub fn acquire(state_dir: &Path, traversable: bool) -> Result<Instance, AgentError> {
+    let dir_err = |path: &Path| {
+        let path = path.to_owned();
+        move |source| AgentError::Dir { path, source }
+    };
+    let mut missing: Vec<&Path> = state_dir.ancestors().take_while(|p| !p.exists()).collect();
+    missing.reverse();
+    for dir in missing {
+        match fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(dir_err(dir)(e)),
+        }
+        if traversable && dir != state_dir {
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o711)).map_err(dir_err(dir))?;
         }
     }
     match lock::acquire(&lock_path(state_dir)) {

@@ -321,6 +321,39 @@ fn prepare(cfg: &AgentConfig) -> Result<(), AgentError> {
     Ok(())
 }
 
+/// Checks, before anything is created, what would make `prepare` refuse later: that the
+/// runner account can pass through every directory that exists above the state directory
+/// (the agent makes the rest). A refused start then leaves nothing behind.
+pub fn preflight(cfg: &AgentConfig) -> Result<(), AgentError> {
+    let Some(acct) = cfg.runner.user.as_ref() else {
+        return Ok(());
+    };
+    // The deepest path on the way whose parent exists: every directory above it does.
+    let Some(first) = cfg
+        .state_dir
+        .ancestors()
+        .find(|p| p.parent().is_some_and(Path::exists))
+    else {
+        return Ok(());
+    };
+    check_reachable(first, acct).map_err(|e| match e {
+        AgentError::Unreachable {
+            user,
+            dir,
+            mode,
+            owner,
+            ..
+        } => AgentError::Unreachable {
+            user,
+            path: cfg.runner_dir(),
+            dir,
+            mode,
+            owner,
+        },
+        other => other,
+    })
+}
+
 /// The runner's files (lock, socket, job records) belong to the account that ran it. A
 /// directory that already holds another account's files is refused rather than re-owned:
 /// chowning a tree another user controls is how root gets tricked through symlinks.

@@ -30,10 +30,16 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     crate::sys::set_umask(0o077);
     // Before anything else is touched (the log, the runner, the status file): a second
     // agent on a live state directory refuses here and changes nothing.
-    let instance = crate::agent::instance::acquire(&cfg.state_dir).map_err(|e| match e {
-        e @ AgentError::AlreadyRunning { .. } => usage(e),
-        e => anyhow::Error::new(e),
-    })?;
+    let to_exit = |e: AgentError| {
+        if e.is_config() {
+            usage(e)
+        } else {
+            anyhow::Error::new(e)
+        }
+    };
+    agent_mod::preflight(&cfg).map_err(to_exit)?;
+    let traversable = cfg.runner.user.is_some();
+    let instance = crate::agent::instance::acquire(&cfg.state_dir, traversable).map_err(to_exit)?;
     std::fs::create_dir_all(&cfg.log_dir)
         .with_context(|| format!("could not create log directory {}", cfg.log_dir.display()))?;
     let appender = tracing_appender::rolling::Builder::new()
@@ -90,19 +96,33 @@ pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
     let st = match status::read(&state_dir) {
         Ok(st) => st,
         Err(status::ReadError::Missing { path }) => {
-            eprintln!(
-                "railgrid: agent not running (no status file at {})",
-                path.display()
-            );
+            if args.json {
+                let none = serde_json::json!({
+                    "running": false,
+                    "state_dir": state_dir,
+                    "reason": format!("no status file at {}", path.display()),
+                });
+                print_stdout(&serde_json::to_string_pretty(&none)?)?;
+            } else {
+                eprintln!(
+                    "railgrid: agent not running (no status file at {})",
+                    path.display()
+                );
+            }
             return Ok(ExitCode::from(NOT_RUNNING));
         }
         Err(e) => return Err(e.into()),
     };
     let alive = status::agent_alive(&state_dir, &st);
+    let last_line = last_log_line(&st.log_dir.join(crate::agent::RUNNER_LOG));
     if args.json {
-        print_stdout(&serde_json::to_string_pretty(&st)?)?;
+        let mut value = serde_json::to_value(&st)?;
+        // The file says what the agent last wrote; whether it still runs is known here.
+        value["running"] = alive.into();
+        value["runner"]["last_log_line"] = last_line.into();
+        print_stdout(&serde_json::to_string_pretty(&value)?)?;
     } else {
-        print_stdout(&render(&st, alive))?;
+        print_stdout(&render(&st, alive, last_line.as_deref()))?;
     }
     if alive {
         Ok(ExitCode::SUCCESS)
@@ -114,16 +134,33 @@ pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The last line of the runner's log, where this account may read it: the runner's own
+/// last word (why it exited) is there, not in the agent's status.
+fn last_log_line(path: &std::path::Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    let tail = len.min(4096);
+    f.seek(SeekFrom::Start(len - tail)).ok()?;
+    let mut buf = Vec::new();
+    f.take(tail).read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf);
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| l.trim_end().to_owned())
+}
+
 fn ago(t: SystemTime) -> String {
     let d = SystemTime::now().duration_since(t).unwrap_or_default();
     humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
 }
 
-fn render(st: &AgentStatus, alive: bool) -> String {
+fn render(st: &AgentStatus, alive: bool, last_line: Option<&str>) -> String {
     let mut out = String::new();
     let agent = if alive { "running" } else { "not running" };
     out.push_str(&format!(
-        "agent:    {agent} (pid {}, version {}, started {} ago, updated {} ago)\n",
+        "agent:      {agent} (pid {}, version {}, started {} ago, updated {} ago)\n",
         st.pid,
         st.version,
         ago(st.started_at),
@@ -133,20 +170,29 @@ fn render(st: &AgentStatus, alive: bool) -> String {
     let state = format!("{:?}", r.state).to_lowercase();
     let pid = r.pid.map(|p| format!("pid {p}, ")).unwrap_or_default();
     out.push_str(&format!(
-        "runner:   {state} ({pid}{} starts, for {})\n",
+        "runner:     {state} ({pid}{} starts, for {})\n",
         r.starts,
         ago(r.since)
     ));
     if let Some(err) = &r.last_error {
-        out.push_str(&format!("last error: {err}\n"));
+        out.push_str(&format!("last exit:  {err}\n"));
+    }
+    let log = st.log_dir.join(crate::agent::RUNNER_LOG);
+    match last_line {
+        Some(line) => out.push_str(&format!(
+            "runner log: {} (last line: {line})\n",
+            log.display()
+        )),
+        None => out.push_str(&format!("runner log: {}\n", log.display())),
     }
     if !st.reclaimed_pids.is_empty() {
         let pids: Vec<String> = st.reclaimed_pids.iter().map(i32::to_string).collect();
         out.push_str(&format!("reclaimed orphan runners: {}\n", pids.join(", ")));
     }
-    out.push_str(&format!("state dir: {}\n", st.state_dir.display()));
+    out.push_str(&format!("state dir:  {}\n", st.state_dir.display()));
+    out.push_str(&format!("log dir:    {}\n", st.log_dir.display()));
     out.push_str(&format!(
-        "config:   {}",
+        "config:     {}",
         st.config_path
             .as_ref()
             .map_or_else(|| "(defaults)".to_owned(), |p| p.display().to_string())

@@ -163,7 +163,7 @@ fn the_agent_starts_the_runner_and_health_answers() {
         .expect("status");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("agent:    running") && text.contains(&format!("pid {pid}")),
+        text.contains("agent:      running") && text.contains(&format!("pid {pid}")),
         "{text}"
     );
 }
@@ -726,4 +726,85 @@ fn agent_status_believes_only_the_holder_of_the_agent_lock() {
         .output()
         .expect("status");
     assert_eq!(out.status.code(), Some(3), "{out:?}");
+}
+
+#[test]
+fn a_start_the_runner_account_could_not_reach_is_refused_before_anything_is_made() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root (a runner account other than the agent's)");
+        return;
+    }
+    let host = Host::new();
+    // The runner account may not pass through this one.
+    let closed = host.path("closed");
+    fs::create_dir(&closed).expect("mkdir");
+    fs::set_permissions(&closed, fs::Permissions::from_mode(0o700)).expect("chmod");
+    let state = closed.join("deeper/state");
+    let out = railgrid()
+        .args(["agent", "run", "--config"])
+        .arg(host.path("agent.toml"))
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--log-dir")
+        .arg(host.path("logs"))
+        .args(["--runner-user", "nobody"])
+        .output()
+        .expect("agent run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("runner user nobody cannot reach") && err.contains(&path_str(&closed)),
+        "{err}"
+    );
+    assert!(
+        fs::read_dir(&closed).expect("read_dir").next().is_none(),
+        "a refused start left files in {}",
+        closed.display()
+    );
+    assert!(
+        !host.path("logs").exists(),
+        "a refused start made the log dir"
+    );
+}
+
+#[test]
+fn agent_status_shows_where_things_are_and_json_always_parses() {
+    let host = Host::new();
+    let status = |json: bool| {
+        let mut cmd = railgrid();
+        cmd.args(["agent", "status", "--state-dir"])
+            .arg(host.state());
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output().expect("agent status")
+    };
+    // Before any agent ran: still a JSON object.
+    let out = status(true);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json before any agent");
+    assert_eq!(v["running"], false);
+
+    let mut agent = host.start_agent();
+    host.wait_runner("a runner", |_| true);
+    let out = status(false);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for want in [
+        format!("state dir:  {}", host.state().display()),
+        format!("log dir:    {}", host.path("logs").display()),
+        format!("runner log: {}", host.path("logs/runner.log").display()),
+        format!("config:     {}", host.path("agent.toml").display()),
+    ] {
+        assert!(text.contains(&want), "{want:?} in:\n{text}");
+    }
+    let v: Value = serde_json::from_slice(&status(true).stdout).expect("json");
+    assert_eq!(v["running"], true);
+
+    agent.signal(Signal::SIGTERM);
+    let _ = agent.wait_output(LIMIT);
+    let out = status(true);
+    assert_eq!(out.status.code(), Some(3));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json after the stop");
+    assert_eq!(v["running"], false);
 }
