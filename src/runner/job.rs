@@ -726,4 +726,28 @@ mod tests {
             Err(JobError::CwdOutside { .. })
         ));
     }
+
+    #[tokio::test]
+    async fn a_drain_takes_what_is_in_the_pipe_while_another_process_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stdout");
+        let (r, w) = pipe::pipe().unwrap();
+        let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(r)).unwrap();
+        let stats = Arc::new(SpoolStats::default());
+        let (st, p) = (stats.clone(), path.clone());
+        let task = tokio::spawn(async move { spool(rx, &p, 1024, &st, &|| {}).await });
+        // Stands for a process that left the job's group with the pipe as its stdout.
+        let escapee = File::from(w.try_clone().unwrap());
+        let mut job = File::from(w);
+        job.write_all(b"last words").unwrap();
+        drop(job);
+        stats.drain();
+        tokio::time::timeout(std::time::Duration::from_secs(60), task)
+            .await
+            .expect("the spool task waited for the escapee")
+            .unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"last words");
+        assert_eq!(stats.produced.load(Ordering::Relaxed), 10);
+        drop(escapee);
+    }
 }

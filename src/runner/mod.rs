@@ -264,3 +264,24 @@ pub async fn run(
     tracing::info!("runner stopped");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stop_reserve_leaves_most_of_the_budget_to_the_jobs() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            stop_reserve(Duration::from_secs(10)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            stop_reserve(Duration::from_secs(60)),
+            Duration::from_secs(3)
+        );
+        assert_eq!(stop_reserve(Duration::from_secs(1)), ms(200));
+        assert_eq!(stop_reserve(ms(300)), ms(150));
+        assert_eq!(stop_reserve(Duration::ZERO), Duration::ZERO);
+    }
+}
