@@ -788,6 +788,8 @@ impl Engine {
             }
         };
         let forced = tokio::select! {
+            // A stop with nothing left to do wins over a deadline already passed.
+            biased;
             // Cancel-safe: stopping only signals and waits; a stop cut short is finished
             // with SIGKILL below.
             () = stopping => false,
@@ -800,7 +802,8 @@ impl Engine {
             if let Some(cg) = &cgroup {
                 let _ = cg.kill();
             }
-            if let Some(pgid) = pid {
+            // Only while members are left: with none, the group id may be reused.
+            if let Some(pgid) = pid.filter(|&p| sys::group::group_alive(p)) {
                 let _ = sys::group::signal_group(pgid, Sig::SIGKILL);
                 supervisor::wait_group(pgid, Instant::now() + Duration::from_secs(2)).await;
             }

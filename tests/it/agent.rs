@@ -891,3 +891,54 @@ fn after_a_kill_9_of_agent_and_runner_the_next_runner_serves_at_once() {
         (h["reconciling"] == false).then_some(())
     });
 }
+
+#[test]
+fn a_delegated_agent_empties_the_runners_cgroup_tree_when_the_runner_could_not() {
+    let Some(cg) = DelegatedCgroup::new("stop", None) else {
+        eprintln!("SKIPPED: needs root and a cgroup v2 hierarchy with cgroup.kill");
+        return;
+    };
+    let host = Host::new();
+    let mut cmd = in_cgroup(&host.agent_cmd(&[]), &cg.dir, None);
+    cmd.env("RAILGRID_RUNNER_DELEGATE_CGROUP", "true")
+        .env("RAILGRID_RUNNER_STOP_GRACE", "1s")
+        .env("RAILGRID_RUNNER_INITIAL_BACKOFF", "100ms")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut agent = Guard::new(cmd.spawn().expect("spawn agent"));
+    let runner = host.wait_runner("a runner", |_| true);
+    agent.own_group(runner);
+    let health = get_json(&host.socket(), "/v1/health").expect("health");
+    assert_eq!(health["confinement"], "cgroup", "{health}");
+    // A job that leaves a process outside its group, and ignores SIGTERM itself.
+    let spec = r#"{"id":"escaping","argv":["sh","-c","setsid sh -c 'trap \"\" TERM; echo $$ > escaped.pid; exec sleep 1000' & while [ ! -s escaped.pid ]; do sleep 0.01; done; trap '' TERM; echo ready; exec sleep 1000"],"kill_grace_secs":120}"#;
+    let (code, body) = http(&host.socket(), "POST", "/v1/jobs", Some(spec)).expect("submit");
+    assert_eq!(code, 201, "{body}");
+    wait_for(LIMIT, "the job to be ready", || {
+        let (_, out) = get(&host.socket(), "/v1/jobs/escaping/output/stdout")?;
+        (out == "ready\n").then_some(())
+    });
+    let file = host.state().join("runner/work/escaping/escaped.pid");
+    let escapee: i32 = fs::read_to_string(file)
+        .expect("escaped.pid")
+        .trim()
+        .parse()
+        .expect("pid");
+    let pid = get_json(&host.socket(), "/v1/jobs/escaping").expect("job")["pid"]
+        .as_i64()
+        .expect("pid") as i32;
+    agent.own_group(pid);
+    agent.own_group(escapee);
+
+    kill(Pid::from_raw(runner), Signal::SIGSTOP).expect("SIGSTOP the runner");
+    agent.signal(Signal::SIGTERM);
+    let out = agent.wait_output(LIMIT);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!alive(escapee), "the escapee outlived the agent");
+    assert!(live_in_group(pid).is_empty(), "the job outlived the agent");
+    assert!(cg.procs("runner").is_empty());
+    let reaped = host.status()["reaped"].to_string();
+    assert!(reaped.contains("cgroup.kill"), "{reaped}");
+}
