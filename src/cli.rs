@@ -98,6 +98,22 @@ pub struct AgentStatusArgs {
 pub enum RunnerCommand {
     /// Serve the runner API on <state>/runner/runner.sock until SIGTERM or SIGINT.
     Run(RunnerArgs),
+    /// End the jobs a runner that is gone left running, mark them lost, print what was
+    /// done as JSON and exit (the agent runs it after every runner stop). Takes the runner
+    /// lock first: while a runner holds it, touches nothing and says so. Run it as the
+    /// runner's account.
+    Reap(ReapArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ReapArgs {
+    /// The agent's state directory; the runner's is <DIR>/runner.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// Longest time between SIGTERM and SIGKILL for each job (its own kill grace when
+    /// that is shorter).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10s")]
+    pub grace: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -127,6 +143,11 @@ pub struct RunnerArgs {
     /// 503 and closed.
     #[arg(long, value_name = "N", default_value_t = crate::runner::serve::MAX_CONNECTIONS)]
     pub max_api_connections: usize,
+    /// How long a stop (SIGTERM) may take in all: job kill graces are cut to fit and the
+    /// rest is SIGKILLed in time (the agent passes its runner.stop_grace). Without it,
+    /// each job gets its whole kill grace.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub stop_budget: Option<Duration>,
 }
 
 #[derive(Debug, Args)]

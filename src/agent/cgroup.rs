@@ -11,7 +11,8 @@
 //! U/runner/job-<id>  made by the runner, one per job
 //! ```
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use thiserror::Error;
 
@@ -98,4 +99,43 @@ pub fn delegate_to_runner(acct: &Account) -> Result<PathBuf, CgroupError> {
     }
     tracing::info!(cgroup = %tree.path().display(), user = %acct.name, "delegated a cgroup to the runner");
     Ok(leaf.path().to_owned())
+}
+
+/// How long the runner's tree may take to empty after `cgroup.kill`.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+/// How often that is checked; only while the agent stops the runner.
+const KILL_POLL: Duration = Duration::from_millis(10);
+
+/// Kills everything left in the runner's cgroup tree (the runner's leaf and every job's
+/// cgroup, whatever left its process group) with `cgroup.kill`, and waits for it to
+/// empty. Membership is the kernel's, so this cannot hit a process outside the tree, and
+/// no pid is read. Returns whether anything was there.
+pub async fn kill_tree(tree: &Path) -> Result<bool, CgroupError> {
+    let cg = Cgroup::at(tree);
+    let io = |what: &'static str| {
+        let path = tree.to_owned();
+        move |source| CgroupError::Io { what, path, source }
+    };
+    match cg.populated() {
+        Ok(false) => return Ok(false),
+        Ok(true) => {}
+        // The tree is gone: nothing can live in it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io("read cgroup.events of")(e)),
+    }
+    cg.kill().map_err(io("write cgroup.kill of"))?;
+    let deadline = tokio::time::Instant::now() + KILL_WAIT;
+    while cg.populated().unwrap_or(false) {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(CgroupError::Io {
+                what: "empty",
+                path: tree.to_owned(),
+                source: std::io::Error::other(format!(
+                    "processes are still there {KILL_WAIT:?} after cgroup.kill"
+                )),
+            });
+        }
+        tokio::time::sleep(KILL_POLL).await;
+    }
+    Ok(true)
 }

@@ -353,9 +353,10 @@ impl Sources<'_> {
     }
 }
 
-/// Longest runner stop grace accepted: the service manager's own stop timeout
-/// (TimeoutStopSec, ExitTimeOut) must stay above it, and a reload waits for it.
-pub const MAX_STOP_GRACE: Duration = Duration::from_secs(300);
+/// Longest runner stop grace accepted. It is the runner's whole stop budget, and the
+/// service manager's own stop timeout (TimeoutStopSec, ExitTimeOut) must cover it plus the
+/// agent's reap (see `agent::SERVICE_STOP_TIMEOUT`); a reload waits for it too.
+pub const MAX_STOP_GRACE: Duration = Duration::from_secs(60);
 
 fn bounded(
     src: &Sources<'_>,
@@ -759,9 +760,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("RAILGRID_RUNNER_STOP_GRACE") && err.contains("5m"),
+            err.contains("RAILGRID_RUNNER_STOP_GRACE") && err.contains("1m"),
             "{err}"
         );
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "[runner]\nstop_grace = \"61s\"\n");
+        let flags = Flags {
+            config: Some(path.clone()),
+            ..Flags::default()
+        };
+        let err = load_with(&flags, false, &env_of(&[("HOME", "/h")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("runner.stop_grace") && err.contains(&path.display().to_string()),
+            "{err}"
+        );
+        let env = env_of(&[("HOME", "/h"), ("RAILGRID_RUNNER_STOP_GRACE", "1m")]);
+        let c = load_with(&Flags::default(), false, &env).unwrap();
+        assert_eq!(c.runner.stop_grace, MAX_STOP_GRACE);
     }
 
     #[test]

@@ -10,6 +10,15 @@
 //! The runner is this same executable re-executed as `railgrid runner run --state-dir`,
 //! as the runner account, with an environment built from nothing: the agent's secrets
 //! (hub token, cloud keys) never reach it.
+//!
+//! Stopping the runner (at exit, and before a reload restarts it) is a budget: the runner
+//! is told `--stop-budget` = `runner.stop_grace` and fits its jobs' kill graces into it;
+//! the supervisor SIGKILLs it if it overruns. Then the agent finishes the stop
+//! (`finish_runner_stop`): `cgroup.kill` on the runner's cgroup tree where it has one, and
+//! `railgrid runner reap` as the runner's account, which ends every job group still
+//! recorded running (verified by pid and start time) and marks it lost. So no job outlives
+//! a runner stop, and the agent itself never opens the runner's database nor signals a
+//! job. The service manager's stop timeout covers all of it: see [`SERVICE_STOP_TIMEOUT`].
 
 #[cfg(target_os = "linux")]
 pub mod cgroup;
@@ -27,10 +36,11 @@ use std::time::{Duration, SystemTime};
 use thiserror::Error;
 use tokio::signal::unix::{signal, SignalKind};
 
-use self::config::{AgentConfig, ConfigError};
+use self::config::{AgentConfig, ConfigError, MAX_STOP_GRACE};
 use self::notify::Notifier;
 use self::status::AgentStatus;
 use crate::build_info;
+use crate::runner::leftover::ReapReport;
 use crate::supervisor::account::Account;
 use crate::supervisor::lock::{self, LockError};
 use crate::supervisor::{self, env, Identity, State, Status, Supervisor};
@@ -45,6 +55,20 @@ pub const RUNNER_LOCK: &str = "runner.lock";
 pub const RUNNER_SOCKET: &str = "runner.sock";
 /// The capped log of the runner, inside the log directory.
 pub const RUNNER_LOG: &str = "runner.log";
+/// The grace `runner reap` gives each job a stopped runner left: the runner's own stop
+/// already had its budget for a gentle end.
+const REAP_GRACE: Duration = Duration::from_secs(2);
+/// Longest a `runner reap` may take (its grace, SIGKILL and reaping, the database) before
+/// the agent kills it.
+pub const REAP_TIMEOUT: Duration = Duration::from_secs(15);
+/// Room for the rest of an agent stop: the supervisor's SIGKILL wait and log drain, the
+/// cgroup tree's kill, the status file.
+const STOP_MARGIN: Duration = Duration::from_secs(15);
+/// The least stop timeout the service manager must give the agent (systemd
+/// `TimeoutStopSec`, launchd `ExitTimeOut`): the longest `runner.stop_grace`, the reap and
+/// a margin. The shipped unit and plist are checked against it.
+pub const SERVICE_STOP_TIMEOUT: Duration =
+    Duration::from_secs(MAX_STOP_GRACE.as_secs() + REAP_TIMEOUT.as_secs() + STOP_MARGIN.as_secs());
 
 #[derive(Debug, Error)]
 pub enum AgentError {
@@ -158,6 +182,7 @@ pub async fn run(
             _ = hup.recv() => {
                 if let Some(new_sup) = apply_reload(&mut cfg, &reload, &exe).await {
                     sup.stop().await;
+                    report.status.reaped = finish_runner_stop(&cfg, &sup, &exe).await;
                     report.earlier_starts += sup.starts();
                     sup = new_sup;
                     sup.start().await?;
@@ -183,6 +208,7 @@ pub async fn run(
     tracing::info!("{why} received: stopping the runner");
     report.notify("STOPPING=1");
     sup.stop().await;
+    report.status.reaped = finish_runner_stop(&cfg, &sup, &exe).await;
     report.status.running = false;
     report.update(&cfg, &sup.status());
     tracing::info!("agent stopped");
@@ -232,20 +258,11 @@ async fn apply_reload(
 
 /// The supervisor configuration of the runner child.
 fn runner_config(cfg: &AgentConfig, exe: &Path) -> Result<supervisor::Config, AgentError> {
-    let account = cfg.runner.user.clone().unwrap_or_else(Account::current);
-    let env = env::child_env(&account, None, None, &[]).map_err(|source| {
-        AgentError::Supervisor(supervisor::Error::Env {
-            name: "runner".into(),
-            source,
-        })
-    })?;
-    let mut c = supervisor::Config::new("runner", exe, cfg.log_dir.join(RUNNER_LOG));
-    c.args = vec![
-        "runner".into(),
-        "run".into(),
-        "--state-dir".into(),
-        cfg.state_dir.clone().into_os_string(),
-    ];
+    let mut c = runner_account_config(cfg, exe, "runner", "run")?;
+    // In milliseconds: exact, and one argument.
+    c.args.push("--stop-budget".into());
+    c.args
+        .push(format!("{}ms", cfg.runner.stop_grace.as_millis()).into());
     let r = &cfg.runner;
     let limits = [
         ("--max-jobs", r.max_jobs.map(|n| n.to_string())),
@@ -265,6 +282,38 @@ fn runner_config(cfg: &AgentConfig, exe: &Path) -> Result<supervisor::Config, Ag
             c.args.push(v.into());
         }
     }
+    c.max_log_bytes = cfg.runner.max_log_bytes;
+    c.stop_grace = cfg.runner.stop_grace;
+    c.initial_backoff = cfg.runner.initial_backoff;
+    if cfg.runner.delegate_cgroup {
+        let account = cfg.runner.user.clone().unwrap_or_else(Account::current);
+        c.cgroup = runner_cgroup(&account);
+    }
+    Ok(c)
+}
+
+/// `railgrid runner <verb> --state-dir S` from the pinned executable, as the runner
+/// account, with an environment built from nothing, in the runner's directory.
+fn runner_account_config(
+    cfg: &AgentConfig,
+    exe: &Path,
+    name: &str,
+    verb: &str,
+) -> Result<supervisor::Config, AgentError> {
+    let account = cfg.runner.user.clone().unwrap_or_else(Account::current);
+    let env = env::child_env(&account, None, None, &[]).map_err(|source| {
+        AgentError::Supervisor(supervisor::Error::Env {
+            name: name.into(),
+            source,
+        })
+    })?;
+    let mut c = supervisor::Config::new(name, exe, cfg.log_dir.join(RUNNER_LOG));
+    c.args = vec![
+        "runner".into(),
+        verb.into(),
+        "--state-dir".into(),
+        cfg.state_dir.clone().into_os_string(),
+    ];
     c.dir = cfg.runner_dir();
     c.env = env;
     c.identity = cfg
@@ -272,13 +321,80 @@ fn runner_config(cfg: &AgentConfig, exe: &Path) -> Result<supervisor::Config, Ag
         .user
         .clone()
         .map_or(Identity::Inherit, Identity::User);
-    c.max_log_bytes = cfg.runner.max_log_bytes;
-    c.stop_grace = cfg.runner.stop_grace;
-    c.initial_backoff = cfg.runner.initial_backoff;
-    if cfg.runner.delegate_cgroup {
-        c.cgroup = runner_cgroup(&account);
-    }
     Ok(c)
+}
+
+/// Ends what a stopped runner could not (it was SIGKILLed at stop_grace, or had crashed
+/// before): where it had a delegated cgroup, everything in that tree, jobs' cgroups and
+/// all, with `cgroup.kill`; then `runner reap` as the runner's account, which ends every
+/// job group still recorded running (verified by pid and start time) and marks it lost.
+/// Returns what was ended, one line each, for the status file; the log says the same.
+async fn finish_runner_stop(cfg: &AgentConfig, sup: &Supervisor, exe: &Path) -> Vec<String> {
+    let mut ended = Vec::new();
+    #[cfg(target_os = "linux")]
+    if let Some(tree) = sup.config().cgroup.as_ref().and_then(|leaf| leaf.parent()) {
+        match cgroup::kill_tree(tree).await {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::warn!(cgroup = %tree.display(), "processes were left in the runner's cgroup tree after its stop: killed them with cgroup.kill");
+                ended.push(format!(
+                    "processes left in the runner's cgroup {}: killed (cgroup.kill)",
+                    tree.display()
+                ));
+            }
+            Err(e) => {
+                tracing::error!(error = %crate::error_chain(&e), "could not empty the runner's cgroup tree")
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = sup;
+    let reap = runner_account_config(cfg, exe, "runner reap", "reap").map(|mut c| {
+        c.args.push("--grace".into());
+        c.args.push(format!("{}ms", REAP_GRACE.as_millis()).into());
+        c
+    });
+    let finished = match reap {
+        Ok(c) => supervisor::run_once(&c, REAP_TIMEOUT)
+            .await
+            .map_err(AgentError::from),
+        Err(e) => Err(e),
+    };
+    let finished = match finished {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::error!(error = %crate::error_chain(&e), "could not run `runner reap`: jobs the runner left running may outlive it");
+            return ended;
+        }
+    };
+    let stderr = String::from_utf8_lossy(&finished.stderr);
+    let report: Option<ReapReport> = match finished.status {
+        Some(st) if st.success() => serde_json::from_slice(&finished.stdout).ok(),
+        _ => None,
+    };
+    let Some(report) = report else {
+        let why = finished.status.map_or_else(
+            || format!("killed after {REAP_TIMEOUT:?}"),
+            supervisor::describe,
+        );
+        tracing::error!(status = %why, stderr = %stderr.trim(), "`runner reap` failed: jobs the runner left running may outlive it");
+        return ended;
+    };
+    if let Some(pid) = report.held_by {
+        tracing::warn!(
+            pid,
+            "`runner reap`: a runner still holds the runner lock; its jobs were left alone"
+        );
+    }
+    for e in &report.ended {
+        tracing::warn!(job = %e.id, pid = ?e.pid, reason = %e.reason, "reaped a job the runner left running: marked lost");
+        let pid = e.pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
+        ended.push(format!("job {}{pid}: {}", e.id, e.reason));
+    }
+    for id in &report.uncommitted {
+        tracing::error!(job = %id, "`runner reap` could not record the job as lost (is the disk full?); the next runner reconciles it");
+    }
+    ended
 }
 
 /// The cgroup delegated to the runner, or `None` (logged) where the host cannot give one:
@@ -446,6 +562,7 @@ impl Reporter {
                     since: now,
                 },
                 reclaimed_pids: reclaimed,
+                reaped: Vec::new(),
             },
             notifier: Notifier::from_env(),
             ready: false,
@@ -484,5 +601,45 @@ impl Reporter {
             self.notify("READY=1");
             crate::util::release_startup_code();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The duration after `key` in a unit file (`90s`, `1min 30s`).
+    fn unit_value(unit: &str, key: &str) -> Duration {
+        let v = unit
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in the unit"));
+        humantime::parse_duration(v.trim()).unwrap_or_else(|e| panic!("{key}{v}: {e}"))
+    }
+
+    #[test]
+    fn the_service_managers_wait_for_the_whole_stop_budget() {
+        assert!(SERVICE_STOP_TIMEOUT > MAX_STOP_GRACE + REAP_TIMEOUT);
+        let unit = include_str!("../../packaging/systemd/railgrid-agent.service");
+        let stop = unit_value(unit, "TimeoutStopSec=");
+        assert!(
+            stop >= SERVICE_STOP_TIMEOUT,
+            "TimeoutStopSec={stop:?} in railgrid-agent.service is below {SERVICE_STOP_TIMEOUT:?}: the longest runner.stop_grace ({MAX_STOP_GRACE:?}), the reap ({REAP_TIMEOUT:?}) and a margin"
+        );
+
+        let plist = include_str!("../../packaging/launchd/com.railgrid.agent.plist");
+        let after = plist
+            .split_once("<key>ExitTimeOut</key>")
+            .expect("ExitTimeOut in the plist")
+            .1;
+        let secs: u64 = after
+            .split_once("<integer>")
+            .and_then(|(_, r)| r.split_once("</integer>"))
+            .and_then(|(n, _)| n.trim().parse().ok())
+            .expect("ExitTimeOut is an <integer>");
+        assert!(
+            Duration::from_secs(secs) >= SERVICE_STOP_TIMEOUT,
+            "ExitTimeOut {secs} in com.railgrid.agent.plist is below {SERVICE_STOP_TIMEOUT:?}"
+        );
     }
 }

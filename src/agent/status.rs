@@ -31,6 +31,10 @@ pub struct AgentStatus {
     pub runner: Status,
     /// Orphan runners terminated at start.
     pub reclaimed_pids: Vec<i32>,
+    /// What the last runner stop left and the agent ended (`runner reap`, `cgroup.kill`),
+    /// one line each.
+    #[serde(default)]
+    pub reaped: Vec<String>,
 }
 
 pub fn path(state_dir: &Path) -> PathBuf {

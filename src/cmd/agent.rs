@@ -189,6 +189,9 @@ fn render(st: &AgentStatus, alive: bool, last_line: Option<&str>) -> String {
         let pids: Vec<String> = st.reclaimed_pids.iter().map(i32::to_string).collect();
         out.push_str(&format!("reclaimed orphan runners: {}\n", pids.join(", ")));
     }
+    for line in &st.reaped {
+        out.push_str(&format!("reaped after the runner stopped: {line}\n"));
+    }
     out.push_str(&format!("state dir:  {}\n", st.state_dir.display()));
     out.push_str(&format!("log dir:    {}\n", st.log_dir.display()));
     out.push_str(&format!(

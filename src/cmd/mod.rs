@@ -63,6 +63,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Command::Runner {
                     command: RunnerCommand::Run(args),
                 } => runner::run(args),
+                Command::Runner {
+                    command: RunnerCommand::Reap(args),
+                } => runner::reap(args),
                 Command::Job { target, command } => job::run(target, command),
             }
         }

@@ -1,9 +1,9 @@
-//! `railgrid runner run`.
+//! `railgrid runner run` and `railgrid runner reap`.
 
 use std::process::ExitCode;
 
 use super::usage;
-use crate::cli::RunnerArgs;
+use crate::cli::{ReapArgs, RunnerArgs};
 use crate::runner::engine::EngineConfig;
 use crate::runner::{self, RunnerError};
 
@@ -32,6 +32,20 @@ pub(super) fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
         &state_dir,
         cfg,
         args.max_api_connections.max(1),
+        args.stop_budget,
     ))?;
     Ok(ExitCode::SUCCESS)
+}
+
+pub(super) fn reap(args: ReapArgs) -> anyhow::Result<ExitCode> {
+    if crate::sys::is_root() {
+        return Err(usage(runner::leftover::LeftoverError::Root));
+    }
+    crate::sys::set_umask(0o077);
+    let state_dir = std::path::absolute(&args.state_dir)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(runner::leftover::reap(&state_dir, args.grace))?;
+    super::print_stdout(&serde_json::to_string(&report)?)
 }

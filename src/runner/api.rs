@@ -198,6 +198,8 @@ async fn health(State(api): State<Api>) -> Json<Health> {
         confinement: api.engine.confinement().to_owned(),
         isolation: api.engine.isolation().to_owned(),
         commits_pending: api.engine.commits_pending() as u64,
+        reconciling: api.engine.reconciling() > 0,
+        leftovers: api.engine.reconciling() as u64,
     })
 }
 

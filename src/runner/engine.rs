@@ -4,7 +4,14 @@
 //! Tasks:
 //! - one *job task* per started job (`run_job`): spawns it, waits for exit, timeout or
 //!   cancel, stops its process group (SIGTERM, kill grace, SIGKILL), records the outcome.
-//! - two *spool threads* per job (see [`super::job`]).
+//! - two *spool tasks* per job (see [`super::job`]).
+//! - one *leftover task* per job a previous runner left running (`end_leftover`, see
+//!   [`super::leftover`]): started by `Engine::start` and run while the runner serves, so
+//!   that a dead runner's jobs never delay the API. `/v1/health` counts them.
+//!
+//! Stop: `shutdown` takes a deadline (the runner's stop budget less a reserve); every kill
+//! grace, of jobs and leftovers alike, is cut to fit it, and a stop still running when it
+//! passes ends with SIGKILL (`cgroup.kill`).
 //!
 //! State: the store is the truth for every job (with the state changes it holds in memory
 //! while the disk is full, which reads show); the scheduler (`Sched`) holds only the FIFO
@@ -13,7 +20,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +30,7 @@ use tokio::time::Instant;
 
 use super::confine::{CgroupTier, FsGuard, Tiers};
 use super::job::{self, JobError, JobPaths, SpoolStats};
+use super::leftover::{self, Context, Leftover};
 use super::spec::{self, JobSpec, SpecError};
 use super::store::{Inserted, JobRecord, JobState, Outcome, Recorded, Store, StoreError};
 use crate::supervisor::{self, Reapable};
@@ -160,6 +168,10 @@ struct Inner {
     cgroups: Option<CgroupTier>,
     /// The Landlock ruleset jobs restrict themselves to, where the kernel has Landlock.
     fs_guard: Option<FsGuard>,
+    /// When the stop must be done by; set by `shutdown`.
+    stop_deadline: watch::Sender<Option<Instant>>,
+    /// Leftovers of a previous runner (jobs and job cgroups) not yet ended.
+    reconciling: AtomicUsize,
 }
 
 /// A handle to the engine; cheap to clone.
@@ -177,7 +189,8 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Engine {
-    /// Opens the store, reconciles what a previous runner left, and re-queues queued jobs.
+    /// Opens the store, starts ending what a previous runner left (in the background), and
+    /// re-queues queued jobs. Returns without waiting for any process.
     pub async fn start(runner_dir: PathBuf, cfg: EngineConfig) -> Result<Self, EngineError> {
         let paths = JobPaths::open(&runner_dir).map_err(EngineError::Job)?;
         let db = runner_dir.join("jobs.db");
@@ -197,6 +210,8 @@ impl Engine {
                 tasks: Mutex::new(tokio::task::JoinSet::new()),
                 cgroups: CgroupTier::detect(),
                 fs_guard: runner_dir.parent().and_then(FsGuard::detect),
+                stop_deadline: watch::channel(None).0,
+                reconciling: AtomicUsize::new(0),
             }),
         };
         engine.reconcile().await?;
@@ -256,6 +271,11 @@ impl Engine {
         self.sched().running.len()
     }
 
+    /// Jobs (and job cgroups) of a previous runner still being ended.
+    pub fn reconciling(&self) -> usize {
+        self.inner.reconciling.load(Ordering::Relaxed)
+    }
+
     /// Job state changes held in memory because the database could not take them yet.
     pub fn commits_pending(&self) -> usize {
         self.inner.store.held_count()
@@ -281,64 +301,15 @@ impl Engine {
         });
     }
 
-    /// Records left in `starting`/`running` by a previous runner become `lost`; a job
-    /// process that still lives (same pid *and* start time) has its group killed first.
+    /// Records left in `starting`/`running` by a previous runner become `lost`, after a
+    /// job process that still lives (same pid *and* start time) has had its group killed:
+    /// in the background, one task per job, each with at most [`leftover::RECONCILE_GRACE`].
+    /// Queued jobs are queued again and may start meanwhile.
     async fn reconcile(&self) -> Result<(), EngineError> {
-        let store = self.inner.store.clone();
-        let stale =
-            blocking(move || store.in_states(&[JobState::Starting, JobState::Running])).await??;
-        #[cfg(target_os = "linux")]
-        let mut leftovers: HashMap<String, sys::cgroup::Cgroup> = self
-            .inner
-            .cgroups
-            .as_ref()
-            .map(|t| t.leftovers().into_iter().collect())
-            .unwrap_or_default();
-        for rec in stale {
-            let grace = Duration::from_secs(rec.spec.kill_grace_secs());
-            #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
-            let mut reason = match live_job_process(&rec) {
-                Some(pid) => {
-                    tracing::warn!(job = %rec.id, pid = pid.get(), "a job of a previous runner is still running: stopping its process group");
-                    kill_orphan_group(pid, grace).await;
-                    "the runner restarted while the job ran; its process group was killed"
-                        .to_owned()
-                }
-                None => "the runner restarted while the job ran; its process was already gone"
-                    .to_owned(),
-            };
-            // Whatever left the group but stayed in the job's cgroup goes too.
-            #[cfg(target_os = "linux")]
-            if let Some(cg) = leftovers.remove(&rec.id) {
-                if cg.populated().unwrap_or(false) {
-                    tracing::warn!(job = %rec.id, cgroup = %cg.path().display(), "processes of a previous runner's job are still in its cgroup: stopping them");
-                    reason =
-                        "the runner restarted while the job ran; its cgroup was killed".to_owned();
-                }
-                stop_orphan_cgroup(&cg, grace).await;
-            }
-            let store = self.inner.store.clone();
-            let id = rec.id.clone();
-            // What the job produced died with the runner that counted it; what reached
-            // the spool is what is known.
-            let stdout_bytes = file_len(&self.inner.paths.spool_file(&id, job::Stream::Stdout));
-            let stderr_bytes = file_len(&self.inner.paths.spool_file(&id, job::Stream::Stderr));
-            let outcome = Outcome {
-                error: Some(reason),
-                stdout_bytes,
-                stderr_bytes,
-                spooled_bytes: stdout_bytes + stderr_bytes,
-                ..Outcome::default()
-            };
-            store.mark_finished(&id, JobState::Lost, &outcome).await?;
-            tracing::warn!(job = %rec.id, "marked lost");
-        }
-        // Cgroups of jobs that had ended (the runner died before removing them).
-        #[cfg(target_os = "linux")]
-        for (id, cg) in leftovers {
-            tracing::info!(job = %id, cgroup = %cg.path().display(), "removing a job cgroup left by a previous runner");
-            stop_orphan_cgroup(&cg, Duration::from_secs(spec::DEFAULT_KILL_GRACE_SECS)).await;
-        }
+        let inner = self.inner.clone();
+        #[cfg_attr(not(target_os = "linux"), allow(unused_variables))]
+        let (leftovers, ended_cgroups) =
+            blocking(move || leftover::find(&inner.store, inner.cgroups.as_ref())).await??;
         let store = self.inner.store.clone();
         let (count, bytes) = blocking(move || store.finished_totals()).await??;
         *self.totals() = Totals { count, bytes };
@@ -350,8 +321,83 @@ impl Engine {
                 s.queue.push_back(Queued::new(rec.id, rec.owner, rec.spec));
             }
         }
+        #[cfg(target_os = "linux")]
+        let n = leftovers.len() + ended_cgroups.len();
+        #[cfg(not(target_os = "linux"))]
+        let n = leftovers.len();
+        if n > 0 {
+            tracing::warn!(
+                jobs = leftovers.len(),
+                "ending what a previous runner left running, in the background"
+            );
+        }
+        self.inner.reconciling.store(n, Ordering::Relaxed);
+        {
+            let mut tasks = crate::util::lock(&self.inner.tasks);
+            for left in leftovers {
+                let engine = self.clone();
+                tasks.spawn(async move { engine.end_leftover(left).await });
+            }
+            // Cgroups of jobs that had ended (the runner died before removing them).
+            #[cfg(target_os = "linux")]
+            for (id, cg) in ended_cgroups {
+                let engine = self.clone();
+                tasks.spawn(async move {
+                    tracing::info!(job = %id, cgroup = %cg.path().display(), "removing a job cgroup left by a previous runner");
+                    let grace = Duration::from_secs(spec::DEFAULT_KILL_GRACE_SECS)
+                        .min(leftover::RECONCILE_GRACE);
+                    let hurry = Some(engine.inner.stop_deadline.subscribe());
+                    leftover::stop_orphan_cgroup(&cg, grace, hurry).await;
+                    engine.reconciled();
+                });
+            }
+        }
         self.schedule();
         Ok(())
+    }
+
+    /// Ends one job of a previous runner and marks it lost.
+    async fn end_leftover(self, left: Leftover) {
+        let id = left.rec.id.clone();
+        let grace = leftover::grace_for(&left.rec, leftover::RECONCILE_GRACE);
+        let hurry = Some(self.inner.stop_deadline.subscribe());
+        let ended = leftover::stop(&left, grace, Context::Restart, hurry).await;
+        let outcome = leftover::lost_outcome(&self.inner.paths.spool_root, &id, ended.reason);
+        match self
+            .inner
+            .store
+            .mark_finished(&id, JobState::Lost, &outcome)
+            .await
+        {
+            Ok(recorded) => {
+                self.when_recorded(&id, "lost", recorded);
+                self.count_finished(outcome.spooled_bytes);
+                tracing::warn!(job = %id, "marked lost");
+            }
+            Err(e) => {
+                tracing::error!(job = %id, error = %crate::error_chain(&e), "could not mark a job of a previous runner lost")
+            }
+        }
+        self.reconciled();
+    }
+
+    fn reconciled(&self) {
+        self.inner.reconciling.fetch_sub(1, Ordering::Relaxed);
+        self.bump();
+    }
+
+    /// `asked`, cut to what is left of the stop budget once a stop has begun. Returns the
+    /// grace and whether it was cut, which is logged with the job and both graces.
+    fn fit_grace(&self, id: &str, asked: Duration) -> (Duration, bool) {
+        let Some(deadline) = *self.inner.stop_deadline.borrow() else {
+            return (asked, false);
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left >= asked {
+            return (asked, false);
+        }
+        tracing::warn!(job = %id, asked = ?asked, given = ?left, "kill grace shortened to fit the runner's stop budget");
+        (left, true)
     }
 
     /// Admits a job: 201 with a new record, 200 with the existing one for an identical
@@ -702,7 +748,7 @@ impl Engine {
         self.bump();
         tracing::info!(job = %id, pid = started.pid, argv = ?spec.argv, "job running");
 
-        let grace = Duration::from_secs(spec.kill_grace_secs());
+        let asked_grace = Duration::from_secs(spec.kill_grace_secs());
         let timeout = Some(Duration::from_secs(spec.timeout_secs()));
         let name = format!("job {id}");
         let ended_by = tokio::select! {
@@ -717,25 +763,55 @@ impl Engine {
         let cgroup = started.cgroup.take();
         #[cfg(not(target_os = "linux"))]
         let cgroup: Option<()> = None;
-        match (pid, &cgroup) {
-            #[cfg(target_os = "linux")]
-            (Some(pgid), Some(cg)) => {
-                stop_in_cgroup(
-                    &name,
-                    &mut started.child,
-                    pgid,
-                    cg,
-                    grace,
-                    ended_by.is_none(),
-                )
-                .await
+        // Fitted when the stop begins: a stop that began before the runner's own is cut
+        // short below when the runner's deadline passes.
+        let (grace, grace_cut) = self.fit_grace(id, asked_grace);
+        let stopping = async {
+            match (pid, &cgroup) {
+                #[cfg(target_os = "linux")]
+                (Some(pgid), Some(cg)) => {
+                    stop_in_cgroup(
+                        &name,
+                        &mut started.child,
+                        pgid,
+                        cg,
+                        grace,
+                        ended_by.is_none(),
+                    )
+                    .await
+                }
+                (Some(pgid), _) => match ended_by {
+                    Some(_) => supervisor::stop_child(&name, &mut started.child, pgid, grace).await,
+                    // The leader is gone; nothing it left in its group outlives it.
+                    None => supervisor::terminate_group(&name, pgid, grace).await,
+                },
+                (None, _) => {}
             }
-            (Some(pgid), _) => match ended_by {
-                Some(_) => supervisor::stop_child(&name, &mut started.child, pgid, grace).await,
-                // The leader is gone; nothing it left in its group outlives it.
-                None => supervisor::terminate_group(&name, pgid, grace).await,
-            },
-            (None, _) => {}
+        };
+        let forced = tokio::select! {
+            // A stop with nothing left to do wins over a deadline already passed.
+            biased;
+            // Cancel-safe: stopping only signals and waits; a stop cut short is finished
+            // with SIGKILL below.
+            () = stopping => false,
+            // Cancel-safe: a fresh wait on the deadline.
+            () = leftover::deadline_passed(Some(self.inner.stop_deadline.subscribe())) => true,
+        };
+        if forced {
+            tracing::warn!(job = %id, "the runner's stop budget is spent: SIGKILL");
+            #[cfg(target_os = "linux")]
+            if let Some(cg) = &cgroup {
+                let _ = cg.kill();
+            }
+            // Only while members are left: with none, the group id may be reused.
+            if let Some(pgid) = pid.filter(|&p| sys::group::group_alive(p)) {
+                let _ = sys::group::signal_group(pgid, Sig::SIGKILL);
+                supervisor::wait_group(pgid, Instant::now() + Duration::from_secs(2)).await;
+            }
+            #[cfg(target_os = "linux")]
+            if let Some(cg) = &cgroup {
+                wait_unpopulated(cg, Instant::now() + CGROUP_KILL_WAIT).await;
+            }
         }
         let status = started.child.wait().await.ok();
         #[cfg(target_os = "linux")]
@@ -744,7 +820,10 @@ impl Engine {
                 tracing::warn!(job = %id, cgroup = %cg.path().display(), error = %e, "could not remove the job's cgroup");
             }
         }
-        // Output tasks end once every writer is gone; the group is dead, so promptly.
+        // The group is gone, so all it wrote is in the pipes: the spoolers take that and
+        // end, without waiting for a process that left the group and holds the pipes.
+        started.stdout.drain();
+        started.stderr.drain();
         let spoolers = std::mem::take(&mut started.spoolers);
         let joined = async {
             for h in spoolers {
@@ -755,7 +834,7 @@ impl Engine {
             .await
             .is_err()
         {
-            tracing::warn!(job = %id, "a process outside the job's group still holds its output pipes");
+            tracing::warn!(job = %id, "the job's last output could not be spooled in time (a stalled disk?)");
         }
         use std::os::unix::process::ExitStatusExt;
         let outcome = Outcome {
@@ -766,6 +845,15 @@ impl Engine {
                     "timed out after {}s",
                     timeout.map(|t| t.as_secs()).unwrap_or(0)
                 )),
+                Some(JobState::Cancelled)
+                    if self.inner.shutting_down.load(Ordering::Relaxed) && grace_cut =>
+                {
+                    Some(format!(
+                        "cancelled: the runner is shutting down; its kill grace was cut from {} to {} to fit the runner's stop budget",
+                        humantime::format_duration(asked_grace),
+                        humantime::format_duration(Duration::from_millis(grace.as_millis() as u64))
+                    ))
+                }
                 Some(JobState::Cancelled) if self.inner.shutting_down.load(Ordering::Relaxed) => {
                     Some("cancelled: the runner is shutting down".into())
                 }
@@ -823,8 +911,14 @@ impl Engine {
     }
 
     /// Stops every running job (SIGTERM, grace, SIGKILL to each group) and records them
-    /// cancelled. Queued jobs stay queued for the next runner.
-    pub async fn shutdown(&self) {
+    /// cancelled, and finishes ending a previous runner's leftovers. With a `deadline`,
+    /// every grace is cut to end by then (logged per job), and what still runs at the
+    /// deadline is SIGKILLed. Queued jobs stay queued for the next runner.
+    pub async fn shutdown(&self, deadline: Option<Instant>) {
+        // Before the cancels: the jobs they wake fit their grace to it.
+        if deadline.is_some() {
+            self.inner.stop_deadline.send_replace(deadline);
+        }
         self.inner.shutting_down.store(true, Ordering::Relaxed);
         {
             let s = self.sched();
@@ -837,39 +931,6 @@ impl Engine {
     }
 }
 
-fn file_len(path: &std::path::Path) -> u64 {
-    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
-}
-
-/// The record's process, if that very process still lives: same pid *and* start time. A
-/// recycled pid has another start time and is never touched. A record without a pid (the
-/// runner died between spawn and recording it) is matched by the job id in the initial
-/// environment of our own processes.
-fn live_job_process(rec: &JobRecord) -> Option<ProcessId> {
-    let Some(pid) = rec.pid else {
-        return sys::find_own_process_with_env(super::job::JOB_ID_VAR, &rec.id);
-    };
-    let pid = ProcessId::new(pid)?;
-    if !sys::group::process_alive(pid) {
-        return None;
-    }
-    match (rec.start_time, sys::process_start_time(pid)) {
-        (Some(want), Some(got)) if want == got => Some(pid),
-        // No start time to compare (not Linux): a live pid is not proof enough.
-        _ => None,
-    }
-}
-
-/// SIGTERM to the orphaned job's group, grace, SIGKILL.
-async fn kill_orphan_group(pgid: ProcessId, grace: Duration) {
-    let _ = sys::group::signal_group(pgid, Sig::SIGTERM);
-    if supervisor::wait_group(pgid, Instant::now() + grace).await {
-        return;
-    }
-    let _ = sys::group::signal_group(pgid, Sig::SIGKILL);
-    supervisor::wait_group(pgid, Instant::now() + Duration::from_secs(2)).await;
-}
-
 /// How often stopping checks whether a cgroup has emptied. Only while stopping.
 #[cfg(target_os = "linux")]
 const CGROUP_POLL: Duration = Duration::from_millis(10);
@@ -879,7 +940,7 @@ const CGROUP_KILL_WAIT: Duration = Duration::from_secs(2);
 
 /// Waits until nothing lives in `cg`, or `deadline`. Returns whether it emptied.
 #[cfg(target_os = "linux")]
-async fn wait_unpopulated(cg: &sys::cgroup::Cgroup, deadline: Instant) -> bool {
+pub(super) async fn wait_unpopulated(cg: &sys::cgroup::Cgroup, deadline: Instant) -> bool {
     loop {
         // A cgroup that cannot be read any more was removed: nothing lives in it.
         if !cg.populated().unwrap_or(false) {
@@ -928,21 +989,5 @@ async fn stop_in_cgroup(
     let _ = child.wait().await;
     if !wait_unpopulated(cg, Instant::now() + CGROUP_KILL_WAIT).await {
         tracing::error!(child = %name, cgroup = %cg.path().display(), "the job's cgroup still has live processes after cgroup.kill");
-    }
-}
-
-/// Stops whatever lives in a job cgroup left by a previous runner: SIGTERM to each
-/// process, `grace`, then `cgroup.kill`; then removes the cgroup.
-#[cfg(target_os = "linux")]
-async fn stop_orphan_cgroup(cg: &sys::cgroup::Cgroup, grace: Duration) {
-    if cg.populated().unwrap_or(false) {
-        let _ = cg.signal_all(Sig::SIGTERM);
-        if !wait_unpopulated(cg, Instant::now() + grace).await {
-            let _ = cg.kill();
-            wait_unpopulated(cg, Instant::now() + CGROUP_KILL_WAIT).await;
-        }
-    }
-    if let Err(e) = cg.remove() {
-        tracing::warn!(cgroup = %cg.path().display(), error = %e, "could not remove a job cgroup left by a previous runner");
     }
 }

@@ -310,9 +310,33 @@ pub struct SpoolStats {
     /// Why the stream was cut, once it was: the cap, or a spool file that could not be
     /// written.
     pub reason: OnceLock<String>,
+    /// Set by [`SpoolStats::drain`]; `drained` wakes the spool task.
+    draining: AtomicBool,
+    drained: tokio::sync::Notify,
 }
 
 impl SpoolStats {
+    /// Tells the spool task that every process of the job's group is gone, so what they
+    /// wrote is all in the pipe: it takes that and ends, without waiting for the end of
+    /// file that a process which left the group (setsid) and holds the pipe would delay.
+    /// What such a process writes later is not spooled.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.drained.notify_waiters();
+    }
+
+    /// Resolves once [`SpoolStats::drain`] was called, before or during the wait.
+    async fn drain_asked(&self) {
+        let notified = self.drained.notified();
+        tokio::pin!(notified);
+        // Registered before the flag is read: a drain between the two is not missed.
+        notified.as_mut().enable();
+        if self.draining.load(Ordering::Acquire) {
+            return;
+        }
+        notified.await;
+    }
+
     /// Marks the stream cut; the first reason stays.
     fn cut(&self, reason: impl FnOnce() -> String) {
         self.truncated.store(true, Ordering::Relaxed);
@@ -642,6 +666,9 @@ pub fn resolve_program(program: &str, path: Option<&str>, cwd: &Dir) -> io::Resu
 /// inodes (file creation dominates the runner's cost for trivial jobs). Reads are async
 /// (no thread per stream); writes go straight to the page cache, which takes microseconds,
 /// so they stay on the runtime rather than paying a thread hand-off per chunk.
+/// Most a drain takes: more than a pipe holds, so all the dead group wrote is taken.
+const DRAIN_MAX: usize = 2 * 1024 * 1024;
+
 async fn spool(
     mut reader: tokio::net::unix::pipe::Receiver,
     target: &SpoolTarget,
@@ -656,12 +683,37 @@ async fn spool(
     let mut written = 0u64;
     // The file could not be created or written: the rest is counted and dropped.
     let mut broken = false;
+    // Once a drain is asked for: how much more may be taken, so a process outside the
+    // group that writes without pause cannot keep the drain going.
+    let mut drain_left: Option<usize> = None;
     loop {
-        let n = match reader.read(&mut buf).await {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
+        let n = match drain_left.as_mut() {
+            Some(left) => {
+                let want = buf.len().min(*left);
+                // Straight from the pipe, not through the reactor, whose readiness may lag
+                // behind what the dead group wrote last. Empty (WouldBlock) or closed: done.
+                match crate::sys::pipe::read_now(&reader, &mut buf[..want]) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        *left -= n;
+                        n
+                    }
+                }
+            }
+            None => tokio::select! {
+                // Cancel-safe: a read that loses the race has taken nothing.
+                r = reader.read(&mut buf) => match r {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                },
+                // Cancel-safe: the flag behind it stays set.
+                () = stats.drain_asked() => {
+                    drain_left = Some(DRAIN_MAX);
+                    continue;
+                }
+            },
         };
         stats.produced.fetch_add(n as u64, Ordering::Relaxed);
         let keep = if broken {
@@ -806,5 +858,36 @@ mod tests {
             prepare_workspace(&p, "a", Some("../../nonexistent")),
             Err(JobError::CwdOutside { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn a_drain_takes_what_is_in_the_pipe_while_another_process_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = paths(dir.path());
+        let path = paths.spool_file("j", Stream::Stdout);
+        let target = SpoolTarget {
+            root: paths.spool.clone(),
+            id: "j".into(),
+            stream: Stream::Stdout,
+            path: path.clone(),
+        };
+        let (r, w) = pipe::pipe().unwrap();
+        let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(r)).unwrap();
+        let stats = Arc::new(SpoolStats::default());
+        let st = stats.clone();
+        let task = tokio::spawn(async move { spool(rx, &target, 1024, &st, &|| {}).await });
+        // Stands for a process that left the job's group with the pipe as its stdout.
+        let escapee = File::from(w.try_clone().unwrap());
+        let mut job = File::from(w);
+        job.write_all(b"last words").unwrap();
+        drop(job);
+        stats.drain();
+        tokio::time::timeout(std::time::Duration::from_secs(60), task)
+            .await
+            .expect("the spool task waited for the escapee")
+            .unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"last words");
+        assert_eq!(stats.produced.load(Ordering::Relaxed), 10);
+        drop(escapee);
     }
 }

@@ -6,13 +6,20 @@
 //! - the *job engine* ([`engine`]): one task per running job.
 //! - the *main task* (`run`): holds the runner lock for the process's life, serves until
 //!   SIGTERM or SIGINT, then stops every job's group, stops the server, removes the socket
-//!   and releases the lock.
+//!   and releases the lock. With a stop budget (`--stop-budget`, which the agent sets to
+//!   its own `runner.stop_grace`), all of that fits in the budget: job graces are cut to
+//!   end [`stop_reserve`] before it, which leaves time for SIGKILL, reaping, recording and
+//!   the server's drain.
+//!
+//! `railgrid runner reap` ([`leftover::reap`]) is the short-lived other mode: it ends the
+//! jobs of a runner that is gone, and exits.
 
 pub mod api;
 pub mod client;
 pub mod confine;
 pub mod engine;
 pub mod job;
+pub mod leftover;
 pub mod process;
 pub mod serve;
 pub mod spec;
@@ -23,6 +30,8 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use tokio::time::Instant as TokioInstant;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -94,6 +103,24 @@ pub struct Health {
     /// full disk); written as soon as it can.
     #[serde(default)]
     pub commits_pending: u64,
+    /// True while jobs a previous runner left running are being ended (in the
+    /// background: the API serves meanwhile, and those jobs show `running` until they are
+    /// marked `lost`).
+    #[serde(default)]
+    pub reconciling: bool,
+    /// How many such jobs (and job cgroups) are left to end.
+    #[serde(default)]
+    pub leftovers: u64,
+}
+
+/// What a stop keeps back of its budget for what follows the jobs' graces: SIGKILL and
+/// reaping of each group, recording the ends, the server's drain. A fifth of the budget,
+/// between 200 ms (or half a smaller budget) and 3 s.
+pub fn stop_reserve(budget: Duration) -> Duration {
+    (budget / 5).clamp(
+        Duration::from_millis(200).min(budget / 2),
+        Duration::from_secs(3),
+    )
 }
 
 /// Paths of a runner's state.
@@ -121,6 +148,7 @@ pub async fn run(
     state_dir: &Path,
     cfg: engine::EngineConfig,
     max_api_connections: usize,
+    stop_budget: Option<Duration>,
 ) -> Result<(), RunnerError> {
     if crate::sys::is_root() {
         return Err(RunnerError::Root);
@@ -194,13 +222,28 @@ pub async fn run(
         r = &mut server => Some(r),
     };
     // Jobs first, so their waiters and followers see them end; then the server, giving
-    // open requests a moment to finish.
-    engine.shutdown().await;
+    // open requests a moment to finish. Both within the budget.
+    let stop_began = TokioInstant::now();
+    let (jobs_by, all_by) = match stop_budget {
+        Some(budget) => {
+            let reserve = stop_reserve(budget);
+            tracing::info!(budget = ?budget, jobs_by = ?(budget - reserve), "stopping within the stop budget");
+            (
+                Some(stop_began + budget - reserve),
+                Some(stop_began + budget - reserve / 2),
+            )
+        }
+        None => (None, None),
+    };
+    engine.shutdown(jobs_by).await;
+    let drain = all_by.map_or(SERVER_DRAIN, |t| {
+        SERVER_DRAIN.min(t.saturating_duration_since(TokioInstant::now()))
+    });
     let served = match early {
         Some(r) => r,
         None => {
             let _ = stop_tx.send(());
-            match tokio::time::timeout(SERVER_DRAIN, &mut server).await {
+            match tokio::time::timeout(drain, &mut server).await {
                 Ok(r) => r,
                 Err(_) => {
                     server.abort();
@@ -220,4 +263,25 @@ pub async fn run(
         })?;
     tracing::info!("runner stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stop_reserve_leaves_most_of_the_budget_to_the_jobs() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            stop_reserve(Duration::from_secs(10)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            stop_reserve(Duration::from_secs(60)),
+            Duration::from_secs(3)
+        );
+        assert_eq!(stop_reserve(Duration::from_secs(1)), ms(200));
+        assert_eq!(stop_reserve(ms(300)), ms(150));
+        assert_eq!(stop_reserve(Duration::ZERO), Duration::ZERO);
+    }
 }

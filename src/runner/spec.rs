@@ -12,8 +12,8 @@ use crate::env_policy::{self, EnvError};
 
 /// Default grace between SIGTERM and SIGKILL of a job's process group.
 pub const DEFAULT_KILL_GRACE_SECS: u64 = 5;
-/// Longest kill grace accepted: a runner stop waits for it, and the agent's own stop grace
-/// must cover it.
+/// Longest kill grace accepted. A runner stop with a budget (the agent's) cuts it to fit,
+/// and a dead runner's jobs get at most `leftover::RECONCILE_GRACE`.
 pub const MAX_KILL_GRACE_SECS: u64 = 300;
 /// Wall-clock limit of a job that names none: every job has one.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 24 * 3600;

@@ -12,6 +12,8 @@
 //!
 //! Callers hold a [`Supervisor`] and use its systemctl-like verbs: `start` (a no-op when
 //! running), `stop` (a no-op when stopped), `alive`, `starts`, `last_error`, `status`.
+//! [`run_once`] runs a short task the same way (same checks, account and environment) to
+//! its end, with its output captured.
 //!
 //! What it promises (DESIGN.md invariants 1–5): never uid 0 for the child, decided when
 //! the supervisor is constructed; an environment built from nothing; an owner-only log
@@ -187,6 +189,13 @@ pub enum Error {
     LogTooSmall { got: u64, min: u64 },
     #[error("initial backoff must be greater than zero")]
     ZeroBackoff,
+    #[error("could not launch {name} ({path})")]
+    Launch {
+        name: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Log(#[from] LogError),
 }
@@ -237,42 +246,7 @@ impl Supervisor {
     /// Validates `config` and opens the log. Everything the child could be refused for is
     /// refused here, with an error that says why, never at exec time.
     pub fn new(config: Config) -> Result<Self, Error> {
-        let creds = credentials(&config)?;
-        check_program(&config)?;
-        match fs::metadata(&config.dir) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(Error::NotADir {
-                    path: config.dir.clone(),
-                })
-            }
-            Err(source) => {
-                return Err(Error::Dir {
-                    path: config.dir.clone(),
-                    source,
-                })
-            }
-        }
-        if let Some(c) = &creds {
-            // Root may go anywhere; the child may not. Judge with the child's eyes.
-            let who = access::Who {
-                uid: c.uid,
-                groups: c.groups.clone(),
-            };
-            let denied = |denied| Error::Denied {
-                name: config.name.clone(),
-                uid: c.uid,
-                denied,
-            };
-            who.can_execute(&config.program).map_err(denied)?;
-            who.can_reach(&config.dir, true).map_err(denied)?;
-        }
-        for (k, v) in &config.env {
-            env_policy::check(k, v).map_err(|source| Error::Env {
-                name: config.name.clone(),
-                source,
-            })?;
-        }
+        let creds = validate(&config)?;
         if config.max_log_bytes < MIN_LOG_BYTES {
             return Err(Error::LogTooSmall {
                 got: config.max_log_bytes,
@@ -480,6 +454,128 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>, pump: Pump) {
     // exited), so their output is all in the pipe; a process that escaped them may hold
     // the pipe open, and is not waited for.
     pump.finish(LOG_DRAIN).await;
+}
+
+/// Everything a child could be refused for, decided before any launch: whom it runs as,
+/// its program, its directory (judged with the child's eyes), its environment.
+fn validate(config: &Config) -> Result<Option<Credentials>, Error> {
+    let creds = credentials(config)?;
+    check_program(config)?;
+    match fs::metadata(&config.dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(Error::NotADir {
+                path: config.dir.clone(),
+            })
+        }
+        Err(source) => {
+            return Err(Error::Dir {
+                path: config.dir.clone(),
+                source,
+            })
+        }
+    }
+    if let Some(c) = &creds {
+        // Root may go anywhere; the child may not. Judge with the child's eyes.
+        let who = access::Who {
+            uid: c.uid,
+            groups: c.groups.clone(),
+        };
+        let denied = |denied| Error::Denied {
+            name: config.name.clone(),
+            uid: c.uid,
+            denied,
+        };
+        who.can_execute(&config.program).map_err(denied)?;
+        who.can_reach(&config.dir, true).map_err(denied)?;
+    }
+    for (k, v) in &config.env {
+        env_policy::check(k, v).map_err(|source| Error::Env {
+            name: config.name.clone(),
+            source,
+        })?;
+    }
+    Ok(creds)
+}
+
+/// What [`run_once`] saw of a short task.
+#[derive(Debug)]
+pub struct Finished {
+    /// `None` when it was killed at the timeout.
+    pub status: Option<ExitStatus>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Most output [`run_once`] keeps per stream; the rest is read and dropped.
+const MAX_ONCE_OUTPUT: u64 = 1024 * 1024;
+
+/// Runs `config`'s program once, to its end: validated, launched and confined as the
+/// supervised child would be (same account, environment from nothing, own session, its
+/// directory), for a short task of that child's (the runner's `reap`). Its stdout and
+/// stderr are captured rather than logged; `cgroup` and the log settings are not used.
+/// Past `timeout`, its process group is SIGKILLed and reaped, and `status` is `None`.
+pub async fn run_once(config: &Config, timeout: Duration) -> Result<Finished, Error> {
+    use tokio::io::AsyncReadExt;
+    let creds = validate(config)?;
+    let launch_err = |source| Error::Launch {
+        name: config.name.clone(),
+        path: config.program.clone(),
+        source,
+    };
+    let mut cmd = std::process::Command::new(&config.program);
+    cmd.args(&config.args)
+        .env_clear()
+        .envs(config.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    spawn::session_leader_as(&mut cmd, creds, spawn::WorkDir::Path(&config.dir), None)
+        .map_err(launch_err)?;
+    let mut child = tokio::process::Command::from(cmd)
+        .spawn()
+        .map_err(launch_err)?;
+    let pid = child.id().and_then(ProcessId::from_u32);
+    let collect = |pipe: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>| {
+        tokio::spawn(async move {
+            let mut kept = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = (&mut p).take(MAX_ONCE_OUTPUT).read_to_end(&mut kept).await;
+                let _ = tokio::io::copy(&mut p, &mut tokio::io::sink()).await;
+            }
+            kept
+        })
+    };
+    let stdout = collect(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = collect(child.stderr.take().map(|p| Box::new(p) as _));
+    let status = tokio::select! {
+        // Cancel-safe: `Child::wait` may be dropped and called again.
+        s = child.wait() => s.ok(),
+        // Cancel-safe: sleeping holds no state.
+        () = tokio::time::sleep(timeout) => None,
+    };
+    if status.is_none() {
+        // Not reaped yet, so the group id cannot have been reused.
+        tracing::warn!(child = %config.name, pid = pid.map(|p| p.get()), timeout = ?timeout, "did not finish in time: SIGKILL to its process group");
+        if let Some(pgid) = pid {
+            send(&config.name, pgid, Sig::SIGKILL);
+        }
+        let _ = child.wait().await;
+    }
+    // Its group is gone; a process that left it and holds a pipe is not waited for long.
+    let output = |h: tokio::task::JoinHandle<Vec<u8>>| async move {
+        match tokio::time::timeout(KILL_WAIT, h).await {
+            Ok(Ok(kept)) => kept,
+            _ => Vec::new(),
+        }
+    };
+    let stdout = output(stdout).await;
+    let stderr = output(stderr).await;
+    Ok(Finished {
+        status,
+        stdout,
+        stderr,
+    })
 }
 
 /// A child process this process can reap: tokio's, or a job launched without fork.

@@ -50,3 +50,15 @@ pub fn wait_readable(data: &impl AsFd, wake: &impl AsFd) -> io::Result<bool> {
         }
     }
 }
+
+/// Reads what is in a non-blocking pipe now: `WouldBlock` when it is empty, `Ok(0)` at end
+/// of file. Interrupted reads are retried.
+pub fn read_now(fd: &impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match nix::unistd::read(fd.as_fd(), buf) {
+            Ok(n) => return Ok(n),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

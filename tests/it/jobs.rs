@@ -322,7 +322,8 @@ fn a_killed_runner_leaves_a_lost_job_and_its_output() {
     assert!(alive(pid), "the job outlives a SIGKILLed runner");
 
     r.start(&[]);
-    let rec = r.job(&id);
+    // Ended in the background: the runner serves first.
+    let rec = r.wait(&id);
     assert_eq!(rec["state"], "lost", "{rec}");
     assert!(
         rec["error"]
@@ -365,7 +366,7 @@ fn a_recycled_pid_is_never_signalled() {
     }
     chown_runner_dir(&r.runner_dir());
     r.start(&[]);
-    let rec = r.job("recycled");
+    let rec = r.wait("recycled");
     assert_eq!(rec["state"], "lost");
     assert!(
         rec["error"]
@@ -748,7 +749,7 @@ fn a_job_spawned_but_not_yet_recorded_is_found_and_killed_after_a_crash() {
     let bystander = Guard::new(cmd.spawn().expect("spawn"));
 
     r.start(&[]);
-    let rec = r.job("unrecorded");
+    let rec = r.wait("unrecorded");
     assert_eq!(rec["state"], "lost", "{rec}");
     assert!(
         rec["error"].as_str().expect("error").contains("killed"),
@@ -1616,4 +1617,166 @@ fn a_client_without_access_to_the_socket_is_told_whose_it_is() {
             && !err.contains("is the agent running"),
         "{err}"
     );
+}
+
+/// A job whose own process ignores SIGTERM (SIG_IGN survives exec), with a kill grace far
+/// longer than any stop may take.
+fn stubborn_job(id: &str) -> Value {
+    json!({"id": id, "argv": ["sh", "-c", r#"trap "" TERM; echo ready; exec sleep 1000"#], "kill_grace_secs": 120})
+}
+
+/// Submits a stubborn job, waits until it runs, and returns its pid (which leads its
+/// group); the runner's guard kills that group if the test fails.
+fn start_stubborn(r: &mut Runner, id: &str) -> i32 {
+    submit_ok(r, stubborn_job(id));
+    wait_for(LIMIT, "the stubborn job to be ready", || {
+        (r.output(id, "stdout") == "ready\n").then_some(())
+    });
+    let pid = r.job(id)["pid"].as_i64().expect("pid") as i32;
+    r.guard.as_mut().expect("runner").own_group(pid);
+    pid
+}
+
+#[test]
+fn a_stop_budget_cuts_kill_graces_and_leaves_no_job_alive() {
+    let mut r = Runner::started(&["--stop-budget", "2s"]);
+    let pid = start_stubborn(&mut r, "stubborn");
+    let mut guard = r.guard.take().expect("runner");
+    guard.own_group(pid);
+    guard.signal(Signal::SIGTERM);
+    let out = guard.wait_output(LIMIT);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        live_in_group(pid).is_empty(),
+        "the job outlived the runner's stop"
+    );
+    assert!(
+        err.contains("kill grace shortened") && err.contains("stubborn"),
+        "{err}"
+    );
+
+    r.start(&[]);
+    let rec = r.job("stubborn");
+    assert_eq!(rec["state"], "cancelled", "{rec}");
+    let why = rec["error"].as_str().expect("error");
+    assert!(
+        why.contains("shutting down") && why.contains("cut from 2m"),
+        "{rec}"
+    );
+}
+
+#[test]
+fn a_restarted_runner_serves_while_it_ends_a_dead_runners_jobs() {
+    let mut r = Runner::started(&[]);
+    let pid = start_stubborn(&mut r, "left");
+    submit_ok(
+        &r,
+        json!({"id": "waiting", "argv": ["echo", "queued-before"]}),
+    );
+    let mut old = r.guard.take().expect("runner");
+    old.own_group(pid);
+    old.signal(Signal::SIGKILL);
+    let _ = old.wait_output(LIMIT);
+    assert!(alive(pid), "the job outlives a SIGKILLed runner");
+
+    // `start` returns once health answers: the leftover has 10 s of grace and ignores
+    // SIGTERM, so it is still alive then.
+    r.start(&[]);
+    r.guard.as_mut().expect("runner").own_group(pid);
+    let health = get_json(&r.socket(), "/v1/health").expect("health");
+    let still_alive = alive(pid);
+    assert_eq!(health["reconciling"], true, "{health}");
+    assert_eq!(health["leftovers"], 1, "{health}");
+    assert!(
+        still_alive,
+        "the runner served only after ending the leftover"
+    );
+    assert_eq!(r.job("left")["state"], "running");
+
+    let rec = r.wait("left");
+    assert_eq!(rec["state"], "lost", "{rec}");
+    assert!(
+        rec["error"]
+            .as_str()
+            .expect("error")
+            .contains("process group was killed"),
+        "{rec}"
+    );
+    assert!(live_in_group(pid).is_empty(), "the leftover survived");
+    wait_for(LIMIT, "reconciling to end", || {
+        let h = get_json(&r.socket(), "/v1/health")?;
+        (h["reconciling"] == false && h["leftovers"] == 0).then_some(())
+    });
+    r.wait("waiting");
+    assert_eq!(r.output("waiting", "stdout"), "queued-before\n");
+}
+
+/// `railgrid runner reap` as the runner's account.
+fn reap(r: &Runner) -> (Option<i32>, Value, String) {
+    let mut cmd = railgrid();
+    cmd.args(["runner", "reap", "--grace", "1s", "--state-dir"])
+        .arg(r.state())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    as_runner_user(&mut cmd);
+    let mut g = Guard::new(cmd.spawn().expect("spawn reap"));
+    let out = g.wait_output(LIMIT);
+    let report = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (
+        out.status.code(),
+        report,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn runner_reap_ends_a_dead_runners_jobs_and_never_a_live_ones() {
+    let mut r = Runner::started(&[]);
+    let pid = start_stubborn(&mut r, "orphan");
+
+    // A live runner holds the lock: reap touches nothing and says so.
+    let runner_pid = r.guard.as_ref().expect("runner").pid();
+    let (code, report, err) = reap(&r);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(report["held_by"], runner_pid, "{report}");
+    assert_eq!(report["ended"], json!([]), "{report}");
+    assert!(alive(pid), "reap killed a live runner's job");
+    assert_eq!(r.job("orphan")["state"], "running");
+
+    let mut old = r.guard.take().expect("runner");
+    old.own_group(pid);
+    old.signal(Signal::SIGKILL);
+    let _ = old.wait_output(LIMIT);
+    assert!(alive(pid));
+    let (code, report, err) = reap(&r);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(report["held_by"], Value::Null, "{report}");
+    let ended = report["ended"].as_array().expect("ended");
+    assert_eq!(ended.len(), 1, "{report}");
+    assert_eq!(ended[0]["id"], "orphan");
+    assert_eq!(ended[0]["pid"], pid);
+    assert_eq!(ended[0]["killed"], true);
+    assert!(live_in_group(pid).is_empty(), "the job outlived the reap");
+
+    r.start(&[]);
+    let rec = r.job("orphan");
+    assert_eq!(rec["state"], "lost", "{rec}");
+    assert!(
+        rec["error"].as_str().expect("error").contains("reap"),
+        "{rec}"
+    );
+    if is_root() {
+        // jobs.db and its WAL files still belong to the runner's account.
+        let nobody = uzers::get_user_by_name("nobody").expect("nobody").uid();
+        for entry in fs::read_dir(r.runner_dir()).expect("runner dir").flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("jobs.db") {
+                assert_eq!(entry.metadata().expect("meta").uid(), nobody, "{name}");
+            }
+        }
+    }
 }
