@@ -56,7 +56,11 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io:
         .and_then(|n| n.to_str())
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no file name"))?;
     let dir = crate::sys::dirfd::Dir::open(parent)?;
-    let tmp = format!(".{name}.tmp.{}", std::process::id());
+    // Unique per call, not only per process: two threads replacing the same file must
+    // not write into one temporary file.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = format!(".{name}.tmp.{}.{n}", std::process::id());
     // Left by an earlier process with our pid that died mid-write.
     let _ = dir.remove_file(&tmp);
     let result = (|| {

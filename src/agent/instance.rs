@@ -57,7 +57,11 @@ pub fn acquire(state_dir: &Path, traversable: bool) -> Result<Instance, AgentErr
     match lock::acquire(&lock_path(state_dir)) {
         Ok(lock) => Ok(Instance { _lock: lock }),
         Err(LockError::Held { pid, .. }) => Err(AgentError::AlreadyRunning {
-            pid,
+            holder: format!("pid {pid}"),
+            state_dir: state_dir.to_owned(),
+        }),
+        Err(LockError::HeldUnknown { .. }) => Err(AgentError::AlreadyRunning {
+            holder: "just starting, pid not written yet".into(),
             state_dir: state_dir.to_owned(),
         }),
         Err(e) => Err(AgentError::InstanceLock(e)),

@@ -109,8 +109,8 @@ pub enum AgentError {
     Reclaim(#[source] LockError),
     #[error("could not install signal handlers")]
     Signals(#[source] io::Error),
-    #[error("another agent (pid {pid}) is running with state directory {}: stop it first (systemctl stop railgrid-agent), or give this one another --state-dir", state_dir.display())]
-    AlreadyRunning { pid: i32, state_dir: PathBuf },
+    #[error("another agent ({holder}) is running with state directory {}: stop it first (systemctl stop railgrid-agent), or give this one another --state-dir", state_dir.display())]
+    AlreadyRunning { holder: String, state_dir: PathBuf },
     #[error("could not take the agent lock of the state directory")]
     InstanceLock(#[source] LockError),
 }

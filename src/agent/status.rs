@@ -91,7 +91,11 @@ pub fn agent_alive(state_dir: &Path, status: &AgentStatus) -> bool {
         return false;
     };
     if let Some(holders) = super::instance::holders(state_dir) {
-        return holders.contains(&pid.get());
+        let same_process = match (status.pid_start_time, sys::process_start_time(pid)) {
+            (Some(want), Some(got)) => want == got,
+            _ => true,
+        };
+        return holders.contains(&pid.get()) && same_process;
     }
     if !sys::group::process_alive(pid) {
         return false;

@@ -93,7 +93,30 @@ pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
             }
         }
     };
-    let st = match status::read(&state_dir) {
+    let read = status::read(&state_dir);
+    // An agent that holds the state directory but has not written its status yet (it is
+    // reclaiming an orphan, or starting its runner) is starting, not absent.
+    let holder = crate::agent::instance::holders(&state_dir)
+        .and_then(|h| h.first().copied())
+        .filter(|pid| !matches!(&read, Ok(st) if st.pid as i32 == *pid));
+    if let Some(pid) = holder {
+        if args.json {
+            let starting = serde_json::json!({
+                "running": true,
+                "starting": true,
+                "pid": pid,
+                "state_dir": state_dir,
+            });
+            print_stdout(&serde_json::to_string_pretty(&starting)?)?;
+        } else {
+            print_stdout(&format!(
+                "agent:      starting (pid {pid} holds {}; no status written yet)",
+                crate::agent::instance::lock_path(&state_dir).display()
+            ))?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let st = match read {
         Ok(st) => st,
         Err(status::ReadError::Missing { path }) => {
             if args.json {

@@ -117,6 +117,9 @@ impl From<EngineError> for ApiError {
         let message = crate::error_chain(&e);
         match &e {
             EngineError::Spec(_) => Self::new(StatusCode::BAD_REQUEST, "invalid_spec", message),
+            EngineError::Job(super::job::JobError::WorkspaceExists { .. }) => {
+                Self::new(StatusCode::CONFLICT, "conflict", message)
+            }
             EngineError::Job(j) if j.is_client_error() => {
                 Self::new(StatusCode::BAD_REQUEST, "invalid_spec", message)
             }

@@ -434,11 +434,30 @@ impl Engine {
         if spec.cwd.is_some() {
             let paths = self.inner.paths.clone();
             let (wid, cwd) = (id.clone(), spec.cwd.clone());
-            if let Err(e) =
-                blocking(move || job::prepare_workspace(&paths, &wid, cwd.as_deref())).await?
+            match blocking(move || job::prepare_workspace(&paths, &wid, cwd.as_deref(), true))
+                .await?
             {
-                let _ = std::fs::remove_dir_all(self.inner.paths.workspace(&id));
-                return Err(EngineError::Job(e));
+                Ok(_) => {}
+                // An identical submission of the same id, admitted meanwhile, made it.
+                Err(JobError::WorkspaceExists { .. })
+                    if self
+                        .get(&id)
+                        .await?
+                        .is_some_and(|rec| rec.spec.canonical() == spec.canonical()) =>
+                {
+                    let rec = self
+                        .get(&id)
+                        .await?
+                        .ok_or_else(|| EngineError::NotFound { id: id.clone() })?;
+                    return Ok((false, rec));
+                }
+                // A directory that was there before is left as it was.
+                Err(e @ JobError::WorkspaceExists { .. }) => return Err(EngineError::Job(e)),
+                // Only what this admission made is removed.
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(self.inner.paths.workspace(&id));
+                    return Err(EngineError::Job(e));
+                }
             }
         }
         let rec = match self.inner.store.insert(&id, &spec).await? {
@@ -689,7 +708,7 @@ impl Engine {
         };
         // The workspace is made while the writer commits: two mkdirs, too short to be
         // worth a trip to the blocking pool.
-        let workspace = job::prepare_workspace(&self.inner.paths, id, spec.cwd.as_deref())
+        let workspace = job::prepare_workspace(&self.inner.paths, id, spec.cwd.as_deref(), false)
             .map_err(EngineError::Job);
         // A start the disk could not take yet is waited for (or cancelled): launching before
         // it is committed could run the job twice after a restart.

@@ -113,6 +113,14 @@ pub enum JobError {
     CwdSymlink { cwd: String, path: PathBuf },
     #[error("field cwd {cwd:?} is not a directory ({path})")]
     CwdNotDir { cwd: String, path: PathBuf },
+    #[error("field cwd {cwd:?} cannot be entered by the runner's account ({path})")]
+    CwdDenied {
+        cwd: String,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{path} already exists, so it cannot be the new workspace of job {id}: choose another id (the work root may hold shared checkouts)")]
+    WorkspaceExists { id: String, path: PathBuf },
     #[error("could not prepare {path}")]
     Io {
         path: PathBuf,
@@ -172,6 +180,8 @@ impl JobError {
                 | JobError::CwdMissing { .. }
                 | JobError::CwdSymlink { .. }
                 | JobError::CwdNotDir { .. }
+                | JobError::CwdDenied { .. }
+                | JobError::WorkspaceExists { .. }
         )
     }
 }
@@ -204,10 +214,15 @@ impl Workspace {
 /// either way it is opened beneath the work root with no symlink at any component, so
 /// neither `..` nor a symlink (nor one swapped in while this runs) can lead out of it. The
 /// work root itself is refused: from there a job could reach every workspace.
+///
+/// With `fresh` (a job being admitted), the workspace must not exist yet: a directory
+/// already there under a new job's id is someone else's (a shared checkout), never
+/// adopted. At the job's start it may (the admission made it).
 pub fn prepare_workspace(
     paths: &JobPaths,
     id: &str,
     cwd: Option<&str>,
+    fresh: bool,
 ) -> Result<Workspace, JobError> {
     let ws = paths.workspace(id);
     // Made and opened by descriptor, never through a symlink: another job can write in
@@ -223,10 +238,23 @@ pub fn prepare_workspace(
             },
         }
     };
-    let dir = paths
-        .work
-        .make_child(id, 0o700)
-        .map_err(planted(ws.clone()))?;
+    let dir = if fresh {
+        paths.work.create_child(id, 0o700).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EEXIST) {
+                JobError::WorkspaceExists {
+                    id: id.to_owned(),
+                    path: ws.clone(),
+                }
+            } else {
+                planted(ws.clone())(e)
+            }
+        })?
+    } else {
+        paths
+            .work
+            .make_child(id, 0o700)
+            .map_err(planted(ws.clone()))?
+    };
     dir.make_child("tmp", 0o700)
         .map_err(planted(ws.join("tmp")))?;
     let Some(cwd) = cwd else {
@@ -248,7 +276,8 @@ pub fn prepare_workspace(
                     .and_then(|c| Path::new(cwd).strip_prefix(c).ok())
             });
         match under {
-            Some(rel) => rel.to_owned(),
+            Some(rel) if !rel.as_os_str().is_empty() => rel.to_owned(),
+            Some(_) => return Err(outside(paths.work_root.clone())),
             None => return Err(outside(lexical_normal(Path::new(cwd)))),
         }
     } else {
@@ -272,11 +301,22 @@ pub fn prepare_workspace(
                 cwd: cwd.to_owned(),
                 path: wanted.clone(),
             },
+            Some(libc::EACCES) | Some(libc::ENAMETOOLONG) => JobError::CwdDenied {
+                cwd: cwd.to_owned(),
+                path: wanted.clone(),
+                source: e,
+            },
             _ => io_err(&wanted)(e),
         })?;
     if opened.same_as(&paths.work).map_err(io_err(&wanted))? {
         return Err(outside(paths.work_root.clone()));
     }
+    // Opened, but can the job enter it? (O_PATH needs no search permission; fchdir does.)
+    opened.searchable().map_err(|source| JobError::CwdDenied {
+        cwd: cwd.to_owned(),
+        path: wanted.clone(),
+        source,
+    })?;
     Ok(Workspace {
         dir,
         cwd: Some(opened),
@@ -544,9 +584,12 @@ fn launch(
         source,
     };
     let nul = || spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "NUL byte"));
-    let path =
-        resolve_program(program, env.get("PATH").map(String::as_str), cwd).map_err(spawn_err)?;
-    let c_program = CString::new(path.as_os_str().as_bytes()).map_err(|_| nul())?;
+    let search = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
+    let programs = program_candidates(program, search)
+        .iter()
+        .map(|p| CString::new(p.as_os_str().as_bytes()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| nul())?;
     let argv = spec
         .argv
         .iter()
@@ -559,7 +602,7 @@ fn launch(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| nul())?;
     let launched = launch::launch(&LaunchSpec {
-        program: &c_program,
+        programs: &programs,
         argv: &argv,
         env: &c_env,
         cwd: cwd.as_fd(),
@@ -570,12 +613,40 @@ fn launch(
         cgroup_procs,
         landlock,
     })
-    .map_err(|e| JobError::Launch {
-        program: program.clone(),
-        step: e.step,
-        source: e.source,
+    .map_err(|e| {
+        // Said as a shell says it, for a name that was looked up in PATH.
+        let looked_up = !program.contains('/');
+        match (e.step, e.source.raw_os_error()) {
+            (launch::Step::Exec, Some(libc::ENOENT)) if looked_up => spawn_err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("not found in PATH {search}"),
+            )),
+            (launch::Step::Exec, Some(libc::EACCES)) if looked_up => spawn_err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("not executable (Permission denied) in PATH {search}"),
+            )),
+            _ => JobError::Launch {
+                program: program.clone(),
+                step: e.step,
+                source: e.source,
+            },
+        }
     })?;
     JobProcess::from_launched(launched).map_err(spawn_err)
+}
+
+/// The paths execvp would try for `program`: itself when it has a slash, else it in each
+/// entry of `search` (an empty entry is the working directory), relative entries kept
+/// relative so that they are resolved from the job's own working directory.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn program_candidates(program: &str, search: &str) -> Vec<PathBuf> {
+    if program.contains('/') {
+        return vec![PathBuf::from(program)];
+    }
+    search
+        .split(':')
+        .map(|dir| Path::new(if dir.is_empty() { "." } else { dir }).join(program))
+        .collect()
 }
 
 /// The portable path: std's fork/exec with the same preparation in `pre_exec`.
@@ -797,13 +868,37 @@ mod tests {
         JobPaths::open(dir).unwrap()
     }
 
+    /// As at a job's start: the workspace may exist.
+    fn prepare_workspace_t(
+        p: &JobPaths,
+        id: &str,
+        cwd: Option<&str>,
+    ) -> Result<Workspace, JobError> {
+        prepare_workspace(p, id, cwd, false)
+    }
+
+    #[test]
+    fn a_new_job_never_adopts_a_directory_already_under_its_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = paths(dir.path());
+        fs::create_dir(p.workspace("shared")).unwrap();
+        fs::write(p.workspace("shared").join("keep"), "").unwrap();
+        assert!(matches!(
+            prepare_workspace(&p, "shared", Some("missing"), true),
+            Err(JobError::WorkspaceExists { .. })
+        ));
+        assert!(p.workspace("shared").join("keep").exists());
+        assert!(prepare_workspace(&p, "new", None, true).is_ok());
+        assert!(prepare_workspace(&p, "new", None, false).is_ok());
+    }
+
     #[test]
     fn a_planted_workspace_symlink_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let p = paths(dir.path());
         std::os::unix::fs::symlink(dir.path(), p.workspace("victim")).unwrap();
         assert!(matches!(
-            prepare_workspace(&p, "victim", None),
+            prepare_workspace_t(&p, "victim", None),
             Err(JobError::Io { .. })
         ));
     }
@@ -813,49 +908,49 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = paths(dir.path());
         assert!(matches!(
-            prepare_workspace(&p, "a", Some("../../etc")),
+            prepare_workspace_t(&p, "a", Some("../../etc")),
             Err(JobError::CwdOutside { .. })
         ));
         assert!(matches!(
-            prepare_workspace(&p, "a", Some("/etc")),
+            prepare_workspace_t(&p, "a", Some("/etc")),
             Err(JobError::CwdOutside { .. })
         ));
         std::os::unix::fs::symlink("/etc", p.workspace("a").join("link")).unwrap();
         assert!(matches!(
-            prepare_workspace(&p, "a", Some("link")),
+            prepare_workspace_t(&p, "a", Some("link")),
             Err(JobError::CwdSymlink { .. })
         ));
         fs::create_dir(p.workspace("a").join("src")).unwrap();
         // Even a symlink that stays inside is refused: it could be swapped at any moment.
         std::os::unix::fs::symlink("src", p.workspace("a").join("inner")).unwrap();
         assert!(matches!(
-            prepare_workspace(&p, "a", Some("inner")),
+            prepare_workspace_t(&p, "a", Some("inner")),
             Err(JobError::CwdSymlink { .. })
         ));
         fs::write(p.workspace("a").join("file"), "").unwrap();
         assert!(matches!(
-            prepare_workspace(&p, "a", Some("file")),
+            prepare_workspace_t(&p, "a", Some("file")),
             Err(JobError::CwdNotDir { .. })
         ));
-        let ws = prepare_workspace(&p, "a", Some("src")).unwrap();
+        let ws = prepare_workspace_t(&p, "a", Some("src")).unwrap();
         let src = Dir::open(&p.workspace("a").join("src")).unwrap();
         assert!(ws.cwd().same_as(&src).unwrap());
         let abs = p.workspace("a").join("src");
-        let ws = prepare_workspace(&p, "b", Some(abs.to_str().unwrap())).unwrap();
+        let ws = prepare_workspace_t(&p, "b", Some(abs.to_str().unwrap())).unwrap();
         assert!(ws.cwd().same_as(&src).unwrap());
         // Another job's workspace is inside the root too: allowed, like a shared checkout.
-        assert!(prepare_workspace(&p, "b", Some("../a/src")).is_ok());
+        assert!(prepare_workspace_t(&p, "b", Some("../a/src")).is_ok());
         // The root itself is not.
         assert!(matches!(
-            prepare_workspace(&p, "a", Some("..")),
+            prepare_workspace_t(&p, "a", Some("..")),
             Err(JobError::CwdOutside { .. })
         ));
         assert!(matches!(
-            prepare_workspace(&p, "a", Some("missing")),
+            prepare_workspace_t(&p, "a", Some("missing")),
             Err(JobError::CwdMissing { .. })
         ));
         assert!(matches!(
-            prepare_workspace(&p, "a", Some("../../nonexistent")),
+            prepare_workspace_t(&p, "a", Some("../../nonexistent")),
             Err(JobError::CwdOutside { .. })
         ));
     }

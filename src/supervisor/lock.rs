@@ -96,7 +96,13 @@ pub fn acquire(path: &Path) -> Result<PidLock, LockError> {
     match fs4::FileExt::try_lock(&file) {
         Ok(()) => {}
         Err(fs4::TryLockError::WouldBlock) => {
-            return Err(match read_pid(&mut file) {
+            // The kernel's word first: the holder may not have written its pid yet, and
+            // the file may still name the one before it.
+            let kernel = locks::flock_holders(&file)
+                .ok()
+                .flatten()
+                .and_then(|h| h.first().copied());
+            return Err(match kernel.or_else(|| read_pid(&mut file)) {
                 Some(pid) => LockError::Held {
                     path: path.to_owned(),
                     pid,
@@ -104,7 +110,7 @@ pub fn acquire(path: &Path) -> Result<PidLock, LockError> {
                 None => LockError::HeldUnknown {
                     path: path.to_owned(),
                 },
-            })
+            });
         }
         Err(fs4::TryLockError::Error(source)) => {
             return Err(LockError::Lock {
@@ -113,10 +119,12 @@ pub fn acquire(path: &Path) -> Result<PidLock, LockError> {
             })
         }
     }
+    // Over the old pid, then cut to length: a reader never finds the file empty.
     let write = |file: &mut File| -> io::Result<()> {
-        file.set_len(0)?;
+        let line = format!("{}\n", std::process::id());
         file.seek(SeekFrom::Start(0))?;
-        writeln!(file, "{}", std::process::id())?;
+        file.write_all(line.as_bytes())?;
+        file.set_len(line.len() as u64)?;
         file.sync_all()
     };
     write(&mut file).map_err(|source| LockError::Write {

@@ -69,16 +69,39 @@ impl Dir {
         )?))
     }
 
+    /// Creates the directory `name` (one component) inside this one with `mode` and opens
+    /// it; `EEXIST` when something is already there, which is then left alone.
+    pub fn create_child(&self, name: &str, mode: u32) -> io::Result<Self> {
+        single_component(name)?;
+        stat::mkdirat(
+            self.0.as_fd(),
+            name,
+            Mode::from_bits_truncate(mode as libc::mode_t),
+        )?;
+        Ok(Self(fcntl::openat(
+            self.0.as_fd(),
+            name,
+            anchor_flags(),
+            Mode::empty(),
+        )?))
+    }
+
     /// Opens the directory `rel` below this one. No symlink is followed at any component
     /// and `..` may not climb above this directory. The errors say which rule refused:
     /// `EXDEV` for an escape, `ELOOP` for a symlink, `ENOENT` for a missing component,
-    /// `ENOTDIR` for one that is not a directory.
+    /// `ENOTDIR` for one that is not a directory, `ENAMETOOLONG` for a path too long.
+    ///
+    /// `.` and `..` are folded by spelling first: with no symlink allowed anywhere, that is
+    /// what they mean, and it spares the kernel the `..` it cannot always vouch for (any
+    /// rename on the system while it resolves one makes openat2 fail with EAGAIN).
     pub fn open_beneath(&self, rel: &Path) -> io::Result<Self> {
-        if rel.is_absolute() {
-            return Err(Errno::EXDEV.into());
+        let names = fold_beneath(rel)?;
+        if names.is_empty() {
+            return self.try_clone();
         }
         #[cfg(target_os = "linux")]
-        {
+        if OPENAT2.load(std::sync::atomic::Ordering::Relaxed) {
+            let folded: PathBuf = names.iter().collect();
             let how = fcntl::OpenHow::new()
                 .flags(anchor_flags() - OFlag::O_NOFOLLOW)
                 .resolve(
@@ -86,48 +109,51 @@ impl Dir {
                         | fcntl::ResolveFlag::RESOLVE_NO_SYMLINKS
                         | fcntl::ResolveFlag::RESOLVE_NO_MAGICLINKS,
                 );
-            // A rename anywhere on the system while `..` is resolved makes the kernel give
-            // up with EAGAIN (it cannot prove the result is beneath): a few more tries, then
-            // the walk, which keeps its own way back up and is immune to renames.
             for _ in 0..OPENAT2_TRIES {
-                match fcntl::openat2(self.0.as_fd(), rel, how) {
+                match fcntl::openat2(self.0.as_fd(), &folded, how) {
                     Ok(fd) => return Ok(Self(fd)),
+                    // Not expected without `..`; the walk settles it either way.
                     Err(Errno::EAGAIN) => continue,
-                    // Linux before 5.6, or a seccomp filter that does not know openat2.
-                    Err(Errno::ENOSYS) => break,
+                    // Linux before 5.6, or a seccomp filter that does not know openat2
+                    // (older container profiles answer EPERM): the walk from now on.
+                    Err(Errno::ENOSYS) | Err(Errno::EPERM) => {
+                        OPENAT2.store(false, std::sync::atomic::Ordering::Relaxed);
+                        break;
+                    }
                     Err(e) => return Err(e.into()),
                 }
             }
         }
-        self.walk_beneath(rel)
+        self.walk(&names)
     }
 
-    /// [`Self::open_beneath`] one component at a time, for kernels without openat2: each
-    /// step opens the next name with `O_NOFOLLOW` relative to the last step's descriptor,
-    /// and `..` goes back to the descriptor it came from, so the walk never leaves the
-    /// tree it has opened.
-    fn walk_beneath(&self, rel: &Path) -> io::Result<Self> {
-        let mut stack: Vec<OwnedFd> = Vec::new();
-        for comp in rel.components() {
-            match comp {
-                Component::CurDir => {}
-                Component::ParentDir => {
-                    if stack.pop().is_none() {
-                        return Err(Errno::EXDEV.into());
-                    }
-                }
-                Component::Normal(name) => {
-                    let cur = stack.last().map_or(self.0.as_fd(), |fd| fd.as_fd());
-                    let next = open_step(cur, name)?;
-                    stack.push(next);
-                }
-                Component::RootDir | Component::Prefix(_) => return Err(Errno::EXDEV.into()),
-            }
+    /// [`Self::open_beneath`] without openat2: one component at a time, each opened with
+    /// `O_NOFOLLOW` relative to the descriptor of the one before.
+    fn walk(&self, names: &[&OsStr]) -> io::Result<Self> {
+        let mut cur: Option<OwnedFd> = None;
+        for name in names {
+            let dir = cur.as_ref().map_or(self.0.as_fd(), |fd| fd.as_fd());
+            cur = Some(open_step(dir, name)?);
         }
-        match stack.pop() {
+        match cur {
             Some(fd) => Ok(Self(fd)),
-            None => Ok(Self(self.0.try_clone()?)),
+            None => self.try_clone(),
         }
+    }
+
+    #[cfg(test)]
+    fn walk_beneath(&self, rel: &Path) -> io::Result<Self> {
+        self.walk(&fold_beneath(rel)?)
+    }
+
+    /// `Ok` when this process may enter the directory (search permission).
+    pub fn searchable(&self) -> io::Result<()> {
+        Ok(nix::unistd::faccessat(
+            self.0.as_fd(),
+            ".",
+            nix::unistd::AccessFlags::X_OK,
+            fcntl::AtFlags::empty(),
+        )?)
     }
 
     /// True when `other` is this very directory (same device and inode).
@@ -138,6 +164,8 @@ impl Dir {
 
     /// Opens the regular file `name` in this directory for appending, created with
     /// `mode` if needed; a symlink under that name is refused.
+    /// `O_NONBLOCK`: a FIFO planted under that name must not hang the opener, and is then
+    /// refused with anything else that is not a regular file.
     pub fn append_file(&self, name: &str, mode: u32) -> io::Result<File> {
         single_component(name)?;
         let fd = fcntl::openat(
@@ -147,9 +175,16 @@ impl Dir {
                 | OFlag::O_APPEND
                 | OFlag::O_CREAT
                 | OFlag::O_NOFOLLOW
+                | OFlag::O_NONBLOCK
                 | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(mode as libc::mode_t),
         )?;
+        if stat::fstat(fd.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{name} is not a regular file"),
+            ));
+        }
         Ok(File::from(fd))
     }
 
@@ -240,6 +275,43 @@ impl From<Dir> for OwnedFd {
     fn from(d: Dir) -> Self {
         d.0
     }
+}
+
+/// Whether openat2 may be used: cleared the first time the kernel (or a seccomp filter)
+/// refuses it, so a host without it pays for the refusal once.
+#[cfg(target_os = "linux")]
+static OPENAT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// At most this many components, this many bytes: a path longer than any real checkout
+/// needs is refused before anything is opened.
+const MAX_COMPONENTS: usize = 256;
+const MAX_PATH_BYTES: usize = 4096;
+
+/// The names of `rel` with `.` and `..` folded by spelling; `EXDEV` when it is absolute or
+/// climbs out, `ENAMETOOLONG` past the bounds.
+fn fold_beneath(rel: &Path) -> io::Result<Vec<&OsStr>> {
+    if rel.as_os_str().len() > MAX_PATH_BYTES {
+        return Err(Errno::ENAMETOOLONG.into());
+    }
+    let mut names = Vec::new();
+    for comp in rel.components() {
+        match comp {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if names.pop().is_none() {
+                    return Err(Errno::EXDEV.into());
+                }
+            }
+            Component::Normal(name) => {
+                if names.len() == MAX_COMPONENTS {
+                    return Err(Errno::ENAMETOOLONG.into());
+                }
+                names.push(name);
+            }
+            Component::RootDir | Component::Prefix(_) => return Err(Errno::EXDEV.into()),
+        }
+    }
+    Ok(names)
 }
 
 /// One step of the walk: `name` in `dir`, a directory, not a symlink.

@@ -14,7 +14,7 @@
 //! `_exit(127)`. All signals are blocked around the clone, and the child resets every
 //! handler to the default before unblocking, so no handler of the runner ever runs in it.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -24,8 +24,11 @@ use super::ProcessId;
 
 /// What the child needs, all of it built before the clone.
 pub struct LaunchSpec<'a> {
-    /// The program as execve takes it: absolute, or relative to `cwd` when it has a slash.
-    pub program: &'a CStr,
+    /// The paths to try, in order, as execvp would try each entry of PATH: absolute, or
+    /// relative to `cwd`. The child tries them itself, after it has restricted itself to
+    /// its Landlock ruleset, so the kernel judges each one as the job's own lookup; the
+    /// runner never probes paths on the job's behalf.
+    pub programs: &'a [CString],
     pub argv: &'a [CString],
     /// `NAME=value` entries: the complete environment.
     pub env: &'a [CString],
@@ -109,7 +112,8 @@ pub struct Launched {
 /// The child's only channel back: which step failed and its errno.
 struct Shared<'a> {
     spec: &'a LaunchSpec<'a>,
-    program: *const libc::c_char,
+    programs: *const *const libc::c_char,
+    programs_len: usize,
     argv: *const *const libc::c_char,
     env: *const *const libc::c_char,
     stdio: [RawFd; 3],
@@ -135,6 +139,7 @@ pub fn launch(spec: &LaunchSpec<'_>) -> Result<Launched, LaunchError> {
         .map(|a| a.as_ptr())
         .chain(std::iter::once(std::ptr::null()))
         .collect();
+    let programs: Vec<*const libc::c_char> = spec.programs.iter().map(|p| p.as_ptr()).collect();
     // The child moves the stdio sources onto 0, 1 and 2; a source that is itself one of
     // those could be overwritten before it is used, so it is first copied above them.
     let mut lifted = Vec::new();
@@ -152,7 +157,8 @@ pub fn launch(spec: &LaunchSpec<'_>) -> Result<Launched, LaunchError> {
     }
     let shared = Shared {
         spec,
-        program: spec.program.as_ptr(),
+        programs: programs.as_ptr(),
+        programs_len: programs.len(),
         argv: argv.as_ptr(),
         env: env.as_ptr(),
         stdio,
@@ -299,7 +305,24 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        libc::execve(sh.program, sh.argv, sh.env);
+        // As execvp: a path that is missing or not a directory on the way goes on to the
+        // next; any other refusal is remembered, and "permission denied" wins if one was
+        // seen, so a program found but not executable is not reported as missing.
+        let mut denied = false;
+        for i in 0..sh.programs_len {
+            libc::execve(*sh.programs.add(i), sh.argv, sh.env);
+            let errno = *libc::__errno_location();
+            if errno == libc::EACCES {
+                denied = true;
+            } else if errno != libc::ENOENT && errno != libc::ENOTDIR {
+                return fail(Step::Exec);
+            }
+        }
+        if denied {
+            *libc::__errno_location() = libc::EACCES;
+        } else if sh.programs_len == 0 {
+            *libc::__errno_location() = libc::ENOENT;
+        }
         fail(Step::Exec)
     }
 }

@@ -1668,7 +1668,8 @@ fn a_stop_budget_cuts_kill_graces_and_leaves_no_job_alive() {
 
 #[test]
 fn a_restarted_runner_serves_while_it_ends_a_dead_runners_jobs() {
-    let mut r = Runner::started(&[]);
+    // One job at a time, so the second one is still queued when the runner dies.
+    let mut r = Runner::started(&["--max-jobs", "1"]);
     let pid = start_stubborn(&mut r, "left");
     submit_ok(
         &r,
