@@ -148,6 +148,10 @@ pub struct RunnerArgs {
     /// each job gets its whole kill grace.
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub stop_budget: Option<Duration>,
+    /// Every job's PATH unless its spec sets one: absolute directories, ':'-separated
+    /// (the agent passes runner.job_path).
+    #[arg(long, value_name = "PATH")]
+    pub job_path: Option<String>,
 }
 
 #[derive(Debug, Args)]

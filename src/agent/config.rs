@@ -50,6 +50,7 @@ pub struct RawRunner {
     pub max_queued: Option<usize>,
     pub max_output_bytes: Option<u64>,
     pub delegate_cgroup: Option<bool>,
+    pub job_path: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -95,6 +96,8 @@ pub struct RunnerSettings {
     /// cgroup tier (Linux; the agent must run in a cgroup delegated to it, e.g. a systemd
     /// unit with `Delegate=yes`).
     pub delegate_cgroup: bool,
+    /// PATH of every job (a job's own `PATH` still wins); `None` keeps the baseline.
+    pub job_path: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,6 +151,7 @@ enum Key {
     MaxQueued,
     MaxOutputBytes,
     DelegateCgroup,
+    JobPath,
     HubUrl,
     TokenFile,
     CaFile,
@@ -168,6 +172,7 @@ impl Key {
             Key::MaxQueued => "runner.max_queued",
             Key::MaxOutputBytes => "runner.max_output_bytes",
             Key::DelegateCgroup => "runner.delegate_cgroup",
+            Key::JobPath => "runner.job_path",
             Key::HubUrl => "hub.url",
             Key::TokenFile => "hub.token_file",
             Key::CaFile => "hub.ca_file",
@@ -188,6 +193,7 @@ impl Key {
             Key::MaxQueued => "RAILGRID_RUNNER_MAX_QUEUED",
             Key::MaxOutputBytes => "RAILGRID_RUNNER_MAX_OUTPUT_BYTES",
             Key::DelegateCgroup => "RAILGRID_RUNNER_DELEGATE_CGROUP",
+            Key::JobPath => "RAILGRID_RUNNER_JOB_PATH",
             Key::HubUrl => "RAILGRID_HUB_URL",
             Key::TokenFile => "RAILGRID_HUB_TOKEN_FILE",
             Key::CaFile => "RAILGRID_HUB_CA_FILE",
@@ -276,6 +282,7 @@ impl Sources<'_> {
             Key::MaxQueued => raw.runner.max_queued.map(|n| n.to_string()),
             Key::MaxOutputBytes => raw.runner.max_output_bytes.map(|n| n.to_string()),
             Key::DelegateCgroup => raw.runner.delegate_cgroup.map(|b| b.to_string()),
+            Key::JobPath => raw.runner.job_path.clone(),
             Key::HubUrl => raw.hub.url.clone(),
             Key::TokenFile => raw.hub.token_file.as_ref().map(|p| p.display().to_string()),
             Key::CaFile => raw.hub.ca_file.as_ref().map(|p| p.display().to_string()),
@@ -490,6 +497,12 @@ pub fn load_with(
         delegate_cgroup: src
             .optional(Key::DelegateCgroup, "true or false")?
             .unwrap_or(false),
+        job_path: match src.get(Key::JobPath) {
+            Some((path, origin)) => {
+                Some(crate::env_policy::check_search_path(&path).map_err(|m| invalid(&origin, m))?)
+            }
+            None => None,
+        },
     };
 
     let hub = match (src.get(Key::HubUrl), src.path_from(Key::TokenFile)) {
@@ -601,6 +614,7 @@ pub struct EffectiveRunner {
     pub max_queued: Option<usize>,
     pub max_output_bytes: Option<u64>,
     pub delegate_cgroup: bool,
+    pub job_path: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -639,6 +653,9 @@ impl AgentConfig {
                 max_queued: self.runner.max_queued,
                 max_output_bytes: self.runner.max_output_bytes,
                 delegate_cgroup: self.runner.delegate_cgroup,
+                job_path: self.runner.job_path.clone().unwrap_or_else(|| {
+                    format!("{} (the default)", crate::supervisor::DEFAULT_PATH)
+                }),
             },
             hub: self.hub.as_ref().map(|h| EffectiveHub {
                 url: h.url.clone(),

@@ -275,6 +275,7 @@ fn runner_config(cfg: &AgentConfig, exe: &Path) -> Result<supervisor::Config, Ag
             "--max-output-bytes",
             r.max_output_bytes.map(|n| n.to_string()),
         ),
+        ("--job-path", r.job_path.clone()),
     ];
     for (flag, value) in limits {
         if let Some(v) = value {

@@ -23,6 +23,11 @@ pub(super) fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
         max_output_bytes: args.max_output_bytes,
         max_finished_jobs: args.max_finished_jobs,
         max_spool_bytes: args.max_spool_bytes,
+        job_path: args
+            .job_path
+            .map(|p| crate::env_policy::check_search_path(&p))
+            .transpose()
+            .map_err(|m| usage(anyhow::anyhow!("--job-path: {m}")))?,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

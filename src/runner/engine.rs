@@ -47,6 +47,8 @@ pub struct EngineConfig {
     pub max_output_bytes: u64,
     pub max_finished_jobs: usize,
     pub max_spool_bytes: u64,
+    /// Every job's PATH unless its spec sets one; `None` is [`crate::supervisor::DEFAULT_PATH`].
+    pub job_path: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -61,6 +63,7 @@ impl Default for EngineConfig {
             max_output_bytes: 64 * 1024 * 1024,
             max_finished_jobs: 1000,
             max_spool_bytes: 1024 * 1024 * 1024,
+            job_path: None,
         }
     }
 }
@@ -740,7 +743,15 @@ impl Engine {
             id,
             &spec,
             &workspace,
-            self.inner.cfg.max_output_bytes,
+            job::Baseline {
+                output_cap: self.inner.cfg.max_output_bytes,
+                path: self
+                    .inner
+                    .cfg
+                    .job_path
+                    .as_deref()
+                    .unwrap_or(crate::supervisor::DEFAULT_PATH),
+            },
             Tiers {
                 cgroups: self.inner.cgroups.as_ref(),
                 fs: self.inner.fs_guard.as_ref(),

@@ -415,9 +415,9 @@ pub struct Started {
 
 /// The job's complete environment: the baseline, then the spec's variables (which were
 /// checked at submission and may override the baseline).
-fn job_env(ws: &Path, id: &str, spec: &JobSpec) -> BTreeMap<String, String> {
+fn job_env(ws: &Path, id: &str, spec: &JobSpec, path: &str) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
-    env.insert("PATH".to_owned(), DEFAULT_PATH.to_owned());
+    env.insert("PATH".to_owned(), path.to_owned());
     env.insert("HOME".to_owned(), ws.to_string_lossy().into_owned());
     env.insert("LANG".to_owned(), "C.UTF-8".to_owned());
     env.insert(
@@ -431,6 +431,15 @@ fn job_env(ws: &Path, id: &str, spec: &JobSpec) -> BTreeMap<String, String> {
     env
 }
 
+/// What every job of this runner gets, whatever its spec.
+#[derive(Debug, Clone, Copy)]
+pub struct Baseline<'a> {
+    /// Bytes kept per output stream.
+    pub output_cap: u64,
+    /// The job's PATH unless its spec sets one (`runner.job_path`, else [`DEFAULT_PATH`]).
+    pub path: &'a str,
+}
+
 /// Starts the job's process. `on_output` is called by the spool tasks after each write
 /// (to wake followers).
 pub fn start(
@@ -438,14 +447,15 @@ pub fn start(
     id: &str,
     spec: &JobSpec,
     workspace: &Workspace,
-    cap: u64,
+    baseline: Baseline<'_>,
     tiers: Tiers<'_>,
     on_output: Arc<dyn Fn() + Send + Sync>,
 ) -> Result<Started, JobError> {
     let Tiers { cgroups: tier, fs } = tiers;
+    let cap = baseline.output_cap;
     let ws = paths.workspace(id);
     let spool_dir = paths.spool_dir(id);
-    let env = job_env(&ws, id, spec);
+    let env = job_env(&ws, id, spec, baseline.path);
 
     let (out_r, out_w) = pipe::pipe().map_err(io_err(&spool_dir))?;
     let (err_r, err_w) = pipe::pipe().map_err(io_err(&spool_dir))?;

@@ -1023,3 +1023,54 @@ fn a_delegated_agent_empties_the_runners_cgroup_tree_when_the_runner_could_not()
     let reaped = host.status()["reaped"].to_string();
     assert!(reaped.contains("cgroup.kill"), "{reaped}");
 }
+
+#[test]
+fn runner_job_path_is_every_jobs_path_unless_the_job_sets_its_own() {
+    let host = Host::new();
+    fs::write(
+        host.path("agent.toml"),
+        "[runner]\njob_path = \"/opt/railgrid-test/bin:/usr/bin:/bin\"\n",
+    )
+    .expect("config");
+    let _agent = host.start_agent();
+    host.wait_runner("a runner", |_| true);
+    let socket = host.socket();
+    for (id, env, want) in [
+        ("runner-wide", "{}", "/opt/railgrid-test/bin:/usr/bin:/bin"),
+        ("own", r#"{"PATH":"/bin"}"#, "/bin"),
+    ] {
+        let spec = format!(r#"{{"id":"{id}","argv":["sh","-c","echo $PATH"],"env":{env}}}"#);
+        let (code, body) = http(&socket, "POST", "/v1/jobs", Some(&spec)).expect("post");
+        assert_eq!(code, 201, "{body}");
+        wait_for(LIMIT, "the job to end", || {
+            (get_json(&socket, &format!("/v1/jobs/{id}"))?["state"] == "succeeded").then_some(())
+        });
+        let (_, out) = get(&socket, &format!("/v1/jobs/{id}/output/stdout")).expect("output");
+        assert_eq!(out.trim(), want);
+    }
+
+    // A relative entry is refused, naming the key.
+    fs::write(
+        host.path("agent.toml"),
+        "[runner]\njob_path = \"bin:/usr/bin\"\n",
+    )
+    .expect("config");
+    let out = railgrid()
+        .args(["agent", "check-config", "--config"])
+        .arg(host.path("agent.toml"))
+        .arg("--state-dir")
+        .arg(host.state())
+        .args(if is_root() {
+            vec!["--runner-user", "nobody"]
+        } else {
+            vec![]
+        })
+        .output()
+        .expect("check-config");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("runner.job_path") && err.contains("not an absolute"),
+        "{err}"
+    );
+}
