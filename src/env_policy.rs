@@ -105,6 +105,23 @@ pub fn parse_assignment(entry: &str) -> Result<(String, String), EnvError> {
     Ok((name.to_owned(), value.to_owned()))
 }
 
+/// A runner-wide PATH for jobs: absolute directories only (a relative entry would be
+/// resolved from each job's working directory, which the job controls), no empty entry.
+/// Returns it as given, or what is wrong with it.
+pub fn check_search_path(path: &str) -> Result<String, String> {
+    if path.is_empty() {
+        return Err("an empty PATH: list absolute directories separated by ':'".into());
+    }
+    for dir in path.split(':') {
+        if !dir.starts_with('/') {
+            return Err(format!(
+                "PATH entry {dir:?} is not an absolute directory: a relative one would be looked up from each job's working directory"
+            ));
+        }
+    }
+    Ok(path.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,21 +190,4 @@ mod tests {
             Err(EnvError::BadName { .. })
         ));
     }
-}
-
-/// A runner-wide PATH for jobs: absolute directories only (a relative entry would be
-/// resolved from each job's working directory, which the job controls), no empty entry.
-/// Returns it as given, or what is wrong with it.
-pub fn check_search_path(path: &str) -> Result<String, String> {
-    if path.is_empty() {
-        return Err("an empty PATH: list absolute directories separated by ':'".into());
-    }
-    for dir in path.split(':') {
-        if !dir.starts_with('/') {
-            return Err(format!(
-                "PATH entry {dir:?} is not an absolute directory: a relative one would be looked up from each job's working directory"
-            ));
-        }
-    }
-    Ok(path.to_owned())
 }
