@@ -449,14 +449,18 @@ pub fn load_with(
     let src = Sources { file, env, flags };
 
     let user_dir = || default_user_dir(env).ok_or(ConfigError::NoHome);
-    let state_dir = match src.path(Key::StateDir) {
+    let chosen_state_dir = src.path(Key::StateDir);
+    // An agent given its own state directory keeps its logs there too, unless told
+    // otherwise: a trial run in /var/tmp does not write to /var/log.
+    let log_dir = match (src.path(Key::LogDir), &chosen_state_dir) {
+        (Some(p), _) => p,
+        (None, Some(state)) => state.clone(),
+        (None, None) if root => PathBuf::from(ROOT_LOG_DIR),
+        (None, None) => user_dir()?,
+    };
+    let state_dir = match chosen_state_dir {
         Some(p) => p,
         None if root => PathBuf::from(ROOT_STATE_DIR),
-        None => user_dir()?,
-    };
-    let log_dir = match src.path(Key::LogDir) {
-        Some(p) => p,
-        None if root => PathBuf::from(ROOT_LOG_DIR),
         None => user_dir()?,
     };
 

@@ -8,6 +8,7 @@ mod agent;
 mod disk;
 mod jobs;
 mod lock;
+mod readme;
 mod supervise;
 mod supervisor_api;
 mod support;
