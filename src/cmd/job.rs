@@ -244,7 +244,11 @@ fn report_end(rec: &JobRecord) {
         .map(|e| format!(": {e}"))
         .unwrap_or_default();
     let line = match rec.state {
-        JobState::Failed if never_started(rec) => format!("could not be started{why}"),
+        // The record's error already says "could not start …".
+        JobState::Failed if never_started(rec) => match &rec.error {
+            Some(e) => format!("failed: {e}"),
+            None => "could not be started".to_owned(),
+        },
         JobState::Succeeded | JobState::Failed => match (rec.exit_code, rec.signal) {
             (None, Some(sig)) => format!("was killed by signal {sig}"),
             _ => return,

@@ -1504,7 +1504,7 @@ fn a_job_that_cannot_start_says_why_and_exits_as_a_shell_would() {
         assert_eq!(out.status.code(), Some(code), "{program}: {err}");
         assert_eq!(err.lines().count(), 1, "one line: {err}");
         assert!(
-            err.contains("could not be started") && err.contains(says),
+            err.contains("failed: could not start") && err.contains(says),
             "{err}"
         );
         for cmd in [vec!["wait", id], vec!["logs", id]] {
