@@ -24,6 +24,11 @@ fn flags(args: &AgentArgs) -> Flags {
 }
 
 pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
+    // Before any secret is near: the agent will hold the hub token, and without this any
+    // process of its own account could read its memory and environment through /proc.
+    if let Err(e) = crate::sys::forbid_inspection() {
+        eprintln!("railgrid: warning: could not make the agent non-dumpable: {e}");
+    }
     let flags = flags(&args);
     let cfg = config::load(&flags).map_err(usage)?;
     // Before any thread exists: state, logs and sockets are private unless made otherwise.

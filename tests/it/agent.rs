@@ -1074,3 +1074,39 @@ fn runner_job_path_is_every_jobs_path_unless_the_job_sets_its_own() {
         "{err}"
     );
 }
+
+#[test]
+fn the_agent_cannot_be_inspected_by_processes_of_its_own_account() {
+    // The agent runs as an ordinary account (nobody when the test is root, else the
+    // test's own), and a process of that same account tries to read its environment.
+    let host = Host::new();
+    let mut cmd = railgrid();
+    cmd.args(["agent", "run", "--config"])
+        .arg(host.path("agent.toml"))
+        .arg("--state-dir")
+        .arg(host.state())
+        .env("RAILGRID_AGENT_TEST_SECRET", "s3cret")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let as_nobody = |cmd: &mut Command| {
+        if is_root() {
+            let nobody = uzers::get_user_by_name("nobody").expect("nobody");
+            cmd.uid(nobody.uid()).gid(nobody.primary_group_id());
+        }
+    };
+    as_nobody(&mut cmd);
+    if is_root() {
+        fs::set_permissions(host.dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod");
+    }
+    let agent = Guard::new(cmd.spawn().expect("spawn agent"));
+    host.wait_runner("a runner", |_| true);
+    let mut reader = Command::new("cat");
+    reader.arg(format!("/proc/{}/environ", agent.pid()));
+    as_nobody(&mut reader);
+    let out = reader.output().expect("cat");
+    assert!(
+        !out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("s3cret"),
+        "the agent's environment was readable by its own account: {out:?}"
+    );
+}
