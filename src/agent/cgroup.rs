@@ -123,6 +123,13 @@ pub async fn kill_tree(tree: &Path) -> Result<bool, CgroupError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(io("read cgroup.events of")(e)),
     }
+    // Without cgroup.kill (Linux before 5.14) there is no kill by membership, and signals
+    // sent by root to pids read from a file are what this must never do: the runner's
+    // own stop and `runner reap` (as the runner account) are all there is then.
+    if !cg.can_kill() {
+        tracing::warn!(cgroup = %tree.display(), "this kernel has no cgroup.kill: what the runner left in its cgroup is ended by the reap only");
+        return Ok(false);
+    }
     cg.kill().map_err(io("write cgroup.kill of"))?;
     let deadline = tokio::time::Instant::now() + KILL_WAIT;
     while cg.populated().unwrap_or(false) {

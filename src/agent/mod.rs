@@ -3,8 +3,10 @@
 //!
 //! Tasks (all on one runtime thread; blocking work goes to `spawn_blocking`):
 //! - the *main loop* (`run`): owns the [`Supervisor`] of the runner. In: SIGTERM/SIGINT
-//!   (stop and exit), SIGHUP (reload the config), supervisor status changes, a 10 s tick,
-//!   the systemd watchdog tick. Out: `<state>/agent-status.json`, sd_notify messages.
+//!   (stop and exit), SIGHUP (reload the config), supervisor status changes, a 10 s tick.
+//!   Out: `<state>/agent-status.json`, sd_notify messages.
+//! - the *watchdog task* (`WatchdogTask`): `WATCHDOG=1` at half systemd's interval, on its
+//!   own so that a long runner stop in the main loop does not read as a hung agent.
 //! - the supervisor's own task and log thread (see [`crate::supervisor`]).
 //!
 //! The runner is this same executable re-executed as `railgrid runner run --state-dir`,
@@ -170,7 +172,10 @@ pub async fn run(
     let mut changes = sup.subscribe();
     report.update(&cfg, &sup.status());
     let mut tick = tokio::time::interval(STATUS_EVERY);
-    let mut watchdog = notify::watchdog_interval().map(tokio::time::interval);
+    // Its own task, so the pings go on while the main loop waits out a runner stop (a
+    // reload's, which may take the whole stop grace and the reap): a hung agent stops
+    // pinging, a busy one does not.
+    let _watchdog = notify::watchdog_interval().map(WatchdogTask::spawn);
     tracing::info!(version = build_info::VERSION, pid = std::process::id(), state_dir = %cfg.state_dir.display(), "agent running");
 
     let why = loop {
@@ -195,14 +200,6 @@ pub async fn run(
                 report.update(&cfg, &st);
             }
             _ = tick.tick() => report.update(&cfg, &sup.status()),
-            _ = async {
-                match watchdog.as_mut() {
-                    Some(w) => { w.tick().await; }
-                    None => std::future::pending::<()>().await,
-                }
-            } => {
-                report.notify("WATCHDOG=1");
-            }
         }
     };
     tracing::info!("{why} received: stopping the runner");
@@ -213,6 +210,30 @@ pub async fn run(
     report.update(&cfg, &sup.status());
     tracing::info!("agent stopped");
     Ok(())
+}
+
+/// The systemd watchdog's pings, from a task of their own; aborted when dropped.
+struct WatchdogTask(tokio::task::JoinHandle<()>);
+
+impl WatchdogTask {
+    fn spawn(every: Duration) -> Self {
+        Self(tokio::spawn(async move {
+            let Some(notifier) = Notifier::from_env() else {
+                return;
+            };
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                notifier.send("WATCHDOG=1");
+            }
+        }))
+    }
+}
+
+impl Drop for WatchdogTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Re-reads the configuration. Returns a new supervisor when the runner's settings

@@ -37,7 +37,10 @@ pub(super) fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
         &state_dir,
         cfg,
         args.max_api_connections.max(1),
-        args.stop_budget,
+        // A budget beyond any service manager's patience is a typo; an hour also keeps
+        // deadline arithmetic far from overflow.
+        args.stop_budget
+            .map(|b| b.min(std::time::Duration::from_secs(3600))),
     ))?;
     Ok(ExitCode::SUCCESS)
 }

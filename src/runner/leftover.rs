@@ -154,14 +154,20 @@ pub async fn stop(
     };
     let mut killed = false;
     #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
-    let mut reason = match live_job_process(rec) {
-        Some(pid) => {
+    let mut reason = match (live_job_process(rec), orphaned_group(rec)) {
+        (Some(pid), _) => {
             tracing::warn!(job = %rec.id, pid = pid.get(), grace = ?grace, "a job of a runner that is gone is still running: stopping its process group");
             kill_orphan_group(pid, grace, hurry.clone()).await;
             killed = true;
             format!("{prefix}; its process group was killed{agent}")
         }
-        None => format!("{prefix}; its process was already gone"),
+        (None, Some(pgid)) => {
+            tracing::warn!(job = %rec.id, pgid = pgid.get(), grace = ?grace, "the leader of a job of a runner that is gone has exited, but its process group lives on: stopping it");
+            kill_orphan_group(pgid, grace, hurry.clone()).await;
+            killed = true;
+            format!("{prefix}; its process had exited, and what it left in its process group was killed{agent}")
+        }
+        (None, None) => format!("{prefix}; its process was already gone"),
     };
     // Whatever left the group but stayed in the job's cgroup goes too.
     #[cfg(target_os = "linux")]
@@ -217,6 +223,16 @@ pub fn live_job_process(rec: &JobRecord) -> Option<ProcessId> {
         // No start time to compare (not Linux): a live pid is not proof enough.
         _ => None,
     }
+}
+
+/// The process group of a record whose leader has exited while members of its group live
+/// on (`sh -c 'server & exit 0'`). The kernel never hands out a pid that is still the id
+/// of a live process group, so while the group has members its id is still this job's:
+/// it cannot be a recycled pid's.
+pub fn orphaned_group(rec: &JobRecord) -> Option<ProcessId> {
+    let pgid = ProcessId::new(rec.pid?)?;
+    (rec.start_time.is_some() && !sys::group::process_alive(pgid) && sys::group::group_alive(pgid))
+        .then_some(pgid)
 }
 
 /// Resolves once the stop deadline in `rx` has passed; never while there is none (or no
@@ -332,22 +348,29 @@ pub async fn reap(state_dir: &Path, grace: Duration) -> Result<ReapReport, Lefto
         stop(left, grace, Context::Reap, None)
     }))
     .await;
-    let mut report = ReapReport::default();
-    for e in ended {
+    // All marks at once, and one deadline for those the disk cannot take yet: one at a
+    // time, a few held ends would outlast the agent's patience with the reap.
+    let deadline = tokio::time::Instant::now() + REAP_COMMIT_WAIT;
+    let marked = futures_util::future::join_all(ended.iter().map(|e| {
         let outcome = lost_outcome(&spool_root, &e.id, e.reason.clone());
-        let committed = match store.mark_finished(&e.id, JobState::Lost, &outcome).await {
-            Ok(Recorded::Committed) => true,
-            Ok(Recorded::Held(later)) => {
-                matches!(
-                    tokio::time::timeout(REAP_COMMIT_WAIT, later).await,
+        let store = &store;
+        async move {
+            match store.mark_finished(&e.id, JobState::Lost, &outcome).await {
+                Ok(Recorded::Committed) => true,
+                Ok(Recorded::Held(later)) => matches!(
+                    tokio::time::timeout_at(deadline, later).await,
                     Ok(Ok(()))
-                )
+                ),
+                Err(err) => {
+                    tracing::error!(job = %e.id, error = %crate::error_chain(&err), "could not mark the job lost");
+                    false
+                }
             }
-            Err(err) => {
-                tracing::error!(job = %e.id, error = %crate::error_chain(&err), "could not mark the job lost");
-                false
-            }
-        };
+        }
+    }))
+    .await;
+    let mut report = ReapReport::default();
+    for (e, committed) in ended.into_iter().zip(marked) {
         tracing::warn!(job = %e.id, pid = ?e.pid, reason = %e.reason, "reaped: marked lost");
         if !committed {
             report.uncommitted.push(e.id.clone());

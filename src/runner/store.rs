@@ -245,6 +245,10 @@ impl StoreError {
                         | ErrorCode::DatabaseLocked
                         | ErrorCode::OutOfMemory
                         | ErrorCode::CannotOpen
+                        // A file system remounted read-only (errors=remount-ro after an
+                        // I/O error) may come back: until then the change stays held and
+                        // shown, never dropped so that a record would go backwards.
+                        | ErrorCode::ReadOnly
                 )
             ),
             _ => false,

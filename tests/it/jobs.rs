@@ -1781,3 +1781,43 @@ fn runner_reap_ends_a_dead_runners_jobs_and_never_a_live_ones() {
         }
     }
 }
+
+#[test]
+fn what_a_dead_runners_job_left_in_its_group_after_its_leader_exited_is_killed() {
+    let mut r = Runner::started(&[]);
+    // The leader leaves a child in its process group and exits on its own a moment later.
+    let id = submit_ok(
+        &r,
+        json!({"id": "left", "argv": ["sh", "-c", "sleep 1000 & echo ready; sleep 1; exit 0"]}),
+    );
+    wait_for(LIMIT, "the job to be ready", || {
+        (r.output(&id, "stdout") == "ready\n").then_some(())
+    });
+    let pgid = r.job(&id)["pid"].as_i64().expect("pid") as i32;
+    let mut old = r.guard.take().expect("runner");
+    old.own_group(pgid);
+    old.signal(Signal::SIGKILL);
+    let _ = old.wait_output(LIMIT);
+    wait_for(LIMIT, "the job's leader to exit", || {
+        (!alive(pgid)).then_some(())
+    });
+    assert!(
+        !live_in_group(pgid).is_empty(),
+        "the leader's child should outlive it in the group"
+    );
+
+    r.start(&[]);
+    r.guard.as_mut().expect("runner").own_group(pgid);
+    let rec = r.wait(&id);
+    assert_eq!(rec["state"], "lost", "{rec}");
+    assert!(
+        rec["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("what it left in its process group was killed"),
+        "{rec}"
+    );
+    wait_for(LIMIT, "the group to be empty", || {
+        live_in_group(pgid).is_empty().then_some(())
+    });
+}
