@@ -180,7 +180,13 @@ impl CgroupTier {
     #[cfg(target_os = "linux")]
     fn job_cgroup(&self, id: &str, limits: &Limits) -> io::Result<(JobCgroup, Vec<&'static str>)> {
         let cg = self.base.child(&format!("{JOB_PREFIX}{id}"));
-        cg.create()?;
+        // An empty one left by a job of this id that ended is removed first; a populated
+        // one (a dead runner's job, still being ended) makes this job start without the
+        // cgroup tier rather than inside a cgroup that is about to be killed.
+        if !cg.populated().unwrap_or(false) {
+            let _ = cg.remove();
+        }
+        cg.create_new()?;
         let mut applied = Vec::new();
         let has = |c: &str| self.controllers.contains(&c);
         if let (Some(bytes), true) = (limits.memory_bytes, has("memory")) {

@@ -153,6 +153,8 @@ pub async fn stop(
         ),
     };
     let mut killed = false;
+    // One grace for the group and the cgroup together, not one each.
+    let deadline = Instant::now() + grace;
     #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
     let mut reason = match (live_job_process(rec), orphaned_group(rec)) {
         (Some(pid), _) => {
@@ -177,7 +179,12 @@ pub async fn stop(
             reason = format!("{prefix}; its cgroup was killed{agent}");
             killed = true;
         }
-        stop_orphan_cgroup(cg, grace, hurry).await;
+        stop_orphan_cgroup(
+            cg,
+            deadline.saturating_duration_since(Instant::now()),
+            hurry,
+        )
+        .await;
     }
     Ended {
         id: rec.id.clone(),

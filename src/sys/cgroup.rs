@@ -69,6 +69,12 @@ impl Cgroup {
         }
     }
 
+    /// Creates the cgroup, which must not exist yet: one already there belongs to someone
+    /// else (a job of a dead runner still being ended), and is never joined.
+    pub fn create_new(&self) -> io::Result<()> {
+        fs::create_dir(&self.dir)
+    }
+
     /// Removes the (empty, unpopulated) cgroup. A missing one is fine.
     pub fn remove(&self) -> io::Result<()> {
         match fs::remove_dir(&self.dir) {
