@@ -152,6 +152,16 @@ pub struct RunnerArgs {
     /// (the agent passes runner.job_path).
     #[arg(long, value_name = "PATH")]
     pub job_path: Option<String>,
+    /// How jobs are started: `auto` (clone with a pidfd where the kernel allows it, else
+    /// fork) or `fork` (always fork and exec).
+    #[arg(long, value_enum, default_value_t = JobLaunch::Auto)]
+    pub job_launch: JobLaunch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum JobLaunch {
+    Auto,
+    Fork,
 }
 
 #[derive(Debug, Args)]

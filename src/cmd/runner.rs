@@ -28,6 +28,7 @@ pub(super) fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
             .map(|p| crate::env_policy::check_search_path(&p))
             .transpose()
             .map_err(|m| usage(anyhow::anyhow!("--job-path: {m}")))?,
+        force_fork: args.job_launch == crate::cli::JobLaunch::Fork,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -203,6 +203,7 @@ async fn health(State(api): State<Api>) -> Json<Health> {
         commits_pending: api.engine.commits_pending() as u64,
         reconciling: api.engine.reconciling() > 0,
         leftovers: api.engine.reconciling() as u64,
+        launch: api.engine.launch_method().to_owned(),
     })
 }
 

@@ -49,6 +49,8 @@ pub struct EngineConfig {
     pub max_spool_bytes: u64,
     /// Every job's PATH unless its spec sets one; `None` is [`crate::supervisor::DEFAULT_PATH`].
     pub job_path: Option<String>,
+    /// Start jobs with fork and exec even where `clone` with a pidfd works.
+    pub force_fork: bool,
 }
 
 impl Default for EngineConfig {
@@ -64,6 +66,7 @@ impl Default for EngineConfig {
             max_finished_jobs: 1000,
             max_spool_bytes: 1024 * 1024 * 1024,
             job_path: None,
+            force_fork: false,
         }
     }
 }
@@ -171,6 +174,8 @@ struct Inner {
     cgroups: Option<CgroupTier>,
     /// The Landlock ruleset jobs restrict themselves to, where the kernel has Landlock.
     fs_guard: Option<FsGuard>,
+    /// How job processes are started on this host.
+    launch: job::LaunchMethod,
     /// When the stop must be done by; set by `shutdown`.
     stop_deadline: watch::Sender<Option<Instant>>,
     /// Leftovers of a previous runner (jobs and job cgroups) not yet ended.
@@ -196,6 +201,7 @@ impl Engine {
     /// re-queues queued jobs. Returns without waiting for any process.
     pub async fn start(runner_dir: PathBuf, cfg: EngineConfig) -> Result<Self, EngineError> {
         let paths = JobPaths::open(&runner_dir).map_err(EngineError::Job)?;
+        let force_fork = cfg.force_fork;
         let db = runner_dir.join("jobs.db");
         let store = Arc::new(blocking(move || Store::open(&db)).await??);
         let (activity, _) = watch::channel(0);
@@ -213,6 +219,7 @@ impl Engine {
                 tasks: Mutex::new(tokio::task::JoinSet::new()),
                 cgroups: CgroupTier::detect(),
                 fs_guard: runner_dir.parent().and_then(FsGuard::detect),
+                launch: job::LaunchMethod::detect(force_fork),
                 stop_deadline: watch::channel(None).0,
                 reconciling: AtomicUsize::new(0),
             }),
@@ -268,6 +275,11 @@ impl Engine {
             .fs_guard
             .as_ref()
             .map_or("none", FsGuard::isolation)
+    }
+
+    /// `clone-vfork` or `fork`: how jobs are started (see `job::LaunchMethod`).
+    pub fn launch_method(&self) -> &'static str {
+        self.inner.launch.name()
     }
 
     pub fn running_count(&self) -> usize {
@@ -751,6 +763,7 @@ impl Engine {
                     .job_path
                     .as_deref()
                     .unwrap_or(crate::supervisor::DEFAULT_PATH),
+                launch: self.inner.launch,
             },
             Tiers {
                 cgroups: self.inner.cgroups.as_ref(),

@@ -431,6 +431,43 @@ fn job_env(ws: &Path, id: &str, spec: &JobSpec, path: &str) -> BTreeMap<String, 
     env
 }
 
+/// How job processes are started, decided once when the runner starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchMethod {
+    /// `clone(CLONE_VM | CLONE_VFORK | CLONE_PIDFD)` (Linux 5.2+, see `sys::launch`): no
+    /// copy of the runner's page tables, and a pidfd to wait on.
+    CloneVfork,
+    /// fork and exec: older kernels, seccomp filters that refuse `CLONE_PIDFD`, other
+    /// systems. The same steps in the same order, in std's `pre_exec`.
+    Fork,
+}
+
+impl LaunchMethod {
+    /// The best this host offers, unless `force_fork`. Logs when it falls back.
+    pub fn detect(force_fork: bool) -> Self {
+        if force_fork {
+            tracing::info!("job launch: fork and exec (forced by --job-launch fork)");
+            return LaunchMethod::Fork;
+        }
+        #[cfg(target_os = "linux")]
+        {
+            if crate::sys::launch::clone_pidfd_works() {
+                return LaunchMethod::CloneVfork;
+            }
+            tracing::warn!("this kernel (or a seccomp filter) refuses clone with CLONE_PIDFD: jobs are started with fork and exec");
+        }
+        LaunchMethod::Fork
+    }
+
+    /// For the runner's health report.
+    pub fn name(self) -> &'static str {
+        match self {
+            LaunchMethod::CloneVfork => "clone-vfork",
+            LaunchMethod::Fork => "fork",
+        }
+    }
+}
+
 /// What every job of this runner gets, whatever its spec.
 #[derive(Debug, Clone, Copy)]
 pub struct Baseline<'a> {
@@ -438,6 +475,7 @@ pub struct Baseline<'a> {
     pub output_cap: u64,
     /// The job's PATH unless its spec sets one (`runner.job_path`, else [`DEFAULT_PATH`]).
     pub path: &'a str,
+    pub launch: LaunchMethod,
 }
 
 /// Starts the job's process. `on_output` is called by the spool tasks after each write
@@ -496,15 +534,26 @@ pub fn start(
         let cg = plan.cgroup;
         let procs = cg.as_ref().map(|c| c.procs.as_fd());
         let landlock = ruleset.as_ref().map(|r| r.fd());
-        let launched = launch(
-            spec,
-            &env,
-            workspace.cwd(),
-            stdio,
-            plan.rlimits,
-            procs,
-            landlock,
-        );
+        let launched = match baseline.launch {
+            LaunchMethod::CloneVfork => launch(
+                spec,
+                &env,
+                workspace.cwd(),
+                stdio,
+                plan.rlimits,
+                procs,
+                landlock,
+            ),
+            LaunchMethod::Fork => fork_exec(
+                spec,
+                &env,
+                workspace.cwd(),
+                stdio,
+                plan.rlimits,
+                procs,
+                landlock,
+            ),
+        };
         let cgroup = cg.map(|c| c.cgroup);
         match launched {
             Ok(child) => (child, cgroup),
@@ -517,7 +566,7 @@ pub fn start(
         }
     };
     #[cfg(not(target_os = "linux"))]
-    let child = fork_exec(spec, &env, workspace.cwd(), stdio, plan.rlimits)?;
+    let child = fork_exec(spec, &env, workspace.cwd(), stdio, plan.rlimits, None, None)?;
     // The child's ends of the pipes were closed above (moved into the launch), so the
     // spool tasks see end-of-file when the job's last writer exits.
     let pid = child.pid().map_or(0, |p| p.get());
@@ -648,7 +697,6 @@ fn launch(
 /// The paths execvp would try for `program`: itself when it has a slash, else it in each
 /// entry of `search` (an empty entry is the working directory), relative entries kept
 /// relative so that they are resolved from the job's own working directory.
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 fn program_candidates(program: &str, search: &str) -> Vec<PathBuf> {
     if program.contains('/') {
         return vec![PathBuf::from(program)];
@@ -659,84 +707,78 @@ fn program_candidates(program: &str, search: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The portable path: std's fork/exec with the same preparation in `pre_exec`.
-#[cfg_attr(target_os = "linux", allow(dead_code))]
+/// The portable path: std's fork, then the same preparation as `launch` in `pre_exec`
+/// (see `sys::spawn::job_exec`), which also does the exec, trying each PATH entry as the
+/// job itself would.
 fn fork_exec(
     spec: &JobSpec,
     env: &BTreeMap<String, String>,
     cwd: &Dir,
     stdio: Stdio3,
     limits: Rlimits,
+    cgroup_procs: Option<std::os::fd::BorrowedFd<'_>>,
+    landlock: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<JobProcess, JobError> {
-    use std::os::unix::process::CommandExt;
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
     let program = &spec.argv[0];
-    let path =
-        resolve_program(program, env.get("PATH").map(String::as_str), cwd).map_err(|source| {
-            JobError::Spawn {
-                program: program.clone(),
-                source,
-            }
-        })?;
-    let mut cmd = std::process::Command::new(path);
-    cmd.arg0(program)
-        .args(&spec.argv[1..])
-        .env_clear()
-        .envs(env)
+    let spawn_err = |source: io::Error| JobError::Spawn {
+        program: program.clone(),
+        source,
+    };
+    let nul = || spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "NUL byte"));
+    let search = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
+    let programs = program_candidates(program, search)
+        .iter()
+        .map(|p| CString::new(p.as_os_str().as_bytes()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| nul())?;
+    let argv = spec
+        .argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| nul())?;
+    let c_env = env
+        .iter()
+        .map(|(k, v)| CString::new(format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| nul())?;
+    let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().map_err(spawn_err);
+    let exec = spawn::JobExec {
+        cwd: dup(cwd.as_fd())?,
+        cgroup_procs: cgroup_procs.map(dup).transpose()?,
+        limits,
+        landlock: landlock.map(dup).transpose()?,
+        programs,
+        argv,
+        env: c_env,
+    };
+    let mut cmd = std::process::Command::new(program);
+    cmd.env_clear()
         .stdin(Stdio::from(stdio.stdin))
         .stdout(Stdio::from(stdio.stdout))
         .stderr(Stdio::from(stdio.stderr));
-    spawn::session_leader_as(&mut cmd, None, spawn::WorkDir::Fd(cwd.as_fd()), None).map_err(
-        |source| JobError::Spawn {
-            program: program.clone(),
-            source,
-        },
-    )?;
-    spawn::rlimits(&mut cmd, limits);
+    spawn::job_exec(&mut cmd, exec);
     let child = tokio::process::Command::from(cmd)
         .kill_on_drop(true)
         .spawn()
-        .map_err(|source| JobError::Spawn {
-            program: spec.argv[0].clone(),
-            source,
+        .map_err(|e| {
+            // Said as the clone path says it, for a name that was looked up in PATH.
+            let looked_up = !program.contains('/');
+            match e.raw_os_error() {
+                Some(libc::ENOENT) if looked_up => spawn_err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("not found in PATH {search}"),
+                )),
+                Some(libc::EACCES) if looked_up => spawn_err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("not executable (Permission denied) in PATH {search}"),
+                )),
+                _ => spawn_err(e),
+            }
         })?;
     Ok(JobProcess::Std(child))
-}
-
-/// Finds `program` the way execvp would, in the job's PATH. A relative PATH entry is
-/// looked up beneath the job's working directory by descriptor and returned relative
-/// (`dir/program`, `./program`), so that execve resolves it from the directory the child
-/// entered with `fchdir`, never from a path looked up again. A name with a slash is used
-/// as it is.
-pub fn resolve_program(program: &str, path: Option<&str>, cwd: &Dir) -> io::Result<PathBuf> {
-    if program.contains('/') {
-        return Ok(PathBuf::from(program));
-    }
-    let path = path.unwrap_or(DEFAULT_PATH);
-    let mut denied = false;
-    for dir in path.split(':') {
-        let candidate = Path::new(if dir.is_empty() { "." } else { dir }).join(program);
-        let executable = if candidate.is_absolute() {
-            match fs::metadata(&candidate) {
-                Ok(meta) if meta.is_file() => {
-                    Ok(nix::unistd::access(&candidate, nix::unistd::AccessFlags::X_OK).is_ok())
-                }
-                _ => Err(()),
-            }
-        } else {
-            cwd.executable_at(&candidate).map_err(|_| ())
-        };
-        match executable {
-            Ok(true) => return Ok(candidate),
-            Ok(false) => denied = true,
-            Err(()) => {}
-        }
-    }
-    let (kind, what) = if denied {
-        (io::ErrorKind::PermissionDenied, "not executable")
-    } else {
-        (io::ErrorKind::NotFound, "not found")
-    };
-    Err(io::Error::new(kind, format!("{what} in PATH {path}")))
 }
 
 /// Copies a job's stream into its spool file until every writer is gone. Past `cap`

@@ -111,6 +111,9 @@ pub struct Health {
     /// How many such jobs (and job cgroups) are left to end.
     #[serde(default)]
     pub leftovers: u64,
+    /// How jobs are started: `clone-vfork` (Linux 5.2+) or `fork`.
+    #[serde(default)]
+    pub launch: String,
 }
 
 /// What a stop keeps back of its budget for what follows the jobs' graces: SIGKILL and

@@ -229,23 +229,6 @@ impl Dir {
         Ok(nix::unistd::fsync(fd.as_fd())?)
     }
 
-    /// Whether `rel` (relative to this directory) names a regular file this process may
-    /// execute: `Ok(true)`, `Ok(false)` when it is a file that may not be executed, an
-    /// error when there is no such file.
-    pub fn executable_at(&self, rel: &Path) -> io::Result<bool> {
-        let st = stat::fstatat(self.0.as_fd(), rel, fcntl::AtFlags::empty())?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(Errno::ENOENT.into());
-        }
-        Ok(nix::unistd::faccessat(
-            self.0.as_fd(),
-            rel,
-            nix::unistd::AccessFlags::X_OK,
-            fcntl::AtFlags::empty(),
-        )
-        .is_ok())
-    }
-
     /// Where this directory is now, for messages and records only: never to be opened
     /// again (Linux asks the kernel; elsewhere `None`).
     pub fn current_path(&self) -> Option<PathBuf> {

@@ -335,7 +335,7 @@ struct Stack {
 
 impl Stack {
     fn new() -> io::Result<Self> {
-        let page = 4096;
+        let page = super::page_size();
         let len = STACK_SIZE + page;
         // SAFETY: an anonymous private mapping; checked for MAP_FAILED below.
         let base = unsafe {
@@ -373,6 +373,42 @@ impl Drop for Stack {
             libc::munmap(self.base, self.len);
         }
     }
+}
+
+/// Whether this kernel (and any seccomp filter around the runner) lets [`launch`] work:
+/// `clone` with `CLONE_PIDFD` needs Linux 5.2, and a filter may refuse the flag. Tried
+/// once, with a child that exits at once without touching anything.
+pub fn clone_pidfd_works() -> bool {
+    extern "C" fn exit_at_once(_: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: ends the child at once; it shares our memory and must not return into it.
+        unsafe { libc::_exit(0) }
+    }
+    let Ok(stack) = Stack::new() else {
+        return false;
+    };
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: the child runs on its own stack, touches no memory of ours and exits at
+    // once; CLONE_VFORK suspends this thread until it has.
+    let pid = unsafe {
+        libc::clone(
+            exit_at_once,
+            stack.top(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
+            std::ptr::null_mut(),
+            &mut pidfd as *mut libc::c_int,
+        )
+    };
+    drop(stack);
+    if pid <= 0 {
+        return false;
+    }
+    let _ = reap(pid, true);
+    if pidfd < 0 {
+        return false;
+    }
+    // SAFETY: the kernel handed us this pidfd; nobody else owns it.
+    drop(unsafe { OwnedFd::from_raw_fd(pidfd) });
+    true
 }
 
 /// Reaps `pid` if it has exited (or waits for it, with `block`). Returns its raw wait

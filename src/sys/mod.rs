@@ -71,6 +71,17 @@ pub fn forbid_inspection() -> std::io::Result<()> {
     Ok(())
 }
 
+/// The size of a memory page, from the system (4 KiB on most hosts, 16 KiB on some ARM
+/// ones): never a constant.
+pub fn page_size() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(4096)
+}
+
 /// True when the effective uid is 0.
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()

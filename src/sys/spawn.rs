@@ -162,3 +162,126 @@ pub fn rlimits(cmd: &mut Command, limits: Rlimits) {
         });
     }
 }
+
+/// What a job's child does between fork and exec on the portable path (no `clone` with a
+/// pidfd): the same steps as `sys::launch`, in the same order, all prepared before fork.
+pub struct JobExec {
+    /// The working directory, open: entered with `fchdir`.
+    pub cwd: std::os::fd::OwnedFd,
+    /// An open `cgroup.procs` to join first.
+    pub cgroup_procs: Option<std::os::fd::OwnedFd>,
+    pub limits: Rlimits,
+    /// A Landlock ruleset to restrict the child to, last before exec (Linux).
+    pub landlock: Option<std::os::fd::OwnedFd>,
+    /// The paths to try, in order, as execvp tries PATH.
+    pub programs: Vec<std::ffi::CString>,
+    pub argv: Vec<std::ffi::CString>,
+    pub env: Vec<std::ffi::CString>,
+}
+
+/// Pointer arrays into a [`JobExec`]'s strings, made before fork so the child allocates
+/// nothing. The strings they point into move with them into the closure.
+struct ExecArrays {
+    exec: JobExec,
+    programs: Vec<*const libc::c_char>,
+    argv: Vec<*const libc::c_char>,
+    env: Vec<*const libc::c_char>,
+}
+
+// SAFETY: the pointers point into the CStrings owned by `exec` in the same struct, which
+// never changes them; the struct is only ever used by the one child that runs the closure.
+unsafe impl Send for ExecArrays {}
+// SAFETY: as above: nothing is ever written through the pointers.
+unsafe impl Sync for ExecArrays {}
+
+/// Sets `cmd` up to become a job: new session, its cgroup, rlimits, `fchdir` to its
+/// working directory, Landlock, then `execve` of each candidate in turn with the job's own
+/// argv and environment (std's stdio set-up has run by then). The exec happens here,
+/// inside the closure, so the PATH lookup is the job's own, under its Landlock ruleset;
+/// if every candidate fails, the closure returns the errno execvp would report and std
+/// reports it from `spawn`.
+pub fn job_exec(cmd: &mut Command, exec: JobExec) {
+    let ptrs = |v: &[std::ffi::CString]| -> Vec<*const libc::c_char> {
+        v.iter()
+            .map(|s| s.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
+    let arrays = ExecArrays {
+        programs: exec.programs.iter().map(|p| p.as_ptr()).collect(),
+        argv: ptrs(&exec.argv),
+        env: ptrs(&exec.env),
+        exec,
+    };
+    // SAFETY: the closure runs in the forked child before exec and makes only plain
+    // system calls (setsid, write, setrlimit, fchdir, prctl, landlock_restrict_self,
+    // execve) on data prepared above; it allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            use std::os::fd::AsRawFd;
+            let a = &arrays;
+            let e = &a.exec;
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(fd) = &e.cgroup_procs {
+                if libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            let l = e.limits;
+            #[cfg(not(target_os = "macos"))]
+            let nproc = Some((libc::RLIMIT_NPROC, l.processes));
+            #[cfg(target_os = "macos")]
+            let nproc: Option<(libc::c_int, Option<u64>)> = None;
+            for (res, v) in [
+                Some((libc::RLIMIT_AS, l.address_space)),
+                Some((libc::RLIMIT_CPU, l.cpu_secs)),
+                Some((libc::RLIMIT_NOFILE, l.open_files)),
+                nproc,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                if let Some(v) = v {
+                    let lim = libc::rlimit {
+                        rlim_cur: v as libc::rlim_t,
+                        rlim_max: v as libc::rlim_t,
+                    };
+                    if libc::setrlimit(res as _, &lim) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+            }
+            if libc::fchdir(e.cwd.as_raw_fd()) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            #[cfg(target_os = "linux")]
+            if let Some(ruleset) = &e.landlock {
+                if !super::landlock::restrict_self(ruleset.as_raw_fd()) {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            let mut denied = false;
+            let mut last = libc::ENOENT;
+            for &program in &a.programs {
+                libc::execve(program, a.argv.as_ptr(), a.env.as_ptr());
+                let errno = std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::ENOENT);
+                match errno {
+                    libc::EACCES => denied = true,
+                    libc::ENOENT | libc::ENOTDIR => {}
+                    other => return Err(std::io::Error::from_raw_os_error(other)),
+                }
+                last = errno;
+            }
+            let _ = last;
+            Err(std::io::Error::from_raw_os_error(if denied {
+                libc::EACCES
+            } else {
+                libc::ENOENT
+            }))
+        });
+    }
+}

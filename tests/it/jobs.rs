@@ -1821,3 +1821,70 @@ fn what_a_dead_runners_job_left_in_its_group_after_its_leader_exited_is_killed()
         live_in_group(pgid).is_empty().then_some(())
     });
 }
+
+/// The fork and exec path, as on a kernel without `clone(CLONE_PIDFD)` (before 5.2, or
+/// under a seccomp filter that refuses it), forced by the runner's setting: jobs run,
+/// stream, exit, fail to start, time out and stay confined just as on the clone path.
+#[test]
+fn jobs_started_with_fork_and_exec_behave_as_with_clone() {
+    let r = Runner::started(&["--job-launch", "fork"]);
+    let health = get_json(&r.socket(), "/v1/health").expect("health");
+    assert_eq!(health["launch"], "fork", "{health}");
+
+    let out = r
+        .cli()
+        .args([
+            "submit",
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; echo $RAILGRID_JOB_ID; exit 7",
+        ])
+        .output()
+        .expect("submit");
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("out\n"), "{stdout}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n");
+
+    let out = r
+        .cli()
+        .args(["submit", "--", "no-such-program"])
+        .output()
+        .expect("submit");
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found in PATH"));
+
+    // Its own process group, and killed whole on timeout.
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", tree_script()], "timeout_secs": 1, "kill_grace_secs": 1}),
+    );
+    let rec = r.wait(&id);
+    assert_eq!(rec["state"], "timed_out", "{rec}");
+    assert_no_survivors(&r, &rec);
+
+    // The working directory by descriptor, and Landlock where the kernel has it.
+    fs::create_dir_all(r.runner_dir().join("work/shared/src")).expect("mkdir");
+    chown_runner_dir(&r.runner_dir().join("work/shared"));
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", "pwd; cat ../../../api.token 2>/dev/null || echo denied"], "cwd": "../shared/src"}),
+    );
+    r.wait(&id);
+    let out = r.output(&id, "stdout");
+    assert!(
+        out.starts_with(&path_str(&r.runner_dir().join("work/shared/src"))),
+        "{out}"
+    );
+    if health["isolation"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with("landlock")
+    {
+        assert!(
+            out.ends_with("denied\n"),
+            "a forked job read the API token: {out}"
+        );
+    }
+}
