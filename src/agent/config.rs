@@ -12,6 +12,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::env_vars;
+
 use crate::supervisor::account::Account;
 use crate::supervisor::{self, DEFAULT_MAX_LOG_BYTES, DEFAULT_STOP_GRACE, MIN_LOG_BYTES};
 
@@ -182,22 +184,22 @@ impl Key {
 
     fn env(self) -> &'static str {
         match self {
-            Key::StateDir => "RAILGRID_STATE_DIR",
-            Key::LogDir => "RAILGRID_LOG_DIR",
-            Key::RunnerUser => "RAILGRID_RUNNER_USER",
-            Key::StopGrace => "RAILGRID_RUNNER_STOP_GRACE",
-            Key::InitialBackoff => "RAILGRID_RUNNER_INITIAL_BACKOFF",
-            Key::MaxLogBytes => "RAILGRID_RUNNER_MAX_LOG_BYTES",
-            Key::MaxJobs => "RAILGRID_RUNNER_MAX_JOBS",
-            Key::MaxJobsPerOwner => "RAILGRID_RUNNER_MAX_JOBS_PER_OWNER",
-            Key::MaxQueued => "RAILGRID_RUNNER_MAX_QUEUED",
-            Key::MaxOutputBytes => "RAILGRID_RUNNER_MAX_OUTPUT_BYTES",
-            Key::DelegateCgroup => "RAILGRID_RUNNER_DELEGATE_CGROUP",
-            Key::JobPath => "RAILGRID_RUNNER_JOB_PATH",
-            Key::HubUrl => "RAILGRID_HUB_URL",
-            Key::TokenFile => "RAILGRID_HUB_TOKEN_FILE",
-            Key::CaFile => "RAILGRID_HUB_CA_FILE",
-            Key::LogMaxFiles => "RAILGRID_LOG_MAX_FILES",
+            Key::StateDir => env_vars::STATE_DIR,
+            Key::LogDir => env_vars::LOG_DIR,
+            Key::RunnerUser => env_vars::RUNNER_USER,
+            Key::StopGrace => env_vars::RUNNER_STOP_GRACE,
+            Key::InitialBackoff => env_vars::RUNNER_INITIAL_BACKOFF,
+            Key::MaxLogBytes => env_vars::RUNNER_MAX_LOG_BYTES,
+            Key::MaxJobs => env_vars::RUNNER_MAX_JOBS,
+            Key::MaxJobsPerOwner => env_vars::RUNNER_MAX_JOBS_PER_OWNER,
+            Key::MaxQueued => env_vars::RUNNER_MAX_QUEUED,
+            Key::MaxOutputBytes => env_vars::RUNNER_MAX_OUTPUT_BYTES,
+            Key::DelegateCgroup => env_vars::RUNNER_DELEGATE_CGROUP,
+            Key::JobPath => env_vars::RUNNER_JOB_PATH,
+            Key::HubUrl => env_vars::HUB_URL,
+            Key::TokenFile => env_vars::HUB_TOKEN_FILE,
+            Key::CaFile => env_vars::HUB_CA_FILE,
+            Key::LogMaxFiles => env_vars::LOG_MAX_FILES,
         }
     }
 }
@@ -398,11 +400,11 @@ pub fn default_config_path(root: bool, env: &dyn Fn(&str) -> Option<String>) -> 
     if root {
         return Some(PathBuf::from(ROOT_CONFIG));
     }
-    let base = env("XDG_CONFIG_HOME")
+    let base = env(env_vars::XDG_CONFIG_HOME)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| {
-            env("HOME")
+            env(env_vars::HOME)
                 .filter(|h| !h.is_empty())
                 .map(|h| PathBuf::from(h).join(".config"))
         })?;
@@ -412,11 +414,11 @@ pub fn default_config_path(root: bool, env: &dyn Fn(&str) -> Option<String>) -> 
 /// State (and log) directory of a non-root agent: `$XDG_STATE_HOME/railgrid` or
 /// `~/.local/state/railgrid`.
 fn default_user_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
-    let base = env("XDG_STATE_HOME")
+    let base = env(env_vars::XDG_STATE_HOME)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| {
-            env("HOME")
+            env(env_vars::HOME)
                 .filter(|h| !h.is_empty())
                 .map(|h| PathBuf::from(h).join(".local/state"))
         })?;
@@ -435,7 +437,7 @@ pub fn load_with(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<AgentConfig, ConfigError> {
     let explicit = flags.config.clone().or_else(|| {
-        env("RAILGRID_CONFIG")
+        env(env_vars::CONFIG)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     });

@@ -51,10 +51,6 @@ use crate::sys::{self, ProcessId};
 /// The agent rewrites its status file at least this often, so a reader can tell a hung
 /// agent by a stale `updated_at`.
 const STATUS_EVERY: Duration = Duration::from_secs(10);
-/// The runner's lock file, inside the runner directory.
-pub const RUNNER_LOCK: &str = "runner.lock";
-/// The runner's API socket, inside the runner directory.
-pub const RUNNER_SOCKET: &str = "runner.sock";
 /// The capped log of the runner, inside the log directory.
 pub const RUNNER_LOG: &str = "runner.log";
 /// The grace `runner reap` gives each job a stopped runner left: the runner's own stop
@@ -148,7 +144,7 @@ pub async fn run(
 
     // Only before the first start, and only because this agent holds the state dir's
     // instance lock: a runner lock held now belongs to an orphan of a killed agent.
-    let lock_path = cfg.runner_dir().join(RUNNER_LOCK);
+    let lock_path = crate::runner::Paths::new(&cfg.state_dir).lock;
     let grace = cfg.runner.stop_grace;
     let path = lock_path.clone();
     let reclaimed = tokio::task::spawn_blocking(move || lock::reclaim_stale_holder(&path, grace))

@@ -21,7 +21,7 @@ enum Addr {
 impl Notifier {
     /// From `$NOTIFY_SOCKET`; `None` when unset or unusable (logged).
     pub fn from_env() -> Option<Self> {
-        let raw = std::env::var_os("NOTIFY_SOCKET")?;
+        let raw = std::env::var_os(crate::env_vars::NOTIFY_SOCKET)?;
         let bytes = raw.as_encoded_bytes();
         let addr = match bytes.first() {
             #[cfg(target_os = "linux")]
@@ -62,11 +62,15 @@ impl Notifier {
 /// Half the watchdog timeout systemd asked for (`$WATCHDOG_USEC`), when it is meant for
 /// this process (`$WATCHDOG_PID` unset or ours).
 pub fn watchdog_interval() -> Option<Duration> {
-    if let Ok(pid) = std::env::var("WATCHDOG_PID") {
+    if let Ok(pid) = std::env::var(crate::env_vars::WATCHDOG_PID) {
         if pid.trim().parse::<u32>().ok() != Some(std::process::id()) {
             return None;
         }
     }
-    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.trim().parse().ok()?;
+    let usec: u64 = std::env::var(crate::env_vars::WATCHDOG_USEC)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     (usec > 0).then(|| Duration::from_micros(usec / 2))
 }

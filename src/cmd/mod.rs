@@ -99,7 +99,7 @@ fn init_tracing(file: Option<tracing_appender::non_blocking::NonBlocking>) {
     use tracing_subscriber::filter::{LevelFilter, Targets};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = std::env::var("RAILGRID_LOG")
+    let filter = std::env::var(crate::env_vars::LOG)
         .ok()
         .and_then(|s| s.parse::<Targets>().ok())
         .unwrap_or_else(|| Targets::new().with_default(LevelFilter::INFO));

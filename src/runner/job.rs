@@ -29,7 +29,7 @@ use crate::sys::pipe;
 use crate::sys::spawn::{self, Rlimits};
 
 /// Set in every job's environment to the job's id.
-pub const JOB_ID_VAR: &str = "RAILGRID_JOB_ID";
+pub const JOB_ID_VAR: &str = crate::env_vars::JOB_ID;
 
 /// The runner's directories for jobs, each opened once when the runner starts: what is
 /// made or opened below them goes through these descriptors.

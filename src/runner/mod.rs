@@ -37,7 +37,6 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::agent::{RUNNER_LOCK, RUNNER_SOCKET};
 use crate::build_info;
 use crate::supervisor::lock::{self, LockError, PidLock};
 
@@ -126,7 +125,13 @@ pub fn stop_reserve(budget: Duration) -> Duration {
     )
 }
 
-/// Paths of a runner's state.
+/// The runner's lock file, inside the runner directory.
+pub const RUNNER_LOCK: &str = "runner.lock";
+/// The runner's API socket, inside the runner directory.
+pub const RUNNER_SOCKET: &str = "runner.sock";
+
+/// Paths of a runner's state: the runner's file names are its own, and everyone else (the
+/// agent, `railgrid job`) finds them here.
 pub struct Paths {
     pub dir: PathBuf,
     pub lock: PathBuf,
