@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use railgrid::proto::job::JobSpec;
 use railgrid::runner::client::Client;
 use railgrid::runner::job::Stream;
-use railgrid::runner::spec::JobSpec;
 
 fn spec(argv: &[&str]) -> JobSpec {
     JobSpec::from_argv(argv.iter().copied())

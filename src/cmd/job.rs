@@ -8,10 +8,9 @@ use anyhow::Context;
 use super::{print_stdout, usage};
 use crate::agent::config::{self, Flags};
 use crate::cli::{JobCommand, JobSubmitArgs, JobTarget};
+use crate::proto::job::{JobRecord, JobSpec, JobState, Limits};
 use crate::runner::client::{Client, ClientError};
 use crate::runner::job::Stream;
-use crate::runner::spec::{JobSpec, Limits};
-use crate::runner::store::{JobRecord, JobState};
 use crate::runner::Paths;
 
 fn socket(target: &JobTarget) -> anyhow::Result<PathBuf> {

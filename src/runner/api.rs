@@ -10,15 +10,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::engine::{Engine, EngineError};
 use super::job::Stream;
-use super::spec::JobSpec;
-use super::store::{JobRecord, JobState};
-use super::Health;
 use crate::build_info;
+use crate::proto::health::Health;
+use crate::proto::job::Submitted;
+use crate::proto::job::{JobRecord, JobSpec, JobState};
 
 /// Request bodies above this are refused (413): a spec with 1 MiB of stdin fits.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
@@ -205,16 +205,6 @@ async fn health(State(api): State<Api>) -> Json<Health> {
         leftovers: api.engine.reconciling() as u64,
         launch: api.engine.launch_method().to_owned(),
     })
-}
-
-/// `{id, state}` of a submission.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Submitted {
-    pub id: String,
-    pub state: JobState,
-    /// Limits this host will not enforce as asked, and why.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub warnings: Vec<String>,
 }
 
 async fn submit(State(api): State<Api>, body: axum::body::Bytes) -> ApiResult<Response> {

@@ -12,11 +12,9 @@ use serde::de::DeserializeOwned;
 use thiserror::Error;
 use tokio::io::AsyncWriteExt;
 
-use super::api::Submitted;
 use super::job::Stream;
-use super::spec::JobSpec;
-use super::store::JobRecord;
-use super::Health;
+use crate::proto::health::Health;
+use crate::proto::job::{JobRecord, JobSpec, Submitted};
 
 #[derive(Debug, Error)]
 pub enum ClientError {

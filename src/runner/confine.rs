@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 #[cfg(target_os = "linux")]
 use std::time::SystemTime;
 
-use super::spec::Limits;
+use crate::proto::job::Limits;
 #[cfg(target_os = "linux")]
 use crate::sys::landlock::{self, Ruleset};
 use crate::sys::spawn::Rlimits;

@@ -22,7 +22,7 @@ use thiserror::Error;
 
 use super::confine::{self, Tiers};
 use super::process::JobProcess;
-use super::spec::JobSpec;
+use crate::proto::job::JobSpec;
 use crate::supervisor::DEFAULT_PATH;
 use crate::sys::dirfd::Dir;
 use crate::sys::pipe;
@@ -387,8 +387,11 @@ impl SpoolStats {
 }
 
 /// Why the job's output was cut short, for its record.
-pub fn truncation(stdout: &SpoolStats, stderr: &SpoolStats) -> Option<super::store::Truncation> {
-    super::store::Truncation::of(stdout.reason.get().cloned(), stderr.reason.get().cloned())
+pub fn truncation(
+    stdout: &SpoolStats,
+    stderr: &SpoolStats,
+) -> Option<crate::proto::job::Truncation> {
+    crate::proto::job::Truncation::of(stdout.reason.get().cloned(), stderr.reason.get().cloned())
 }
 
 /// What a failed spool write says in the record: a full disk by that name.

@@ -23,7 +23,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::job;
-use super::store::{JobRecord, JobState, Outcome, Recorded, Store, StoreError};
+use super::store::{Outcome, Recorded, Store, StoreError};
+use crate::proto::job::{JobRecord, JobState};
 use crate::supervisor::{self, lock};
 use crate::sys::group::Sig;
 use crate::sys::{self, ProcessId};

@@ -1,14 +1,12 @@
-//! Job specs as submitted, and their validation.
+//! The validation of job specs (the type itself is a wire type: `proto::job::JobSpec`).
 //!
 //! A spec is checked completely before anything is stored or started; every refusal names
 //! the field (and the variable, for the environment) so a client can fix it.
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::env_policy::{self, EnvError};
+use crate::proto::job::JobSpec;
 
 /// Default grace between SIGTERM and SIGKILL of a job's process group.
 pub const DEFAULT_KILL_GRACE_SECS: u64 = 5;
@@ -24,45 +22,8 @@ const MAX_ID_LEN: usize = 128;
 /// Largest `stdin` accepted inline.
 pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
 
-/// Resource limits applied to the job's processes before exec.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Limits {
-    /// Address space (RLIMIT_AS), bytes.
-    pub memory_bytes: Option<u64>,
-    /// CPU time (RLIMIT_CPU), seconds.
-    pub cpu_secs: Option<u64>,
-    /// Open files (RLIMIT_NOFILE).
-    pub open_files: Option<u64>,
-    /// Processes: the job's own tree (`pids.max`) in the cgroup tier; otherwise every
-    /// process of the runner's account (RLIMIT_NPROC).
-    pub processes: Option<u64>,
-    /// CPU bandwidth in thousandths of a CPU (1500 = one and a half CPUs), as `cpu.max`.
-    /// Only the cgroup tier can enforce it; the job's `confinement` says when it did not.
-    /// Left out when unset, so specs stored before it existed keep their canonical form.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_millis: Option<u64>,
-}
-
 /// Smallest `cpu_millis`: cpu.max takes at least 1 ms of CPU per 100 ms period.
 pub const MIN_CPU_MILLIS: u64 = 10;
-
-/// `POST /v1/jobs` body. Unknown fields are ignored (forward compatibility with newer
-/// clients); missing or invalid required fields are refused.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JobSpec {
-    pub id: Option<String>,
-    #[serde(default)]
-    pub argv: Vec<String>,
-    pub cwd: Option<String>,
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    pub timeout_secs: Option<u64>,
-    pub kill_grace_secs: Option<u64>,
-    pub owner: Option<String>,
-    pub stdin: Option<String>,
-    pub limits: Option<Limits>,
-}
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SpecError {
@@ -230,6 +191,7 @@ fn valid_name(s: &str, allow_at: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::job::Limits;
 
     fn spec(argv: &[&str]) -> JobSpec {
         JobSpec::from_argv(argv.iter().copied())

@@ -19,11 +19,10 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Row};
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::oneshot;
 
-use super::spec::JobSpec;
+use crate::proto::job::{JobRecord, JobSpec, JobState, Truncation};
 
 /// Schema migrations, applied in order; `user_version` records how many ran.
 const MIGRATIONS: &[&str] = &[
@@ -64,107 +63,6 @@ const MIGRATIONS: &[&str] = &[
     // `Truncation`); NULL when it is not, as for every job recorded before.
     "ALTER TABLE jobs ADD COLUMN output_truncated TEXT;",
 ];
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    Queued,
-    Starting,
-    Running,
-    Succeeded,
-    Failed,
-    Cancelled,
-    TimedOut,
-    Lost,
-    Rejected,
-}
-
-impl JobState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Queued => "queued",
-            JobState::Starting => "starting",
-            JobState::Running => "running",
-            JobState::Succeeded => "succeeded",
-            JobState::Failed => "failed",
-            JobState::Cancelled => "cancelled",
-            JobState::TimedOut => "timed_out",
-            JobState::Lost => "lost",
-            JobState::Rejected => "rejected",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "queued" => JobState::Queued,
-            "starting" => JobState::Starting,
-            "running" => JobState::Running,
-            "succeeded" => JobState::Succeeded,
-            "failed" => JobState::Failed,
-            "cancelled" => JobState::Cancelled,
-            "timed_out" => JobState::TimedOut,
-            "lost" => JobState::Lost,
-            "rejected" => JobState::Rejected,
-            _ => return None,
-        })
-    }
-
-    pub fn is_terminal(self) -> bool {
-        !matches!(
-            self,
-            JobState::Queued | JobState::Starting | JobState::Running
-        )
-    }
-}
-
-/// Why a job's spooled output is shorter than what it printed, per stream: the cap was
-/// reached, or the spool file could not be written (a full disk).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Truncation {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stdout: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stderr: Option<String>,
-}
-
-impl Truncation {
-    /// `None` when neither stream was cut.
-    pub fn of(stdout: Option<String>, stderr: Option<String>) -> Option<Self> {
-        (stdout.is_some() || stderr.is_some()).then_some(Self { stdout, stderr })
-    }
-}
-
-/// One job as stored and as the API reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JobRecord {
-    pub seq: i64,
-    pub id: String,
-    pub owner: String,
-    pub spec: JobSpec,
-    pub state: JobState,
-    pub pid: Option<i32>,
-    /// Process start time (clock ticks since boot, Linux): with `pid`, the job's identity.
-    pub start_time: Option<u64>,
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    pub error: Option<String>,
-    /// Which confinement applied: "rlimits", "none".
-    pub confinement: Option<String>,
-    pub stdout_bytes: u64,
-    pub stderr_bytes: u64,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-    /// Why output was cut short, per stream; `None` when it was not.
-    #[serde(default)]
-    pub output_truncated: Option<Truncation>,
-    pub created_ms: i64,
-    pub started_ms: Option<i64>,
-    pub finished_ms: Option<i64>,
-    /// The state shown is held in memory: the database could not take it yet (a full
-    /// disk), and the runner writes it as soon as it can. Lost if the runner dies first.
-    #[serde(default)]
-    pub commit_pending: bool,
-}
 
 /// How a job ended, as recorded.
 #[derive(Debug, Clone, Default)]

@@ -341,7 +341,7 @@ fn a_killed_runner_leaves_a_lost_job_and_its_output() {
 
 #[test]
 fn a_recycled_pid_is_never_signalled() {
-    use railgrid::runner::spec::JobSpec;
+    use railgrid::proto::job::JobSpec;
     use railgrid::runner::store::Store;
     let mut r = Runner::new();
     // A live process that is not the job: same pid as the record, another start time.
@@ -715,7 +715,7 @@ fn logs_prints_all_output_past_one_slice() {
 
 #[test]
 fn a_job_spawned_but_not_yet_recorded_is_found_and_killed_after_a_crash() {
-    use railgrid::runner::spec::JobSpec;
+    use railgrid::proto::job::JobSpec;
     use railgrid::runner::store::Store;
     let mut r = Runner::new();
     {

@@ -1,0 +1,34 @@
+//! `GET /v1/health` of the runner: what it is, what it offers jobs, and whether it is
+//! still ending what a previous runner left.
+
+use serde::{Deserialize, Serialize};
+
+/// `GET /v1/health`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Health {
+    pub version: String,
+    pub pid: u32,
+    pub uptime_secs: u64,
+    pub jobs_running: u64,
+    /// How jobs are confined: `cgroup` or `process-group` (see `runner::confine`).
+    #[serde(default)]
+    pub confinement: String,
+    /// What keeps jobs away from the runner: `landlock+signals`, `landlock` or `none`.
+    #[serde(default)]
+    pub isolation: String,
+    /// Job state changes held in memory because the job database could not take them (a
+    /// full disk); written as soon as it can.
+    #[serde(default)]
+    pub commits_pending: u64,
+    /// True while jobs a previous runner left running are being ended (in the
+    /// background: the API serves meanwhile, and those jobs show `running` until they are
+    /// marked `lost`).
+    #[serde(default)]
+    pub reconciling: bool,
+    /// How many such jobs (and job cgroups) are left to end.
+    #[serde(default)]
+    pub leftovers: u64,
+    /// How jobs are started: `clone-vfork` (Linux 5.2+) or `fork`.
+    #[serde(default)]
+    pub launch: String,
+}

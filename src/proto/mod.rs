@@ -1,0 +1,17 @@
+//! Wire types: everything railgrid sends or receives as JSON, in one place, so that a
+//! change to the protocol is a change to this module and nothing else.
+//!
+//! Rules for evolving them (the runner's API and, next, the hub protocol v1):
+//! - a new field is optional: `#[serde(default)]` on the way in, so that an older peer's
+//!   message still parses, and, where leaving it out changes nothing, skipped on the way
+//!   out when empty (so specs keep their canonical form, which idempotent resubmission
+//!   compares);
+//! - unknown fields are ignored, so that a newer peer's message parses too (only `Limits`
+//!   refuses them: a limit this runner does not know must not silently not apply);
+//! - a field is never renamed, retyped or given a new meaning; that is a new API version
+//!   (`/v2/…`), served beside the old one;
+//! - states are never removed; a client meeting a state it does not know treats it as
+//!   terminal only if it can say so (`is_terminal`), so new states must be added with care.
+
+pub mod health;
+pub mod job;
