@@ -7,6 +7,7 @@ pub mod build_info;
 pub mod cli;
 pub mod cmd;
 pub mod env_policy;
+pub mod proc_tree;
 pub mod runner;
 pub mod supervisor;
 #[allow(unsafe_code)]
