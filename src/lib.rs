@@ -8,6 +8,7 @@ pub mod cli;
 pub mod cmd;
 pub mod env_policy;
 pub mod env_vars;
+pub mod proc_tree;
 pub mod proto;
 pub mod runner;
 pub mod supervisor;

@@ -33,9 +33,9 @@ use super::job::{self, JobError, JobPaths, SpoolStats};
 use super::leftover::{self, Context, Leftover};
 use super::spec::{self, SpecError};
 use super::store::{Inserted, Outcome, Recorded, Store, StoreError};
+use crate::proc_tree::{self, Reapable};
 use crate::proto::job::{JobRecord, JobSpec, JobState};
-use crate::supervisor::{self, Reapable};
-use crate::sys::group::Sig;
+use crate::supervisor;
 use crate::sys::{self, ProcessId};
 
 /// Limits of one runner.
@@ -810,51 +810,56 @@ impl Engine {
         // Fitted when the stop begins: a stop that began before the runner's own is cut
         // short below when the runner's deadline passes.
         let (grace, grace_cut) = self.fit_grace(id, asked_grace);
-        let stopping = async {
-            match (pid, &cgroup) {
-                #[cfg(target_os = "linux")]
-                (Some(pgid), Some(cg)) => {
-                    stop_in_cgroup(
-                        &name,
-                        &mut started.child,
-                        pgid,
-                        cg,
-                        grace,
-                        ended_by.is_none(),
-                    )
-                    .await
+        // A stop that began before the runner's own is cut short when the runner's
+        // deadline passes: SIGKILL at once.
+        let hurry = Some(self.inner.stop_deadline.subscribe());
+        if let Some(g) = pid.and_then(|pgid| job_group(&name, pgid)) {
+            #[cfg(target_os = "linux")]
+            let g = match &cgroup {
+                Some(cg) => g.with_cgroup(cg.clone()),
+                None => g,
+            };
+            let in_cgroup = cgroup.is_some();
+            let pgid = pid.map_or(0, ProcessId::get);
+            let on_kill = |cut_short: bool| {
+                if cut_short {
+                    tracing::warn!(job = %id, "the runner's stop budget is spent: SIGKILL");
+                } else if in_cgroup {
+                    tracing::warn!(child = %name, "grace period over: cgroup.kill");
+                } else {
+                    tracing::warn!(child = %name, pid = pgid, "grace period over: SIGKILL to the process group");
                 }
-                (Some(pgid), _) => match ended_by {
-                    Some(_) => supervisor::stop_child(&name, &mut started.child, pgid, grace).await,
-                    // The leader is gone; nothing it left in its group outlives it.
-                    None => supervisor::terminate_group(&name, pgid, grace).await,
-                },
-                (None, _) => {}
+            };
+            let out = match ended_by {
+                Some(_) => {
+                    if in_cgroup {
+                        tracing::info!(child = %name, pid = pgid, grace = ?grace, "stopping: SIGTERM to the process group and the cgroup");
+                    } else {
+                        tracing::info!(child = %name, pid = pgid, grace = ?grace, "stopping: SIGTERM to the process group");
+                    }
+                    g.stop_leader(&mut started.child, grace, hurry, on_kill)
+                        .await
+                }
+                // The leader is gone; nothing it left in its group or cgroup outlives it.
+                None if g.alive() => {
+                    if in_cgroup {
+                        tracing::warn!(child = %name, "the job left processes in its cgroup: SIGTERM");
+                    } else {
+                        tracing::warn!(child = %name, pgid, "the child left processes in its group: SIGTERM");
+                    }
+                    g.terminate(grace, hurry, on_kill).await
+                }
+                None => proc_tree::Outcome::default(),
+            };
+            if let (Some(status), false) = (out.leader, in_cgroup) {
+                tracing::info!(child = %name, pid = pgid, "exited: {}", supervisor::describe(status));
             }
-        };
-        let forced = tokio::select! {
-            // A stop with nothing left to do wins over a deadline already passed.
-            biased;
-            // Cancel-safe: stopping only signals and waits; a stop cut short is finished
-            // with SIGKILL below.
-            () = stopping => false,
-            // Cancel-safe: a fresh wait on the deadline.
-            () = leftover::deadline_passed(Some(self.inner.stop_deadline.subscribe())) => true,
-        };
-        if forced {
-            tracing::warn!(job = %id, "the runner's stop budget is spent: SIGKILL");
-            #[cfg(target_os = "linux")]
-            if let Some(cg) = &cgroup {
-                let _ = cg.kill();
-            }
-            // Only while members are left: with none, the group id may be reused.
-            if let Some(pgid) = pid.filter(|&p| sys::group::group_alive(p)) {
-                let _ = sys::group::signal_group(pgid, Sig::SIGKILL);
-                supervisor::wait_group(pgid, Instant::now() + Duration::from_secs(2)).await;
-            }
-            #[cfg(target_os = "linux")]
-            if let Some(cg) = &cgroup {
-                wait_unpopulated(cg, Instant::now() + CGROUP_KILL_WAIT).await;
+            if out.survivors {
+                if in_cgroup {
+                    tracing::error!(child = %name, "the job's cgroup still has live processes after cgroup.kill");
+                } else if ended_by.is_some() {
+                    tracing::error!(child = %name, pgid, "process group still has live members after SIGKILL");
+                }
             }
         }
         let status = started.child.wait().await.ok();
@@ -975,63 +980,9 @@ impl Engine {
     }
 }
 
-/// How often stopping checks whether a cgroup has emptied. Only while stopping.
-#[cfg(target_os = "linux")]
-const CGROUP_POLL: Duration = Duration::from_millis(10);
-/// How long after `cgroup.kill` the cgroup may take to empty.
-#[cfg(target_os = "linux")]
-const CGROUP_KILL_WAIT: Duration = Duration::from_secs(2);
-
-/// Waits until nothing lives in `cg`, or `deadline`. Returns whether it emptied.
-#[cfg(target_os = "linux")]
-pub(super) async fn wait_unpopulated(cg: &sys::cgroup::Cgroup, deadline: Instant) -> bool {
-    loop {
-        // A cgroup that cannot be read any more was removed: nothing lives in it.
-        if !cg.populated().unwrap_or(false) {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(CGROUP_POLL).await;
-    }
-}
-
-/// Stops a job in the cgroup tier: SIGTERM to its group and to every process in its
-/// cgroup (those that left the group included), `grace` for the leader and the cgroup to
-/// empty, then `cgroup.kill`. With `leader_exited`, only what the job left behind is
-/// stopped, and nothing at all when its cgroup is already empty.
-#[cfg(target_os = "linux")]
-async fn stop_in_cgroup(
-    name: &str,
-    child: &mut super::process::JobProcess,
-    pgid: ProcessId,
-    cg: &sys::cgroup::Cgroup,
-    grace: Duration,
-    leader_exited: bool,
-) {
-    if leader_exited && !cg.populated().unwrap_or(false) {
-        return;
-    }
-    let deadline = Instant::now() + grace;
-    if leader_exited {
-        tracing::warn!(child = %name, cgroup = %cg.path().display(), "the job left processes in its cgroup: SIGTERM");
-    } else {
-        tracing::info!(child = %name, pid = pgid.get(), grace = ?grace, "stopping: SIGTERM to the process group and the cgroup");
-    }
-    let _ = sys::group::signal_group(pgid, Sig::SIGTERM);
-    let _ = cg.signal_all(Sig::SIGTERM);
-    let leader = tokio::time::timeout_at(deadline, child.wait()).await;
-    if leader.is_ok() && wait_unpopulated(cg, deadline).await {
-        return;
-    }
-    tracing::warn!(child = %name, cgroup = %cg.path().display(), "grace period over: cgroup.kill");
-    if let Err(e) = cg.kill() {
-        tracing::error!(child = %name, cgroup = %cg.path().display(), error = %e, "cgroup.kill failed: SIGKILL to the process group");
-        let _ = sys::group::signal_group(pgid, Sig::SIGKILL);
-    }
-    let _ = child.wait().await;
-    if !wait_unpopulated(cg, Instant::now() + CGROUP_KILL_WAIT).await {
-        tracing::error!(child = %name, cgroup = %cg.path().display(), "the job's cgroup still has live processes after cgroup.kill");
-    }
+/// The job's process group, or `None` (logged) when its id could never be signalled.
+fn job_group(name: &str, pgid: ProcessId) -> Option<proc_tree::Group> {
+    proc_tree::Group::new(name, pgid.get())
+        .map_err(|e| tracing::error!(child = %name, error = %e, "not stopping the job"))
+        .ok()
 }

@@ -19,25 +19,21 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::job;
 use super::store::{Outcome, Recorded, Store, StoreError};
+use crate::proc_tree::Group;
 use crate::proto::job::{JobRecord, JobState};
-use crate::supervisor::{self, lock};
-use crate::sys::group::Sig;
+use crate::supervisor::lock;
 use crate::sys::{self, ProcessId};
 
 /// Longest grace a job of a dead runner gets: there is no one left to wait for.
 pub const RECONCILE_GRACE: Duration = Duration::from_secs(10);
-/// How long after SIGKILL a group or cgroup may take to empty.
-const KILL_WAIT: Duration = Duration::from_secs(2);
 /// How long `reap` waits for a `lost` that the database could not take at once.
 const REAP_COMMIT_WAIT: Duration = Duration::from_secs(3);
 
-/// When a runner stop must be done by, once it has begun; `None` before a stop.
-pub type StopDeadline = watch::Receiver<Option<Instant>>;
+use crate::proc_tree::StopDeadline;
 
 #[derive(Debug, Error)]
 pub enum LeftoverError {
@@ -160,13 +156,18 @@ pub async fn stop(
     let mut reason = match (live_job_process(rec), orphaned_group(rec)) {
         (Some(pid), _) => {
             tracing::warn!(job = %rec.id, pid = pid.get(), grace = ?grace, "a job of a runner that is gone is still running: stopping its process group");
-            kill_orphan_group(pid, grace, hurry.clone()).await;
+            // Found by its environment when the record has no pid: its start time now.
+            let start = rec.start_time.or_else(|| sys::process_start_time(pid));
+            let name = format!("job {}", rec.id);
+            kill_orphan_group(&name, pid, start.map(|t| (pid, t)), grace, hurry.clone()).await;
             killed = true;
             format!("{prefix}; its process group was killed{agent}")
         }
         (None, Some(pgid)) => {
             tracing::warn!(job = %rec.id, pgid = pgid.get(), grace = ?grace, "the leader of a job of a runner that is gone has exited, but its process group lives on: stopping it");
-            kill_orphan_group(pgid, grace, hurry.clone()).await;
+            let name = format!("job {}", rec.id);
+            let identity = rec.start_time.map(|t| (pgid, t));
+            kill_orphan_group(&name, pgid, identity, grace, hurry.clone()).await;
             killed = true;
             format!("{prefix}; its process had exited, and what it left in its process group was killed{agent}")
         }
@@ -243,59 +244,32 @@ pub fn orphaned_group(rec: &JobRecord) -> Option<ProcessId> {
         .then_some(pgid)
 }
 
-/// Resolves once the stop deadline in `rx` has passed; never while there is none (or no
-/// `rx` at all). A fresh call starts a fresh wait, so it may be raced again and again.
-pub async fn deadline_passed(rx: Option<StopDeadline>) {
-    let Some(mut rx) = rx else {
-        return std::future::pending().await;
-    };
-    loop {
-        let deadline = *rx.borrow_and_update();
-        match deadline {
-            Some(d) => return tokio::time::sleep_until(d).await,
-            None => {
-                if rx.changed().await.is_err() {
-                    return std::future::pending().await;
-                }
-            }
-        }
-    }
-}
-
-/// SIGTERM to the orphaned job's group, grace (cut short by `hurry`), SIGKILL.
-async fn kill_orphan_group(pgid: ProcessId, grace: Duration, hurry: Option<StopDeadline>) {
-    let _ = sys::group::signal_group(pgid, Sig::SIGTERM);
-    let gone = tokio::select! {
-        // Cancel-safe: waiting only polls the group.
-        gone = supervisor::wait_group(pgid, Instant::now() + grace) => gone,
-        // Cancel-safe: a fresh wait on the deadline.
-        () = deadline_passed(hurry) => false,
-    };
-    if gone {
+/// SIGTERM to the orphaned job's group, grace (cut short by `hurry`), SIGKILL. `identity`
+/// is checked again right before the first signal.
+async fn kill_orphan_group(
+    name: &str,
+    pgid: ProcessId,
+    identity: Option<(ProcessId, u64)>,
+    grace: Duration,
+    hurry: Option<StopDeadline>,
+) {
+    let Ok(g) = Group::new(name, pgid.get()) else {
         return;
-    }
-    let _ = sys::group::signal_group(pgid, Sig::SIGKILL);
-    supervisor::wait_group(pgid, Instant::now() + KILL_WAIT).await;
+    };
+    let g = match identity {
+        Some((pid, start_time)) => g.verified(pid, start_time),
+        None => g,
+    };
+    g.terminate(grace, hurry, |_| {}).await;
 }
 
 /// Stops whatever lives in a job cgroup left by a previous runner: SIGTERM to each
 /// process, `grace` (cut short by `hurry`), then `cgroup.kill`; then removes the cgroup.
 #[cfg(target_os = "linux")]
 pub async fn stop_orphan_cgroup(cg: &Cgroup, grace: Duration, hurry: Option<StopDeadline>) {
-    use super::engine::wait_unpopulated;
-    if cg.populated().unwrap_or(false) {
-        let _ = cg.signal_all(Sig::SIGTERM);
-        let empty = tokio::select! {
-            // Cancel-safe: waiting only reads cgroup.events.
-            empty = wait_unpopulated(cg, Instant::now() + grace) => empty,
-            // Cancel-safe: a fresh wait on the deadline.
-            () = deadline_passed(hurry) => false,
-        };
-        if !empty {
-            let _ = cg.kill();
-            wait_unpopulated(cg, Instant::now() + KILL_WAIT).await;
-        }
-    }
+    Group::cgroup_only("leftover cgroup", cg.clone())
+        .terminate(grace, hurry, |_| {})
+        .await;
     if let Err(e) = cg.remove() {
         tracing::warn!(cgroup = %cg.path().display(), error = %e, "could not remove a job cgroup left by a previous runner");
     }

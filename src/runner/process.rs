@@ -44,7 +44,7 @@ impl JobProcess {
     }
 }
 
-impl crate::supervisor::Reapable for JobProcess {
+impl crate::proc_tree::Reapable for JobProcess {
     /// Cancel-safe: the status is kept once reaped, and waiting again returns it.
     async fn wait(&mut self) -> io::Result<ExitStatus> {
         match self {

@@ -10,16 +10,14 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::sys::group::{self, Sig};
+use crate::proc_tree::{Group, GroupError};
+use crate::sys::group;
 use crate::sys::{locks, ProcessId};
 
-/// How often a reclaim re-checks whether the holder is gone. Reclaim is a one-off at
-/// agent start, never an idle loop.
-const POLL: Duration = Duration::from_millis(10);
 /// How long a holder may take to die after SIGKILL before reclaim reports failure.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
@@ -222,23 +220,40 @@ pub fn reclaim_stale_holder(lock_path: &Path, grace: Duration) -> Result<Option<
         .ok()
         .flatten()
         .is_some_and(|pg| pg == named && pg != group::own_group());
-    let target = Target { pid, leads_group };
-    tracing::warn!(pid = named, lock = %lock_path.display(), group = leads_group, "reclaiming stale lock holder: SIGTERM");
-    let signal_err = |source| LockError::Signal {
-        path: lock_path.to_owned(),
-        pid: named,
-        source,
+    let group_err = |e| match e {
+        GroupError::Signal { source, .. } => LockError::Signal {
+            path: lock_path.to_owned(),
+            pid: named,
+            source,
+        },
+        GroupError::Refused { why, .. } => unsafe_pid(why),
     };
-    target.signal(Sig::SIGTERM).map_err(signal_err)?;
-    let gone = |file: &File| -> Result<bool, LockError> {
-        Ok(!target.alive() && try_lock(file, lock_path)?)
-    };
-    if wait_until(grace, || gone(&file))? {
-        return Ok(Some(named));
+    // Its whole group when it leads one, else only the holder.
+    let target = if leads_group {
+        Group::new("stale lock holder", named)
+    } else {
+        Group::lone("stale lock holder", pid)
     }
-    tracing::warn!(pid = named, lock = %lock_path.display(), "stale lock holder outlived its grace period: SIGKILL");
-    target.signal(Sig::SIGKILL).map_err(signal_err)?;
-    if wait_until(KILL_WAIT, || gone(&file))? {
+    .map_err(group_err)?;
+    tracing::warn!(pid = named, lock = %lock_path.display(), group = leads_group, "reclaiming stale lock holder: SIGTERM");
+    // A lock that cannot be tried ends the wait; the error is returned below.
+    let mut failed = None;
+    let released = || match try_lock(&file, lock_path) {
+        Ok(free) => free,
+        Err(e) => {
+            failed = Some(e);
+            true
+        }
+    };
+    let out = target
+        .terminate_blocking(grace, KILL_WAIT, released, || {
+            tracing::warn!(pid = named, lock = %lock_path.display(), "stale lock holder outlived its grace period: SIGKILL");
+        })
+        .map_err(group_err)?;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if !out.survivors {
         return Ok(Some(named));
     }
     Err(LockError::Survived {
@@ -246,47 +261,6 @@ pub fn reclaim_stale_holder(lock_path: &Path, grace: Duration) -> Result<Option<
         pid: named,
         waited: KILL_WAIT,
     })
-}
-
-/// What reclaim signals: the holder's whole group when it leads one, else only the holder.
-struct Target {
-    pid: ProcessId,
-    leads_group: bool,
-}
-
-impl Target {
-    fn signal(&self, sig: Sig) -> io::Result<()> {
-        if self.leads_group {
-            group::signal_group(self.pid, sig)?;
-        } else {
-            group::signal_process(self.pid, sig)?;
-        }
-        Ok(())
-    }
-
-    fn alive(&self) -> bool {
-        if self.leads_group {
-            group::group_alive(self.pid)
-        } else {
-            group::process_alive(self.pid)
-        }
-    }
-}
-
-fn wait_until(
-    limit: Duration,
-    mut done: impl FnMut() -> Result<bool, LockError>,
-) -> Result<bool, LockError> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if done()? {
-            return Ok(true);
-        }
-        if Instant::now() >= deadline {
-            return Ok(false);
-        }
-        std::thread::sleep(POLL);
-    }
 }
 
 /// Tries the lock and, when it was free, releases it at once: reclaim only looks.

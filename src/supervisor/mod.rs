@@ -42,7 +42,9 @@ use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
 
 use crate::env_policy::{self, EnvError};
-use crate::sys::group::{self, Sig};
+use crate::proc_tree::Group;
+use crate::proc_tree::Reapable;
+use crate::sys::group::Sig;
 use crate::sys::spawn::{self, Credentials};
 use crate::sys::{self, ProcessId};
 
@@ -67,11 +69,8 @@ pub const MIN_LOG_BYTES: u64 = 1024;
 /// Most stop waits for the log thread to copy what the child wrote last: it takes what is
 /// in the pipe without waiting for writers, so this is only reached on a stalled disk.
 const LOG_DRAIN: Duration = Duration::from_secs(2);
-/// How often stop re-checks whether a process group still has live members. Only used
-/// while stopping, never while idle.
-const GROUP_POLL: Duration = Duration::from_millis(5);
-/// How long to wait for a group to vanish after SIGKILL before giving up on it.
-const KILL_WAIT: Duration = Duration::from_secs(2);
+/// How long a process that escaped the group may hold [`run_once`]'s pipes.
+const KILL_WAIT: Duration = crate::proc_tree::KILL_WAIT;
 
 /// Whom the child runs as.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -557,8 +556,8 @@ pub async fn run_once(config: &Config, timeout: Duration) -> Result<Finished, Er
     if status.is_none() {
         // Not reaped yet, so the group id cannot have been reused.
         tracing::warn!(child = %config.name, pid = pid.map(|p| p.get()), timeout = ?timeout, "did not finish in time: SIGKILL to its process group");
-        if let Some(pgid) = pid {
-            send(&config.name, pgid, Sig::SIGKILL);
+        if let Some(Ok(g)) = pid.map(|pgid| Group::new(&config.name, pgid.get())) {
+            g.kill_now();
         }
         let _ = child.wait().await;
     }
@@ -578,82 +577,40 @@ pub async fn run_once(config: &Config, timeout: Duration) -> Result<Finished, Er
     })
 }
 
-/// A child process this process can reap: tokio's, or a job launched without fork.
-pub(crate) trait Reapable {
-    /// Waits for the child to exit and reaps it; must be cancel-safe.
-    fn wait(&mut self) -> impl std::future::Future<Output = std::io::Result<ExitStatus>> + Send;
-}
-
-impl Reapable for tokio::process::Child {
-    async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        tokio::process::Child::wait(self).await
-    }
-}
-
 /// SIGTERM to the child's group, wait for the child and every live member of the group up
 /// to `grace`, then SIGKILL the group and reap.
-pub(crate) async fn stop_child(
-    name: &str,
-    child: &mut impl Reapable,
-    pgid: ProcessId,
-    grace: Duration,
-) {
-    let deadline = Instant::now() + grace;
+async fn stop_child(name: &str, child: &mut impl Reapable, pgid: ProcessId, grace: Duration) {
+    let g = match Group::new(name, pgid.get()) {
+        Ok(g) => g,
+        Err(e) => return tracing::error!(child = %name, error = %e, "not stopping the child"),
+    };
     tracing::info!(child = %name, pid = pgid.get(), grace = ?grace, "stopping: SIGTERM to the process group");
-    send(name, pgid, Sig::SIGTERM);
-    // Cancel-safe: `Child::wait` may be dropped and called again.
-    let status = tokio::time::timeout_at(deadline, child.wait()).await;
-    let group_gone = wait_group(pgid, deadline).await;
-    if status.is_ok() && group_gone {
-        if let Ok(Ok(status)) = status {
-            tracing::info!(child = %name, pid = pgid.get(), "exited: {}", describe(status));
-        }
-        return;
-    }
-    tracing::warn!(child = %name, pid = pgid.get(), "grace period over: SIGKILL to the process group");
-    send(name, pgid, Sig::SIGKILL);
-    if let Ok(status) = child.wait().await {
+    let out = g
+        .stop_leader(child, grace, None, |_| {
+            tracing::warn!(child = %name, pid = pgid.get(), "grace period over: SIGKILL to the process group");
+        })
+        .await;
+    if let Some(status) = out.leader {
         tracing::info!(child = %name, pid = pgid.get(), "exited: {}", describe(status));
     }
-    if !wait_group(pgid, Instant::now() + KILL_WAIT).await {
+    if out.survivors {
         tracing::error!(child = %name, pgid = pgid.get(), "process group still has live members after SIGKILL");
     }
 }
 
 /// Cleans up what a child that exited by itself left in its group.
-pub(crate) async fn terminate_group(name: &str, pgid: ProcessId, grace: Duration) {
-    if !group::group_alive(pgid) {
+async fn terminate_group(name: &str, pgid: ProcessId, grace: Duration) {
+    let Ok(g) = Group::new(name, pgid.get()) else {
+        return;
+    };
+    if !g.alive() {
         return;
     }
     tracing::warn!(child = %name, pgid = pgid.get(), "the child left processes in its group: SIGTERM");
-    send(name, pgid, Sig::SIGTERM);
-    if wait_group(pgid, Instant::now() + grace).await {
-        return;
-    }
-    tracing::warn!(child = %name, pgid = pgid.get(), "grace period over: SIGKILL to the leftover group");
-    send(name, pgid, Sig::SIGKILL);
-    wait_group(pgid, Instant::now() + KILL_WAIT).await;
-}
-
-fn send(name: &str, pgid: ProcessId, sig: Sig) {
-    if let Err(e) = group::signal_group(pgid, sig) {
-        tracing::warn!(child = %name, pgid = pgid.get(), error = %e, "could not signal {sig}");
-    }
-}
-
-/// Waits until no live process is left in the group, or `deadline`. Returns whether the
-/// group is gone. The OS has no event for "group empty", so this polls — only while
-/// stopping, and only until the deadline.
-pub(crate) async fn wait_group(pgid: ProcessId, deadline: Instant) -> bool {
-    loop {
-        if !group::group_alive(pgid) {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(GROUP_POLL).await;
-    }
+    g.terminate(grace, None, |_| {
+        tracing::warn!(child = %name, pgid = pgid.get(), "grace period over: SIGKILL to the leftover group");
+    })
+    .await;
 }
 
 /// "exited with status 3" or "killed by signal 9 (SIGKILL)".
