@@ -33,6 +33,7 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use thiserror::Error;
@@ -46,6 +47,7 @@ use crate::runner::leftover::ReapReport;
 use crate::supervisor::account::Account;
 use crate::supervisor::lock::{self, LockError};
 use crate::supervisor::{self, env, Identity, State, Status, Supervisor};
+use crate::sys::exe::{ExeError, PinnedExe};
 use crate::sys::{self, ProcessId};
 
 /// The agent rewrites its status file at least this often, so a reader can tell a hung
@@ -99,8 +101,8 @@ pub enum AgentError {
         user: String,
         uid: u32,
     },
-    #[error("could not find this program's own executable")]
-    Exe(#[source] io::Error),
+    #[error("could not pin the agent's own executable (the runner is launched from its bytes)")]
+    Exe(#[source] ExeError),
     #[error(transparent)]
     Supervisor(#[from] supervisor::Error),
     #[error("could not reclaim the runner lock")]
@@ -139,7 +141,8 @@ pub async fn run(
     let mut hup = signal(SignalKind::hangup()).map_err(AgentError::Signals)?;
 
     prepare(&cfg)?;
-    let exe = own_exe()?;
+    let exe = pin_own_exe().await?;
+    tracing::info!(exe = %exe.path().display(), sha256 = %exe.identity().sha256, size = exe.identity().size, "pinned the agent's executable: runners are launched from these bytes");
     let mut sup = Supervisor::new(runner_config(&cfg, &exe)?)?;
 
     // Only before the first start, and only because this agent holds the state dir's
@@ -156,7 +159,7 @@ pub async fn run(
             })
         })?
         .map_err(AgentError::Reclaim)?;
-    let mut report = Reporter::new(&cfg, reclaimed.into_iter().collect());
+    let mut report = Reporter::new(&cfg, &exe, reclaimed.into_iter().collect());
     if let Some(pid) = report.status.reclaimed_pids.first() {
         tracing::warn!(pid, lock = %lock_path.display(), "reclaimed an orphan runner left by a previous agent");
     }
@@ -238,7 +241,7 @@ impl Drop for WatchdogTask {
 async fn apply_reload(
     cfg: &mut AgentConfig,
     reload: &impl Fn() -> Result<AgentConfig, ConfigError>,
-    exe: &Path,
+    exe: &Arc<PinnedExe>,
 ) -> Option<Supervisor> {
     let mut new = match reload() {
         Ok(new) => new,
@@ -274,7 +277,10 @@ async fn apply_reload(
 }
 
 /// The supervisor configuration of the runner child.
-fn runner_config(cfg: &AgentConfig, exe: &Path) -> Result<supervisor::Config, AgentError> {
+fn runner_config(
+    cfg: &AgentConfig,
+    exe: &Arc<PinnedExe>,
+) -> Result<supervisor::Config, AgentError> {
     let mut c = runner_account_config(cfg, exe, "runner", "run")?;
     // In milliseconds: exact, and one argument.
     c.args.push("--stop-budget".into());
@@ -314,7 +320,7 @@ fn runner_config(cfg: &AgentConfig, exe: &Path) -> Result<supervisor::Config, Ag
 /// account, with an environment built from nothing, in the runner's directory.
 fn runner_account_config(
     cfg: &AgentConfig,
-    exe: &Path,
+    exe: &Arc<PinnedExe>,
     name: &str,
     verb: &str,
 ) -> Result<supervisor::Config, AgentError> {
@@ -325,7 +331,9 @@ fn runner_account_config(
             source,
         })
     })?;
-    let mut c = supervisor::Config::new(name, exe, cfg.log_dir.join(RUNNER_LOG));
+    let mut c = supervisor::Config::new(name, exe.path(), cfg.log_dir.join(RUNNER_LOG));
+    // Launched from the pinned bytes, not from what the path names now (invariant 14).
+    c.exe = Some(exe.clone());
     c.args = vec![
         "runner".into(),
         verb.into(),
@@ -347,7 +355,11 @@ fn runner_account_config(
 /// all, with `cgroup.kill`; then `runner reap` as the runner's account, which ends every
 /// job group still recorded running (verified by pid and start time) and marks it lost.
 /// Returns what was ended, one line each, for the status file; the log says the same.
-async fn finish_runner_stop(cfg: &AgentConfig, sup: &Supervisor, exe: &Path) -> Vec<String> {
+async fn finish_runner_stop(
+    cfg: &AgentConfig,
+    sup: &Supervisor,
+    exe: &Arc<PinnedExe>,
+) -> Vec<String> {
     let mut ended = Vec::new();
     #[cfg(target_os = "linux")]
     if let Some(tree) = sup.config().cgroup.as_ref().and_then(|leaf| leaf.parent()) {
@@ -541,10 +553,13 @@ fn check_reachable(path: &Path, acct: &Account) -> Result<(), AgentError> {
         })
 }
 
-/// The canonical path of the running executable: what the runner is started from.
-fn own_exe() -> Result<PathBuf, AgentError> {
-    std::env::current_exe()
-        .and_then(fs::canonicalize)
+/// The running executable, pinned (DESIGN invariant 14): runners are launched from its
+/// bytes, never from what its path names later. Hashing it is blocking work.
+async fn pin_own_exe() -> Result<Arc<PinnedExe>, AgentError> {
+    tokio::task::spawn_blocking(PinnedExe::current)
+        .await
+        .map_err(|e| AgentError::Exe(ExeError::Find(io::Error::other(e))))?
+        .map(Arc::new)
         .map_err(AgentError::Exe)
 }
 
@@ -559,7 +574,7 @@ struct Reporter {
 }
 
 impl Reporter {
-    fn new(cfg: &AgentConfig, reclaimed: Vec<i32>) -> Self {
+    fn new(cfg: &AgentConfig, exe: &PinnedExe, reclaimed: Vec<i32>) -> Self {
         let now = SystemTime::now();
         Self {
             status: AgentStatus {
@@ -581,6 +596,7 @@ impl Reporter {
                 },
                 reclaimed_pids: reclaimed,
                 reaped: Vec::new(),
+                exe: Some(status::ExeStatus::from(exe.identity())),
             },
             notifier: Notifier::from_env(),
             ready: false,

@@ -35,6 +35,33 @@ pub struct AgentStatus {
     /// one line each.
     #[serde(default)]
     pub reaped: Vec<String>,
+    /// The executable the agent started from and launches its runners from (pinned at
+    /// start); absent in files written before it was recorded.
+    #[serde(default)]
+    pub exe: Option<ExeStatus>,
+}
+
+/// The pinned executable, as `agent status` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExeStatus {
+    pub path: PathBuf,
+    /// Lowercase hex, as `sha256sum` prints it.
+    pub sha256: String,
+    pub size: u64,
+    pub device: u64,
+    pub inode: u64,
+}
+
+impl From<&sys::exe::ExeIdentity> for ExeStatus {
+    fn from(id: &sys::exe::ExeIdentity) -> Self {
+        Self {
+            path: id.path.clone(),
+            sha256: id.sha256.clone(),
+            size: id.size,
+            device: id.device,
+            inode: id.inode,
+        }
+    }
 }
 
 pub fn path(state_dir: &Path) -> PathBuf {

@@ -220,6 +220,14 @@ fn render(st: &AgentStatus, alive: bool, last_line: Option<&str>) -> String {
     for line in &st.reaped {
         out.push_str(&format!("reaped after the runner stopped: {line}\n"));
     }
+    if let Some(exe) = &st.exe {
+        out.push_str(&format!(
+            "executable: {} (sha256 {}, {} bytes; runners are launched from these bytes)\n",
+            exe.path.display(),
+            exe.sha256,
+            exe.size
+        ));
+    }
     out.push_str(&format!("state dir:  {}\n", st.state_dir.display()));
     out.push_str(&format!("log dir:    {}\n", st.log_dir.display()));
     out.push_str(&format!(

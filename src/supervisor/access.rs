@@ -65,14 +65,20 @@ impl Who {
     pub fn can_execute(&self, program: &Path) -> Result<(), Denied> {
         self.can_reach(program, false)?;
         if let Ok(meta) = fs::metadata(program) {
-            if !self.allows(&meta, 0o001) {
-                return Err(Denied {
-                    at: program.to_owned(),
-                    mode: meta.permissions().mode() & 0o7777,
-                    owner: meta.uid(),
-                    need: "execute",
-                });
-            }
+            self.can_execute_file(program, &meta)?;
+        }
+        Ok(())
+    }
+
+    /// The file with `meta` (named `at` in errors) is executable, whatever its path.
+    pub fn can_execute_file(&self, at: &Path, meta: &fs::Metadata) -> Result<(), Denied> {
+        if !self.allows(meta, 0o001) {
+            return Err(Denied {
+                at: at.to_owned(),
+                mode: meta.permissions().mode() & 0o7777,
+                owner: meta.uid(),
+                need: "execute",
+            });
         }
         Ok(())
     }

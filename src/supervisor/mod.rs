@@ -44,6 +44,7 @@ use tokio::time::Instant;
 use crate::env_policy::{self, EnvError};
 use crate::proc_tree::Group;
 use crate::proc_tree::Reapable;
+use crate::sys::exe::{ExeError, PinnedExe};
 use crate::sys::group::Sig;
 use crate::sys::spawn::{self, Credentials};
 use crate::sys::{self, ProcessId};
@@ -103,6 +104,10 @@ pub struct Config {
     /// A cgroup v2 directory the child joins before exec, at every launch. One that cannot
     /// be opened is logged and the child starts where the supervisor is.
     pub cgroup: Option<PathBuf>,
+    /// The program's bytes, pinned (the agent's own executable, for its runner). When set,
+    /// every launch first verifies them and then execs them, not the file `program` names
+    /// now, which stays argv[0] and the name in messages (see [`sys::exe`]).
+    pub exe: Option<Arc<PinnedExe>>,
 }
 
 impl Config {
@@ -126,6 +131,7 @@ impl Config {
             max_backoff: MAX_BACKOFF,
             stable_after: DEFAULT_STABLE_AFTER,
             cgroup: None,
+            exe: None,
         }
     }
 }
@@ -194,6 +200,12 @@ pub enum Error {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error("{name} not launched")]
+    Pinned {
+        name: String,
+        #[source]
+        source: ExeError,
     },
     #[error(transparent)]
     Log(#[from] LogError),
@@ -381,6 +393,7 @@ impl Inner {
             spawn::WorkDir::Path(&c.dir),
             procs,
         )?;
+        exec_pinned(c, &mut cmd)?;
         tokio::process::Command::from(cmd).spawn()
     }
 }
@@ -391,7 +404,13 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>, pump: Pump) {
     let mut backoff = Backoff::new(c.initial_backoff, c.max_backoff, c.stable_after);
     loop {
         let started = Instant::now();
-        let outcome = match inner.launch(&pump.child_end) {
+        let launched = match verify_pinned(c).await {
+            Ok(()) => inner
+                .launch(&pump.child_end)
+                .map_err(|e| format!("could not launch {}: {e}", c.program.display())),
+            Err(e) => Err(crate::error_chain(&e)),
+        };
+        let outcome = match launched {
             Ok(mut child) => {
                 let n = inner.starts.fetch_add(1, Ordering::Relaxed) + 1;
                 let pid = child.id().and_then(ProcessId::from_u32);
@@ -423,8 +442,7 @@ async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>, pump: Pump) {
                     }
                 }
             }
-            Err(e) => {
-                let why = format!("could not launch {}: {e}", c.program.display());
+            Err(why) => {
                 tracing::warn!(child = %c.name, "{why}");
                 Some(why)
             }
@@ -485,7 +503,14 @@ fn validate(config: &Config) -> Result<Option<Credentials>, Error> {
             uid: c.uid,
             denied,
         };
-        who.can_execute(&config.program).map_err(denied)?;
+        match &config.exe {
+            // Exec'd by descriptor: only the file's own mode counts, not the path to it.
+            #[cfg(target_os = "linux")]
+            Some(exe) => who
+                .can_execute_file(&config.program, exe.metadata())
+                .map_err(denied)?,
+            _ => who.can_execute(&config.program).map_err(denied)?,
+        }
         who.can_reach(&config.dir, true).map_err(denied)?;
     }
     for (k, v) in &config.env {
@@ -531,6 +556,8 @@ pub async fn run_once(config: &Config, timeout: Duration) -> Result<Finished, Er
         .stderr(Stdio::piped());
     spawn::session_leader_as(&mut cmd, creds, spawn::WorkDir::Path(&config.dir), None)
         .map_err(launch_err)?;
+    verify_pinned(config).await?;
+    exec_pinned(config, &mut cmd).map_err(launch_err)?;
     let mut child = tokio::process::Command::from(cmd)
         .spawn()
         .map_err(launch_err)?;
@@ -613,6 +640,37 @@ async fn terminate_group(name: &str, pgid: ProcessId, grace: Duration) {
     .await;
 }
 
+/// Checks, off the runtime threads (it hashes the file), that a pinned program is still
+/// the bytes it was pinned as; a program that is not pinned passes.
+async fn verify_pinned(c: &Config) -> Result<(), Error> {
+    let Some(exe) = c.exe.clone() else {
+        return Ok(());
+    };
+    let checked = tokio::task::spawn_blocking(move || exe.verify())
+        .await
+        .unwrap_or_else(|e| {
+            Err(ExeError::Read {
+                path: c.program.clone(),
+                source: std::io::Error::other(e),
+            })
+        });
+    checked.map_err(|source| Error::Pinned {
+        name: c.name.clone(),
+        source,
+    })
+}
+
+/// Makes `cmd` exec `c`'s pinned bytes (last, after every other step), when it has them.
+fn exec_pinned(c: &Config, cmd: &mut std::process::Command) -> std::io::Result<()> {
+    let Some(exe) = &c.exe else {
+        return Ok(());
+    };
+    let argv: Vec<&std::ffi::OsStr> = std::iter::once(c.program.as_os_str())
+        .chain(c.args.iter().map(OsString::as_os_str))
+        .collect();
+    exe.exec_pinned(cmd, &argv, &c.env)
+}
+
 /// "exited with status 3" or "killed by signal 9 (SIGKILL)".
 pub fn describe(status: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
@@ -634,10 +692,14 @@ fn check_program(c: &Config) -> Result<(), Error> {
             path: c.program.clone(),
         });
     }
-    let meta = fs::metadata(&c.program).map_err(|source| Error::Program {
-        path: c.program.clone(),
-        source,
-    })?;
+    // Pinned bytes are what runs, whatever the path names now.
+    let meta = match &c.exe {
+        Some(exe) => exe.metadata().clone(),
+        None => fs::metadata(&c.program).map_err(|source| Error::Program {
+            path: c.program.clone(),
+            source,
+        })?,
+    };
     if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
         return Err(Error::NotExecutable {
             path: c.program.clone(),

@@ -6,6 +6,7 @@
 #[cfg(target_os = "linux")]
 pub mod cgroup;
 pub mod dirfd;
+pub mod exe;
 pub mod group;
 #[cfg(target_os = "linux")]
 pub mod landlock;
