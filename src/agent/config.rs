@@ -3,6 +3,11 @@
 //!
 //! Every value remembers where it came from, so an error names the file and key, the
 //! variable or the flag that holds the bad value, and says what is accepted.
+//!
+//! Each setting is declared once, in the `settings!` list: its TOML key (which is also its
+//! path in [`RawConfig`]), its variable (a constant of [`env_vars`]) and its flag. The
+//! lookup in every source, the precedence and the origin named in errors all come from
+//! that list; `load_with` only parses and checks the winning text.
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -139,68 +144,116 @@ pub enum ConfigError {
     NoHome,
 }
 
-/// Every setting, with its TOML key, environment variable and flag.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Key {
-    StateDir,
-    LogDir,
-    RunnerUser,
-    StopGrace,
-    InitialBackoff,
-    MaxLogBytes,
-    MaxJobs,
-    MaxJobsPerOwner,
-    MaxQueued,
-    MaxOutputBytes,
-    DelegateCgroup,
-    JobPath,
-    HubUrl,
-    TokenFile,
-    CaFile,
-    LogMaxFiles,
+/// A setting's value as text, the form every source gives it in: flags and files are
+/// turned into it so that one parser (and one error message) serves all three sources.
+trait AsText {
+    fn as_text(&self) -> String;
+}
+
+impl AsText for String {
+    fn as_text(&self) -> String {
+        self.clone()
+    }
+}
+
+impl AsText for PathBuf {
+    fn as_text(&self) -> String {
+        self.display().to_string()
+    }
+}
+
+macro_rules! as_text_by_display {
+    ($($t:ty),*) => {
+        $(impl AsText for $t {
+            fn as_text(&self) -> String {
+                self.to_string()
+            }
+        })*
+    };
+}
+as_text_by_display!(u64, usize, bool);
+
+/// One setting, named once for every source: its key in the file, its environment
+/// variable (from [`env_vars`]) and its flag, if it has one.
+#[derive(Debug)]
+struct Setting {
+    key: Key,
+    /// Dotted TOML key, `runner.max_jobs`.
+    toml: &'static str,
+    /// Environment variable, `RAILGRID_RUNNER_MAX_JOBS`.
+    env: &'static str,
+    flag: Option<Flag>,
+    /// The value in the file, as text.
+    file: fn(&RawConfig) -> Option<String>,
+}
+
+#[derive(Debug)]
+struct Flag {
+    /// `--runner-user`.
+    name: &'static str,
+    /// The value on the command line, as text.
+    value: fn(&Flags) -> Option<String>,
+}
+
+/// Declares every setting once: `Key` and [`SETTINGS`] (in the same order) come from the
+/// one list below. A line reads `Variant: toml.path, env CONST[, flag "--name" => field]`:
+/// the TOML key is also the field path in [`RawConfig`], `CONST` names a constant of
+/// [`env_vars`], and `field` is the [`Flags`] field that holds the flag.
+macro_rules! settings {
+    ($(
+        $key:ident: $first:ident $(. $rest:ident)*, env $env:ident
+            $(, flag $flag:literal => $flag_field:ident)?;
+    )*) => {
+        /// Every setting; see [`SETTINGS`] for its names.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        enum Key {
+            $($key),*
+        }
+
+        /// Every setting, in the order of [`Key`].
+        const SETTINGS: &[Setting] = &[$(
+            Setting {
+                key: Key::$key,
+                toml: concat!(stringify!($first) $(, ".", stringify!($rest))*),
+                env: env_vars::$env,
+                flag: settings!(@flag $($flag => $flag_field)?),
+                file: |raw| raw.$first $(.$rest)*.as_ref().map(AsText::as_text),
+            }
+        ),*];
+    };
+    (@flag) => { None };
+    (@flag $flag:literal => $field:ident) => {
+        Some(Flag {
+            name: $flag,
+            value: |flags| flags.$field.as_ref().map(AsText::as_text),
+        })
+    };
+}
+
+settings! {
+    StateDir: state_dir, env STATE_DIR, flag "--state-dir" => state_dir;
+    LogDir: log_dir, env LOG_DIR, flag "--log-dir" => log_dir;
+    RunnerUser: runner.user, env RUNNER_USER, flag "--runner-user" => runner_user;
+    StopGrace: runner.stop_grace, env RUNNER_STOP_GRACE;
+    InitialBackoff: runner.initial_backoff, env RUNNER_INITIAL_BACKOFF;
+    MaxLogBytes: runner.max_log_bytes, env RUNNER_MAX_LOG_BYTES;
+    MaxJobs: runner.max_jobs, env RUNNER_MAX_JOBS;
+    MaxJobsPerOwner: runner.max_jobs_per_owner, env RUNNER_MAX_JOBS_PER_OWNER;
+    MaxQueued: runner.max_queued, env RUNNER_MAX_QUEUED;
+    MaxOutputBytes: runner.max_output_bytes, env RUNNER_MAX_OUTPUT_BYTES;
+    DelegateCgroup: runner.delegate_cgroup, env RUNNER_DELEGATE_CGROUP;
+    JobPath: runner.job_path, env RUNNER_JOB_PATH;
+    HubUrl: hub.url, env HUB_URL, flag "--hub" => hub;
+    TokenFile: hub.token_file, env HUB_TOKEN_FILE, flag "--token-file" => token_file;
+    CaFile: hub.ca_file, env HUB_CA_FILE, flag "--ca-file" => ca_file;
+    LogMaxFiles: log.max_files, env LOG_MAX_FILES;
 }
 
 impl Key {
-    fn toml(self) -> &'static str {
-        match self {
-            Key::StateDir => "state_dir",
-            Key::LogDir => "log_dir",
-            Key::RunnerUser => "runner.user",
-            Key::StopGrace => "runner.stop_grace",
-            Key::InitialBackoff => "runner.initial_backoff",
-            Key::MaxLogBytes => "runner.max_log_bytes",
-            Key::MaxJobs => "runner.max_jobs",
-            Key::MaxJobsPerOwner => "runner.max_jobs_per_owner",
-            Key::MaxQueued => "runner.max_queued",
-            Key::MaxOutputBytes => "runner.max_output_bytes",
-            Key::DelegateCgroup => "runner.delegate_cgroup",
-            Key::JobPath => "runner.job_path",
-            Key::HubUrl => "hub.url",
-            Key::TokenFile => "hub.token_file",
-            Key::CaFile => "hub.ca_file",
-            Key::LogMaxFiles => "log.max_files",
-        }
-    }
-
-    fn env(self) -> &'static str {
-        match self {
-            Key::StateDir => env_vars::STATE_DIR,
-            Key::LogDir => env_vars::LOG_DIR,
-            Key::RunnerUser => env_vars::RUNNER_USER,
-            Key::StopGrace => env_vars::RUNNER_STOP_GRACE,
-            Key::InitialBackoff => env_vars::RUNNER_INITIAL_BACKOFF,
-            Key::MaxLogBytes => env_vars::RUNNER_MAX_LOG_BYTES,
-            Key::MaxJobs => env_vars::RUNNER_MAX_JOBS,
-            Key::MaxJobsPerOwner => env_vars::RUNNER_MAX_JOBS_PER_OWNER,
-            Key::MaxQueued => env_vars::RUNNER_MAX_QUEUED,
-            Key::MaxOutputBytes => env_vars::RUNNER_MAX_OUTPUT_BYTES,
-            Key::DelegateCgroup => env_vars::RUNNER_DELEGATE_CGROUP,
-            Key::JobPath => env_vars::RUNNER_JOB_PATH,
-            Key::HubUrl => env_vars::HUB_URL,
-            Key::TokenFile => env_vars::HUB_TOKEN_FILE,
-            Key::CaFile => env_vars::HUB_CA_FILE,
-            Key::LogMaxFiles => env_vars::LOG_MAX_FILES,
-        }
+    fn setting(self) -> &'static Setting {
+        let setting = &SETTINGS[self as usize];
+        debug_assert_eq!(setting.key, self, "SETTINGS is in the order of Key");
+        setting
     }
 }
 
@@ -215,8 +268,8 @@ enum Origin {
 impl Origin {
     fn describe(&self) -> String {
         match self {
-            Origin::File(path, key) => format!("{}: key {}", path.display(), key.toml()),
-            Origin::Env(key) => format!("environment variable {}", key.env()),
+            Origin::File(path, key) => format!("{}: key {}", path.display(), key.setting().toml),
+            Origin::Env(key) => format!("environment variable {}", key.setting().env),
             Origin::Flag(flag) => format!("flag {flag}"),
         }
     }
@@ -238,58 +291,19 @@ struct Sources<'a> {
 }
 
 impl Sources<'_> {
-    /// The winning value of `key` as text: flag, then environment, then file.
+    /// The winning value of `key` as text: flag, then environment (unless empty), then file.
     fn get(&self, key: Key) -> Option<(String, Origin)> {
-        let flag = match key {
-            Key::StateDir => self
-                .flags
-                .state_dir
-                .as_ref()
-                .map(|p| (p.display().to_string(), "--state-dir")),
-            Key::LogDir => self
-                .flags
-                .log_dir
-                .as_ref()
-                .map(|p| (p.display().to_string(), "--log-dir")),
-            Key::RunnerUser => self.flags.runner_user.clone().map(|u| (u, "--runner-user")),
-            Key::HubUrl => self.flags.hub.clone().map(|u| (u, "--hub")),
-            Key::TokenFile => self
-                .flags
-                .token_file
-                .as_ref()
-                .map(|p| (p.display().to_string(), "--token-file")),
-            Key::CaFile => self
-                .flags
-                .ca_file
-                .as_ref()
-                .map(|p| (p.display().to_string(), "--ca-file")),
-            _ => None,
-        };
-        if let Some((v, flag)) = flag {
-            return Some((v, Origin::Flag(flag)));
+        let setting = key.setting();
+        if let Some(flag) = &setting.flag {
+            if let Some(v) = (flag.value)(self.flags) {
+                return Some((v, Origin::Flag(flag.name)));
+            }
         }
-        if let Some(v) = (self.env)(key.env()).filter(|v| !v.is_empty()) {
+        if let Some(v) = (self.env)(setting.env).filter(|v| !v.is_empty()) {
             return Some((v, Origin::Env(key)));
         }
         let (path, raw) = self.file.as_ref()?;
-        let v = match key {
-            Key::StateDir => raw.state_dir.as_ref().map(|p| p.display().to_string()),
-            Key::LogDir => raw.log_dir.as_ref().map(|p| p.display().to_string()),
-            Key::RunnerUser => raw.runner.user.clone(),
-            Key::StopGrace => raw.runner.stop_grace.clone(),
-            Key::InitialBackoff => raw.runner.initial_backoff.clone(),
-            Key::MaxLogBytes => raw.runner.max_log_bytes.map(|n| n.to_string()),
-            Key::MaxJobs => raw.runner.max_jobs.map(|n| n.to_string()),
-            Key::MaxJobsPerOwner => raw.runner.max_jobs_per_owner.map(|n| n.to_string()),
-            Key::MaxQueued => raw.runner.max_queued.map(|n| n.to_string()),
-            Key::MaxOutputBytes => raw.runner.max_output_bytes.map(|n| n.to_string()),
-            Key::DelegateCgroup => raw.runner.delegate_cgroup.map(|b| b.to_string()),
-            Key::JobPath => raw.runner.job_path.clone(),
-            Key::HubUrl => raw.hub.url.clone(),
-            Key::TokenFile => raw.hub.token_file.as_ref().map(|p| p.display().to_string()),
-            Key::CaFile => raw.hub.ca_file.as_ref().map(|p| p.display().to_string()),
-            Key::LogMaxFiles => raw.log.max_files.map(|n| n.to_string()),
-        }?;
+        let v = (setting.file)(raw)?;
         Some((v, Origin::File(path.clone(), key)))
     }
 
@@ -874,5 +888,209 @@ mod tests {
         let text = include_str!("../../packaging/agent.toml.example");
         let raw: RawConfig = toml::from_str(text).unwrap();
         assert_eq!(raw.runner.user.as_deref(), Some("nobody"));
+    }
+
+    /// The shipped example with its commented-out keys (`# max_jobs = 4`, `# [hub]`) put in.
+    fn example_with_every_key() -> String {
+        let text = include_str!("../../packaging/agent.toml.example");
+        text.lines()
+            .map(|line| match line.strip_prefix("# ") {
+                Some(rest)
+                    if rest.starts_with('[')
+                        || rest.split_once(" = ").is_some_and(|(k, _)| {
+                            k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                        }) =>
+                {
+                    rest
+                }
+                _ => line,
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The dotted keys of a TOML document's values.
+    fn toml_keys(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+        for (k, v) in table {
+            let key = format!("{prefix}{k}");
+            match v {
+                toml::Value::Table(t) => toml_keys(t, &format!("{key}."), out),
+                _ => out.push(key),
+            }
+        }
+    }
+
+    #[test]
+    fn the_shipped_example_shows_every_setting() {
+        let text = example_with_every_key();
+        let raw: RawConfig = toml::from_str(&text).unwrap();
+        for s in SETTINGS {
+            assert!(
+                (s.file)(&raw).is_some(),
+                "{} not read from the file",
+                s.toml
+            );
+        }
+        let mut keys = Vec::new();
+        toml_keys(&toml::from_str(&text).unwrap(), "", &mut keys);
+        keys.sort();
+        let mut expected: Vec<String> = SETTINGS.iter().map(|s| s.toml.to_owned()).collect();
+        expected.sort();
+        assert_eq!(keys, expected);
+    }
+
+    #[test]
+    fn every_setting_is_named_once_in_each_source() {
+        let distinct = |names: Vec<&str>| {
+            let mut sorted = names.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(sorted.len(), names.len(), "a name is used twice: {names:?}");
+        };
+        distinct(SETTINGS.iter().map(|s| s.toml).collect());
+        distinct(SETTINGS.iter().map(|s| s.env).collect());
+        distinct(
+            SETTINGS
+                .iter()
+                .filter_map(|s| s.flag.as_ref().map(|f| f.name))
+                .collect(),
+        );
+        for (i, s) in SETTINGS.iter().enumerate() {
+            assert_eq!(s.key as usize, i, "{}", s.toml);
+            assert_eq!(s.key.setting().toml, s.toml);
+        }
+
+        // Every variable is a constant of env_vars.rs, and every agent-setting constant
+        // there is a setting.
+        let consts: Vec<&str> = include_str!("../env_vars.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub const ")?.split_once(": &str = \""))
+            .filter_map(|(_, value)| value.strip_suffix("\";"))
+            .collect();
+        for s in SETTINGS {
+            assert!(consts.contains(&s.env), "{} is not in env_vars.rs", s.env);
+        }
+        let not_settings = [env_vars::CONFIG, env_vars::LOG, env_vars::JOB_ID];
+        for c in consts.iter().filter(|c| c.starts_with("RAILGRID_")) {
+            assert!(
+                not_settings.contains(c) || SETTINGS.iter().any(|s| s.env == *c),
+                "{c} is in env_vars.rs but is no setting"
+            );
+        }
+    }
+
+    #[test]
+    fn every_setting_takes_flag_then_environment_then_file() {
+        let raw: RawConfig = toml::from_str(&example_with_every_key()).unwrap();
+        let file = Some((PathBuf::from("/etc/agent.toml"), raw));
+        let all_flags = Flags {
+            config: None,
+            state_dir: Some("/flag".into()),
+            log_dir: Some("/flag".into()),
+            runner_user: Some("flag".into()),
+            hub: Some("flag".into()),
+            token_file: Some("/flag".into()),
+            ca_file: Some("/flag".into()),
+        };
+        let no_flags = Flags::default();
+        let env = |k: &str| k.starts_with("RAILGRID_").then(|| "env".to_owned());
+        let empty_env = |k: &str| k.starts_with("RAILGRID_").then(String::new);
+        let both = Sources {
+            file: file.clone(),
+            env: &env,
+            flags: &all_flags,
+        };
+        let env_file = Sources {
+            file: file.clone(),
+            env: &env,
+            flags: &no_flags,
+        };
+        let file_only = Sources {
+            file,
+            env: &empty_env,
+            flags: &no_flags,
+        };
+        let none = Sources {
+            file: None,
+            env: &empty_env,
+            flags: &no_flags,
+        };
+        for s in SETTINGS {
+            let (v, origin) = both.get(s.key).unwrap();
+            match &s.flag {
+                Some(flag) => {
+                    assert!(v.contains("flag"), "{}: {v}", s.toml);
+                    assert_eq!(origin.describe(), format!("flag {}", flag.name));
+                }
+                None => assert_eq!(v, "env", "{}", s.toml),
+            }
+            let (v, origin) = env_file.get(s.key).unwrap();
+            assert_eq!(v, "env", "{}", s.toml);
+            assert_eq!(origin.describe(), format!("environment variable {}", s.env));
+            let (_, origin) = file_only.get(s.key).unwrap();
+            assert_eq!(
+                origin.describe(),
+                format!("/etc/agent.toml: key {}", s.toml)
+            );
+            assert!(none.get(s.key).is_none(), "{}", s.toml);
+        }
+    }
+
+    /// Each row of the table in docs/operations.md names a setting by its variable and flag.
+    #[test]
+    fn the_documented_settings_match() {
+        let docs = include_str!("../../docs/operations.md");
+        let table = docs
+            .split_once("| key | variable | flag | default |")
+            .unwrap()
+            .1
+            .lines()
+            .skip(2)
+            .take_while(|l| l.starts_with('|'));
+        let mut rows = 0;
+        for row in table {
+            let cells: Vec<&str> = row.split('|').map(|c| c.trim().trim_matches('`')).collect();
+            let (key, var, flag) = (cells[1], cells[2], cells[3]);
+            let s = SETTINGS
+                .iter()
+                .find(|s| s.toml == key)
+                .unwrap_or_else(|| panic!("documented {key} is no setting"));
+            assert_eq!(var, s.env, "{key}");
+            assert_eq!(flag, s.flag.as_ref().map_or("", |f| f.name), "{key}");
+            rows += 1;
+        }
+        assert!(rows > 0);
+    }
+
+    /// `check-config` prints every setting under its file key.
+    #[test]
+    fn the_effective_configuration_names_every_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        fs::write(&token, "secret").unwrap();
+        fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
+        let flags = Flags {
+            config: Some(write(dir.path(), "")),
+            hub: Some("https://hub.example".into()),
+            token_file: Some(token),
+            ca_file: Some("/ca.pem".into()),
+            ..Flags::default()
+        };
+        let env = env_of(&[
+            ("HOME", "/h"),
+            ("RAILGRID_RUNNER_MAX_JOBS", "2"),
+            ("RAILGRID_RUNNER_MAX_JOBS_PER_OWNER", "2"),
+            ("RAILGRID_RUNNER_MAX_QUEUED", "2"),
+            ("RAILGRID_RUNNER_MAX_OUTPUT_BYTES", "2"),
+        ]);
+        let c = load_with(&flags, false, &env).unwrap();
+        let text = toml::to_string(&c.effective()).unwrap();
+        let mut keys = Vec::new();
+        toml_keys(&toml::from_str(&text).unwrap(), "", &mut keys);
+        keys.retain(|k| k != "config_file" && k != "hub.token");
+        keys.sort();
+        let mut expected: Vec<String> = SETTINGS.iter().map(|s| s.toml.to_owned()).collect();
+        expected.sort();
+        assert_eq!(keys, expected);
     }
 }
