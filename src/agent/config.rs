@@ -1059,7 +1059,7 @@ mod tests {
             assert_eq!(flag, s.flag.as_ref().map_or("", |f| f.name), "{key}");
             rows += 1;
         }
-        assert!(rows > 0);
+        assert_eq!(rows, SETTINGS.len(), "every setting has its row");
     }
 
     /// `check-config` prints every setting under its file key.
