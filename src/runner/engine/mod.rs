@@ -1,0 +1,246 @@
+//! The job engine: admission, scheduling, supervision of each job, reconciliation after a
+//! restart, and retention.
+//!
+//! This file holds the handle ([`Engine`]), the state its tasks share (`Inner`), the limits and
+//! the errors. Each part of the work has a file of its own: `admission` (submit, cancel, the
+//! FIFO queue and per-owner limits), `lifecycle` (one job from launch to its recorded end),
+//! `reconcile` (what a previous runner left), `retention` (deleting old finished jobs),
+//! `query` (reads and `wait`) and `shutdown` (the stop and its budget).
+//!
+//! Tasks:
+//! - one *job task* per started job (`run_job`, in `lifecycle`): spawns it, waits for exit,
+//!   timeout or cancel, stops its process group (SIGTERM, kill grace, SIGKILL), records the
+//!   outcome.
+//! - two *spool tasks* per job (see [`super::job`]).
+//! - one *leftover task* per job a previous runner left running (`end_leftover`, in
+//!   `reconcile`, see [`super::leftover`]): started by `Engine::start` and run while the
+//!   runner serves, so that a dead runner's jobs never delay the API. `/v1/health` counts them.
+//!
+//! Stop: `shutdown` takes a deadline (the runner's stop budget less a reserve); every kill
+//! grace, of jobs and leftovers alike, is cut to fit it, and a stop still running when it
+//! passes ends with SIGKILL (`cgroup.kill`).
+//!
+//! State: the store is the truth for every job (with the state changes it holds in memory
+//! while the disk is full, which reads show); the scheduler (`Sched`) holds only the FIFO
+//! queue and what runs now. Every change bumps `activity`, which waiters and followers
+//! watch, and so does the commit of a held change (`when_recorded`).
+
+mod admission;
+mod lifecycle;
+mod query;
+mod reconcile;
+mod retention;
+mod shutdown;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use thiserror::Error;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use self::admission::Sched;
+use self::retention::Totals;
+use super::confine::{CgroupTier, FsGuard};
+use super::job::{self, JobError, JobPaths};
+use super::spec::SpecError;
+use super::store::{Store, StoreError};
+use crate::proto::job::JobSpec;
+
+/// Limits of one runner.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub max_jobs: usize,
+    pub max_jobs_per_owner: usize,
+    pub max_queued: usize,
+    /// Per stream.
+    pub max_output_bytes: u64,
+    pub max_finished_jobs: usize,
+    pub max_spool_bytes: u64,
+    /// Every job's PATH unless its spec sets one; `None` is [`crate::supervisor::DEFAULT_PATH`].
+    pub job_path: Option<String>,
+    /// Start jobs with fork and exec even where `clone` with a pidfd works.
+    pub force_fork: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        Self {
+            max_jobs: cpus,
+            max_jobs_per_owner: cpus,
+            max_queued: 1000,
+            max_output_bytes: 64 * 1024 * 1024,
+            max_finished_jobs: 1000,
+            max_spool_bytes: 1024 * 1024 * 1024,
+            job_path: None,
+            force_fork: false,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    Job(JobError),
+    #[error("job {id} already exists with a different spec")]
+    Conflict { id: String },
+    #[error("the queue is full ({max} jobs waiting): retry later")]
+    QueueFull { max: usize },
+    #[error("no job {id}")]
+    NotFound { id: String },
+    #[error("the runner is shutting down")]
+    ShuttingDown,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("internal task failed: {0}")]
+    Task(String),
+}
+
+impl EngineError {
+    /// Refused for want of disk space (507): the job database is full or holds too many
+    /// unwritten changes, or the job's workspace could not be made.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            EngineError::Store(e) => e.is_disk_full(),
+            EngineError::Job(JobError::Io { source, .. }) => {
+                source.raw_os_error() == Some(libc::ENOSPC)
+                    || source.kind() == std::io::ErrorKind::StorageFull
+            }
+            _ => false,
+        }
+    }
+}
+
+struct Inner {
+    cfg: EngineConfig,
+    totals: Mutex<Totals>,
+    paths: JobPaths,
+    store: Arc<Store>,
+    sched: Mutex<Sched>,
+    activity: watch::Sender<u64>,
+    shutting_down: AtomicBool,
+    ids: AtomicU64,
+    /// Serializes retention passes.
+    retention: tokio::sync::Mutex<()>,
+    /// Job tasks, awaited at shutdown.
+    tasks: Mutex<tokio::task::JoinSet<()>>,
+    /// The cgroup tier, when the runner's cgroup is delegated to it.
+    cgroups: Option<CgroupTier>,
+    /// The Landlock ruleset jobs restrict themselves to, where the kernel has Landlock.
+    fs_guard: Option<FsGuard>,
+    /// How job processes are started on this host.
+    launch: job::LaunchMethod,
+    /// When the stop must be done by; set by `shutdown`.
+    stop_deadline: watch::Sender<Option<Instant>>,
+    /// Leftovers of a previous runner (jobs and job cgroups) not yet ended.
+    reconciling: AtomicUsize,
+}
+
+/// A handle to the engine; cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+/// Runs `f` on the blocking pool (store reads, file removal), never on a runtime worker;
+/// every part of the engine goes through it.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, EngineError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| EngineError::Task(e.to_string()))
+}
+
+impl Engine {
+    /// Opens the store, starts ending what a previous runner left (in the background), and
+    /// re-queues queued jobs. Returns without waiting for any process.
+    pub async fn start(runner_dir: PathBuf, cfg: EngineConfig) -> Result<Self, EngineError> {
+        let paths = JobPaths::open(&runner_dir).map_err(EngineError::Job)?;
+        let force_fork = cfg.force_fork;
+        let db = runner_dir.join("jobs.db");
+        let store = Arc::new(blocking(move || Store::open(&db)).await??);
+        let (activity, _) = watch::channel(0);
+        let engine = Self {
+            inner: Arc::new(Inner {
+                cfg,
+                totals: Mutex::new(Totals::default()),
+                retention: tokio::sync::Mutex::new(()),
+                paths,
+                store,
+                sched: Mutex::new(Sched::default()),
+                activity,
+                shutting_down: AtomicBool::new(false),
+                ids: AtomicU64::new(0),
+                tasks: Mutex::new(tokio::task::JoinSet::new()),
+                cgroups: CgroupTier::detect(),
+                fs_guard: runner_dir.parent().and_then(FsGuard::detect),
+                launch: job::LaunchMethod::detect(force_fork),
+                stop_deadline: watch::channel(None).0,
+                reconciling: AtomicUsize::new(0),
+            }),
+        };
+        engine.reconcile().await?;
+        Ok(engine)
+    }
+
+    fn bump(&self) {
+        self.inner.activity.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A receiver that changes whenever any job changes state or writes output.
+    pub fn activity(&self) -> watch::Receiver<u64> {
+        self.inner.activity.subscribe()
+    }
+
+    pub fn paths(&self) -> &JobPaths {
+        &self.inner.paths
+    }
+
+    /// Limits of `spec` this host will not enforce as asked, and why.
+    pub fn unenforced(&self, spec: &JobSpec) -> Vec<String> {
+        spec.limits
+            .as_ref()
+            .map(|l| super::confine::unenforced(self.inner.cgroups.as_ref(), l))
+            .unwrap_or_default()
+    }
+
+    /// The confinement tier jobs get: `cgroup` or `process-group`.
+    pub fn confinement(&self) -> &'static str {
+        CgroupTier::name(self.inner.cgroups.as_ref())
+    }
+
+    /// What keeps jobs away from the runner and each other: see `FsGuard::isolation`;
+    /// `none` without it.
+    pub fn isolation(&self) -> &'static str {
+        self.inner
+            .fs_guard
+            .as_ref()
+            .map_or("none", FsGuard::isolation)
+    }
+
+    /// `clone-vfork` or `fork`: how jobs are started (see `job::LaunchMethod`).
+    pub fn launch_method(&self) -> &'static str {
+        self.inner.launch.name()
+    }
+
+    pub fn running_count(&self) -> usize {
+        self.sched().running.len()
+    }
+
+    /// Jobs (and job cgroups) of a previous runner still being ended.
+    pub fn reconciling(&self) -> usize {
+        self.inner.reconciling.load(Ordering::Relaxed)
+    }
+
+    /// Job state changes held in memory because the database could not take them yet.
+    pub fn commits_pending(&self) -> usize {
+        self.inner.store.held_count()
+    }
+}
