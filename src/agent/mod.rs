@@ -2,11 +2,17 @@
 //! alive on this host.
 //!
 //! Tasks (all on one runtime thread; blocking work goes to `spawn_blocking`):
-//! - the *main loop* (`run`): owns the [`Supervisor`] of the runner. In: SIGTERM/SIGINT
-//!   (stop and exit), SIGHUP (reload the config), supervisor status changes, a 10 s tick.
-//!   Out: `<state>/agent-status.json`, sd_notify messages.
+//! - the *main loop* ([`run`]): signal handling only. In: SIGTERM/SIGINT (stop and exit),
+//!   SIGHUP (re-read the configuration). Out: the re-read configuration and its desired
+//!   state to the reconciler; `STOPPING=1` through the reporter.
+//! - the *reconciler* ([`reconciler`]): owns the [`Supervisor`](crate::supervisor::Supervisor) of the runner and is the
+//!   one place a desired state is applied (from the config file standalone; the hub will
+//!   feed the same path). In: reloads, the supervisor's status. Out: runner starts,
+//!   restarts and finished stops; the runner's status to the reporter.
+//! - the *status reporter* ([`reporter`]): `<state>/agent-status.json` (written on a
+//!   blocking thread, updates coalesced) and sd_notify READY/STATUS/STOPPING.
 //! - the *watchdog task* (`WatchdogTask`): `WATCHDOG=1` at half systemd's interval, on its
-//!   own so that a long runner stop in the main loop does not read as a hung agent.
+//!   own so that a long runner stop in the reconciler does not read as a hung agent.
 //! - the supervisor's own task and log thread (see [`crate::supervisor`]).
 //!
 //! The runner is this same executable re-executed as `railgrid runner run --state-dir`,
@@ -27,6 +33,8 @@ pub mod cgroup;
 pub mod config;
 pub mod instance;
 pub mod notify;
+mod reconciler;
+mod reporter;
 pub mod status;
 
 use std::fs;
@@ -41,18 +49,16 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use self::config::{AgentConfig, ConfigError, MAX_STOP_GRACE};
 use self::notify::Notifier;
+use self::reconciler::Reconciler;
+use self::reporter::ReporterHandle;
 use self::status::AgentStatus;
 use crate::build_info;
-use crate::runner::leftover::ReapReport;
 use crate::supervisor::account::Account;
 use crate::supervisor::lock::{self, LockError};
-use crate::supervisor::{self, env, Identity, State, Status, Supervisor};
+use crate::supervisor::{self, State, Status};
 use crate::sys::exe::{ExeError, PinnedExe};
 use crate::sys::{self, ProcessId};
 
-/// The agent rewrites its status file at least this often, so a reader can tell a hung
-/// agent by a stale `updated_at`.
-const STATUS_EVERY: Duration = Duration::from_secs(10);
 /// The capped log of the runner, inside the log directory.
 pub const RUNNER_LOG: &str = "runner.log";
 /// The grace `runner reap` gives each job a stopped runner left: the runner's own stop
@@ -113,6 +119,12 @@ pub enum AgentError {
     AlreadyRunning { holder: String, state_dir: PathBuf },
     #[error("could not take the agent lock of the state directory")]
     InstanceLock(#[source] LockError),
+    #[error("the agent's {what} failed")]
+    Task {
+        what: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
 }
 
 impl AgentError {
@@ -131,7 +143,7 @@ impl AgentError {
 /// Runs the agent until SIGTERM or SIGINT. `reload` re-reads the configuration on SIGHUP.
 /// `_instance` is the state directory's agent lock, held for as long as this runs.
 pub async fn run(
-    mut cfg: AgentConfig,
+    cfg: AgentConfig,
     _instance: &instance::Instance,
     reload: impl Fn() -> Result<AgentConfig, ConfigError>,
 ) -> Result<(), AgentError> {
@@ -140,10 +152,11 @@ pub async fn run(
     let mut int = signal(SignalKind::interrupt()).map_err(AgentError::Signals)?;
     let mut hup = signal(SignalKind::hangup()).map_err(AgentError::Signals)?;
 
-    prepare(&cfg)?;
     let exe = pin_own_exe().await?;
     tracing::info!(exe = %exe.path().display(), sha256 = %exe.identity().sha256, size = exe.identity().size, "pinned the agent's executable: runners are launched from these bytes");
-    let mut sup = Supervisor::new(runner_config(&cfg, &exe)?)?;
+    let mut desired = reconciler::standalone(&cfg, None);
+    // Validates the runner before anything is touched (exit 2 for a refused account).
+    let reconciler = Reconciler::new(cfg.clone(), desired.clone(), exe.clone()).await?;
 
     // Only before the first start, and only because this agent holds the state dir's
     // instance lock: a runner lock held now belongs to an orphan of a killed agent.
@@ -152,26 +165,22 @@ pub async fn run(
     let path = lock_path.clone();
     let reclaimed = tokio::task::spawn_blocking(move || lock::reclaim_stale_holder(&path, grace))
         .await
-        .map_err(|e| {
-            AgentError::Reclaim(LockError::Lock {
-                path: lock_path.clone(),
-                source: io::Error::other(e),
-            })
+        .map_err(|source| AgentError::Task {
+            what: "runner lock reclaim",
+            source,
         })?
         .map_err(AgentError::Reclaim)?;
-    let mut report = Reporter::new(&cfg, &exe, reclaimed.into_iter().collect());
-    if let Some(pid) = report.status.reclaimed_pids.first() {
+    if let Some(pid) = reclaimed {
         tracing::warn!(pid, lock = %lock_path.display(), "reclaimed an orphan runner left by a previous agent");
     }
     if cfg.hub.is_some() {
         tracing::warn!("a hub is configured, but this build reconciles only the local desired state (runner enabled)");
     }
 
-    sup.start().await?;
-    let mut changes = sup.subscribe();
-    report.update(&cfg, &sup.status());
-    let mut tick = tokio::time::interval(STATUS_EVERY);
-    // Its own task, so the pings go on while the main loop waits out a runner stop (a
+    let reporter =
+        ReporterHandle::spawn(initial_status(&cfg, &exe, reclaimed.into_iter().collect()));
+    let mut reconciler = reconciler.spawn(reporter.clone()).await?;
+    // Its own task, so the pings go on while the reconciler waits out a runner stop (a
     // reload's, which may take the whole stop grace and the reap): a hung agent stops
     // pinging, a busy one does not.
     let _watchdog = notify::watchdog_interval().map(WatchdogTask::spawn);
@@ -179,36 +188,55 @@ pub async fn run(
 
     let why = loop {
         tokio::select! {
-            // Cancel-safe (all arms): signal streams, watch receivers and intervals keep
-            // their state between polls; nothing is lost when another arm wins.
+            // Cancel-safe: signal streams keep a signal that arrived between polls.
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
-            _ = hup.recv() => {
-                if let Some(new_sup) = apply_reload(&mut cfg, &reload, &exe).await {
-                    sup.stop().await;
-                    report.status.reaped = finish_runner_stop(&cfg, &sup, &exe).await;
-                    report.earlier_starts += sup.starts();
-                    sup = new_sup;
-                    sup.start().await?;
-                    changes = sup.subscribe();
+            _ = hup.recv() => match reload() {
+                Ok(new) => {
+                    desired = reconciler::standalone(&new, Some(&desired));
+                    reconciler.reload(new, desired.clone());
                 }
-                report.update(&cfg, &sup.status());
-            }
-            Ok(()) = changes.changed() => {
-                let st = changes.borrow_and_update().clone();
-                report.update(&cfg, &st);
-            }
-            _ = tick.tick() => report.update(&cfg, &sup.status()),
+                Err(e) => {
+                    tracing::error!(error = %crate::error_chain(&e), "SIGHUP: the new configuration is invalid; keeping the running one");
+                }
+            },
+            // Cancel-safe: polling a JoinHandle by reference does not consume it. Ready
+            // only when the reconciler gave up (a runner it could not start).
+            res = reconciler.failed() => return res,
         }
     };
     tracing::info!("{why} received: stopping the runner");
-    report.notify("STOPPING=1");
-    sup.stop().await;
-    report.status.reaped = finish_runner_stop(&cfg, &sup, &exe).await;
-    report.status.running = false;
-    report.update(&cfg, &sup.status());
+    reporter.stopping();
+    reconciler.shutdown().await?;
+    reporter.finish().await;
     tracing::info!("agent stopped");
     Ok(())
+}
+
+/// The status file's first content: nothing has been started yet.
+fn initial_status(cfg: &AgentConfig, exe: &PinnedExe, reclaimed: Vec<i32>) -> AgentStatus {
+    let now = SystemTime::now();
+    AgentStatus {
+        version: build_info::VERSION.to_owned(),
+        pid: std::process::id(),
+        pid_start_time: sys::process_start_time(ProcessId::current()),
+        started_at: now,
+        updated_at: now,
+        running: true,
+        config_path: cfg.config_path.clone(),
+        state_dir: cfg.state_dir.clone(),
+        log_dir: cfg.log_dir.clone(),
+        runner: Status {
+            state: State::Stopped,
+            pid: None,
+            starts: 0,
+            last_error: None,
+            since: now,
+        },
+        reclaimed_pids: reclaimed,
+        reaped: Vec::new(),
+        exe: Some(status::ExeStatus::from(exe.identity())),
+    }
 }
 
 /// The systemd watchdog's pings, from a task of their own; aborted when dropped.
@@ -232,217 +260,6 @@ impl WatchdogTask {
 impl Drop for WatchdogTask {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-/// Re-reads the configuration. Returns a new supervisor when the runner's settings
-/// changed and the new ones are valid; an invalid configuration is logged and the running
-/// one kept.
-async fn apply_reload(
-    cfg: &mut AgentConfig,
-    reload: &impl Fn() -> Result<AgentConfig, ConfigError>,
-    exe: &Arc<PinnedExe>,
-) -> Option<Supervisor> {
-    let mut new = match reload() {
-        Ok(new) => new,
-        Err(e) => {
-            tracing::error!(error = %crate::error_chain(&e), "SIGHUP: the new configuration is invalid; keeping the running one");
-            return None;
-        }
-    };
-    if new.state_dir != cfg.state_dir || new.log_dir != cfg.log_dir {
-        tracing::warn!("SIGHUP: state_dir and log_dir changes take effect when the agent restarts");
-        new.state_dir = cfg.state_dir.clone();
-        new.log_dir = cfg.log_dir.clone();
-    }
-    if new.runner == cfg.runner {
-        tracing::info!("SIGHUP: configuration reloaded; runner settings unchanged");
-        *cfg = new;
-        return None;
-    }
-    let built = prepare(&new)
-        .and_then(|()| runner_config(&new, exe))
-        .and_then(|c| Supervisor::new(c).map_err(AgentError::from));
-    match built {
-        Ok(sup) => {
-            tracing::info!("SIGHUP: runner settings changed; restarting the runner");
-            *cfg = new;
-            Some(sup)
-        }
-        Err(e) => {
-            tracing::error!(error = %crate::error_chain(&e), "SIGHUP: cannot apply the new runner settings; keeping the running ones");
-            None
-        }
-    }
-}
-
-/// The supervisor configuration of the runner child.
-fn runner_config(
-    cfg: &AgentConfig,
-    exe: &Arc<PinnedExe>,
-) -> Result<supervisor::Config, AgentError> {
-    let mut c = runner_account_config(cfg, exe, "runner", "run")?;
-    // In milliseconds: exact, and one argument.
-    c.args.push("--stop-budget".into());
-    c.args
-        .push(format!("{}ms", cfg.runner.stop_grace.as_millis()).into());
-    let r = &cfg.runner;
-    let limits = [
-        ("--max-jobs", r.max_jobs.map(|n| n.to_string())),
-        (
-            "--max-jobs-per-owner",
-            r.max_jobs_per_owner.map(|n| n.to_string()),
-        ),
-        ("--max-queued", r.max_queued.map(|n| n.to_string())),
-        (
-            "--max-output-bytes",
-            r.max_output_bytes.map(|n| n.to_string()),
-        ),
-        ("--job-path", r.job_path.clone()),
-    ];
-    for (flag, value) in limits {
-        if let Some(v) = value {
-            c.args.push(flag.into());
-            c.args.push(v.into());
-        }
-    }
-    c.max_log_bytes = cfg.runner.max_log_bytes;
-    c.stop_grace = cfg.runner.stop_grace;
-    c.initial_backoff = cfg.runner.initial_backoff;
-    if cfg.runner.delegate_cgroup {
-        let account = cfg.runner.user.clone().unwrap_or_else(Account::current);
-        c.cgroup = runner_cgroup(&account);
-    }
-    Ok(c)
-}
-
-/// `railgrid runner <verb> --state-dir S` from the pinned executable, as the runner
-/// account, with an environment built from nothing, in the runner's directory.
-fn runner_account_config(
-    cfg: &AgentConfig,
-    exe: &Arc<PinnedExe>,
-    name: &str,
-    verb: &str,
-) -> Result<supervisor::Config, AgentError> {
-    let account = cfg.runner.user.clone().unwrap_or_else(Account::current);
-    let env = env::child_env(&account, None, None, &[]).map_err(|source| {
-        AgentError::Supervisor(supervisor::Error::Env {
-            name: name.into(),
-            source,
-        })
-    })?;
-    let mut c = supervisor::Config::new(name, exe.path(), cfg.log_dir.join(RUNNER_LOG));
-    // Launched from the pinned bytes, not from what the path names now (invariant 14).
-    c.exe = Some(exe.clone());
-    c.args = vec![
-        "runner".into(),
-        verb.into(),
-        "--state-dir".into(),
-        cfg.state_dir.clone().into_os_string(),
-    ];
-    c.dir = cfg.runner_dir();
-    c.env = env;
-    c.identity = cfg
-        .runner
-        .user
-        .clone()
-        .map_or(Identity::Inherit, Identity::User);
-    Ok(c)
-}
-
-/// Ends what a stopped runner could not (it was SIGKILLed at stop_grace, or had crashed
-/// before): where it had a delegated cgroup, everything in that tree, jobs' cgroups and
-/// all, with `cgroup.kill`; then `runner reap` as the runner's account, which ends every
-/// job group still recorded running (verified by pid and start time) and marks it lost.
-/// Returns what was ended, one line each, for the status file; the log says the same.
-async fn finish_runner_stop(
-    cfg: &AgentConfig,
-    sup: &Supervisor,
-    exe: &Arc<PinnedExe>,
-) -> Vec<String> {
-    let mut ended = Vec::new();
-    #[cfg(target_os = "linux")]
-    if let Some(tree) = sup.config().cgroup.as_ref().and_then(|leaf| leaf.parent()) {
-        match cgroup::kill_tree(tree).await {
-            Ok(false) => {}
-            Ok(true) => {
-                tracing::warn!(cgroup = %tree.display(), "processes were left in the runner's cgroup tree after its stop: killed them with cgroup.kill");
-                ended.push(format!(
-                    "processes left in the runner's cgroup {}: killed (cgroup.kill)",
-                    tree.display()
-                ));
-            }
-            Err(e) => {
-                tracing::error!(error = %crate::error_chain(&e), "could not empty the runner's cgroup tree")
-            }
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = sup;
-    let reap = runner_account_config(cfg, exe, "runner reap", "reap").map(|mut c| {
-        c.args.push("--grace".into());
-        c.args.push(format!("{}ms", REAP_GRACE.as_millis()).into());
-        c
-    });
-    let finished = match reap {
-        Ok(c) => supervisor::run_once(&c, REAP_TIMEOUT)
-            .await
-            .map_err(AgentError::from),
-        Err(e) => Err(e),
-    };
-    let finished = match finished {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::error!(error = %crate::error_chain(&e), "could not run `runner reap`: jobs the runner left running may outlive it");
-            return ended;
-        }
-    };
-    let stderr = String::from_utf8_lossy(&finished.stderr);
-    let report: Option<ReapReport> = match finished.status {
-        Some(st) if st.success() => serde_json::from_slice(&finished.stdout).ok(),
-        _ => None,
-    };
-    let Some(report) = report else {
-        let why = finished.status.map_or_else(
-            || format!("killed after {REAP_TIMEOUT:?}"),
-            supervisor::describe,
-        );
-        tracing::error!(status = %why, stderr = %stderr.trim(), "`runner reap` failed: jobs the runner left running may outlive it");
-        return ended;
-    };
-    if let Some(pid) = report.held_by {
-        tracing::warn!(
-            pid,
-            "`runner reap`: a runner still holds the runner lock; its jobs were left alone"
-        );
-    }
-    for e in &report.ended {
-        tracing::warn!(job = %e.id, pid = ?e.pid, reason = %e.reason, "reaped a job the runner left running: marked lost");
-        let pid = e.pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
-        ended.push(format!("job {}{pid}: {}", e.id, e.reason));
-    }
-    for id in &report.uncommitted {
-        tracing::error!(job = %id, "`runner reap` could not record the job as lost (is the disk full?); the next runner reconciles it");
-    }
-    ended
-}
-
-/// The cgroup delegated to the runner, or `None` (logged) where the host cannot give one:
-/// its jobs then get process-group confinement.
-fn runner_cgroup(acct: &Account) -> Option<PathBuf> {
-    #[cfg(target_os = "linux")]
-    match cgroup::delegate_to_runner(acct) {
-        Ok(dir) => Some(dir),
-        Err(e) => {
-            tracing::warn!(error = %crate::error_chain(&e), "runner.delegate_cgroup: no cgroup for the runner; its jobs get process-group confinement");
-            None
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = acct;
-        tracing::warn!("runner.delegate_cgroup needs Linux cgroup v2; ignored");
-        None
     }
 }
 
@@ -561,81 +378,6 @@ async fn pin_own_exe() -> Result<Arc<PinnedExe>, AgentError> {
         .map_err(|e| AgentError::Exe(ExeError::Find(io::Error::other(e))))?
         .map(Arc::new)
         .map_err(AgentError::Exe)
-}
-
-/// Keeps the status file and the service manager up to date.
-struct Reporter {
-    status: AgentStatus,
-    notifier: Option<Notifier>,
-    ready: bool,
-    last_line: String,
-    /// Starts by supervisors replaced on reload: `starts` counts over the agent's life.
-    earlier_starts: u64,
-}
-
-impl Reporter {
-    fn new(cfg: &AgentConfig, exe: &PinnedExe, reclaimed: Vec<i32>) -> Self {
-        let now = SystemTime::now();
-        Self {
-            status: AgentStatus {
-                version: build_info::VERSION.to_owned(),
-                pid: std::process::id(),
-                pid_start_time: sys::process_start_time(ProcessId::current()),
-                started_at: now,
-                updated_at: now,
-                running: true,
-                config_path: cfg.config_path.clone(),
-                state_dir: cfg.state_dir.clone(),
-                log_dir: cfg.log_dir.clone(),
-                runner: Status {
-                    state: State::Stopped,
-                    pid: None,
-                    starts: 0,
-                    last_error: None,
-                    since: now,
-                },
-                reclaimed_pids: reclaimed,
-                reaped: Vec::new(),
-                exe: Some(status::ExeStatus::from(exe.identity())),
-            },
-            notifier: Notifier::from_env(),
-            ready: false,
-            last_line: String::new(),
-            earlier_starts: 0,
-        }
-    }
-
-    fn notify(&self, msg: &str) {
-        if let Some(n) = &self.notifier {
-            n.send(msg);
-        }
-    }
-
-    fn update(&mut self, cfg: &AgentConfig, runner: &Status) {
-        self.status.runner = runner.clone();
-        self.status.runner.starts += self.earlier_starts;
-        self.status.config_path = cfg.config_path.clone();
-        self.status.updated_at = SystemTime::now();
-        if let Err(e) = status::write(&cfg.state_dir, &self.status) {
-            tracing::warn!(error = %e, path = %status::path(&cfg.state_dir).display(), "could not write agent status");
-        }
-        let line = match (runner.state, runner.pid, &runner.last_error) {
-            (State::Running, Some(pid), _) => {
-                format!("runner running (pid {pid}, {} starts)", runner.starts)
-            }
-            (State::Backoff, _, Some(err)) => format!("runner restarting after: {err}"),
-            (state, _, _) => format!("runner {state:?}").to_lowercase(),
-        };
-        if line != self.last_line {
-            self.notify(&format!("STATUS={line}"));
-            self.last_line = line;
-        }
-        if !self.ready && runner.state != State::Stopped {
-            self.ready = true;
-            self.notify("READY=1");
-            crate::util::release_startup_code();
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,672 @@
+//! The reconciler: the one place where a desired state is applied to this host.
+//!
+//! Task: [`ReconcilerTask`], one per agent; it owns the runner's [`Supervisor`].
+//! - In (through [`ReconcilerHandle`]): a new agent configuration with the desired state
+//!   derived from it (SIGHUP, standalone: [`standalone`]); the hub will feed its desired
+//!   states through the same [`ReconcilerTask::apply`]; `shutdown`. Also the supervisor's
+//!   status changes and a [`STATUS_EVERY`] tick.
+//! - Out: the runner started, restarted or stopped to match (each stop finished with
+//!   `cgroup.kill` and `runner reap`, see [`finish_runner_stop`]); the runner's status
+//!   and what a stop reaped, to the [`ReporterHandle`].
+//!
+//! Commands are applied one at a time, in order: a SIGTERM that arrives during a
+//! reload's runner restart is acted on when that restart is done. The watchdog pings
+//! from its own task meanwhile.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, watch};
+
+#[cfg(target_os = "linux")]
+use super::cgroup;
+use super::config::{AgentConfig, RunnerSettings};
+use super::reporter::ReporterHandle;
+use super::{AgentError, REAP_GRACE, REAP_TIMEOUT, RUNNER_LOG};
+use crate::proto::desired::{DesiredRunner, DesiredState};
+use crate::runner::leftover::ReapReport;
+use crate::supervisor::account::Account;
+use crate::supervisor::{self, env, Identity, State, Status, Supervisor};
+use crate::sys::exe::PinnedExe;
+
+/// The runner's status goes to the reporter at least this often, so a reader of the
+/// status file can tell a hung agent by a stale `updated_at`.
+const STATUS_EVERY: Duration = Duration::from_secs(10);
+
+/// The desired state a standalone agent derives from its configuration: a runner,
+/// enabled, with the file's job engine limits. `prev` is the one derived last: the
+/// generation moves on only when what is desired changed.
+pub(super) fn standalone(cfg: &AgentConfig, prev: Option<&DesiredState>) -> DesiredState {
+    let r = &cfg.runner;
+    let runner = DesiredRunner {
+        enabled: true,
+        max_jobs: r.max_jobs,
+        max_jobs_per_owner: r.max_jobs_per_owner,
+        max_queued: r.max_queued,
+        max_output_bytes: r.max_output_bytes,
+    };
+    let generation = match prev {
+        None => 1,
+        Some(p) if p.runner == runner => p.generation,
+        Some(p) => p.generation + 1,
+    };
+    DesiredState {
+        generation,
+        poll_interval_secs: None,
+        runner,
+    }
+}
+
+/// Everything the runner child is launched from: the settings only this host decides,
+/// and the runner part of the desired state. Two equal specs are the same runner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RunnerSpec {
+    /// The config file's runner settings without those the desired state carries (so a
+    /// file limit the desired state overrides is no reason to restart).
+    local: RunnerSettings,
+    desired: DesiredRunner,
+}
+
+impl RunnerSpec {
+    fn new(cfg: &AgentConfig, desired: &DesiredState) -> Self {
+        Self {
+            local: RunnerSettings {
+                max_jobs: None,
+                max_jobs_per_owner: None,
+                max_queued: None,
+                max_output_bytes: None,
+                ..cfg.runner.clone()
+            },
+            desired: desired.runner.clone(),
+        }
+    }
+}
+
+/// What converging to a desired state takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Nothing: the runner is as wanted (or absent, as wanted).
+    Keep,
+    Start,
+    /// Stop the running runner, start one with the new spec.
+    Restart,
+    Stop,
+    /// An older generation than the one applied: never go back.
+    Stale,
+}
+
+/// The convergence decision, from what runs (`running`: its spec, `None` when no runner
+/// is wanted or started) and what is wanted.
+fn decide(
+    applied_generation: u64,
+    running: Option<&RunnerSpec>,
+    desired: &DesiredState,
+    want: &RunnerSpec,
+) -> Step {
+    if desired.generation < applied_generation {
+        return Step::Stale;
+    }
+    match (running, desired.runner.enabled) {
+        (None, false) => Step::Keep,
+        (Some(_), false) => Step::Stop,
+        (None, true) => Step::Start,
+        (Some(spec), true) if spec == want => Step::Keep,
+        (Some(_), true) => Step::Restart,
+    }
+}
+
+enum Command {
+    /// A re-read configuration and the desired state derived from it.
+    Reload {
+        cfg: Box<AgentConfig>,
+        desired: DesiredState,
+    },
+    Shutdown,
+}
+
+/// A reconciler built (its first runner validated) but not yet running.
+pub(super) struct Reconciler {
+    cfg: AgentConfig,
+    desired: DesiredState,
+    exe: Arc<PinnedExe>,
+    first: Supervisor,
+}
+
+impl Reconciler {
+    /// Builds the runner's supervisor for `cfg` and `desired`: every reason the runner
+    /// would be refused shows here, before anything has started.
+    pub(super) async fn new(
+        cfg: AgentConfig,
+        desired: DesiredState,
+        exe: Arc<PinnedExe>,
+    ) -> Result<Self, AgentError> {
+        let first = build(&cfg, &desired, &exe).await?;
+        Ok(Self {
+            cfg,
+            desired,
+            exe,
+            first,
+        })
+    }
+
+    /// Starts the runner (where the desired state wants one) and the reconciler's task.
+    pub(super) async fn spawn(
+        self,
+        reporter: ReporterHandle,
+    ) -> Result<ReconcilerHandle, AgentError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut task = ReconcilerTask {
+            rx,
+            cfg: self.cfg,
+            desired: self.desired,
+            exe: self.exe,
+            sup: None,
+            running: None,
+            changes: None,
+            earlier_starts: 0,
+            reporter,
+        };
+        if task.desired.runner.enabled {
+            let spec = RunnerSpec::new(&task.cfg, &task.desired);
+            task.start(self.first, spec).await?;
+        }
+        task.report();
+        Ok(ReconcilerHandle {
+            tx,
+            task: tokio::spawn(task.run()),
+        })
+    }
+}
+
+/// The way to the reconciler task.
+pub(super) struct ReconcilerHandle {
+    tx: mpsc::UnboundedSender<Command>,
+    task: tokio::task::JoinHandle<Result<(), AgentError>>,
+}
+
+impl ReconcilerHandle {
+    /// Queues a re-read configuration and its desired state; applied after whatever is
+    /// being applied now.
+    pub(super) fn reload(&self, cfg: AgentConfig, desired: DesiredState) {
+        let _ = self.tx.send(Command::Reload {
+            cfg: Box::new(cfg),
+            desired,
+        });
+    }
+
+    /// Resolves only if the task ended on its own: a runner it could not start.
+    pub(super) async fn failed(&mut self) -> Result<(), AgentError> {
+        joined((&mut self.task).await)
+    }
+
+    /// Stops the runner (finishing the stop) and ends the task.
+    pub(super) async fn shutdown(self) -> Result<(), AgentError> {
+        let _ = self.tx.send(Command::Shutdown);
+        joined(self.task.await)
+    }
+}
+
+fn joined(r: Result<Result<(), AgentError>, tokio::task::JoinError>) -> Result<(), AgentError> {
+    r.unwrap_or_else(|source| {
+        Err(AgentError::Task {
+            what: "reconciler",
+            source,
+        })
+    })
+}
+
+struct ReconcilerTask {
+    rx: mpsc::UnboundedReceiver<Command>,
+    cfg: AgentConfig,
+    /// The desired state applied last.
+    desired: DesiredState,
+    exe: Arc<PinnedExe>,
+    sup: Option<Supervisor>,
+    /// The spec `sup` was built from, while it is started.
+    running: Option<RunnerSpec>,
+    changes: Option<watch::Receiver<Status>>,
+    /// Starts by supervisors already replaced: `starts` counts over the agent's life.
+    earlier_starts: u64,
+    reporter: ReporterHandle,
+}
+
+impl ReconcilerTask {
+    async fn run(mut self) -> Result<(), AgentError> {
+        let mut tick = tokio::time::interval(STATUS_EVERY);
+        loop {
+            tokio::select! {
+                // Cancel-safe: mpsc::recv loses no message when another arm wins.
+                cmd = self.rx.recv() => match cmd {
+                    Some(Command::Reload { cfg, desired }) => self.reload(*cfg, desired).await?,
+                    Some(Command::Shutdown) | None => break,
+                },
+                // Cancel-safe: a watch receiver keeps its seen-version between polls.
+                status = changed(&mut self.changes) => self.send_status(status),
+                // Cancel-safe: an interval keeps its schedule between polls.
+                _ = tick.tick() => self.report(),
+            }
+        }
+        self.stop_runner().await;
+        self.report();
+        Ok(())
+    }
+
+    /// SIGHUP: the directories are fixed for the agent's life; the rest is applied.
+    async fn reload(
+        &mut self,
+        mut cfg: AgentConfig,
+        desired: DesiredState,
+    ) -> Result<(), AgentError> {
+        if cfg.state_dir != self.cfg.state_dir || cfg.log_dir != self.cfg.log_dir {
+            tracing::warn!(
+                "SIGHUP: state_dir and log_dir changes take effect when the agent restarts"
+            );
+            cfg.state_dir = self.cfg.state_dir.clone();
+            cfg.log_dir = self.cfg.log_dir.clone();
+        }
+        self.apply("SIGHUP", cfg, desired).await
+    }
+
+    /// Converges to `cfg` and `desired`. Settings that cannot be applied are logged and
+    /// the running ones kept; only a runner that cannot be started at all is an error.
+    async fn apply(
+        &mut self,
+        origin: &str,
+        cfg: AgentConfig,
+        desired: DesiredState,
+    ) -> Result<(), AgentError> {
+        let want = RunnerSpec::new(&cfg, &desired);
+        match decide(
+            self.desired.generation,
+            self.running.as_ref(),
+            &desired,
+            &want,
+        ) {
+            Step::Stale => {
+                tracing::warn!(
+                    got = desired.generation,
+                    applied = self.desired.generation,
+                    "{origin}: ignoring an older desired state than the one applied"
+                );
+                return Ok(());
+            }
+            Step::Keep => {
+                tracing::info!("{origin}: configuration reloaded; runner settings unchanged");
+                self.accept(cfg, desired);
+            }
+            Step::Stop => {
+                tracing::info!("{origin}: the desired state disables the runner; stopping it");
+                self.stop_runner().await;
+                self.accept(cfg, desired);
+            }
+            Step::Start | Step::Restart => {
+                let sup = match build(&cfg, &desired, &self.exe).await {
+                    Ok(sup) => sup,
+                    Err(e) => {
+                        tracing::error!(error = %crate::error_chain(&e), "{origin}: cannot apply the new runner settings; keeping the running ones");
+                        return Ok(());
+                    }
+                };
+                tracing::info!("{origin}: runner settings changed; restarting the runner");
+                self.stop_runner().await;
+                self.accept(cfg, desired);
+                self.start(sup, want).await?;
+            }
+        }
+        self.report();
+        Ok(())
+    }
+
+    fn accept(&mut self, cfg: AgentConfig, desired: DesiredState) {
+        if cfg.config_path != self.cfg.config_path {
+            self.reporter.config_path(cfg.config_path.clone());
+        }
+        self.cfg = cfg;
+        self.desired = desired;
+    }
+
+    async fn start(&mut self, sup: Supervisor, spec: RunnerSpec) -> Result<(), AgentError> {
+        if let Some(old) = self.sup.take() {
+            self.earlier_starts += old.starts();
+        }
+        let sup = self.sup.insert(sup);
+        sup.start().await?;
+        self.changes = Some(sup.subscribe());
+        self.running = Some(spec);
+        Ok(())
+    }
+
+    /// Stops the runner, if one runs, and finishes the stop. Only this and `start` touch
+    /// the supervisor.
+    async fn stop_runner(&mut self) {
+        let Some(sup) = &self.sup else { return };
+        if self.running.take().is_none() {
+            return;
+        }
+        sup.stop().await;
+        let reaped = finish_runner_stop(&self.cfg, sup, &self.exe).await;
+        self.reporter.reaped(reaped);
+    }
+
+    fn report(&self) {
+        let status = match &self.sup {
+            Some(sup) => sup.status(),
+            None => Status {
+                state: State::Stopped,
+                pid: None,
+                starts: 0,
+                last_error: None,
+                since: SystemTime::now(),
+            },
+        };
+        self.send_status(status);
+    }
+
+    fn send_status(&self, mut status: Status) {
+        status.starts += self.earlier_starts;
+        self.reporter.runner(status, self.desired.runner.enabled);
+    }
+}
+
+/// The next status of the supervisor, if there is one; pending otherwise.
+async fn changed(rx: &mut Option<watch::Receiver<Status>>) -> Status {
+    if let Some(rx) = rx {
+        if rx.changed().await.is_ok() {
+            return rx.borrow_and_update().clone();
+        }
+    }
+    std::future::pending().await
+}
+
+/// Prepares the directories and builds (validates) the runner's supervisor. Directory
+/// creation, chown, cgroup delegation and opening the log are blocking work.
+async fn build(
+    cfg: &AgentConfig,
+    desired: &DesiredState,
+    exe: &Arc<PinnedExe>,
+) -> Result<Supervisor, AgentError> {
+    let (cfg, desired, exe) = (cfg.clone(), desired.runner.clone(), exe.clone());
+    tokio::task::spawn_blocking(move || {
+        super::prepare(&cfg)?;
+        Ok(Supervisor::new(runner_config(&cfg, &desired, &exe)?)?)
+    })
+    .await
+    .unwrap_or_else(|source| {
+        Err(AgentError::Task {
+            what: "runner supervisor build",
+            source,
+        })
+    })
+}
+
+/// The supervisor configuration of the runner child.
+fn runner_config(
+    cfg: &AgentConfig,
+    desired: &DesiredRunner,
+    exe: &Arc<PinnedExe>,
+) -> Result<supervisor::Config, AgentError> {
+    let mut c = runner_account_config(cfg, exe, "runner", "run")?;
+    // In milliseconds: exact, and one argument.
+    c.args.push("--stop-budget".into());
+    c.args
+        .push(format!("{}ms", cfg.runner.stop_grace.as_millis()).into());
+    let limits = [
+        ("--max-jobs", desired.max_jobs.map(|n| n.to_string())),
+        (
+            "--max-jobs-per-owner",
+            desired.max_jobs_per_owner.map(|n| n.to_string()),
+        ),
+        ("--max-queued", desired.max_queued.map(|n| n.to_string())),
+        (
+            "--max-output-bytes",
+            desired.max_output_bytes.map(|n| n.to_string()),
+        ),
+        ("--job-path", cfg.runner.job_path.clone()),
+    ];
+    for (flag, value) in limits {
+        if let Some(v) = value {
+            c.args.push(flag.into());
+            c.args.push(v.into());
+        }
+    }
+    c.max_log_bytes = cfg.runner.max_log_bytes;
+    c.stop_grace = cfg.runner.stop_grace;
+    c.initial_backoff = cfg.runner.initial_backoff;
+    if cfg.runner.delegate_cgroup {
+        let account = cfg.runner.user.clone().unwrap_or_else(Account::current);
+        c.cgroup = runner_cgroup(&account);
+    }
+    Ok(c)
+}
+
+/// `railgrid runner <verb> --state-dir S` from the pinned executable, as the runner
+/// account, with an environment built from nothing, in the runner's directory.
+fn runner_account_config(
+    cfg: &AgentConfig,
+    exe: &Arc<PinnedExe>,
+    name: &str,
+    verb: &str,
+) -> Result<supervisor::Config, AgentError> {
+    let account = cfg.runner.user.clone().unwrap_or_else(Account::current);
+    let env = env::child_env(&account, None, None, &[]).map_err(|source| {
+        AgentError::Supervisor(supervisor::Error::Env {
+            name: name.into(),
+            source,
+        })
+    })?;
+    let mut c = supervisor::Config::new(name, exe.path(), cfg.log_dir.join(RUNNER_LOG));
+    // Launched from the pinned bytes, not from what the path names now (invariant 14).
+    c.exe = Some(exe.clone());
+    c.args = vec![
+        "runner".into(),
+        verb.into(),
+        "--state-dir".into(),
+        cfg.state_dir.clone().into_os_string(),
+    ];
+    c.dir = cfg.runner_dir();
+    c.env = env;
+    c.identity = cfg
+        .runner
+        .user
+        .clone()
+        .map_or(Identity::Inherit, Identity::User);
+    Ok(c)
+}
+/// Ends what a stopped runner could not (it was SIGKILLed at stop_grace, or had crashed
+/// before): where it had a delegated cgroup, everything in that tree, jobs' cgroups and
+/// all, with `cgroup.kill`; then `runner reap` as the runner's account, which ends every
+/// job group still recorded running (verified by pid and start time) and marks it lost.
+/// Returns what was ended, one line each, for the status file; the log says the same.
+async fn finish_runner_stop(
+    cfg: &AgentConfig,
+    sup: &Supervisor,
+    exe: &Arc<PinnedExe>,
+) -> Vec<String> {
+    let mut ended = Vec::new();
+    #[cfg(target_os = "linux")]
+    if let Some(tree) = sup.config().cgroup.as_ref().and_then(|leaf| leaf.parent()) {
+        match cgroup::kill_tree(tree).await {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::warn!(cgroup = %tree.display(), "processes were left in the runner's cgroup tree after its stop: killed them with cgroup.kill");
+                ended.push(format!(
+                    "processes left in the runner's cgroup {}: killed (cgroup.kill)",
+                    tree.display()
+                ));
+            }
+            Err(e) => {
+                tracing::error!(error = %crate::error_chain(&e), "could not empty the runner's cgroup tree")
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = sup;
+    let reap = runner_account_config(cfg, exe, "runner reap", "reap").map(|mut c| {
+        c.args.push("--grace".into());
+        c.args.push(format!("{}ms", REAP_GRACE.as_millis()).into());
+        c
+    });
+    let finished = match reap {
+        Ok(c) => supervisor::run_once(&c, REAP_TIMEOUT)
+            .await
+            .map_err(AgentError::from),
+        Err(e) => Err(e),
+    };
+    let finished = match finished {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::error!(error = %crate::error_chain(&e), "could not run `runner reap`: jobs the runner left running may outlive it");
+            return ended;
+        }
+    };
+    let stderr = String::from_utf8_lossy(&finished.stderr);
+    let report: Option<ReapReport> = match finished.status {
+        Some(st) if st.success() => serde_json::from_slice(&finished.stdout).ok(),
+        _ => None,
+    };
+    let Some(report) = report else {
+        let why = finished.status.map_or_else(
+            || format!("killed after {REAP_TIMEOUT:?}"),
+            supervisor::describe,
+        );
+        tracing::error!(status = %why, stderr = %stderr.trim(), "`runner reap` failed: jobs the runner left running may outlive it");
+        return ended;
+    };
+    if let Some(pid) = report.held_by {
+        tracing::warn!(
+            pid,
+            "`runner reap`: a runner still holds the runner lock; its jobs were left alone"
+        );
+    }
+    for e in &report.ended {
+        tracing::warn!(job = %e.id, pid = ?e.pid, reason = %e.reason, "reaped a job the runner left running: marked lost");
+        let pid = e.pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
+        ended.push(format!("job {}{pid}: {}", e.id, e.reason));
+    }
+    for id in &report.uncommitted {
+        tracing::error!(job = %id, "`runner reap` could not record the job as lost (is the disk full?); the next runner reconciles it");
+    }
+    ended
+}
+
+/// The cgroup delegated to the runner, or `None` (logged) where the host cannot give one:
+/// its jobs then get process-group confinement.
+fn runner_cgroup(acct: &Account) -> Option<PathBuf> {
+    #[cfg(target_os = "linux")]
+    match cgroup::delegate_to_runner(acct) {
+        Ok(dir) => Some(dir),
+        Err(e) => {
+            tracing::warn!(error = %crate::error_chain(&e), "runner.delegate_cgroup: no cgroup for the runner; its jobs get process-group confinement");
+            None
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = acct;
+        tracing::warn!("runner.delegate_cgroup needs Linux cgroup v2; ignored");
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(max_jobs: Option<usize>, stop_grace: Duration) -> AgentConfig {
+        AgentConfig {
+            config_path: None,
+            state_dir: "/state".into(),
+            log_dir: "/logs".into(),
+            runner: RunnerSettings {
+                user: None,
+                stop_grace,
+                initial_backoff: Duration::from_secs(1),
+                max_log_bytes: 8 << 20,
+                max_jobs,
+                max_jobs_per_owner: Some(2),
+                max_queued: None,
+                max_output_bytes: None,
+                delegate_cgroup: false,
+                job_path: Some("/opt/bin:/usr/bin".into()),
+            },
+            hub: None,
+            log_max_files: 7,
+        }
+    }
+
+    #[test]
+    fn the_config_files_limits_become_the_desired_runner() {
+        let cfg = config(Some(4), Duration::from_secs(10));
+        let d = standalone(&cfg, None);
+        assert_eq!(d.generation, 1);
+        assert!(d.runner.enabled);
+        assert_eq!(d.runner.max_jobs, Some(4));
+        assert_eq!(d.runner.max_jobs_per_owner, Some(2));
+        // What only this host decides stays out of it: the spec keeps it locally.
+        let spec = RunnerSpec::new(&cfg, &d);
+        assert_eq!(spec.local.max_jobs, None);
+        assert_eq!(spec.local.job_path.as_deref(), Some("/opt/bin:/usr/bin"));
+        assert_eq!(spec.local.stop_grace, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn the_generation_moves_only_when_the_desired_runner_changes() {
+        let first = standalone(&config(Some(4), Duration::from_secs(10)), None);
+        // A local setting changed: the same desired state.
+        let same = standalone(&config(Some(4), Duration::from_secs(3)), Some(&first));
+        assert_eq!(same.generation, 1);
+        let next = standalone(&config(Some(8), Duration::from_secs(3)), Some(&same));
+        assert_eq!(next.generation, 2);
+    }
+
+    #[test]
+    fn convergence_decisions() {
+        let cfg = config(Some(4), Duration::from_secs(10));
+        let d = standalone(&cfg, None);
+        let spec = RunnerSpec::new(&cfg, &d);
+        assert_eq!(decide(1, None, &d, &spec), Step::Start);
+        assert_eq!(decide(1, Some(&spec), &d, &spec), Step::Keep);
+
+        // A local setting (the stop grace) or a desired limit: another runner.
+        let grace = config(Some(4), Duration::from_secs(3));
+        let want = RunnerSpec::new(&grace, &d);
+        assert_eq!(decide(1, Some(&spec), &d, &want), Step::Restart);
+        let limits = standalone(&config(Some(8), Duration::from_secs(10)), Some(&d));
+        let want = RunnerSpec::new(&cfg, &limits);
+        assert_eq!(decide(1, Some(&spec), &limits, &want), Step::Restart);
+
+        // Disabled: stop a running runner, leave an absent one absent.
+        let mut off = limits.clone();
+        off.generation = 3;
+        off.runner.enabled = false;
+        let want = RunnerSpec::new(&cfg, &off);
+        assert_eq!(decide(2, Some(&spec), &off, &want), Step::Stop);
+        assert_eq!(decide(3, None, &off, &want), Step::Keep);
+
+        // Never back to an older generation.
+        assert_eq!(decide(3, None, &d, &spec), Step::Stale);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_without_a_supervisor_never_fires() {
+        let mut none = None;
+        let waited = tokio::time::timeout(Duration::from_secs(3600), changed(&mut none)).await;
+        assert!(waited.is_err());
+
+        let (tx, rx) = watch::channel(Status {
+            state: State::Stopped,
+            pid: None,
+            starts: 0,
+            last_error: None,
+            since: SystemTime::now(),
+        });
+        let mut some = Some(rx);
+        tx.send_modify(|s| s.starts = 1);
+        assert_eq!(changed(&mut some).await.starts, 1);
+        // A supervisor that went away: pending, not a busy loop of errors.
+        drop(tx);
+        let waited = tokio::time::timeout(Duration::from_secs(3600), changed(&mut some)).await;
+        assert!(waited.is_err());
+    }
+}

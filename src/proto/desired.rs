@@ -1,0 +1,101 @@
+//! The desired state of one agent: what the hub answers to a reconcile (hub protocol v1,
+//! DESIGN.md), and what a standalone agent derives from its config file. The agent's
+//! reconciler converges to it, whichever of the two it came from.
+//!
+//! Only what the hub may decide is here. What the host alone can decide (the runner's
+//! account, its stop grace and backoff, its log cap, cgroup delegation, the jobs' PATH)
+//! stays in the agent's config file.
+
+use serde::{Deserialize, Serialize};
+
+/// The response body of `POST /v1/agents/{id}/reconcile`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredState {
+    /// Bumped by every change; the agent reports the one it applied as
+    /// `observed_generation`, and never goes back to an older one.
+    #[serde(default)]
+    pub generation: u64,
+    /// How long the agent waits between reconciles when the hub asks for no long poll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_interval_secs: Option<u64>,
+    #[serde(default)]
+    pub runner: DesiredRunner,
+}
+
+/// The runner as the hub (or the config file) wants it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredRunner {
+    /// False: no runner on this host (its jobs are stopped and reaped).
+    #[serde(default = "enabled_by_default")]
+    pub enabled: bool,
+    /// Job engine limits; `None` keeps the runner's own defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_jobs: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_jobs_per_owner: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queued: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+}
+
+/// A desired state that says nothing of the runner still wants one: the embedded default
+/// is a standalone host that runs jobs (DESIGN invariant 12).
+fn enabled_by_default() -> bool {
+    true
+}
+
+impl Default for DesiredRunner {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_jobs: None,
+            max_jobs_per_owner: None,
+            max_queued: None,
+            max_output_bytes: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_answer_is_the_embedded_default() {
+        let d: DesiredState = serde_json::from_str("{}").expect("parse");
+        assert_eq!(d, DesiredState::default());
+        assert!(d.runner.enabled);
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_known_ones_kept() {
+        let d: DesiredState = serde_json::from_str(
+            r#"{"generation": 7, "agent": null, "jobs": [], "cancel_jobs": [],
+                "runner": {"enabled": false, "max_jobs": 3, "future": 1}}"#,
+        )
+        .expect("parse");
+        assert_eq!(d.generation, 7);
+        assert!(!d.runner.enabled);
+        assert_eq!(d.runner.max_jobs, Some(3));
+        assert_eq!(d.runner.max_jobs_per_owner, None);
+    }
+
+    #[test]
+    fn it_round_trips() {
+        let d = DesiredState {
+            generation: 2,
+            poll_interval_secs: Some(30),
+            runner: DesiredRunner {
+                enabled: true,
+                max_jobs: Some(4),
+                max_jobs_per_owner: Some(2),
+                max_queued: Some(10),
+                max_output_bytes: Some(1 << 20),
+            },
+        };
+        let back: DesiredState =
+            serde_json::from_str(&serde_json::to_string(&d).expect("json")).expect("parse");
+        assert_eq!(back, d);
+    }
+}
