@@ -6,43 +6,43 @@
 //! they start from nothing (see `supervisor::env` and `env_policy`).
 
 /// The agent's configuration file (a flag, `--config`, wins over it).
-pub const CONFIG: &str = "RAILGRID_CONFIG";
+pub(crate) const CONFIG: &str = "RAILGRID_CONFIG";
 /// Filter of railgrid's own log on stderr and in the agent's log file (`debug`,
 /// `railgrid=trace`).
-pub const LOG: &str = "RAILGRID_LOG";
+pub(crate) const LOG: &str = "RAILGRID_LOG";
 
 /// Agent settings (`state_dir`, `log_dir`, `runner.*`, `hub.*`, `log.*`): each has one,
 /// between its flag and its file key in precedence.
-pub const STATE_DIR: &str = "RAILGRID_STATE_DIR";
-pub const LOG_DIR: &str = "RAILGRID_LOG_DIR";
-pub const RUNNER_USER: &str = "RAILGRID_RUNNER_USER";
-pub const RUNNER_STOP_GRACE: &str = "RAILGRID_RUNNER_STOP_GRACE";
-pub const RUNNER_INITIAL_BACKOFF: &str = "RAILGRID_RUNNER_INITIAL_BACKOFF";
-pub const RUNNER_MAX_LOG_BYTES: &str = "RAILGRID_RUNNER_MAX_LOG_BYTES";
-pub const RUNNER_MAX_JOBS: &str = "RAILGRID_RUNNER_MAX_JOBS";
-pub const RUNNER_MAX_JOBS_PER_OWNER: &str = "RAILGRID_RUNNER_MAX_JOBS_PER_OWNER";
-pub const RUNNER_MAX_QUEUED: &str = "RAILGRID_RUNNER_MAX_QUEUED";
-pub const RUNNER_MAX_OUTPUT_BYTES: &str = "RAILGRID_RUNNER_MAX_OUTPUT_BYTES";
-pub const RUNNER_DELEGATE_CGROUP: &str = "RAILGRID_RUNNER_DELEGATE_CGROUP";
-pub const RUNNER_JOB_PATH: &str = "RAILGRID_RUNNER_JOB_PATH";
-pub const HUB_URL: &str = "RAILGRID_HUB_URL";
-pub const HUB_TOKEN_FILE: &str = "RAILGRID_HUB_TOKEN_FILE";
-pub const HUB_CA_FILE: &str = "RAILGRID_HUB_CA_FILE";
-pub const LOG_MAX_FILES: &str = "RAILGRID_LOG_MAX_FILES";
+pub(crate) const STATE_DIR: &str = "RAILGRID_STATE_DIR";
+pub(crate) const LOG_DIR: &str = "RAILGRID_LOG_DIR";
+pub(crate) const RUNNER_USER: &str = "RAILGRID_RUNNER_USER";
+pub(crate) const RUNNER_STOP_GRACE: &str = "RAILGRID_RUNNER_STOP_GRACE";
+pub(crate) const RUNNER_INITIAL_BACKOFF: &str = "RAILGRID_RUNNER_INITIAL_BACKOFF";
+pub(crate) const RUNNER_MAX_LOG_BYTES: &str = "RAILGRID_RUNNER_MAX_LOG_BYTES";
+pub(crate) const RUNNER_MAX_JOBS: &str = "RAILGRID_RUNNER_MAX_JOBS";
+pub(crate) const RUNNER_MAX_JOBS_PER_OWNER: &str = "RAILGRID_RUNNER_MAX_JOBS_PER_OWNER";
+pub(crate) const RUNNER_MAX_QUEUED: &str = "RAILGRID_RUNNER_MAX_QUEUED";
+pub(crate) const RUNNER_MAX_OUTPUT_BYTES: &str = "RAILGRID_RUNNER_MAX_OUTPUT_BYTES";
+pub(crate) const RUNNER_DELEGATE_CGROUP: &str = "RAILGRID_RUNNER_DELEGATE_CGROUP";
+pub(crate) const RUNNER_JOB_PATH: &str = "RAILGRID_RUNNER_JOB_PATH";
+pub(crate) const HUB_URL: &str = "RAILGRID_HUB_URL";
+pub(crate) const HUB_TOKEN_FILE: &str = "RAILGRID_HUB_TOKEN_FILE";
+pub(crate) const HUB_CA_FILE: &str = "RAILGRID_HUB_CA_FILE";
+pub(crate) const LOG_MAX_FILES: &str = "RAILGRID_LOG_MAX_FILES";
 
 /// Where a non-root agent keeps its state by default (`$XDG_STATE_HOME/railgrid`, else
 /// `$HOME/.local/state/railgrid`) and looks for its configuration
 /// (`$XDG_CONFIG_HOME/railgrid/agent.toml`, else `$HOME/.config/…`).
-pub const XDG_STATE_HOME: &str = "XDG_STATE_HOME";
-pub const XDG_CONFIG_HOME: &str = "XDG_CONFIG_HOME";
-pub const HOME: &str = "HOME";
+pub(crate) const XDG_STATE_HOME: &str = "XDG_STATE_HOME";
+pub(crate) const XDG_CONFIG_HOME: &str = "XDG_CONFIG_HOME";
+pub(crate) const HOME: &str = "HOME";
 
 /// systemd's notification socket and watchdog (`Type=notify`, `WatchdogSec=`).
-pub const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
-pub const WATCHDOG_USEC: &str = "WATCHDOG_USEC";
-pub const WATCHDOG_PID: &str = "WATCHDOG_PID";
+pub(crate) const NOTIFY_SOCKET: &str = "NOTIFY_SOCKET";
+pub(crate) const WATCHDOG_USEC: &str = "WATCHDOG_USEC";
+pub(crate) const WATCHDOG_PID: &str = "WATCHDOG_PID";
 
 /// Set by the runner in every job's initial environment to the job's id, and looked for
 /// in `/proc/<pid>/environ` by the next runner when a job was spawned but its pid never
 /// recorded. Never read from railgrid's own environment.
-pub const JOB_ID: &str = "RAILGRID_JOB_ID";
+pub(crate) const JOB_ID: &str = "RAILGRID_JOB_ID";

@@ -2,18 +2,18 @@
 //! that executes jobs in confined process trees, and the reference hub they reconcile
 //! against — one binary. See DESIGN.md for the invariants each module upholds.
 
-pub mod agent;
-pub mod build_info;
+pub(crate) mod agent;
+pub(crate) mod build_info;
 pub mod cli;
 pub mod cmd;
 pub mod env_policy;
-pub mod env_vars;
-pub mod proc_tree;
+pub(crate) mod env_vars;
+pub(crate) mod proc_tree;
 pub mod proto;
 pub mod runner;
 pub mod supervisor;
 #[allow(unsafe_code)]
 pub mod sys;
-pub mod util;
+pub(crate) mod util;
 
-pub use util::error_chain;
+pub(crate) use util::error_chain;

@@ -31,13 +31,13 @@ use crate::sys::{self, ProcessId};
 /// How often a stop re-checks whether what it signalled is gone. Only while stopping.
 const POLL: Duration = Duration::from_millis(5);
 /// How long a group or cgroup may take to empty after SIGKILL.
-pub const KILL_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const KILL_WAIT: Duration = Duration::from_secs(2);
 
 /// When a runner stop must be done by, once it has begun; `None` before a stop.
-pub type StopDeadline = watch::Receiver<Option<Instant>>;
+pub(crate) type StopDeadline = watch::Receiver<Option<Instant>>;
 
 #[derive(Debug, Error)]
-pub enum GroupError {
+pub(crate) enum GroupError {
     #[error("refusing to signal process group {pgid}: {why}")]
     Refused { pgid: i32, why: &'static str },
     #[error("could not send {sig} to {what} {pid}")]
@@ -52,7 +52,7 @@ pub enum GroupError {
 
 /// What one stop reaches. Built once, terminated once.
 #[derive(Debug, Clone)]
-pub struct Group {
+pub(crate) struct Group {
     /// Shown with the warnings this module logs itself ("job 7", "runner").
     name: String,
     /// The process group signalled, or with `lone` only that process.
@@ -66,21 +66,21 @@ pub struct Group {
 
 /// What a stop did.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// SIGTERM was sent: something lived and was what it claimed to be.
-    pub signalled: bool,
+    pub(crate) signalled: bool,
     /// The grace was not enough (or was cut short): SIGKILL or `cgroup.kill` was needed.
-    pub killed: bool,
+    pub(crate) killed: bool,
     /// A stop deadline ended the grace early.
-    pub cut_short: bool,
+    pub(crate) cut_short: bool,
     /// Something still lived after the kill and [`KILL_WAIT`].
-    pub survivors: bool,
+    pub(crate) survivors: bool,
     /// How the leader ended, when the stop reaped it.
-    pub leader: Option<ExitStatus>,
+    pub(crate) leader: Option<ExitStatus>,
 }
 
 /// A child process this process can reap: tokio's, or a job launched without fork.
-pub trait Reapable {
+pub(crate) trait Reapable {
     /// Waits for the child to exit and reaps it; must be cancel-safe.
     fn wait(&mut self) -> impl std::future::Future<Output = io::Result<ExitStatus>> + Send;
 }
@@ -103,7 +103,7 @@ impl Reapable for NoLeader {
 impl Group {
     /// Process group `pgid`. Refuses 0, 1 and negative ids (every process, our group,
     /// init) and our own group, so that a confused id can never take railgrid down.
-    pub fn new(name: impl Into<String>, pgid: i32) -> Result<Self, GroupError> {
+    pub(crate) fn new(name: impl Into<String>, pgid: i32) -> Result<Self, GroupError> {
         let pid = ProcessId::new(pgid).ok_or(GroupError::Refused {
             pgid,
             why: "groups 0 and 1 are never signalled",
@@ -118,7 +118,7 @@ impl Group {
     }
 
     /// Only process `pid`, which leads no group of its own: its group is someone else's.
-    pub fn lone(name: impl Into<String>, pid: ProcessId) -> Result<Self, GroupError> {
+    pub(crate) fn lone(name: impl Into<String>, pid: ProcessId) -> Result<Self, GroupError> {
         if pid == ProcessId::current() {
             return Err(GroupError::Refused {
                 pgid: pid.get(),
@@ -132,7 +132,7 @@ impl Group {
 
     /// Only what lives in `cg`: the job cgroup of a job whose group is gone.
     #[cfg(target_os = "linux")]
-    pub fn cgroup_only(name: impl Into<String>, cg: sys::cgroup::Cgroup) -> Self {
+    pub(crate) fn cgroup_only(name: impl Into<String>, cg: sys::cgroup::Cgroup) -> Self {
         let mut g = Self::unchecked(name.into(), None);
         g.cgroup = Some(cg);
         g
@@ -152,7 +152,7 @@ impl Group {
     /// Adds the cgroup tier: every process in `cg` is signalled too, the grace waits for
     /// `cg` to empty, and the kill is `cgroup.kill`.
     #[cfg(target_os = "linux")]
-    pub fn with_cgroup(mut self, cg: sys::cgroup::Cgroup) -> Self {
+    pub(crate) fn with_cgroup(mut self, cg: sys::cgroup::Cgroup) -> Self {
         self.cgroup = Some(cg);
         self
     }
@@ -160,14 +160,14 @@ impl Group {
     /// Signal only while `pid` is the process that started at `start_time`, or, once that
     /// process has exited, while its group still has members: the kernel never hands out
     /// a pid that is the id of a live group, so such a group is still the same one.
-    pub fn verified(mut self, pid: ProcessId, start_time: u64) -> Self {
+    pub(crate) fn verified(mut self, pid: ProcessId, start_time: u64) -> Self {
         self.identity = Some((pid, start_time));
         self
     }
 
     /// True while something this stop would reach lives: the cgroup is populated, or
     /// (without one) the group has a live member.
-    pub fn alive(&self) -> bool {
+    pub(crate) fn alive(&self) -> bool {
         #[cfg(target_os = "linux")]
         if let Some(cg) = &self.cgroup {
             // A cgroup that cannot be read any more was removed: nothing lives in it.
@@ -183,7 +183,7 @@ impl Group {
     /// Stops what the group holds when its leader has already been reaped (or there is
     /// none): nothing is signalled when nothing lives. `on_kill(cut_short)` runs right
     /// before the SIGKILL, for the caller's own log line.
-    pub async fn terminate(
+    pub(crate) async fn terminate(
         &self,
         grace: Duration,
         hurry: Option<StopDeadline>,
@@ -198,7 +198,7 @@ impl Group {
 
     /// Stops a group whose leader this process has yet to reap: the grace waits for the
     /// leader and the rest, and the leader is reaped after the kill.
-    pub async fn stop_leader(
+    pub(crate) async fn stop_leader(
         &self,
         leader: &mut impl Reapable,
         grace: Duration,
@@ -266,7 +266,7 @@ impl Group {
     /// start). The stop is over once nothing lives and `released()` says so too; a signal
     /// that cannot be sent is an error rather than a warning. `on_kill` runs right before
     /// the SIGKILL.
-    pub fn terminate_blocking(
+    pub(crate) fn terminate_blocking(
         &self,
         grace: Duration,
         kill_wait: Duration,
@@ -307,7 +307,7 @@ impl Group {
     }
 
     /// SIGKILL now, without a grace: `cgroup.kill`, or SIGKILL to the group.
-    pub fn kill_now(&self) {
+    pub(crate) fn kill_now(&self) {
         self.kill();
     }
 
@@ -387,7 +387,7 @@ fn wait_blocking(limit: Duration, done: &mut impl FnMut() -> bool) -> bool {
 
 /// Resolves once the stop deadline in `rx` has passed; never while there is none (or no
 /// `rx` at all). A fresh call starts a fresh wait, so it may be raced again and again.
-pub async fn deadline_passed(rx: Option<StopDeadline>) {
+pub(crate) async fn deadline_passed(rx: Option<StopDeadline>) {
     let Some(mut rx) = rx else {
         return std::future::pending().await;
     };

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 /// Formats an error and every source under it: "a: b: c".
-pub fn error_chain(err: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();
     let mut cur = err.source();
     while let Some(e) = cur {
@@ -16,17 +16,17 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
 /// Locks `m`, recovering the guard if another thread panicked while holding it. Every
 /// mutex in railgrid guards state that stays consistent between statements (a log file
 /// handle, a queue, a connection), so a panic elsewhere must not wedge the process.
-pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Serde helper: a `SystemTime` as whole seconds since the Unix epoch.
-pub mod unix_secs {
+pub(crate) mod unix_secs {
     use std::time::{SystemTime, UNIX_EPOCH};
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
         let secs = t
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -34,7 +34,7 @@ pub mod unix_secs {
         s.serialize_u64(secs)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
         let secs = u64::deserialize(d)?;
         Ok(UNIX_EPOCH + std::time::Duration::from_secs(secs))
     }
@@ -44,7 +44,7 @@ pub mod unix_secs {
 /// written, fsynced and renamed over it, then the directory is fsynced, so a crash leaves
 /// either the old or the new file, never a torn one. The directory is opened once and
 /// every step goes through that descriptor, so all of them act on the same directory.
-pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+pub(crate) fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::PermissionsExt;
     let parent = match path.parent() {
@@ -79,7 +79,7 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io:
 
 /// Called once a long-lived command has finished starting (its child is launched): gives
 /// back the pages of code that only startup ran (see [`crate::sys::memory`]).
-pub fn release_startup_code() {
+pub(crate) fn release_startup_code() {
     match crate::sys::memory::page_out_own_code() {
         Ok(bytes) => tracing::debug!(bytes, "released startup code pages"),
         Err(e) => tracing::debug!(error = %e, "could not release startup code pages"),

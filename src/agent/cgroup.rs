@@ -24,7 +24,7 @@ const AGENT_LEAF: &str = "agent";
 const RUNNER_TREE: &str = "runner";
 
 #[derive(Debug, Error)]
-pub enum CgroupError {
+pub(crate) enum CgroupError {
     #[error("no cgroup v2 hierarchy is mounted")]
     NoHierarchy,
     #[error("the agent runs in the root cgroup; run it as a service with a delegated cgroup (systemd: Delegate=yes)")]
@@ -39,7 +39,7 @@ pub enum CgroupError {
 }
 
 /// Sets up the layout above and returns the cgroup the runner must start in.
-pub fn delegate_to_runner(acct: &Account) -> Result<PathBuf, CgroupError> {
+pub(crate) fn delegate_to_runner(acct: &Account) -> Result<PathBuf, CgroupError> {
     let io = |what: &'static str, cg: &Cgroup| {
         let path = cg.path().to_owned();
         move |source| CgroupError::Io { what, path, source }
@@ -110,7 +110,7 @@ const KILL_POLL: Duration = Duration::from_millis(10);
 /// cgroup, whatever left its process group) with `cgroup.kill`, and waits for it to
 /// empty. Membership is the kernel's, so this cannot hit a process outside the tree, and
 /// no pid is read. Returns whether anything was there.
-pub async fn kill_tree(tree: &Path) -> Result<bool, CgroupError> {
+pub(crate) async fn kill_tree(tree: &Path) -> Result<bool, CgroupError> {
     let cg = Cgroup::at(tree);
     let io = |what: &'static str| {
         let path = tree.to_owned();

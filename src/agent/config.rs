@@ -23,111 +23,111 @@ use crate::supervisor::account::Account;
 use crate::supervisor::{self, DEFAULT_MAX_LOG_BYTES, DEFAULT_STOP_GRACE, MIN_LOG_BYTES};
 
 /// Config file of a root agent.
-pub const ROOT_CONFIG: &str = "/etc/railgrid/agent.toml";
+pub(crate) const ROOT_CONFIG: &str = "/etc/railgrid/agent.toml";
 /// State directory of a root agent.
-pub const ROOT_STATE_DIR: &str = "/var/lib/railgrid";
+pub(crate) const ROOT_STATE_DIR: &str = "/var/lib/railgrid";
 /// Log directory of a root agent.
-pub const ROOT_LOG_DIR: &str = "/var/log/railgrid";
+pub(crate) const ROOT_LOG_DIR: &str = "/var/log/railgrid";
 /// Daily agent log files kept.
-pub const DEFAULT_LOG_MAX_FILES: usize = 7;
+pub(crate) const DEFAULT_LOG_MAX_FILES: usize = 7;
 
 /// The file as written. Unknown keys are errors: a typo must not silently mean "default".
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawConfig {
-    pub state_dir: Option<PathBuf>,
-    pub log_dir: Option<PathBuf>,
+pub(crate) struct RawConfig {
+    pub(crate) state_dir: Option<PathBuf>,
+    pub(crate) log_dir: Option<PathBuf>,
     #[serde(default)]
-    pub runner: RawRunner,
+    pub(crate) runner: RawRunner,
     #[serde(default)]
-    pub hub: RawHub,
+    pub(crate) hub: RawHub,
     #[serde(default)]
-    pub log: RawLog,
+    pub(crate) log: RawLog,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawRunner {
-    pub user: Option<String>,
-    pub stop_grace: Option<String>,
-    pub initial_backoff: Option<String>,
-    pub max_log_bytes: Option<u64>,
-    pub max_jobs: Option<usize>,
-    pub max_jobs_per_owner: Option<usize>,
-    pub max_queued: Option<usize>,
-    pub max_output_bytes: Option<u64>,
-    pub delegate_cgroup: Option<bool>,
-    pub job_path: Option<String>,
+pub(crate) struct RawRunner {
+    pub(crate) user: Option<String>,
+    pub(crate) stop_grace: Option<String>,
+    pub(crate) initial_backoff: Option<String>,
+    pub(crate) max_log_bytes: Option<u64>,
+    pub(crate) max_jobs: Option<usize>,
+    pub(crate) max_jobs_per_owner: Option<usize>,
+    pub(crate) max_queued: Option<usize>,
+    pub(crate) max_output_bytes: Option<u64>,
+    pub(crate) delegate_cgroup: Option<bool>,
+    pub(crate) job_path: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawHub {
-    pub url: Option<String>,
-    pub token_file: Option<PathBuf>,
-    pub ca_file: Option<PathBuf>,
+pub(crate) struct RawHub {
+    pub(crate) url: Option<String>,
+    pub(crate) token_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawLog {
-    pub max_files: Option<usize>,
+pub(crate) struct RawLog {
+    pub(crate) max_files: Option<usize>,
 }
 
 /// Values given on the command line.
 #[derive(Debug, Default, Clone)]
-pub struct Flags {
-    pub config: Option<PathBuf>,
-    pub state_dir: Option<PathBuf>,
-    pub log_dir: Option<PathBuf>,
-    pub runner_user: Option<String>,
-    pub hub: Option<String>,
-    pub token_file: Option<PathBuf>,
-    pub ca_file: Option<PathBuf>,
+pub(crate) struct Flags {
+    pub(crate) config: Option<PathBuf>,
+    pub(crate) state_dir: Option<PathBuf>,
+    pub(crate) log_dir: Option<PathBuf>,
+    pub(crate) runner_user: Option<String>,
+    pub(crate) hub: Option<String>,
+    pub(crate) token_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
 }
 
 /// The settings of the runner child; a change to any of them restarts it on reload.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunnerSettings {
+pub(crate) struct RunnerSettings {
     /// `None`: run the runner as the agent's own (non-root) account.
-    pub user: Option<Account>,
-    pub stop_grace: Duration,
-    pub initial_backoff: Duration,
-    pub max_log_bytes: u64,
+    pub(crate) user: Option<Account>,
+    pub(crate) stop_grace: Duration,
+    pub(crate) initial_backoff: Duration,
+    pub(crate) max_log_bytes: u64,
     /// Job engine limits passed to the runner; `None` keeps the runner's defaults.
-    pub max_jobs: Option<usize>,
-    pub max_jobs_per_owner: Option<usize>,
-    pub max_queued: Option<usize>,
-    pub max_output_bytes: Option<u64>,
+    pub(crate) max_jobs: Option<usize>,
+    pub(crate) max_jobs_per_owner: Option<usize>,
+    pub(crate) max_queued: Option<usize>,
+    pub(crate) max_output_bytes: Option<u64>,
     /// Give the runner a cgroup of its own, delegated to its account, so that jobs get the
     /// cgroup tier (Linux; the agent must run in a cgroup delegated to it, e.g. a systemd
     /// unit with `Delegate=yes`).
-    pub delegate_cgroup: bool,
+    pub(crate) delegate_cgroup: bool,
     /// PATH of every job (a job's own `PATH` still wins); `None` keeps the baseline.
-    pub job_path: Option<String>,
+    pub(crate) job_path: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HubSettings {
-    pub url: String,
-    pub token_file: PathBuf,
-    pub ca_file: Option<PathBuf>,
+pub(crate) struct HubSettings {
+    pub(crate) url: String,
+    pub(crate) token_file: PathBuf,
+    pub(crate) ca_file: Option<PathBuf>,
 }
 
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentConfig {
+pub(crate) struct AgentConfig {
     /// The file that was read, if any.
-    pub config_path: Option<PathBuf>,
-    pub state_dir: PathBuf,
-    pub log_dir: PathBuf,
-    pub runner: RunnerSettings,
-    pub hub: Option<HubSettings>,
-    pub log_max_files: usize,
+    pub(crate) config_path: Option<PathBuf>,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) log_dir: PathBuf,
+    pub(crate) runner: RunnerSettings,
+    pub(crate) hub: Option<HubSettings>,
+    pub(crate) log_max_files: usize,
 }
 
 #[derive(Debug, Error)]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     #[error("could not read config file {path}")]
     Read {
         path: PathBuf,
@@ -379,7 +379,7 @@ impl Sources<'_> {
 /// Longest runner stop grace accepted. It is the runner's whole stop budget, and the
 /// service manager's own stop timeout (TimeoutStopSec, ExitTimeOut) must cover it plus the
 /// agent's reap (see `agent::SERVICE_STOP_TIMEOUT`); a reload waits for it too.
-pub const MAX_STOP_GRACE: Duration = Duration::from_secs(60);
+pub(crate) const MAX_STOP_GRACE: Duration = Duration::from_secs(60);
 
 fn bounded(
     src: &Sources<'_>,
@@ -410,7 +410,10 @@ fn invalid(origin: &Origin, message: String) -> ConfigError {
 
 /// The config file used when none is named: `/etc/railgrid/agent.toml` for root, else
 /// `$XDG_CONFIG_HOME/railgrid/agent.toml` (or `~/.config/...`).
-pub fn default_config_path(root: bool, env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+pub(crate) fn default_config_path(
+    root: bool,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<PathBuf> {
     if root {
         return Some(PathBuf::from(ROOT_CONFIG));
     }
@@ -440,12 +443,12 @@ fn default_user_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
 }
 
 /// Loads the configuration for the process's own environment.
-pub fn load(flags: &Flags) -> Result<AgentConfig, ConfigError> {
+pub(crate) fn load(flags: &Flags) -> Result<AgentConfig, ConfigError> {
     load_with(flags, crate::sys::is_root(), &|k| std::env::var(k).ok())
 }
 
 /// Loads the configuration from `flags`, the file they (or the defaults) name, and `env`.
-pub fn load_with(
+pub(crate) fn load_with(
     flags: &Flags,
     root: bool,
     env: &dyn Fn(&str) -> Option<String>,
@@ -614,44 +617,44 @@ fn check_secret_file(path: &Path) -> Result<(), String> {
 /// The effective configuration as `check-config` prints it. It holds no secret: the
 /// token stays in its file.
 #[derive(Debug, Serialize)]
-pub struct Effective {
-    pub config_file: String,
-    pub state_dir: PathBuf,
-    pub log_dir: PathBuf,
-    pub runner: EffectiveRunner,
-    pub hub: Option<EffectiveHub>,
-    pub log: EffectiveLog,
+pub(crate) struct Effective {
+    pub(crate) config_file: String,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) log_dir: PathBuf,
+    pub(crate) runner: EffectiveRunner,
+    pub(crate) hub: Option<EffectiveHub>,
+    pub(crate) log: EffectiveLog,
 }
 
 #[derive(Debug, Serialize)]
-pub struct EffectiveRunner {
-    pub user: String,
-    pub stop_grace: String,
-    pub initial_backoff: String,
-    pub max_log_bytes: u64,
-    pub max_jobs: Option<usize>,
-    pub max_jobs_per_owner: Option<usize>,
-    pub max_queued: Option<usize>,
-    pub max_output_bytes: Option<u64>,
-    pub delegate_cgroup: bool,
-    pub job_path: String,
+pub(crate) struct EffectiveRunner {
+    pub(crate) user: String,
+    pub(crate) stop_grace: String,
+    pub(crate) initial_backoff: String,
+    pub(crate) max_log_bytes: u64,
+    pub(crate) max_jobs: Option<usize>,
+    pub(crate) max_jobs_per_owner: Option<usize>,
+    pub(crate) max_queued: Option<usize>,
+    pub(crate) max_output_bytes: Option<u64>,
+    pub(crate) delegate_cgroup: bool,
+    pub(crate) job_path: String,
 }
 
 #[derive(Debug, Serialize)]
-pub struct EffectiveHub {
-    pub url: String,
-    pub token_file: PathBuf,
-    pub token: &'static str,
-    pub ca_file: Option<PathBuf>,
+pub(crate) struct EffectiveHub {
+    pub(crate) url: String,
+    pub(crate) token_file: PathBuf,
+    pub(crate) token: &'static str,
+    pub(crate) ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct EffectiveLog {
-    pub max_files: usize,
+pub(crate) struct EffectiveLog {
+    pub(crate) max_files: usize,
 }
 
 impl AgentConfig {
-    pub fn effective(&self) -> Effective {
+    pub(crate) fn effective(&self) -> Effective {
         Effective {
             config_file: self.config_path.as_ref().map_or_else(
                 || "(none: defaults)".to_owned(),
@@ -690,7 +693,7 @@ impl AgentConfig {
     }
 
     /// The runner's own state directory, `<state>/runner`.
-    pub fn runner_dir(&self) -> PathBuf {
+    pub(crate) fn runner_dir(&self) -> PathBuf {
         self.state_dir.join("runner")
     }
 }

@@ -19,16 +19,16 @@ use super::AgentError;
 use crate::supervisor::lock::{self, LockError, PidLock};
 
 /// The agent's instance lock, inside the state directory.
-pub const AGENT_LOCK: &str = "agent.lock";
+pub(crate) const AGENT_LOCK: &str = "agent.lock";
 
 /// Proof that this process is the one agent of its state directory. Dropping it (or the
 /// process dying) releases the directory.
 #[derive(Debug)]
-pub struct Instance {
+pub(crate) struct Instance {
     _lock: PidLock,
 }
 
-pub fn lock_path(state_dir: &Path) -> PathBuf {
+pub(crate) fn lock_path(state_dir: &Path) -> PathBuf {
     state_dir.join(AGENT_LOCK)
 }
 
@@ -37,7 +37,7 @@ pub fn lock_path(state_dir: &Path) -> PathBuf {
 /// (the runner is another account and must pass through them), else 0700. Blocking, but
 /// only for a few mkdirs, an open and a flock: called once, before the runtime does
 /// anything else.
-pub fn acquire(state_dir: &Path, traversable: bool) -> Result<Instance, AgentError> {
+pub(crate) fn acquire(state_dir: &Path, traversable: bool) -> Result<Instance, AgentError> {
     let dir_err = |path: &Path| {
         let path = path.to_owned();
         move |source| AgentError::Dir { path, source }
@@ -71,7 +71,7 @@ pub fn acquire(state_dir: &Path, traversable: bool) -> Result<Instance, AgentErr
 /// Who holds the instance lock of `state_dir`, as the kernel tells it: `Some(pids)`
 /// (empty when nobody does) on Linux, `None` where the OS does not say. The lock file is
 /// never opened, so asking can never get in the way of an agent taking it.
-pub fn holders(state_dir: &Path) -> Option<Vec<i32>> {
+pub(crate) fn holders(state_dir: &Path) -> Option<Vec<i32>> {
     match crate::sys::locks::flock_holders_at(&lock_path(state_dir)) {
         Ok(found) => found,
         // No lock file: no agent ever ran here with this build, so none holds it.

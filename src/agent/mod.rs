@@ -29,13 +29,13 @@
 //! job. The service manager's stop timeout covers all of it: see [`SERVICE_STOP_TIMEOUT`].
 
 #[cfg(target_os = "linux")]
-pub mod cgroup;
-pub mod config;
-pub mod instance;
-pub mod notify;
+pub(crate) mod cgroup;
+pub(crate) mod config;
+pub(crate) mod instance;
+pub(crate) mod notify;
 mod reconciler;
 mod reporter;
-pub mod status;
+pub(crate) mod status;
 
 use std::fs;
 use std::io;
@@ -60,24 +60,27 @@ use crate::sys::exe::{ExeError, PinnedExe};
 use crate::sys::{self, ProcessId};
 
 /// The capped log of the runner, inside the log directory.
-pub const RUNNER_LOG: &str = "runner.log";
+pub(crate) const RUNNER_LOG: &str = "runner.log";
 /// The grace `runner reap` gives each job a stopped runner left: the runner's own stop
 /// already had its budget for a gentle end.
 const REAP_GRACE: Duration = Duration::from_secs(2);
 /// Longest a `runner reap` may take (its grace, SIGKILL and reaping, the database) before
 /// the agent kills it.
-pub const REAP_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const REAP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Room for the rest of an agent stop: the supervisor's SIGKILL wait and log drain, the
 /// cgroup tree's kill, the status file.
+#[cfg_attr(not(test), allow(dead_code))]
 const STOP_MARGIN: Duration = Duration::from_secs(15);
 /// The least stop timeout the service manager must give the agent (systemd
 /// `TimeoutStopSec`, launchd `ExitTimeOut`): the longest `runner.stop_grace`, the reap and
-/// a margin. The shipped unit and plist are checked against it.
-pub const SERVICE_STOP_TIMEOUT: Duration =
+/// a margin. The shipped unit and plist are checked against it (a number that exists for
+/// the packaging files, so only their test reads it).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const SERVICE_STOP_TIMEOUT: Duration =
     Duration::from_secs(MAX_STOP_GRACE.as_secs() + REAP_TIMEOUT.as_secs() + STOP_MARGIN.as_secs());
 
 #[derive(Debug, Error)]
-pub enum AgentError {
+pub(crate) enum AgentError {
     #[error("could not create directory {path}")]
     Dir {
         path: PathBuf,
@@ -129,7 +132,7 @@ pub enum AgentError {
 
 impl AgentError {
     /// True for errors an operator fixes in the configuration (exit code 2).
-    pub fn is_config(&self) -> bool {
+    pub(crate) fn is_config(&self) -> bool {
         matches!(
             self,
             AgentError::Unreachable { .. }
@@ -142,7 +145,7 @@ impl AgentError {
 
 /// Runs the agent until SIGTERM or SIGINT. `reload` re-reads the configuration on SIGHUP.
 /// `_instance` is the state directory's agent lock, held for as long as this runs.
-pub async fn run(
+pub(crate) async fn run(
     cfg: AgentConfig,
     _instance: &instance::Instance,
     reload: impl Fn() -> Result<AgentConfig, ConfigError>,
@@ -287,7 +290,7 @@ fn prepare(cfg: &AgentConfig) -> Result<(), AgentError> {
 /// Checks, before anything is created, what would make `prepare` refuse later: that the
 /// runner account can pass through every directory that exists above the state directory
 /// (the agent makes the rest). A refused start then leaves nothing behind.
-pub fn preflight(cfg: &AgentConfig) -> Result<(), AgentError> {
+pub(crate) fn preflight(cfg: &AgentConfig) -> Result<(), AgentError> {
     let Some(acct) = cfg.runner.user.as_ref() else {
         return Ok(());
     };

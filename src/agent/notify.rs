@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// A connection to the service manager, if it asked for notifications.
-pub struct Notifier {
+pub(crate) struct Notifier {
     sock: UnixDatagram,
     addr: Addr,
 }
@@ -20,7 +20,7 @@ enum Addr {
 
 impl Notifier {
     /// From `$NOTIFY_SOCKET`; `None` when unset or unusable (logged).
-    pub fn from_env() -> Option<Self> {
+    pub(crate) fn from_env() -> Option<Self> {
         let raw = std::env::var_os(crate::env_vars::NOTIFY_SOCKET)?;
         let bytes = raw.as_encoded_bytes();
         let addr = match bytes.first() {
@@ -43,7 +43,7 @@ impl Notifier {
 
     /// Sends one notification such as `READY=1` or `STATUS=...`. Failures are logged, never
     /// fatal: the service manager's view is advisory.
-    pub fn send(&self, msg: &str) {
+    pub(crate) fn send(&self, msg: &str) {
         let res = match &self.addr {
             Addr::Path(p) => self.sock.send_to(msg.as_bytes(), p),
             #[cfg(target_os = "linux")]
@@ -61,7 +61,7 @@ impl Notifier {
 
 /// Half the watchdog timeout systemd asked for (`$WATCHDOG_USEC`), when it is meant for
 /// this process (`$WATCHDOG_PID` unset or ours).
-pub fn watchdog_interval() -> Option<Duration> {
+pub(crate) fn watchdog_interval() -> Option<Duration> {
     if let Ok(pid) = std::env::var(crate::env_vars::WATCHDOG_PID) {
         if pid.trim().parse::<u32>().ok() != Some(std::process::id()) {
             return None;

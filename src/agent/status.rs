@@ -10,46 +10,46 @@ use crate::supervisor::Status;
 use crate::sys::{self, ProcessId};
 use crate::util;
 
-pub const FILE_NAME: &str = "agent-status.json";
+pub(crate) const FILE_NAME: &str = "agent-status.json";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct AgentStatus {
-    pub version: String,
-    pub pid: u32,
+pub(crate) struct AgentStatus {
+    pub(crate) version: String,
+    pub(crate) pid: u32,
     /// The agent's process start time (clock ticks since boot, Linux): tells a live agent
     /// from a process that reuses its pid.
-    pub pid_start_time: Option<u64>,
+    pub(crate) pid_start_time: Option<u64>,
     #[serde(with = "util::unix_secs")]
-    pub started_at: SystemTime,
+    pub(crate) started_at: SystemTime,
     #[serde(with = "util::unix_secs")]
-    pub updated_at: SystemTime,
+    pub(crate) updated_at: SystemTime,
     /// False once the agent has shut down cleanly.
-    pub running: bool,
-    pub config_path: Option<PathBuf>,
-    pub state_dir: PathBuf,
-    pub log_dir: PathBuf,
-    pub runner: Status,
+    pub(crate) running: bool,
+    pub(crate) config_path: Option<PathBuf>,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) log_dir: PathBuf,
+    pub(crate) runner: Status,
     /// Orphan runners terminated at start.
-    pub reclaimed_pids: Vec<i32>,
+    pub(crate) reclaimed_pids: Vec<i32>,
     /// What the last runner stop left and the agent ended (`runner reap`, `cgroup.kill`),
     /// one line each.
     #[serde(default)]
-    pub reaped: Vec<String>,
+    pub(crate) reaped: Vec<String>,
     /// The executable the agent started from and launches its runners from (pinned at
     /// start); absent in files written before it was recorded.
     #[serde(default)]
-    pub exe: Option<ExeStatus>,
+    pub(crate) exe: Option<ExeStatus>,
 }
 
 /// The pinned executable, as `agent status` shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ExeStatus {
-    pub path: PathBuf,
+pub(crate) struct ExeStatus {
+    pub(crate) path: PathBuf,
     /// Lowercase hex, as `sha256sum` prints it.
-    pub sha256: String,
-    pub size: u64,
-    pub device: u64,
-    pub inode: u64,
+    pub(crate) sha256: String,
+    pub(crate) size: u64,
+    pub(crate) device: u64,
+    pub(crate) inode: u64,
 }
 
 impl From<&sys::exe::ExeIdentity> for ExeStatus {
@@ -64,20 +64,20 @@ impl From<&sys::exe::ExeIdentity> for ExeStatus {
     }
 }
 
-pub fn path(state_dir: &Path) -> PathBuf {
+pub(crate) fn path(state_dir: &Path) -> PathBuf {
     state_dir.join(FILE_NAME)
 }
 
 /// Writes `status` to `<state>/agent-status.json` (mode 0644: it holds no secret and lets
 /// unprivileged operators run `railgrid agent status`).
-pub fn write(state_dir: &Path, status: &AgentStatus) -> std::io::Result<()> {
+pub(crate) fn write(state_dir: &Path, status: &AgentStatus) -> std::io::Result<()> {
     let mut bytes = serde_json::to_vec_pretty(status).map_err(std::io::Error::other)?;
     bytes.push(b'\n');
     util::write_atomic(&path(state_dir), &bytes, 0o644)
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ReadError {
+pub(crate) enum ReadError {
     #[error("no agent status at {path}: the agent has not run with this state directory")]
     Missing { path: PathBuf },
     #[error("could not read agent status {path}")]
@@ -94,7 +94,7 @@ pub enum ReadError {
     },
 }
 
-pub fn read(state_dir: &Path) -> Result<AgentStatus, ReadError> {
+pub(crate) fn read(state_dir: &Path) -> Result<AgentStatus, ReadError> {
     let path = path(state_dir);
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
@@ -110,7 +110,7 @@ pub fn read(state_dir: &Path) -> Result<AgentStatus, ReadError> {
 /// the kernel says who holds the state directory's agent lock (Linux), that it is this
 /// pid; elsewhere that the pid lives, with the same start time where the OS tells it, and
 /// runs `agent run`.
-pub fn agent_alive(state_dir: &Path, status: &AgentStatus) -> bool {
+pub(crate) fn agent_alive(state_dir: &Path, status: &AgentStatus) -> bool {
     if !status.running {
         return false;
     }
