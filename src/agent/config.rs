@@ -967,7 +967,11 @@ mod tests {
         // there is a setting.
         let consts: Vec<&str> = include_str!("../env_vars.rs")
             .lines()
-            .filter_map(|l| l.strip_prefix("pub const ")?.split_once(": &str = \""))
+            .filter_map(|l| {
+                l.strip_prefix("pub(crate) const ")
+                    .or_else(|| l.strip_prefix("pub const "))?
+                    .split_once(": &str = \"")
+            })
             .filter_map(|(_, value)| value.strip_suffix("\";"))
             .collect();
         for s in SETTINGS {
