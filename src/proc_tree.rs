@@ -311,6 +311,13 @@ impl Group {
         self.kill();
     }
 
+    /// [`Self::kill_now`], then waits up to `wait` for nothing to live; returns whether
+    /// it emptied.
+    pub(crate) async fn kill_and_wait(&self, wait: Duration) -> bool {
+        self.kill();
+        self.wait_empty(Instant::now() + wait).await
+    }
+
     fn kill(&self) {
         #[cfg(target_os = "linux")]
         if let Some(cg) = &self.cgroup {

@@ -103,8 +103,6 @@ pub(crate) fn delegate_to_runner(acct: &Account) -> Result<PathBuf, CgroupError>
 
 /// How long the runner's tree may take to empty after `cgroup.kill`.
 const KILL_WAIT: Duration = Duration::from_secs(5);
-/// How often that is checked; only while the agent stops the runner.
-const KILL_POLL: Duration = Duration::from_millis(10);
 
 /// Kills everything left in the runner's cgroup tree (the runner's leaf and every job's
 /// cgroup, whatever left its process group) with `cgroup.kill`, and waits for it to
@@ -130,19 +128,15 @@ pub(crate) async fn kill_tree(tree: &Path) -> Result<bool, CgroupError> {
         tracing::warn!(cgroup = %tree.display(), "this kernel has no cgroup.kill: what the runner left in its cgroup is ended by the reap only");
         return Ok(false);
     }
-    cg.kill().map_err(io("write cgroup.kill of"))?;
-    let deadline = tokio::time::Instant::now() + KILL_WAIT;
-    while cg.populated().unwrap_or(false) {
-        if tokio::time::Instant::now() >= deadline {
-            return Err(CgroupError::Io {
-                what: "empty",
-                path: tree.to_owned(),
-                source: std::io::Error::other(format!(
-                    "processes are still there {KILL_WAIT:?} after cgroup.kill"
-                )),
-            });
-        }
-        tokio::time::sleep(KILL_POLL).await;
+    let group = crate::proc_tree::Group::cgroup_only("the runner's cgroup tree", cg);
+    if !group.kill_and_wait(KILL_WAIT).await {
+        return Err(CgroupError::Io {
+            what: "empty",
+            path: tree.to_owned(),
+            source: std::io::Error::other(format!(
+                "processes are still there {KILL_WAIT:?} after cgroup.kill"
+            )),
+        });
     }
     Ok(true)
 }
