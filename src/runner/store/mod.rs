@@ -31,7 +31,7 @@ mod writer;
 
 use schema::{connect, get_on, migrate, query_on, sql};
 pub use writer::MAX_HELD;
-use writer::{in_savepoint, Change, Held, Msg, Transition, Write, Writer, FIRST_RETRY};
+use writer::{in_savepoint, Change, Held, Lost, Msg, Transition, Write, Writer, FIRST_RETRY};
 
 /// How a job ended, as recorded.
 #[derive(Debug, Clone, Default)]
@@ -286,16 +286,20 @@ impl Store {
         let (tx, rx) = oneshot::channel();
         let path = self.path.clone();
         let w: Write = Box::new(move |conn, lost| {
-            let result = if lost {
-                Err(StoreError::Commit {
+            let result = match lost {
+                Lost::No => in_savepoint(conn, &path, f),
+                Lost::Yes { full: true } => Err(StoreError::Full {
+                    path: path.to_path_buf(),
+                    reason: "an earlier write in its transaction found the disk full".into(),
+                }),
+                Lost::Yes { full: false } => Err(StoreError::Commit {
                     path: path.to_path_buf(),
                     reason: "its transaction could not begin, or an earlier write rolled it back"
                         .into(),
-                })
-            } else {
-                in_savepoint(conn, &path, f)
+                }),
             };
-            Box::new(move |failed: Option<&(String, bool)>| {
+            let full = matches!(&result, Err(e) if e.is_disk_full());
+            let reply: writer::Reply = Box::new(move |failed: Option<&(String, bool)>| {
                 let result = match (result, failed) {
                     (Ok(_), Some((reason, true))) => Err(StoreError::Full {
                         path: path.to_path_buf(),
@@ -310,7 +314,8 @@ impl Store {
                 if let Err(Err(e)) = tx.send(result) {
                     tracing::error!(error = %crate::error_chain(&e), "could not record a job's change");
                 }
-            })
+            });
+            (reply, full)
         });
         self.send(Msg::Write(w));
         Pending {
@@ -880,6 +885,38 @@ mod tests {
             refused.err()
         );
         assert!(store.get("big").unwrap().is_none());
+    }
+
+    #[test]
+    fn the_writes_after_one_that_found_the_disk_full_fail_as_disk_full_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+        store
+            .write(|c, path| {
+                let pages: i64 = c
+                    .query_row("PRAGMA page_count", [], |r| r.get(0))
+                    .map_err(sql(path))?;
+                c.pragma_update(None, "max_page_count", pages)
+                    .map_err(sql(path))
+            })
+            .wait()
+            .unwrap();
+        let mut big = spec(&["cat"]);
+        big.stdin = Some("x".repeat(256 * 1024));
+        // One batch: the first insert fills the disk and SQLite rolls the transaction
+        // back; the small one after it never ran, and must say why.
+        let (go, holder) = hold_writer(&store);
+        let first = store.insert("big", &big);
+        let second = store.insert("small", &spec(&["true"]));
+        go.send(()).unwrap();
+        let _ = holder.wait();
+        for (name, r) in [("first", first.wait()), ("second", second.wait())] {
+            assert!(
+                matches!(&r, Err(e) if e.is_disk_full()),
+                "{name}: {:?}",
+                r.err()
+            );
+        }
     }
 
     #[test]

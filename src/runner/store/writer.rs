@@ -19,7 +19,15 @@ use crate::proto::job::{JobRecord, JobState};
 /// Runs a write's statements (or, when told the batch's transaction is gone, only fails);
 /// returns what to tell its caller once the batch's commit succeeded (`None`) or failed
 /// (`Some(reason, full)`).
-pub(super) type Write = Box<dyn FnOnce(&Connection, bool) -> Reply + Send>;
+pub(super) type Write = Box<dyn FnOnce(&Connection, Lost) -> (Reply, bool) + Send>;
+
+/// Whether the batch's transaction is gone when a write's turn comes, and whether the disk
+/// was full when it went: the writes after it then fail as that one did (507, not 500).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lost {
+    No,
+    Yes { full: bool },
+}
 pub(super) type Reply = Box<dyn FnOnce(Option<&(String, bool)>) + Send>;
 
 /// What the writer is sent: a one-off write, or a state change it holds until committed.
@@ -340,6 +348,8 @@ impl Writer {
         // just the savepoint. The writes after that must not run on their own in
         // autocommit while their batch is reported failed: they fail too.
         let mut lost = !in_tx;
+        // Why the transaction went, when a write or change rolled it back.
+        let mut lost_full = false;
         // A change waits behind every change queued before it that is not committed, so
         // that a job's changes land in order.
         let mut blocked = !retry && !self.unsaved.is_empty();
@@ -352,7 +362,7 @@ impl Writer {
             VecDeque::new()
         };
         let mut steps = Vec::with_capacity(earlier.len() + msgs.len());
-        let mut change = |w: &Self, u: Unsaved, lost: &mut bool| {
+        let mut change = |w: &Self, u: Unsaved, lost: &mut bool, lost_full: &mut bool| {
             if blocked || *lost {
                 blocked = true;
                 return Step::Change(u, Tried::Deferred);
@@ -362,7 +372,11 @@ impl Writer {
                 Some(e) => Err(e),
                 None => in_savepoint(&w.conn, &w.path, |c, p| u.t.apply_sql(c, p)),
             };
-            *lost = *lost || (in_tx && w.conn.is_autocommit());
+            let rolled_back = !*lost && in_tx && w.conn.is_autocommit();
+            *lost = *lost || rolled_back;
+            if rolled_back && matches!(&r, Err(e) if e.is_disk_full()) {
+                *lost_full = true;
+            }
             match r {
                 Ok(()) => Step::Change(u, Tried::Applied),
                 Err(e) if e.is_transient() => {
@@ -375,14 +389,21 @@ impl Writer {
             }
         };
         for u in earlier {
-            steps.push(change(self, u, &mut lost));
+            steps.push(change(self, u, &mut lost, &mut lost_full));
         }
         for m in msgs {
             match m {
                 Msg::Write(w) => {
                     writes = true;
-                    let reply = w(&self.conn, lost);
-                    lost = lost || (in_tx && self.conn.is_autocommit());
+                    let state = if lost {
+                        Lost::Yes { full: lost_full }
+                    } else {
+                        Lost::No
+                    };
+                    let (reply, full) = w(&self.conn, state);
+                    let rolled_back = !lost && in_tx && self.conn.is_autocommit();
+                    lost = lost || rolled_back;
+                    lost_full = lost_full || (rolled_back && full);
                     steps.push(Step::Write(reply));
                 }
                 Msg::Change(t, tx) => steps.push(change(
@@ -392,6 +413,7 @@ impl Writer {
                         reply: Answer::First(tx),
                     },
                     &mut lost,
+                    &mut lost_full,
                 )),
             }
         }
@@ -401,7 +423,9 @@ impl Writer {
                 if !episode {
                     tracing::error!(db = %self.path.display(), error = %e, "could not commit job records");
                 }
-                let full = e.sqlite_error_code() == Some(ErrorCode::DiskFull);
+                // A transaction already rolled back for a full disk fails its COMMIT with
+                // "no transaction is active": the disk is still why.
+                let full = lost_full || e.sqlite_error_code() == Some(ErrorCode::DiskFull);
                 (e.to_string(), full)
             })
         } else {
