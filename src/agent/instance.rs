@@ -54,6 +54,8 @@ pub(crate) fn acquire(state_dir: &Path, traversable: bool) -> Result<Instance, A
             fs::set_permissions(dir, fs::Permissions::from_mode(0o711)).map_err(dir_err(dir))?;
         }
     }
+    // A level someone else made between the caller's check and these mkdirs is theirs.
+    super::check_trusted_parents(state_dir)?;
     match lock::acquire(&lock_path(state_dir)) {
         Ok(lock) => Ok(Instance { _lock: lock }),
         Err(LockError::Held { pid, .. }) => Err(AgentError::AlreadyRunning {

@@ -103,6 +103,14 @@ pub(crate) enum AgentError {
         mode: u32,
         owner: u32,
     },
+    #[error("the state directory {} is below {dir} ({why}, mode {mode:04o}, owned by uid {owner}): another account could move or replace what the agent keeps there; choose a state directory whose every parent belongs to root or to the agent's account and is writable by no one else", path.display())]
+    UntrustedParent {
+        path: PathBuf,
+        dir: PathBuf,
+        why: &'static str,
+        mode: u32,
+        owner: u32,
+    },
     #[error("{path} holds files of uid {owner}, but runner.user is {user} (uid {uid}): move the directory away, or chown -R it to {user} if you trust its contents")]
     RunnerDirOwner {
         path: PathBuf,
@@ -136,6 +144,7 @@ impl AgentError {
         matches!(
             self,
             AgentError::Unreachable { .. }
+                | AgentError::UntrustedParent { .. }
                 | AgentError::RunnerDirOwner { .. }
                 | AgentError::AlreadyRunning { .. }
                 | AgentError::Supervisor(_)
@@ -291,6 +300,7 @@ fn prepare(cfg: &AgentConfig) -> Result<(), AgentError> {
 /// runner account can pass through every directory that exists above the state directory
 /// (the agent makes the rest). A refused start then leaves nothing behind.
 pub(crate) fn preflight(cfg: &AgentConfig) -> Result<(), AgentError> {
+    check_trusted_parents(&cfg.state_dir)?;
     let Some(acct) = cfg.runner.user.as_ref() else {
         return Ok(());
     };
@@ -318,6 +328,45 @@ pub(crate) fn preflight(cfg: &AgentConfig) -> Result<(), AgentError> {
         },
         other => other,
     })
+}
+
+/// Every existing directory above `state_dir` (and it, once it exists) must belong to root
+/// or to this agent's account, and be writable by no one else unless it is sticky (as
+/// `/tmp` is: there only an entry's owner may rename or delete it, and the next level is
+/// checked in turn). Otherwise another account could swap the state directory, or a
+/// directory on the way to it, for one of its own, and a root agent would then create,
+/// chown and lock files where that account chose. Called before anything is created, and
+/// again once the state directory exists, so a directory someone made in between is seen.
+pub(crate) fn check_trusted_parents(state_dir: &Path) -> Result<(), AgentError> {
+    let me = sys::current_ids().0;
+    let mut dirs: Vec<&Path> = state_dir
+        .ancestors()
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect();
+    dirs.reverse();
+    for dir in dirs {
+        let Ok(meta) = fs::metadata(dir) else {
+            // Not there yet: made by the agent, which checks again afterwards.
+            break;
+        };
+        let mode = meta.permissions().mode() & 0o7777;
+        let owner = meta.uid();
+        let why = if owner != 0 && owner != me {
+            "another account owns it"
+        } else if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            "others may write to it"
+        } else {
+            continue;
+        };
+        return Err(AgentError::UntrustedParent {
+            path: state_dir.to_owned(),
+            dir: dir.to_owned(),
+            why,
+            mode,
+            owner,
+        });
+    }
+    Ok(())
 }
 
 /// The runner's files (lock, socket, job records) belong to the account that ran it. A

@@ -1109,7 +1109,8 @@ fn the_agent_cannot_be_inspected_by_processes_of_its_own_account() {
     };
     as_nobody(&mut cmd);
     if is_root() {
-        fs::set_permissions(host.dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod");
+        // Sticky, as /tmp: nobody may make its state dir here, and no one else may move it.
+        fs::set_permissions(host.dir.path(), fs::Permissions::from_mode(0o1777)).expect("chmod");
     }
     let agent = Guard::new(cmd.spawn().expect("spawn agent"));
     host.wait_runner("a runner", |_| true);
@@ -1222,5 +1223,38 @@ fn a_runner_restarted_after_the_binary_was_replaced_runs_the_agents_own_bytes() 
     assert!(
         text.contains(&format!("executable: {}", exe.display())) && text.contains(&sha),
         "{text}"
+    );
+}
+
+#[test]
+fn a_state_dir_below_a_directory_another_account_controls_is_refused() {
+    let host = Host::new();
+    // Writable by everyone and not sticky: anyone could rename the state dir away and put
+    // their own in its place.
+    let open = host.path("open");
+    fs::create_dir(&open).expect("mkdir");
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).expect("chmod");
+    let out = railgrid()
+        .args(["agent", "run", "--config"])
+        .arg(host.path("agent.toml"))
+        .arg("--state-dir")
+        .arg(open.join("state"))
+        .args(if is_root() {
+            vec!["--runner-user", "nobody"]
+        } else {
+            vec![]
+        })
+        .output()
+        .expect("agent run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("others may write to it") && err.contains(&path_str(&open)),
+        "{err}"
+    );
+    assert!(
+        fs::read_dir(&open).expect("read_dir").next().is_none(),
+        "a refused start made files in {}",
+        open.display()
     );
 }
