@@ -250,6 +250,12 @@ impl Group {
         if gone {
             return out;
         }
+        // A grace cut short ends the wait without a last look: the group may have emptied
+        // since, and an empty group's id may already be someone else's. Without a leader
+        // of ours to hold the id, look again (and at the identity) before SIGKILL.
+        if leader.is_none() && (!self.alive() || !self.identity_holds()) {
+            return out;
+        }
         on_kill(out.cut_short);
         out.killed = true;
         self.kill();
@@ -281,6 +287,10 @@ impl Group {
         self.try_signal(Sig::SIGTERM)?;
         out.signalled = true;
         if wait_blocking(grace, &mut gone) {
+            return Ok(out);
+        }
+        // The holder may have exited during the grace and its pid be another's by now.
+        if !self.identity_holds() {
             return Ok(out);
         }
         on_kill();
@@ -354,6 +364,10 @@ impl Group {
         };
         let (what, sent) = if self.lone {
             ("process", group::signal_process(pid, sig))
+        } else if !group::group_alive(pid) {
+            // Nobody left in it (a leader reaped, the rest in a cgroup or gone): its id may
+            // already be another group's.
+            return Ok(());
         } else {
             ("process group", group::signal_group(pid, sig))
         };

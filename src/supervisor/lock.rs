@@ -235,6 +235,12 @@ pub fn reclaim_stale_holder(lock_path: &Path, grace: Duration) -> Result<Option<
         Group::lone("stale lock holder", pid)
     }
     .map_err(group_err)?;
+    // The holder as it is now (start time, where the OS tells it): should it exit during
+    // the grace and its pid be reused, the SIGKILL finds another process and is not sent.
+    let target = match crate::sys::process_start_time(pid) {
+        Some(start) => target.verified(pid, start),
+        None => target,
+    };
     tracing::warn!(pid = named, lock = %lock_path.display(), group = leads_group, "reclaiming stale lock holder: SIGTERM");
     // A lock that cannot be tried ends the wait; the error is returned below.
     let mut failed = None;

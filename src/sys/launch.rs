@@ -318,11 +318,9 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
                 return fail(Step::Exec);
             }
         }
-        if denied {
-            *libc::__errno_location() = libc::EACCES;
-        } else if sh.programs_len == 0 {
-            *libc::__errno_location() = libc::ENOENT;
-        }
+        // As the fork path: "not executable" if one was found but refused, else "not
+        // found" (an entry that is not a directory counts as not found, as for execvp).
+        *libc::__errno_location() = if denied { libc::EACCES } else { libc::ENOENT };
         fail(Step::Exec)
     }
 }

@@ -214,13 +214,43 @@ pub fn job_exec(cmd: &mut Command, exec: JobExec) {
         exec,
     };
     // SAFETY: the closure runs in the forked child before exec and makes only plain
-    // system calls (setsid, write, setrlimit, fchdir, prctl, landlock_restrict_self,
-    // execve) on data prepared above; it allocates nothing and takes no lock.
+    // system calls (rt_sigaction or signal, close_range, setsid, write, setrlimit, fchdir,
+    // prctl, landlock_restrict_self, execve) on data prepared above; it allocates nothing
+    // and takes no lock.
     unsafe {
         cmd.pre_exec(move || {
             use std::os::fd::AsRawFd;
             let a = &arrays;
             let e = &a.exec;
+            // As the clone path: every handler back to the default (an ignored signal
+            // would stay ignored across exec), and nothing of the runner's left open.
+            #[cfg(target_os = "linux")]
+            {
+                let dfl = [0u64; 8];
+                for sig in 1..=64 {
+                    if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                        libc::syscall(
+                            libc::SYS_rt_sigaction,
+                            sig,
+                            dfl.as_ptr(),
+                            std::ptr::null_mut::<libc::c_void>(),
+                            8usize,
+                        );
+                    }
+                }
+                libc::syscall(
+                    libc::SYS_close_range,
+                    3 as libc::c_uint,
+                    libc::c_uint::MAX,
+                    libc::CLOSE_RANGE_CLOEXEC,
+                );
+            }
+            #[cfg(not(target_os = "linux"))]
+            for sig in 1..32 {
+                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+            }
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }

@@ -1847,6 +1847,17 @@ fn jobs_started_with_fork_and_exec_behave_as_with_clone() {
     assert!(stdout.starts_with("out\n"), "{stdout}");
     assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n");
 
+    // Starts clean: no signal ignored, nothing of the runner's open but 0-2 (and the
+    // directory `ls` reads).
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", "grep SigIgn /proc/self/status; ls /proc/self/fd | wc -l"]}),
+    );
+    r.wait(&id);
+    let out = r.output(&id, "stdout");
+    assert!(out.starts_with("SigIgn:\t0000000000000000\n"), "{out}");
+    assert_eq!(out.lines().nth(1).map(str::trim), Some("4"), "{out}");
+
     let out = r
         .cli()
         .args(["submit", "--", "no-such-program"])

@@ -90,7 +90,8 @@ impl Engine {
         }
         // A working directory the client chose is checked now, so a bad one is its 400.
         // The default workspace is made when the job starts.
-        if spec.cwd.is_some() {
+        let made_workspace = spec.cwd.is_some();
+        if made_workspace {
             let paths = self.inner.paths.clone();
             let (wid, cwd) = (id.clone(), spec.cwd.clone());
             match blocking(move || job::prepare_workspace(&paths, &wid, cwd.as_deref(), true))
@@ -119,10 +120,22 @@ impl Engine {
                 }
             }
         }
-        let rec = match self.inner.store.insert(&id, &spec).await? {
-            Inserted::New(rec) => rec,
-            Inserted::Existing(rec) => return Ok((false, rec)),
-            Inserted::Conflict(_) => return Err(EngineError::Conflict { id }),
+        // Whatever stops the record here, the workspace this admission made goes with it,
+        // so that the client's retry (after a 507, say) is not refused for it.
+        let forget_workspace = || {
+            if made_workspace {
+                let _ = std::fs::remove_dir_all(self.inner.paths.workspace(&id));
+            }
+        };
+        let rec = match self.inner.store.insert(&id, &spec).await {
+            Ok(Inserted::New(rec)) => rec,
+            // The earlier job's workspace: it made it, not this admission.
+            Ok(Inserted::Existing(rec)) => return Ok((false, rec)),
+            Ok(Inserted::Conflict(_)) => return Err(EngineError::Conflict { id }),
+            Err(e) => {
+                forget_workspace();
+                return Err(e.into());
+            }
         };
         self.sched()
             .queue
