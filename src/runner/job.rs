@@ -634,9 +634,7 @@ fn launch(
     cgroup_procs: Option<std::os::fd::BorrowedFd<'_>>,
     landlock: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<JobProcess, JobError> {
-    use std::ffi::CString;
     use std::os::fd::AsFd;
-    use std::os::unix::ffi::OsStrExt;
 
     use crate::sys::launch::{self, LaunchSpec};
 
@@ -645,24 +643,12 @@ fn launch(
         program: program.clone(),
         source,
     };
-    let nul = || spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "NUL byte"));
-    let search = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
-    let programs = program_candidates(program, search)
-        .iter()
-        .map(|p| CString::new(p.as_os_str().as_bytes()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| nul())?;
-    let argv = spec
-        .argv
-        .iter()
-        .map(|a| CString::new(a.as_bytes()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| nul())?;
-    let c_env = env
-        .iter()
-        .map(|(k, v)| CString::new(format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| nul())?;
+    let ExecStrings {
+        programs,
+        argv,
+        env: c_env,
+        search,
+    } = ExecStrings::new(spec, env)?;
     let launched = launch::launch(&LaunchSpec {
         programs: &programs,
         argv: &argv,
@@ -675,26 +661,79 @@ fn launch(
         cgroup_procs,
         landlock,
     })
-    .map_err(|e| {
-        // Said as a shell says it, for a name that was looked up in PATH.
-        let looked_up = !program.contains('/');
-        match (e.step, e.source.raw_os_error()) {
-            (launch::Step::Exec, Some(libc::ENOENT)) if looked_up => spawn_err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("not found in PATH {search}"),
-            )),
-            (launch::Step::Exec, Some(libc::EACCES)) if looked_up => spawn_err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("not executable (Permission denied) in PATH {search}"),
-            )),
+    .map_err(
+        |e| match (e.step, not_found_in_path(program, &search, &e.source)) {
+            (launch::Step::Exec, Some(said)) => spawn_err(said),
             _ => JobError::Launch {
                 program: program.clone(),
                 step: e.step,
                 source: e.source,
             },
-        }
-    })?;
+        },
+    )?;
     JobProcess::from_launched(launched).map_err(spawn_err)
+}
+
+/// What both launch paths hand the child: the PATH candidates, argv and environment as C
+/// strings, made before the child exists (it may not allocate), and the PATH searched.
+struct ExecStrings {
+    programs: Vec<std::ffi::CString>,
+    argv: Vec<std::ffi::CString>,
+    env: Vec<std::ffi::CString>,
+    search: String,
+}
+
+impl ExecStrings {
+    fn new(spec: &JobSpec, env: &BTreeMap<String, String>) -> Result<Self, JobError> {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let nul = || JobError::Spawn {
+            program: spec.argv[0].clone(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "NUL byte"),
+        };
+        let search = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
+        let programs = program_candidates(&spec.argv[0], search)
+            .iter()
+            .map(|p| CString::new(p.as_os_str().as_bytes()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| nul())?;
+        let argv = spec
+            .argv
+            .iter()
+            .map(|a| CString::new(a.as_bytes()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| nul())?;
+        let env = env
+            .iter()
+            .map(|(k, v)| CString::new(format!("{k}={v}")))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| nul())?;
+        Ok(Self {
+            programs,
+            argv,
+            env,
+            search: search.to_owned(),
+        })
+    }
+}
+
+/// A failed exec of a name looked up in PATH, said as a shell says it; `None` for a name
+/// with a slash, or another error.
+fn not_found_in_path(program: &str, search: &str, e: &io::Error) -> Option<io::Error> {
+    if program.contains('/') {
+        return None;
+    }
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => Some(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("not found in PATH {search}"),
+        )),
+        Some(libc::EACCES) => Some(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("not executable (Permission denied) in PATH {search}"),
+        )),
+        _ => None,
+    }
 }
 
 /// The paths execvp would try for `program`: itself when it has a slash, else it in each
@@ -722,31 +761,17 @@ fn fork_exec(
     cgroup_procs: Option<std::os::fd::BorrowedFd<'_>>,
     landlock: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<JobProcess, JobError> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
     let program = &spec.argv[0];
     let spawn_err = |source: io::Error| JobError::Spawn {
         program: program.clone(),
         source,
     };
-    let nul = || spawn_err(io::Error::new(io::ErrorKind::InvalidInput, "NUL byte"));
-    let search = env.get("PATH").map_or(DEFAULT_PATH, String::as_str);
-    let programs = program_candidates(program, search)
-        .iter()
-        .map(|p| CString::new(p.as_os_str().as_bytes()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| nul())?;
-    let argv = spec
-        .argv
-        .iter()
-        .map(|a| CString::new(a.as_bytes()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| nul())?;
-    let c_env = env
-        .iter()
-        .map(|(k, v)| CString::new(format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| nul())?;
+    let ExecStrings {
+        programs,
+        argv,
+        env: c_env,
+        search,
+    } = ExecStrings::new(spec, env)?;
     let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().map_err(spawn_err);
     let exec = spawn::JobExec {
         cwd: dup(cwd.as_fd())?,
@@ -766,21 +791,7 @@ fn fork_exec(
     let child = tokio::process::Command::from(cmd)
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| {
-            // Said as the clone path says it, for a name that was looked up in PATH.
-            let looked_up = !program.contains('/');
-            match e.raw_os_error() {
-                Some(libc::ENOENT) if looked_up => spawn_err(io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("not found in PATH {search}"),
-                )),
-                Some(libc::EACCES) if looked_up => spawn_err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!("not executable (Permission denied) in PATH {search}"),
-                )),
-                _ => spawn_err(e),
-            }
-        })?;
+        .map_err(|e| spawn_err(not_found_in_path(program, &search, &e).unwrap_or(e)))?;
     Ok(JobProcess::Std(child))
 }
 

@@ -238,24 +238,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY (whole block): each call is a thin wrapper of one system call on memory that
     // was prepared before the clone and stays valid while the parent is suspended.
     unsafe {
-        // Every handler back to the default: the runner's handlers must never run here,
-        // and a job starts with standard dispositions (SIGPIPE included).
-        // The raw system call, because glibc's wrapper refuses the signals it reserves
-        // (32, 33), and an ignored disposition of those would survive exec. All zeroes is
-        // SIG_DFL with no flags in the kernel's struct, whatever its layout; the buffer is
-        // larger than that struct on every architecture.
-        let dfl = [0u64; 8];
-        for sig in 1..=64 {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::syscall(
-                    libc::SYS_rt_sigaction,
-                    sig,
-                    dfl.as_ptr(),
-                    std::ptr::null_mut::<libc::c_void>(),
-                    8usize,
-                );
-            }
-        }
+        super::child::reset_signal_handlers();
         if libc::setsid() < 0 {
             return fail(Step::Setsid);
         }
@@ -264,36 +247,15 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
                 return fail(Step::JoinCgroup);
             }
         }
-        let l = sh.spec.limits;
-        for (res, v) in [
-            (libc::RLIMIT_AS, l.address_space),
-            (libc::RLIMIT_CPU, l.cpu_secs),
-            (libc::RLIMIT_NOFILE, l.open_files),
-            (libc::RLIMIT_NPROC, l.processes),
-        ] {
-            if let Some(v) = v {
-                let lim = libc::rlimit {
-                    rlim_cur: v as libc::rlim_t,
-                    rlim_max: v as libc::rlim_t,
-                };
-                if libc::setrlimit(res, &lim) < 0 {
-                    return fail(Step::Setrlimit);
-                }
-            }
+        if !super::child::set_rlimits(sh.spec.limits) {
+            return fail(Step::Setrlimit);
         }
         for (target, &src) in sh.stdio.iter().enumerate() {
             if libc::dup2(src, target as RawFd) < 0 {
                 return fail(Step::Stdio);
             }
         }
-        // Whatever the runner has open stays out of the job, even a descriptor some library
-        // opened without O_CLOEXEC. Best effort: close_range needs Linux 5.11.
-        libc::syscall(
-            libc::SYS_close_range,
-            3 as libc::c_uint,
-            libc::c_uint::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        );
+        super::child::close_stray_descriptors();
         if libc::fchdir(sh.spec.cwd.as_raw_fd()) < 0 {
             return fail(Step::Chdir);
         }

@@ -5,6 +5,7 @@
 
 #[cfg(target_os = "linux")]
 pub mod cgroup;
+mod child;
 pub mod dirfd;
 pub mod exe;
 pub mod group;

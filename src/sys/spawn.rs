@@ -134,35 +134,6 @@ impl Rlimits {
     }
 }
 
-/// Applies `limits` (soft and hard) in the child between fork and exec.
-pub fn rlimits(cmd: &mut Command, limits: Rlimits) {
-    use nix::sys::resource::{setrlimit, Resource};
-    if limits.is_empty() {
-        return;
-    }
-    // SAFETY: the closure runs in the forked child before exec; setrlimit is a plain,
-    // async-signal-safe system call, and the closure captures only a Copy struct, so it
-    // allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            let set = |res: Resource, v: Option<u64>| -> std::io::Result<()> {
-                if let Some(v) = v {
-                    setrlimit(res, v, v)?;
-                }
-                Ok(())
-            };
-            set(Resource::RLIMIT_AS, limits.address_space)?;
-            set(Resource::RLIMIT_CPU, limits.cpu_secs)?;
-            set(Resource::RLIMIT_NOFILE, limits.open_files)?;
-            #[cfg(not(target_os = "macos"))]
-            set(Resource::RLIMIT_NPROC, limits.processes)?;
-            #[cfg(target_os = "macos")]
-            let _ = limits.processes;
-            Ok(())
-        });
-    }
-}
-
 /// What a job's child does between fork and exec on the portable path (no `clone` with a
 /// pidfd): the same steps as `sys::launch`, in the same order, all prepared before fork.
 pub struct JobExec {
@@ -222,35 +193,9 @@ pub fn job_exec(cmd: &mut Command, exec: JobExec) {
             use std::os::fd::AsRawFd;
             let a = &arrays;
             let e = &a.exec;
-            // As the clone path: every handler back to the default (an ignored signal
-            // would stay ignored across exec), and nothing of the runner's left open.
-            #[cfg(target_os = "linux")]
-            {
-                let dfl = [0u64; 8];
-                for sig in 1..=64 {
-                    if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                        libc::syscall(
-                            libc::SYS_rt_sigaction,
-                            sig,
-                            dfl.as_ptr(),
-                            std::ptr::null_mut::<libc::c_void>(),
-                            8usize,
-                        );
-                    }
-                }
-                libc::syscall(
-                    libc::SYS_close_range,
-                    3 as libc::c_uint,
-                    libc::c_uint::MAX,
-                    libc::CLOSE_RANGE_CLOEXEC,
-                );
-            }
-            #[cfg(not(target_os = "linux"))]
-            for sig in 1..32 {
-                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                    libc::signal(sig, libc::SIG_DFL);
-                }
-            }
+            // As the clone path: default dispositions, nothing of the runner's left open.
+            super::child::reset_signal_handlers();
+            super::child::close_stray_descriptors();
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -259,29 +204,8 @@ pub fn job_exec(cmd: &mut Command, exec: JobExec) {
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            let l = e.limits;
-            #[cfg(not(target_os = "macos"))]
-            let nproc = Some((libc::RLIMIT_NPROC, l.processes));
-            #[cfg(target_os = "macos")]
-            let nproc: Option<(libc::c_int, Option<u64>)> = None;
-            for (res, v) in [
-                Some((libc::RLIMIT_AS, l.address_space)),
-                Some((libc::RLIMIT_CPU, l.cpu_secs)),
-                Some((libc::RLIMIT_NOFILE, l.open_files)),
-                nproc,
-            ]
-            .into_iter()
-            .flatten()
-            {
-                if let Some(v) = v {
-                    let lim = libc::rlimit {
-                        rlim_cur: v as libc::rlim_t,
-                        rlim_max: v as libc::rlim_t,
-                    };
-                    if libc::setrlimit(res as _, &lim) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
+            if !super::child::set_rlimits(e.limits) {
+                return Err(std::io::Error::last_os_error());
             }
             if libc::fchdir(e.cwd.as_raw_fd()) < 0 {
                 return Err(std::io::Error::last_os_error());

@@ -862,10 +862,8 @@ mod tests {
         assert_eq!((rec.state, rec.commit_pending), (JobState::Starting, false));
     }
 
-    #[test]
-    fn a_real_full_database_refuses_inserts_as_disk_full() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+    /// A real SQLITE_FULL: the database may not grow past the pages it has.
+    fn no_more_pages(store: &Store) {
         store
             .write(|c, path| {
                 let pages: i64 = c
@@ -876,6 +874,13 @@ mod tests {
             })
             .wait()
             .unwrap();
+    }
+
+    #[test]
+    fn a_real_full_database_refuses_inserts_as_disk_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+        no_more_pages(&store);
         let mut big = spec(&["cat"]);
         big.stdin = Some("x".repeat(256 * 1024));
         let refused = store.insert("big", &big).wait();
@@ -891,16 +896,7 @@ mod tests {
     fn the_writes_after_one_that_found_the_disk_full_fail_as_disk_full_too() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("jobs.db")).unwrap();
-        store
-            .write(|c, path| {
-                let pages: i64 = c
-                    .query_row("PRAGMA page_count", [], |r| r.get(0))
-                    .map_err(sql(path))?;
-                c.pragma_update(None, "max_page_count", pages)
-                    .map_err(sql(path))
-            })
-            .wait()
-            .unwrap();
+        no_more_pages(&store);
         let mut big = spec(&["cat"]);
         big.stdin = Some("x".repeat(256 * 1024));
         // One batch: the first insert fills the disk and SQLite rolls the transaction

@@ -1,0 +1,85 @@
+//! Steps a new job process takes on itself before exec, shared by both launch paths
+//! (`launch`, the clone child; `spawn::job_exec`, the fork child). Each is plain system
+//! calls on data prepared before the child existed: no allocation, no lock.
+
+use super::spawn::Rlimits;
+
+/// Every signal handler back to the default: the runner's handlers must never run in a
+/// job, and a job starts with standard dispositions (SIGPIPE included). On Linux the raw
+/// system call, because glibc's wrapper refuses the signals it reserves (32, 33), and an
+/// ignored disposition of those would survive exec. All zeroes is SIG_DFL with no flags in
+/// the kernel's struct, whatever its layout; the buffer is larger than that struct on
+/// every architecture.
+///
+/// # Safety
+/// Only in a child between its creation and exec.
+pub(super) unsafe fn reset_signal_handlers() {
+    #[cfg(target_os = "linux")]
+    {
+        let dfl = [0u64; 8];
+        for sig in 1..=64 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    dfl.as_ptr(),
+                    std::ptr::null_mut::<libc::c_void>(),
+                    8usize,
+                );
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    for sig in 1..32 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+    }
+}
+
+/// Whatever the runner has open stays out of the job, even a descriptor some library
+/// opened without O_CLOEXEC: everything from 3 up is closed on exec. Best effort:
+/// close_range needs Linux 5.11.
+///
+/// # Safety
+/// Only in a child between its creation and exec.
+pub(super) unsafe fn close_stray_descriptors() {
+    #[cfg(target_os = "linux")]
+    libc::syscall(
+        libc::SYS_close_range,
+        3 as libc::c_uint,
+        libc::c_uint::MAX,
+        libc::CLOSE_RANGE_CLOEXEC,
+    );
+}
+
+/// Sets the job's rlimits, soft and hard; `false` when one was refused (errno says why).
+///
+/// # Safety
+/// Only in a child between its creation and exec.
+pub(super) unsafe fn set_rlimits(l: Rlimits) -> bool {
+    #[cfg(not(target_os = "macos"))]
+    let nproc = Some((libc::RLIMIT_NPROC, l.processes));
+    #[cfg(target_os = "macos")]
+    let nproc = None;
+    for (res, v) in [
+        Some((libc::RLIMIT_AS, l.address_space)),
+        Some((libc::RLIMIT_CPU, l.cpu_secs)),
+        Some((libc::RLIMIT_NOFILE, l.open_files)),
+        nproc,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if let Some(v) = v {
+            let lim = libc::rlimit {
+                rlim_cur: v as libc::rlim_t,
+                rlim_max: v as libc::rlim_t,
+            };
+            if libc::setrlimit(res as _, &lim) < 0 {
+                return false;
+            }
+        }
+    }
+    true
+}
