@@ -91,6 +91,23 @@ impl Host {
         })
     }
 
+    /// Runs `agent run` on `state` with `extra`, which must refuse (exit 2); its stderr.
+    fn refused_start(&self, state: &Path, extra: &[&str]) -> String {
+        let out = railgrid()
+            .args(["agent", "run", "--config"])
+            .arg(self.path("agent.toml"))
+            .arg("--state-dir")
+            .arg(state)
+            .arg("--log-dir")
+            .arg(self.path("logs"))
+            .args(extra)
+            .output()
+            .expect("agent run");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        err
+    }
+
     fn agent_log(&self) -> String {
         let mut text = String::new();
         for entry in fs::read_dir(self.path("logs"))
@@ -112,6 +129,15 @@ fn get_json(socket: &Path, path: &str) -> Option<Value> {
     (status == 200)
         .then(|| serde_json::from_str(&body).ok())
         .flatten()
+}
+
+/// A refused start made nothing in `dir`.
+fn assert_empty(dir: &Path) {
+    assert!(
+        fs::read_dir(dir).expect("read_dir").next().is_none(),
+        "a refused start made files in {}",
+        dir.display()
+    );
 }
 
 fn sigkill(pid: i32) {
@@ -752,27 +778,12 @@ fn a_start_the_runner_account_could_not_reach_is_refused_before_anything_is_made
     fs::create_dir(&closed).expect("mkdir");
     fs::set_permissions(&closed, fs::Permissions::from_mode(0o700)).expect("chmod");
     let state = closed.join("deeper/state");
-    let out = railgrid()
-        .args(["agent", "run", "--config"])
-        .arg(host.path("agent.toml"))
-        .arg("--state-dir")
-        .arg(&state)
-        .arg("--log-dir")
-        .arg(host.path("logs"))
-        .args(["--runner-user", "nobody"])
-        .output()
-        .expect("agent run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = host.refused_start(&state, &["--runner-user", "nobody"]);
     assert!(
         err.contains("runner user nobody cannot reach") && err.contains(&path_str(&closed)),
         "{err}"
     );
-    assert!(
-        fs::read_dir(&closed).expect("read_dir").next().is_none(),
-        "a refused start left files in {}",
-        closed.display()
-    );
+    assert_empty(&closed);
     assert!(
         !host.path("logs").exists(),
         "a refused start made the log dir"
@@ -1234,27 +1245,15 @@ fn a_state_dir_below_a_directory_another_account_controls_is_refused() {
     let open = host.path("open");
     fs::create_dir(&open).expect("mkdir");
     fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).expect("chmod");
-    let out = railgrid()
-        .args(["agent", "run", "--config"])
-        .arg(host.path("agent.toml"))
-        .arg("--state-dir")
-        .arg(open.join("state"))
-        .args(if is_root() {
-            vec!["--runner-user", "nobody"]
-        } else {
-            vec![]
-        })
-        .output()
-        .expect("agent run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let user: &[&str] = if is_root() {
+        &["--runner-user", "nobody"]
+    } else {
+        &[]
+    };
+    let err = host.refused_start(&open.join("state"), user);
     assert!(
         err.contains("others may write to it") && err.contains(&path_str(&open)),
         "{err}"
     );
-    assert!(
-        fs::read_dir(&open).expect("read_dir").next().is_none(),
-        "a refused start made files in {}",
-        open.display()
-    );
+    assert_empty(&open);
 }
