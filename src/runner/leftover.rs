@@ -63,6 +63,17 @@ pub struct Leftover {
     pub cgroup: Option<sys::cgroup::Cgroup>,
 }
 
+impl Leftover {
+    /// A record alone, with no job cgroup looked up (the reap's read-only path).
+    fn without_cgroup(rec: JobRecord) -> Self {
+        Self {
+            rec,
+            #[cfg(target_os = "linux")]
+            cgroup: None,
+        }
+    }
+}
+
 /// How one leftover ended, for logs, the agent's status and `runner reap`'s report.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Ended {
@@ -315,15 +326,34 @@ pub async fn reap(state_dir: &Path, grace: Duration) -> Result<ReapReport, Lefto
         // No runner ever ran here: nothing to reap, and no database to create.
         return Ok(ReapReport::default());
     }
-    let store = std::sync::Arc::new(
-        tokio::task::spawn_blocking(move || Store::open(&db))
-            .await
-            .map_err(task)??,
-    );
-    let s = store.clone();
-    let (leftovers, _) = tokio::task::spawn_blocking(move || find(&s, None))
+    let path = db.clone();
+    let opened = tokio::task::spawn_blocking(move || Store::open(&path))
         .await
-        .map_err(task)??;
+        .map_err(task)?;
+    let (store, leftovers) = match opened {
+        Ok(store) => {
+            let store = std::sync::Arc::new(store);
+            let s = store.clone();
+            let (leftovers, _) = tokio::task::spawn_blocking(move || find(&s, None))
+                .await
+                .map_err(task)??;
+            (Some(store), leftovers)
+        }
+        // The jobs are ended all the same: the records say which processes they are.
+        Err(open_err) => {
+            tracing::warn!(db = %db.display(), error = %crate::error_chain(&open_err), "could not open the job database for writing: ending its jobs from a read-only look; their records stay as they are");
+            let recs = tokio::task::spawn_blocking(move || {
+                Store::read_only_in_states(&db, &[JobState::Starting, JobState::Running])
+            })
+            .await
+            .map_err(task)?
+            .map_err(|_| open_err)?;
+            (
+                None,
+                recs.into_iter().map(Leftover::without_cgroup).collect(),
+            )
+        }
+    };
     let spool_root = paths.dir.join("jobs");
     let ended = futures_util::future::join_all(leftovers.iter().map(|left| {
         let grace = grace_for(&left.rec, grace);
@@ -335,8 +365,11 @@ pub async fn reap(state_dir: &Path, grace: Duration) -> Result<ReapReport, Lefto
     let deadline = tokio::time::Instant::now() + REAP_COMMIT_WAIT;
     let marked = futures_util::future::join_all(ended.iter().map(|e| {
         let outcome = lost_outcome(&spool_root, &e.id, e.reason.clone());
-        let store = &store;
+        let store = store.as_ref();
         async move {
+            let Some(store) = store else {
+                return false;
+            };
             match store.mark_finished(&e.id, JobState::Lost, &outcome).await {
                 Ok(Recorded::Committed) => true,
                 Ok(Recorded::Held(later)) => matches!(

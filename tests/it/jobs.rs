@@ -1899,3 +1899,35 @@ fn jobs_started_with_fork_and_exec_behave_as_with_clone() {
         );
     }
 }
+
+/// A database `runner reap` cannot open for writing (here a newer schema, as a newer build
+/// leaves it before a downgrade) still says which processes to stop: they are stopped, and
+/// their records are left for a runner that can write them.
+#[test]
+fn runner_reap_ends_jobs_even_when_it_cannot_open_the_database_for_writing() {
+    let mut r = Runner::started(&[]);
+    let pid = start_stubborn(&mut r, "orphan");
+    let mut old = r.guard.take().expect("runner");
+    old.own_group(pid);
+    old.signal(Signal::SIGKILL);
+    let _ = old.wait_output(LIMIT);
+    assert!(alive(pid));
+
+    // A schema newer than this build knows, written as the runner's account would.
+    let db = r.runner_dir().join("jobs.db");
+    {
+        let conn = rusqlite::Connection::open(&db).expect("open jobs.db");
+        conn.pragma_update(None, "user_version", 99)
+            .expect("user_version");
+    }
+    chown_runner_dir(&r.runner_dir());
+
+    let (code, report, err) = reap(&r);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("read-only look"), "{err}");
+    let ended = report["ended"].as_array().expect("ended");
+    assert_eq!(ended.len(), 1, "{report}");
+    assert_eq!(ended[0]["killed"], true, "{report}");
+    assert_eq!(report["uncommitted"], json!(["orphan"]), "{report}");
+    assert!(live_in_group(pid).is_empty(), "the job outlived the reap");
+}

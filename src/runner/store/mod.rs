@@ -447,20 +447,27 @@ impl Store {
 
     /// Jobs in these states as committed, oldest first.
     pub fn in_states(&self, states: &[JobState]) -> Result<Vec<JobRecord>, StoreError> {
-        let list: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
-        let sql_text = format!(
-            concat!(
-                "SELECT ",
-                columns!(),
-                " FROM jobs WHERE state IN ({}) ORDER BY seq"
-            ),
-            list.iter()
-                .map(|s| format!("'{s}'"))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
         let conn = crate::util::lock(&self.read);
-        query_on(&conn, &self.path, &sql_text, [])
+        query_on(&conn, &self.path, &in_states_sql(states), [])
+    }
+
+    /// The records in `states`, read without opening the database for writing: no
+    /// migration, no writer thread, nothing created. For ending a dead runner's jobs when
+    /// the database cannot be opened as usual (a newer schema left by a newer build, or a
+    /// migration that needs room on a full disk): which processes to stop is known still.
+    pub fn read_only_in_states(
+        path: &Path,
+        states: &[JobState],
+    ) -> Result<Vec<JobRecord>, StoreError> {
+        use rusqlite::OpenFlags;
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(sql(path))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(sql(path))?;
+        query_on(&conn, path, &in_states_sql(states), [])
     }
 
     /// Queues a state change. It resolves after the first try: committed, or held and
@@ -560,6 +567,23 @@ impl Store {
             rows.collect()
         })
     }
+}
+
+/// The records in `states`, oldest first. Columns are only ever added, so a newer schema
+/// reads with this one's list.
+fn in_states_sql(states: &[JobState]) -> String {
+    format!(
+        concat!(
+            "SELECT ",
+            columns!(),
+            " FROM jobs WHERE state IN ({}) ORDER BY seq"
+        ),
+        states
+            .iter()
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(",")
+    )
 }
 
 impl Drop for Store {
