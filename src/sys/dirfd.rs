@@ -52,32 +52,26 @@ impl Dir {
     /// it exists, and opens it without following a symlink: something planted under
     /// that name is refused, never followed.
     pub fn make_child(&self, name: &str, mode: u32) -> io::Result<Self> {
+        self.child(name, mode, true)
+    }
+
+    /// Creates the directory `name` (one component) inside this one with `mode` and opens
+    /// it; `EEXIST` when something is already there, which is then left alone.
+    pub fn create_child(&self, name: &str, mode: u32) -> io::Result<Self> {
+        self.child(name, mode, false)
+    }
+
+    fn child(&self, name: &str, mode: u32, may_exist: bool) -> io::Result<Self> {
         single_component(name)?;
         match stat::mkdirat(
             self.0.as_fd(),
             name,
             Mode::from_bits_truncate(mode as libc::mode_t),
         ) {
-            Ok(()) | Err(Errno::EEXIST) => {}
+            Ok(()) => {}
+            Err(Errno::EEXIST) if may_exist => {}
             Err(e) => return Err(e.into()),
         }
-        Ok(Self(fcntl::openat(
-            self.0.as_fd(),
-            name,
-            anchor_flags(),
-            Mode::empty(),
-        )?))
-    }
-
-    /// Creates the directory `name` (one component) inside this one with `mode` and opens
-    /// it; `EEXIST` when something is already there, which is then left alone.
-    pub fn create_child(&self, name: &str, mode: u32) -> io::Result<Self> {
-        single_component(name)?;
-        stat::mkdirat(
-            self.0.as_fd(),
-            name,
-            Mode::from_bits_truncate(mode as libc::mode_t),
-        )?;
         Ok(Self(fcntl::openat(
             self.0.as_fd(),
             name,
