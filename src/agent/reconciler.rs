@@ -54,6 +54,7 @@ pub(super) fn standalone(cfg: &AgentConfig, prev: Option<&DesiredState>) -> Desi
     DesiredState {
         generation,
         poll_interval_secs: None,
+        agent: None,
         runner,
     }
 }

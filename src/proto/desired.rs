@@ -18,8 +18,22 @@ pub struct DesiredState {
     /// How long the agent waits between reconciles when the hub asks for no long poll.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll_interval_secs: Option<u64>,
+    /// The agent version the hub wants here; `None` keeps whatever runs. Acted on by the
+    /// self-upgrade; until then only reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<DesiredAgent>,
     #[serde(default)]
     pub runner: DesiredRunner,
+}
+
+/// The agent build the hub wants on this host.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredAgent {
+    pub version: String,
+    /// True when the hub asks for an older version on purpose (a rollback), which the
+    /// agent otherwise refuses as a downgrade.
+    #[serde(default)]
+    pub rollback: bool,
 }
 
 /// The runner as the hub (or the config file) wants it.
@@ -86,6 +100,10 @@ mod tests {
         let d = DesiredState {
             generation: 2,
             poll_interval_secs: Some(30),
+            agent: Some(DesiredAgent {
+                version: "1.2.3".into(),
+                rollback: false,
+            }),
             runner: DesiredRunner {
                 enabled: true,
                 max_jobs: Some(4),

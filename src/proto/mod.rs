@@ -13,6 +13,9 @@
 //! - states are never removed; a client meeting a state it does not know treats it as
 //!   terminal only if it can say so (`is_terminal`), so new states must be added with care.
 
+pub mod admission;
 pub mod desired;
 pub mod health;
+pub mod hub;
 pub mod job;
+pub mod report;

@@ -1,0 +1,127 @@
+//! The hub's admin API (`/v1/admin/…`, admin token): enrolment, the fleet's view of its
+//! agents, and desired settings per agent and for the whole fleet.
+
+use serde::{Deserialize, Serialize};
+
+use super::desired::DesiredState;
+use super::report::AgentReport;
+
+/// `POST /v1/admin/agents` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnrolRequest {
+    pub id: String,
+}
+
+/// The answer to an enrolment: the agent's token, shown this once (the hub keeps only
+/// its SHA-256).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enrolled {
+    pub id: String,
+    pub token: String,
+}
+
+/// One agent as the hub knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentView {
+    pub id: String,
+    /// Unix seconds.
+    pub enrolled_at: u64,
+    #[serde(default)]
+    pub revoked: bool,
+    /// Unix seconds of the last reconcile; `None` before the first one.
+    #[serde(default)]
+    pub last_seen: Option<u64>,
+    /// True while one of its long polls is held open by this hub.
+    #[serde(default)]
+    pub connected: bool,
+    /// The generation of its effective desired state (fleet and own settings merged).
+    pub desired_generation: u64,
+    /// The generation it reported applied last.
+    #[serde(default)]
+    pub observed_generation: u64,
+    /// Its latest report.
+    #[serde(default)]
+    pub report: Option<AgentReport>,
+}
+
+/// Desired settings of one scope (the fleet, or one agent's overrides). A field left out
+/// is not set here: an agent's own setting wins over the fleet's, field by field, and a
+/// setting nobody sets keeps the agent's own (config file) value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_jobs: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_jobs_per_owner: Option<usize>,
+    /// The agent version wanted (acted on by the self-upgrade).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+impl DesiredSettings {
+    /// `self` with every field `over` sets taken from `over`.
+    pub fn overlaid(&self, over: &DesiredSettings) -> DesiredSettings {
+        DesiredSettings {
+            runner_enabled: over.runner_enabled.or(self.runner_enabled),
+            max_jobs: over.max_jobs.or(self.max_jobs),
+            max_jobs_per_owner: over.max_jobs_per_owner.or(self.max_jobs_per_owner),
+            version: over.version.clone().or_else(|| self.version.clone()),
+        }
+    }
+}
+
+/// `PUT /v1/admin/desired/…` body: the fields to set (`set`) and those to unset
+/// (`clear`, by name) in one scope; every accepted change bumps the generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredChange {
+    #[serde(default)]
+    pub set: DesiredSettings,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clear: Vec<String>,
+}
+
+/// `GET /v1/admin/desired/…`: one scope's own settings, and for an agent also what it is
+/// sent (fleet and own merged).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredView {
+    /// `fleet`, or the agent's id.
+    pub scope: String,
+    /// The generation of this scope's last change (0: never set).
+    pub generation: u64,
+    pub settings: DesiredSettings,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective: Option<DesiredState>,
+}
+
+/// Every error of the hub's API: `{"error": "..."}` with the HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agents_settings_win_field_by_field() {
+        let fleet = DesiredSettings {
+            runner_enabled: Some(true),
+            max_jobs: Some(8),
+            max_jobs_per_owner: None,
+            version: Some("1.0.0".into()),
+        };
+        let own = DesiredSettings {
+            max_jobs: Some(2),
+            max_jobs_per_owner: Some(1),
+            ..DesiredSettings::default()
+        };
+        let merged = fleet.overlaid(&own);
+        assert_eq!(merged.runner_enabled, Some(true));
+        assert_eq!(merged.max_jobs, Some(2));
+        assert_eq!(merged.max_jobs_per_owner, Some(1));
+        assert_eq!(merged.version.as_deref(), Some("1.0.0"));
+    }
+}

@@ -1,0 +1,85 @@
+//! The agent's report: the body of `POST /v1/agents/{id}/reconcile` (hub protocol v1,
+//! DESIGN.md). What the agent observes on its host, sent with every reconcile; the hub
+//! keeps the latest one per agent and shows it in `hub agent list|show`.
+
+use serde::{Deserialize, Serialize};
+
+/// The request body of a reconcile.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentReport {
+    /// The agent's own version (`railgrid version`).
+    pub version: String,
+    #[serde(default)]
+    pub os: String,
+    #[serde(default)]
+    pub arch: String,
+    #[serde(default)]
+    pub hostname: String,
+    /// The generation of the desired state this agent applied last (0: none yet).
+    pub observed_generation: u64,
+    #[serde(default)]
+    pub runner: RunnerReport,
+    /// The self-upgrade's progress, once there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeReport>,
+    /// How many jobs the runner holds, when the agent could ask it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jobs_summary: Option<JobsSummary>,
+}
+
+/// The runner as the agent's supervisor sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunnerReport {
+    /// `running`, `starting`, `backoff`, `stopped`, `disabled`, … (the supervisor's states;
+    /// a hub shows a state it does not know as it is).
+    #[serde(default)]
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Launches over the agent's life.
+    #[serde(default)]
+    pub starts: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// Where a self-upgrade stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpgradeReport {
+    /// `idle`, `downloading`, `verifying`, `switching`, `committed`, `rolled_back`,
+    /// `refused`, ….
+    #[serde(default)]
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bad_versions: Vec<String>,
+}
+
+/// The runner's jobs, counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobsSummary {
+    #[serde(default)]
+    pub running: u64,
+    #[serde(default)]
+    pub queued: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_smallest_report_names_its_version_and_generation() {
+        let r: AgentReport =
+            serde_json::from_str(r#"{"version": "0.1.0", "observed_generation": 3, "new": 1}"#)
+                .expect("parse");
+        assert_eq!(r.observed_generation, 3);
+        assert_eq!(r.runner, RunnerReport::default());
+        let e = serde_json::from_str::<AgentReport>(r#"{"observed_generation": 3}"#)
+            .expect_err("no version");
+        assert!(e.to_string().contains("`version`"), "{e}");
+    }
+}
