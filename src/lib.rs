@@ -8,6 +8,7 @@ pub mod cli;
 pub mod cmd;
 pub mod env_policy;
 pub(crate) mod env_vars;
+pub mod hub_client;
 pub(crate) mod proc_tree;
 pub mod proto;
 pub mod runner;

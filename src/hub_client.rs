@@ -1,0 +1,102 @@
+//! The HTTPS client side of the hub protocol, shared by the agent's reconcile loop and the
+//! hub's admin commands: a reqwest client on rustls that trusts the system roots plus the
+//! hub's own CA (pinned by file), and answers read with a size cap, so that a hub that is
+//! broken or hostile can make a request fail but never make its caller buffer without end.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum HubClientError {
+    #[error("could not read the hub CA file {path}")]
+    ReadCa {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the hub CA file {path} holds no PEM certificate")]
+    BadCa {
+        path: PathBuf,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("could not build the HTTPS client")]
+    Build(#[source] reqwest::Error),
+    #[error("{url}: the answer is larger than {cap} bytes")]
+    TooLarge { url: String, cap: usize },
+    #[error("{url}: the answer was cut off")]
+    Body {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+/// A client for one hub. `ca_file` is added to the system's trust roots (a hub with a
+/// public certificate needs none). `timeout` bounds connecting; each request sets its own
+/// total timeout (a long poll is held for as long as it asks).
+pub fn build(
+    ca_file: Option<&Path>,
+    connect_timeout: Duration,
+) -> Result<reqwest::Client, HubClientError> {
+    let mut b = reqwest::Client::builder()
+        .use_rustls_tls()
+        .https_only(true)
+        .connect_timeout(connect_timeout)
+        // A redirect could carry the bearer token to another host.
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .user_agent(concat!("railgrid/", env!("CARGO_PKG_VERSION")));
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).map_err(|source| HubClientError::ReadCa {
+            path: path.to_owned(),
+            source,
+        })?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| {
+            HubClientError::BadCa {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
+        for cert in certs {
+            b = b.add_root_certificate(cert);
+        }
+    }
+    b.build().map_err(HubClientError::Build)
+}
+
+/// The body of `resp`, refused once it passes `cap` bytes (whatever Content-Length
+/// claims, which is checked first only to fail early).
+pub async fn read_capped(
+    mut resp: reqwest::Response,
+    cap: usize,
+) -> Result<Vec<u8>, HubClientError> {
+    let url = resp.url().to_string();
+    if resp.content_length().is_some_and(|n| n > cap as u64) {
+        return Err(HubClientError::TooLarge { url, cap });
+    }
+    let mut body = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > cap {
+                    return Err(HubClientError::TooLarge { url, cap });
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(body),
+            Err(source) => return Err(HubClientError::Body { url, source }),
+        }
+    }
+}
+
+/// An `Authorization` value that reqwest and hyper keep out of their debug output.
+pub fn bearer(
+    token: &str,
+) -> Result<reqwest::header::HeaderValue, reqwest::header::InvalidHeaderValue> {
+    let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))?;
+    v.set_sensitive(true);
+    Ok(v)
+}
