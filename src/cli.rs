@@ -73,6 +73,9 @@ pub struct AgentArgs {
     /// Hub URL (https://...).
     #[arg(long, value_name = "URL")]
     pub hub: Option<String>,
+    /// This agent's id at the hub (default: the host name).
+    #[arg(long, value_name = "ID")]
+    pub agent_id: Option<String>,
     /// File holding the agent's hub token (mode 0600).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,

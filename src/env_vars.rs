@@ -26,6 +26,7 @@ pub(crate) const RUNNER_MAX_OUTPUT_BYTES: &str = "RAILGRID_RUNNER_MAX_OUTPUT_BYT
 pub(crate) const RUNNER_DELEGATE_CGROUP: &str = "RAILGRID_RUNNER_DELEGATE_CGROUP";
 pub(crate) const RUNNER_JOB_PATH: &str = "RAILGRID_RUNNER_JOB_PATH";
 pub(crate) const HUB_URL: &str = "RAILGRID_HUB_URL";
+pub(crate) const HUB_AGENT_ID: &str = "RAILGRID_HUB_AGENT_ID";
 pub(crate) const HUB_TOKEN_FILE: &str = "RAILGRID_HUB_TOKEN_FILE";
 pub(crate) const HUB_CA_FILE: &str = "RAILGRID_HUB_CA_FILE";
 pub(crate) const LOG_MAX_FILES: &str = "RAILGRID_LOG_MAX_FILES";

@@ -64,6 +64,7 @@ pub(crate) struct RawRunner {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawHub {
     pub(crate) url: Option<String>,
+    pub(crate) agent_id: Option<String>,
     pub(crate) token_file: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
 }
@@ -82,6 +83,7 @@ pub(crate) struct Flags {
     pub(crate) log_dir: Option<PathBuf>,
     pub(crate) runner_user: Option<String>,
     pub(crate) hub: Option<String>,
+    pub(crate) agent_id: Option<String>,
     pub(crate) token_file: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
 }
@@ -109,7 +111,10 @@ pub(crate) struct RunnerSettings {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HubSettings {
+    /// `https://host[:port]`, without a trailing slash.
     pub(crate) url: String,
+    /// This agent's name at the hub (the `{id}` of its reconcile URL).
+    pub(crate) agent_id: String,
     pub(crate) token_file: PathBuf,
     pub(crate) ca_file: Option<PathBuf>,
 }
@@ -142,6 +147,10 @@ pub(crate) enum ConfigError {
     NoRunnerUser,
     #[error("no default state directory: set state_dir, XDG_STATE_HOME or HOME")]
     NoHome,
+    #[error(
+        "the host name cannot be the hub agent id ({message}): set hub.agent_id (or --agent-id)"
+    )]
+    NoAgentId { message: String },
 }
 
 /// A setting's value as text, the form every source gives it in: flags and files are
@@ -244,6 +253,7 @@ settings! {
     DelegateCgroup: runner.delegate_cgroup, env RUNNER_DELEGATE_CGROUP;
     JobPath: runner.job_path, env RUNNER_JOB_PATH;
     HubUrl: hub.url, env HUB_URL, flag "--hub" => hub;
+    AgentId: hub.agent_id, env HUB_AGENT_ID, flag "--agent-id" => agent_id;
     TokenFile: hub.token_file, env HUB_TOKEN_FILE, flag "--token-file" => token_file;
     CaFile: hub.ca_file, env HUB_CA_FILE, flag "--ca-file" => ca_file;
     LogMaxFiles: log.max_files, env LOG_MAX_FILES;
@@ -544,8 +554,13 @@ pub(crate) fn load_with(
                 ));
             };
             check_secret_file(&token_file).map_err(|m| invalid(&token_origin, m))?;
+            let agent_id = match src.get(Key::AgentId) {
+                Some((id, origin)) => check_agent_id(&id).map_err(|m| invalid(&origin, m))?,
+                None => default_agent_id()?,
+            };
             Some(HubSettings {
-                url,
+                url: url.trim_end_matches('/').to_owned(),
+                agent_id,
                 token_file,
                 ca_file: src.path(Key::CaFile),
             })
@@ -557,6 +572,12 @@ pub(crate) fn load_with(
             ));
         }
     };
+    if let (None, Some((_, origin))) = (&hub, src.get(Key::AgentId)) {
+        return Err(invalid(
+            &origin,
+            "an agent id without a hub URL: set hub.url (or --hub)".into(),
+        ));
+    }
     let log_max_files = src.number(
         Key::LogMaxFiles,
         DEFAULT_LOG_MAX_FILES,
@@ -582,6 +603,31 @@ fn read_file(path: &Path) -> Result<RawConfig, ConfigError> {
         path: path.to_owned(),
         message: e.to_string().trim().replace('\n', " "),
     })
+}
+
+/// Longest agent id: a fully qualified host name fits.
+const MAX_AGENT_ID: usize = 253;
+
+/// An agent id is one segment of the reconcile URL and a name operators type: letters,
+/// digits, `.`, `_` and `-`, not starting with `.` or `-`.
+fn check_agent_id(id: &str) -> Result<String, String> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_AGENT_ID
+        && !id.starts_with(['.', '-'])
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(id.to_owned())
+    } else {
+        Err(format!("invalid agent id {id:?}: use 1 to {MAX_AGENT_ID} letters, digits, '.', '_' or '-', not starting with '.' or '-'"))
+    }
+}
+
+/// The host name, as the agent id when none is set.
+fn default_agent_id() -> Result<String, ConfigError> {
+    let host = crate::sys::hostname().unwrap_or_default();
+    check_agent_id(&host).map_err(|message| ConfigError::NoAgentId { message })
 }
 
 /// A file holding a secret must be a regular file readable by its owner only.
@@ -643,6 +689,7 @@ pub(crate) struct EffectiveRunner {
 #[derive(Debug, Serialize)]
 pub(crate) struct EffectiveHub {
     pub(crate) url: String,
+    pub(crate) agent_id: String,
     pub(crate) token_file: PathBuf,
     pub(crate) token: &'static str,
     pub(crate) ca_file: Option<PathBuf>,
@@ -682,6 +729,7 @@ impl AgentConfig {
             },
             hub: self.hub.as_ref().map(|h| EffectiveHub {
                 url: h.url.clone(),
+                agent_id: h.agent_id.clone(),
                 token_file: h.token_file.clone(),
                 token: "<redacted>",
                 ca_file: h.ca_file.clone(),
@@ -875,6 +923,54 @@ mod tests {
     }
 
     #[test]
+    fn the_agent_id_defaults_to_the_host_name_and_must_fit_a_url() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        fs::write(&token, "secret").unwrap();
+        fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
+        let flags = Flags {
+            config: Some(write(dir.path(), "[hub]\nurl = \"https://hub.example/\"\n")),
+            token_file: Some(token),
+            ..Flags::default()
+        };
+        let env = env_of(&[("HOME", "/h")]);
+        let hub = load_with(&flags, false, &env).unwrap().hub.unwrap();
+        assert_eq!(hub.url, "https://hub.example", "no trailing slash");
+        if let Some(host) = crate::sys::hostname().filter(|h| check_agent_id(h).is_ok()) {
+            assert_eq!(hub.agent_id, host);
+        }
+        let env = env_of(&[("HOME", "/h"), ("RAILGRID_HUB_AGENT_ID", "from-env")]);
+        let hub = load_with(&flags, false, &env).unwrap().hub.unwrap();
+        assert_eq!(hub.agent_id, "from-env");
+        let with_flag = Flags {
+            agent_id: Some("build-17.example".into()),
+            ..flags.clone()
+        };
+        let hub = load_with(&with_flag, false, &env).unwrap().hub.unwrap();
+        assert_eq!(hub.agent_id, "build-17.example");
+
+        for bad in ["a/b", "../x", "", "-x", "a b", "é"] {
+            let flags = Flags {
+                agent_id: Some(bad.into()),
+                ..flags.clone()
+            };
+            let err = load_with(&flags, false, &env).unwrap_err().to_string();
+            assert!(
+                err.contains("--agent-id") && err.contains("invalid agent id"),
+                "{bad:?}: {err}"
+            );
+        }
+        let no_hub = Flags {
+            agent_id: Some("a1".into()),
+            ..Flags::default()
+        };
+        let err = load_with(&no_hub, false, &env_of(&[("HOME", "/h")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("without a hub URL"), "{err}");
+    }
+
+    #[test]
     fn non_root_defaults_follow_xdg() {
         let env = env_of(&[("XDG_STATE_HOME", "/x/state"), ("HOME", "/home/u")]);
         let c = load_with(&Flags::default(), false, &env).unwrap();
@@ -996,6 +1092,7 @@ mod tests {
             log_dir: Some("/flag".into()),
             runner_user: Some("flag".into()),
             hub: Some("flag".into()),
+            agent_id: Some("flag".into()),
             token_file: Some("/flag".into()),
             ca_file: Some("/flag".into()),
         };

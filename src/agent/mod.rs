@@ -6,9 +6,14 @@
 //!   SIGHUP (re-read the configuration). Out: the re-read configuration and its desired
 //!   state to the reconciler; `STOPPING=1` through the reporter.
 //! - the *reconciler* ([`reconciler`]): owns the [`Supervisor`](crate::supervisor::Supervisor) of the runner and is the
-//!   one place a desired state is applied (from the config file standalone; the hub will
-//!   feed the same path). In: reloads, the supervisor's status. Out: runner starts,
-//!   restarts and finished stops; the runner's status to the reporter.
+//!   one place a desired state is applied (from the config file standalone, from the hub
+//!   otherwise). In: reloads, the hub's desired states, the supervisor's status. Out:
+//!   runner starts, restarts and finished stops; the runner's status to the reporter;
+//!   what it applied and observes to the hub task.
+//! - the *hub task* ([`hub`], with a `[hub]` only): the long-poll reconcile with the hub.
+//!   In: desired states from the hub, what the reconciler applied and observes, new hub
+//!   settings on SIGHUP. Out: reports to the hub, desired states to the reconciler, the
+//!   link's state to the reporter.
 //! - the *status reporter* ([`reporter`]): `<state>/agent-status.json` (written on a
 //!   blocking thread, updates coalesced) and sd_notify READY/STATUS/STOPPING.
 //! - the *watchdog task* (`WatchdogTask`): `WATCHDOG=1` at half systemd's interval, on its
@@ -31,6 +36,7 @@
 #[cfg(target_os = "linux")]
 pub(crate) mod cgroup;
 pub(crate) mod config;
+pub(crate) mod hub;
 pub(crate) mod instance;
 pub(crate) mod notify;
 mod reconciler;
@@ -48,11 +54,13 @@ use thiserror::Error;
 use tokio::signal::unix::{signal, SignalKind};
 
 use self::config::{AgentConfig, ConfigError, MAX_STOP_GRACE};
+use self::hub::{HubError, HubHandle};
 use self::notify::Notifier;
 use self::reconciler::Reconciler;
 use self::reporter::ReporterHandle;
-use self::status::AgentStatus;
+use self::status::{AgentStatus, HubStatus};
 use crate::build_info;
+use crate::proto::desired::DesiredState;
 use crate::supervisor::account::Account;
 use crate::supervisor::lock::{self, LockError};
 use crate::supervisor::{self, State, Status};
@@ -136,6 +144,8 @@ pub(crate) enum AgentError {
         #[source]
         source: tokio::task::JoinError,
     },
+    #[error("the hub settings cannot be used")]
+    Hub(#[source] HubError),
 }
 
 impl AgentError {
@@ -148,6 +158,7 @@ impl AgentError {
                 | AgentError::RunnerDirOwner { .. }
                 | AgentError::AlreadyRunning { .. }
                 | AgentError::Supervisor(_)
+                | AgentError::Hub(_)
         )
     }
 }
@@ -166,7 +177,24 @@ pub(crate) async fn run(
 
     let exe = pin_own_exe().await?;
     tracing::info!(exe = %exe.path().display(), sha256 = %exe.identity().sha256, size = exe.identity().size, "pinned the agent's executable: runners are launched from these bytes");
-    let mut desired = reconciler::standalone(&cfg, None);
+    // The token and CA files, read before anything starts: an unusable one is a
+    // configuration error (exit 2), not a hub that happens to be down.
+    let hub = match cfg.hub.clone() {
+        Some(settings) => Some(
+            tokio::task::spawn_blocking(move || hub::Connection::load(&settings))
+                .await
+                .map_err(|source| AgentError::Task {
+                    what: "hub settings",
+                    source,
+                })?
+                .map_err(AgentError::Hub)?,
+        ),
+        None => None,
+    };
+    let mut desired = match &hub {
+        Some(_) => initial_from_hub(&cfg).await,
+        None => reconciler::standalone(&cfg, None),
+    };
     // Validates the runner before anything is touched (exit 2 for a refused account).
     let reconciler = Reconciler::new(cfg.clone(), desired.clone(), exe.clone()).await?;
 
@@ -185,13 +213,16 @@ pub(crate) async fn run(
     if let Some(pid) = reclaimed {
         tracing::warn!(pid, lock = %lock_path.display(), "reclaimed an orphan runner left by a previous agent");
     }
-    if cfg.hub.is_some() {
-        tracing::warn!("a hub is configured, but this build reconciles only the local desired state (runner enabled)");
-    }
 
-    let reporter =
-        ReporterHandle::spawn(initial_status(&cfg, &exe, reclaimed.into_iter().collect()));
-    let mut reconciler = reconciler.spawn(reporter.clone()).await?;
+    let reporter = ReporterHandle::spawn(initial_status(
+        &cfg,
+        &exe,
+        &desired,
+        reclaimed.into_iter().collect(),
+    ));
+    let (reconciler, mut task) = reconciler.spawn(reporter.clone()).await?;
+    let hub = hub
+        .map(|conn| HubHandle::spawn(conn, &cfg.state_dir, reconciler.clone(), reporter.clone()));
     // Its own task, so the pings go on while the reconciler waits out a runner stop (a
     // reload's, which may take the whole stop grace and the reap): a hung agent stops
     // pinging, a busy one does not.
@@ -204,29 +235,79 @@ pub(crate) async fn run(
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
             _ = hup.recv() => match reload() {
-                Ok(new) => {
-                    desired = reconciler::standalone(&new, Some(&desired));
-                    reconciler.reload(new, desired.clone());
-                }
+                Ok(new) => match (&hub, new.hub.clone()) {
+                    (Some(hub), Some(settings)) => {
+                        hub.reload(settings);
+                        reconciler.reload(new, None);
+                    }
+                    (Some(_), None) => {
+                        tracing::warn!("SIGHUP: removing the hub takes effect when the agent restarts; the hub's desired state stays in force");
+                        reconciler.reload(new, None);
+                    }
+                    (None, added) => {
+                        if added.is_some() {
+                            tracing::warn!("SIGHUP: a hub takes effect when the agent restarts; running standalone until then");
+                        }
+                        desired = reconciler::standalone(&new, Some(&desired));
+                        reconciler.reload(new, Some(desired.clone()));
+                    }
+                },
                 Err(e) => {
                     tracing::error!(error = %crate::error_chain(&e), "SIGHUP: the new configuration is invalid; keeping the running one");
                 }
             },
             // Cancel-safe: polling a JoinHandle by reference does not consume it. Ready
             // only when the reconciler gave up (a runner it could not start).
-            res = reconciler.failed() => return res,
+            res = task.failed() => return res,
         }
     };
     tracing::info!("{why} received: stopping the runner");
     reporter.stopping();
-    reconciler.shutdown().await?;
+    // First, so that no desired state arrives while the runner stops.
+    if let Some(hub) = hub {
+        hub.shutdown().await;
+    }
+    task.shutdown().await?;
     reporter.finish().await;
     tracing::info!("agent stopped");
     Ok(())
 }
 
+/// The desired state an agent with a hub starts from: the one it applied last, kept in
+/// `<state>/desired.json`, so that a host restarted while its hub is down comes back as
+/// it was last told; without one (or with one that cannot be read), the embedded
+/// default (runner enabled, the config file's limits) at generation 0, which any
+/// desired state of the hub supersedes.
+async fn initial_from_hub(cfg: &AgentConfig) -> DesiredState {
+    let state_dir = cfg.state_dir.clone();
+    let kept = tokio::task::spawn_blocking(move || hub::load_persisted(&state_dir))
+        .await
+        .unwrap_or_else(|source| {
+            Err(HubError::Task {
+                what: "desired state read",
+                source,
+            })
+        });
+    match kept {
+        Ok(Some(d)) => {
+            tracing::info!(generation = d.generation, runner_enabled = d.runner.enabled, path = %hub::desired_path(&cfg.state_dir).display(), "starting from the desired state the hub gave last");
+            d
+        }
+        Ok(None) => DesiredState::default(),
+        Err(e) => {
+            tracing::warn!(error = %crate::error_chain(&e), "ignoring the kept desired state; starting from the standalone default until the hub answers");
+            DesiredState::default()
+        }
+    }
+}
+
 /// The status file's first content: nothing has been started yet.
-fn initial_status(cfg: &AgentConfig, exe: &PinnedExe, reclaimed: Vec<i32>) -> AgentStatus {
+fn initial_status(
+    cfg: &AgentConfig,
+    exe: &PinnedExe,
+    desired: &DesiredState,
+    reclaimed: Vec<i32>,
+) -> AgentStatus {
     let now = SystemTime::now();
     AgentStatus {
         version: build_info::VERSION.to_owned(),
@@ -248,6 +329,16 @@ fn initial_status(cfg: &AgentConfig, exe: &PinnedExe, reclaimed: Vec<i32>) -> Ag
         reclaimed_pids: reclaimed,
         reaped: Vec::new(),
         exe: Some(status::ExeStatus::from(exe.identity())),
+        runner_enabled: desired.runner.enabled,
+        hub: cfg.hub.as_ref().map(|h| HubStatus {
+            url: h.url.clone(),
+            agent_id: h.agent_id.clone(),
+            connected: false,
+            last_contact: None,
+            last_error: None,
+            generation: desired.generation,
+            desired_version: None,
+        }),
     }
 }
 

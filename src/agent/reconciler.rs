@@ -1,13 +1,16 @@
 //! The reconciler: the one place where a desired state is applied to this host.
 //!
 //! Task: [`ReconcilerTask`], one per agent; it owns the runner's [`Supervisor`].
-//! - In (through [`ReconcilerHandle`]): a new agent configuration with the desired state
-//!   derived from it (SIGHUP, standalone: [`standalone`]); the hub will feed its desired
-//!   states through the same [`ReconcilerTask::apply`]; `shutdown`. Also the supervisor's
-//!   status changes and a [`STATUS_EVERY`] tick.
+//! - In (through [`ReconcilerHandle`]): a new agent configuration, with the desired state
+//!   derived from it (SIGHUP, standalone: [`standalone`]) or without one (SIGHUP with a
+//!   hub: the hub's desired state in force is applied again with the new local
+//!   settings); the hub's desired states (from the hub task); `shutdown`. Also the
+//!   supervisor's status changes and a [`STATUS_EVERY`] tick.
 //! - Out: the runner started, restarted or stopped to match (each stop finished with
 //!   `cgroup.kill` and `runner reap`, see [`finish_runner_stop`]); the runner's status
-//!   and what a stop reaped, to the [`ReporterHandle`].
+//!   and what a stop reaped, to the [`ReporterHandle`]; a hub's desired state, once
+//!   applied, to `<state>/desired.json`; what is applied and observed ([`Observed`]), on
+//!   a watch channel the hub task reports from.
 //!
 //! Commands are applied one at a time, in order: a SIGTERM that arrives during a
 //! reload's runner restart is acted on when that restart is done. The watchdog pings
@@ -24,6 +27,7 @@ use super::cgroup;
 use super::config::{AgentConfig, RunnerSettings};
 use super::reporter::ReporterHandle;
 use super::{AgentError, REAP_GRACE, REAP_TIMEOUT, RUNNER_LOG};
+use crate::proto::admission::AdmissionChange;
 use crate::proto::desired::{DesiredRunner, DesiredState};
 use crate::runner::leftover::ReapReport;
 use crate::supervisor::account::Account;
@@ -60,7 +64,8 @@ pub(super) fn standalone(cfg: &AgentConfig, prev: Option<&DesiredState>) -> Desi
 }
 
 /// Everything the runner child is launched from: the settings only this host decides,
-/// and the runner part of the desired state. Two equal specs are the same runner.
+/// and the runner part of the desired state, each limit it leaves out taken from the
+/// config file. Two equal specs are the same runner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct RunnerSpec {
     /// The config file's runner settings without those the desired state carries (so a
@@ -71,27 +76,36 @@ struct RunnerSpec {
 
 impl RunnerSpec {
     fn new(cfg: &AgentConfig, desired: &DesiredState) -> Self {
+        let (d, r) = (&desired.runner, &cfg.runner);
         Self {
             local: RunnerSettings {
                 max_jobs: None,
                 max_jobs_per_owner: None,
                 max_queued: None,
                 max_output_bytes: None,
-                ..cfg.runner.clone()
+                ..r.clone()
             },
-            desired: desired.runner.clone(),
+            desired: DesiredRunner {
+                enabled: d.enabled,
+                max_jobs: d.max_jobs.or(r.max_jobs),
+                max_jobs_per_owner: d.max_jobs_per_owner.or(r.max_jobs_per_owner),
+                max_queued: d.max_queued.or(r.max_queued),
+                max_output_bytes: d.max_output_bytes.or(r.max_output_bytes),
+            },
         }
     }
 }
 
 /// What converging to a desired state takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Step {
     /// Nothing: the runner is as wanted (or absent, as wanted).
     Keep,
     Start,
-    /// Stop the running runner, start one with the new spec.
-    Restart,
+    /// Stop the running runner, start one with the new spec; the settings that differ.
+    Restart(Vec<&'static str>),
+    /// Only admission limits changed, each to a value: the running runner can take them.
+    Adjust(AdmissionChange),
     Stop,
     /// An older generation than the one applied: never go back.
     Stale,
@@ -108,21 +122,110 @@ fn decide(
     if desired.generation < applied_generation {
         return Step::Stale;
     }
-    match (running, desired.runner.enabled) {
+    match (running, want.desired.enabled) {
         (None, false) => Step::Keep,
         (Some(_), false) => Step::Stop,
         (None, true) => Step::Start,
-        (Some(spec), true) if spec == want => Step::Keep,
-        (Some(_), true) => Step::Restart,
+        (Some(spec), true) => {
+            let restart = restart_reasons(spec, want);
+            if !restart.is_empty() {
+                return Step::Restart(restart);
+            }
+            match admission_change(&spec.desired, &want.desired) {
+                Some(change) => Step::Adjust(change),
+                None => Step::Keep,
+            }
+        }
     }
 }
 
+/// The settings that differ between two runners and that only a new runner can take: the
+/// local ones, the spool cap, and an admission limit dropped (back to the runner's own
+/// default, which only its command line gives).
+fn restart_reasons(old: &RunnerSpec, new: &RunnerSpec) -> Vec<&'static str> {
+    let (a, b) = (&old.local, &new.local);
+    let (da, db) = (&old.desired, &new.desired);
+    let dropped = |x: Option<usize>, y: Option<usize>| x.is_some() && y.is_none();
+    [
+        ("user", a.user != b.user),
+        ("stop_grace", a.stop_grace != b.stop_grace),
+        ("initial_backoff", a.initial_backoff != b.initial_backoff),
+        ("max_log_bytes", a.max_log_bytes != b.max_log_bytes),
+        ("delegate_cgroup", a.delegate_cgroup != b.delegate_cgroup),
+        ("job_path", a.job_path != b.job_path),
+        (
+            "max_output_bytes",
+            da.max_output_bytes != db.max_output_bytes,
+        ),
+        ("max_jobs", dropped(da.max_jobs, db.max_jobs)),
+        (
+            "max_jobs_per_owner",
+            dropped(da.max_jobs_per_owner, db.max_jobs_per_owner),
+        ),
+        ("max_queued", dropped(da.max_queued, db.max_queued)),
+    ]
+    .into_iter()
+    .filter_map(|(name, differs)| differs.then_some(name))
+    .collect()
+}
+
+/// The admission limits that changed to a value, as the runner's `PUT /v1/admission`
+/// takes them; `None` when none did.
+fn admission_change(old: &DesiredRunner, new: &DesiredRunner) -> Option<AdmissionChange> {
+    let changed = |a: Option<usize>, b: Option<usize>| b.filter(|_| a != b);
+    let change = AdmissionChange {
+        max_jobs: changed(old.max_jobs, new.max_jobs),
+        max_jobs_per_owner: changed(old.max_jobs_per_owner, new.max_jobs_per_owner),
+        max_queued: changed(old.max_queued, new.max_queued),
+    };
+    (change != AdmissionChange::default()).then_some(change)
+}
+
+/// The names of the limits an admission change sets, for the log.
+fn admission_names(change: &AdmissionChange) -> Vec<&'static str> {
+    [
+        ("max_jobs", change.max_jobs.is_some()),
+        ("max_jobs_per_owner", change.max_jobs_per_owner.is_some()),
+        ("max_queued", change.max_queued.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, set)| set.then_some(name))
+    .collect()
+}
+
+/// What the reconciler has applied and what it observes of the runner: published on a
+/// watch channel, from which the hub task builds its reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Observed {
+    /// The desired state in force, as it was given (a hub's limits not yet merged with
+    /// the config file's).
+    pub(super) desired: DesiredState,
+    /// How many desired states from the hub have been handled (applied or refused): the
+    /// hub task waits for this to move before it reports again.
+    pub(super) handled: u64,
+    /// Why the last desired state from the hub was not applied; `None` when it was.
+    pub(super) refused: Option<String>,
+    /// The runner's status, `starts` over the agent's life.
+    pub(super) runner: Status,
+}
+
+/// Whether `apply` converged to what it was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    Applied,
+    /// Not applied, and why (also logged); what runs is kept.
+    Refused(String),
+}
+
 enum Command {
-    /// A re-read configuration and the desired state derived from it.
+    /// A re-read configuration and the desired state derived from it; `None` keeps the
+    /// desired state in force (a hub's) and applies it again with the new settings.
     Reload {
         cfg: Box<AgentConfig>,
-        desired: DesiredState,
+        desired: Option<DesiredState>,
     },
+    /// A desired state from the hub.
+    Desired(Box<DesiredState>),
     Shutdown,
 }
 
@@ -142,7 +245,8 @@ impl Reconciler {
         desired: DesiredState,
         exe: Arc<PinnedExe>,
     ) -> Result<Self, AgentError> {
-        let first = build(&cfg, &desired, &exe).await?;
+        let spec = RunnerSpec::new(&cfg, &desired);
+        let first = build(&cfg, &spec.desired, &exe).await?;
         Ok(Self {
             cfg,
             desired,
@@ -155,8 +259,14 @@ impl Reconciler {
     pub(super) async fn spawn(
         self,
         reporter: ReporterHandle,
-    ) -> Result<ReconcilerHandle, AgentError> {
+    ) -> Result<(ReconcilerHandle, ReconcilerTaskHandle), AgentError> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let (observed, observed_rx) = watch::channel(Observed {
+            desired: self.desired.clone(),
+            handled: 0,
+            refused: None,
+            runner: stopped_status(),
+        });
         let mut task = ReconcilerTask {
             rx,
             cfg: self.cfg,
@@ -167,35 +277,62 @@ impl Reconciler {
             changes: None,
             earlier_starts: 0,
             reporter,
+            observed,
         };
-        if task.desired.runner.enabled {
-            let spec = RunnerSpec::new(&task.cfg, &task.desired);
+        let spec = RunnerSpec::new(&task.cfg, &task.desired);
+        if spec.desired.enabled {
             task.start(self.first, spec).await?;
         }
         task.report();
-        Ok(ReconcilerHandle {
+        let handle = ReconcilerHandle {
+            tx: tx.clone(),
+            observed: observed_rx,
+        };
+        let task = ReconcilerTaskHandle {
             tx,
             task: tokio::spawn(task.run()),
-        })
+        };
+        Ok((handle, task))
     }
 }
 
-/// The way to the reconciler task.
+/// The way to the reconciler task; cheap to clone (the main loop and the hub task each
+/// hold one).
+#[derive(Clone)]
 pub(super) struct ReconcilerHandle {
     tx: mpsc::UnboundedSender<Command>,
-    task: tokio::task::JoinHandle<Result<(), AgentError>>,
+    observed: watch::Receiver<Observed>,
 }
 
 impl ReconcilerHandle {
-    /// Queues a re-read configuration and its desired state; applied after whatever is
-    /// being applied now.
-    pub(super) fn reload(&self, cfg: AgentConfig, desired: DesiredState) {
+    /// Queues a re-read configuration and its desired state (`None`: keep the one in
+    /// force); applied after whatever is being applied now.
+    pub(super) fn reload(&self, cfg: AgentConfig, desired: Option<DesiredState>) {
         let _ = self.tx.send(Command::Reload {
             cfg: Box::new(cfg),
             desired,
         });
     }
 
+    /// Queues a desired state from the hub. [`Observed::handled`] moves on once it has
+    /// been applied or refused.
+    pub(super) fn desired(&self, desired: DesiredState) {
+        let _ = self.tx.send(Command::Desired(Box::new(desired)));
+    }
+
+    /// What is applied and observed, updated on every change.
+    pub(super) fn observed(&self) -> watch::Receiver<Observed> {
+        self.observed.clone()
+    }
+}
+
+/// The reconciler task itself, held by the main loop only: its end, and its shutdown.
+pub(super) struct ReconcilerTaskHandle {
+    tx: mpsc::UnboundedSender<Command>,
+    task: tokio::task::JoinHandle<Result<(), AgentError>>,
+}
+
+impl ReconcilerTaskHandle {
     /// Resolves only if the task ended on its own: a runner it could not start.
     pub(super) async fn failed(&mut self) -> Result<(), AgentError> {
         joined((&mut self.task).await)
@@ -217,6 +354,16 @@ fn joined(r: Result<Result<(), AgentError>, tokio::task::JoinError>) -> Result<(
     })
 }
 
+fn stopped_status() -> Status {
+    Status {
+        state: State::Stopped,
+        pid: None,
+        starts: 0,
+        last_error: None,
+        since: SystemTime::now(),
+    }
+}
+
 struct ReconcilerTask {
     rx: mpsc::UnboundedReceiver<Command>,
     cfg: AgentConfig,
@@ -230,6 +377,7 @@ struct ReconcilerTask {
     /// Starts by supervisors already replaced: `starts` counts over the agent's life.
     earlier_starts: u64,
     reporter: ReporterHandle,
+    observed: watch::Sender<Observed>,
 }
 
 impl ReconcilerTask {
@@ -240,6 +388,7 @@ impl ReconcilerTask {
                 // Cancel-safe: mpsc::recv loses no message when another arm wins.
                 cmd = self.rx.recv() => match cmd {
                     Some(Command::Reload { cfg, desired }) => self.reload(*cfg, desired).await?,
+                    Some(Command::Desired(desired)) => self.from_hub(*desired).await?,
                     Some(Command::Shutdown) | None => break,
                 },
                 // Cancel-safe: a watch receiver keeps its seen-version between polls.
@@ -257,7 +406,7 @@ impl ReconcilerTask {
     async fn reload(
         &mut self,
         mut cfg: AgentConfig,
-        desired: DesiredState,
+        desired: Option<DesiredState>,
     ) -> Result<(), AgentError> {
         if cfg.state_dir != self.cfg.state_dir || cfg.log_dir != self.cfg.log_dir {
             tracing::warn!(
@@ -266,7 +415,42 @@ impl ReconcilerTask {
             cfg.state_dir = self.cfg.state_dir.clone();
             cfg.log_dir = self.cfg.log_dir.clone();
         }
-        self.apply("SIGHUP", cfg, desired).await
+        let desired = desired.unwrap_or_else(|| self.desired.clone());
+        self.apply("SIGHUP", cfg, desired).await.map(drop)
+    }
+
+    /// A desired state from the hub: applied with the configuration in force, then kept
+    /// in `<state>/desired.json` for a start while the hub is unreachable.
+    async fn from_hub(&mut self, desired: DesiredState) -> Result<(), AgentError> {
+        if let Some(agent) = &desired.agent {
+            if Some(agent) != self.desired.agent.as_ref() {
+                tracing::info!(version = %agent.version, rollback = agent.rollback, running = crate::build_info::VERSION, "the hub asks for another agent version; self-upgrade is not in this build, so it is only reported");
+            }
+        }
+        let outcome = self.apply("hub", self.cfg.clone(), desired.clone()).await?;
+        if outcome == Outcome::Applied {
+            let state_dir = self.cfg.state_dir.clone();
+            let saved =
+                tokio::task::spawn_blocking(move || super::hub::persist(&state_dir, &desired))
+                    .await
+                    .unwrap_or_else(|source| {
+                        Err(super::hub::HubError::Task {
+                            what: "desired state write",
+                            source,
+                        })
+                    });
+            if let Err(e) = saved {
+                tracing::error!(error = %crate::error_chain(&e), "could not keep the hub's desired state: a start while the hub is unreachable would not know it");
+            }
+        }
+        self.observed.send_modify(|o| {
+            o.handled += 1;
+            o.refused = match outcome {
+                Outcome::Applied => None,
+                Outcome::Refused(why) => Some(why),
+            };
+        });
+        Ok(())
     }
 
     /// Converges to `cfg` and `desired`. Settings that cannot be applied are logged and
@@ -276,8 +460,9 @@ impl ReconcilerTask {
         origin: &str,
         cfg: AgentConfig,
         desired: DesiredState,
-    ) -> Result<(), AgentError> {
+    ) -> Result<Outcome, AgentError> {
         let want = RunnerSpec::new(&cfg, &desired);
+        let generation = desired.generation;
         match decide(
             self.desired.generation,
             self.running.as_ref(),
@@ -286,37 +471,77 @@ impl ReconcilerTask {
         ) {
             Step::Stale => {
                 tracing::warn!(
-                    got = desired.generation,
+                    got = generation,
                     applied = self.desired.generation,
                     "{origin}: ignoring an older desired state than the one applied"
                 );
-                return Ok(());
+                return Ok(Outcome::Refused(format!(
+                    "generation {generation} is older than the applied {}",
+                    self.desired.generation
+                )));
             }
             Step::Keep => {
-                tracing::info!("{origin}: configuration reloaded; runner settings unchanged");
+                tracing::info!(generation, "{origin}: runner settings unchanged");
                 self.accept(cfg, desired);
             }
             Step::Stop => {
-                tracing::info!("{origin}: the desired state disables the runner; stopping it");
+                tracing::info!(
+                    generation,
+                    "{origin}: the desired state disables the runner; stopping it"
+                );
                 self.stop_runner().await;
                 self.accept(cfg, desired);
             }
-            Step::Start | Step::Restart => {
-                let sup = match build(&cfg, &desired, &self.exe).await {
-                    Ok(sup) => sup,
-                    Err(e) => {
-                        tracing::error!(error = %crate::error_chain(&e), "{origin}: cannot apply the new runner settings; keeping the running ones");
-                        return Ok(());
-                    }
-                };
-                tracing::info!("{origin}: runner settings changed; restarting the runner");
-                self.stop_runner().await;
-                self.accept(cfg, desired);
-                self.start(sup, want).await?;
+            Step::Start => {
+                tracing::info!(
+                    generation,
+                    "{origin}: the desired state enables the runner; starting it"
+                );
+                return self.restart(origin, cfg, desired, want).await;
+            }
+            Step::Restart(reasons) => {
+                tracing::info!(
+                    generation,
+                    "{origin}: restarting the runner: {} changed",
+                    reasons.join(", ")
+                );
+                return self.restart(origin, cfg, desired, want).await;
+            }
+            Step::Adjust(change) => {
+                tracing::info!(
+                    generation,
+                    "{origin}: restarting the runner: {} changed",
+                    admission_names(&change).join(", ")
+                );
+                return self.restart(origin, cfg, desired, want).await;
             }
         }
         self.report();
-        Ok(())
+        Ok(Outcome::Applied)
+    }
+
+    /// Replaces the runner (if one runs) with one built from `want`. A runner that cannot
+    /// be built (its account, its directories) is refused before anything is stopped.
+    async fn restart(
+        &mut self,
+        origin: &str,
+        cfg: AgentConfig,
+        desired: DesiredState,
+        want: RunnerSpec,
+    ) -> Result<Outcome, AgentError> {
+        let sup = match build(&cfg, &want.desired, &self.exe).await {
+            Ok(sup) => sup,
+            Err(e) => {
+                let why = crate::error_chain(&e);
+                tracing::error!(error = %why, "{origin}: cannot apply the new runner settings; keeping the running ones");
+                return Ok(Outcome::Refused(why));
+            }
+        };
+        self.stop_runner().await;
+        self.accept(cfg, desired);
+        self.start(sup, want).await?;
+        self.report();
+        Ok(Outcome::Applied)
     }
 
     fn accept(&mut self, cfg: AgentConfig, desired: DesiredState) {
@@ -324,6 +549,11 @@ impl ReconcilerTask {
             self.reporter.config_path(cfg.config_path.clone());
         }
         self.cfg = cfg;
+        self.observed.send_if_modified(|o| {
+            let changed = o.desired != desired;
+            o.desired = desired.clone();
+            changed
+        });
         self.desired = desired;
     }
 
@@ -353,19 +583,26 @@ impl ReconcilerTask {
     fn report(&self) {
         let status = match &self.sup {
             Some(sup) => sup.status(),
-            None => Status {
-                state: State::Stopped,
-                pid: None,
-                starts: 0,
-                last_error: None,
-                since: SystemTime::now(),
-            },
+            None => stopped_status(),
         };
         self.send_status(status);
     }
 
     fn send_status(&self, mut status: Status) {
         status.starts += self.earlier_starts;
+        self.observed.send_if_modified(|o| {
+            // `since` alone (a fresh snapshot of no supervisor) is no change.
+            let changed = (
+                o.runner.state,
+                o.runner.pid,
+                o.runner.starts,
+                &o.runner.last_error,
+            ) != (status.state, status.pid, status.starts, &status.last_error);
+            if changed {
+                o.runner = status.clone();
+            }
+            changed
+        });
         self.reporter.runner(status, self.desired.runner.enabled);
     }
 }
@@ -384,10 +621,10 @@ async fn changed(rx: &mut Option<watch::Receiver<Status>>) -> Status {
 /// creation, chown, cgroup delegation and opening the log are blocking work.
 async fn build(
     cfg: &AgentConfig,
-    desired: &DesiredState,
+    desired: &DesiredRunner,
     exe: &Arc<PinnedExe>,
 ) -> Result<Supervisor, AgentError> {
-    let (cfg, desired, exe) = (cfg.clone(), desired.runner.clone(), exe.clone());
+    let (cfg, desired, exe) = (cfg.clone(), desired.clone(), exe.clone());
     tokio::task::spawn_blocking(move || {
         super::prepare(&cfg)?;
         Ok(Supervisor::new(runner_config(&cfg, &desired, &exe)?)?)
@@ -629,13 +866,31 @@ mod tests {
         assert_eq!(decide(1, None, &d, &spec), Step::Start);
         assert_eq!(decide(1, Some(&spec), &d, &spec), Step::Keep);
 
-        // A local setting (the stop grace) or a desired limit: another runner.
+        // A local setting (the stop grace): another runner, saying why.
         let grace = config(Some(4), Duration::from_secs(3));
         let want = RunnerSpec::new(&grace, &d);
-        assert_eq!(decide(1, Some(&spec), &d, &want), Step::Restart);
+        assert_eq!(
+            decide(1, Some(&spec), &d, &want),
+            Step::Restart(vec!["stop_grace"])
+        );
+        // An admission limit changed to a value: the running runner takes it.
         let limits = standalone(&config(Some(8), Duration::from_secs(10)), Some(&d));
         let want = RunnerSpec::new(&cfg, &limits);
-        assert_eq!(decide(1, Some(&spec), &limits, &want), Step::Restart);
+        assert_eq!(
+            decide(1, Some(&spec), &limits, &want),
+            Step::Adjust(AdmissionChange {
+                max_jobs: Some(8),
+                ..AdmissionChange::default()
+            })
+        );
+        // The spool cap only reaches a new runner.
+        let mut spool = limits.clone();
+        spool.runner.max_output_bytes = Some(1 << 20);
+        let want = RunnerSpec::new(&cfg, &spool);
+        assert_eq!(
+            decide(2, Some(&spec), &spool, &want),
+            Step::Restart(vec!["max_output_bytes"])
+        );
 
         // Disabled: stop a running runner, leave an absent one absent.
         let mut off = limits.clone();
@@ -647,6 +902,41 @@ mod tests {
 
         // Never back to an older generation.
         assert_eq!(decide(3, None, &d, &spec), Step::Stale);
+    }
+
+    #[test]
+    fn a_limit_the_hub_leaves_out_is_the_config_files() {
+        let cfg = config(Some(4), Duration::from_secs(10));
+        let hub = DesiredState {
+            generation: 7,
+            runner: DesiredRunner {
+                max_jobs_per_owner: Some(1),
+                ..DesiredRunner::default()
+            },
+            ..DesiredState::default()
+        };
+        let spec = RunnerSpec::new(&cfg, &hub);
+        assert_eq!(spec.desired.max_jobs, Some(4), "from the file");
+        assert_eq!(spec.desired.max_jobs_per_owner, Some(1), "from the hub");
+        assert_eq!(spec.desired.max_queued, None, "the runner's default");
+
+        // The file's limit changes under a hub that leaves it out (SIGHUP): adjusted.
+        let reloaded = config(Some(6), Duration::from_secs(10));
+        let want = RunnerSpec::new(&reloaded, &hub);
+        assert_eq!(
+            decide(7, Some(&spec), &hub, &want),
+            Step::Adjust(AdmissionChange {
+                max_jobs: Some(6),
+                ..AdmissionChange::default()
+            })
+        );
+        // A limit dropped everywhere goes back to the runner's default: a new runner.
+        let none = config(None, Duration::from_secs(10));
+        let want = RunnerSpec::new(&none, &hub);
+        assert_eq!(
+            decide(7, Some(&spec), &hub, &want),
+            Step::Restart(vec!["max_jobs"])
+        );
     }
 
     #[tokio::test(start_paused = true)]

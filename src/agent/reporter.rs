@@ -4,7 +4,8 @@
 //! Task: [`ReporterTask`], one per agent.
 //! - In (through [`ReporterHandle`]): the runner's status (from the reconciler, on every
 //!   change and every few seconds), what a runner stop left and the agent ended, the
-//!   config file in use, the start of the agent's stop, and at last `finish`.
+//!   config file in use, the link to the hub (from the hub task, on every change), the
+//!   start of the agent's stop, and at last `finish`.
 //! - Out: the status file, written atomically (fsync of file and directory) on a blocking
 //!   thread, never on the runtime's; sd_notify `READY=1` (once, after the first status
 //!   that shows a runner, so the file names it by then), `STATUS=` (when its line changes)
@@ -19,7 +20,7 @@ use std::time::SystemTime;
 use tokio::sync::{mpsc, oneshot};
 
 use super::notify::Notifier;
-use super::status::{self, AgentStatus};
+use super::status::{self, AgentStatus, HubStatus};
 use crate::supervisor::{State, Status};
 
 /// What the reporter is told.
@@ -32,6 +33,7 @@ enum Msg {
     },
     Reaped(Vec<String>),
     ConfigPath(Option<PathBuf>),
+    Hub(HubStatus),
     Stopping,
     /// The agent has stopped: write the last status (`running: false`) and end.
     Finish(oneshot::Sender<()>),
@@ -72,6 +74,10 @@ impl ReporterHandle {
 
     pub(super) fn config_path(&self, path: Option<PathBuf>) {
         self.send(Msg::ConfigPath(path));
+    }
+
+    pub(super) fn hub(&self, hub: HubStatus) {
+        self.send(Msg::Hub(hub));
     }
 
     /// `STOPPING=1`, at once.
@@ -127,10 +133,12 @@ impl ReporterTask {
         match msg {
             Msg::Runner { status, wanted } => {
                 self.status.runner = status;
+                self.status.runner_enabled = wanted;
                 self.wanted = wanted;
             }
             Msg::Reaped(ended) => self.status.reaped = ended,
             Msg::ConfigPath(path) => self.status.config_path = path,
+            Msg::Hub(hub) => self.status.hub = Some(hub),
             Msg::Stopping => {
                 self.notify("STOPPING=1");
                 return;
@@ -209,6 +217,8 @@ mod tests {
             reclaimed_pids: Vec::new(),
             reaped: Vec::new(),
             exe: None,
+            runner_enabled: true,
+            hub: None,
         }
     }
 

@@ -39,6 +39,39 @@ pub(crate) struct AgentStatus {
     /// start); absent in files written before it was recorded.
     #[serde(default)]
     pub(crate) exe: Option<ExeStatus>,
+    /// False while the desired state disables the runner (a stopped runner is then no
+    /// failure); true in files written before it was recorded.
+    #[serde(default = "enabled")]
+    pub(crate) runner_enabled: bool,
+    /// The hub this agent is reconciled by; `None` standalone (and in older files).
+    #[serde(default)]
+    pub(crate) hub: Option<HubStatus>,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+/// The agent's link to its hub, as `agent status` shows it. Never holds the token.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct HubStatus {
+    pub(crate) url: String,
+    pub(crate) agent_id: String,
+    /// True when the last reconcile got a desired state from the hub.
+    #[serde(default)]
+    pub(crate) connected: bool,
+    /// Unix seconds of the last answer with a desired state; `None` before the first.
+    #[serde(default)]
+    pub(crate) last_contact: Option<u64>,
+    /// The latest failure (`connected` says whether it still holds).
+    #[serde(default)]
+    pub(crate) last_error: Option<String>,
+    /// The generation of the desired state applied (0: none from the hub yet).
+    #[serde(default)]
+    pub(crate) generation: u64,
+    /// The agent version the hub asks for; only reported until self-upgrade acts on it.
+    #[serde(default)]
+    pub(crate) desired_version: Option<String>,
 }
 
 /// The pinned executable, as `agent status` shows it.

@@ -18,6 +18,7 @@ fn flags(args: &AgentArgs) -> Flags {
         log_dir: args.log_dir.clone(),
         runner_user: args.runner_user.clone(),
         hub: args.hub.clone(),
+        agent_id: args.agent_id.clone(),
         token_file: args.token_file.clone(),
         ca_file: args.ca_file.clone(),
     }
@@ -71,6 +72,10 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
 
 pub(super) fn check_config(args: AgentArgs) -> anyhow::Result<ExitCode> {
     let cfg: AgentConfig = config::load(&flags(&args)).map_err(usage)?;
+    // The token and CA files must be usable too; the hub itself is not contacted.
+    if let Some(hub) = &cfg.hub {
+        crate::agent::hub::check(hub).map_err(usage)?;
+    }
     let text = toml::to_string(&cfg.effective()).context("could not render the configuration")?;
     print_stdout(&format!(
         "# railgrid agent: effective configuration (valid)\n{}",
@@ -195,7 +200,12 @@ fn render(st: &AgentStatus, alive: bool, last_line: Option<&str>) -> String {
         ago(st.updated_at)
     ));
     let r = &st.runner;
-    let state = format!("{:?}", r.state).to_lowercase();
+    let state = match r.state {
+        crate::supervisor::State::Stopped if !st.runner_enabled => {
+            "disabled by the desired state".to_owned()
+        }
+        s => format!("{s:?}").to_lowercase(),
+    };
     let pid = r.pid.map(|p| format!("pid {p}, ")).unwrap_or_default();
     out.push_str(&format!(
         "runner:     {state} ({pid}{} starts, for {})\n",
@@ -227,6 +237,33 @@ fn render(st: &AgentStatus, alive: bool, last_line: Option<&str>) -> String {
             exe.sha256,
             exe.size
         ));
+    }
+    if let Some(hub) = &st.hub {
+        let link = match (hub.connected, hub.last_contact) {
+            (true, _) => "connected".to_owned(),
+            (false, Some(t)) => format!(
+                "not connected (last contact {} ago)",
+                ago(std::time::UNIX_EPOCH + Duration::from_secs(t))
+            ),
+            (false, None) => "not connected (never reached)".to_owned(),
+        };
+        out.push_str(&format!(
+            "hub:        {} as {}: {link}, generation {} applied\n",
+            hub.url, hub.agent_id, hub.generation
+        ));
+        if let Some(err) = &hub.last_error {
+            let label = if hub.connected {
+                "hub error:  (earlier)"
+            } else {
+                "hub error: "
+            };
+            out.push_str(&format!("{label} {err}\n"));
+        }
+        if let Some(v) = &hub.desired_version {
+            out.push_str(&format!(
+                "desired version: {v} (self-upgrade is not in this build)\n"
+            ));
+        }
     }
     out.push_str(&format!("state dir:  {}\n", st.state_dir.display()));
     out.push_str(&format!("log dir:    {}\n", st.log_dir.display()));

@@ -84,6 +84,20 @@ pub fn page_size() -> usize {
         .unwrap_or(4096)
 }
 
+/// The host name (`gethostname`), where it is valid UTF-8.
+pub fn hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for `buf.len()` bytes; gethostname writes at most that
+    // many and touches nothing else.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    // POSIX leaves a truncated name without its terminating NUL: then the whole buffer.
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    std::str::from_utf8(&buf[..len]).ok().map(str::to_owned)
+}
+
 /// True when the effective uid is 0.
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()

@@ -16,34 +16,34 @@ use sha2::Digest;
 
 use crate::support::*;
 
-const LIMIT: Duration = Duration::from_secs(20);
+pub const LIMIT: Duration = Duration::from_secs(20);
 
 /// A temp dir the runner account can traverse, holding state, logs and an empty config.
-struct Host {
+pub struct Host {
     dir: tempfile::TempDir,
 }
 
 impl Host {
-    fn new() -> Self {
+    pub fn new() -> Self {
         let dir = tempdir();
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
         fs::write(dir.path().join("agent.toml"), "").expect("config");
         Self { dir }
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
-    fn state(&self) -> PathBuf {
+    pub fn state(&self) -> PathBuf {
         self.path("state")
     }
 
-    fn socket(&self) -> PathBuf {
+    pub fn socket(&self) -> PathBuf {
         self.state().join("runner/runner.sock")
     }
 
-    fn agent_cmd(&self, extra: &[&str]) -> Command {
+    pub fn agent_cmd(&self, extra: &[&str]) -> Command {
         self.agent_cmd_from(Path::new(BIN), extra)
     }
 
@@ -68,18 +68,18 @@ impl Host {
         cmd
     }
 
-    fn start_agent(&self) -> Guard {
+    pub fn start_agent(&self) -> Guard {
         Guard::new(self.agent_cmd(&[]).spawn().expect("spawn agent"))
     }
 
-    fn status(&self) -> Value {
+    pub fn status(&self) -> Value {
         let text = fs::read_to_string(self.state().join("agent-status.json")).unwrap_or_default();
         serde_json::from_str(&text).unwrap_or(Value::Null)
     }
 
     /// Waits until the status file reports a running runner whose health answers, and
     /// returns its pid.
-    fn wait_runner(&self, what: &str, accept: impl Fn(&Value) -> bool) -> i32 {
+    pub fn wait_runner(&self, what: &str, accept: impl Fn(&Value) -> bool) -> i32 {
         wait_for(LIMIT, what, || {
             let st = self.status();
             let pid = st["runner"]["pid"].as_i64()? as i32;
@@ -108,7 +108,7 @@ impl Host {
         err
     }
 
-    fn agent_log(&self) -> String {
+    pub fn agent_log(&self) -> String {
         let mut text = String::new();
         for entry in fs::read_dir(self.path("logs"))
             .into_iter()

@@ -1,0 +1,885 @@
+//! The agent's side of the hub protocol (v1, DESIGN.md): a long-poll reconcile loop.
+//!
+//! Task: [`HubTask`], one per agent with a `[hub]`; callers hold a [`HubHandle`].
+//! - Out, to the hub: `POST {url}/v1/agents/{id}/reconcile?wait=30` with the agent's
+//!   report ([`AgentReport`]: version, platform, host name, the generation applied, the
+//!   runner's state and its job counts) and `Authorization: Bearer <token>`.
+//! - In, from the hub: a desired state ([`DesiredState`]), read with a 1 MiB cap.
+//! - Out, to the reconciler: each desired state that differs from the one in force
+//!   ([`ReconcilerHandle::desired`]); the reconciler applies it, keeps it in
+//!   `<state>/desired.json` ([`persist`]) and says on its watch channel ([`Observed`])
+//!   what it applied, which the next report carries.
+//! - Out, to the reporter: the link's state ([`HubStatus`]: connected, last contact,
+//!   last error, generation), on every change.
+//! - In, through the handle: new hub settings (SIGHUP: the token file is read again),
+//!   and shutdown.
+//!
+//! A failure (the hub down, a refused token, a broken answer, a desired state the
+//! reconciler could not apply) is retried with capped, jittered exponential backoff
+//! ([`backoff_delay`]) and logged once per change of state, never once per retry. Nothing
+//! here stops the runner or ends the agent: without the hub the agent keeps the desired
+//! state it applied last (DESIGN invariant 12).
+//!
+//! The token goes from its file (0600) into one `Authorization` value marked sensitive,
+//! and nowhere else: not into a log line, the status file, an error, or a child.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use thiserror::Error;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use super::config::HubSettings;
+use super::reconciler::{Observed, ReconcilerHandle};
+use super::reporter::ReporterHandle;
+use super::status::HubStatus;
+use crate::build_info;
+use crate::hub_client::{self, HubClientError};
+use crate::proto::desired::DesiredState;
+use crate::proto::hub::ErrorBody;
+use crate::proto::report::{AgentReport, JobsSummary, RunnerReport};
+use crate::supervisor::State;
+
+/// The desired state last applied from the hub, inside the state directory.
+pub(crate) const DESIRED_FILE: &str = "desired.json";
+/// How long the hub may hold a reconcile before it answers (the long poll).
+const WAIT: Duration = Duration::from_secs(30);
+/// A reconcile's whole time limit: the hub's hold and room for the exchange.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(WAIT.as_secs() + 15);
+/// Connecting, TLS handshake included.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest desired state read from the hub.
+const MAX_ANSWER: usize = 1 << 20;
+/// Reconciles start at least this far apart, whatever the hub answers (one that does
+/// not hold its long polls must not turn this loop into a busy one).
+const MIN_SPACING: Duration = Duration::from_secs(1);
+/// The first and the longest pause after a failure.
+const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// The longest pause between reconciles a hub may ask for (`poll_interval_secs`).
+const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
+/// How long a report waits for the runner's job counts.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+/// The most of a hub's error text that goes into a log line.
+const MAX_ERROR_TEXT: usize = 300;
+
+#[derive(Debug, Error)]
+pub(crate) enum HubError {
+    #[error("could not read the hub token file {path}")]
+    TokenRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the hub token file {path} is empty: write the token `railgrid hub agent add` printed into it")]
+    TokenEmpty { path: PathBuf },
+    #[error("the hub token in {path} holds characters an HTTP header cannot carry (a control character, or more than one line)")]
+    TokenInvalid { path: PathBuf },
+    #[error(transparent)]
+    Client(HubClientError),
+    #[error("the hub refused this agent's token (revoked or unknown): {url} answered {status}{message}; enrol the agent again (`railgrid hub agent add`) and write the new token into the token file")]
+    Refused {
+        url: String,
+        status: u16,
+        message: String,
+    },
+    #[error("{url} answered {status}{message}")]
+    Status {
+        url: String,
+        status: u16,
+        message: String,
+    },
+    #[error("could not reach the hub at {url}")]
+    Request {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("the hub at {url} did not answer within {}", humantime::format_duration(*after))]
+    Timeout { url: String, after: Duration },
+    #[error("{url}: the answer is not a desired state")]
+    Decode {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("could not apply the hub's desired state of generation {generation}: {why}")]
+    NotApplied { generation: u64, why: String },
+    #[error("could not write {path}")]
+    Persist {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("could not read {path}")]
+    PersistedRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a desired state")]
+    PersistedCorrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the agent's {what} failed")]
+    Task {
+        what: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+/// What talking to one hub takes: its settings, an HTTPS client that trusts its CA, and
+/// the token, only as the header value that carries it.
+pub(crate) struct Connection {
+    settings: HubSettings,
+    client: reqwest::Client,
+    auth: HeaderValue,
+}
+
+impl Connection {
+    /// Reads the token file and the CA file and builds the client. Blocking (two small
+    /// file reads): called on a blocking thread, or before the runtime matters.
+    pub(crate) fn load(settings: &HubSettings) -> Result<Self, HubError> {
+        let path = &settings.token_file;
+        let text = std::fs::read_to_string(path).map_err(|source| HubError::TokenRead {
+            path: path.clone(),
+            source,
+        })?;
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(HubError::TokenEmpty { path: path.clone() });
+        }
+        let auth =
+            hub_client::bearer(token).map_err(|_| HubError::TokenInvalid { path: path.clone() })?;
+        let client = hub_client::build(settings.ca_file.as_deref(), CONNECT_TIMEOUT)
+            .map_err(HubError::Client)?;
+        Ok(Self {
+            settings: settings.clone(),
+            client,
+            auth,
+        })
+    }
+
+    fn url(&self) -> String {
+        format!(
+            "{}/v1/agents/{}/reconcile?wait={}",
+            self.settings.url,
+            self.settings.agent_id,
+            WAIT.as_secs()
+        )
+    }
+
+    /// One reconcile: the report out, the desired state back.
+    async fn reconcile(&self, report: &AgentReport) -> Result<DesiredState, HubError> {
+        let url = self.url();
+        let body = serde_json::to_vec(report).map_err(|source| HubError::Decode {
+            url: url.clone(),
+            source,
+        })?;
+        let resp = self
+            .client
+            .post(&url)
+            .header(AUTHORIZATION, self.auth.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .timeout(REQUEST_TIMEOUT)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| request_error(&url, e))?;
+        let status = resp.status();
+        let bytes = hub_client::read_capped(resp, MAX_ANSWER)
+            .await
+            .map_err(|e| match e {
+                HubClientError::Body { source, .. } if source.is_timeout() => HubError::Timeout {
+                    url: url.clone(),
+                    after: REQUEST_TIMEOUT,
+                },
+                other => HubError::Client(other),
+            })?;
+        if status == reqwest::StatusCode::OK {
+            return serde_json::from_slice(&bytes)
+                .map_err(|source| HubError::Decode { url, source });
+        }
+        let message = self.error_text(&bytes);
+        let code = status.as_u16();
+        if matches!(
+            status,
+            reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN
+        ) {
+            return Err(HubError::Refused {
+                url,
+                status: code,
+                message,
+            });
+        }
+        Err(HubError::Status {
+            url,
+            status: code,
+            message,
+        })
+    }
+
+    /// The hub's `{"error": …}` message (or the start of whatever it sent instead), as
+    /// `": message"`, cut short, on one line, and without the token should a hub echo it.
+    fn error_text(&self, body: &[u8]) -> String {
+        let text = match serde_json::from_slice::<ErrorBody>(body) {
+            Ok(e) => e.error,
+            Err(_) => String::from_utf8_lossy(body).into_owned(),
+        };
+        let mut text: String = text
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .take(MAX_ERROR_TEXT)
+            .collect();
+        let token = self
+            .auth
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if !token.is_empty() {
+            text = text.replace(token, "<redacted>");
+        }
+        let text = text.trim();
+        if text.is_empty() {
+            String::new()
+        } else {
+            format!(": {text}")
+        }
+    }
+}
+
+fn request_error(url: &str, e: reqwest::Error) -> HubError {
+    if e.is_timeout() {
+        let after = if e.is_connect() {
+            CONNECT_TIMEOUT
+        } else {
+            REQUEST_TIMEOUT
+        };
+        return HubError::Timeout {
+            url: url.to_owned(),
+            after,
+        };
+    }
+    HubError::Request {
+        url: url.to_owned(),
+        // The message names the URL once already.
+        source: e.without_url(),
+    }
+}
+
+/// Checks that the hub settings can be used (the token file holds a token, the CA file
+/// a certificate) without contacting the hub: `agent check-config`.
+pub(crate) fn check(settings: &HubSettings) -> Result<(), HubError> {
+    Connection::load(settings).map(drop)
+}
+
+pub(crate) fn desired_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(DESIRED_FILE)
+}
+
+/// Keeps `desired` in `<state>/desired.json` (0600, replaced atomically): a start while
+/// the hub is unreachable begins from it. Blocking (fsync).
+pub(super) fn persist(state_dir: &Path, desired: &DesiredState) -> Result<(), HubError> {
+    let path = desired_path(state_dir);
+    let mut bytes = serde_json::to_vec_pretty(desired).map_err(|e| HubError::Persist {
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    bytes.push(b'\n');
+    crate::util::write_atomic(&path, &bytes, 0o600)
+        .map_err(|source| HubError::Persist { path, source })
+}
+
+/// The desired state [`persist`] kept, if there is one. Blocking (a file read).
+pub(super) fn load_persisted(state_dir: &Path) -> Result<Option<DesiredState>, HubError> {
+    let path = desired_path(state_dir);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(HubError::PersistedRead { path, source }),
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|source| HubError::PersistedCorrupt { path, source })
+}
+
+/// The pause before the `failures`-th retry in a row: 1 s, 2 s, 4 s … up to 60 s, each
+/// drawn from the upper half of its step by `random` (and never under 1 s), so that
+/// agents that lost their hub together do not all come back in the same instant.
+fn backoff_delay(failures: u32, random: u32) -> Duration {
+    let step = BACKOFF_FIRST
+        .saturating_mul(1 << failures.saturating_sub(1).min(16))
+        .min(BACKOFF_MAX);
+    let full = u64::try_from(step.as_millis()).unwrap_or(u64::MAX);
+    let half = full / 2;
+    let extra = (full - half) * u64::from(random) / u64::from(u32::MAX);
+    Duration::from_millis(half + extra).max(BACKOFF_FIRST)
+}
+
+/// Consecutive failures, and the pause before the next try.
+#[derive(Debug, Default)]
+struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    fn next(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        // Without randomness the pauses are those of the upper bound: still capped.
+        backoff_delay(self.failures, getrandom::u32().unwrap_or(u32::MAX))
+    }
+
+    fn reset(&mut self) {
+        self.failures = 0;
+    }
+}
+
+/// The runner's state as a report names it: a runner the desired state disables is
+/// `disabled`, not `stopped`.
+fn runner_report(o: &Observed) -> RunnerReport {
+    let state = match o.runner.state {
+        State::Stopped if !o.desired.runner.enabled => "disabled",
+        State::Stopped => "stopped",
+        State::Running => "running",
+        State::Backoff => "backoff",
+    };
+    RunnerReport {
+        state: state.to_owned(),
+        pid: o.runner.pid,
+        starts: o.runner.starts,
+        last_error: o.runner.last_error.clone(),
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+enum Msg {
+    Reload(Box<HubSettings>),
+    Shutdown,
+}
+
+/// The way to the hub task.
+pub(super) struct HubHandle {
+    tx: mpsc::UnboundedSender<Msg>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HubHandle {
+    /// Starts the reconcile loop. `state_dir` locates the runner's socket (for its job
+    /// counts).
+    pub(super) fn spawn(
+        conn: Connection,
+        state_dir: &Path,
+        reconciler: ReconcilerHandle,
+        reporter: ReporterHandle,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let observed = reconciler.observed();
+        let generation = observed.borrow().desired.generation;
+        let status = HubStatus {
+            url: conn.settings.url.clone(),
+            agent_id: conn.settings.agent_id.clone(),
+            connected: false,
+            last_contact: None,
+            last_error: None,
+            generation,
+            desired_version: None,
+        };
+        let task = HubTask {
+            rx,
+            conn,
+            reconciler,
+            observed,
+            reporter,
+            socket: crate::runner::Paths::new(state_dir).socket,
+            runner: None,
+            hostname: crate::sys::hostname().unwrap_or_default(),
+            status,
+            hub_failure: None,
+            apply_failure: None,
+            ever_connected: false,
+            backoff: Backoff::default(),
+            published: None,
+        };
+        Self {
+            tx,
+            task: tokio::spawn(task.run()),
+        }
+    }
+
+    /// New hub settings (SIGHUP): the token and CA files are read again, and the next
+    /// reconcile goes out at once. Settings that cannot be used are logged and the ones in
+    /// use kept.
+    pub(super) fn reload(&self, settings: HubSettings) {
+        let _ = self.tx.send(Msg::Reload(Box::new(settings)));
+    }
+
+    /// Ends the loop (a reconcile in flight is dropped) and waits for it.
+    pub(super) async fn shutdown(self) {
+        let _ = self.tx.send(Msg::Shutdown);
+        if let Err(e) = self.task.await {
+            tracing::error!(error = %e, "the hub task failed");
+        }
+    }
+}
+
+struct HubTask {
+    rx: mpsc::UnboundedReceiver<Msg>,
+    conn: Connection,
+    reconciler: ReconcilerHandle,
+    observed: watch::Receiver<Observed>,
+    reporter: ReporterHandle,
+    socket: PathBuf,
+    /// The runner's API client, made at the first report that finds a runner running.
+    runner: Option<crate::runner::client::Client>,
+    hostname: String,
+    /// What the status file says of the link; sent to the reporter on every change.
+    status: HubStatus,
+    /// The failure to reach the hub (or to get a desired state from it) being reported;
+    /// `None` while it answers.
+    hub_failure: Option<String>,
+    /// The failure to apply the hub's desired state being reported.
+    apply_failure: Option<String>,
+    ever_connected: bool,
+    backoff: Backoff,
+    /// What the reporter was sent last.
+    published: Option<HubStatus>,
+}
+
+/// What the main loop does after a reconcile, or a message.
+enum Next {
+    /// The next reconcile, as soon as the spacing allows.
+    Again,
+    /// The next reconcile after this pause.
+    Pause(Duration),
+    Stop,
+}
+
+impl HubTask {
+    async fn run(mut self) {
+        tracing::info!(url = %self.conn.settings.url, agent_id = %self.conn.settings.agent_id, "reconciling with the hub");
+        let mut last_start: Option<Instant> = None;
+        loop {
+            if let Some(t) = last_start {
+                if !self.pause_until(t + MIN_SPACING).await {
+                    break;
+                }
+            }
+            last_start = Some(Instant::now());
+            let report = self.report().await;
+            let next = tokio::select! {
+                // Cancel-safe: dropping a reconcile in flight closes its connection; the
+                // next one carries a fresh report, and applying it again changes nothing.
+                answer = self.conn.reconcile(&report) => self.answered(answer).await,
+                // Cancel-safe: mpsc::recv loses no message when another arm wins.
+                msg = self.rx.recv() => self.control(msg).await,
+                // Cancel-safe: a watch receiver keeps its seen-version between polls. The
+                // runner changed under a held poll: report it now, not in 30 s.
+                () = runner_moved(&mut self.observed, &report) => Next::Again,
+            };
+            match next {
+                Next::Again => {}
+                Next::Pause(d) => {
+                    if !self.pause_until(Instant::now() + d).await {
+                        break;
+                    }
+                }
+                Next::Stop => break,
+            }
+        }
+        tracing::debug!("hub task stopped");
+    }
+
+    /// Waits until `until`, acting on messages meanwhile; false once told to stop. New
+    /// settings cut the pause short.
+    async fn pause_until(&mut self, until: Instant) -> bool {
+        loop {
+            tokio::select! {
+                // Cancel-safe: a sleep is recreated from the same deadline.
+                () = tokio::time::sleep_until(until) => return true,
+                // Cancel-safe: mpsc::recv loses no message when another arm wins.
+                msg = self.rx.recv() => match self.control(msg).await {
+                    Next::Stop => return false,
+                    Next::Again => return true,
+                    Next::Pause(_) => {}
+                },
+            }
+        }
+    }
+
+    async fn control(&mut self, msg: Option<Msg>) -> Next {
+        let settings = match msg {
+            Some(Msg::Reload(settings)) => *settings,
+            Some(Msg::Shutdown) | None => return Next::Stop,
+        };
+        let load = settings.clone();
+        let loaded = tokio::task::spawn_blocking(move || Connection::load(&load))
+            .await
+            .unwrap_or_else(|source| {
+                Err(HubError::Task {
+                    what: "hub settings reload",
+                    source,
+                })
+            });
+        match loaded {
+            Ok(conn) => {
+                if conn.settings != self.conn.settings {
+                    tracing::info!(url = %settings.url, agent_id = %settings.agent_id, "SIGHUP: new hub settings");
+                }
+                self.conn = conn;
+                self.status.url = settings.url;
+                self.status.agent_id = settings.agent_id;
+                self.backoff.reset();
+                self.publish();
+                Next::Again
+            }
+            Err(e) => {
+                tracing::error!(error = %crate::error_chain(&e), "SIGHUP: the new hub settings cannot be used; keeping the ones in use");
+                Next::Pause(Duration::ZERO)
+            }
+        }
+    }
+
+    /// The report for the next reconcile, from what the reconciler observes now.
+    async fn report(&mut self) -> AgentReport {
+        let observed = self.observed.borrow_and_update().clone();
+        let jobs_summary = if observed.runner.state == State::Running {
+            self.jobs().await
+        } else {
+            None
+        };
+        AgentReport {
+            version: build_info::VERSION.to_owned(),
+            os: std::env::consts::OS.to_owned(),
+            arch: std::env::consts::ARCH.to_owned(),
+            hostname: self.hostname.clone(),
+            observed_generation: observed.desired.generation,
+            runner: runner_report(&observed),
+            upgrade: None,
+            jobs_summary,
+        }
+    }
+
+    /// The runner's job counts, when it answers in time.
+    async fn jobs(&mut self) -> Option<JobsSummary> {
+        if self.runner.is_none() {
+            // Reads the API token beside the socket: a small blocking read.
+            let socket = self.socket.clone();
+            let client =
+                tokio::task::spawn_blocking(move || crate::runner::client::Client::new(&socket))
+                    .await
+                    .ok()?;
+            self.runner = Some(client);
+        }
+        let client = self.runner.as_ref()?;
+        match tokio::time::timeout(HEALTH_TIMEOUT, client.health()).await {
+            Ok(Ok(health)) => Some(JobsSummary {
+                running: health.jobs_running,
+                queued: 0,
+            }),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %crate::error_chain(&e), "no job counts for the hub report");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    async fn answered(&mut self, answer: Result<DesiredState, HubError>) -> Next {
+        let desired = match answer {
+            Ok(d) => d,
+            Err(e) => {
+                self.hub_failed(&e);
+                return Next::Pause(self.backoff.next());
+            }
+        };
+        self.reachable(&desired);
+        let applied = self.observed.borrow().desired.clone();
+        if desired.generation < applied.generation {
+            // A hub that lost its records: never go back (the hub holds the next poll
+            // until it has a newer generation, so this is not a busy loop).
+            let e = HubError::NotApplied {
+                generation: desired.generation,
+                why: format!(
+                    "it is older than the applied generation {}",
+                    applied.generation
+                ),
+            };
+            self.apply_failed(&e);
+            return Next::Again;
+        }
+        if desired != applied {
+            let before = self.observed.borrow().handled;
+            self.reconciler.desired(desired.clone());
+            if !self.wait_handled(before).await {
+                return Next::Stop;
+            }
+            let refused = self.observed.borrow().refused.clone();
+            if let Some(why) = refused {
+                let e = HubError::NotApplied {
+                    generation: desired.generation,
+                    why,
+                };
+                self.apply_failed(&e);
+                return Next::Pause(self.backoff.next());
+            }
+        }
+        self.applied();
+        match desired.poll_interval_secs {
+            Some(secs) => Next::Pause(Duration::from_secs(secs).min(MAX_POLL_INTERVAL)),
+            None => Next::Again,
+        }
+    }
+
+    /// Waits until the reconciler has handled the desired state handed to it after
+    /// `before` others; false once told to stop.
+    async fn wait_handled(&mut self, before: u64) -> bool {
+        loop {
+            if self.observed.borrow().handled > before {
+                return true;
+            }
+            tokio::select! {
+                // Cancel-safe: a watch receiver keeps its seen-version between polls.
+                changed = self.observed.changed() => {
+                    if changed.is_err() {
+                        // The reconciler is gone: the agent is stopping.
+                        return false;
+                    }
+                }
+                // Cancel-safe: mpsc::recv loses no message when another arm wins.
+                msg = self.rx.recv() => {
+                    if let Next::Stop = self.control(msg).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    fn hub_failed(&mut self, e: &HubError) {
+        let message = crate::error_chain(e);
+        if self.hub_failure.as_deref() != Some(message.as_str()) {
+            tracing::warn!(error = %message, "hub reconcile failed; retrying with backoff (logged again when the failure changes)");
+            self.hub_failure = Some(message.clone());
+        }
+        self.status.connected = false;
+        self.status.last_error = Some(message);
+        self.publish();
+    }
+
+    /// The hub answered with a desired state.
+    fn reachable(&mut self, desired: &DesiredState) {
+        if self.hub_failure.take().is_some() {
+            tracing::info!(url = %self.conn.settings.url, "hub reachable again");
+        } else if !self.ever_connected {
+            tracing::info!(url = %self.conn.settings.url, generation = desired.generation, "connected to the hub");
+        }
+        self.ever_connected = true;
+        self.status.connected = true;
+        self.status.last_contact = Some(unix_now());
+        self.status.desired_version = desired.agent.as_ref().map(|a| a.version.clone());
+        self.publish();
+    }
+
+    fn apply_failed(&mut self, e: &HubError) {
+        let message = crate::error_chain(e);
+        if self.apply_failure.as_deref() != Some(message.as_str()) {
+            tracing::warn!(error = %message, "the hub's desired state is not applied; keeping the one in force");
+            self.apply_failure = Some(message.clone());
+        }
+        self.status.last_error = Some(message);
+        self.publish();
+    }
+
+    /// The hub's desired state is the one in force.
+    fn applied(&mut self) {
+        if self.apply_failure.take().is_some() {
+            tracing::info!("the hub's desired state is applied");
+        }
+        self.backoff.reset();
+        self.publish();
+    }
+
+    /// Sends the link's state to the reporter when it changed.
+    fn publish(&mut self) {
+        let generation = self.observed.borrow().desired.generation;
+        self.status.generation = generation;
+        if self.published.as_ref() != Some(&self.status) {
+            self.published = Some(self.status.clone());
+            self.reporter.hub(self.status.clone());
+        }
+    }
+}
+
+/// Resolves once what the reconciler observes differs from what `sent` reported: the
+/// runner's state or pid, or the generation applied. Pending for ever once the
+/// reconciler is gone.
+async fn runner_moved(observed: &mut watch::Receiver<Observed>, sent: &AgentReport) {
+    loop {
+        if observed.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        let o = observed.borrow_and_update();
+        let now = runner_report(&o);
+        if now.state != sent.runner.state
+            || now.pid != sent.runner.pid
+            || o.desired.generation != sent.observed_generation
+        {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_from_one_second_up_to_a_minute_with_jitter() {
+        // The upper bound of each step, then the lower half.
+        let steps: Vec<u64> = (1..=9)
+            .map(|n| backoff_delay(n, u32::MAX).as_secs())
+            .collect();
+        assert_eq!(steps, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        let lows: Vec<u64> = (1..=8)
+            .map(|n| backoff_delay(n, 0).as_millis() as u64)
+            .collect();
+        assert_eq!(lows, [1000, 1000, 2000, 4000, 8000, 16000, 30000, 30000]);
+        // Between the bounds, and never past the cap however many failures.
+        let mid = backoff_delay(5, u32::MAX / 2);
+        assert!(
+            mid > Duration::from_secs(8) && mid < Duration::from_secs(16),
+            "{mid:?}"
+        );
+        assert_eq!(backoff_delay(u32::MAX, u32::MAX), BACKOFF_MAX);
+        assert_eq!(backoff_delay(0, 0), BACKOFF_FIRST);
+    }
+
+    #[test]
+    fn a_success_starts_the_backoff_over() {
+        let mut b = Backoff::default();
+        let first = b.next();
+        assert!(
+            first >= BACKOFF_FIRST && first <= Duration::from_secs(1),
+            "{first:?}"
+        );
+        for _ in 0..20 {
+            assert!(b.next() <= BACKOFF_MAX);
+        }
+        assert!(b.next() >= BACKOFF_MAX / 2);
+        b.reset();
+        assert_eq!(b.next(), BACKOFF_FIRST);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pauses_of_a_long_outage_add_up_as_promised() {
+        // Ten minutes of failures: about one try a minute once the cap is reached, and
+        // never a try within a second of the one before.
+        let mut b = Backoff::default();
+        let start = Instant::now();
+        let mut tries = 0;
+        while start.elapsed() < Duration::from_secs(600) {
+            let pause = b.next();
+            assert!(pause >= BACKOFF_FIRST);
+            tokio::time::sleep(pause).await;
+            tries += 1;
+        }
+        assert!((13..=26).contains(&tries), "{tries} tries in ten minutes");
+    }
+
+    fn settings(dir: &Path, token: &str) -> HubSettings {
+        let path = dir.join("token");
+        std::fs::write(&path, token).expect("token");
+        HubSettings {
+            url: "https://hub.example".into(),
+            agent_id: "a1".into(),
+            token_file: path,
+            ca_file: None,
+        }
+    }
+
+    #[test]
+    fn the_token_is_read_trimmed_and_kept_only_as_a_sensitive_header() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conn = Connection::load(&settings(dir.path(), "s3cret-token\n")).expect("load");
+        assert_eq!(conn.auth.to_str().expect("ascii"), "Bearer s3cret-token");
+        assert!(conn.auth.is_sensitive());
+        assert!(!format!("{:?}", conn.auth).contains("s3cret"));
+        assert_eq!(
+            conn.url(),
+            "https://hub.example/v1/agents/a1/reconcile?wait=30"
+        );
+        // A hub that echoes the token gets it redacted.
+        let text = conn.error_text(br#"{"error": "bad token s3cret-token\nsecond line"}"#);
+        assert_eq!(text, ": bad token <redacted> second line");
+        assert_eq!(conn.error_text(b""), "");
+
+        let err = Connection::load(&settings(dir.path(), " \n"))
+            .err()
+            .expect("empty");
+        assert!(matches!(err, HubError::TokenEmpty { .. }), "{err}");
+        let err = Connection::load(&settings(dir.path(), "tok1\ntok2"))
+            .err()
+            .expect("two lines");
+        assert!(matches!(err, HubError::TokenInvalid { .. }), "{err}");
+        assert!(!err.to_string().contains("tok1"), "{err}");
+    }
+
+    #[test]
+    fn the_persisted_desired_state_round_trips_and_a_corrupt_one_is_an_error() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(load_persisted(dir.path()).expect("none").is_none());
+        let mut d = DesiredState {
+            generation: 4,
+            ..DesiredState::default()
+        };
+        d.runner.enabled = false;
+        persist(dir.path(), &d).expect("persist");
+        let mode = std::fs::metadata(desired_path(dir.path()))
+            .expect("file")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(load_persisted(dir.path()).expect("read"), Some(d));
+        std::fs::write(desired_path(dir.path()), "{not json").expect("corrupt");
+        let err = load_persisted(dir.path()).expect_err("corrupt");
+        assert!(
+            err.to_string().contains(DESIRED_FILE),
+            "the error names the file: {err}"
+        );
+    }
+
+    #[test]
+    fn a_disabled_runner_is_reported_as_such() {
+        let mut o = Observed {
+            desired: DesiredState::default(),
+            handled: 0,
+            refused: None,
+            runner: crate::supervisor::Status {
+                state: State::Stopped,
+                pid: None,
+                starts: 2,
+                last_error: None,
+                since: SystemTime::now(),
+            },
+        };
+        assert_eq!(runner_report(&o).state, "stopped");
+        o.desired.runner.enabled = false;
+        assert_eq!(runner_report(&o).state, "disabled");
+        o.runner.state = State::Running;
+        o.runner.pid = Some(9);
+        let r = runner_report(&o);
+        assert_eq!((r.state.as_str(), r.pid, r.starts), ("running", Some(9), 2));
+    }
+}
