@@ -252,12 +252,12 @@ fn render(st: &AgentStatus, alive: bool, last_line: Option<&str>) -> String {
             hub.url, hub.agent_id, hub.generation
         ));
         if let Some(err) = &hub.last_error {
-            let label = if hub.connected {
-                "hub error:  (earlier)"
+            let when = if hub.connected {
+                "(before the last contact) "
             } else {
-                "hub error: "
+                ""
             };
-            out.push_str(&format!("{label} {err}\n"));
+            out.push_str(&format!("hub error:  {when}{err}\n"));
         }
         if let Some(v) = &hub.desired_version {
             out.push_str(&format!(

@@ -6,6 +6,7 @@
 
 mod agent;
 mod disk;
+mod hub_agent;
 mod jobs;
 mod lock;
 mod readme;

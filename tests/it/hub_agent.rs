@@ -1,0 +1,617 @@
+//! `railgrid agent run` with a hub: against hubs that misbehave (written here, over real
+//! TLS with a test CA), with no hub at all, and against the reference hub.
+
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use crate::agent::{Host, LIMIT};
+use crate::support::*;
+
+/// A CA of the test's own, and server configurations whose certificates it signed.
+struct TestCa {
+    cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl TestCa {
+    fn new() -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "railgrid test CA");
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.self_signed(&key).expect("self-signed");
+        Self { cert, key }
+    }
+
+    fn pem(&self) -> String {
+        self.cert.pem()
+    }
+
+    /// A TLS server configuration for 127.0.0.1 and localhost, signed by this CA.
+    fn server(&self) -> Arc<rustls::ServerConfig> {
+        let mut params =
+            rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+                .expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "railgrid test hub");
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params
+            .signed_by(&key, &self.cert, &self.key)
+            .expect("signed");
+        let chain = vec![cert.der().clone()];
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("protocols")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("server config");
+        Arc::new(config)
+    }
+}
+
+/// How a fake hub misbehaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Misbehaviour {
+    /// 500 with an error message.
+    ServerError,
+    /// 200 with a body that is no JSON.
+    Garbage,
+    /// 200 with a 100 MiB body, streamed (no Content-Length).
+    Huge,
+    /// Completes TLS, reads the request, never answers.
+    Silent,
+    /// Accepts the TCP connection and never says a thing (no TLS handshake).
+    Mute,
+}
+
+/// A hub that misbehaves, on 127.0.0.1 over TLS, in a runtime of its own. Dropping it
+/// ends every connection.
+struct FakeHub {
+    rt: Option<tokio::runtime::Runtime>,
+    url: String,
+    /// The requests it read (head and body), in order.
+    requests: Arc<Mutex<Vec<String>>>,
+    /// TCP connections it accepted.
+    connections: Arc<AtomicUsize>,
+}
+
+impl FakeHub {
+    fn start(how: Misbehaviour, tls: Arc<rustls::ServerConfig>) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("bind");
+        let url = format!("https://{}", listener.local_addr().expect("addr"));
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let (reqs, conns) = (requests.clone(), connections.clone());
+        rt.spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                conns.fetch_add(1, Ordering::SeqCst);
+                let (acceptor, reqs) = (acceptor.clone(), reqs.clone());
+                tokio::spawn(async move {
+                    if how == Misbehaviour::Mute {
+                        let _held = tcp;
+                        return std::future::pending::<()>().await;
+                    }
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let Some(req) = read_request(&mut tls).await else {
+                        return;
+                    };
+                    reqs.lock().expect("requests").push(req);
+                    let _ = answer(how, &mut tls).await;
+                });
+            }
+        });
+        Self {
+            rt: Some(rt),
+            url,
+            requests,
+            connections,
+        }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.requests.lock().expect("requests").clone()
+    }
+}
+
+impl Drop for FakeHub {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// One HTTP/1.1 request, head and body (by Content-Length).
+async fn read_request(s: &mut (impl AsyncRead + Unpin)) -> Option<String> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        let n = s.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        let n = s.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+async fn answer(
+    how: Misbehaviour,
+    s: &mut (impl tokio::io::AsyncWrite + Unpin),
+) -> std::io::Result<()> {
+    let simple = |status: &str, body: &str| {
+        format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    match how {
+        Misbehaviour::ServerError => {
+            let text = simple(
+                "500 Internal Server Error",
+                r#"{"error": "the store is on fire"}"#,
+            );
+            s.write_all(text.as_bytes()).await?;
+        }
+        Misbehaviour::Garbage => {
+            let text = simple("200 OK", "<html>surely not a desired state</html>");
+            s.write_all(text.as_bytes()).await?;
+        }
+        Misbehaviour::Huge => {
+            s.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+            )
+            .await?;
+            let block = vec![b' '; 64 << 10];
+            let head = format!("{:x}\r\n", block.len());
+            for _ in 0..(100 << 20) / block.len() {
+                s.write_all(head.as_bytes()).await?;
+                s.write_all(&block).await?;
+                s.write_all(b"\r\n").await?;
+            }
+            s.write_all(b"0\r\n\r\n").await?;
+        }
+        Misbehaviour::Silent | Misbehaviour::Mute => std::future::pending().await,
+    }
+    s.flush().await?;
+    s.shutdown().await
+}
+
+/// A host whose agent talks to a hub: the token (in a 0600 file) and the CA it trusts.
+struct HubHost {
+    host: Host,
+    token: String,
+}
+
+impl HubHost {
+    fn new(ca_pem: &str) -> Self {
+        let host = Host::new();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .subsec_nanos();
+        let token = format!("tok-{}-{nanos:09}-do-not-leak", std::process::id());
+        write_private(&host.path("token"), &token);
+        fs::write(host.path("ca.pem"), ca_pem).expect("ca");
+        Self { host, token }
+    }
+
+    /// `agent run` against `url`, trusting the test CA, as agent `a1`.
+    fn start_agent(&self, url: &str) -> Guard {
+        let token = path_str(&self.host.path("token"));
+        let ca = path_str(&self.host.path("ca.pem"));
+        let mut cmd = self.host.agent_cmd(&[
+            "--hub",
+            url,
+            "--agent-id",
+            "a1",
+            "--token-file",
+            &token,
+            "--ca-file",
+            &ca,
+        ]);
+        // The agent's log file has it all; an unread pipe could fill up.
+        cmd.stderr(Stdio::null());
+        Guard::new(cmd.spawn().expect("spawn agent"))
+    }
+
+    /// `agent status --json`.
+    fn status_json(&self) -> Value {
+        let out = railgrid()
+            .args(["agent", "status", "--json", "--state-dir"])
+            .arg(self.host.state())
+            .output()
+            .expect("agent status");
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    /// Waits until `agent status --json` shows a hub error containing `needle`.
+    fn wait_hub_error(&self, needle: &str, limit: Duration) -> Value {
+        wait_for(limit, &format!("hub last_error with {needle:?}"), || {
+            let st = self.status_json();
+            st["hub"]["last_error"]
+                .as_str()?
+                .contains(needle)
+                .then_some(st)
+        })
+    }
+
+    /// The token is in none of the agent's files: logs, the runner's log, the status
+    /// file, the kept desired state.
+    fn assert_token_kept_secret(&self) {
+        let mut files = vec![
+            self.host.state().join("agent-status.json"),
+            self.host.state().join("desired.json"),
+        ];
+        for entry in fs::read_dir(self.host.path("logs"))
+            .expect("logs")
+            .flatten()
+        {
+            files.push(entry.path());
+        }
+        for f in files {
+            assert!(
+                !read_lossy(&f).contains(&self.token),
+                "the token leaked into {}",
+                f.display()
+            );
+        }
+        assert!(!self.status_json().to_string().contains(&self.token));
+    }
+}
+
+fn write_private(path: &Path, text: &str) {
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .expect("create");
+    f.write_all(text.as_bytes()).expect("write");
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).expect("chmod");
+}
+
+/// How often the agent log says `needle`.
+fn count(log: &str, needle: &str) -> usize {
+    log.matches(needle).count()
+}
+
+/// The agent against a hub that misbehaves `how`: it stays up, its runner keeps running
+/// (the same process throughout), `agent status` shows `expect` as the hub's last error,
+/// the log says it once however often it is retried, and the token leaks nowhere.
+fn the_agent_rides_out(how: Misbehaviour, expect: &str, limit: Duration, attempts: usize) {
+    let ca = TestCa::new();
+    let hub = FakeHub::start(how, ca.server());
+    let h = HubHost::new(&ca.pem());
+    let agent = h.start_agent(&hub.url);
+    let runner = h.host.wait_runner("a runner", |_| true);
+
+    let st = h.wait_hub_error(expect, limit);
+    assert_eq!(st["hub"]["connected"], false, "{st:#}");
+    assert_eq!(st["hub"]["url"], hub.url.as_str());
+    assert_eq!(st["hub"]["agent_id"], "a1");
+    // Retried, with backoff, and the log said it once.
+    wait_for(limit, &format!("{attempts} attempts"), || {
+        (hub.connections() >= attempts).then_some(())
+    });
+    let log = h.host.agent_log();
+    assert_eq!(count(&log, "hub reconcile failed"), 1, "{log}");
+    assert!(log.contains(expect), "{log}");
+
+    assert!(alive(agent.pid()), "the agent is up");
+    let st = h.host.status();
+    assert_eq!(st["runner"]["pid"], runner, "{st:#}");
+    assert_eq!(st["runner"]["starts"], 1, "{st:#}");
+    assert_eq!(
+        get_json(&h.host.socket(), "/v1/health").expect("health")["pid"],
+        runner
+    );
+    h.assert_token_kept_secret();
+}
+
+#[test]
+fn a_hub_answering_500_leaves_the_runner_alone_and_the_error_in_status() {
+    let ca = TestCa::new();
+    let hub = FakeHub::start(Misbehaviour::ServerError, ca.server());
+    let h = HubHost::new(&ca.pem());
+    let _agent = h.start_agent(&hub.url);
+    let runner = h.host.wait_runner("a runner", |_| true);
+    let st = h.wait_hub_error("answered 500: the store is on fire", LIMIT);
+    assert_eq!(st["hub"]["connected"], false, "{st:#}");
+    wait_for(LIMIT, "three attempts", || {
+        (hub.connections() >= 3).then_some(())
+    });
+    assert_eq!(count(&h.host.agent_log(), "hub reconcile failed"), 1);
+
+    // What the agent sent: its report, with the token in one header.
+    let requests = hub.requests();
+    let first = &requests[0];
+    assert!(
+        first.starts_with("POST /v1/agents/a1/reconcile?wait=30 HTTP/1.1\r\n"),
+        "{first}"
+    );
+    assert!(
+        first.contains(&format!("authorization: Bearer {}\r\n", h.token)),
+        "{first}"
+    );
+    let report = |req: &str| -> Value {
+        serde_json::from_str(req.split_once("\r\n\r\n").expect("body").1).expect("report")
+    };
+    let r = report(first);
+    assert_eq!(r["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(r["os"], std::env::consts::OS);
+    assert_eq!(r["arch"], std::env::consts::ARCH);
+    assert!(!r["hostname"].as_str().expect("hostname").is_empty());
+    assert_eq!(r["observed_generation"], 0);
+    // Once the runner serves, the report has its pid and job counts.
+    let later = wait_for(LIMIT, "a report of the running runner", || {
+        hub.requests()
+            .iter()
+            .map(|q| report(q))
+            .find(|r| r["runner"]["pid"] == runner && r["jobs_summary"].is_object())
+    });
+    assert_eq!(later["runner"]["state"], "running");
+    assert_eq!(later["runner"]["starts"], 1);
+    assert_eq!(later["jobs_summary"]["running"], 0);
+
+    let text = railgrid()
+        .args(["agent", "status", "--state-dir"])
+        .arg(h.host.state())
+        .output()
+        .expect("status");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("hub:        {} as a1: not connected", hub.url))
+            && text.contains("hub error:  https://")
+            && text.contains("the store is on fire"),
+        "{text}"
+    );
+    assert_eq!(h.host.status()["runner"]["pid"], runner);
+    h.assert_token_kept_secret();
+}
+
+#[test]
+fn a_hub_answering_garbage_is_an_error_not_a_crash() {
+    the_agent_rides_out(
+        Misbehaviour::Garbage,
+        "the answer is not a desired state",
+        LIMIT,
+        3,
+    );
+}
+
+#[test]
+fn a_hub_answering_100_mib_is_cut_off_at_the_cap() {
+    the_agent_rides_out(
+        Misbehaviour::Huge,
+        "the answer is larger than 1048576 bytes",
+        LIMIT,
+        3,
+    );
+}
+
+#[test]
+fn a_hub_with_a_certificate_of_another_ca_is_refused() {
+    let other = TestCa::new();
+    let ca = TestCa::new();
+    let hub = FakeHub::start(Misbehaviour::Garbage, other.server());
+    let h = HubHost::new(&ca.pem());
+    let agent = h.start_agent(&hub.url);
+    let runner = h.host.wait_runner("a runner", |_| true);
+    let st = h.wait_hub_error("invalid peer certificate", LIMIT);
+    assert_eq!(st["hub"]["connected"], false);
+    wait_for(LIMIT, "three attempts", || {
+        (hub.connections() >= 3).then_some(())
+    });
+    assert!(
+        hub.requests().is_empty(),
+        "no request (and no token) went to a hub the agent does not trust"
+    );
+    assert_eq!(count(&h.host.agent_log(), "hub reconcile failed"), 1);
+    assert!(alive(agent.pid()));
+    assert_eq!(h.host.status()["runner"]["pid"], runner);
+    h.assert_token_kept_secret();
+}
+
+#[test]
+fn a_hub_that_accepts_and_never_answers_times_out() {
+    // The TCP connection is taken, the TLS handshake never comes: the connect timeout.
+    the_agent_rides_out(
+        Misbehaviour::Mute,
+        "did not answer within 10s",
+        Duration::from_secs(60),
+        2,
+    );
+}
+
+#[test]
+fn a_hub_that_holds_a_request_past_its_wait_times_out() {
+    // TLS done, the request read, no answer: the request timeout (wait + 15 s).
+    the_agent_rides_out(
+        Misbehaviour::Silent,
+        "did not answer within 45s",
+        Duration::from_secs(120),
+        2,
+    );
+}
+
+/// A port nothing listens on.
+fn closed_port_url() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    drop(l);
+    format!("https://{addr}")
+}
+
+#[test]
+fn an_agent_started_while_its_hub_is_down_keeps_the_last_desired_state() {
+    let ca = TestCa::new();
+    let h = HubHost::new(&ca.pem());
+    // What the hub said last: no runner on this host.
+    let state = h.host.state();
+    fs::create_dir_all(&state).expect("state dir");
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).expect("chmod");
+    write_private(
+        &state.join("desired.json"),
+        r#"{"generation": 5, "runner": {"enabled": false}}"#,
+    );
+    let url = closed_port_url();
+    let agent = h.start_agent(&url);
+
+    let st = h.wait_hub_error("Connection refused", LIMIT);
+    assert_eq!(st["hub"]["connected"], false, "{st:#}");
+    assert_eq!(st["hub"]["generation"], 5, "{st:#}");
+    assert_eq!(st["runner_enabled"], false, "{st:#}");
+    assert_eq!(st["runner"]["state"], "stopped", "{st:#}");
+    assert_eq!(st["runner"]["starts"], 0, "no runner was started: {st:#}");
+    assert!(st["runner"]["pid"].is_null());
+    assert!(!h.host.socket().exists(), "no runner socket");
+    let out = railgrid()
+        .args(["agent", "status", "--state-dir"])
+        .arg(&state)
+        .output()
+        .expect("status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("runner:     disabled by the desired state")
+            && text.contains("generation 5 applied"),
+        "{text}"
+    );
+    assert!(
+        h.host
+            .agent_log()
+            .contains("starting from the desired state the hub gave last"),
+        "{}",
+        h.host.agent_log()
+    );
+    assert!(alive(agent.pid()));
+    h.assert_token_kept_secret();
+}
+
+#[test]
+fn a_corrupt_kept_desired_state_is_logged_and_ignored() {
+    let ca = TestCa::new();
+    let h = HubHost::new(&ca.pem());
+    let state = h.host.state();
+    fs::create_dir_all(&state).expect("state dir");
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).expect("chmod");
+    write_private(&state.join("desired.json"), "{\"generation\": 5, \"runn");
+    let _agent = h.start_agent(&closed_port_url());
+    // The standalone default: a runner.
+    h.host.wait_runner("a runner", |_| true);
+    let log = h.host.agent_log();
+    assert!(
+        log.contains("ignoring the kept desired state") && log.contains("desired.json"),
+        "{log}"
+    );
+    assert_eq!(h.status_json()["hub"]["generation"], 0);
+}
+
+#[test]
+fn an_unusable_token_file_is_a_configuration_error() {
+    let ca = TestCa::new();
+    let h = HubHost::new(&ca.pem());
+    write_private(&h.host.path("token"), "\n");
+    let mut agent = h.start_agent(&closed_port_url());
+    let out = agent.wait_output(LIMIT);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!h.host.state().join("runner").exists(), "nothing started");
+    let check = railgrid()
+        .args(["agent", "check-config", "--config"])
+        .arg(h.host.path("agent.toml"))
+        .args(["--hub", "https://hub.example", "--token-file"])
+        .arg(h.host.path("token"))
+        .args(if is_root() {
+            &["--runner-user", "nobody"][..]
+        } else {
+            &[][..]
+        })
+        .output()
+        .expect("check-config");
+    let err = String::from_utf8_lossy(&check.stderr);
+    assert_eq!(check.status.code(), Some(2), "{err}");
+    assert!(err.contains("is empty"), "{err}");
+
+    // A good token: check-config names the file, never the token.
+    write_private(&h.host.path("token"), &h.token);
+    let check = railgrid()
+        .args(["agent", "check-config", "--config"])
+        .arg(h.host.path("agent.toml"))
+        .args([
+            "--hub",
+            "https://hub.example",
+            "--agent-id",
+            "a7",
+            "--token-file",
+        ])
+        .arg(h.host.path("token"))
+        .arg("--ca-file")
+        .arg(h.host.path("ca.pem"))
+        .args(if is_root() {
+            &["--runner-user", "nobody"][..]
+        } else {
+            &[][..]
+        })
+        .output()
+        .expect("check-config");
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{check:?}");
+    assert!(
+        text.contains("agent_id = \"a7\"")
+            && text.contains("token = \"<redacted>\"")
+            && text.contains(&path_str(&h.host.path("token"))),
+        "{text}"
+    );
+    assert!(!text.contains(&h.token), "{text}");
+}
