@@ -6,6 +6,8 @@
 
 mod agent;
 mod disk;
+mod hub;
+mod hubs;
 mod jobs;
 mod lock;
 mod readme;
