@@ -43,6 +43,142 @@ pub enum Command {
         #[command(subcommand)]
         command: RunnerCommand,
     },
+    /// The reference hub: `hub serve`, and the admin commands that enrol agents and set
+    /// their desired state.
+    Hub(Box<HubArgs>),
+}
+
+#[derive(Debug, Args)]
+pub struct HubArgs {
+    /// The hub's data dir: `serve` keeps its database, tokens and CA there; the admin
+    /// commands on the hub's host read the URL, admin token and CA from it.
+    #[arg(long, value_name = "DIR", global = true)]
+    pub data_dir: Option<PathBuf>,
+    /// The hub's URL, for admin commands from another host (with --token-file).
+    #[arg(long = "hub", value_name = "URL", global = true)]
+    pub url: Option<String>,
+    /// File holding the admin token (mode 0600; default <data-dir>/admin.token).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub token_file: Option<PathBuf>,
+    /// PEM file of the CA that signed the hub's certificate (default with --data-dir:
+    /// <data-dir>/ca.pem when the hub made its own).
+    #[arg(long, value_name = "PEM", global = true)]
+    pub ca_file: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: HubCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HubCommand {
+    /// Serve the hub over HTTPS until SIGTERM or SIGINT (needs --data-dir).
+    Serve(HubServeArgs),
+    /// Enrol, list, show and revoke agents.
+    Agent {
+        #[command(subcommand)]
+        command: HubAgentCommand,
+    },
+    /// Set and show desired state, for the fleet or one agent.
+    Desired {
+        #[command(subcommand)]
+        command: HubDesiredCommand,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct HubServeArgs {
+    /// Address to listen on (port 0: any free port; hub.json says which).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7443")]
+    pub listen: std::net::SocketAddr,
+    /// PEM certificate chain of the hub (with --tls-key).
+    #[arg(
+        long,
+        value_name = "PEM",
+        requires = "tls_key",
+        conflicts_with = "tls_self_signed"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the hub (with --tls-cert).
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Make a CA of the hub's own at first start (<data-dir>/ca.pem, for agents to pin)
+    /// and a certificate from it for localhost, 127.0.0.1, ::1 and each --tls-name.
+    #[arg(long, required_unless_present = "tls_cert")]
+    pub tls_self_signed: bool,
+    /// Another name (DNS or IP) for the self-signed certificate (repeatable).
+    #[arg(long, value_name = "NAME", requires = "tls_self_signed")]
+    pub tls_name: Vec<String>,
+    /// The URL agents use, written to hub.json (default: https://<listen address>).
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// Connections served at once; past it, 503 with Retry-After.
+    #[arg(long, value_name = "N", default_value_t = 20_000)]
+    pub max_connections: usize,
+    /// The longest a reconcile is held open, whatever the agent asks.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30s")]
+    pub max_wait: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HubAgentCommand {
+    /// Enrol an agent and print its token, once (the hub keeps only its hash).
+    Add {
+        id: String,
+        /// Write the token to FILE (created 0600) instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        token_out: Option<PathBuf>,
+    },
+    /// Every agent: last seen, version, platform, runner, generations, connected.
+    List,
+    /// One agent, with its latest report.
+    Show { id: String },
+    /// Refuse the agent's token from now on (its held poll is answered 401 at once).
+    Revoke { id: String },
+}
+
+/// The fleet, or one agent.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct DesiredScope {
+    /// The fleet's defaults.
+    #[arg(long)]
+    pub fleet: bool,
+    /// One agent's own settings (they win over the fleet's, field by field).
+    #[arg(long, value_name = "ID")]
+    pub agent: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HubDesiredCommand {
+    /// Change settings (each change bumps the generation agents converge to).
+    #[command(disable_version_flag = true)]
+    Set(HubDesiredSetArgs),
+    /// Show a scope's own settings (and, for an agent, what it is sent).
+    Show(DesiredScope),
+}
+
+#[derive(Debug, Args)]
+pub struct HubDesiredSetArgs {
+    #[command(flatten)]
+    pub scope: DesiredScope,
+    /// Whether the host runs a runner.
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub runner_enabled: Option<bool>,
+    /// Jobs running at once.
+    #[arg(long, value_name = "N")]
+    pub max_jobs: Option<usize>,
+    /// Jobs of one owner running at once.
+    #[arg(long, value_name = "N")]
+    pub max_jobs_per_owner: Option<usize>,
+    /// The agent version wanted.
+    #[arg(long, value_name = "V")]
+    pub version: Option<String>,
+    /// Unset a setting here (repeatable): runner_enabled, max_jobs, max_jobs_per_owner,
+    /// version.
+    #[arg(long, value_name = "FIELD")]
+    pub clear: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -2,6 +2,7 @@
 //! async parts on an explicitly built runtime, and classifies errors into exit codes.
 
 mod agent;
+mod hub;
 mod job;
 mod runner;
 mod supervise;
@@ -67,6 +68,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     command: RunnerCommand::Reap(args),
                 } => runner::reap(args),
                 Command::Job { target, command } => job::run(target, command),
+                Command::Hub(args) => hub::run(*args),
             }
         }
     }

@@ -18,7 +18,7 @@ pub(super) fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
     let max_jobs = args.max_jobs.unwrap_or(defaults.max_jobs).max(1);
     let cfg = EngineConfig {
         max_jobs,
-        max_jobs_per_owner: args.max_jobs_per_owner.unwrap_or(max_jobs).max(1),
+        max_jobs_per_owner: args.max_jobs_per_owner.map(|n| n.max(1)),
         max_queued: args.max_queued,
         max_output_bytes: args.max_output_bytes,
         max_finished_jobs: args.max_finished_jobs,

@@ -4,7 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// The limits in force.
+/// The limits in force: jobs starting or running at once, in all and per owner, and jobs
+/// waiting (beyond it submissions are refused with 429).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Admission {
     pub max_jobs: usize,
@@ -12,7 +13,8 @@ pub struct Admission {
     pub max_queued: usize,
 }
 
-/// `PUT /v1/admission` body: the limits to change; a field left out keeps its value.
+/// `PUT /v1/admission` body: the limits to change; a field left out (or null) keeps its
+/// value. `max_jobs` and `max_jobs_per_owner` must be at least 1.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdmissionChange {
     #[serde(default, skip_serializing_if = "Option::is_none")]

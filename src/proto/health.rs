@@ -10,6 +10,10 @@ pub struct Health {
     pub pid: u32,
     pub uptime_secs: u64,
     pub jobs_running: u64,
+    /// Jobs admitted and waiting for room to run (counted at the same instant as
+    /// `jobs_running`).
+    #[serde(default)]
+    pub jobs_queued: u64,
     /// How jobs are confined: `cgroup` or `process-group` (see `runner::confine`).
     #[serde(default)]
     pub confinement: String,

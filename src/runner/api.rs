@@ -16,6 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use super::engine::{Engine, EngineError};
 use super::job::Stream;
 use crate::build_info;
+use crate::proto::admission::{Admission, AdmissionChange};
 use crate::proto::health::Health;
 use crate::proto::job::Submitted;
 use crate::proto::job::{JobRecord, JobSpec, JobState};
@@ -44,6 +45,7 @@ pub struct Api {
 pub fn router(api: Api) -> Router {
     Router::new()
         .route("/v1/health", get(health))
+        .route("/v1/admission", get(admission).put(set_admission))
         .route("/v1/jobs", post(submit).get(list))
         .route("/v1/jobs/{id}", get(status))
         .route("/v1/jobs/{id}/cancel", post(cancel))
@@ -127,6 +129,9 @@ impl From<EngineError> for ApiError {
             EngineError::QueueFull { .. } => {
                 Self::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", message)
             }
+            EngineError::InvalidAdmission { .. } => {
+                Self::new(StatusCode::BAD_REQUEST, "invalid_admission", message)
+            }
             EngineError::NotFound { .. } => Self::new(StatusCode::NOT_FOUND, "not_found", message),
             EngineError::ShuttingDown => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
@@ -193,11 +198,13 @@ where
 }
 
 async fn health(State(api): State<Api>) -> Json<Health> {
+    let (running, queued) = api.engine.job_counts();
     Json(Health {
         version: build_info::VERSION.to_owned(),
         pid: std::process::id(),
         uptime_secs: api.started.elapsed().as_secs(),
-        jobs_running: api.engine.running_count() as u64,
+        jobs_running: running as u64,
+        jobs_queued: queued as u64,
         confinement: api.engine.confinement().to_owned(),
         isolation: api.engine.isolation().to_owned(),
         commits_pending: api.engine.commits_pending() as u64,
@@ -205,6 +212,29 @@ async fn health(State(api): State<Api>) -> Json<Health> {
         leftovers: api.engine.reconciling() as u64,
         launch: api.engine.launch_method().to_owned(),
     })
+}
+
+async fn admission(State(api): State<Api>) -> Json<Admission> {
+    Json(api.engine.admission())
+}
+
+/// Changes the admission limits of the running runner: no job is stopped or restarted.
+async fn set_admission(
+    State(api): State<Api>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<Admission>> {
+    // Read through axum's `Json`, whose error names the field that could not be read
+    // ("max_jobs: invalid value: integer `-1`, expected usize"); the client is told that
+    // error, without the rejection's own prefix.
+    let Json(change) = Json::<AdmissionChange>::from_bytes(&body).map_err(|e| {
+        let why = std::error::Error::source(&e).map_or_else(|| e.body_text(), |s| s.to_string());
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("invalid admission change: {why}"),
+        )
+    })?;
+    Ok(Json(api.engine.set_admission(change)?))
 }
 
 async fn submit(State(api): State<Api>, body: axum::body::Bytes) -> ApiResult<Response> {

@@ -13,6 +13,7 @@ use thiserror::Error;
 use tokio::io::AsyncWriteExt;
 
 use super::job::Stream;
+use crate::proto::admission::{Admission, AdmissionChange};
 use crate::proto::health::Health;
 use crate::proto::job::{JobRecord, JobSpec, Submitted};
 
@@ -275,16 +276,33 @@ impl Client {
         Ok((status, value))
     }
 
+    /// A request body.
+    fn encode(&self, value: &impl serde::Serialize) -> Result<Vec<u8>, ClientError> {
+        serde_json::to_vec(value).map_err(|source| ClientError::Decode {
+            path: self.socket.clone(),
+            source,
+        })
+    }
+
     pub async fn health(&self) -> Result<Health, ClientError> {
         Ok(self.json(Method::GET, "/v1/health", None).await?.1)
     }
 
+    /// The admission limits in force.
+    pub async fn admission(&self) -> Result<Admission, ClientError> {
+        Ok(self.json(Method::GET, "/v1/admission", None).await?.1)
+    }
+
+    /// Changes the admission limits without restarting the runner; returns those now in
+    /// force. Idempotent: sending the same change again changes nothing.
+    pub async fn set_admission(&self, change: &AdmissionChange) -> Result<Admission, ClientError> {
+        let body = self.encode(change)?;
+        Ok(self.json(Method::PUT, "/v1/admission", Some(body)).await?.1)
+    }
+
     /// Returns whether the job was created (false: an identical job already existed).
     pub async fn submit(&self, spec: &JobSpec) -> Result<(bool, Submitted), ClientError> {
-        let body = serde_json::to_vec(spec).map_err(|source| ClientError::Decode {
-            path: self.socket.clone(),
-            source,
-        })?;
+        let body = self.encode(spec)?;
         let (status, sub) = self.json(Method::POST, "/v1/jobs", Some(body)).await?;
         Ok((status == StatusCode::CREATED, sub))
     }

@@ -196,3 +196,14 @@ pub fn find_own_process_with_env(name: &str, value: &str) -> Option<ProcessId> {
         None
     }
 }
+
+/// Raises this process's soft limit on open files to its hard limit and returns the new
+/// soft limit: a hub holds one descriptor per connected agent.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(std::io::Error::from)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(std::io::Error::from)?;
+    }
+    Ok(hard.max(soft))
+}

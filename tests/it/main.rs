@@ -6,7 +6,9 @@
 
 mod agent;
 mod disk;
+mod hub;
 mod hub_agent;
+mod hubs;
 mod jobs;
 mod lock;
 mod readme;

@@ -1,6 +1,8 @@
 //! Admission and scheduling: `submit` and `cancel`, the FIFO queue, and `schedule`, which
 //! starts queued jobs while there is room under the runner's and each owner's limit. The
-//! scheduler's state (`Sched`) is only the queue and what runs now; the store holds the rest.
+//! scheduler's state (`Sched`) is only the limits, the queue and what runs now; the store
+//! holds the rest. The limits live beside the queue, under its lock, so a change to them
+//! (`set_admission`) and the scheduling it calls for see one state.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -9,6 +11,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::{blocking, Engine, EngineError};
+use crate::proto::admission::{Admission, AdmissionChange};
 use crate::proto::job::{JobRecord, JobSpec, JobState};
 use crate::runner::job::{self, JobError, SpoolStats};
 use crate::runner::store::{self, Inserted, Outcome};
@@ -47,11 +50,86 @@ impl Queued {
 /// a full queue does not hold its stdins in memory.
 const MAX_QUEUED_STDIN: usize = 4096;
 
-#[derive(Default)]
 pub(super) struct Sched {
+    pub(super) limits: Limits,
     pub(super) queue: VecDeque<Queued>,
     pub(super) running: HashMap<String, RunningJob>,
     pub(super) per_owner: HashMap<String, usize>,
+}
+
+impl Sched {
+    pub(super) fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            queue: VecDeque::new(),
+            running: HashMap::new(),
+            per_owner: HashMap::new(),
+        }
+    }
+}
+
+/// The admission limits in force: the runner's flags at first, then what `set_admission`
+/// made them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Limits {
+    pub(super) admission: Admission,
+    /// The per-owner limit was never set (by `--max-jobs-per-owner` or a change), so it is
+    /// `max_jobs` and moves with it, as for a runner started with the new `--max-jobs`.
+    pub(super) per_owner_follows: bool,
+}
+
+impl Limits {
+    /// A runner's first limits; a per-owner limit of `None` follows `max_jobs`.
+    pub(super) fn new(
+        max_jobs: usize,
+        max_jobs_per_owner: Option<usize>,
+        max_queued: usize,
+    ) -> Result<Self, EngineError> {
+        let admission = checked(Admission {
+            max_jobs,
+            max_jobs_per_owner: max_jobs_per_owner.unwrap_or(max_jobs),
+            max_queued,
+        })?;
+        Ok(Self {
+            admission,
+            per_owner_follows: max_jobs_per_owner.is_none(),
+        })
+    }
+
+    /// These limits with `change` applied, or why not (see [`checked`]).
+    pub(super) fn changed(self, change: AdmissionChange) -> Result<Self, EngineError> {
+        let old = self.admission;
+        let per_owner_follows = self.per_owner_follows && change.max_jobs_per_owner.is_none();
+        let max_jobs = change.max_jobs.unwrap_or(old.max_jobs);
+        let admission = checked(Admission {
+            max_jobs,
+            max_jobs_per_owner: match change.max_jobs_per_owner {
+                Some(n) => n,
+                None if per_owner_follows => max_jobs,
+                None => old.max_jobs_per_owner,
+            },
+            max_queued: change.max_queued.unwrap_or(old.max_queued),
+        })?;
+        Ok(Self {
+            admission,
+            per_owner_follows,
+        })
+    }
+}
+
+/// `limits`, unless one leaves no room to run (0 jobs in all or per owner): queued jobs
+/// would wait forever. `max_queued` may be 0, which refuses every new job and lets those
+/// already queued start.
+fn checked(limits: Admission) -> Result<Admission, EngineError> {
+    for (field, value) in [
+        ("max_jobs", limits.max_jobs),
+        ("max_jobs_per_owner", limits.max_jobs_per_owner),
+    ] {
+        if value == 0 {
+            return Err(EngineError::InvalidAdmission { field });
+        }
+    }
+    Ok(limits)
 }
 
 impl Engine {
@@ -83,10 +161,12 @@ impl Engine {
                 Err(EngineError::Conflict { id })
             };
         }
-        if self.sched().queue.len() >= self.inner.cfg.max_queued {
-            return Err(EngineError::QueueFull {
-                max: self.inner.cfg.max_queued,
-            });
+        {
+            let s = self.sched();
+            let max = s.limits.admission.max_queued;
+            if s.queue.len() >= max {
+                return Err(EngineError::QueueFull { max });
+            }
         }
         // A working directory the client chose is checked now, so a bad one is its 400.
         // The default workspace is made when the job starts.
@@ -184,6 +264,37 @@ impl Engine {
             .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })
     }
 
+    /// The admission limits in force.
+    pub fn admission(&self) -> Admission {
+        self.sched().limits.admission
+    }
+
+    /// Changes the admission limits while jobs run, and returns those now in force. A
+    /// refused change changes nothing. A raised limit starts queued jobs at once; a lowered
+    /// one stops no running job, it only holds new starts until fewer run than it allows;
+    /// and a `max_queued` below the queue's length keeps every queued job, refusing new
+    /// ones (429) until the queue is shorter than it. A per-owner limit that was never set
+    /// follows `max_jobs`. Lasts until the runner stops: the next one starts from its flags.
+    pub fn set_admission(&self, change: AdmissionChange) -> Result<Admission, EngineError> {
+        let (before, limits) = {
+            let mut s = self.sched();
+            let before = s.limits.admission;
+            s.limits = s.limits.changed(change)?;
+            (before, s.limits.admission)
+        };
+        // A caller converging on a desired state may send the same limits every pass.
+        if limits != before {
+            tracing::info!(
+                max_jobs = limits.max_jobs,
+                max_jobs_per_owner = limits.max_jobs_per_owner,
+                max_queued = limits.max_queued,
+                "admission limits changed"
+            );
+        }
+        self.schedule();
+        Ok(limits)
+    }
+
     /// Starts queued jobs while there is room, FIFO, skipping owners at their limit.
     pub(super) fn schedule(&self) {
         let mut started = Vec::new();
@@ -194,8 +305,8 @@ impl Engine {
             if self.inner.shutting_down.load(Ordering::Relaxed) {
                 return;
             }
-            while s.running.len() < self.inner.cfg.max_jobs {
-                let per_owner = self.inner.cfg.max_jobs_per_owner;
+            while s.running.len() < s.limits.admission.max_jobs {
+                let per_owner = s.limits.admission.max_jobs_per_owner;
                 let Some(pos) = s
                     .queue
                     .iter()
@@ -229,6 +340,86 @@ impl Engine {
         for (id, spec, cancel_rx, admitted_ms) in started {
             let engine = self.clone();
             tasks.spawn(async move { engine.run_job(id, spec, cancel_rx, admitted_ms).await });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(
+        max_jobs: Option<usize>,
+        max_jobs_per_owner: Option<usize>,
+        max_queued: Option<usize>,
+    ) -> AdmissionChange {
+        AdmissionChange {
+            max_jobs,
+            max_jobs_per_owner,
+            max_queued,
+        }
+    }
+
+    fn admission(max_jobs: usize, max_jobs_per_owner: usize, max_queued: usize) -> Admission {
+        Admission {
+            max_jobs,
+            max_jobs_per_owner,
+            max_queued,
+        }
+    }
+
+    #[test]
+    fn a_change_keeps_the_limits_it_leaves_out() {
+        let limits = Limits::new(4, Some(2), 10).expect("valid");
+        let new = limits.changed(change(Some(8), None, None)).expect("valid");
+        assert_eq!(new.admission, admission(8, 2, 10));
+        let new = new.changed(change(None, None, Some(3))).expect("valid");
+        assert_eq!(new.admission, admission(8, 2, 3));
+        assert_eq!(
+            limits.changed(AdmissionChange::default()).expect("valid"),
+            limits
+        );
+        // No queue at all is a limit too: it refuses new jobs.
+        let none_queued = limits.changed(change(None, None, Some(0))).expect("valid");
+        assert_eq!(none_queued.admission, admission(4, 2, 0));
+    }
+
+    #[test]
+    fn a_per_owner_limit_never_set_follows_max_jobs_until_it_is_set() {
+        let limits = Limits::new(2, None, 10).expect("valid");
+        assert_eq!(limits.admission, admission(2, 2, 10));
+        let raised = limits.changed(change(Some(5), None, None)).expect("valid");
+        assert_eq!(raised.admission, admission(5, 5, 10));
+        let set = raised.changed(change(None, Some(3), None)).expect("valid");
+        assert_eq!(set.admission, admission(5, 3, 10));
+        let lowered = set.changed(change(Some(1), None, None)).expect("valid");
+        assert_eq!(lowered.admission, admission(1, 3, 10));
+        // A per-owner limit from the runner's flags stays as it is.
+        let flagged = Limits::new(2, Some(2), 10).expect("valid");
+        let raised = flagged.changed(change(Some(5), None, None)).expect("valid");
+        assert_eq!(raised.admission, admission(5, 2, 10));
+    }
+
+    #[test]
+    fn no_room_to_run_is_refused_naming_the_limit() {
+        let limits = Limits::new(4, None, 10).expect("valid");
+        for (field, bad) in [
+            ("max_jobs", change(Some(0), None, Some(5))),
+            ("max_jobs", change(Some(0), Some(2), None)),
+            ("max_jobs_per_owner", change(Some(3), Some(0), None)),
+        ] {
+            let err = limits.changed(bad).expect_err("0 refused");
+            assert!(
+                matches!(err, EngineError::InvalidAdmission { field: f } if f == field),
+                "{err}"
+            );
+            assert!(err.to_string().starts_with(&format!("{field} ")), "{err}");
+        }
+        for (field, max_jobs, per_owner) in
+            [("max_jobs", 0, None), ("max_jobs_per_owner", 1, Some(0))]
+        {
+            let err = Limits::new(max_jobs, per_owner, 10).expect_err("0 refused");
+            assert!(err.to_string().starts_with(&format!("{field} ")), "{err}");
         }
     }
 }

@@ -21,9 +21,10 @@
 //! passes ends with SIGKILL (`cgroup.kill`).
 //!
 //! State: the store is the truth for every job (with the state changes it holds in memory
-//! while the disk is full, which reads show); the scheduler (`Sched`) holds only the FIFO
-//! queue and what runs now. Every change bumps `activity`, which waiters and followers
-//! watch, and so does the commit of a held change (`when_recorded`).
+//! while the disk is full, which reads show); the scheduler (`Sched`) holds only the
+//! admission limits in force, the FIFO queue and what runs now. Every change bumps
+//! `activity`, which waiters and followers watch, and so does the commit of a held change
+//! (`when_recorded`).
 
 mod admission;
 mod lifecycle;
@@ -40,7 +41,7 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use self::admission::Sched;
+use self::admission::{Limits, Sched};
 use self::retention::Totals;
 use super::confine::{CgroupTier, FsGuard};
 use super::job::{self, JobError, JobPaths};
@@ -48,11 +49,14 @@ use super::spec::SpecError;
 use super::store::{Store, StoreError};
 use crate::proto::job::JobSpec;
 
-/// Limits of one runner.
+/// Limits of one runner. The admission limits (`max_jobs`, `max_jobs_per_owner`,
+/// `max_queued`) are those it starts with: [`Engine::set_admission`] changes them while it
+/// runs.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub max_jobs: usize,
-    pub max_jobs_per_owner: usize,
+    /// `None`: as many as `max_jobs`, and changed with it until it is set.
+    pub max_jobs_per_owner: Option<usize>,
     pub max_queued: usize,
     /// Per stream.
     pub max_output_bytes: u64,
@@ -71,7 +75,7 @@ impl Default for EngineConfig {
             .unwrap_or(1);
         Self {
             max_jobs: cpus,
-            max_jobs_per_owner: cpus,
+            max_jobs_per_owner: None,
             max_queued: 1000,
             max_output_bytes: 64 * 1024 * 1024,
             max_finished_jobs: 1000,
@@ -92,6 +96,8 @@ pub enum EngineError {
     Conflict { id: String },
     #[error("the queue is full ({max} jobs waiting): retry later")]
     QueueFull { max: usize },
+    #[error("{field} must be at least 1: with no room to run, queued jobs would wait forever (to take no new jobs, set max_queued to 0)")]
+    InvalidAdmission { field: &'static str },
     #[error("no job {id}")]
     NotFound { id: String },
     #[error("the runner is shutting down")]
@@ -162,6 +168,7 @@ impl Engine {
     /// Opens the store, starts ending what a previous runner left (in the background), and
     /// re-queues queued jobs. Returns without waiting for any process.
     pub async fn start(runner_dir: PathBuf, cfg: EngineConfig) -> Result<Self, EngineError> {
+        let limits = Limits::new(cfg.max_jobs, cfg.max_jobs_per_owner, cfg.max_queued)?;
         let paths = JobPaths::open(&runner_dir).map_err(EngineError::Job)?;
         let force_fork = cfg.force_fork;
         let db = runner_dir.join("jobs.db");
@@ -174,7 +181,7 @@ impl Engine {
                 retention: tokio::sync::Mutex::new(()),
                 paths,
                 store,
-                sched: Mutex::new(Sched::default()),
+                sched: Mutex::new(Sched::new(limits)),
                 activity,
                 shutting_down: AtomicBool::new(false),
                 ids: AtomicU64::new(0),
@@ -230,8 +237,11 @@ impl Engine {
         self.inner.launch.name()
     }
 
-    pub fn running_count(&self) -> usize {
-        self.sched().running.len()
+    /// Jobs starting or running, and jobs queued, counted at one instant (a job moving
+    /// from the queue to its start is counted once).
+    pub fn job_counts(&self) -> (usize, usize) {
+        let s = self.sched();
+        (s.running.len(), s.queue.len())
     }
 
     /// Jobs (and job cgroups) of a previous runner still being ended.

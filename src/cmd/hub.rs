@@ -1,0 +1,371 @@
+//! `railgrid hub serve` and the admin commands (`hub agent …`, `hub desired …`).
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+
+use super::{print_stdout, usage};
+use crate::cli::{
+    DesiredScope, HubAgentCommand, HubArgs, HubCommand, HubDesiredCommand, HubDesiredSetArgs,
+    HubServeArgs,
+};
+use crate::hub::admin::{AdminClient, AdminError, Target};
+use crate::hub::tls::TlsSource;
+use crate::hub::{self, ServeOptions};
+use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView};
+
+pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {
+    let HubArgs {
+        data_dir,
+        url,
+        token_file,
+        ca_file,
+        json,
+        command,
+    } = args;
+    let target = Target {
+        data_dir,
+        url,
+        token_file,
+        ca_file,
+    };
+    match command {
+        HubCommand::Serve(a) => serve(target, a),
+        HubCommand::Agent { command } => admin(&target, |c| agent(c, command, json)),
+        HubCommand::Desired { command } => admin(&target, |c| desired(c, command, json)),
+    }
+}
+
+fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
+    let Some(data_dir) = target.data_dir else {
+        return Err(usage(anyhow::anyhow!(
+            "hub serve needs --data-dir DIR (its database, tokens and CA live there)"
+        )));
+    };
+    let tls = match (a.tls_cert, a.tls_key) {
+        (Some(cert), Some(key)) => TlsSource::Files { cert, key },
+        _ => TlsSource::SelfSigned { names: a.tls_name },
+    };
+    if let Some(u) = &a.url {
+        if !u.starts_with("https://") {
+            return Err(usage(anyhow::anyhow!(
+                "--url {u:?} must start with https://"
+            )));
+        }
+    }
+    // Everything the hub writes is its own: tokens, keys, the database.
+    crate::sys::set_umask(0o077);
+    let opts = ServeOptions {
+        data_dir: std::path::absolute(&data_dir)?,
+        listen: a.listen,
+        tls,
+        url: a.url,
+        max_connections: a.max_connections.max(1),
+        max_wait: a.max_wait,
+        poll_interval: Duration::from_secs(30),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    match rt.block_on(hub::serve(opts)) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) if e.is_config() => Err(usage(e)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs one admin call on a small runtime; a missing target or token is a usage error.
+fn admin<F, Fut>(target: &Target, f: F) -> anyhow::Result<ExitCode>
+where
+    F: FnOnce(AdminClient) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<String>>,
+{
+    let client = AdminClient::new(target).map_err(|e| match e {
+        AdminError::NoTarget
+        | AdminError::NoToken
+        | AdminError::OpenToken { .. }
+        | AdminError::Read { .. }
+        | AdminError::HubFile { .. } => usage(e),
+        e => e.into(),
+    })?;
+    let rt = super::current_thread_runtime()?;
+    let text = rt.block_on(f(client))?;
+    print_stdout(text.trim_end())
+}
+
+async fn agent(c: AdminClient, cmd: HubAgentCommand, json: bool) -> anyhow::Result<String> {
+    match cmd {
+        HubAgentCommand::Add { id, token_out } => {
+            let enrolled = c.enrol(&id).await?;
+            match token_out {
+                Some(path) => {
+                    write_token(&path, &enrolled.token)?;
+                    if json {
+                        Ok(serde_json::json!({"id": enrolled.id, "token_file": path}).to_string())
+                    } else {
+                        Ok(format!(
+                            "enrolled agent {}; its token is in {} (0600): give it to the agent as hub.token_file",
+                            enrolled.id,
+                            path.display()
+                        ))
+                    }
+                }
+                None if json => Ok(serde_json::to_string(&enrolled)?),
+                None => Ok(format!(
+                    "enrolled agent {}\ntoken: {}\nThe token is shown this once (the hub keeps only its hash): put it in a 0600 file on the agent's host and set hub.token_file.",
+                    enrolled.id, enrolled.token
+                )),
+            }
+        }
+        HubAgentCommand::List => {
+            let agents = c.list().await?;
+            if json {
+                return Ok(serde_json::to_string(&agents)?);
+            }
+            Ok(agent_table(&agents))
+        }
+        HubAgentCommand::Show { id } => {
+            let a = c.show(&id).await?;
+            if json {
+                return Ok(serde_json::to_string(&a)?);
+            }
+            Ok(agent_detail(&a))
+        }
+        HubAgentCommand::Revoke { id } => {
+            let a = c.revoke(&id).await?;
+            if json {
+                return Ok(serde_json::to_string(&a)?);
+            }
+            Ok(format!(
+                "revoked agent {}: its token is refused from now on",
+                a.id
+            ))
+        }
+    }
+}
+
+async fn desired(c: AdminClient, cmd: HubDesiredCommand, json: bool) -> anyhow::Result<String> {
+    let view = match cmd {
+        HubDesiredCommand::Show(scope) => c.desired(scope_id(&scope)).await?,
+        HubDesiredCommand::Set(args) => {
+            let change = desired_change(&args);
+            if change.set == DesiredSettings::default() && change.clear.is_empty() {
+                return Err(usage(anyhow::anyhow!(
+                    "nothing to set: give --runner-enabled, --max-jobs, --max-jobs-per-owner, --version or --clear"
+                )));
+            }
+            c.set_desired(scope_id(&args.scope), &change).await?
+        }
+    };
+    if json {
+        return Ok(serde_json::to_string(&view)?);
+    }
+    Ok(desired_text(&view))
+}
+
+fn scope_id(s: &DesiredScope) -> Option<&str> {
+    if s.fleet {
+        None
+    } else {
+        s.agent.as_deref()
+    }
+}
+
+fn desired_change(a: &HubDesiredSetArgs) -> DesiredChange {
+    DesiredChange {
+        set: DesiredSettings {
+            runner_enabled: a.runner_enabled,
+            max_jobs: a.max_jobs,
+            max_jobs_per_owner: a.max_jobs_per_owner,
+            version: a.version.clone(),
+        },
+        clear: a.clear.clone(),
+    }
+}
+
+/// Writes a token to a new file, 0600; an existing file is not overwritten (it may be
+/// another agent's token).
+fn write_token(path: &Path, token: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| {
+            format!(
+                "could not create {} for the token (the agent is enrolled: revoke and add it again once the path is fixed)",
+                path.display()
+            )
+        })?;
+    f.write_all(format!("{token}\n").as_bytes())
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("could not write the token to {}", path.display()))
+}
+
+fn ago(t: Option<u64>) -> String {
+    let Some(t) = t else {
+        return "never".into();
+    };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(t);
+    format!(
+        "{} ago",
+        humantime::format_duration(Duration::from_secs(now.saturating_sub(t)))
+    )
+}
+
+fn agent_table(agents: &[AgentView]) -> String {
+    if agents.is_empty() {
+        return "no agents enrolled (railgrid hub agent add ID)".into();
+    }
+    let rows: Vec<[String; 8]> = agents
+        .iter()
+        .map(|a| {
+            let r = a.report.as_ref();
+            [
+                a.id.clone(),
+                if a.revoked {
+                    "revoked".into()
+                } else if a.connected {
+                    "yes".into()
+                } else {
+                    "no".into()
+                },
+                ago(a.last_seen),
+                r.map_or("-".into(), |r| r.version.clone()),
+                r.filter(|r| !r.os.is_empty())
+                    .map_or("-".into(), |r| format!("{}/{}", r.os, r.arch)),
+                r.map_or("-".into(), |r| r.runner.state.clone()),
+                format!("{}/{}", a.observed_generation, a.desired_generation),
+                r.and_then(|r| r.upgrade.as_ref())
+                    .map_or("-".into(), |u| u.state.clone()),
+            ]
+        })
+        .collect();
+    let header = [
+        "ID",
+        "CONNECTED",
+        "LAST SEEN",
+        "VERSION",
+        "OS/ARCH",
+        "RUNNER",
+        "GENERATION",
+        "UPGRADE",
+    ];
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    let line = |out: &mut String, cells: &[&str]| {
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                let _ = write!(out, "{cell}");
+            } else {
+                let _ = write!(out, "{cell:<w$}  ");
+            }
+        }
+        out.push('\n');
+    };
+    line(&mut out, &header);
+    for row in &rows {
+        let cells: Vec<&str> = row.iter().map(String::as_str).collect();
+        line(&mut out, &cells);
+    }
+    out
+}
+
+fn agent_detail(a: &AgentView) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "agent:       {}", a.id);
+    let _ = writeln!(out, "revoked:     {}", a.revoked);
+    let _ = writeln!(out, "connected:   {}", a.connected);
+    let _ = writeln!(out, "last seen:   {}", ago(a.last_seen));
+    let _ = writeln!(
+        out,
+        "generation:  {} applied, {} desired{}",
+        a.observed_generation,
+        a.desired_generation,
+        if a.observed_generation >= a.desired_generation {
+            ""
+        } else {
+            " (converging)"
+        }
+    );
+    if let Some(r) = &a.report {
+        let _ = writeln!(out, "version:     {}", r.version);
+        let _ = writeln!(out, "host:        {} ({}/{})", r.hostname, r.os, r.arch);
+        let pid = r
+            .runner
+            .pid
+            .map(|p| format!(", pid {p}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "runner:      {}{pid}, {} starts",
+            r.runner.state, r.runner.starts
+        );
+        if let Some(e) = &r.runner.last_error {
+            let _ = writeln!(out, "last error:  {e}");
+        }
+        if let Some(j) = &r.jobs_summary {
+            let _ = writeln!(
+                out,
+                "jobs:        {} running, {} queued",
+                j.running, j.queued
+            );
+        }
+        if let Some(u) = &r.upgrade {
+            let _ = writeln!(out, "upgrade:     {}", u.state);
+        }
+    }
+    out
+}
+
+fn desired_text(v: &DesiredView) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "scope:       {}", v.scope);
+    let _ = writeln!(out, "generation:  {}", v.generation);
+    let s = &v.settings;
+    let show = |o: Option<String>| o.unwrap_or_else(|| "(not set)".into());
+    let _ = writeln!(
+        out,
+        "runner_enabled:      {}",
+        show(s.runner_enabled.map(|b| b.to_string()))
+    );
+    let _ = writeln!(
+        out,
+        "max_jobs:            {}",
+        show(s.max_jobs.map(|n| n.to_string()))
+    );
+    let _ = writeln!(
+        out,
+        "max_jobs_per_owner:  {}",
+        show(s.max_jobs_per_owner.map(|n| n.to_string()))
+    );
+    let _ = writeln!(out, "version:             {}", show(s.version.clone()));
+    if let Some(e) = &v.effective {
+        let _ = writeln!(
+            out,
+            "sent to the agent:   generation {}, runner {}, max_jobs {}, max_jobs_per_owner {}, version {}",
+            e.generation,
+            if e.runner.enabled { "enabled" } else { "disabled" },
+            e.runner.max_jobs.map_or("(agent's own)".into(), |n| n.to_string()),
+            e.runner
+                .max_jobs_per_owner
+                .map_or("(agent's own)".into(), |n| n.to_string()),
+            e.agent.as_ref().map_or("(any)".into(), |a| a.version.clone()),
+        );
+    }
+    out
+}

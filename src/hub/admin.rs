@@ -1,0 +1,243 @@
+//! The client of the hub's admin API, behind `railgrid hub agent|desired …`: on the hub's
+//! own host from its data dir (`admin.token`, `ca.pem`, `hub.json`), or from anywhere with
+//! `--hub URL --token-file F [--ca-file PEM]`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use reqwest::Method;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use thiserror::Error;
+
+use super::{HubFile, ADMIN_TOKEN_FILE, HUB_FILE};
+use crate::hub_client::{self, HubClientError};
+use crate::proto::hub::{AgentView, DesiredChange, DesiredView, EnrolRequest, Enrolled, ErrorBody};
+
+/// An admin answer larger than this is refused (a list of 10 000 agents fits).
+const MAX_ANSWER: usize = 64 * 1024 * 1024;
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Error)]
+pub(crate) enum AdminError {
+    #[error("could not read {path}{hint}")]
+    Read {
+        path: PathBuf,
+        hint: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} does not say where the hub serves")]
+    HubFile {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the token file {path} is readable by others (mode {mode:04o}): chmod 600 {path}")]
+    OpenToken { path: PathBuf, mode: u32 },
+    #[error("say which hub: --data-dir DIR on the hub's host, or --hub URL --token-file FILE")]
+    NoTarget,
+    #[error("--hub needs --token-file (the admin token)")]
+    NoToken,
+    #[error("the token in {path} cannot be sent in a header")]
+    BadToken { path: PathBuf },
+    #[error(transparent)]
+    Client(#[from] HubClientError),
+    #[error("could not reach the hub at {url}")]
+    Request {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{url}: {status}: {message}")]
+    Status {
+        url: String,
+        status: reqwest::StatusCode,
+        message: String,
+    },
+    #[error("{url}: the answer is not what the hub sends")]
+    Parse {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Which hub the admin commands talk to.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Target {
+    pub(crate) data_dir: Option<PathBuf>,
+    pub(crate) url: Option<String>,
+    pub(crate) token_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
+}
+
+pub(crate) struct AdminClient {
+    http: reqwest::Client,
+    base: String,
+    auth: reqwest::header::HeaderValue,
+}
+
+fn read(path: &Path, hint: &'static str) -> Result<String, AdminError> {
+    std::fs::read_to_string(path).map_err(|source| AdminError::Read {
+        path: path.to_owned(),
+        hint,
+        source,
+    })
+}
+
+impl AdminClient {
+    pub(crate) fn new(target: &Target) -> Result<Self, AdminError> {
+        let (url, token_file, ca_file) = match (&target.url, &target.data_dir) {
+            (Some(url), _) => (
+                url.clone(),
+                target.token_file.clone().ok_or(AdminError::NoToken)?,
+                target.ca_file.clone(),
+            ),
+            (None, Some(dir)) => {
+                let path = dir.join(HUB_FILE);
+                let text = read(
+                    &path,
+                    " (has `railgrid hub serve` run with this --data-dir?)",
+                )?;
+                let info: HubFile = serde_json::from_str(&text)
+                    .map_err(|source| AdminError::HubFile { path, source })?;
+                (
+                    info.url,
+                    target
+                        .token_file
+                        .clone()
+                        .unwrap_or_else(|| dir.join(ADMIN_TOKEN_FILE)),
+                    target.ca_file.clone().or(info.ca_file),
+                )
+            }
+            (None, None) => return Err(AdminError::NoTarget),
+        };
+        let mode = std::fs::metadata(&token_file)
+            .map_err(|source| AdminError::Read {
+                path: token_file.clone(),
+                hint: "",
+                source,
+            })?
+            .permissions()
+            .mode()
+            & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(AdminError::OpenToken {
+                path: token_file,
+                mode,
+            });
+        }
+        let token = read(&token_file, "")?;
+        let auth = hub_client::bearer(token.trim()).map_err(|_| AdminError::BadToken {
+            path: token_file.clone(),
+        })?;
+        let http = hub_client::build(ca_file.as_deref(), TIMEOUT)?;
+        Ok(Self {
+            http,
+            base: url.trim_end_matches('/').to_owned(),
+            auth,
+        })
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<T, AdminError> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self
+            .http
+            .request(method, &url)
+            .timeout(TIMEOUT)
+            .header(reqwest::header::AUTHORIZATION, self.auth.clone());
+        if let Some(b) = body {
+            let json = serde_json::to_vec(b).map_err(|source| AdminError::Parse {
+                url: url.clone(),
+                source,
+            })?;
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(json);
+        }
+        let resp = req.send().await.map_err(|source| AdminError::Request {
+            url: url.clone(),
+            source,
+        })?;
+        let status = resp.status();
+        let bytes = hub_client::read_capped(resp, MAX_ANSWER).await?;
+        if !status.is_success() {
+            let message = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|b| b.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).chars().take(500).collect());
+            return Err(AdminError::Status {
+                url,
+                status,
+                message,
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|source| AdminError::Parse { url, source })
+    }
+
+    pub(crate) async fn enrol(&self, id: &str) -> Result<Enrolled, AdminError> {
+        let body = EnrolRequest { id: id.to_owned() };
+        self.call(Method::POST, "/v1/admin/agents", Some(&body))
+            .await
+    }
+
+    pub(crate) async fn list(&self) -> Result<Vec<AgentView>, AdminError> {
+        self.call(Method::GET, "/v1/admin/agents", None::<&()>)
+            .await
+    }
+
+    pub(crate) async fn show(&self, id: &str) -> Result<AgentView, AdminError> {
+        self.call(
+            Method::GET,
+            &format!("/v1/admin/agents/{}", escape(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    pub(crate) async fn revoke(&self, id: &str) -> Result<AgentView, AdminError> {
+        let path = format!("/v1/admin/agents/{}/revoke", escape(id));
+        self.call(Method::POST, &path, None::<&()>).await
+    }
+
+    pub(crate) async fn desired(&self, agent: Option<&str>) -> Result<DesiredView, AdminError> {
+        self.call(Method::GET, &desired_path(agent), None::<&()>)
+            .await
+    }
+
+    pub(crate) async fn set_desired(
+        &self,
+        agent: Option<&str>,
+        change: &DesiredChange,
+    ) -> Result<DesiredView, AdminError> {
+        self.call(Method::PUT, &desired_path(agent), Some(change))
+            .await
+    }
+}
+
+fn desired_path(agent: Option<&str>) -> String {
+    match agent {
+        None => "/v1/admin/desired/fleet".into(),
+        Some(id) => format!("/v1/admin/desired/agents/{}", escape(id)),
+    }
+}
+
+/// An id as one path segment: the hub refuses ids with anything but `[A-Za-z0-9._-]`, and
+/// anything else is percent-encoded so that it reaches the hub, which says why.
+fn escape(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for b in id.bytes() {
+        if b.is_ascii_alphanumeric() || b"._-".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

@@ -1,0 +1,674 @@
+//! The fleet as the hub holds it in memory: every enrolled agent, the desired settings of
+//! the fleet and of each agent, and the long polls waiting on them.
+//!
+//! Reads (authorising a reconcile, computing an agent's desired state, listing agents)
+//! never touch the database. Changes are made durable in the [`Store`] first, then
+//! applied here, then announced: each agent has a `watch` channel carrying the generation
+//! of its effective desired state, and a held poll waits on its own agent's channel only.
+//! So a change to one agent wakes that agent's poll, a fleet change wakes every poll, and
+//! a held poll costs a parked future: no thread, no timer but its own deadline, no query.
+//!
+//! Generations come from one counter in the store; an agent's effective generation is the
+//! larger of the fleet's and its own, so it only ever grows.
+//!
+//! Task: [`ReportFlusher`] writes the reports queued by reconciles to the store in one
+//! transaction a second (an agent sends its report again at each reconcile, so a batch
+//! lost to a crash costs a `last_seen` a second old, never a decision).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use thiserror::Error;
+use tokio::sync::watch;
+
+use super::store::{ReportRow, Snapshot, Store, StoreError};
+use super::token;
+use crate::proto::desired::{DesiredAgent, DesiredRunner, DesiredState};
+use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView};
+use crate::proto::report::AgentReport;
+use crate::util;
+
+/// How often queued reports are written.
+const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// Agent ids: what a host name, a FQDN or a cloud instance id needs, nothing that could
+/// be read as a path or need quoting.
+const MAX_ID_LEN: usize = 128;
+/// The largest admission limit the hub passes on (the runner's own bound).
+const MAX_LIMIT: usize = 100_000;
+
+#[derive(Debug, Error)]
+pub(crate) enum FleetError {
+    #[error("unknown agent {0:?}")]
+    NoSuchAgent(String),
+    #[error("the token is not valid for agent {0:?}")]
+    BadToken(String),
+    #[error("agent {0:?} was revoked; enrol it again with `railgrid hub agent add {0}`")]
+    Revoked(String),
+    #[error("agent {0:?} is already enrolled; revoke it first to give it a new token")]
+    Exists(String),
+    #[error("invalid agent id {id:?}: {why}")]
+    BadId { id: String, why: &'static str },
+    #[error("{field}: {why}")]
+    BadSetting { field: String, why: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// One desired-settings scope and the generation of its last change.
+#[derive(Debug, Clone, Default)]
+struct Scope {
+    generation: u64,
+    settings: DesiredSettings,
+}
+
+/// What changes about an agent, behind its own lock.
+#[derive(Debug)]
+struct AgentState {
+    token_sha256: String,
+    enrolled_at: u64,
+    own: Scope,
+    last_seen: Option<u64>,
+    observed_generation: u64,
+    report: Option<AgentReport>,
+}
+
+pub(crate) struct AgentEntry {
+    id: String,
+    state: Mutex<AgentState>,
+    revoked: AtomicBool,
+    /// The generation of its effective desired state; held polls wait on it.
+    generation: watch::Sender<u64>,
+    /// Polls held open now.
+    polls: AtomicUsize,
+}
+
+impl AgentEntry {
+    fn new(id: String, state: AgentState, revoked: bool, generation: u64) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            state: Mutex::new(state),
+            revoked: AtomicBool::new(revoked),
+            generation: watch::Sender::new(generation),
+            polls: AtomicUsize::new(0),
+        })
+    }
+
+    fn is_revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
+    }
+}
+
+/// Counts a held poll for `connected` while it lives.
+struct Held<'a>(&'a AgentEntry);
+
+impl<'a> Held<'a> {
+    fn new(entry: &'a AgentEntry) -> Self {
+        entry.polls.fetch_add(1, Ordering::Relaxed);
+        Self(entry)
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.polls.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub(crate) struct Fleet<S: Store> {
+    store: Arc<S>,
+    fleet: RwLock<Scope>,
+    agents: RwLock<HashMap<String, Arc<AgentEntry>>>,
+    /// Enrolments and desired changes, one at a time: each reads a scope, stores its new
+    /// version and applies it, and two interleaved would lose one.
+    changes: tokio::sync::Mutex<()>,
+    reports: Mutex<HashMap<String, ReportRow>>,
+    /// Long polls held now, over all agents.
+    held: AtomicUsize,
+    /// How long the hub asks agents to wait between reconciles when they do not long poll.
+    poll_interval: Duration,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl<S: Store> Fleet<S> {
+    /// Loads the fleet from `store`.
+    pub(crate) async fn load(store: Arc<S>, poll_interval: Duration) -> Result<Self, FleetError> {
+        let Snapshot {
+            agents,
+            scopes,
+            generation,
+        } = store.load().await?;
+        tracing::debug!(agents = agents.len(), generation, "loaded the fleet");
+        let mut fleet = Scope::default();
+        let mut own: HashMap<String, Scope> = HashMap::new();
+        for s in scopes {
+            let scope = Scope {
+                generation: s.generation,
+                settings: s.settings,
+            };
+            if s.scope.is_empty() {
+                fleet = scope;
+            } else {
+                own.insert(s.scope, scope);
+            }
+        }
+        let mut map = HashMap::with_capacity(agents.len());
+        for a in agents {
+            let own = own.remove(&a.id).unwrap_or_default();
+            let generation = own.generation.max(fleet.generation);
+            // A report that no longer parses is dropped: the agent sends a new one.
+            let report = a.report.and_then(|r| serde_json::from_str(&r).ok());
+            let state = AgentState {
+                token_sha256: a.token_sha256,
+                enrolled_at: a.enrolled_at,
+                own,
+                last_seen: a.last_seen,
+                observed_generation: a.observed_generation,
+                report,
+            };
+            let entry = AgentEntry::new(a.id.clone(), state, a.revoked_at.is_some(), generation);
+            map.insert(a.id, entry);
+        }
+        Ok(Self {
+            store,
+            fleet: RwLock::new(fleet),
+            agents: RwLock::new(map),
+            changes: tokio::sync::Mutex::new(()),
+            reports: Mutex::new(HashMap::new()),
+            held: AtomicUsize::new(0),
+            poll_interval,
+        })
+    }
+
+    fn entry(&self, id: &str) -> Result<Arc<AgentEntry>, FleetError> {
+        self.agents
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| FleetError::NoSuchAgent(id.to_owned()))
+    }
+
+    fn fleet_scope(&self) -> Scope {
+        self.fleet
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The agent behind `id` if `token` is its token and it is not revoked. An unknown id
+    /// and a wrong token read the same to the caller.
+    pub(crate) fn authorize(&self, id: &str, token: &str) -> Result<Arc<AgentEntry>, FleetError> {
+        let entry = self
+            .entry(id)
+            .map_err(|_| FleetError::BadToken(id.to_owned()))?;
+        let ok = token::matches(token, &util::lock(&entry.state).token_sha256);
+        if !ok {
+            return Err(FleetError::BadToken(id.to_owned()));
+        }
+        if entry.is_revoked() {
+            return Err(FleetError::Revoked(id.to_owned()));
+        }
+        Ok(entry)
+    }
+
+    /// A reconcile: records `report`, then answers with the agent's desired state, at
+    /// once when the agent is behind it, else when it changes or `wait` has passed.
+    pub(crate) async fn reconcile(
+        &self,
+        entry: &Arc<AgentEntry>,
+        report: AgentReport,
+        wait: Duration,
+    ) -> Result<DesiredState, FleetError> {
+        let observed = report.observed_generation;
+        let mut rx = entry.generation.subscribe();
+        let current = *rx.borrow_and_update();
+        if observed > current {
+            // The agent applied a generation this hub never handed out (it was restored
+            // from an older backup): give the agent's scope one past it, so the agent
+            // moves forward again instead of ignoring every answer as stale.
+            tracing::warn!(agent = %entry.id, observed, current, "an agent reports a generation newer than this hub's; moving its desired state past it");
+            self.resync(entry, observed).await?;
+        }
+        self.queue_report(entry, report);
+        if !wait.is_zero() && *rx.borrow() <= observed {
+            let _held = Held::new(entry);
+            self.held.fetch_add(1, Ordering::Relaxed);
+            // Either way the answer is computed below from what holds now.
+            let _ =
+                tokio::time::timeout(wait, rx.wait_for(|g| *g > observed || entry.is_revoked()))
+                    .await;
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+        if entry.is_revoked() {
+            return Err(FleetError::Revoked(entry.id.clone()));
+        }
+        Ok(self.desired_for(entry))
+    }
+
+    async fn resync(&self, entry: &AgentEntry, past: u64) -> Result<(), FleetError> {
+        let _one = self.changes.lock().await;
+        let settings = util::lock(&entry.state).own.settings.clone();
+        let generation = self.store.set_scope(&entry.id, &settings, past).await?;
+        util::lock(&entry.state).own.generation = generation;
+        self.announce(entry);
+        Ok(())
+    }
+
+    fn queue_report(&self, entry: &AgentEntry, report: AgentReport) {
+        let now = now_secs();
+        let row = ReportRow {
+            id: entry.id.clone(),
+            seen_at: now,
+            observed_generation: report.observed_generation,
+            report: serde_json::to_string(&report).unwrap_or_default(),
+        };
+        {
+            let mut st = util::lock(&entry.state);
+            st.last_seen = Some(now);
+            st.observed_generation = report.observed_generation;
+            st.report = Some(report);
+        }
+        util::lock(&self.reports).insert(row.id.clone(), row);
+    }
+
+    /// Writes the queued reports; called by the flusher and once at shutdown.
+    pub(crate) async fn flush_reports(&self) -> Result<usize, FleetError> {
+        let batch: Vec<ReportRow> = std::mem::take(&mut *util::lock(&self.reports))
+            .into_values()
+            .collect();
+        let n = batch.len();
+        self.store.record_reports(batch).await?;
+        Ok(n)
+    }
+
+    /// The effective settings of an agent: the fleet's, overridden field by field by its
+    /// own, with the generation of the later of the two.
+    fn effective(&self, entry: &AgentEntry) -> (u64, DesiredSettings) {
+        let fleet = self.fleet_scope();
+        let st = util::lock(&entry.state);
+        (
+            fleet.generation.max(st.own.generation),
+            fleet.settings.overlaid(&st.own.settings),
+        )
+    }
+
+    fn desired_for(&self, entry: &AgentEntry) -> DesiredState {
+        let (generation, s) = self.effective(entry);
+        DesiredState {
+            generation,
+            poll_interval_secs: Some(self.poll_interval.as_secs()),
+            agent: s.version.map(|version| DesiredAgent {
+                version,
+                rollback: false,
+            }),
+            runner: DesiredRunner {
+                enabled: s.runner_enabled.unwrap_or(true),
+                max_jobs: s.max_jobs,
+                max_jobs_per_owner: s.max_jobs_per_owner,
+                max_queued: None,
+                max_output_bytes: None,
+            },
+        }
+    }
+
+    /// Tells `entry`'s held polls its effective generation, if it moved.
+    fn announce(&self, entry: &AgentEntry) {
+        let (generation, _) = self.effective(entry);
+        entry.generation.send_if_modified(|g| {
+            let moved = *g != generation;
+            *g = generation;
+            moved
+        });
+    }
+
+    /// Enrols `id` and returns its token (the hub keeps only its hash).
+    pub(crate) async fn enrol(&self, id: &str) -> Result<String, FleetError> {
+        check_id(id)?;
+        let _one = self.changes.lock().await;
+        let token = token::new_agent_token().map_err(|e| FleetError::BadSetting {
+            field: "token".into(),
+            why: e.to_string(),
+        })?;
+        let hash = token::sha256_hex(&token);
+        let now = now_secs();
+        let Some(generation) = self.store.enrol(id, &hash, now).await? else {
+            return Err(FleetError::Exists(id.to_owned()));
+        };
+        let existing = self
+            .agents
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(id)
+            .cloned();
+        match existing {
+            Some(entry) => {
+                {
+                    let mut st = util::lock(&entry.state);
+                    st.token_sha256 = hash;
+                    st.enrolled_at = now;
+                    st.own.generation = generation;
+                    st.observed_generation = 0;
+                }
+                entry.revoked.store(false, Ordering::Release);
+                self.announce(&entry);
+            }
+            None => {
+                let own = Scope {
+                    generation,
+                    settings: DesiredSettings::default(),
+                };
+                let fleet_gen = self.fleet_scope().generation;
+                let state = AgentState {
+                    token_sha256: hash,
+                    enrolled_at: now,
+                    own,
+                    last_seen: None,
+                    observed_generation: 0,
+                    report: None,
+                };
+                let entry = AgentEntry::new(id.to_owned(), state, false, generation.max(fleet_gen));
+                self.agents
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(id.to_owned(), entry);
+            }
+        }
+        tracing::info!(agent = %id, "agent enrolled");
+        Ok(token)
+    }
+
+    /// Revokes `id`: its token is refused from now on, and a poll it holds is answered
+    /// with 401 at once.
+    pub(crate) async fn revoke(&self, id: &str) -> Result<AgentView, FleetError> {
+        let entry = self.entry(id)?;
+        let _one = self.changes.lock().await;
+        self.store.revoke(id, now_secs()).await?;
+        entry.revoked.store(true, Ordering::Release);
+        // Wakes its held polls, which see the flag.
+        entry.generation.send_modify(|_| {});
+        tracing::info!(agent = %id, "agent revoked");
+        Ok(self.view(&entry))
+    }
+
+    /// Applies `change` to the fleet (`agent` = `None`) or to one agent's own settings.
+    pub(crate) async fn change(
+        &self,
+        agent: Option<&str>,
+        change: &DesiredChange,
+    ) -> Result<DesiredView, FleetError> {
+        let entry = agent.map(|id| self.entry(id)).transpose()?;
+        let _one = self.changes.lock().await;
+        let current = match &entry {
+            None => self.fleet_scope().settings,
+            Some(e) => util::lock(&e.state).own.settings.clone(),
+        };
+        let next = changed(&current, change)?;
+        let scope = entry.as_ref().map_or("", |e| e.id.as_str());
+        let generation = self.store.set_scope(scope, &next, 0).await?;
+        match &entry {
+            None => {
+                *self
+                    .fleet
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Scope {
+                    generation,
+                    settings: next,
+                };
+                let all: Vec<Arc<AgentEntry>> = self
+                    .agents
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .values()
+                    .cloned()
+                    .collect();
+                for e in &all {
+                    self.announce(e);
+                }
+                tracing::info!(
+                    generation,
+                    agents = all.len(),
+                    "fleet desired state changed"
+                );
+            }
+            Some(e) => {
+                util::lock(&e.state).own = Scope {
+                    generation,
+                    settings: next,
+                };
+                self.announce(e);
+                tracing::info!(agent = %e.id, generation, "agent desired state changed");
+            }
+        }
+        self.desired_view(agent)
+    }
+
+    /// One scope's own settings (and, for an agent, what it is sent).
+    pub(crate) fn desired_view(&self, agent: Option<&str>) -> Result<DesiredView, FleetError> {
+        match agent {
+            None => {
+                let fleet = self.fleet_scope();
+                Ok(DesiredView {
+                    scope: "fleet".into(),
+                    generation: fleet.generation,
+                    settings: fleet.settings,
+                    effective: None,
+                })
+            }
+            Some(id) => {
+                let entry = self.entry(id)?;
+                let own = util::lock(&entry.state).own.clone();
+                Ok(DesiredView {
+                    scope: id.to_owned(),
+                    generation: own.generation,
+                    settings: own.settings,
+                    effective: Some(self.desired_for(&entry)),
+                })
+            }
+        }
+    }
+
+    pub(crate) fn view_of(&self, id: &str) -> Result<AgentView, FleetError> {
+        let entry = self.entry(id)?;
+        Ok(self.view(&entry))
+    }
+
+    fn view(&self, entry: &AgentEntry) -> AgentView {
+        let desired_generation = *entry.generation.borrow();
+        let st = util::lock(&entry.state);
+        AgentView {
+            id: entry.id.clone(),
+            enrolled_at: st.enrolled_at,
+            revoked: entry.is_revoked(),
+            last_seen: st.last_seen,
+            connected: entry.polls.load(Ordering::Relaxed) > 0,
+            desired_generation,
+            observed_generation: st.observed_generation,
+            report: st.report.clone(),
+        }
+    }
+
+    /// Every agent, by id.
+    pub(crate) fn list(&self) -> Vec<AgentView> {
+        let mut all: Vec<Arc<AgentEntry>> = self
+            .agents
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        all.iter().map(|e| self.view(e)).collect()
+    }
+
+    /// (enrolled agents, polls held now).
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        let n = self
+            .agents
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len();
+        (n, self.held.load(Ordering::Relaxed))
+    }
+}
+
+/// `current` with `change` applied, validated.
+fn changed(
+    current: &DesiredSettings,
+    change: &DesiredChange,
+) -> Result<DesiredSettings, FleetError> {
+    let mut next = current.overlaid(&change.set);
+    for field in &change.clear {
+        match field.as_str() {
+            "runner_enabled" => next.runner_enabled = None,
+            "max_jobs" => next.max_jobs = None,
+            "max_jobs_per_owner" => next.max_jobs_per_owner = None,
+            "version" => next.version = None,
+            other => return Err(FleetError::BadSetting {
+                field: format!("clear[{other:?}]"),
+                why:
+                    "not a desired setting (runner_enabled, max_jobs, max_jobs_per_owner, version)"
+                        .into(),
+            }),
+        }
+    }
+    for (field, v) in [
+        ("max_jobs", change.set.max_jobs),
+        ("max_jobs_per_owner", change.set.max_jobs_per_owner),
+    ] {
+        if let Some(n) = v {
+            if n == 0 || n > MAX_LIMIT {
+                return Err(FleetError::BadSetting {
+                    field: field.into(),
+                    why: format!("{n} is out of range (1 to {MAX_LIMIT})"),
+                });
+            }
+        }
+    }
+    if let Some(v) = &change.set.version {
+        let ok = !v.is_empty()
+            && v.len() <= 64
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".-+_".contains(c));
+        if !ok {
+            return Err(FleetError::BadSetting {
+                field: "version".into(),
+                why: format!("{v:?} is not a version (such as 1.4.0)"),
+            });
+        }
+    }
+    Ok(next)
+}
+
+fn check_id(id: &str) -> Result<(), FleetError> {
+    let why = if id.is_empty() {
+        "empty"
+    } else if id.len() > MAX_ID_LEN {
+        "longer than 128 bytes"
+    } else if id.starts_with(['.', '-']) {
+        "starts with '.' or '-'"
+    } else if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        "only letters, digits, '.', '_' and '-' are allowed"
+    } else {
+        return Ok(());
+    };
+    Err(FleetError::BadId {
+        id: id.chars().take(MAX_ID_LEN).collect(),
+        why,
+    })
+}
+
+/// Writes queued reports once a second; a handle that flushes a last time at shutdown.
+pub(crate) struct ReportFlusher(tokio::task::JoinHandle<()>);
+
+impl ReportFlusher {
+    pub(crate) fn spawn<S: Store>(fleet: Arc<Fleet<S>>) -> Self {
+        Self(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(FLUSH_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failing = false;
+            loop {
+                tick.tick().await;
+                match fleet.flush_reports().await {
+                    Ok(_) if failing => {
+                        failing = false;
+                        tracing::info!("agent reports are written to the hub database again");
+                    }
+                    Ok(_) => {}
+                    Err(e) if !failing => {
+                        failing = true;
+                        tracing::error!(error = %util::error_chain(&e), "could not write agent reports to the hub database (agents keep being served; retrying)");
+                    }
+                    Err(_) => {}
+                }
+            }
+        }))
+    }
+
+    pub(crate) fn stop(self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_ids_are_checked() {
+        for ok in ["web-1", "i-0abc.eu-west-1", "a_b", "X"] {
+            assert!(check_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".hidden", "-x", "a/b", "a b", "é", &"a".repeat(129)] {
+            assert!(check_id(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_change_sets_clears_and_validates() {
+        let current = DesiredSettings {
+            max_jobs: Some(4),
+            version: Some("1.0.0".into()),
+            ..DesiredSettings::default()
+        };
+        let next = changed(
+            &current,
+            &DesiredChange {
+                set: DesiredSettings {
+                    runner_enabled: Some(false),
+                    ..DesiredSettings::default()
+                },
+                clear: vec!["version".into()],
+            },
+        )
+        .expect("valid");
+        assert_eq!(next.runner_enabled, Some(false));
+        assert_eq!(next.max_jobs, Some(4));
+        assert_eq!(next.version, None);
+
+        let zero = DesiredChange {
+            set: DesiredSettings {
+                max_jobs: Some(0),
+                ..DesiredSettings::default()
+            },
+            clear: vec![],
+        };
+        let e = changed(&current, &zero).expect_err("0 jobs");
+        assert!(e.to_string().starts_with("max_jobs:"), "{e}");
+        let unknown = DesiredChange {
+            clear: vec!["colour".into()],
+            ..DesiredChange::default()
+        };
+        assert!(changed(&current, &unknown).is_err());
+    }
+}

@@ -1,0 +1,287 @@
+//! The reference hub: `railgrid hub serve`, the control plane agents reconcile against
+//! (hub protocol v1, DESIGN.md), and the client of its admin API (`railgrid hub …`).
+//!
+//! Tasks of `hub serve`:
+//! - the *accept loop* ([`serve::accept_loop`]): TLS connections, capped; one task per
+//!   connection, which serves the API ([`api`]). A held long poll is such a task parked
+//!   on its agent's watch channel ([`fleet`]).
+//! - the *report flusher* ([`fleet::ReportFlusher`]): writes agents' reports to the store
+//!   in batches.
+//!
+//! In: agents' reconciles (report in, desired state out), admin requests. Out: the
+//! store ([`store`]), which holds everything that must survive a restart.
+//!
+//! The data dir (0700) holds `hub.db` (SQLite), `admin.token` (0600), `hub.json` (the URL
+//! served, for the admin commands), `hub.lock` (one hub per data dir), and with
+//! `--tls-self-signed` `ca.pem` and `tls/ca.key` (0600).
+
+pub(crate) mod admin;
+mod api;
+pub(crate) mod fleet;
+mod serve;
+pub(crate) mod store;
+pub(crate) mod tls;
+mod token;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use self::fleet::{Fleet, FleetError, ReportFlusher};
+use self::store::sqlite::SqliteStore;
+use self::store::StoreError;
+use self::tls::{TlsError, TlsSource};
+
+pub(crate) const ADMIN_TOKEN_FILE: &str = "admin.token";
+pub(crate) const HUB_FILE: &str = "hub.json";
+const LOCK_FILE: &str = "hub.lock";
+const DB_FILE: &str = "hub.db";
+/// Descriptors kept out of the connection cap: the database, the overflow answers, logs.
+const FILES_KEPT: usize = 512;
+
+#[derive(Debug, Error)]
+pub(crate) enum HubError {
+    #[error("could not prepare the hub's data dir {path}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another hub is serving data dir {path} (it holds {lock}): stop it first, or give this one another --data-dir")]
+    AlreadyRunning { path: PathBuf, lock: PathBuf },
+    #[error("could not read or write {path}")]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("could not make a random token")]
+    Random(#[source] getrandom::Error),
+    #[error("could not listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Fleet(#[from] FleetError),
+    #[error("could not install signal handlers")]
+    Signals(#[source] std::io::Error),
+}
+
+impl HubError {
+    /// True for errors the operator fixes in the command line or the data dir (exit 2).
+    pub(crate) fn is_config(&self) -> bool {
+        matches!(
+            self,
+            HubError::AlreadyRunning { .. } | HubError::Tls(_) | HubError::Listen { .. }
+        )
+    }
+}
+
+/// `hub serve` options.
+#[derive(Debug, Clone)]
+pub(crate) struct ServeOptions {
+    pub(crate) data_dir: PathBuf,
+    pub(crate) listen: SocketAddr,
+    pub(crate) tls: TlsSource,
+    /// The URL agents and admins use, when it is not `https://<listen address>`.
+    pub(crate) url: Option<String>,
+    pub(crate) max_connections: usize,
+    pub(crate) max_wait: Duration,
+    pub(crate) poll_interval: Duration,
+}
+
+/// `<data>/hub.json`: where the hub serves, for the admin commands on its host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct HubFile {
+    pub(crate) url: String,
+    pub(crate) listen: String,
+    pub(crate) pid: u32,
+    /// The CA agents pin, when the hub made its own.
+    #[serde(default)]
+    pub(crate) ca_file: Option<PathBuf>,
+}
+
+/// Serves until SIGTERM or SIGINT.
+pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(HubError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(HubError::Signals)?;
+
+    let data = opts.data_dir.clone();
+    let prepared = tokio::task::spawn_blocking(move || prepare(&data, &opts))
+        .await
+        .map_err(|e| HubError::DataDir {
+            path: PathBuf::new(),
+            source: std::io::Error::other(e),
+        })??;
+    let Prepared {
+        opts,
+        _lock,
+        admin_sha256,
+        tls,
+    } = prepared;
+
+    let store = Arc::new(SqliteStore::open(&opts.data_dir.join(DB_FILE))?);
+    let fleet = Arc::new(Fleet::load(store, opts.poll_interval).await?);
+    let hub = Arc::new(api::Hub {
+        fleet: fleet.clone(),
+        admin_sha256,
+        max_wait: opts.max_wait,
+    });
+
+    // Connections past the open-files limit would be refused by the kernel (EMFILE)
+    // instead of answered 503: keep the cap under it, with room for the database, the
+    // overflow answers and the log.
+    let mut opts = opts;
+    match crate::sys::raise_open_files_limit() {
+        Ok(n) => {
+            let room = (n as usize).saturating_sub(FILES_KEPT).max(1);
+            if room < opts.max_connections {
+                tracing::warn!(
+                    open_files = n,
+                    asked = opts.max_connections,
+                    max_connections = room,
+                    "--max-connections is above what the open-files limit allows; lowered (raise LimitNOFILE to serve more)"
+                );
+                opts.max_connections = room;
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
+    }
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| HubError::Listen {
+            addr: opts.listen,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| HubError::Listen {
+        addr: opts.listen,
+        source,
+    })?;
+    let url = opts.url.clone().unwrap_or_else(|| default_url(local));
+    let ca_file =
+        matches!(opts.tls, TlsSource::SelfSigned { .. }).then(|| opts.data_dir.join(tls::CA_FILE));
+    let info = HubFile {
+        url: url.clone(),
+        listen: local.to_string(),
+        pid: std::process::id(),
+        ca_file,
+    };
+    let hub_file = opts.data_dir.join(HUB_FILE);
+    let json = serde_json::to_vec_pretty(&info).unwrap_or_default();
+    crate::util::write_atomic(&hub_file, &json, 0o644).map_err(|source| HubError::File {
+        path: hub_file,
+        source,
+    })?;
+    let (agents, _) = fleet.counts();
+    tracing::info!(%url, listen = %local, agents, data_dir = %opts.data_dir.display(), "hub serving");
+
+    let flusher = ReportFlusher::spawn(fleet.clone());
+    let why = std::sync::Mutex::new("");
+    let stop = async {
+        let w = tokio::select! {
+            // Cancel-safe: signal streams keep a signal that arrived between polls.
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        *crate::util::lock(&why) = w;
+    };
+    serve::accept_loop(listener, tls, api::router(hub), opts.max_connections, stop).await;
+    tracing::info!("{} received: stopping the hub", crate::util::lock(&why));
+    flusher.stop();
+    if let Err(e) = fleet.flush_reports().await {
+        tracing::error!(error = %crate::error_chain(&e), "could not write the last agent reports");
+    }
+    tracing::info!("hub stopped");
+    Ok(())
+}
+
+/// `https://ADDR`, with `localhost` for an unspecified address (the certificate names it).
+fn default_url(addr: SocketAddr) -> String {
+    match addr {
+        a if a.ip().is_unspecified() => format!("https://localhost:{}", a.port()),
+        SocketAddr::V6(a) => format!("https://[{}]:{}", a.ip(), a.port()),
+        SocketAddr::V4(a) => format!("https://{a}"),
+    }
+}
+
+struct Prepared {
+    opts: ServeOptions,
+    _lock: std::fs::File,
+    admin_sha256: String,
+    tls: Arc<rustls::ServerConfig>,
+}
+
+/// The data dir (0700), its lock, the admin token (made at first start) and the TLS
+/// configuration: blocking work, done before anything listens.
+fn prepare(data: &Path, opts: &ServeOptions) -> Result<Prepared, HubError> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir_err = |source| HubError::DataDir {
+        path: data.to_owned(),
+        source,
+    };
+    std::fs::create_dir_all(data).map_err(dir_err)?;
+    std::fs::set_permissions(data, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
+    let lock_path = data.join(LOCK_FILE);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|source| HubError::File {
+            path: lock_path.clone(),
+            source,
+        })?;
+    match fs4::FileExt::try_lock(&lock) {
+        Ok(()) => {}
+        Err(fs4::TryLockError::WouldBlock) => {
+            return Err(HubError::AlreadyRunning {
+                path: data.to_owned(),
+                lock: lock_path,
+            })
+        }
+        Err(fs4::TryLockError::Error(source)) => {
+            return Err(HubError::File {
+                path: lock_path,
+                source,
+            })
+        }
+    }
+    let admin_sha256 = admin_token(data)?;
+    let tls = tls::server_config(data, &opts.tls)?;
+    Ok(Prepared {
+        opts: opts.clone(),
+        _lock: lock,
+        admin_sha256,
+        tls,
+    })
+}
+
+/// The admin token's SHA-256; the token is made and written (0600) at first start.
+fn admin_token(data: &Path) -> Result<String, HubError> {
+    let path = data.join(ADMIN_TOKEN_FILE);
+    let err = |source| HubError::File {
+        path: path.clone(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(t) if !t.trim().is_empty() => return Ok(token::sha256_hex(t.trim())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let t = token::new_admin_token().map_err(HubError::Random)?;
+    crate::util::write_atomic(&path, format!("{t}\n").as_bytes(), 0o600).map_err(err)?;
+    tracing::info!(path = %path.display(), "wrote the hub's admin token");
+    Ok(token::sha256_hex(&t))
+}

@@ -1,0 +1,60 @@
+//! Bearer tokens: 256 random bits, hex, with a prefix that says what they open (`rga_`
+//! an agent, `rgh_` the hub's admin API) so that a secret scanner, or a person, can tell
+//! one found in a paste. The hub keeps only their SHA-256.
+
+use sha2::{Digest, Sha256};
+
+const AGENT_PREFIX: &str = "rga_";
+const ADMIN_PREFIX: &str = "rgh_";
+
+fn random_hex(prefix: &str) -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    let mut s = String::with_capacity(prefix.len() + 64);
+    s.push_str(prefix);
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    Ok(s)
+}
+
+pub(crate) fn new_agent_token() -> Result<String, getrandom::Error> {
+    random_hex(AGENT_PREFIX)
+}
+
+pub(crate) fn new_admin_token() -> Result<String, getrandom::Error> {
+    random_hex(ADMIN_PREFIX)
+}
+
+pub(crate) fn sha256_hex(token: &str) -> String {
+    let digest = Sha256::digest(token.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `token` hashes to `sha256_hex`. Comparing hashes, not tokens, means a timing
+/// difference could at most reveal a prefix of a hash, which opens nothing.
+pub(crate) fn matches(token: &str, sha256_hex_value: &str) -> bool {
+    sha256_hex(token) == sha256_hex_value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_prefixed_and_hashed() {
+        let a = new_agent_token().expect("random");
+        let b = new_agent_token().expect("random");
+        assert_ne!(a, b);
+        assert!(a.starts_with("rga_") && a.len() == 68, "{a}");
+        assert!(new_admin_token().expect("random").starts_with("rgh_"));
+        let h = sha256_hex(&a);
+        assert_eq!(h.len(), 64);
+        assert!(matches(&a, &h));
+        assert!(!matches(&b, &h));
+        assert_eq!(
+            sha256_hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}
