@@ -58,6 +58,9 @@ const MIN_SPACING: Duration = Duration::from_secs(1);
 /// The first and the longest pause after a failure.
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// An answer with nothing new that took less than this was not held: the hub does not
+/// long-poll, and its `poll_interval_secs` paces the agent.
+const HELD: Duration = Duration::from_millis(500);
 /// The longest pause between reconciles a hub may ask for (`poll_interval_secs`).
 const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
 /// How long a report waits for the runner's job counts.
@@ -79,7 +82,7 @@ pub(crate) enum HubError {
     TokenInvalid { path: PathBuf },
     #[error(transparent)]
     Client(HubClientError),
-    #[error("the hub refused this agent's token (revoked or unknown): {url} answered {status}{message}; enrol the agent again (`railgrid hub agent add`) and write the new token into the token file")]
+    #[error("the hub refused this agent's token (revoked or unknown): {url} answered {status}{message}; the agent needs a new token in its token file, then SIGHUP")]
     Refused {
         url: String,
         status: u16,
@@ -475,12 +478,13 @@ impl HubTask {
                     break;
                 }
             }
-            last_start = Some(Instant::now());
+            let started = Instant::now();
+            last_start = Some(started);
             let report = self.report().await;
             let next = tokio::select! {
                 // Cancel-safe: dropping a reconcile in flight closes its connection; the
                 // next one carries a fresh report, and applying it again changes nothing.
-                answer = self.conn.reconcile(&report) => self.answered(answer).await,
+                answer = self.conn.reconcile(&report) => self.answered(answer, started).await,
                 // Cancel-safe: mpsc::recv loses no message when another arm wins.
                 msg = self.rx.recv() => self.control(msg).await,
                 // Cancel-safe: a watch receiver keeps its seen-version between polls. The
@@ -585,7 +589,7 @@ impl HubTask {
         match tokio::time::timeout(HEALTH_TIMEOUT, client.health()).await {
             Ok(Ok(health)) => Some(JobsSummary {
                 running: health.jobs_running,
-                queued: 0,
+                queued: health.jobs_queued,
             }),
             Ok(Err(e)) => {
                 tracing::debug!(error = %crate::error_chain(&e), "no job counts for the hub report");
@@ -595,12 +599,15 @@ impl HubTask {
         }
     }
 
-    async fn answered(&mut self, answer: Result<DesiredState, HubError>) -> Next {
+    /// Acts on the answer to the reconcile sent at `sent`.
+    async fn answered(&mut self, answer: Result<DesiredState, HubError>, sent: Instant) -> Next {
         let desired = match answer {
             Ok(d) => d,
             Err(e) => {
                 self.hub_failed(&e);
-                return Next::Pause(self.backoff.next());
+                let pause = self.backoff.next();
+                tracing::debug!(retry_in = ?pause, failures = self.backoff.failures, "next reconcile after the backoff");
+                return Next::Pause(pause);
             }
         };
         self.reachable(&desired);
@@ -618,7 +625,8 @@ impl HubTask {
             self.apply_failed(&e);
             return Next::Again;
         }
-        if desired != applied {
+        let news = desired != applied;
+        if news {
             let before = self.observed.borrow().handled;
             self.reconciler.desired(desired.clone());
             if !self.wait_handled(before).await {
@@ -635,10 +643,16 @@ impl HubTask {
             }
         }
         self.applied();
-        match desired.poll_interval_secs {
-            Some(secs) => Next::Pause(Duration::from_secs(secs).min(MAX_POLL_INTERVAL)),
-            None => Next::Again,
+        // Something new is reported back at once, and a hub that held the poll is polled
+        // again at once; one that answered "nothing new" without holding it (it does
+        // not long-poll) is asked again after the interval it names.
+        if news || sent.elapsed() >= HELD {
+            return Next::Again;
         }
+        let interval = desired
+            .poll_interval_secs
+            .map_or(Duration::ZERO, Duration::from_secs);
+        Next::Pause(interval.min(MAX_POLL_INTERVAL))
     }
 
     /// Waits until the reconciler has handled the desired state handed to it after

@@ -146,6 +146,14 @@ pub(crate) enum AgentError {
     },
     #[error("the hub settings cannot be used")]
     Hub(#[source] HubError),
+    #[error("the runner at {} did not take the new admission limits", socket.display())]
+    Admission {
+        socket: PathBuf,
+        #[source]
+        source: crate::runner::client::ClientError,
+    },
+    #[error("the runner at {} did not take the new admission limits within {after:?}", socket.display())]
+    AdmissionTimeout { socket: PathBuf, after: Duration },
 }
 
 impl AgentError {

@@ -7,7 +7,9 @@
 //!   settings); the hub's desired states (from the hub task); `shutdown`. Also the
 //!   supervisor's status changes and a [`STATUS_EVERY`] tick.
 //! - Out: the runner started, restarted or stopped to match (each stop finished with
-//!   `cgroup.kill` and `runner reap`, see [`finish_runner_stop`]); the runner's status
+//!   `cgroup.kill` and `runner reap`, see [`finish_runner_stop`]), or, when only its
+//!   admission limits changed, told them while it runs (`PUT /v1/admission`, no
+//!   restart; [`decide`] says which); the runner's status
 //!   and what a stop reaped, to the [`ReporterHandle`]; a hub's desired state, once
 //!   applied, to `<state>/desired.json`; what is applied and observed ([`Observed`]), on
 //!   a watch channel the hub task reports from.
@@ -16,6 +18,7 @@
 //! reload's runner restart is acted on when that restart is done. The watchdog pings
 //! from its own task meanwhile.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -27,8 +30,9 @@ use super::cgroup;
 use super::config::{AgentConfig, RunnerSettings};
 use super::reporter::ReporterHandle;
 use super::{AgentError, REAP_GRACE, REAP_TIMEOUT, RUNNER_LOG};
-use crate::proto::admission::AdmissionChange;
+use crate::proto::admission::{Admission, AdmissionChange};
 use crate::proto::desired::{DesiredRunner, DesiredState};
+use crate::runner::client::Client;
 use crate::runner::leftover::ReapReport;
 use crate::supervisor::account::Account;
 use crate::supervisor::{self, env, Identity, State, Status, Supervisor};
@@ -37,6 +41,9 @@ use crate::sys::exe::PinnedExe;
 /// The runner's status goes to the reporter at least this often, so a reader of the
 /// status file can tell a hung agent by a stale `updated_at`.
 const STATUS_EVERY: Duration = Duration::from_secs(10);
+/// How long the runner has to take new admission limits before it is restarted with
+/// them instead.
+const ADJUST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The desired state a standalone agent derives from its configuration: a runner,
 /// enabled, with the file's job engine limits. `prev` is the one derived last: the
@@ -371,7 +378,7 @@ struct ReconcilerTask {
     desired: DesiredState,
     exe: Arc<PinnedExe>,
     sup: Option<Supervisor>,
-    /// The spec `sup` was built from, while it is started.
+    /// The spec the runner runs with (built from, or since adjusted to), while started.
     running: Option<RunnerSpec>,
     changes: Option<watch::Receiver<Status>>,
     /// Starts by supervisors already replaced: `starts` counts over the agent's life.
@@ -508,16 +515,53 @@ impl ReconcilerTask {
                 return self.restart(origin, cfg, desired, want).await;
             }
             Step::Adjust(change) => {
-                tracing::info!(
-                    generation,
-                    "{origin}: restarting the runner: {} changed",
-                    admission_names(&change).join(", ")
-                );
-                return self.restart(origin, cfg, desired, want).await;
+                let names = admission_names(&change).join(", ");
+                match self.adjust(&change).await {
+                    Ok(now) => {
+                        tracing::info!(
+                            generation,
+                            max_jobs = now.max_jobs,
+                            max_jobs_per_owner = now.max_jobs_per_owner,
+                            max_queued = now.max_queued,
+                            "{origin}: {names} changed; the running runner took the new admission limits"
+                        );
+                        // A restart after a crash must not bring the old limits back.
+                        if let Some(sup) = &self.sup {
+                            sup.set_args(runner_run_args(&cfg, &want.desired));
+                        }
+                        self.running = Some(want);
+                        self.accept(cfg, desired);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %crate::error_chain(&e), generation, "{origin}: restarting the runner: {names} changed, and the running runner did not take the new limits");
+                        return self.restart(origin, cfg, desired, want).await;
+                    }
+                }
             }
         }
         self.report();
         Ok(Outcome::Applied)
+    }
+
+    /// Changes the running runner's admission limits (`PUT /v1/admission`).
+    async fn adjust(&self, change: &AdmissionChange) -> Result<Admission, AgentError> {
+        let socket = crate::runner::Paths::new(&self.cfg.state_dir).socket;
+        let path = socket.clone();
+        // Reads the API token beside the socket: a small blocking read.
+        let client = tokio::task::spawn_blocking(move || Client::new(&path))
+            .await
+            .map_err(|source| AgentError::Task {
+                what: "runner client",
+                source,
+            })?;
+        match tokio::time::timeout(ADJUST_TIMEOUT, client.set_admission(change)).await {
+            Ok(Ok(now)) => Ok(now),
+            Ok(Err(source)) => Err(AgentError::Admission { socket, source }),
+            Err(_) => Err(AgentError::AdmissionTimeout {
+                socket,
+                after: ADJUST_TIMEOUT,
+            }),
+        }
     }
 
     /// Replaces the runner (if one runs) with one built from `want`. A runner that cannot
@@ -645,10 +689,33 @@ fn runner_config(
     exe: &Arc<PinnedExe>,
 ) -> Result<supervisor::Config, AgentError> {
     let mut c = runner_account_config(cfg, exe, "runner", "run")?;
+    c.args = runner_run_args(cfg, desired);
+    c.max_log_bytes = cfg.runner.max_log_bytes;
+    c.stop_grace = cfg.runner.stop_grace;
+    c.initial_backoff = cfg.runner.initial_backoff;
+    if cfg.runner.delegate_cgroup {
+        let account = cfg.runner.user.clone().unwrap_or_else(Account::current);
+        c.cgroup = runner_cgroup(&account);
+    }
+    Ok(c)
+}
+
+/// `runner <verb> --state-dir S`.
+fn runner_args(cfg: &AgentConfig, verb: &str) -> Vec<OsString> {
+    vec![
+        "runner".into(),
+        verb.into(),
+        "--state-dir".into(),
+        cfg.state_dir.clone().into_os_string(),
+    ]
+}
+
+/// The arguments of `runner run`: its stop budget, its job engine limits, the jobs' PATH.
+fn runner_run_args(cfg: &AgentConfig, desired: &DesiredRunner) -> Vec<OsString> {
+    let mut args = runner_args(cfg, "run");
     // In milliseconds: exact, and one argument.
-    c.args.push("--stop-budget".into());
-    c.args
-        .push(format!("{}ms", cfg.runner.stop_grace.as_millis()).into());
+    args.push("--stop-budget".into());
+    args.push(format!("{}ms", cfg.runner.stop_grace.as_millis()).into());
     let limits = [
         ("--max-jobs", desired.max_jobs.map(|n| n.to_string())),
         (
@@ -664,18 +731,11 @@ fn runner_config(
     ];
     for (flag, value) in limits {
         if let Some(v) = value {
-            c.args.push(flag.into());
-            c.args.push(v.into());
+            args.push(flag.into());
+            args.push(v.into());
         }
     }
-    c.max_log_bytes = cfg.runner.max_log_bytes;
-    c.stop_grace = cfg.runner.stop_grace;
-    c.initial_backoff = cfg.runner.initial_backoff;
-    if cfg.runner.delegate_cgroup {
-        let account = cfg.runner.user.clone().unwrap_or_else(Account::current);
-        c.cgroup = runner_cgroup(&account);
-    }
-    Ok(c)
+    args
 }
 
 /// `railgrid runner <verb> --state-dir S` from the pinned executable, as the runner
@@ -696,12 +756,7 @@ fn runner_account_config(
     let mut c = supervisor::Config::new(name, exe.path(), cfg.log_dir.join(RUNNER_LOG));
     // Launched from the pinned bytes, not from what the path names now (invariant 14).
     c.exe = Some(exe.clone());
-    c.args = vec![
-        "runner".into(),
-        verb.into(),
-        "--state-dir".into(),
-        cfg.state_dir.clone().into_os_string(),
-    ];
+    c.args = runner_args(cfg, verb);
     c.dir = cfg.runner_dir();
     c.env = env;
     c.identity = cfg

@@ -240,6 +240,8 @@ pub struct Supervisor {
 
 struct Inner {
     config: Config,
+    /// The arguments of the next launch: `config.args` until [`Supervisor::set_args`].
+    args: std::sync::Mutex<Vec<OsString>>,
     creds: Option<Credentials>,
     starts: AtomicU64,
     status: watch::Sender<Status>,
@@ -280,6 +282,7 @@ impl Supervisor {
         });
         Ok(Self {
             inner: Arc::new(Inner {
+                args: std::sync::Mutex::new(config.args.clone()),
                 config,
                 creds,
                 starts: AtomicU64::new(0),
@@ -290,8 +293,17 @@ impl Supervisor {
         })
     }
 
+    /// The configuration it was built with (its `args` are those of the first launch;
+    /// see [`Supervisor::set_args`]).
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// Replaces the arguments of every later launch (a restart after an unexpected exit,
+    /// or the next `start`); the child running now keeps its own. For a setting the
+    /// running child was told some other way, so that a restart does not undo it.
+    pub fn set_args(&self, args: Vec<OsString>) {
+        *crate::util::lock(&self.inner.args) = args;
     }
 
     /// Starts supervising. A no-op while running, so a reconcile loop may call it on every
@@ -370,8 +382,9 @@ impl Inner {
 
     fn launch(&self, log_fd: &std::os::fd::OwnedFd) -> std::io::Result<tokio::process::Child> {
         let c = &self.config;
+        let args = crate::util::lock(&self.args).clone();
         let mut cmd = std::process::Command::new(&c.program);
-        cmd.args(&c.args)
+        cmd.args(&args)
             .env_clear()
             .envs(c.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -393,7 +406,7 @@ impl Inner {
             spawn::WorkDir::Path(&c.dir),
             procs,
         )?;
-        exec_pinned(c, &mut cmd)?;
+        exec_pinned(c, &args, &mut cmd)?;
         tokio::process::Command::from(cmd).spawn()
     }
 }
@@ -557,7 +570,7 @@ pub async fn run_once(config: &Config, timeout: Duration) -> Result<Finished, Er
     spawn::session_leader_as(&mut cmd, creds, spawn::WorkDir::Path(&config.dir), None)
         .map_err(launch_err)?;
     verify_pinned(config).await?;
-    exec_pinned(config, &mut cmd).map_err(launch_err)?;
+    exec_pinned(config, &config.args, &mut cmd).map_err(launch_err)?;
     let mut child = tokio::process::Command::from(cmd)
         .spawn()
         .map_err(launch_err)?;
@@ -660,13 +673,18 @@ async fn verify_pinned(c: &Config) -> Result<(), Error> {
     })
 }
 
-/// Makes `cmd` exec `c`'s pinned bytes (last, after every other step), when it has them.
-fn exec_pinned(c: &Config, cmd: &mut std::process::Command) -> std::io::Result<()> {
+/// Makes `cmd` exec `c`'s pinned bytes with `args` (last, after every other step), when
+/// it has them.
+fn exec_pinned(
+    c: &Config,
+    args: &[OsString],
+    cmd: &mut std::process::Command,
+) -> std::io::Result<()> {
     let Some(exe) = &c.exe else {
         return Ok(());
     };
     let argv: Vec<&std::ffi::OsStr> = std::iter::once(c.program.as_os_str())
-        .chain(c.args.iter().map(OsString::as_os_str))
+        .chain(args.iter().map(OsString::as_os_str))
         .collect();
     exe.exec_pinned(cmd, &argv, &c.env)
 }

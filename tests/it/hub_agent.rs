@@ -4,7 +4,7 @@
 use std::fs;
 use std::io::Write as _;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,6 +14,7 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::agent::{Host, LIMIT};
+use crate::hubs::TestHub;
 use crate::support::*;
 
 /// A CA of the test's own, and server configurations whose certificates it signed.
@@ -231,9 +232,12 @@ async fn answer(
 struct HubHost {
     host: Host,
     token: String,
+    token_file: PathBuf,
+    ca_file: PathBuf,
 }
 
 impl HubHost {
+    /// A host with a token of its own and `ca_pem` as the hub's CA.
     fn new(ca_pem: &str) -> Self {
         let host = Host::new();
         let nanos = std::time::SystemTime::now()
@@ -243,18 +247,47 @@ impl HubHost {
         let token = format!("tok-{}-{nanos:09}-do-not-leak", std::process::id());
         write_private(&host.path("token"), &token);
         fs::write(host.path("ca.pem"), ca_pem).expect("ca");
-        Self { host, token }
+        Self {
+            token_file: host.path("token"),
+            ca_file: host.path("ca.pem"),
+            host,
+            token,
+        }
     }
 
-    /// `agent run` against `url`, trusting the test CA, as agent `a1`.
+    /// A host enrolled at the reference hub `hub` as `id`.
+    fn enrolled(hub_dir: &Path, id: &str) -> (Self, TestHub) {
+        let host = Host::new();
+        let hub = TestHub::start(hub_dir, &[]);
+        let token_file = hub.enrol(id);
+        let token = read_lossy(&token_file).trim().to_owned();
+        assert!(!token.is_empty());
+        let me = Self {
+            ca_file: hub.ca(),
+            host,
+            token,
+            token_file,
+        };
+        (me, hub)
+    }
+
+    /// `agent run` against `url`, as agent `a1`.
     fn start_agent(&self, url: &str) -> Guard {
-        let token = path_str(&self.host.path("token"));
-        let ca = path_str(&self.host.path("ca.pem"));
+        self.start_agent_as(url, "a1")
+    }
+
+    fn start_agent_as(&self, url: &str, id: &str) -> Guard {
+        Guard::new(self.agent_command(url, id).spawn().expect("spawn agent"))
+    }
+
+    fn agent_command(&self, url: &str, id: &str) -> std::process::Command {
+        let token = path_str(&self.token_file);
+        let ca = path_str(&self.ca_file);
         let mut cmd = self.host.agent_cmd(&[
             "--hub",
             url,
             "--agent-id",
-            "a1",
+            id,
             "--token-file",
             &token,
             "--ca-file",
@@ -262,7 +295,7 @@ impl HubHost {
         ]);
         // The agent's log file has it all; an unread pipe could fill up.
         cmd.stderr(Stdio::null());
-        Guard::new(cmd.spawn().expect("spawn agent"))
+        cmd
     }
 
     /// `agent status --json`.
@@ -275,14 +308,24 @@ impl HubHost {
         serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
     }
 
-    /// Waits until `agent status --json` shows a hub error containing `needle`.
+    /// Waits until the status file shows a hub error containing `needle`, and returns
+    /// what `agent status --json` says then.
     fn wait_hub_error(&self, needle: &str, limit: Duration) -> Value {
         wait_for(limit, &format!("hub last_error with {needle:?}"), || {
-            let st = self.status_json();
+            let st = self.host.status();
             st["hub"]["last_error"]
                 .as_str()?
                 .contains(needle)
-                .then_some(st)
+                .then_some(())
+        });
+        self.status_json()
+    }
+
+    /// Waits until the status file says `accept`; returns it.
+    fn wait_status(&self, what: &str, limit: Duration, accept: impl Fn(&Value) -> bool) -> Value {
+        wait_for(limit, what, || {
+            let st = self.host.status();
+            accept(&st).then_some(st)
         })
     }
 
@@ -614,4 +657,329 @@ fn an_unusable_token_file_is_a_configuration_error() {
         "{text}"
     );
     assert!(!text.contains(&h.token), "{text}");
+}
+
+/// The reference hub gives up to this long for a change to reach the agent and be applied
+/// (a runner stop included).
+const APPLIED: Duration = Duration::from_secs(30);
+
+/// The runner's admission limits, from its API.
+fn admission(h: &HubHost) -> Option<Value> {
+    get_json(&h.host.socket(), "/v1/admission")
+}
+
+/// The effective generation the hub sends `id`.
+fn hub_generation(hub: &TestHub, id: &str) -> u64 {
+    hub.admin_json(&["desired", "show", "--agent", id])["effective"]["generation"]
+        .as_u64()
+        .expect("effective generation")
+}
+
+fn connected_at(generation: u64) -> impl Fn(&Value) -> bool {
+    move |st: &Value| {
+        st["hub"]["connected"] == true && st["hub"]["generation"].as_u64() == Some(generation)
+    }
+}
+
+#[test]
+fn the_hubs_desired_state_stops_and_starts_the_runner() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    let agent = h.start_agent(&hub.url);
+    let first = h.host.wait_runner("a runner", |_| true);
+    let g = hub_generation(&hub, "a1");
+    h.wait_status(
+        "connected, the hub's generation applied",
+        LIMIT,
+        connected_at(g),
+    );
+
+    let changed = std::time::Instant::now();
+    hub.admin_ok(&[
+        "desired",
+        "set",
+        "--agent",
+        "a1",
+        "--runner-enabled",
+        "false",
+    ]);
+    let off = hub_generation(&hub, "a1");
+    assert!(off > g);
+    let st = h.wait_status("the runner stopped by the hub", APPLIED, |st| {
+        st["hub"]["generation"].as_u64() == Some(off) && st["runner"]["state"] == "stopped"
+    });
+    println!("runner disabled by the hub in {:?}", changed.elapsed());
+    assert_eq!(st["runner_enabled"], false);
+    assert!(st["runner"]["pid"].is_null());
+    wait_for(LIMIT, "the old runner gone", || {
+        (!alive(first)).then_some(())
+    });
+    // Kept for a start while the hub is down.
+    let kept: Value =
+        serde_json::from_str(&read_lossy(&h.host.state().join("desired.json"))).expect("kept");
+    assert_eq!(kept["generation"], off);
+    assert_eq!(kept["runner"]["enabled"], false);
+    let mode = fs::metadata(h.host.state().join("desired.json"))
+        .expect("desired.json")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    // The hub hears what was applied.
+    let shown = wait_for(LIMIT, "the hub sees generation applied", || {
+        let a = hub.admin_json(&["agent", "show", "a1"]);
+        (a["observed_generation"].as_u64() == Some(off)).then_some(a)
+    });
+    assert_eq!(shown["report"]["runner"]["state"], "disabled", "{shown:#}");
+    assert_eq!(shown["report"]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(shown["report"]["os"], std::env::consts::OS);
+
+    hub.admin_ok(&[
+        "desired",
+        "set",
+        "--agent",
+        "a1",
+        "--runner-enabled",
+        "true",
+    ]);
+    let on = hub_generation(&hub, "a1");
+    let second = h.host.wait_runner("a runner started by the hub", |st| {
+        st["hub"]["generation"].as_u64() == Some(on) && st["runner"]["starts"] == 2
+    });
+    assert_ne!(second, first);
+    let log = h.host.agent_log();
+    assert!(
+        log.contains("hub: the desired state disables the runner; stopping it")
+            && log.contains("hub: the desired state enables the runner; starting it"),
+        "{log}"
+    );
+    assert!(alive(agent.pid()));
+    h.assert_token_kept_secret();
+}
+
+#[test]
+fn a_restarted_hub_keeps_the_agent_and_its_desired_state() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("hub");
+    let (h, hub) = HubHost::enrolled(&dir, "a1");
+    let _agent = h.start_agent(&hub.url);
+    h.host.wait_runner("a runner", |_| true);
+    hub.admin_ok(&[
+        "desired",
+        "set",
+        "--agent",
+        "a1",
+        "--runner-enabled",
+        "false",
+    ]);
+    let off = hub_generation(&hub, "a1");
+    h.wait_status("the runner stopped by the hub", APPLIED, |st| {
+        connected_at(off)(st) && st["runner"]["state"] == "stopped"
+    });
+
+    let (url, listen) = (hub.url.clone(), hub.listen.clone());
+    let out = hub.stop();
+    assert!(out.status.success(), "hub exit: {:?}", out.status);
+    h.wait_status("the agent sees the hub gone", LIMIT, |st| {
+        st["hub"]["connected"] == false
+    });
+    // Without its hub the agent keeps what it was told: still no runner.
+    let st = h.host.status();
+    assert_eq!(st["runner"]["state"], "stopped", "{st:#}");
+    assert_eq!(st["runner"]["starts"], 1, "{st:#}");
+
+    let hub = TestHub::start_on(&dir, &listen, &[]);
+    assert_eq!(hub.url, url);
+    // The same token still works, and the same desired state holds.
+    h.wait_status(
+        "connected again",
+        Duration::from_secs(90),
+        connected_at(off),
+    );
+    assert!(
+        h.host.agent_log().contains("hub reachable again"),
+        "{}",
+        h.host.agent_log()
+    );
+    assert_eq!(h.host.status()["runner"]["starts"], 1);
+    hub.admin_ok(&[
+        "desired",
+        "set",
+        "--agent",
+        "a1",
+        "--runner-enabled",
+        "true",
+    ]);
+    h.host
+        .wait_runner("a runner started after the hub's restart", |st| {
+            st["runner"]["starts"] == 2
+        });
+    h.assert_token_kept_secret();
+}
+
+#[test]
+fn a_revoked_token_shows_in_status_and_the_runner_keeps_running() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    // Each retry is logged at debug level: the test sees them happen.
+    let mut cmd = h.agent_command(&hub.url, "a1");
+    cmd.env("RAILGRID_LOG", "info,railgrid::agent::hub=debug");
+    let agent = Guard::new(cmd.spawn().expect("spawn agent"));
+    let runner = h.host.wait_runner("a runner", |_| true);
+    let g = hub_generation(&hub, "a1");
+    h.wait_status("connected", LIMIT, connected_at(g));
+
+    hub.admin_ok(&["agent", "revoke", "a1"]);
+    let st = h.wait_hub_error(
+        "the hub refused this agent's token (revoked or unknown)",
+        LIMIT,
+    );
+    assert_eq!(st["hub"]["connected"], false);
+    let err = st["hub"]["last_error"].as_str().expect("error");
+    assert!(err.contains("answered 401"), "{err}");
+    // Retried (each one refused) and logged once.
+    let seen = hub.admin_json(&["agent", "show", "a1"]);
+    assert_eq!(seen["revoked"], true);
+    wait_for(LIMIT, "three tries, each refused", || {
+        (count(&h.host.agent_log(), "next reconcile after the backoff") >= 3).then_some(())
+    });
+    let log = h.host.agent_log();
+    assert_eq!(count(&log, "hub reconcile failed"), 1, "{log}");
+    assert!(alive(agent.pid()));
+    let now = h.host.status();
+    assert_eq!(now["runner"]["pid"], runner);
+    assert_eq!(now["runner"]["starts"], 1);
+    assert_eq!(
+        get_json(&h.host.socket(), "/v1/health").expect("health")["pid"],
+        runner
+    );
+    h.assert_token_kept_secret();
+
+    // Enrolled again: the new token in the same file, and SIGHUP reads it.
+    let fresh = hub.enrol("a1");
+    assert_eq!(fresh, h.token_file);
+    let new_token = read_lossy(&fresh).trim().to_owned();
+    assert_ne!(new_token, h.token);
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    h.wait_status("connected with the new token", LIMIT, |st| {
+        st["hub"]["connected"] == true
+    });
+    assert!(h.host.agent_log().contains("hub reachable again"));
+    assert_eq!(h.host.status()["runner"]["pid"], runner);
+    assert!(!h.host.agent_log().contains(&new_token));
+}
+
+#[test]
+fn admission_limits_from_the_hub_reach_the_running_runner_and_survive_its_restart() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    // A limit the hub leaves alone comes from the config file.
+    fs::write(h.host.path("agent.toml"), "[runner]\nmax_queued = 7\n").expect("config");
+    let agent = h.start_agent(&hub.url);
+    let runner = h.host.wait_runner("a runner", |_| true);
+    let g = hub_generation(&hub, "a1");
+    h.wait_status("connected", LIMIT, connected_at(g));
+    assert_eq!(admission(&h).expect("admission")["max_queued"], 7);
+
+    hub.admin_ok(&["desired", "set", "--agent", "a1", "--max-jobs", "3"]);
+    let three = hub_generation(&hub, "a1");
+    h.wait_status("max_jobs applied", APPLIED, connected_at(three));
+    let limits = admission(&h).expect("admission");
+    assert_eq!(limits["max_jobs"], 3, "{limits}");
+    assert_eq!(limits["max_queued"], 7, "{limits}");
+    // Live: the same runner.
+    let st = h.host.status();
+    assert_eq!(st["runner"]["pid"], runner, "{st:#}");
+    assert_eq!(st["runner"]["starts"], 1, "{st:#}");
+    assert!(
+        h.host
+            .agent_log()
+            .contains("max_jobs changed; the running runner took the new admission limits"),
+        "{}",
+        h.host.agent_log()
+    );
+
+    // A runner restarted after a crash comes back with the hub's limit, not the old one.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(runner),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill -9");
+    h.host
+        .wait_runner("the restarted runner", |st| st["runner"]["starts"] == 2);
+    let limits = wait_for(LIMIT, "the restarted runner's limits", || admission(&h));
+    assert_eq!(limits["max_jobs"], 3, "{limits}");
+    assert_eq!(limits["max_queued"], 7, "{limits}");
+
+    // SIGHUP with a hub: the hub's desired state stays, the file's new value joins it.
+    fs::write(h.host.path("agent.toml"), "[runner]\nmax_queued = 9\n").expect("config");
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    let limits = wait_for(LIMIT, "the reloaded max_queued", || {
+        admission(&h).filter(|l| l["max_queued"] == 9)
+    });
+    assert_eq!(limits["max_jobs"], 3, "{limits}");
+    assert_eq!(h.host.status()["runner"]["starts"], 2);
+    h.assert_token_kept_secret();
+}
+
+#[test]
+fn sighup_with_a_hub_keeps_the_hubs_desired_state() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    fs::write(h.host.path("agent.toml"), "[runner]\nstop_grace = \"3s\"\n").expect("config");
+    let agent = h.start_agent(&hub.url);
+    h.host.wait_runner("a runner", |_| true);
+    hub.admin_ok(&[
+        "desired",
+        "set",
+        "--agent",
+        "a1",
+        "--runner-enabled",
+        "false",
+    ]);
+    let off = hub_generation(&hub, "a1");
+    h.wait_status("the runner stopped by the hub", APPLIED, |st| {
+        connected_at(off)(st) && st["runner"]["state"] == "stopped"
+    });
+
+    // A new local setting: applied with the hub's desired state, which keeps the runner
+    // off (a standalone reload would have started one).
+    fs::write(h.host.path("agent.toml"), "[runner]\nstop_grace = \"4s\"\n").expect("config");
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_for(LIMIT, "the reload", || {
+        h.host
+            .agent_log()
+            .contains("SIGHUP: runner settings unchanged")
+            .then_some(())
+    });
+    let st = h.host.status();
+    assert_eq!(st["runner"]["state"], "stopped", "{st:#}");
+    assert_eq!(st["runner_enabled"], false, "{st:#}");
+    assert_eq!(st["hub"]["generation"], off);
+
+    // Enabled again, the runner comes with the reloaded settings.
+    hub.admin_ok(&[
+        "desired",
+        "set",
+        "--agent",
+        "a1",
+        "--runner-enabled",
+        "true",
+    ]);
+    h.host.wait_runner("a runner started by the hub", |st| {
+        st["runner"]["starts"] == 2
+    });
+    // Another local change while it runs: a restart, saying why.
+    fs::write(h.host.path("agent.toml"), "[runner]\nstop_grace = \"5s\"\n").expect("config");
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    h.host
+        .wait_runner("a runner with the new stop grace", |st| {
+            st["runner"]["starts"] == 3
+        });
+    assert!(
+        h.host
+            .agent_log()
+            .contains("SIGHUP: restarting the runner: stop_grace changed"),
+        "{}",
+        h.host.agent_log()
+    );
 }
