@@ -102,6 +102,12 @@ pub(crate) enum HubError {
     },
     #[error("the hub at {url} did not answer within {}", humantime::format_duration(*after))]
     Timeout { url: String, after: Duration },
+    #[error("could not encode the report for {url}")]
+    Encode {
+        url: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("{url}: the answer is not a desired state")]
     Decode {
         url: String,
@@ -180,7 +186,7 @@ impl Connection {
     /// One reconcile: the report out, the desired state back.
     async fn reconcile(&self, report: &AgentReport) -> Result<DesiredState, HubError> {
         let url = self.url();
-        let body = serde_json::to_vec(report).map_err(|source| HubError::Decode {
+        let body = serde_json::to_vec(report).map_err(|source| HubError::Encode {
             url: url.clone(),
             source,
         })?;
@@ -613,8 +619,8 @@ impl HubTask {
         self.reachable(&desired);
         let applied = self.observed.borrow().desired.clone();
         if desired.generation < applied.generation {
-            // A hub that lost its records: never go back (the hub holds the next poll
-            // until it has a newer generation, so this is not a busy loop).
+            // A hub restored from an older backup: never go back. The reference hub moves
+            // past the reported generation; another one is asked again after the backoff.
             let e = HubError::NotApplied {
                 generation: desired.generation,
                 why: format!(
@@ -623,7 +629,7 @@ impl HubTask {
                 ),
             };
             self.apply_failed(&e);
-            return Next::Again;
+            return Next::Pause(self.backoff.next());
         }
         let news = desired != applied;
         if news {

@@ -395,7 +395,7 @@ impl ReconcilerTask {
                 // Cancel-safe: mpsc::recv loses no message when another arm wins.
                 cmd = self.rx.recv() => match cmd {
                     Some(Command::Reload { cfg, desired }) => self.reload(*cfg, desired).await?,
-                    Some(Command::Desired(desired)) => self.from_hub(*desired).await?,
+                    Some(Command::Desired(desired)) => self.apply_hub(*desired).await?,
                     Some(Command::Shutdown) | None => break,
                 },
                 // Cancel-safe: a watch receiver keeps its seen-version between polls.
@@ -428,7 +428,7 @@ impl ReconcilerTask {
 
     /// A desired state from the hub: applied with the configuration in force, then kept
     /// in `<state>/desired.json` for a start while the hub is unreachable.
-    async fn from_hub(&mut self, desired: DesiredState) -> Result<(), AgentError> {
+    async fn apply_hub(&mut self, desired: DesiredState) -> Result<(), AgentError> {
         if let Some(agent) = &desired.agent {
             if Some(agent) != self.desired.agent.as_ref() {
                 tracing::info!(version = %agent.version, rollback = agent.rollback, running = crate::build_info::VERSION, "the hub asks for another agent version; self-upgrade is not in this build, so it is only reported");

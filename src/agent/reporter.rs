@@ -241,12 +241,25 @@ mod tests {
         }
         reporter.reaped(vec!["job a (pid 7): left running".into()]);
         reporter.config_path(Some("/etc/railgrid/agent.toml".into()));
+        let hub = HubStatus {
+            url: "https://hub.example".into(),
+            agent_id: "a1".into(),
+            connected: false,
+            last_contact: Some(1_700_000_000),
+            last_error: Some("could not reach the hub".into()),
+            generation: 4,
+            desired_version: None,
+        };
+        reporter.hub(hub.clone());
+        reporter.runner(runner(State::Stopped, 200), false);
         reporter.clone().finish().await;
 
         let st = status::read(dir.path()).expect("status");
         assert!(!st.running);
         assert_eq!(st.runner.starts, 200);
-        assert_eq!(st.runner.pid, Some(42));
+        assert_eq!(st.runner.pid, None);
+        assert!(!st.runner_enabled);
+        assert_eq!(st.hub, Some(hub));
         assert_eq!(st.reaped, ["job a (pid 7): left running"]);
         assert_eq!(
             st.config_path.as_deref(),

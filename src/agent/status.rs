@@ -170,3 +170,22 @@ pub(crate) fn agent_alive(state_dir: &Path, status: &AgentStatus) -> bool {
         None => true,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_file_of_an_older_agent_still_parses() {
+        let old = r#"{"version": "0.1.0", "pid": 7, "pid_start_time": null,
+            "started_at": 1, "updated_at": 2, "running": true, "config_path": null,
+            "state_dir": "/s", "log_dir": "/l",
+            "runner": {"state": "running", "pid": 8, "starts": 1, "last_error": null, "since": 1},
+            "reclaimed_pids": []}"#;
+        let st: AgentStatus = serde_json::from_str(old).expect("parse");
+        assert!(st.runner_enabled, "a runner was wanted then");
+        assert_eq!(st.hub, None);
+        let back: serde_json::Value = serde_json::to_value(&st).expect("json");
+        assert!(back["hub"].is_null() && back.is_object());
+    }
+}
