@@ -605,8 +605,8 @@ fn read_file(path: &Path) -> Result<RawConfig, ConfigError> {
     })
 }
 
-/// Longest agent id: a fully qualified host name fits.
-const MAX_AGENT_ID: usize = 253;
+/// Longest agent id, as the hub accepts it.
+const MAX_AGENT_ID: usize = 128;
 
 /// An agent id is one segment of the reconcile URL and a name operators type: letters,
 /// digits, `.`, `_` and `-`, not starting with `.` or `-`.

@@ -721,12 +721,13 @@ impl HubTask {
         self.publish();
     }
 
-    /// The hub's desired state is the one in force.
+    /// The hub's desired state is the one in force: nothing is failing.
     fn applied(&mut self) {
         if self.apply_failure.take().is_some() {
             tracing::info!("the hub's desired state is applied");
         }
         self.backoff.reset();
+        self.status.last_error = None;
         self.publish();
     }
 

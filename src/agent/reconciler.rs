@@ -9,10 +9,10 @@
 //! - Out: the runner started, restarted or stopped to match (each stop finished with
 //!   `cgroup.kill` and `runner reap`, see [`finish_runner_stop`]), or, when only its
 //!   admission limits changed, told them while it runs (`PUT /v1/admission`, no
-//!   restart; [`decide`] says which); the runner's status
-//!   and what a stop reaped, to the [`ReporterHandle`]; a hub's desired state, once
-//!   applied, to `<state>/desired.json`; what is applied and observed ([`Observed`]), on
-//!   a watch channel the hub task reports from.
+//!   restart; [`decide`] says which); the runner's status and what a stop reaped, to the
+//!   [`ReporterHandle`]; a hub's desired state, once applied, to `<state>/desired.json`;
+//!   what is applied and observed ([`Observed`]), on a watch channel the hub task
+//!   reports from.
 //!
 //! Commands are applied one at a time, in order: a SIGTERM that arrives during a
 //! reload's runner restart is acted on when that restart is done. The watchdog pings
@@ -430,7 +430,8 @@ impl ReconcilerTask {
     /// in `<state>/desired.json` for a start while the hub is unreachable.
     async fn apply_hub(&mut self, desired: DesiredState) -> Result<(), AgentError> {
         if let Some(agent) = &desired.agent {
-            if Some(agent) != self.desired.agent.as_ref() {
+            let new = Some(agent) != self.desired.agent.as_ref();
+            if new && agent.version != crate::build_info::VERSION {
                 tracing::info!(version = %agent.version, rollback = agent.rollback, running = crate::build_info::VERSION, "the hub asks for another agent version; self-upgrade is not in this build, so it is only reported");
             }
         }

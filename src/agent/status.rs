@@ -63,7 +63,8 @@ pub(crate) struct HubStatus {
     /// Unix seconds of the last answer with a desired state; `None` before the first.
     #[serde(default)]
     pub(crate) last_contact: Option<u64>,
-    /// The latest failure (`connected` says whether it still holds).
+    /// What is failing now: reaching the hub, or applying its desired state; `None`
+    /// once a desired state from the hub is in force.
     #[serde(default)]
     pub(crate) last_error: Option<String>,
     /// The generation of the desired state applied (0: none from the hub yet).

@@ -252,12 +252,7 @@ fn render(st: &AgentStatus, alive: bool, last_line: Option<&str>) -> String {
             hub.url, hub.agent_id, hub.generation
         ));
         if let Some(err) = &hub.last_error {
-            let when = if hub.connected {
-                "(before the last contact) "
-            } else {
-                ""
-            };
-            out.push_str(&format!("hub error:  {when}{err}\n"));
+            out.push_str(&format!("hub error:  {err}\n"));
         }
         if let Some(v) = &hub.desired_version {
             out.push_str(&format!(

@@ -746,7 +746,15 @@ fn the_hubs_desired_state_stops_and_starts_the_runner() {
         st["hub"]["generation"].as_u64() == Some(on) && st["runner"]["starts"] == 2
     });
     assert_ne!(second, first);
+
+    // A desired agent version is shown, not acted on.
+    hub.admin_ok(&["desired", "set", "--agent", "a1", "--version", "9.9.9"]);
+    let v = hub_generation(&hub, "a1");
+    let st = h.wait_status("the desired version", APPLIED, connected_at(v));
+    assert_eq!(st["hub"]["desired_version"], "9.9.9", "{st:#}");
+    assert_eq!(st["runner"]["pid"], second, "no restart for a version");
     let log = h.host.agent_log();
+    assert!(log.contains("self-upgrade is not in this build"), "{log}");
     assert!(
         log.contains("hub: the desired state disables the runner; stopping it")
             && log.contains("hub: the desired state enables the runner; starting it"),
