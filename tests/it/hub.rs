@@ -357,6 +357,7 @@ fn bad_requests_get_an_error_that_says_what_is_wrong() {
             "generation",
         ),
         (Some(&t), "x".repeat(300 * 1024), 413, "length limit"),
+        (Some(&t), report(1 << 60), 400, "observed_generation"),
     ];
     for (tok, body, want, needle) in cases {
         let (code, text) = hub.curl("POST", reconcile, tok, Some(&body));
