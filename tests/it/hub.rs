@@ -552,3 +552,18 @@ fn a_hub_serves_the_certificate_files_it_is_given() {
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"agents\":0"), "{body}");
 }
+
+#[test]
+fn a_connection_that_never_starts_tls_is_closed() {
+    use std::io::Read;
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    let mut tcp = std::net::TcpStream::connect(&hub.listen).expect("connect");
+    tcp.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let mut buf = [0u8; 16];
+    // The hub's handshake timeout (10 s) ends it; a hub that held it would run into the
+    // read timeout instead, an error rather than the end of the stream.
+    let n = tcp.read(&mut buf).expect("the hub closed the connection");
+    assert_eq!(n, 0, "the hub sent bytes to a client that said nothing");
+}
