@@ -300,7 +300,8 @@ async fn run(
     let (_, cpu_a) = usage(hub.pid)?;
     let t = Instant::now();
     let mut clients = tokio::task::JoinSet::new();
-    for (url, auth) in auths.iter().take(busy).cloned() {
+    for (url, auth) in auths.iter().take(busy) {
+        let (url, auth) = (url.clone(), auth.clone());
         let (http, count, stop) = (hub.http.clone(), count.clone(), stop.clone());
         clients.spawn(async move {
             while !stop.load(Ordering::Relaxed) {
