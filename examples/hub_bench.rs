@@ -225,7 +225,11 @@ async fn run(
             )
         })
         .collect();
-    for (url, auth) in &auths {
+    // Started at 2000 a second: ten thousand TLS handshakes at once would only measure
+    // the handshake timeout (a real fleet reconnecting after a hub restart is spread by
+    // its agents' jittered backoff).
+    let t = Instant::now();
+    for (i, (url, auth)) in auths.iter().enumerate() {
         tokio::spawn(agent(
             hub.http.clone(),
             url.clone(),
@@ -233,10 +237,12 @@ async fn run(
             tx.clone(),
             errors.clone(),
         ));
+        if i % 100 == 99 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
-    let t = Instant::now();
     loop {
-        let held = hub.polls_held().await?;
+        let held = hub.polls_held().await.unwrap_or(0);
         if held as usize >= n {
             break;
         }
@@ -288,7 +294,9 @@ async fn run(
         all.extend(lat);
         // Let every agent's next poll be held again before the next round.
         let t = Instant::now();
-        while (hub.polls_held().await? as usize) < n && t.elapsed() < Duration::from_secs(60) {
+        while (hub.polls_held().await.unwrap_or(0) as usize) < n
+            && t.elapsed() < Duration::from_secs(60)
+        {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
