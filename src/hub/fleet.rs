@@ -35,6 +35,9 @@ const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Agent ids: what a host name, a FQDN or a cloud instance id needs, nothing that could
 /// be read as a path or need quoting.
 const MAX_ID_LEN: usize = 128;
+/// Generations stay exact as JSON numbers everywhere (2^53), and far from the store's
+/// signed 64-bit column.
+const MAX_GENERATION: u64 = 1 << 53;
 /// The largest admission limit the hub passes on (the runner's own bound).
 const MAX_LIMIT: usize = 100_000;
 
@@ -228,6 +231,12 @@ impl<S: Store> Fleet<S> {
         wait: Duration,
     ) -> Result<DesiredState, FleetError> {
         let observed = report.observed_generation;
+        if observed > MAX_GENERATION {
+            return Err(FleetError::BadSetting {
+                field: "observed_generation".into(),
+                why: format!("{observed} is beyond any generation a hub hands out"),
+            });
+        }
         let mut rx = entry.generation.subscribe();
         let current = *rx.borrow_and_update();
         if observed > current {

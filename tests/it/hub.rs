@@ -357,6 +357,7 @@ fn bad_requests_get_an_error_that_says_what_is_wrong() {
             "generation",
         ),
         (Some(&t), "x".repeat(300 * 1024), 413, "length limit"),
+        (Some(&t), report(1 << 60), 400, "observed_generation"),
     ];
     for (tok, body, want, needle) in cases {
         let (code, text) = hub.curl("POST", reconcile, tok, Some(&body));
@@ -550,4 +551,19 @@ fn a_hub_serves_the_certificate_files_it_is_given() {
     let (code, body) = super::hubs::curl(&url, &cert_file, "GET", "/v1/health", None, None);
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"agents\":0"), "{body}");
+}
+
+#[test]
+fn a_connection_that_never_starts_tls_is_closed() {
+    use std::io::Read;
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    let mut tcp = std::net::TcpStream::connect(&hub.listen).expect("connect");
+    tcp.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let mut buf = [0u8; 16];
+    // The hub's handshake timeout (10 s) ends it; a hub that held it would run into the
+    // read timeout instead, an error rather than the end of the stream.
+    let n = tcp.read(&mut buf).expect("the hub closed the connection");
+    assert_eq!(n, 0, "the hub sent bytes to a client that said nothing");
 }

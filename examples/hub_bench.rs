@@ -1,0 +1,356 @@
+//! N simulated agents long-polling one running hub, on a few threads: polls held, hub
+//! memory and CPU at idle, propagation of a fleet change to every agent, and reconciles/s
+//! at steady state. Used by `bench/hub.sh`; see docs/benchmarks.md.
+//!
+//!   hub_bench DATA_DIR AGENTS [ROUNDS] [BUSY_CLIENTS] [BUSY_SECS]
+//!
+//! DATA_DIR is a running hub's data dir (its hub.json, admin.token and ca.pem are read).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+use railgrid::hub_client;
+use railgrid::proto::desired::DesiredState;
+use railgrid::proto::report::AgentReport;
+use tokio::sync::mpsc;
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// (resident KiB, CPU seconds) of `pid`.
+fn usage(pid: u32) -> anyhow::Result<(u64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| anyhow!("no VmRSS for pid {pid}"))?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = f.get(11).and_then(|s| s.parse().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    Ok((rss, ticks as f64 / 100.0))
+}
+
+struct Hub {
+    http: reqwest::Client,
+    url: String,
+    admin: String,
+    pid: u32,
+}
+
+impl Hub {
+    fn open(dir: &Path) -> anyhow::Result<Self> {
+        let info: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("hub.json"))?)?;
+        let url = info["url"].as_str().context("url")?.to_owned();
+        let pid = info["pid"].as_u64().context("pid")? as u32;
+        let admin = std::fs::read_to_string(dir.join("admin.token"))?
+            .trim()
+            .to_owned();
+        let http = reqwest::Client::builder()
+            .use_rustls_tls()
+            .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(
+                dir.join("ca.pem"),
+            )?)?)
+            .pool_max_idle_per_host(usize::MAX)
+            .build()?;
+        Ok(Self {
+            http,
+            url,
+            admin,
+            pid,
+        })
+    }
+
+    async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
+        let resp = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.admin)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(serde_json::to_vec(&body)?)
+            .send()
+            .await?;
+        let status = resp.status();
+        let text = String::from_utf8_lossy(&resp.bytes().await?).into_owned();
+        anyhow::ensure!(status.is_success(), "{path}: {status}: {text}");
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    async fn polls_held(&self) -> anyhow::Result<u64> {
+        let bytes = self
+            .http
+            .get(format!("{}/v1/health", self.url))
+            .send()
+            .await?
+            .bytes()
+            .await?;
+        let v: serde_json::Value = serde_json::from_slice(&bytes)?;
+        v["polls_held"].as_u64().context("polls_held")
+    }
+}
+
+fn report(generation: u64) -> AgentReport {
+    AgentReport {
+        version: "bench".into(),
+        os: "linux".into(),
+        arch: "x86_64".into(),
+        hostname: "bench".into(),
+        observed_generation: generation,
+        runner: Default::default(),
+        upgrade: None,
+        jobs_summary: None,
+    }
+}
+
+async fn reconcile(
+    http: &reqwest::Client,
+    url: &str,
+    auth: &reqwest::header::HeaderValue,
+    generation: u64,
+    wait: u64,
+) -> anyhow::Result<DesiredState> {
+    let body = serde_json::to_vec(&report(generation))?;
+    let resp = http
+        .post(url)
+        .query(&[("wait", wait)])
+        .header(reqwest::header::AUTHORIZATION, auth.clone())
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .timeout(Duration::from_secs(wait + 30))
+        .send()
+        .await?;
+    anyhow::ensure!(resp.status().is_success(), "reconcile: {}", resp.status());
+    Ok(serde_json::from_slice(&resp.bytes().await?)?)
+}
+
+/// One simulated agent: long polls forever, telling `seen` each generation it gets.
+async fn agent(
+    http: reqwest::Client,
+    url: String,
+    auth: reqwest::header::HeaderValue,
+    seen: mpsc::UnboundedSender<(u64, Instant)>,
+    errors: Arc<AtomicU64>,
+) {
+    let mut generation = 0;
+    loop {
+        match reconcile(&http, &url, &auth, generation, 30).await {
+            Ok(d) => {
+                if d.generation != generation {
+                    generation = d.generation;
+                    let _ = seen.send((generation, Instant::now()));
+                }
+            }
+            Err(_) => {
+                errors.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let usage_line = "usage: hub_bench DATA_DIR AGENTS [ROUNDS] [BUSY_CLIENTS] [BUSY_SECS]";
+    let dir = PathBuf::from(args.get(1).ok_or_else(|| anyhow!(usage_line))?);
+    let n: usize = args.get(2).ok_or_else(|| anyhow!(usage_line))?.parse()?;
+    let rounds: usize = args.get(3).map_or(Ok(5), |s| s.parse())?;
+    let busy: usize = args.get(4).map_or(Ok(64), |s| s.parse())?;
+    let busy_secs: u64 = args.get(5).map_or(Ok(10), |s| s.parse())?;
+    railgrid::sys::raise_open_files_limit()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(run(&dir, n, rounds, busy, busy_secs))
+}
+
+async fn run(
+    dir: &Path,
+    n: usize,
+    rounds: usize,
+    busy: usize,
+    busy_secs: u64,
+) -> anyhow::Result<()> {
+    let hub = Arc::new(Hub::open(dir)?);
+    let (rss0, _) = usage(hub.pid)?;
+
+    let t = Instant::now();
+    let mut tokens = Vec::with_capacity(n);
+    let mut set = tokio::task::JoinSet::new();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(n.div_ceil(32).max(1)) {
+        let (hub, chunk) = (hub.clone(), chunk.to_vec());
+        set.spawn(async move {
+            let mut out = Vec::new();
+            for i in chunk {
+                let id = format!("bench-{i}");
+                let v = hub
+                    .admin(
+                        reqwest::Method::POST,
+                        "/v1/admin/agents",
+                        serde_json::json!({"id": id}),
+                    )
+                    .await?;
+                out.push((id, v["token"].as_str().context("token")?.to_owned()));
+            }
+            anyhow::Ok(out)
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        tokens.extend(r??);
+    }
+    eprintln!("enrolled {n} agents in {:.1?}", t.elapsed());
+
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let errors = Arc::new(AtomicU64::new(0));
+    let auths: Vec<(String, reqwest::header::HeaderValue)> = tokens
+        .iter()
+        .map(|(id, tok)| {
+            (
+                format!("{}/v1/agents/{id}/reconcile", hub.url),
+                hub_client::bearer(tok).expect("header"),
+            )
+        })
+        .collect();
+    // Started at 2000 a second: ten thousand TLS handshakes at once would only measure
+    // the handshake timeout (a real fleet reconnecting after a hub restart is spread by
+    // its agents' jittered backoff).
+    let t = Instant::now();
+    for (i, (url, auth)) in auths.iter().enumerate() {
+        tokio::spawn(agent(
+            hub.http.clone(),
+            url.clone(),
+            auth.clone(),
+            tx.clone(),
+            errors.clone(),
+        ));
+        if i % 100 == 99 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    loop {
+        let held = hub.polls_held().await.unwrap_or(0);
+        if held as usize >= n {
+            break;
+        }
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(300),
+            "only {held} of {n} polls held after 5 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("{n} polls held after {:.1?}", t.elapsed());
+    while rx.try_recv().is_ok() {}
+
+    // Idle with every poll held.
+    let (_, cpu_a) = usage(hub.pid)?;
+    let idle = Duration::from_secs(10);
+    tokio::time::sleep(idle).await;
+    let (rss, cpu_b) = usage(hub.pid)?;
+    let idle_cpu = (cpu_b - cpu_a) / idle.as_secs_f64() * 100.0;
+
+    // Propagation of fleet changes.
+    let mut all = Vec::new();
+    let mut worst = Vec::new();
+    let mut latest = 0;
+    for r in 0..rounds {
+        let t0 = Instant::now();
+        let v = hub
+            .admin(
+                reqwest::Method::PUT,
+                "/v1/admin/desired/fleet",
+                serde_json::json!({"set": {"max_jobs": r + 1}}),
+            )
+            .await?;
+        let g = v["generation"].as_u64().context("generation")?;
+        latest = g;
+        let mut got = 0;
+        let mut lat = Vec::with_capacity(n);
+        while got < n {
+            let (gen, at) = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+                .await
+                .map_err(|_| anyhow!("round {r}: {got} of {n} agents saw generation {g}"))?
+                .context("agents gone")?;
+            if gen >= g {
+                got += 1;
+                lat.push(at - t0);
+            }
+        }
+        lat.sort();
+        worst.push(*lat.last().expect("n > 0"));
+        all.extend(lat);
+        // Let every agent's next poll be held again before the next round.
+        let t = Instant::now();
+        while (hub.polls_held().await.unwrap_or(0) as usize) < n
+            && t.elapsed() < Duration::from_secs(60)
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    all.sort();
+
+    // Steady state: `busy` clients reconciling without waiting, as fast as they can.
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (_, cpu_a) = usage(hub.pid)?;
+    let t = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for (url, auth) in auths.iter().take(busy) {
+        let (url, auth) = (url.clone(), auth.clone());
+        let (http, count, stop) = (hub.http.clone(), count.clone(), stop.clone());
+        clients.spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if reconcile(&http, &url, &auth, latest, 0).await.is_ok() {
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(busy_secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    while clients.join_next().await.is_some() {}
+    let secs = t.elapsed().as_secs_f64();
+    let (_, cpu_b) = usage(hub.pid)?;
+    let done = count.load(Ordering::Relaxed) as f64;
+    let hub_cpu = cpu_b - cpu_a;
+
+    println!("agents (polls held)            {n}");
+    println!(
+        "hub RSS                        {:.1} MiB ({:.1} MiB per 1000 held polls over {:.1} MiB at start)",
+        rss as f64 / 1024.0,
+        (rss.saturating_sub(rss0)) as f64 / 1024.0 / (n as f64 / 1000.0),
+        rss0 as f64 / 1024.0
+    );
+    println!("hub CPU at idle, polls held    {idle_cpu:.2} %");
+    println!(
+        "fleet change -> every agent    p50 {:.1?}  p99 {:.1?}  max {:.1?}  (over {rounds} changes; worst per change {:?})",
+        percentile(&all, 0.5),
+        percentile(&all, 0.99),
+        all.last().copied().unwrap_or_default(),
+        worst
+    );
+    println!(
+        "reconciles/s, {busy} clients       {:.0}  (hub CPU {:.2} s over {secs:.1} s: {:.0} reconciles per hub CPU-second)",
+        done / secs,
+        hub_cpu,
+        if hub_cpu > 0.0 { done / hub_cpu } else { 0.0 }
+    );
+    println!(
+        "client errors                  {}",
+        errors.load(Ordering::Relaxed)
+    );
+    Ok(())
+}
