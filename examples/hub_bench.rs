@@ -253,6 +253,7 @@ async fn run(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     eprintln!("{n} polls held after {:.1?}", t.elapsed());
+    let ramp_errors = errors.load(Ordering::Relaxed);
     while rx.try_recv().is_ok() {}
 
     // Idle with every poll held.
@@ -349,8 +350,8 @@ async fn run(
         if hub_cpu > 0.0 { done / hub_cpu } else { 0.0 }
     );
     println!(
-        "client errors                  {}",
-        errors.load(Ordering::Relaxed)
+        "agent errors (retried)         {ramp_errors} while connecting, {} after",
+        errors.load(Ordering::Relaxed) - ramp_errors
     );
     Ok(())
 }
