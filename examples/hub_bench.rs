@@ -267,7 +267,9 @@ async fn run(
     let mut all = Vec::new();
     let mut worst = Vec::new();
     let mut latest = 0;
+    let mut hub_cpu_rounds = Vec::new();
     for r in 0..rounds {
+        let (_, cpu0) = usage(hub.pid)?;
         let t0 = Instant::now();
         let v = hub
             .admin(
@@ -291,6 +293,7 @@ async fn run(
             }
         }
         lat.sort();
+        hub_cpu_rounds.push(format!("{:.2}", usage(hub.pid)?.1 - cpu0));
         worst.push(*lat.last().expect("n > 0"));
         all.extend(lat);
         // Let every agent's next poll be held again before the next round.
@@ -342,6 +345,10 @@ async fn run(
         percentile(&all, 0.99),
         all.last().copied().unwrap_or_default(),
         worst
+    );
+    println!(
+        "hub CPU seconds per change     {} (until the last agent had it)",
+        hub_cpu_rounds.join(", ")
     );
     println!(
         "reconciles/s, {busy} clients       {:.0}  (hub CPU {:.2} s over {secs:.1} s: {:.0} reconciles per hub CPU-second)",
