@@ -84,26 +84,43 @@ where
     F: FnOnce(AdminClient) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<String>>,
 {
-    let client = AdminClient::new(target).map_err(|e| match e {
-        AdminError::NoTarget
-        | AdminError::NoToken
-        | AdminError::OpenToken { .. }
-        | AdminError::Read { .. }
-        | AdminError::HubFile { .. } => usage(e),
-        e => e.into(),
-    })?;
+    let client = AdminClient::new(target).map_err(classify)?;
     let rt = super::current_thread_runtime()?;
-    let text = rt.block_on(f(client))?;
+    let text = rt
+        .block_on(f(client))
+        .map_err(|e| match e.downcast::<AdminError>() {
+            Ok(a) => classify(a),
+            Err(e) => e,
+        })?;
     print_stdout(text.trim_end())
+}
+
+fn classify(e: AdminError) -> anyhow::Error {
+    if e.is_usage() {
+        usage(e)
+    } else {
+        e.into()
+    }
 }
 
 async fn agent(c: AdminClient, cmd: HubAgentCommand, json: bool) -> anyhow::Result<String> {
     match cmd {
         HubAgentCommand::Add { id, token_out } => {
-            let enrolled = c.enrol(&id).await?;
-            match token_out {
-                Some(path) => {
-                    write_token(&path, &enrolled.token)?;
+            // The file first: a token the hub hands out and nobody can store is lost, and
+            // the agent would have to be revoked and added again.
+            let file = token_out.as_deref().map(create_token_file).transpose()?;
+            let enrolled = match c.enrol(&id).await {
+                Ok(e) => e,
+                Err(e) => {
+                    if let Some(path) = &token_out {
+                        let _ = std::fs::remove_file(path);
+                    }
+                    return Err(e.into());
+                }
+            };
+            match (token_out, file) {
+                (Some(path), Some(file)) => {
+                    write_token(file, &path, &enrolled.token)?;
                     if json {
                         Ok(serde_json::json!({"id": enrolled.id, "token_file": path}).to_string())
                     } else {
@@ -114,8 +131,8 @@ async fn agent(c: AdminClient, cmd: HubAgentCommand, json: bool) -> anyhow::Resu
                         ))
                     }
                 }
-                None if json => Ok(serde_json::to_string(&enrolled)?),
-                None => Ok(format!(
+                _ if json => Ok(serde_json::to_string(&enrolled)?),
+                _ => Ok(format!(
                     "enrolled agent {}\ntoken: {}\nThe token is shown this once (the hub keeps only its hash): put it in a 0600 file on the agent's host and set hub.token_file.",
                     enrolled.id, enrolled.token
                 )),
@@ -187,25 +204,37 @@ fn desired_change(a: &HubDesiredSetArgs) -> DesiredChange {
     }
 }
 
-/// Writes a token to a new file, 0600; an existing file is not overwritten (it may be
-/// another agent's token).
-fn write_token(path: &Path, token: &str) -> anyhow::Result<()> {
-    use std::io::Write;
+/// A new file for a token, 0600; an existing file is not overwritten (it may be another
+/// agent's token). A usage error: nothing was enrolled yet.
+fn create_token_file(path: &Path) -> anyhow::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
+    std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(path)
-        .with_context(|| {
-            format!(
-                "could not create {} for the token (the agent is enrolled: revoke and add it again once the path is fixed)",
-                path.display()
-            )
-        })?;
+        .with_context(|| format!("could not create {} for the token", path.display()))
+        .map_err(usage)
+}
+
+fn write_token(mut f: std::fs::File, path: &Path, token: &str) -> anyhow::Result<()> {
+    use std::io::Write;
     f.write_all(format!("{token}\n").as_bytes())
         .and_then(|()| f.sync_all())
-        .with_context(|| format!("could not write the token to {}", path.display()))
+        .with_context(|| {
+            format!(
+                "could not write the token to {} (the agent is enrolled: revoke and add it again once the path is fixed)",
+                path.display()
+            )
+        })
+}
+
+/// Text an agent reported, made safe for a terminal: control characters (escape
+/// sequences, newlines that would forge table rows) are shown as `?`.
+fn clean(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 fn ago(t: Option<u64>) -> String {
@@ -240,13 +269,13 @@ fn agent_table(agents: &[AgentView]) -> String {
                     "no".into()
                 },
                 ago(a.last_seen),
-                r.map_or("-".into(), |r| r.version.clone()),
+                r.map_or("-".into(), |r| clean(&r.version)),
                 r.filter(|r| !r.os.is_empty())
-                    .map_or("-".into(), |r| format!("{}/{}", r.os, r.arch)),
-                r.map_or("-".into(), |r| r.runner.state.clone()),
+                    .map_or("-".into(), |r| clean(&format!("{}/{}", r.os, r.arch))),
+                r.map_or("-".into(), |r| clean(&r.runner.state)),
                 format!("{}/{}", a.observed_generation, a.desired_generation),
                 r.and_then(|r| r.upgrade.as_ref())
-                    .map_or("-".into(), |u| u.state.clone()),
+                    .map_or("-".into(), |u| clean(&u.state)),
             ]
         })
         .collect();
@@ -303,8 +332,12 @@ fn agent_detail(a: &AgentView) -> String {
         }
     );
     if let Some(r) = &a.report {
-        let _ = writeln!(out, "version:     {}", r.version);
-        let _ = writeln!(out, "host:        {} ({}/{})", r.hostname, r.os, r.arch);
+        let _ = writeln!(out, "version:     {}", clean(&r.version));
+        let _ = writeln!(
+            out,
+            "host:        {}",
+            clean(&format!("{} ({}/{})", r.hostname, r.os, r.arch))
+        );
         let pid = r
             .runner
             .pid
@@ -313,10 +346,11 @@ fn agent_detail(a: &AgentView) -> String {
         let _ = writeln!(
             out,
             "runner:      {}{pid}, {} starts",
-            r.runner.state, r.runner.starts
+            clean(&r.runner.state),
+            r.runner.starts
         );
         if let Some(e) = &r.runner.last_error {
-            let _ = writeln!(out, "last error:  {e}");
+            let _ = writeln!(out, "last error:  {}", clean(e));
         }
         if let Some(j) = &r.jobs_summary {
             let _ = writeln!(
@@ -326,7 +360,7 @@ fn agent_detail(a: &AgentView) -> String {
             );
         }
         if let Some(u) = &r.upgrade {
-            let _ = writeln!(out, "upgrade:     {}", u.state);
+            let _ = writeln!(out, "upgrade:     {}", clean(&u.state));
         }
     }
     out

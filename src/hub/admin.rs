@@ -38,15 +38,20 @@ pub(crate) enum AdminError {
     OpenToken { path: PathBuf, mode: u32 },
     #[error("say which hub: --data-dir DIR on the hub's host, or --hub URL --token-file FILE")]
     NoTarget,
+    #[error("give --data-dir (on the hub's host) or --hub URL (from anywhere), not both")]
+    BothTargets,
+    #[error("hub URL {url:?} is not an https:// URL (such as https://hub.example:7443)")]
+    BadUrl { url: String },
     #[error("--hub needs --token-file (the admin token)")]
     NoToken,
     #[error("the token in {path} cannot be sent in a header")]
     BadToken { path: PathBuf },
     #[error(transparent)]
     Client(#[from] HubClientError),
-    #[error("could not reach the hub at {url}")]
+    #[error("could not reach the hub at {url}{hint}")]
     Request {
         url: String,
+        hint: String,
         #[source]
         source: reqwest::Error,
     },
@@ -77,6 +82,26 @@ pub(crate) struct AdminClient {
     http: reqwest::Client,
     base: String,
     auth: reqwest::header::HeaderValue,
+    /// Said when the hub cannot be reached: which hub the data dir named.
+    hint: String,
+}
+
+impl AdminError {
+    /// True for errors the operator fixes in the command line (exit code 2): a bad
+    /// target, or a request the hub refused as malformed (400: a bad id or setting).
+    pub(crate) fn is_usage(&self) -> bool {
+        match self {
+            AdminError::Status { status, .. } => *status == reqwest::StatusCode::BAD_REQUEST,
+            AdminError::NoTarget
+            | AdminError::BothTargets
+            | AdminError::BadUrl { .. }
+            | AdminError::NoToken
+            | AdminError::OpenToken { .. }
+            | AdminError::Read { .. }
+            | AdminError::HubFile { .. } => true,
+            _ => false,
+        }
+    }
 }
 
 fn read(path: &Path, hint: &'static str) -> Result<String, AdminError> {
@@ -89,11 +114,13 @@ fn read(path: &Path, hint: &'static str) -> Result<String, AdminError> {
 
 impl AdminClient {
     pub(crate) fn new(target: &Target) -> Result<Self, AdminError> {
-        let (url, token_file, ca_file) = match (&target.url, &target.data_dir) {
-            (Some(url), _) => (
+        let (url, token_file, ca_file, hint) = match (&target.url, &target.data_dir) {
+            (Some(_), Some(_)) => return Err(AdminError::BothTargets),
+            (Some(url), None) => (
                 url.clone(),
                 target.token_file.clone().ok_or(AdminError::NoToken)?,
                 target.ca_file.clone(),
+                String::new(),
             ),
             (None, Some(dir)) => {
                 let path = dir.join(HUB_FILE);
@@ -103,6 +130,11 @@ impl AdminClient {
                 )?;
                 let info: HubFile = serde_json::from_str(&text)
                     .map_err(|source| AdminError::HubFile { path, source })?;
+                let hint = format!(
+                    " (named by {}: is that hub, pid {}, still running?)",
+                    dir.join(HUB_FILE).display(),
+                    info.pid
+                );
                 (
                     info.url,
                     target
@@ -110,10 +142,15 @@ impl AdminClient {
                         .clone()
                         .unwrap_or_else(|| dir.join(ADMIN_TOKEN_FILE)),
                     target.ca_file.clone().or(info.ca_file),
+                    hint,
                 )
             }
             (None, None) => return Err(AdminError::NoTarget),
         };
+        let parsed = reqwest::Url::parse(&url).ok();
+        if parsed.is_none_or(|u| u.scheme() != "https" || u.host_str().is_none()) {
+            return Err(AdminError::BadUrl { url });
+        }
         let mode = std::fs::metadata(&token_file)
             .map_err(|source| AdminError::Read {
                 path: token_file.clone(),
@@ -138,6 +175,7 @@ impl AdminClient {
             http,
             base: url.trim_end_matches('/').to_owned(),
             auth,
+            hint,
         })
     }
 
@@ -164,6 +202,11 @@ impl AdminClient {
         }
         let resp = req.send().await.map_err(|source| AdminError::Request {
             url: url.clone(),
+            hint: if source.is_connect() {
+                self.hint.clone()
+            } else {
+                String::new()
+            },
             source,
         })?;
         let status = resp.status();

@@ -5,9 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -25,6 +24,8 @@ use crate::proto::report::AgentReport;
 
 /// Request bodies above this are refused (413): a report is a few KiB.
 pub(crate) const MAX_BODY_BYTES: usize = 256 * 1024;
+/// A body must arrive within this, once its headers have (408).
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub(crate) struct Hub<S: Store> {
     pub(crate) fleet: Arc<Fleet<S>>,
@@ -57,7 +58,6 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
         .nest("/v1/admin", admin)
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(hub)
 }
 
@@ -115,10 +115,38 @@ impl From<FleetError> for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-/// A JSON body, with every way it can be wrong answered as `{"error"}`: too large (413,
-/// from the body limit), not JSON or missing a field (400, serde's message names it).
-fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> ApiResult<T> {
-    let body = body.map_err(|r| ApiError::new(r.status(), r.body_text()))?;
+/// Reads a request body: at most [`MAX_BODY_BYTES`] (413), within [`BODY_TIMEOUT`] (408).
+/// Called only once the caller is authorised, so that no one without a token makes the
+/// hub buffer anything.
+async fn read_body(body: Body) -> ApiResult<Bytes> {
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
+                ))
+            } else {
+                Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("could not read the request body: {e}"),
+                ))
+            }
+        }
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the request body did not arrive within {BODY_TIMEOUT:?}"),
+        )),
+    }
+}
+
+/// A JSON body, with every way it can be wrong answered as `{"error"}`: too large (413),
+/// too slow (408), not JSON or missing a field (400, serde's message names it).
+async fn parse<T: DeserializeOwned>(body: Body) -> ApiResult<T> {
+    let body = read_body(body).await?;
     serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -127,13 +155,80 @@ fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> ApiResult<
     })
 }
 
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)?
+/// The token of an `Authorization: Bearer …` header (the scheme in any case, RFC 7235);
+/// why there is none otherwise.
+fn bearer(headers: &HeaderMap) -> Result<&str, &'static str> {
+    let mut all = headers.get_all(header::AUTHORIZATION).iter();
+    let Some(value) = all.next() else {
+        return Err("missing `Authorization: Bearer <token>`");
+    };
+    if all.next().is_some() {
+        return Err("more than one Authorization header");
+    }
+    let value = value
         .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
-        .map(str::trim)
+        .map_err(|_| "the Authorization header is not text")?;
+    match value.split_once(' ') {
+        Some((scheme, token))
+            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
+        {
+            Ok(token.trim())
+        }
+        _ => Err("the Authorization header must be `Bearer <token>`"),
+    }
+}
+
+/// A desired change with only the settings this hub knows: an admin's typo must not pass
+/// as "nothing to change" (agents' messages, unlike an admin's, may carry fields a newer
+/// peer added, and there unknown fields are ignored).
+fn strict_change(body: &Bytes) -> ApiResult<()> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+        )
+    })?;
+    let known = [
+        "runner_enabled",
+        "max_jobs",
+        "max_jobs_per_owner",
+        "version",
+    ];
+    let unknown = v
+        .get("set")
+        .and_then(|s| s.as_object())
+        .and_then(|o| o.keys().find(|k| !known.contains(&k.as_str())).cloned())
+        .or_else(|| {
+            v.as_object()?
+                .keys()
+                .find(|k| !["set", "clear"].contains(&k.as_str()))
+                .cloned()
+        });
+    match unknown {
+        Some(k) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("{k:?}: not a desired setting (runner_enabled, max_jobs, max_jobs_per_owner, version)"),
+        )),
+        None => Ok(()),
+    }
+}
+
+async fn parse_change(body: Body) -> ApiResult<DesiredChange> {
+    let bytes = read_body(body).await?;
+    strict_change(&bytes)?;
+    let change: DesiredChange = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+        )
+    })?;
+    if change.set == crate::proto::hub::DesiredSettings::default() && change.clear.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "nothing to change: give `set` or `clear`",
+        ));
+    }
+    Ok(change)
 }
 
 async fn admin_only<S: Store>(
@@ -142,11 +237,13 @@ async fn admin_only<S: Store>(
     next: Next,
 ) -> Response {
     match bearer(req.headers()) {
-        Some(t) if token::matches(t, &hub.admin_sha256) => next.run(req).await,
-        Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "not the hub's admin token").into_response(),
-        None => ApiError::new(
+        Ok(t) if token::matches(t, &hub.admin_sha256) => next.run(req).await,
+        Ok(_) => {
+            ApiError::new(StatusCode::UNAUTHORIZED, "not the hub's admin token").into_response()
+        }
+        Err(why) => ApiError::new(
             StatusCode::UNAUTHORIZED,
-            "missing `Authorization: Bearer <admin token>` (the token is in the hub's data dir, admin.token)",
+            format!("{why} (the admin token is in the hub's data dir, admin.token)"),
         )
         .into_response(),
     }
@@ -191,14 +288,9 @@ async fn reconcile<S: Store>(
     Path(id): Path<String>,
     query: Result<Query<ReconcileQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> ApiResult<Response> {
-    let Some(t) = bearer(&headers) else {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing `Authorization: Bearer <agent token>`",
-        ));
-    };
+    let t = bearer(&headers).map_err(|why| ApiError::new(StatusCode::UNAUTHORIZED, why))?;
     // The token before the body: an unauthenticated caller learns nothing from its
     // body's errors.
     let entry = hub.fleet.authorize(&id, t)?;
@@ -208,17 +300,14 @@ async fn reconcile<S: Store>(
             format!("invalid query: {}", e.body_text()),
         )
     })?;
-    let report: AgentReport = parse(body)?;
+    let report: AgentReport = parse(body).await?;
     let wait = Duration::from_secs(q.wait.unwrap_or(0)).min(hub.max_wait);
     let desired = hub.fleet.reconcile(&entry, report, wait).await?;
     Ok(Json(desired).into_response())
 }
 
-async fn enrol<S: Store>(
-    State(hub): State<Arc<Hub<S>>>,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Response> {
-    let req: EnrolRequest = parse(body)?;
+async fn enrol<S: Store>(State(hub): State<Arc<Hub<S>>>, body: Body) -> ApiResult<Response> {
+    let req: EnrolRequest = parse(body).await?;
     let token = hub.fleet.enrol(&req.id).await?;
     Ok((StatusCode::CREATED, Json(Enrolled { id: req.id, token })).into_response())
 }
@@ -245,11 +334,8 @@ async fn fleet_desired<S: Store>(State(hub): State<Arc<Hub<S>>>) -> ApiResult<Re
     Ok(Json(hub.fleet.desired_view(None)?).into_response())
 }
 
-async fn set_fleet<S: Store>(
-    State(hub): State<Arc<Hub<S>>>,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Response> {
-    let change: DesiredChange = parse(body)?;
+async fn set_fleet<S: Store>(State(hub): State<Arc<Hub<S>>>, body: Body) -> ApiResult<Response> {
+    let change = parse_change(body).await?;
     Ok(Json(hub.fleet.change(None, &change).await?).into_response())
 }
 
@@ -263,8 +349,8 @@ async fn agent_desired<S: Store>(
 async fn set_agent<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
     Path(id): Path<String>,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> ApiResult<Response> {
-    let change: DesiredChange = parse(body)?;
+    let change = parse_change(body).await?;
     Ok(Json(hub.fleet.change(Some(&id), &change).await?).into_response())
 }

@@ -16,7 +16,7 @@
 //! lost to a crash costs a `last_seen` a second old, never a decision).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -38,6 +38,9 @@ const MAX_ID_LEN: usize = 128;
 /// Generations stay exact as JSON numbers everywhere (2^53), and far from the store's
 /// signed 64-bit column.
 const MAX_GENERATION: u64 = 1 << 53;
+/// The largest jump past its newest generation the hub follows for an agent that reports
+/// one it never handed out (a restore from a backup explains thousands, not billions).
+const MAX_RESYNC_GAP: u64 = 1 << 32;
 /// The largest admission limit the hub passes on (the runner's own bound).
 const MAX_LIMIT: usize = 100_000;
 
@@ -103,19 +106,25 @@ impl AgentEntry {
     }
 }
 
-/// Counts a held poll for `connected` while it lives.
-struct Held<'a>(&'a AgentEntry);
+/// Counts a held poll, for its agent's `connected` and the hub's `polls_held`, while it
+/// lives: a poll whose client goes away is dropped mid-wait, and must uncount itself.
+struct Held<'a> {
+    agent: &'a AtomicUsize,
+    hub: &'a AtomicUsize,
+}
 
 impl<'a> Held<'a> {
-    fn new(entry: &'a AgentEntry) -> Self {
-        entry.polls.fetch_add(1, Ordering::Relaxed);
-        Self(entry)
+    fn new(agent: &'a AtomicUsize, hub: &'a AtomicUsize) -> Self {
+        agent.fetch_add(1, Ordering::Relaxed);
+        hub.fetch_add(1, Ordering::Relaxed);
+        Self { agent, hub }
     }
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        self.0.polls.fetch_sub(1, Ordering::Relaxed);
+        self.agent.fetch_sub(1, Ordering::Relaxed);
+        self.hub.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -129,6 +138,8 @@ pub(crate) struct Fleet<S: Store> {
     reports: Mutex<HashMap<String, ReportRow>>,
     /// Long polls held now, over all agents.
     held: AtomicUsize,
+    /// The newest generation handed out.
+    newest: AtomicU64,
     /// How long the hub asks agents to wait between reconciles when they do not long poll.
     poll_interval: Duration,
 }
@@ -186,6 +197,7 @@ impl<S: Store> Fleet<S> {
             changes: tokio::sync::Mutex::new(()),
             reports: Mutex::new(HashMap::new()),
             held: AtomicUsize::new(0),
+            newest: AtomicU64::new(generation),
             poll_interval,
         })
     }
@@ -196,7 +208,7 @@ impl<S: Store> Fleet<S> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(id)
             .cloned()
-            .ok_or_else(|| FleetError::NoSuchAgent(id.to_owned()))
+            .ok_or_else(|| FleetError::NoSuchAgent(id.chars().take(MAX_ID_LEN).collect()))
     }
 
     fn fleet_scope(&self) -> Scope {
@@ -209,12 +221,11 @@ impl<S: Store> Fleet<S> {
     /// The agent behind `id` if `token` is its token and it is not revoked. An unknown id
     /// and a wrong token read the same to the caller.
     pub(crate) fn authorize(&self, id: &str, token: &str) -> Result<Arc<AgentEntry>, FleetError> {
-        let entry = self
-            .entry(id)
-            .map_err(|_| FleetError::BadToken(id.to_owned()))?;
+        let bad = || FleetError::BadToken(id.chars().take(MAX_ID_LEN).collect());
+        let entry = self.entry(id).map_err(|_| bad())?;
         let ok = token::matches(token, &util::lock(&entry.state).token_sha256);
         if !ok {
-            return Err(FleetError::BadToken(id.to_owned()));
+            return Err(bad());
         }
         if entry.is_revoked() {
             return Err(FleetError::Revoked(id.to_owned()));
@@ -231,14 +242,20 @@ impl<S: Store> Fleet<S> {
         wait: Duration,
     ) -> Result<DesiredState, FleetError> {
         let observed = report.observed_generation;
-        if observed > MAX_GENERATION {
-            return Err(FleetError::BadSetting {
-                field: "observed_generation".into(),
-                why: format!("{observed} is beyond any generation a hub hands out"),
-            });
-        }
         let mut rx = entry.generation.subscribe();
         let current = *rx.borrow_and_update();
+        // Moving past a reported generation moves the one counter of the whole fleet:
+        // only a gap a restore could explain is followed, so that no agent's token can
+        // push the fleet's generations to the end of their range.
+        let newest = self.newest.load(Ordering::Acquire);
+        if observed >= MAX_GENERATION || observed > newest.saturating_add(MAX_RESYNC_GAP) {
+            return Err(FleetError::BadSetting {
+                field: "observed_generation".into(),
+                why: format!(
+                    "{observed} is far beyond this hub's generations (newest {newest}); the agent should report 0 to start over"
+                ),
+            });
+        }
         if observed > current {
             // The agent applied a generation this hub never handed out (it was restored
             // from an older backup): give the agent's scope one past it, so the agent
@@ -248,13 +265,11 @@ impl<S: Store> Fleet<S> {
         }
         self.queue_report(entry, report);
         if !wait.is_zero() && *rx.borrow() <= observed {
-            let _held = Held::new(entry);
-            self.held.fetch_add(1, Ordering::Relaxed);
+            let _held = Held::new(&entry.polls, &self.held);
             // Either way the answer is computed below from what holds now.
             let _ =
                 tokio::time::timeout(wait, rx.wait_for(|g| *g > observed || entry.is_revoked()))
                     .await;
-            self.held.fetch_sub(1, Ordering::Relaxed);
         }
         if entry.is_revoked() {
             return Err(FleetError::Revoked(entry.id.clone()));
@@ -266,12 +281,14 @@ impl<S: Store> Fleet<S> {
         let _one = self.changes.lock().await;
         let settings = util::lock(&entry.state).own.settings.clone();
         let generation = self.store.set_scope(&entry.id, &settings, past).await?;
+        self.newest.fetch_max(generation, Ordering::AcqRel);
         util::lock(&entry.state).own.generation = generation;
         self.announce(entry);
         Ok(())
     }
 
-    fn queue_report(&self, entry: &AgentEntry, report: AgentReport) {
+    fn queue_report(&self, entry: &AgentEntry, mut report: AgentReport) {
+        bound_report(&mut report);
         let now = now_secs();
         let row = ReportRow {
             id: entry.id.clone(),
@@ -351,6 +368,7 @@ impl<S: Store> Fleet<S> {
         let Some(generation) = self.store.enrol(id, &hash, now).await? else {
             return Err(FleetError::Exists(id.to_owned()));
         };
+        self.newest.fetch_max(generation, Ordering::AcqRel);
         let existing = self
             .agents
             .read()
@@ -420,8 +438,14 @@ impl<S: Store> Fleet<S> {
             Some(e) => util::lock(&e.state).own.settings.clone(),
         };
         let next = changed(&current, change)?;
+        if next == current {
+            // Nothing to converge to: no new generation, no wake-up of a single poll.
+            drop(_one);
+            return self.desired_view(agent);
+        }
         let scope = entry.as_ref().map_or("", |e| e.id.as_str());
         let generation = self.store.set_scope(scope, &next, 0).await?;
+        self.newest.fetch_max(generation, Ordering::AcqRel);
         match &entry {
             None => {
                 *self
@@ -525,6 +549,52 @@ impl<S: Store> Fleet<S> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .len();
         (n, self.held.load(Ordering::Relaxed))
+    }
+}
+
+/// What the hub keeps of a report's free text: enough for any real value, so that an
+/// agent's token cannot make the hub hold (or `agent list` return) megabytes per agent.
+const MAX_FIELD: usize = 256;
+const MAX_ERROR_FIELD: usize = 1024;
+const MAX_BAD_VERSIONS: usize = 16;
+
+fn cut(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+}
+
+/// Cuts a report's strings to what the hub keeps.
+fn bound_report(r: &mut AgentReport) {
+    for f in [
+        &mut r.version,
+        &mut r.os,
+        &mut r.arch,
+        &mut r.hostname,
+        &mut r.runner.state,
+    ] {
+        cut(f, MAX_FIELD);
+    }
+    if let Some(e) = &mut r.runner.last_error {
+        cut(e, MAX_ERROR_FIELD);
+    }
+    if let Some(u) = &mut r.upgrade {
+        cut(&mut u.state, MAX_FIELD);
+        if let Some(t) = &mut u.target {
+            cut(t, MAX_FIELD);
+        }
+        if let Some(e) = &mut u.error {
+            cut(e, MAX_ERROR_FIELD);
+        }
+        u.bad_versions.truncate(MAX_BAD_VERSIONS);
+        for v in &mut u.bad_versions {
+            cut(v, MAX_FIELD);
+        }
     }
 }
 

@@ -356,7 +356,7 @@ fn bad_requests_get_an_error_that_says_what_is_wrong() {
             200,
             "generation",
         ),
-        (Some(&t), "x".repeat(300 * 1024), 413, "length limit"),
+        (Some(&t), "x".repeat(300 * 1024), 413, "larger than"),
         (Some(&t), report(1 << 60), 400, "observed_generation"),
     ];
     for (tok, body, want, needle) in cases {
@@ -566,4 +566,209 @@ fn a_connection_that_never_starts_tls_is_closed() {
     // read timeout instead, an error rather than the end of the stream.
     let n = tcp.read(&mut buf).expect("the hub closed the connection");
     assert_eq!(n, 0, "the hub sent bytes to a client that said nothing");
+}
+
+#[test]
+fn no_body_is_read_before_the_token_and_a_slow_body_is_cut_off() {
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    let t = token(&hub.enrol("slow"));
+    // No token, a large body announced and never sent: refused at once, not buffered.
+    let answer = super::hubs::raw_tls(
+        &hub,
+        b"POST /v1/agents/slow/reconcile HTTP/1.1\r\nHost: hub\r\nContent-Length: 100000\r\n\r\n",
+        Duration::from_secs(30),
+    );
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    // With the token, a body that stops half way: 408 once the body timeout passes.
+    let req = format!(
+        "POST /v1/agents/slow/reconcile HTTP/1.1\r\nHost: hub\r\nAuthorization: bearer {t}\r\nContent-Length: 1000\r\n\r\n{{\"version\""
+    );
+    let answer = super::hubs::raw_tls(&hub, req.as_bytes(), Duration::from_secs(40));
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("did not arrive"), "{answer}");
+}
+
+#[test]
+fn held_polls_are_counted_while_held_only() {
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    let t = token(&hub.enrol("count"));
+    let held = |hub: &TestHub| {
+        let (_, body) = hub.curl("GET", "/v1/health", None, None);
+        json(&body)["polls_held"].as_u64().expect("polls_held")
+    };
+    let polls: Vec<HeldPoll> = (0..3)
+        .map(|_| HeldPoll::start(&hub, "count", &t, 1, 30))
+        .collect();
+    wait_for(Duration::from_secs(10), "3 polls held", || {
+        (held(&hub) == 3).then_some(())
+    });
+    // Clients that go away mid-wait (killed) are uncounted.
+    drop(polls);
+    wait_for(Duration::from_secs(10), "no poll held", || {
+        (held(&hub) == 0).then_some(())
+    });
+    assert!(!connected(&hub, "count"));
+}
+
+#[test]
+fn an_agent_cannot_push_the_fleets_generations_out_of_range() {
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    let t = token(&hub.enrol("push"));
+    for observed in [1u64 << 53, (1u64 << 33) + 5] {
+        let (code, body) = hub.curl(
+            "POST",
+            "/v1/agents/push/reconcile",
+            Some(&t),
+            Some(&report(observed)),
+        );
+        assert_eq!(code, 400, "{body}");
+        assert!(body.contains("observed_generation"), "{body}");
+    }
+    let fleet = hub.admin_json(&["desired", "show", "--fleet"]);
+    let shown = hub.admin_json(&["desired", "set", "--fleet", "--max-jobs", "2"]);
+    assert!(
+        shown["generation"].as_u64().expect("generation") < 100,
+        "the counter moved: {fleet} then {shown}"
+    );
+}
+
+#[test]
+fn a_change_that_changes_nothing_keeps_the_generation() {
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    let first = hub.admin_json(&["desired", "set", "--fleet", "--max-jobs", "3"]);
+    let again = hub.admin_json(&["desired", "set", "--fleet", "--max-jobs", "3"]);
+    assert_eq!(first["generation"], again["generation"]);
+    // A setting the hub does not know is an error, not nothing.
+    let (code, body) = hub.curl(
+        "PUT",
+        "/v1/admin/desired/fleet",
+        Some(&hub.admin_token()),
+        Some(r#"{"set": {"colour": 1}}"#),
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("colour"), "{body}");
+    let (code, body) = hub.curl(
+        "PUT",
+        "/v1/admin/desired/fleet",
+        Some(&hub.admin_token()),
+        Some("{}"),
+    );
+    assert_eq!(code, 400, "{body}");
+    let after = hub.admin_json(&["desired", "show", "--fleet"]);
+    assert_eq!(after["generation"], first["generation"]);
+}
+
+#[test]
+fn what_agents_report_is_bounded_and_printed_safely() {
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    let t = token(&hub.enrol("loud"));
+    let body = serde_json::json!({
+        "version": "\u{1b}]0;pwned\u{7}1.0",
+        "observed_generation": 0,
+        "os": "li\nnux",
+        "hostname": "x".repeat(200_000),
+        "runner": {"state": "running\u{1b}[2J", "last_error": "a\r\nfake-agent  yes"}
+    })
+    .to_string();
+    let (code, text) = hub.curl("POST", "/v1/agents/loud/reconcile", Some(&t), Some(&body));
+    assert_eq!(code, 200, "{text}");
+    for args in [vec!["agent", "list"], vec!["agent", "show", "loud"]] {
+        let out = hub.admin_ok(&args);
+        assert!(!out.contains('\u{1b}') && !out.contains('\r'), "{out:?}");
+        assert!(!out.contains("li\nnux"), "{out:?}");
+    }
+    let shown = hub.admin_json(&["agent", "show", "loud"]);
+    let kept = shown["report"]["hostname"].as_str().expect("hostname");
+    assert!(
+        kept.len() < 1024,
+        "kept {} bytes of a host name",
+        kept.len()
+    );
+}
+
+#[test]
+fn admin_command_mistakes_are_usage_errors_and_leave_nothing_half_done() {
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    // An existing token file: refused before the agent is enrolled.
+    let existing = tmp.path().join("taken.token");
+    std::fs::write(&existing, "someone else's\n").expect("write");
+    let out = hub.admin(&[
+        "agent",
+        "add",
+        "late",
+        "--token-out",
+        existing.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read_lossy(&existing), "someone else's\n");
+    let out = hub.admin(&["agent", "show", "late"]);
+    assert!(!out.status.success(), "the agent was enrolled anyway");
+    let fresh = tmp.path().join("late.token");
+    hub.admin_ok(&[
+        "agent",
+        "add",
+        "late",
+        "--token-out",
+        fresh.to_str().expect("utf-8"),
+    ]);
+
+    let tok = hub.dir.join("admin.token");
+    for (args, needle) in [
+        (
+            vec![
+                "--hub",
+                "http://127.0.0.1:1",
+                "--token-file",
+                tok.to_str().expect("utf-8"),
+                "agent",
+                "list",
+            ],
+            "https://",
+        ),
+        (
+            vec![
+                "--hub",
+                &hub.url,
+                "--data-dir",
+                hub.dir.to_str().expect("utf-8"),
+                "agent",
+                "list",
+            ],
+            "not both",
+        ),
+    ] {
+        let out = railgrid().arg("hub").args(&args).output().expect("run");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    let out = hub.admin(&["desired", "set", "--fleet", "--max-jobs", "0"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a refused setting is a usage error"
+    );
+    // A stopped hub: the data dir's hub.json is named.
+    let dir = hub.dir.clone();
+    hub.stop();
+    let out = railgrid()
+        .args(["hub", "--data-dir"])
+        .arg(&dir)
+        .args(["agent", "list"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("still running?"), "{err}");
 }

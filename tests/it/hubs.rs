@@ -177,3 +177,37 @@ pub fn report(generation: u64) -> String {
         r#"{{"version":"0.0.0-test","os":"linux","arch":"x86_64","hostname":"test","observed_generation":{generation}}}"#
     )
 }
+
+/// Sends `request` (raw HTTP/1.1 bytes) over TLS to the hub and returns what it answered
+/// before closing, or within `limit`.
+pub fn raw_tls(hub: &TestHub, request: &[u8], limit: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut roots = rustls::RootCertStore::empty();
+        let pem = std::fs::read(hub.ca()).expect("ca.pem");
+        for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
+            roots.add(cert.expect("cert")).expect("root");
+        }
+        let cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg));
+        let tcp = tokio::net::TcpStream::connect(&hub.listen)
+            .await
+            .expect("connect");
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let mut tls = connector.connect(name, tcp).await.expect("tls");
+        tls.write_all(request).await.expect("write");
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(limit, tls.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    })
+}
