@@ -88,6 +88,8 @@ pub(crate) struct AgentEntry {
     generation: watch::Sender<u64>,
     /// Polls held open now.
     polls: AtomicUsize,
+    /// Its latest report waits for the next batch.
+    dirty: AtomicBool,
 }
 
 impl AgentEntry {
@@ -98,6 +100,7 @@ impl AgentEntry {
             revoked: AtomicBool::new(revoked),
             generation: watch::Sender::new(generation),
             polls: AtomicUsize::new(0),
+            dirty: AtomicBool::new(false),
         })
     }
 
@@ -135,7 +138,8 @@ pub(crate) struct Fleet<S: Store> {
     /// Enrolments and desired changes, one at a time: each reads a scope, stores its new
     /// version and applies it, and two interleaved would lose one.
     changes: tokio::sync::Mutex<()>,
-    reports: Mutex<HashMap<String, ReportRow>>,
+    /// Agents whose latest report is not in the store yet.
+    reports: Mutex<Vec<Arc<AgentEntry>>>,
     /// Long polls held now, over all agents.
     held: AtomicUsize,
     /// The newest generation handed out.
@@ -195,7 +199,7 @@ impl<S: Store> Fleet<S> {
             fleet: RwLock::new(fleet),
             agents: RwLock::new(map),
             changes: tokio::sync::Mutex::new(()),
-            reports: Mutex::new(HashMap::new()),
+            reports: Mutex::new(Vec::new()),
             held: AtomicUsize::new(0),
             newest: AtomicU64::new(generation),
             poll_interval,
@@ -287,28 +291,38 @@ impl<S: Store> Fleet<S> {
         Ok(())
     }
 
-    fn queue_report(&self, entry: &AgentEntry, mut report: AgentReport) {
+    /// Keeps `report` as the agent's latest and marks the agent for the next batch; the
+    /// report is serialised only then, off the reconcile's path.
+    fn queue_report(&self, entry: &Arc<AgentEntry>, mut report: AgentReport) {
         bound_report(&mut report);
-        let now = now_secs();
-        let row = ReportRow {
-            id: entry.id.clone(),
-            seen_at: now,
-            observed_generation: report.observed_generation,
-            report: serde_json::to_string(&report).unwrap_or_default(),
-        };
         {
             let mut st = util::lock(&entry.state);
-            st.last_seen = Some(now);
+            st.last_seen = Some(now_secs());
             st.observed_generation = report.observed_generation;
             st.report = Some(report);
         }
-        util::lock(&self.reports).insert(row.id.clone(), row);
+        if !entry.dirty.swap(true, Ordering::AcqRel) {
+            util::lock(&self.reports).push(entry.clone());
+        }
     }
 
     /// Writes the queued reports; called by the flusher and once at shutdown.
     pub(crate) async fn flush_reports(&self) -> Result<usize, FleetError> {
-        let batch: Vec<ReportRow> = std::mem::take(&mut *util::lock(&self.reports))
-            .into_values()
+        let dirty = std::mem::take(&mut *util::lock(&self.reports));
+        let batch: Vec<ReportRow> = dirty
+            .iter()
+            .filter_map(|e| {
+                // Cleared before the state is read: a report queued meanwhile marks the
+                // agent again, for the next batch.
+                e.dirty.store(false, Ordering::Release);
+                let st = util::lock(&e.state);
+                Some(ReportRow {
+                    id: e.id.clone(),
+                    seen_at: st.last_seen?,
+                    observed_generation: st.observed_generation,
+                    report: serde_json::to_string(st.report.as_ref()?).ok()?,
+                })
+            })
             .collect();
         let n = batch.len();
         self.store.record_reports(batch).await?;

@@ -7,14 +7,21 @@ use sha2::{Digest, Sha256};
 const AGENT_PREFIX: &str = "rga_";
 const ADMIN_PREFIX: &str = "rgh_";
 
+/// Lowercase hex, appended to `out` (on every reconcile's path: no allocation per byte).
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+}
+
 fn random_hex(prefix: &str) -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)?;
     let mut s = String::with_capacity(prefix.len() + 64);
     s.push_str(prefix);
-    for b in bytes {
-        s.push_str(&format!("{b:02x}"));
-    }
+    push_hex(&mut s, &bytes);
     Ok(s)
 }
 
@@ -28,7 +35,9 @@ pub(crate) fn new_admin_token() -> Result<String, getrandom::Error> {
 
 pub(crate) fn sha256_hex(token: &str) -> String {
     let digest = Sha256::digest(token.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    let mut s = String::with_capacity(64);
+    push_hex(&mut s, &digest);
+    s
 }
 
 /// Whether `token` hashes to `sha256_hex`. Comparing hashes, not tokens, means a timing
