@@ -187,17 +187,15 @@ pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
     tracing::info!(%url, listen = %local, agents, data_dir = %opts.data_dir.display(), "hub serving");
 
     let flusher = ReportFlusher::spawn(fleet.clone());
-    let why = std::sync::Mutex::new("");
     let stop = async {
-        let w = tokio::select! {
+        tokio::select! {
             // Cancel-safe: signal streams keep a signal that arrived between polls.
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
-        };
-        *crate::util::lock(&why) = w;
+        }
     };
-    serve::accept_loop(listener, tls, api::router(hub), opts.max_connections, stop).await;
-    tracing::info!("{} received: stopping the hub", crate::util::lock(&why));
+    let why = serve::accept_loop(listener, tls, api::router(hub), opts.max_connections, stop).await;
+    tracing::info!("{why} received: stopping the hub");
     flusher.stop();
     if let Err(e) = fleet.flush_reports().await {
         tracing::error!(error = %crate::error_chain(&e), "could not write the last agent reports");

@@ -28,14 +28,14 @@ const OVERFLOW_ANSWERS: usize = 256;
 /// What a client over the cap is told to wait.
 const RETRY_AFTER_SECS: u64 = 5;
 
-/// Accepts connections on `listener` until `stop` resolves.
-pub(crate) async fn accept_loop(
+/// Accepts connections on `listener` until `stop` resolves, and returns what it said.
+pub(crate) async fn accept_loop<W>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     app: Router,
     max_connections: usize,
-    stop: impl std::future::Future<Output = ()>,
-) {
+    stop: impl std::future::Future<Output = W>,
+) -> W {
     let acceptor = TlsAcceptor::from(tls);
     let permits = Arc::new(Semaphore::new(max_connections));
     let overflow = Arc::new(Semaphore::new(OVERFLOW_ANSWERS));
@@ -45,7 +45,7 @@ pub(crate) async fn accept_loop(
         let accepted = tokio::select! {
             // Cancel-safe: TcpListener::accept loses no connection when another arm wins.
             r = listener.accept() => r,
-            () = &mut stop => return,
+            why = &mut stop => return why,
         };
         let tcp = match accepted {
             Ok((tcp, _)) => {
