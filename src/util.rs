@@ -20,6 +20,16 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// [`lock`] for the read side of an `RwLock`.
+pub(crate) fn read<T>(m: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// [`lock`] for the write side of an `RwLock`.
+pub(crate) fn write<T>(m: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Serde helper: a `SystemTime` as whole seconds since the Unix epoch.
 pub(crate) mod unix_secs {
     use std::time::{SystemTime, UNIX_EPOCH};

@@ -207,19 +207,14 @@ impl<S: Store> Fleet<S> {
     }
 
     fn entry(&self, id: &str) -> Result<Arc<AgentEntry>, FleetError> {
-        self.agents
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        util::read(&self.agents)
             .get(id)
             .cloned()
             .ok_or_else(|| FleetError::NoSuchAgent(id.chars().take(MAX_ID_LEN).collect()))
     }
 
     fn fleet_scope(&self) -> Scope {
-        self.fleet
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        util::read(&self.fleet).clone()
     }
 
     /// The agent behind `id` if `token` is its token and it is not revoked. An unknown id
@@ -383,12 +378,7 @@ impl<S: Store> Fleet<S> {
             return Err(FleetError::Exists(id.to_owned()));
         };
         self.newest.fetch_max(generation, Ordering::AcqRel);
-        let existing = self
-            .agents
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(id)
-            .cloned();
+        let existing = util::read(&self.agents).get(id).cloned();
         match existing {
             Some(entry) => {
                 {
@@ -416,10 +406,7 @@ impl<S: Store> Fleet<S> {
                     report: None,
                 };
                 let entry = AgentEntry::new(id.to_owned(), state, false, generation.max(fleet_gen));
-                self.agents
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(id.to_owned(), entry);
+                util::write(&self.agents).insert(id.to_owned(), entry);
             }
         }
         tracing::info!(agent = %id, "agent enrolled");
@@ -462,20 +449,11 @@ impl<S: Store> Fleet<S> {
         self.newest.fetch_max(generation, Ordering::AcqRel);
         match &entry {
             None => {
-                *self
-                    .fleet
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Scope {
+                *util::write(&self.fleet) = Scope {
                     generation,
                     settings: next,
                 };
-                let all: Vec<Arc<AgentEntry>> = self
-                    .agents
-                    .read()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .values()
-                    .cloned()
-                    .collect();
+                let all = self.all();
                 for e in &all {
                     self.announce(e);
                 }
@@ -542,26 +520,20 @@ impl<S: Store> Fleet<S> {
         }
     }
 
+    fn all(&self) -> Vec<Arc<AgentEntry>> {
+        util::read(&self.agents).values().cloned().collect()
+    }
+
     /// Every agent, by id.
     pub(crate) fn list(&self) -> Vec<AgentView> {
-        let mut all: Vec<Arc<AgentEntry>> = self
-            .agents
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect();
+        let mut all = self.all();
         all.sort_by(|a, b| a.id.cmp(&b.id));
         all.iter().map(|e| self.view(e)).collect()
     }
 
     /// (enrolled agents, polls held now).
     pub(crate) fn counts(&self) -> (usize, usize) {
-        let n = self
-            .agents
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len();
+        let n = util::read(&self.agents).len();
         (n, self.held.load(Ordering::Relaxed))
     }
 }

@@ -127,12 +127,7 @@ fn an_enrolled_agent_is_listed_and_sent_its_merged_desired_state() {
         "2",
     ]);
     let g = first["generation"].as_u64().expect("generation");
-    let (code, body) = hub.curl(
-        "POST",
-        "/v1/agents/web-1/reconcile",
-        Some(&web),
-        Some(&report(g)),
-    );
+    let (code, body) = hub.reconcile("web-1", &web, g);
     assert_eq!(code, 200, "{body}");
     let d = json(&body);
     assert!(d["generation"].as_u64().expect("generation") > g);
@@ -210,12 +205,7 @@ fn a_poll_with_nothing_new_is_held_for_its_wait_then_answered_unchanged() {
     let tmp = tempdir();
     let hub = TestHub::start(&tmp.path().join("hub"), &["--max-wait", "1s"]);
     let t = token(&hub.enrol("idle"));
-    let (_, body) = hub.curl(
-        "POST",
-        "/v1/agents/idle/reconcile",
-        Some(&t),
-        Some(&report(0)),
-    );
+    let (_, body) = hub.reconcile("idle", &t, 0);
     let g = json(&body)["generation"].as_u64().expect("generation");
     // Asks for an hour; the hub's --max-wait caps it.
     let p = HeldPoll::start(&hub, "idle", &t, g, 3600);
@@ -231,12 +221,7 @@ fn a_restarted_hub_keeps_its_agents_tokens_desired_state_and_ca() {
     let hub = TestHub::start(&dir, &[]);
     let t = token(&hub.enrol("keep"));
     hub.admin_ok(&["desired", "set", "--agent", "keep", "--max-jobs", "5"]);
-    let (code, body) = hub.curl(
-        "POST",
-        "/v1/agents/keep/reconcile",
-        Some(&t),
-        Some(&report(0)),
-    );
+    let (code, body) = hub.reconcile("keep", &t, 0);
     assert_eq!(code, 200, "{body}");
     let before = json(&body);
     let ca_before = read_lossy(&hub.ca());
@@ -247,12 +232,7 @@ fn a_restarted_hub_keeps_its_agents_tokens_desired_state_and_ca() {
     let hub = TestHub::start_on(&dir, &listen, &[]);
     assert_eq!(read_lossy(&hub.ca()), ca_before, "the CA changed");
     // The same token, over a new server certificate from the same CA.
-    let (code, body) = hub.curl(
-        "POST",
-        "/v1/agents/keep/reconcile",
-        Some(&t),
-        Some(&report(0)),
-    );
+    let (code, body) = hub.reconcile("keep", &t, 0);
     assert_eq!(code, 200, "{body}");
     assert_eq!(json(&body), before);
     let shown = hub.admin_json(&["agent", "show", "keep"]);
@@ -284,12 +264,7 @@ fn a_revoked_token_is_refused_and_its_held_poll_answered_at_once() {
     let tmp = tempdir();
     let hub = TestHub::start(&tmp.path().join("hub"), &[]);
     let t = token(&hub.enrol("gone"));
-    let (_, body) = hub.curl(
-        "POST",
-        "/v1/agents/gone/reconcile",
-        Some(&t),
-        Some(&report(0)),
-    );
+    let (_, body) = hub.reconcile("gone", &t, 0);
     let g = json(&body)["generation"].as_u64().expect("generation");
     let p = HeldPoll::start(&hub, "gone", &t, g, 30);
     wait_for(Duration::from_secs(10), "the poll held", || {
@@ -299,31 +274,16 @@ fn a_revoked_token_is_refused_and_its_held_poll_answered_at_once() {
     let (code, body) = p.answer(Duration::from_secs(10));
     assert_eq!(code, 401, "{body}");
     assert!(body.contains("revoked"), "{body}");
-    let (code, _) = hub.curl(
-        "POST",
-        "/v1/agents/gone/reconcile",
-        Some(&t),
-        Some(&report(g)),
-    );
+    let (code, _) = hub.reconcile("gone", &t, g);
     assert_eq!(code, 401);
     assert_eq!(hub.admin_json(&["agent", "show", "gone"])["revoked"], true);
 
     // Enrolled again: a new token; the old one stays refused.
     let fresh = token(&hub.enrol("gone"));
     assert_ne!(fresh, t);
-    let (code, _) = hub.curl(
-        "POST",
-        "/v1/agents/gone/reconcile",
-        Some(&t),
-        Some(&report(g)),
-    );
+    let (code, _) = hub.reconcile("gone", &t, g);
     assert_eq!(code, 401);
-    let (code, body) = hub.curl(
-        "POST",
-        "/v1/agents/gone/reconcile",
-        Some(&fresh),
-        Some(&report(g)),
-    );
+    let (code, body) = hub.reconcile("gone", &fresh, g);
     assert_eq!(code, 200, "{body}");
 }
 
@@ -618,12 +578,7 @@ fn an_agent_cannot_push_the_fleets_generations_out_of_range() {
     let hub = TestHub::start(&tmp.path().join("hub"), &[]);
     let t = token(&hub.enrol("push"));
     for observed in [1u64 << 53, (1u64 << 33) + 5] {
-        let (code, body) = hub.curl(
-            "POST",
-            "/v1/agents/push/reconcile",
-            Some(&t),
-            Some(&report(observed)),
-        );
+        let (code, body) = hub.reconcile("push", &t, observed);
         assert_eq!(code, 400, "{body}");
         assert!(body.contains("observed_generation"), "{body}");
     }

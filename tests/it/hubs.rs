@@ -115,6 +115,12 @@ impl TestHub {
         curl(&self.url, &self.ca(), method, path, token, body)
     }
 
+    /// A reconcile of agent `id` reporting `generation`, answered at once.
+    pub fn reconcile(&self, id: &str, token: &str, generation: u64) -> (u16, String) {
+        let path = format!("/v1/agents/{id}/reconcile");
+        self.curl("POST", &path, Some(token), Some(&report(generation)))
+    }
+
     pub fn admin_token(&self) -> String {
         read_lossy(&self.dir.join("admin.token")).trim().to_owned()
     }
