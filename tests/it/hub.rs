@@ -727,3 +727,24 @@ fn admin_command_mistakes_are_usage_errors_and_leave_nothing_half_done() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("still running?"), "{err}");
 }
+
+#[test]
+fn headers_that_never_end_are_cut_off() {
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    // A request line and half a header, then nothing: the hub's header timeout (10 s)
+    // closes the connection (its answer, if any, is an error); a hub that waited would
+    // leave this read to its own 60 s limit with nothing.
+    let started = std::time::Instant::now();
+    let answer = super::hubs::raw_tls(
+        &hub,
+        b"GET /v1/health HTTP/1.1\r\nHost: hub\r\nX-Slow: ",
+        Duration::from_secs(60),
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(55),
+        "the connection was held for {:?}",
+        started.elapsed()
+    );
+    assert!(!answer.contains("200 OK"), "{answer}");
+}
