@@ -21,7 +21,15 @@
 //! state it applied last (DESIGN invariant 12).
 //!
 //! The token goes from its file (0600) into one `Authorization` value marked sensitive,
-//! and nowhere else: not into a log line, the status file, an error, or a child.
+//! and nowhere else: not into a log line, the status file, an error, or a child. A hub
+//! may echo it (in an error, in a field serde then quotes, as a version): every text
+//! taken from an answer goes through [`Connection::hub_text`] or [`Connection::redact`].
+//!
+//! A desired state is taken only within the protocol's bounds ([`DesiredState::check`]:
+//! a generation up to [`desired::MAX_GENERATION`], an agent version of the hub's form).
+//! A hub that refuses the generation this agent reports (400 naming
+//! `observed_generation`) is sent generation 0 until it answers, and that answer is
+//! applied as a reset, even though it is older than the one applied.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -37,7 +45,7 @@ use super::reporter::ReporterHandle;
 use super::status::HubStatus;
 use crate::build_info;
 use crate::hub_client::{self, HubClientError};
-use crate::proto::desired::DesiredState;
+use crate::proto::desired::{self, DesiredState};
 use crate::proto::hub::ErrorBody;
 use crate::proto::report::{AgentReport, JobsSummary, RunnerReport};
 use crate::supervisor::State;
@@ -67,6 +75,10 @@ const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 /// The most of a hub's error text that goes into a log line.
 const MAX_ERROR_TEXT: usize = 300;
+/// What stands for the token in text from a hub.
+const REDACTED: &str = "<redacted>";
+/// A tail of a hub's text at least this long that begins the token is redacted too.
+const MIN_PARTIAL: usize = 4;
 
 #[derive(Debug, Error)]
 pub(crate) enum HubError {
@@ -108,12 +120,17 @@ pub(crate) enum HubError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("{url}: the answer is not a desired state")]
-    Decode {
+    // Serde's message as text: it quotes the hub's answer, so it is redacted first.
+    #[error("{url}: the answer is not a desired state: {why}")]
+    Decode { url: String, why: String },
+    #[error("{url}: the answer is not a desired state this agent takes")]
+    Invalid {
         url: String,
         #[source]
-        source: serde_json::Error,
+        source: desired::Invalid,
     },
+    #[error("{url} answered 400{message}: the hub refuses the generation this agent reports")]
+    GenerationRefused { url: String, message: String },
     #[error("could not apply the hub's desired state of generation {generation}: {why}")]
     NotApplied { generation: u64, why: String },
     #[error("could not write {path}")]
@@ -133,6 +150,12 @@ pub(crate) enum HubError {
         path: PathBuf,
         #[source]
         source: serde_json::Error,
+    },
+    #[error("{path} holds a desired state no hub hands out")]
+    PersistedInvalid {
+        path: PathBuf,
+        #[source]
+        source: desired::Invalid,
     },
     #[error("the agent's {what} failed")]
     Task {
@@ -211,11 +234,13 @@ impl Connection {
                 other => HubError::Client(other),
             })?;
         if status == reqwest::StatusCode::OK {
-            return serde_json::from_slice(&bytes)
-                .map_err(|source| HubError::Decode { url, source });
+            return self.desired(url, &bytes);
         }
         let message = self.error_text(&bytes);
         let code = status.as_u16();
+        if status == reqwest::StatusCode::BAD_REQUEST && message.contains("observed_generation") {
+            return Err(HubError::GenerationRefused { url, message });
+        }
         if matches!(
             status,
             reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN
@@ -233,33 +258,77 @@ impl Connection {
         })
     }
 
+    /// The desired state in a 200 answer, if it is one this agent takes.
+    fn desired(&self, url: String, body: &[u8]) -> Result<DesiredState, HubError> {
+        let mut desired: DesiredState =
+            serde_json::from_slice(body).map_err(|e| HubError::Decode {
+                why: self.hub_text(&e.to_string()),
+                url: url.clone(),
+            })?;
+        if let Some(agent) = &mut desired.agent {
+            // Before the check: a token is made of characters a version may hold, and the
+            // version is logged, kept and shown.
+            agent.version = self.redact(&agent.version);
+        }
+        desired
+            .check()
+            .map_err(|source| HubError::Invalid { url, source })?;
+        Ok(desired)
+    }
+
     /// The hub's `{"error": …}` message (or the start of whatever it sent instead), as
-    /// `": message"`, cut short, on one line, and without the token should a hub echo it.
+    /// `": message"`, through [`Self::hub_text`].
     fn error_text(&self, body: &[u8]) -> String {
         let text = match serde_json::from_slice::<ErrorBody>(body) {
             Ok(e) => e.error,
             Err(_) => String::from_utf8_lossy(body).into_owned(),
         };
-        let mut text: String = text
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .take(MAX_ERROR_TEXT)
-            .collect();
-        let token = self
-            .auth
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default();
-        if !token.is_empty() {
-            text = text.replace(token, "<redacted>");
-        }
+        let text = self.hub_text(&text);
         let text = text.trim();
         if text.is_empty() {
             String::new()
         } else {
             format!(": {text}")
         }
+    }
+
+    /// Text from a hub's answer, fit for a log line and the status file: on one line,
+    /// without the token, cut short. The token goes before the cut, so that the cut
+    /// cannot leave a part of it; a tail that begins the token (the hub cut its own
+    /// echo) goes too.
+    fn hub_text(&self, text: &str) -> String {
+        let text: String = text
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        let mut text: String = self.redact(&text).chars().take(MAX_ERROR_TEXT).collect();
+        if let Some(token) = self.token() {
+            let partial = (MIN_PARTIAL.min(token.len())..token.len())
+                .rev()
+                .filter_map(|n| token.get(..n))
+                .find(|start| text.ends_with(start));
+            if let Some(start) = partial {
+                text.truncate(text.len() - start.len());
+                text.push_str(REDACTED);
+            }
+        }
+        text
+    }
+
+    /// `text` with the token (`Bearer <token>` too) replaced.
+    fn redact(&self, text: &str) -> String {
+        match self.token() {
+            Some(token) => text.replace(token, REDACTED),
+            None => text.to_owned(),
+        }
+    }
+
+    /// The token, read back from the header that holds it.
+    fn token(&self) -> Option<&str> {
+        std::str::from_utf8(self.auth.as_bytes())
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .filter(|t| !t.is_empty())
     }
 }
 
@@ -313,9 +382,15 @@ pub(super) fn load_persisted(state_dir: &Path) -> Result<Option<DesiredState>, H
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(HubError::PersistedRead { path, source }),
     };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|source| HubError::PersistedCorrupt { path, source })
+    let desired: DesiredState =
+        serde_json::from_slice(&bytes).map_err(|source| HubError::PersistedCorrupt {
+            path: path.clone(),
+            source,
+        })?;
+    desired
+        .check()
+        .map_err(|source| HubError::PersistedInvalid { path, source })?;
+    Ok(Some(desired))
 }
 
 /// The pause before the `failures`-th retry in a row: 1 s, 2 s, 4 s … up to 60 s, each
@@ -417,6 +492,7 @@ impl HubHandle {
             hub_failure: None,
             apply_failure: None,
             ever_connected: false,
+            reset: false,
             backoff: Backoff::default(),
             published: None,
         };
@@ -460,6 +536,9 @@ struct HubTask {
     /// The failure to apply the hub's desired state being reported.
     apply_failure: Option<String>,
     ever_connected: bool,
+    /// The hub refused the generation reported: generation 0 is reported until its
+    /// answer is applied, as a reset.
+    reset: bool,
     backoff: Backoff,
     /// What the reporter was sent last.
     published: Option<HubStatus>,
@@ -573,7 +652,11 @@ impl HubTask {
             os: std::env::consts::OS.to_owned(),
             arch: std::env::consts::ARCH.to_owned(),
             hostname: self.hostname.clone(),
-            observed_generation: observed.desired.generation,
+            observed_generation: if self.reset {
+                0
+            } else {
+                observed.desired.generation
+            },
             runner: runner_report(&observed),
             upgrade: None,
             jobs_summary,
@@ -611,6 +694,13 @@ impl HubTask {
             Ok(d) => d,
             Err(e) => {
                 self.hub_failed(&e);
+                if matches!(e, HubError::GenerationRefused { .. }) && !self.reset {
+                    // Retrying the same report would be refused for ever.
+                    let applied = self.observed.borrow().desired.generation;
+                    tracing::warn!(applied, "the hub refuses the generation this agent reports: reporting generation 0, and taking the hub's answer as a reset");
+                    self.reset = true;
+                    return Next::Again;
+                }
                 let pause = self.backoff.next();
                 tracing::debug!(retry_in = ?pause, failures = self.backoff.failures, "next reconcile after the backoff");
                 return Next::Pause(pause);
@@ -618,7 +708,8 @@ impl HubTask {
         };
         self.reachable(&desired);
         let applied = self.observed.borrow().desired.clone();
-        if desired.generation < applied.generation {
+        let reset = self.reset && desired.generation < applied.generation;
+        if desired.generation < applied.generation && !reset {
             // A hub restored from an older backup: never go back. The reference hub moves
             // past the reported generation; another one is asked again after the backoff.
             let e = HubError::NotApplied {
@@ -633,8 +724,15 @@ impl HubTask {
         }
         let news = desired != applied;
         if news {
+            if reset {
+                tracing::warn!(
+                    applied = applied.generation,
+                    generation = desired.generation,
+                    "reset to the hub's desired state, older than the one applied"
+                );
+            }
             let before = self.observed.borrow().handled;
-            self.reconciler.desired(desired.clone());
+            self.reconciler.desired(desired.clone(), reset);
             if !self.wait_handled(before).await {
                 return Next::Stop;
             }
@@ -648,6 +746,7 @@ impl HubTask {
                 return Next::Pause(self.backoff.next());
             }
         }
+        self.reset = false;
         self.applied();
         // Something new is reported back at once, and a hub that held the poll is polled
         // again at once; one that answered "nothing new" without holding it (it does
@@ -699,10 +798,13 @@ impl HubTask {
 
     /// The hub answered with a desired state.
     fn reachable(&mut self, desired: &DesiredState) {
-        if self.hub_failure.take().is_some() {
-            tracing::info!(url = %self.conn.settings.url, "hub reachable again");
-        } else if !self.ever_connected {
+        let was_failing = self.hub_failure.take().is_some();
+        // "Again" only after an earlier success: an agent started while its hub was
+        // down has never reached it.
+        if !self.ever_connected {
             tracing::info!(url = %self.conn.settings.url, generation = desired.generation, "connected to the hub");
+        } else if was_failing {
+            tracing::info!(url = %self.conn.settings.url, "hub reachable again");
         }
         self.ever_connected = true;
         self.status.connected = true;
@@ -854,6 +956,81 @@ mod tests {
             .expect("two lines");
         assert!(matches!(err, HubError::TokenInvalid { .. }), "{err}");
         assert!(!err.to_string().contains("tok1"), "{err}");
+    }
+
+    #[test]
+    fn the_token_is_redacted_before_a_hubs_text_is_cut() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = format!("rga_{}", "ab".repeat(32));
+        let conn = Connection::load(&settings(dir.path(), &token)).expect("load");
+        // The token straddles the cut at MAX_ERROR_TEXT, 12 characters in.
+        let pad = "x".repeat(MAX_ERROR_TEXT - 12 - "Bearer ".len());
+        let body = serde_json::json!({"error": format!("{pad}Bearer {token} is unknown")});
+        let text = conn.error_text(body.to_string().as_bytes());
+        assert!(!text.contains("rga_"), "{text}");
+        assert!(text.ends_with("xBearer <redacted> i"), "{text}");
+        assert_eq!(text.chars().count(), ": ".len() + MAX_ERROR_TEXT);
+
+        // A hub that cut its own echo: the tail that begins the token goes too.
+        let body = serde_json::json!({"error": format!("no such token {}", &token[..20])});
+        let text = conn.error_text(body.to_string().as_bytes());
+        assert_eq!(text, ": no such token <redacted>");
+        // A text that only happens to end like the token's first letters is kept.
+        assert_eq!(conn.error_text(b"try rg"), ": try rg");
+    }
+
+    #[test]
+    fn an_answer_echoing_the_token_is_refused_without_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = "tok-0123456789";
+        let conn = Connection::load(&settings(dir.path(), token)).expect("load");
+        let url = conn.url();
+        let answer = |body: String| {
+            let e = conn
+                .desired(url.clone(), body.as_bytes())
+                .expect_err("refused");
+            let text = crate::error_chain(&e);
+            assert!(!text.contains(token), "{text}");
+            text
+        };
+        let text = answer(format!(r#"{{"generation": "Bearer {token}"}}"#));
+        assert!(text.contains("not a desired state: invalid type"), "{text}");
+        // Long quotes are cut.
+        let long = "y".repeat(1 << 16);
+        assert!(answer(format!(r#"{{"generation": "{long}"}}"#)).len() < 1000);
+        // A version of the allowed characters that is the token.
+        let text = answer(format!(
+            r#"{{"generation": 3, "agent": {{"version": "{token}"}}}}"#
+        ));
+        assert!(
+            text.contains("the agent version it asks for is not a version"),
+            "{text}"
+        );
+        let text = answer(r#"{"generation": 18446744073709551615}"#.to_owned());
+        assert!(
+            text.contains("generation 18446744073709551615 is beyond"),
+            "{text}"
+        );
+
+        let ok = conn
+            .desired(
+                url,
+                br#"{"generation": 9007199254740992, "agent": {"version": "1.2.0"}}"#,
+            )
+            .expect("at the bound");
+        assert_eq!(ok.generation, desired::MAX_GENERATION);
+    }
+
+    #[test]
+    fn a_persisted_desired_state_beyond_the_bound_is_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            desired_path(dir.path()),
+            r#"{"generation": 9007199254740993}"#,
+        )
+        .expect("write");
+        let err = load_persisted(dir.path()).expect_err("beyond");
+        assert!(matches!(err, HubError::PersistedInvalid { .. }), "{err}");
     }
 
     #[test]

@@ -44,6 +44,8 @@ const STATUS_EVERY: Duration = Duration::from_secs(10);
 /// How long the runner has to take new admission limits before it is restarted with
 /// them instead.
 const ADJUST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a runner that does not serve yet is asked again, within ADJUST_TIMEOUT.
+const ADJUST_POLL: Duration = Duration::from_millis(100);
 
 /// The desired state a standalone agent derives from its configuration: a runner,
 /// enabled, with the file's job engine limits. `prev` is the one derived last: the
@@ -231,8 +233,12 @@ enum Command {
         cfg: Box<AgentConfig>,
         desired: Option<DesiredState>,
     },
-    /// A desired state from the hub.
-    Desired(Box<DesiredState>),
+    /// A desired state from the hub; `reset`: applied even if older than the one in
+    /// force (the hub refused that one's generation).
+    Desired {
+        desired: Box<DesiredState>,
+        reset: bool,
+    },
     Shutdown,
 }
 
@@ -322,9 +328,12 @@ impl ReconcilerHandle {
     }
 
     /// Queues a desired state from the hub. [`Observed::handled`] moves on once it has
-    /// been applied or refused.
-    pub(super) fn desired(&self, desired: DesiredState) {
-        let _ = self.tx.send(Command::Desired(Box::new(desired)));
+    /// been applied or refused. `reset`: applied even if older than the one in force.
+    pub(super) fn desired(&self, desired: DesiredState, reset: bool) {
+        let _ = self.tx.send(Command::Desired {
+            desired: Box::new(desired),
+            reset,
+        });
     }
 
     /// What is applied and observed, updated on every change.
@@ -395,7 +404,9 @@ impl ReconcilerTask {
                 // Cancel-safe: mpsc::recv loses no message when another arm wins.
                 cmd = self.rx.recv() => match cmd {
                     Some(Command::Reload { cfg, desired }) => self.reload(*cfg, desired).await?,
-                    Some(Command::Desired(desired)) => self.apply_hub(*desired).await?,
+                    Some(Command::Desired { desired, reset }) => {
+                        self.apply_hub(*desired, reset).await?;
+                    }
                     Some(Command::Shutdown) | None => break,
                 },
                 // Cancel-safe: a watch receiver keeps its seen-version between polls.
@@ -423,19 +434,21 @@ impl ReconcilerTask {
             cfg.log_dir = self.cfg.log_dir.clone();
         }
         let desired = desired.unwrap_or_else(|| self.desired.clone());
-        self.apply("SIGHUP", cfg, desired).await.map(drop)
+        self.apply("SIGHUP", cfg, desired, false).await.map(drop)
     }
 
     /// A desired state from the hub: applied with the configuration in force, then kept
     /// in `<state>/desired.json` for a start while the hub is unreachable.
-    async fn apply_hub(&mut self, desired: DesiredState) -> Result<(), AgentError> {
+    async fn apply_hub(&mut self, desired: DesiredState, reset: bool) -> Result<(), AgentError> {
         if let Some(agent) = &desired.agent {
             let new = Some(agent) != self.desired.agent.as_ref();
             if new && agent.version != crate::build_info::VERSION {
                 tracing::info!(version = %agent.version, rollback = agent.rollback, running = crate::build_info::VERSION, "the hub asks for another agent version; self-upgrade is not in this build, so it is only reported");
             }
         }
-        let outcome = self.apply("hub", self.cfg.clone(), desired.clone()).await?;
+        let outcome = self
+            .apply("hub", self.cfg.clone(), desired.clone(), reset)
+            .await?;
         if outcome == Outcome::Applied {
             let state_dir = self.cfg.state_dir.clone();
             let saved =
@@ -461,22 +474,20 @@ impl ReconcilerTask {
         Ok(())
     }
 
-    /// Converges to `cfg` and `desired`. Settings that cannot be applied are logged and
-    /// the running ones kept; only a runner that cannot be started at all is an error.
+    /// Converges to `cfg` and `desired` (an older generation only on a `reset`). Settings
+    /// that cannot be applied are logged and the running ones kept; only a runner that
+    /// cannot be started at all is an error.
     async fn apply(
         &mut self,
         origin: &str,
         cfg: AgentConfig,
         desired: DesiredState,
+        reset: bool,
     ) -> Result<Outcome, AgentError> {
         let want = RunnerSpec::new(&cfg, &desired);
         let generation = desired.generation;
-        match decide(
-            self.desired.generation,
-            self.running.as_ref(),
-            &desired,
-            &want,
-        ) {
+        let floor = if reset { 0 } else { self.desired.generation };
+        match decide(floor, self.running.as_ref(), &desired, &want) {
             Step::Stale => {
                 tracing::warn!(
                     got = generation,
@@ -544,24 +555,39 @@ impl ReconcilerTask {
         Ok(Outcome::Applied)
     }
 
-    /// Changes the running runner's admission limits (`PUT /v1/admission`).
+    /// Changes the running runner's admission limits (`PUT /v1/admission`), once it
+    /// serves: one started moments ago (the agent's start, then the hub's first answer)
+    /// is waited for, within ADJUST_TIMEOUT, rather than restarted.
     async fn adjust(&self, change: &AdmissionChange) -> Result<Admission, AgentError> {
         let socket = crate::runner::Paths::new(&self.cfg.state_dir).socket;
         let path = socket.clone();
-        // Reads the API token beside the socket: a small blocking read.
+        // Reads the API token beside the socket: a small blocking read. A runner that
+        // has not written its token yet is no problem: a refused request reads it again.
         let client = tokio::task::spawn_blocking(move || Client::new(&path))
             .await
             .map_err(|source| AgentError::Task {
                 what: "runner client",
                 source,
             })?;
-        match tokio::time::timeout(ADJUST_TIMEOUT, client.set_admission(change)).await {
+        let deadline = tokio::time::Instant::now() + ADJUST_TIMEOUT;
+        let timed_out = |socket| AgentError::AdmissionTimeout {
+            socket,
+            after: ADJUST_TIMEOUT,
+        };
+        loop {
+            match tokio::time::timeout_at(deadline, client.health()).await {
+                Ok(Ok(_)) => break,
+                Ok(Err(_)) if tokio::time::Instant::now() + ADJUST_POLL < deadline => {
+                    tokio::time::sleep(ADJUST_POLL).await;
+                }
+                Ok(Err(source)) => return Err(AgentError::Admission { socket, source }),
+                Err(_) => return Err(timed_out(socket)),
+            }
+        }
+        match tokio::time::timeout_at(deadline, client.set_admission(change)).await {
             Ok(Ok(now)) => Ok(now),
             Ok(Err(source)) => Err(AgentError::Admission { socket, source }),
-            Err(_) => Err(AgentError::AdmissionTimeout {
-                socket,
-                after: ADJUST_TIMEOUT,
-            }),
+            Err(_) => Err(timed_out(socket)),
         }
     }
 

@@ -25,7 +25,7 @@ use tokio::sync::watch;
 
 use super::store::{ReportRow, Snapshot, Store, StoreError};
 use super::token;
-use crate::proto::desired::{DesiredAgent, DesiredRunner, DesiredState};
+use crate::proto::desired::{self, DesiredAgent, DesiredRunner, DesiredState, MAX_GENERATION};
 use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView};
 use crate::proto::report::AgentReport;
 use crate::util;
@@ -35,9 +35,6 @@ const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Agent ids: what a host name, a FQDN or a cloud instance id needs, nothing that could
 /// be read as a path or need quoting.
 const MAX_ID_LEN: usize = 128;
-/// Generations stay exact as JSON numbers everywhere (2^53), and far from the store's
-/// signed 64-bit column.
-const MAX_GENERATION: u64 = 1 << 53;
 /// The largest jump past its newest generation the hub follows for an agent that reports
 /// one it never handed out (a restore from a backup explains thousands, not billions).
 const MAX_RESYNC_GAP: u64 = 1 << 32;
@@ -618,11 +615,7 @@ fn changed(
         }
     }
     if let Some(v) = &change.set.version {
-        let ok = !v.is_empty()
-            && v.len() <= 64
-            && v.chars()
-                .all(|c| c.is_ascii_alphanumeric() || ".-+_".contains(c));
-        if !ok {
+        if !desired::is_version(v) {
             return Err(FleetError::BadSetting {
                 field: "version".into(),
                 why: format!("{v:?} is not a version (such as 1.4.0)"),

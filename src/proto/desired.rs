@@ -8,6 +8,33 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The largest generation a hub hands out and an agent takes: generations stay exact as
+/// JSON numbers (2^53) and far from the signed 64-bit columns a hub keeps them in. The
+/// reference hub refuses a report beyond it; an agent refuses a desired state beyond it,
+/// which it would otherwise keep, and then refuse every real answer as older.
+pub const MAX_GENERATION: u64 = 1 << 53;
+/// The longest agent version (the hub's rule).
+const MAX_VERSION_LEN: usize = 64;
+
+/// Why a desired state cannot be taken, though it parses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    #[error("generation {0} is beyond any a hub hands out (at most {MAX_GENERATION})")]
+    Generation(u64),
+    // Without the text: it came from the hub, and only the hub's own rule makes it safe
+    // to show.
+    #[error("the agent version it asks for is not a version (1 to 64 of A-Z a-z 0-9 . + - _)")]
+    AgentVersion,
+}
+
+/// True for an agent version as the hub accepts one (such as `1.4.0` or `1.5.0-rc.1`).
+pub fn is_version(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= MAX_VERSION_LEN
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".+-_".contains(&b))
+}
+
 /// The response body of `POST /v1/agents/{id}/reconcile`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredState {
@@ -24,6 +51,21 @@ pub struct DesiredState {
     pub agent: Option<DesiredAgent>,
     #[serde(default)]
     pub runner: DesiredRunner,
+}
+
+impl DesiredState {
+    /// Checks what the types cannot: the generation's bound and the agent version's form.
+    pub fn check(&self) -> Result<(), Invalid> {
+        if self.generation > MAX_GENERATION {
+            return Err(Invalid::Generation(self.generation));
+        }
+        if let Some(agent) = &self.agent {
+            if !is_version(&agent.version) {
+                return Err(Invalid::AgentVersion);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The agent build the hub wants on this host.
@@ -93,6 +135,43 @@ mod tests {
         assert!(!d.runner.enabled);
         assert_eq!(d.runner.max_jobs, Some(3));
         assert_eq!(d.runner.max_jobs_per_owner, None);
+    }
+
+    #[test]
+    fn the_generation_is_bounded_and_the_agent_version_checked() {
+        let mut d = DesiredState {
+            generation: MAX_GENERATION,
+            ..DesiredState::default()
+        };
+        assert_eq!(d.check(), Ok(()));
+        d.generation = MAX_GENERATION + 1;
+        assert_eq!(d.check(), Err(Invalid::Generation(MAX_GENERATION + 1)));
+        let d: DesiredState =
+            serde_json::from_str(r#"{"generation": 18446744073709551615}"#).expect("parse");
+        assert!(d.check().is_err());
+
+        for ok in ["1.4.0", "1.5.0-rc.1+build_7", &"9".repeat(64)] {
+            assert!(is_version(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "1.0 beta",
+            "Bearer x",
+            "<redacted>",
+            "1/2",
+            &"9".repeat(65),
+        ] {
+            assert!(!is_version(bad), "{bad}");
+        }
+        let d = DesiredState {
+            agent: Some(DesiredAgent {
+                version: "v\n1".into(),
+                rollback: false,
+            }),
+            ..DesiredState::default()
+        };
+        assert_eq!(d.check(), Err(Invalid::AgentVersion));
+        assert!(!Invalid::AgentVersion.to_string().contains("v\n1"));
     }
 
     #[test]

@@ -85,6 +85,16 @@ enum Misbehaviour {
     Mute,
 }
 
+/// A hub's answer to a request, as the test script says it: its status line and body.
+type Script = Arc<dyn Fn(&str) -> (&'static str, String) + Send + Sync>;
+
+/// What a fake hub does with each request.
+#[derive(Clone)]
+enum Reply {
+    Misbehave(Misbehaviour),
+    Script(Script),
+}
+
 /// A hub that misbehaves, on 127.0.0.1 over TLS, in a runtime of its own. Dropping it
 /// ends every connection.
 struct FakeHub {
@@ -98,6 +108,18 @@ struct FakeHub {
 
 impl FakeHub {
     fn start(how: Misbehaviour, tls: Arc<rustls::ServerConfig>) -> Self {
+        Self::serve(Reply::Misbehave(how), tls)
+    }
+
+    /// A hub that answers each request (head and body) as `script` says.
+    fn scripted(
+        tls: Arc<rustls::ServerConfig>,
+        script: impl Fn(&str) -> (&'static str, String) + Send + Sync + 'static,
+    ) -> Self {
+        Self::serve(Reply::Script(Arc::new(script)), tls)
+    }
+
+    fn serve(reply: Reply, tls: Arc<rustls::ServerConfig>) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -114,9 +136,9 @@ impl FakeHub {
         rt.spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 conns.fetch_add(1, Ordering::SeqCst);
-                let (acceptor, reqs) = (acceptor.clone(), reqs.clone());
+                let (acceptor, reqs, reply) = (acceptor.clone(), reqs.clone(), reply.clone());
                 tokio::spawn(async move {
-                    if how == Misbehaviour::Mute {
+                    if matches!(reply, Reply::Misbehave(Misbehaviour::Mute)) {
                         let _held = tcp;
                         return std::future::pending::<()>().await;
                     }
@@ -126,8 +148,15 @@ impl FakeHub {
                     let Some(req) = read_request(&mut tls).await else {
                         return;
                     };
-                    reqs.lock().expect("requests").push(req);
-                    let _ = answer(how, &mut tls).await;
+                    reqs.lock().expect("requests").push(req.clone());
+                    let _ = match reply {
+                        Reply::Misbehave(how) => answer(how, &mut tls).await,
+                        Reply::Script(script) => {
+                            let (status, body) = script(&req);
+                            let _ = tls.write_all(simple(status, &body).as_bytes()).await;
+                            tls.shutdown().await
+                        }
+                    };
                 });
             }
         });
@@ -186,16 +215,34 @@ async fn read_request(s: &mut (impl AsyncRead + Unpin)) -> Option<String> {
     Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
+/// A whole HTTP/1.1 response with a JSON body.
+fn simple(status: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// The `Authorization` header value of a request the agent sent.
+fn authorization(req: &str) -> String {
+    req.lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("authorization")
+                .then(|| value.trim().to_owned())
+        })
+        .expect("an Authorization header")
+}
+
+/// The report a request carries.
+fn report_of(req: &str) -> Value {
+    serde_json::from_str(req.split_once("\r\n\r\n").expect("body").1).expect("report")
+}
+
 async fn answer(
     how: Misbehaviour,
     s: &mut (impl tokio::io::AsyncWrite + Unpin),
 ) -> std::io::Result<()> {
-    let simple = |status: &str, body: &str| {
-        format!(
-            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-    };
     match how {
         Misbehaviour::ServerError => {
             let text = simple(
@@ -332,6 +379,11 @@ impl HubHost {
     /// The token is in none of the agent's files: logs, the runner's log, the status
     /// file, the kept desired state.
     fn assert_token_kept_secret(&self) {
+        self.assert_kept_secret(&self.token);
+    }
+
+    /// `secret` (the token, or a part of it) is in none of the agent's files.
+    fn assert_kept_secret(&self, secret: &str) {
         let mut files = vec![
             self.host.state().join("agent-status.json"),
             self.host.state().join("desired.json"),
@@ -344,12 +396,12 @@ impl HubHost {
         }
         for f in files {
             assert!(
-                !read_lossy(&f).contains(&self.token),
+                !read_lossy(&f).contains(secret),
                 "the token leaked into {}",
                 f.display()
             );
         }
-        assert!(!self.status_json().to_string().contains(&self.token));
+        assert!(!self.status_json().to_string().contains(secret));
     }
 }
 
@@ -428,10 +480,7 @@ fn a_hub_answering_500_leaves_the_runner_alone_and_the_error_in_status() {
         first.contains(&format!("authorization: Bearer {}\r\n", h.token)),
         "{first}"
     );
-    let report = |req: &str| -> Value {
-        serde_json::from_str(req.split_once("\r\n\r\n").expect("body").1).expect("report")
-    };
-    let r = report(first);
+    let r = report_of(first);
     assert_eq!(r["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(r["os"], std::env::consts::OS);
     assert_eq!(r["arch"], std::env::consts::ARCH);
@@ -441,7 +490,7 @@ fn a_hub_answering_500_leaves_the_runner_alone_and_the_error_in_status() {
     let later = wait_for(LIMIT, "a report of the running runner", || {
         hub.requests()
             .iter()
-            .map(|q| report(q))
+            .map(|q| report_of(q))
             .find(|r| r["runner"]["pid"] == runner && r["jobs_summary"].is_object())
     });
     assert_eq!(later["runner"]["state"], "running");
@@ -529,6 +578,149 @@ fn a_hub_that_holds_a_request_past_its_wait_times_out() {
     );
 }
 
+/// The agent against a hub that answers 200 with `body` (made from the request's
+/// `Authorization` value): refused as an invalid answer, shown as `expect`, logged once,
+/// nothing applied or kept, the runner untouched, and the token nowhere.
+fn an_invalid_answer_is_refused(body: fn(&str) -> String, expect: &str) {
+    let ca = TestCa::new();
+    let hub = FakeHub::scripted(ca.server(), move |req| {
+        ("200 OK", body(&authorization(req)))
+    });
+    let h = HubHost::new(&ca.pem());
+    let agent = h.start_agent(&hub.url);
+    let runner = h.host.wait_runner("a runner", |_| true);
+    let st = h.wait_hub_error(expect, LIMIT);
+    assert_eq!(st["hub"]["connected"], false, "{st:#}");
+    wait_for(LIMIT, "three attempts", || {
+        (hub.connections() >= 3).then_some(())
+    });
+    let log = h.host.agent_log();
+    assert_eq!(count(&log, "hub reconcile failed"), 1, "{log}");
+    let st = h.host.status();
+    assert_eq!(st["hub"]["generation"], 0, "{st:#}");
+    assert!(st["hub"]["desired_version"].is_null(), "{st:#}");
+    assert_eq!(st["runner"]["pid"], runner, "{st:#}");
+    assert_eq!(st["runner"]["starts"], 1, "{st:#}");
+    assert!(
+        !h.host.state().join("desired.json").exists(),
+        "nothing kept"
+    );
+    // Every report still says nothing from the hub is applied.
+    let last = hub
+        .requests()
+        .last()
+        .map(|r| report_of(r))
+        .expect("a request");
+    assert_eq!(last["observed_generation"], 0);
+    assert!(alive(agent.pid()));
+    h.assert_token_kept_secret();
+}
+
+#[test]
+fn a_generation_beyond_2_pow_53_is_refused_and_not_kept() {
+    // Applied, it would be kept, and every real answer refused as older from then on.
+    an_invalid_answer_is_refused(
+        |_| r#"{"generation": 18446744073709551615, "runner": {"enabled": false}}"#.to_owned(),
+        "generation 18446744073709551615 is beyond",
+    );
+}
+
+#[test]
+fn a_hub_echoing_the_token_as_the_generation_leaks_it_nowhere() {
+    // serde's error quotes the string it could not take as a number.
+    an_invalid_answer_is_refused(
+        |auth| format!(r#"{{"generation": "{auth}"}}"#),
+        "the answer is not a desired state",
+    );
+}
+
+#[test]
+fn a_hub_echoing_the_token_as_the_agent_version_is_refused() {
+    // The token's characters are all allowed in a version: only redacting it first
+    // keeps it out of the log, the status file and desired.json.
+    an_invalid_answer_is_refused(
+        |auth| {
+            let token = auth.strip_prefix("Bearer ").expect("a bearer token");
+            format!(r#"{{"generation": 3, "agent": {{"version": "{token}"}}}}"#)
+        },
+        "the agent version it asks for is not a version",
+    );
+}
+
+#[test]
+fn a_token_straddling_the_cut_of_a_hubs_error_leaks_no_part_of_it() {
+    // The error text is cut at 300 characters: here within the token, 12 characters in.
+    let ca = TestCa::new();
+    let hub = FakeHub::scripted(ca.server(), |req| {
+        let pad = "x".repeat(300 - 12 - "Bearer ".len());
+        let body =
+            serde_json::json!({"error": format!("{pad}{} is not known", authorization(req))});
+        ("401 Unauthorized", body.to_string())
+    });
+    let h = HubHost::new(&ca.pem());
+    let _agent = h.start_agent(&hub.url);
+    h.host.wait_runner("a runner", |_| true);
+    let st = h.wait_hub_error("the hub refused this agent's token", LIMIT);
+    let err = st["hub"]["last_error"].as_str().expect("error");
+    assert!(err.contains("xxxxBearer <redacted"), "{err}");
+    h.assert_kept_secret(&h.token[..8]);
+}
+
+#[test]
+fn a_hub_refusing_the_reported_generation_is_answered_with_a_reset() {
+    // The agent applied generation 100 once; this hub refuses it (another hub's
+    // bound, or one restored without it) and hands out 3.
+    let ca = TestCa::new();
+    let hub = FakeHub::scripted(ca.server(), |req| {
+        match report_of(req)["observed_generation"].as_u64() {
+            Some(0 | 3) => ("200 OK", r#"{"generation": 3}"#.to_owned()),
+            Some(g) => (
+                "400 Bad Request",
+                format!(
+                    r#"{{"error": "observed_generation: {g} is beyond any generation a hub hands out"}}"#
+                ),
+            ),
+            None => ("400 Bad Request", r#"{"error": "no report"}"#.to_owned()),
+        }
+    });
+    let h = HubHost::new(&ca.pem());
+    let state = h.host.state();
+    fs::create_dir_all(&state).expect("state dir");
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).expect("chmod");
+    write_private(&state.join("desired.json"), r#"{"generation": 100}"#);
+    let agent = h.start_agent(&hub.url);
+    let runner = h.host.wait_runner("a runner", |_| true);
+    h.wait_status("the hub's generation 3 applied", LIMIT, connected_at(3));
+    let kept: Value = serde_json::from_str(&read_lossy(&state.join("desired.json"))).expect("kept");
+    assert_eq!(kept["generation"], 3);
+    // Reported from then on.
+    wait_for(LIMIT, "a report of generation 3", || {
+        hub.requests()
+            .iter()
+            .any(|q| report_of(q)["observed_generation"] == 3)
+            .then_some(())
+    });
+    let reported: Vec<Value> = hub
+        .requests()
+        .iter()
+        .map(|q| report_of(q)["observed_generation"].clone())
+        .collect();
+    assert_eq!(reported[0], 100, "{reported:?}");
+    assert!(reported.contains(&Value::from(0)), "{reported:?}");
+    let log = h.host.agent_log();
+    assert!(
+        log.contains("the hub refuses the generation this agent reports")
+            && log.contains("reset to the hub's desired state"),
+        "{log}"
+    );
+    assert!(!log.contains("ignoring an older desired state"), "{log}");
+    let st = h.host.status();
+    assert!(st["hub"]["last_error"].is_null(), "{st:#}");
+    assert_eq!(st["runner"]["pid"], runner, "{st:#}");
+    assert!(alive(agent.pid()));
+    h.assert_token_kept_secret();
+}
+
 /// A port nothing listens on.
 fn closed_port_url() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -582,14 +774,15 @@ fn an_agent_started_while_its_hub_is_down_keeps_the_last_desired_state() {
     h.assert_token_kept_secret();
 }
 
-#[test]
-fn a_corrupt_kept_desired_state_is_logged_and_ignored() {
+/// An agent whose kept desired state is `kept` starts from the standalone default (a
+/// runner), saying why, while its hub is down.
+fn the_kept_desired_state_is_ignored(kept: &str) {
     let ca = TestCa::new();
     let h = HubHost::new(&ca.pem());
     let state = h.host.state();
     fs::create_dir_all(&state).expect("state dir");
     fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).expect("chmod");
-    write_private(&state.join("desired.json"), "{\"generation\": 5, \"runn");
+    write_private(&state.join("desired.json"), kept);
     let _agent = h.start_agent(&closed_port_url());
     // The standalone default: a runner.
     h.host.wait_runner("a runner", |_| true);
@@ -599,6 +792,20 @@ fn a_corrupt_kept_desired_state_is_logged_and_ignored() {
         "{log}"
     );
     assert_eq!(h.status_json()["hub"]["generation"], 0);
+}
+
+#[test]
+fn a_corrupt_kept_desired_state_is_logged_and_ignored() {
+    the_kept_desired_state_is_ignored("{\"generation\": 5, \"runn");
+}
+
+#[test]
+fn a_kept_desired_state_beyond_2_pow_53_is_ignored() {
+    // Kept by an agent that did not check the bound: it would refuse every real answer
+    // as older.
+    the_kept_desired_state_is_ignored(
+        r#"{"generation": 9007199254740993, "runner": {"enabled": false}}"#,
+    );
 }
 
 #[test]
@@ -990,4 +1197,46 @@ fn sighup_with_a_hub_keeps_the_hubs_desired_state() {
         "{}",
         h.host.agent_log()
     );
+}
+
+#[test]
+fn admission_limits_set_before_the_agent_starts_need_no_runner_restart() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    hub.admin_ok(&["desired", "set", "--agent", "a1", "--max-jobs", "13"]);
+    let g = hub_generation(&hub, "a1");
+    // The runner starts from the standalone default; the hub's first answer comes while
+    // it may not serve yet, and its limit is still taken live.
+    let _agent = h.start_agent(&hub.url);
+    let st = h.wait_status("the hub's limit applied", APPLIED, connected_at(g));
+    let first = st["runner"]["pid"].clone();
+    let limits = wait_for(LIMIT, "the runner's limits", || admission(&h));
+    assert_eq!(limits["max_jobs"], 13, "{limits}");
+    let st = h.host.status();
+    assert_eq!(st["runner"]["starts"], 1, "{st:#}");
+    assert_eq!(st["runner"]["pid"], first, "{st:#}");
+    let log = h.host.agent_log();
+    assert!(!log.contains("restarting the runner"), "{log}");
+    assert!(
+        log.contains("max_jobs changed; the running runner took the new admission limits"),
+        "{log}"
+    );
+}
+
+#[test]
+fn an_agent_started_while_its_hub_is_down_says_connected_when_it_first_answers() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("hub");
+    let (h, hub) = HubHost::enrolled(&dir, "a1");
+    let (url, listen) = (hub.url.clone(), hub.listen.clone());
+    assert!(hub.stop().status.success());
+    let _agent = h.start_agent(&url);
+    h.wait_hub_error("Connection refused", LIMIT);
+
+    let hub = TestHub::start_on(&dir, &listen, &[]);
+    let g = hub_generation(&hub, "a1");
+    h.wait_status("connected", Duration::from_secs(90), connected_at(g));
+    let log = h.host.agent_log();
+    assert!(log.contains("connected to the hub"), "{log}");
+    assert!(!log.contains("hub reachable again"), "{log}");
 }
