@@ -435,7 +435,7 @@ pub struct JobSubmitArgs {
     /// Print the job's id and return at once; the job runs on.
     #[arg(long)]
     pub detach: bool,
-    /// Memory limit in bytes: memory.max in the cgroup tier, else RLIMIT_AS.
+    /// Memory limit in bytes (at least 8 MiB): memory.max in the cgroup tier, else RLIMIT_AS.
     #[arg(long, value_name = "BYTES")]
     pub memory_bytes: Option<u64>,
     /// Process limit: pids.max of the job's tree in the cgroup tier; else RLIMIT_NPROC,
@@ -448,7 +448,7 @@ pub struct JobSubmitArgs {
     /// CPU time limit in seconds (RLIMIT_CPU).
     #[arg(long, value_name = "SECS")]
     pub cpu_secs: Option<u64>,
-    /// Open-file limit (RLIMIT_NOFILE).
+    /// Open-file limit (RLIMIT_NOFILE, at least 16).
     #[arg(long, value_name = "N")]
     pub open_files: Option<u64>,
     /// The program and its arguments, after `--`.

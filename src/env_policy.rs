@@ -9,6 +9,8 @@
 
 use thiserror::Error;
 
+use crate::util::clip;
+
 /// The variables glibc removes from the environment of set-user-id and set-group-id
 /// programs (`UNSECURE_ENVVARS` in glibc's `sysdeps/generic/unsecvars.h`; `GLIBC_TUNABLES`
 /// is filtered by glibc's tunables code where that is built), less `TMPDIR` (see
@@ -56,15 +58,15 @@ pub const ALLOWED_FROM_GLIBC_LIST: &[&str] = &["TMPDIR"];
 /// Why a variable was refused.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum EnvError {
-    #[error("environment variable {name} is refused: loader variables (LD_*, DYLD_*) could inject code into the child")]
+    #[error("environment variable {} is refused: loader variables (LD_*, DYLD_*) could inject code into the child", clip(.name))]
     Loader { name: String },
-    #[error("environment variable {name} is refused: it is on glibc's list of variables unsafe to pass to privileged programs (GLIBC_TUNABLES, GCONV_PATH, LOCPATH, TZDIR, resolver and NIS paths, ...), which railgrid refuses for every child")]
+    #[error("environment variable {} is refused: it is on glibc's list of variables unsafe to pass to privileged programs (GLIBC_TUNABLES, GCONV_PATH, LOCPATH, TZDIR, resolver and NIS paths, ...), which railgrid refuses for every child", clip(.name))]
     Unsecure { name: String },
-    #[error("environment variable name {name:?} is invalid: it must be non-empty and hold no '=' or NUL")]
+    #[error("environment variable name {:?} is invalid: it must be non-empty and hold no '=' or NUL", clip(.name))]
     BadName { name: String },
-    #[error("environment variable {name} has a NUL byte in its value")]
+    #[error("environment variable {} has a NUL byte in its value", clip(.name))]
     BadValue { name: String },
-    #[error("malformed environment entry {entry:?}: expected KEY=VALUE")]
+    #[error("malformed environment entry {:?}: expected KEY=VALUE", clip(.entry))]
     Malformed { entry: String },
 }
 

@@ -13,6 +13,24 @@ pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     out
 }
 
+/// Longest client-supplied value an error message repeats, in characters.
+pub(crate) const ECHO_CHARS: usize = 128;
+
+/// `s` as an error message may repeat it: at most [`ECHO_CHARS`] characters, and '…' when
+/// cut. A value a client sent may be megabytes; the message it gets back (and the log
+/// line) must not be.
+pub(crate) fn clip(s: &str) -> std::borrow::Cow<'_, str> {
+    clip_to(s, ECHO_CHARS)
+}
+
+/// [`clip`] to `max_chars`.
+pub(crate) fn clip_to(s: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    match s.char_indices().nth(max_chars) {
+        None => s.into(),
+        Some((end, _)) => format!("{}…", &s[..end]).into(),
+    }
+}
+
 /// Locks `m`, recovering the guard if another thread panicked while holding it. Every
 /// mutex in railgrid guards state that stays consistent between statements (a log file
 /// handle, a queue, a connection), so a panic elsewhere must not wedge the process.
@@ -93,5 +111,19 @@ pub(crate) fn release_startup_code() {
     match crate::sys::memory::page_out_own_code() {
         Ok(bytes) => tracing::debug!(bytes, "released startup code pages"),
         Err(e) => tracing::debug!(error = %e, "could not release startup code pages"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_cuts_long_values_on_a_character_boundary() {
+        assert_eq!(clip("short"), "short");
+        let exact = "é".repeat(ECHO_CHARS);
+        assert_eq!(clip(&exact), exact);
+        let long = "é".repeat(ECHO_CHARS + 1);
+        assert_eq!(clip(&long), format!("{}…", "é".repeat(ECHO_CHARS)));
     }
 }

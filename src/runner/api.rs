@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
-use axum::http::{header, request::Parts, HeaderValue, StatusCode};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, State};
+use axum::http::{header, request::Parts, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -15,11 +16,13 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::engine::{Engine, EngineError};
 use super::job::Stream;
+use super::spec;
 use crate::build_info;
 use crate::proto::admission::{Admission, AdmissionChange};
 use crate::proto::health::Health;
 use crate::proto::job::Submitted;
 use crate::proto::job::{JobRecord, JobSpec, JobState};
+use crate::util::clip;
 
 /// Request bodies above this are refused (413): a spec with 1 MiB of stdin fits.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
@@ -51,6 +54,9 @@ pub fn router(api: Api) -> Router {
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/wait", get(wait))
         .route("/v1/jobs/{id}/output/{stream}", get(output))
+        // After the routes: it is given to each route registered before it.
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(no_route)
         .layer(axum::middleware::from_fn_with_state(api.clone(), authorize))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(api)
@@ -155,6 +161,28 @@ impl From<EngineError> for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
+/// A route with another method: the JSON error, not axum's empty 405 (axum still adds the
+/// `Allow` header listing the route's methods).
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{method} is not allowed on {}: the Allow header lists the methods it takes",
+            clip(uri.path())
+        ),
+    )
+}
+
+/// No such route: the JSON error, not axum's empty 404.
+async fn no_route(uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route {}: see docs/api.md", clip(uri.path())),
+    )
+}
+
 /// Query parameters, or the API's JSON `invalid_query` error naming the parameter that
 /// could not be read. Every handler takes its query through this, never through axum's
 /// `Query`, whose rejection is plain text.
@@ -167,6 +195,32 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
         Query::<T>::try_from_uri(&parts.uri)
             .map(|Query(q)| Self(q))
             .map_err(|e| invalid_query(e.body_text()))
+    }
+}
+
+/// A request body, or the API's JSON error when it cannot be read (413 past
+/// [`MAX_BODY_BYTES`]); axum's `Bytes` rejection is plain text.
+struct ApiBody(Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for ApiBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        Bytes::from_request(req, state)
+            .await
+            .map(Self)
+            .map_err(|e| {
+                let status = e.status();
+                if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(
+                        status,
+                        "too_large",
+                        format!("the request body is larger than {MAX_BODY_BYTES} bytes (2 MiB)"),
+                    )
+                } else {
+                    ApiError::new(status, "invalid_body", e.body_text())
+                }
+            })
     }
 }
 
@@ -186,14 +240,25 @@ fn in_range<T>(
 where
     T: PartialOrd + Copy + std::fmt::Display,
 {
+    Ok(opt_in_range(name, value, range)?.unwrap_or(default))
+}
+
+/// [`in_range`] for a parameter without a default: `None` when not given.
+fn opt_in_range<T>(
+    name: &str,
+    value: Option<T>,
+    range: std::ops::RangeInclusive<T>,
+) -> ApiResult<Option<T>>
+where
+    T: PartialOrd + Copy + std::fmt::Display,
+{
     match value {
-        None => Ok(default),
-        Some(v) if range.contains(&v) => Ok(v),
-        Some(v) => Err(invalid_query(format!(
+        Some(v) if !range.contains(&v) => Err(invalid_query(format!(
             "{name}={v} is out of range: use {}–{}",
             range.start(),
             range.end()
         ))),
+        v => Ok(v),
     }
 }
 
@@ -221,7 +286,7 @@ async fn admission(State(api): State<Api>) -> Json<Admission> {
 /// Changes the admission limits of the running runner: no job is stopped or restarted.
 async fn set_admission(
     State(api): State<Api>,
-    body: axum::body::Bytes,
+    ApiBody(body): ApiBody,
 ) -> ApiResult<Json<Admission>> {
     // Read through axum's `Json`, whose error names the field that could not be read
     // ("max_jobs: invalid value: integer `-1`, expected usize"); the client is told that
@@ -237,7 +302,7 @@ async fn set_admission(
     Ok(Json(api.engine.set_admission(change)?))
 }
 
-async fn submit(State(api): State<Api>, body: axum::body::Bytes) -> ApiResult<Response> {
+async fn submit(State(api): State<Api>, ApiBody(body): ApiBody) -> ApiResult<Response> {
     let spec: JobSpec = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -277,21 +342,33 @@ async fn list(
 ) -> ApiResult<Json<Vec<JobRecord>>> {
     let state = match q.state.as_deref() {
         None => None,
-        Some(s) => {
-            Some(JobState::parse(s).ok_or_else(|| invalid_query(format!("unknown state {s:?}")))?)
-        }
+        Some(s) => Some(
+            JobState::parse(s)
+                .ok_or_else(|| invalid_query(format!("unknown state {:?}", clip(s))))?,
+        ),
     };
+    // Seqs start at 1, so `before=1` is the page after the oldest job (empty); below it
+    // is a client's mistake (a sign, an off-by-one), not an empty page.
+    let before = opt_in_range("before", q.before, 1..=i64::MAX)?;
     let limit = in_range("limit", q.limit, DEFAULT_LIST, 1..=MAX_LIST)?;
-    Ok(Json(
-        api.engine.list(state, q.owner, q.before, limit).await?,
-    ))
+    // An owner no job can have matches nothing, for the same reason.
+    if let Some(owner) = q.owner.as_deref().filter(|o| !spec::valid_owner(o)) {
+        return Err(invalid_query(format!(
+            "owner={:?} cannot name an owner: owners are 1-128 characters from A-Z a-z 0-9 . _ - @",
+            clip(owner)
+        )));
+    }
+    Ok(Json(api.engine.list(state, q.owner, before, limit).await?))
 }
 
 async fn found(api: &Api, id: &str) -> ApiResult<JobRecord> {
-    api.engine
-        .get(id)
-        .await?
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found", format!("no job {id}")))
+    api.engine.get(id).await?.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no job {}", clip(id)),
+        )
+    })
 }
 
 async fn status(State(api): State<Api>, Path(id): Path<String>) -> ApiResult<Json<JobRecord>> {
@@ -344,7 +421,7 @@ async fn output(
         ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
-            format!("no stream {stream:?}: use stdout or stderr"),
+            format!("no stream {:?}: use stdout or stderr", clip(&stream)),
         )
     })?;
     let rec = found(&api, &id).await?;

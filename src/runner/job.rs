@@ -27,6 +27,7 @@ use crate::supervisor::DEFAULT_PATH;
 use crate::sys::dirfd::Dir;
 use crate::sys::pipe;
 use crate::sys::spawn::{self, Rlimits};
+use crate::util::clip;
 
 /// Set in every job's environment to the job's id.
 pub const JOB_ID_VAR: &str = crate::env_vars::JOB_ID;
@@ -101,19 +102,19 @@ impl Stream {
 
 #[derive(Debug, Error)]
 pub enum JobError {
-    #[error("field cwd {cwd:?} resolves to {resolved}, outside the workspace root {root}")]
+    #[error("field cwd {:?} resolves to {resolved}, outside the workspace root {root}", clip(.cwd))]
     CwdOutside {
         cwd: String,
         resolved: PathBuf,
         root: PathBuf,
     },
-    #[error("field cwd {cwd:?} does not exist in the workspace ({path})")]
+    #[error("field cwd {:?} does not exist in the workspace ({path})", clip(.cwd))]
     CwdMissing { cwd: String, path: PathBuf },
-    #[error("field cwd {cwd:?} passes through a symlink ({path}): a job's cwd must be a path of real directories inside the workspace root")]
+    #[error("field cwd {:?} passes through a symlink ({path}): a job's cwd must be a path of real directories inside the workspace root", clip(.cwd))]
     CwdSymlink { cwd: String, path: PathBuf },
-    #[error("field cwd {cwd:?} is not a directory ({path})")]
+    #[error("field cwd {:?} is not a directory ({path})", clip(.cwd))]
     CwdNotDir { cwd: String, path: PathBuf },
-    #[error("field cwd {cwd:?} cannot be entered by the runner's account ({path})")]
+    #[error("field cwd {:?} cannot be entered by the runner's account ({path})", clip(.cwd))]
     CwdDenied {
         cwd: String,
         path: PathBuf,
@@ -127,14 +128,14 @@ pub enum JobError {
         #[source]
         source: io::Error,
     },
-    #[error("could not start {program}: {step} failed")]
+    #[error("could not start {}: {step} failed", clip(.program))]
     Launch {
         program: String,
         step: crate::sys::launch::Step,
         #[source]
         source: io::Error,
     },
-    #[error("could not start {program}")]
+    #[error("could not start {}", clip(.program))]
     Spawn {
         program: String,
         #[source]

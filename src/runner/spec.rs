@@ -7,6 +7,7 @@ use thiserror::Error;
 
 use crate::env_policy::{self, EnvError};
 use crate::proto::job::JobSpec;
+use crate::util::clip;
 
 /// Default grace between SIGTERM and SIGKILL of a job's process group.
 pub const DEFAULT_KILL_GRACE_SECS: u64 = 5;
@@ -22,6 +23,23 @@ const MAX_ID_LEN: usize = 128;
 /// Largest `stdin` accepted inline.
 pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
 
+/// Longest `cwd`: PATH_MAX, past which no call can open it.
+const MAX_CWD_BYTES: usize = 4096;
+/// Largest single string exec takes, its NUL included: Linux's MAX_ARG_STRLEN (32 pages of
+/// 4 KiB). Longer, and `execve` fails with E2BIG after the job was accepted.
+pub const MAX_ARG_STRLEN: usize = 128 * 1024;
+/// Largest `argv` and `env` together, each string counted with its NUL and its pointer as
+/// the kernel counts them. Linux takes a quarter of the stack limit (2 MiB under the usual
+/// 8 MiB); half of that leaves room for the runner's own variables and the program's path.
+pub const MAX_EXEC_BYTES: usize = 1024 * 1024;
+/// Smallest `open_files`: stdin, stdout and stderr, the descriptor the dynamic loader opens
+/// libraries with (`sh` starts with 4), and the ones a shell moves its own to around a
+/// redirection (dash uses 10 and above, so needs 11).
+pub const MIN_OPEN_FILES: u64 = 16;
+/// Smallest `memory_bytes`: as RLIMIT_AS it must hold the program and its shared
+/// libraries mapped (dash starts with 2.6 MiB, bash with 3.9 MiB, on x86-64 glibc).
+pub const MIN_MEMORY_BYTES: u64 = 8 << 20;
+
 /// Smallest `cpu_millis`: cpu.max takes at least 1 ms of CPU per 100 ms period.
 pub const MIN_CPU_MILLIS: u64 = 10;
 
@@ -31,13 +49,19 @@ pub enum SpecError {
     NoArgv,
     #[error("field argv[{index}] holds a NUL byte")]
     NulInArgv { index: usize },
+    #[error("field argv[{index}] is {len} bytes; exec takes at most {} per argument (MAX_ARG_STRLEN, 128 KiB with its NUL)", MAX_ARG_STRLEN - 1)]
+    ArgTooLong { index: usize, len: usize },
+    #[error("field env: variable {} is {len} bytes as NAME=VALUE; exec takes at most {} per variable (MAX_ARG_STRLEN, 128 KiB with its NUL)", clip(.name), MAX_ARG_STRLEN - 1)]
+    EnvTooLong { name: String, len: usize },
+    #[error("fields argv and env take {total} bytes together (each string with its NUL and an 8-byte pointer); at most {MAX_EXEC_BYTES} (1 MiB) are accepted, so that exec can pass them with the runner's own variables")]
+    ExecTooLarge { total: usize },
     #[error("field env: {0}")]
     Env(EnvError),
-    #[error("field id {id:?} is invalid: use 1-128 characters from A-Z a-z 0-9 . _ -")]
+    #[error("field id {:?} is invalid: use 1-128 characters from A-Z a-z 0-9 . _ -", clip(.id))]
     BadId { id: String },
-    #[error("field owner {owner:?} is invalid: use 1-128 characters from A-Z a-z 0-9 . _ - @")]
+    #[error("field owner {:?} is invalid: use 1-128 characters from A-Z a-z 0-9 . _ - @", clip(.owner))]
     BadOwner { owner: String },
-    #[error("field env: {name} is set by the runner and cannot be given")]
+    #[error("field env: {} is set by the runner and cannot be given", clip(.name))]
     Reserved { name: String },
     #[error("field timeout_secs must be greater than zero")]
     ZeroTimeout,
@@ -51,6 +75,8 @@ pub enum SpecError {
     StdinTooLarge { len: usize, max: usize },
     #[error("field cwd holds a NUL byte")]
     NulInCwd,
+    #[error("field cwd is {len} bytes; at most {MAX_CWD_BYTES} (PATH_MAX) are accepted")]
+    CwdTooLong { len: usize },
     #[error("field limits.cpu_millis is {got}; at least {MIN_CPU_MILLIS} (1% of a CPU) is needed")]
     CpuTooSmall { got: u64 },
     #[error("field limits.{field} is {got}; at least {min} is needed ({why})")]
@@ -71,11 +97,45 @@ impl JobSpec {
         if let Some(index) = self.argv.iter().position(|a| a.contains('\0')) {
             return Err(SpecError::NulInArgv { index });
         }
+        if let Some((index, a)) = self
+            .argv
+            .iter()
+            .enumerate()
+            .find(|(_, a)| a.len() >= MAX_ARG_STRLEN)
+        {
+            return Err(SpecError::ArgTooLong {
+                index,
+                len: a.len(),
+            });
+        }
         for (k, v) in &self.env {
             env_policy::check(k, v).map_err(SpecError::Env)?;
             if k == super::job::JOB_ID_VAR {
                 return Err(SpecError::Reserved { name: k.clone() });
             }
+            // `NAME=VALUE` is one string to exec.
+            let len = k.len() + 1 + v.len();
+            if len >= MAX_ARG_STRLEN {
+                return Err(SpecError::EnvTooLong {
+                    name: k.clone(),
+                    len,
+                });
+            }
+        }
+        // The kernel counts a pointer per string too (8 bytes on 64-bit, less elsewhere).
+        let pointer = 8;
+        let total = self
+            .argv
+            .iter()
+            .map(|a| a.len() + 1 + pointer)
+            .sum::<usize>()
+            + self
+                .env
+                .iter()
+                .map(|(k, v)| k.len() + 1 + v.len() + 1 + pointer)
+                .sum::<usize>();
+        if total > MAX_EXEC_BYTES {
+            return Err(SpecError::ExecTooLarge { total });
         }
         if let Some(id) = &self.id {
             if !valid_name(id, false) {
@@ -83,7 +143,7 @@ impl JobSpec {
             }
         }
         if let Some(owner) = &self.owner {
-            if !valid_name(owner, true) {
+            if !valid_owner(owner) {
                 return Err(SpecError::BadOwner {
                     owner: owner.clone(),
                 });
@@ -108,8 +168,13 @@ impl JobSpec {
                 });
             }
         }
-        if self.cwd.as_deref().is_some_and(|c| c.contains('\0')) {
-            return Err(SpecError::NulInCwd);
+        if let Some(cwd) = &self.cwd {
+            if cwd.contains('\0') {
+                return Err(SpecError::NulInCwd);
+            }
+            if cwd.len() > MAX_CWD_BYTES {
+                return Err(SpecError::CwdTooLong { len: cwd.len() });
+            }
         }
         if let Some(got) = self
             .limits
@@ -120,17 +185,22 @@ impl JobSpec {
             return Err(SpecError::CpuTooSmall { got });
         }
         if let Some(l) = &self.limits {
-            // Limits below these fail the job before its first instruction, with an error
-            // about the launch rather than the limit.
+            // Limits below these fail the job before its first instruction (or a shell's
+            // first redirection), with an error about the launch rather than the limit.
             for (field, value, min, why) in [
-                ("open_files", l.open_files, 3, "stdin, stdout and stderr"),
+                (
+                    "open_files",
+                    l.open_files,
+                    MIN_OPEN_FILES,
+                    "stdin, stdout, stderr, the libraries a program loads and the descriptors a shell moves its own to",
+                ),
                 ("processes", l.processes, 1, "the job itself"),
                 ("cpu_secs", l.cpu_secs, 1, "RLIMIT_CPU counts whole seconds"),
                 (
                     "memory_bytes",
                     l.memory_bytes,
-                    1 << 20,
-                    "1 MiB, to load a program",
+                    MIN_MEMORY_BYTES,
+                    "8 MiB: as address space it must hold a shell and its shared libraries",
                 ),
             ] {
                 if let Some(got) = value.filter(|v| *v < min) {
@@ -175,6 +245,11 @@ impl JobSpec {
     pub fn canonical(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
     }
+}
+
+/// True when `owner` is one a job may have (a list filter with another matches nothing).
+pub fn valid_owner(owner: &str) -> bool {
+    valid_name(owner, true)
 }
 
 /// Ids and owners end up in paths and logs: a small alphabet keeps them harmless.
@@ -247,6 +322,21 @@ mod tests {
                 },
                 "memory_bytes",
             ),
+            // The minimums once documented, with which not even `sh` starts.
+            (
+                Limits {
+                    open_files: Some(3),
+                    ..Limits::default()
+                },
+                "open_files",
+            ),
+            (
+                Limits {
+                    memory_bytes: Some(1 << 20),
+                    ..Limits::default()
+                },
+                "memory_bytes",
+            ),
         ] {
             let mut s = spec(&["true"]);
             s.limits = Some(limits);
@@ -257,13 +347,58 @@ mod tests {
         }
         let mut s = spec(&["true"]);
         s.limits = Some(Limits {
-            open_files: Some(3),
+            open_files: Some(MIN_OPEN_FILES),
             processes: Some(1),
-            memory_bytes: Some(1 << 20),
+            memory_bytes: Some(MIN_MEMORY_BYTES),
             cpu_secs: Some(1),
             cpu_millis: Some(MIN_CPU_MILLIS),
         });
         assert_eq!(s.validate(), Ok(()));
+    }
+
+    #[test]
+    fn what_exec_cannot_take_is_refused_naming_it() {
+        let big = "x".repeat(MAX_ARG_STRLEN);
+        let s = spec(&["echo", "ok", &big]);
+        assert_eq!(
+            s.validate(),
+            Err(SpecError::ArgTooLong {
+                index: 2,
+                len: MAX_ARG_STRLEN
+            })
+        );
+        // The longest string exec takes, NUL included, is accepted.
+        let s = spec(&["echo", &big[1..]]);
+        assert_eq!(s.validate(), Ok(()));
+
+        let mut s = spec(&["true"]);
+        s.env.insert("BIG".into(), big[4..].into());
+        let message = s.validate().expect_err("refused").to_string();
+        assert!(message.contains("variable BIG"), "{message}");
+        let mut s = spec(&["true"]);
+        s.env.insert("BIG".into(), big[5..].into());
+        assert_eq!(s.validate(), Ok(()));
+
+        // Each fits, all of them together do not.
+        let mut s = spec(&["true"]);
+        for i in 0..9 {
+            s.env.insert(format!("V{i}"), big[1000..].into());
+        }
+        let message = s.validate().expect_err("refused").to_string();
+        assert!(message.contains(&MAX_EXEC_BYTES.to_string()), "{message}");
+    }
+
+    #[test]
+    fn echoed_values_are_cut() {
+        let mut s = spec(&["true"]);
+        s.owner = Some("o".repeat(100_000));
+        let message = s.validate().expect_err("refused").to_string();
+        assert!(message.len() < 300, "{message}");
+        assert!(message.contains('…'), "{message}");
+        let mut s = spec(&["true"]);
+        s.env.insert("N=".repeat(50_000), String::new());
+        let message = s.validate().expect_err("refused").to_string();
+        assert!(message.len() < 300, "{message}");
     }
 
     #[test]

@@ -1235,12 +1235,17 @@ fn a_client_over_the_connection_limit_is_told_why_and_root_still_gets_in() {
 /// One GET with the token, returning the whole response, headers included (lower-cased
 /// header names, as hyper sends them).
 fn raw_get(socket: &Path, path: &str) -> String {
+    raw_request(socket, "GET", path)
+}
+
+/// [`raw_get`] with any method.
+fn raw_request(socket: &Path, method: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let token = fs::read_to_string(socket.with_file_name("api.token")).expect("token");
     let mut s = std::os::unix::net::UnixStream::connect(socket).expect("connect");
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAuthorization: Bearer {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: 0\r\nAuthorization: Bearer {}\r\n\r\n",
         token.trim()
     )
     .expect("write");
@@ -1267,6 +1272,11 @@ fn bad_query_values_get_the_json_invalid_query_error_naming_the_parameter() {
         ("/v1/jobs?limit=100000".to_owned(), "limit"),
         ("/v1/jobs?limit=-5".to_owned(), "limit"),
         ("/v1/jobs?state=sleeping".to_owned(), "sleeping"),
+        // Seqs start at 1: a `before` below can match nothing.
+        ("/v1/jobs?before=0".to_owned(), "before"),
+        ("/v1/jobs?before=-1".to_owned(), "before"),
+        ("/v1/jobs?owner=no%20such%20owner".to_owned(), "owner"),
+        ("/v1/jobs?owner=".to_owned(), "owner"),
         (
             format!("/v1/jobs/{id}/wait?timeout_secs=-1"),
             "timeout_secs",
@@ -1287,6 +1297,8 @@ fn bad_query_values_get_the_json_invalid_query_error_naming_the_parameter() {
     }
     // The bounds themselves are accepted.
     for path in [
+        "/v1/jobs?before=1".to_owned(),
+        "/v1/jobs?before=9223372036854775807&owner=default".to_owned(),
         "/v1/jobs?limit=1".to_owned(),
         "/v1/jobs?limit=1000".to_owned(),
         format!("/v1/jobs/{id}/wait?timeout_secs=0"),
@@ -1295,6 +1307,212 @@ fn bad_query_values_get_the_json_invalid_query_error_naming_the_parameter() {
         let (status, body) = get(&r.socket(), &path).expect("GET");
         assert_eq!(status, 200, "{path}: {body}");
     }
+}
+
+/// The JSON error of a response, or a panic naming what came instead.
+fn json_error(what: &str, status: u16, body: &str) -> (u16, String, String) {
+    let v: Value = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("{what}: {status} without the JSON error ({e}): {body:?}"));
+    let code = v["error"]["code"].as_str().expect("code").to_owned();
+    let message = v["error"]["message"].as_str().expect("message").to_owned();
+    (status, code, message)
+}
+
+#[test]
+fn wrong_methods_and_unknown_routes_get_the_json_error() {
+    let r = Runner::started(&[]);
+    let id = submit_ok(&r, json!({"argv": ["true"]}));
+    for (method, path, allowed) in [
+        ("DELETE", "/v1/jobs".to_owned(), "get"),
+        ("PUT", format!("/v1/jobs/{id}"), "get"),
+        ("GET", format!("/v1/jobs/{id}/cancel"), "post"),
+        ("POST", format!("/v1/jobs/{id}/wait"), "get"),
+        ("DELETE", "/v1/admission".to_owned(), "put"),
+    ] {
+        let what = format!("{method} {path}");
+        let resp = raw_request(&r.socket(), method, &path);
+        assert!(resp.starts_with("http/1.1 405"), "{what}: {resp}");
+        let (head, body) = resp.split_once("\r\n\r\n").expect("head");
+        let allow = head
+            .lines()
+            .find_map(|l| l.strip_prefix("allow: "))
+            .unwrap_or_else(|| panic!("{what}: no allow header: {head}"));
+        assert!(allow.contains(allowed), "{what}: {allow}");
+        // raw_request lower-cases the response.
+        let (_, code, message) = json_error(&what, 405, body);
+        assert_eq!(code, "method_not_allowed", "{what}");
+        assert!(
+            message.contains(&method.to_lowercase()),
+            "{what}: {message}"
+        );
+    }
+    for (method, path) in [
+        ("GET", "/v1/nope"),
+        ("POST", "/v1/jobs/x/y/z"),
+        ("GET", "/"),
+    ] {
+        let what = format!("{method} {path}");
+        let (status, body) = http(&r.socket(), method, path, None).expect("request");
+        let (status, code, message) = json_error(&what, status, &body);
+        assert_eq!((status, code.as_str()), (404, "not_found"), "{what}");
+        assert!(message.contains(path), "{what}: {message}");
+    }
+    // A body over the bound: the JSON error too. Written beside the read, since the
+    // runner answers before it has read all of it.
+    {
+        use std::io::{Read, Write};
+        let token = fs::read_to_string(r.runner_dir().join("api.token")).expect("token");
+        let mut s = std::os::unix::net::UnixStream::connect(r.socket()).expect("connect");
+        let mut w = s.try_clone().expect("clone");
+        let len = 2 * 1024 * 1024 + 1;
+        let writer = std::thread::spawn(move || {
+            let _ = write!(
+                w,
+                "POST /v1/jobs HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nAuthorization: Bearer {}\r\nContent-Length: {len}\r\n\r\n",
+                token.trim()
+            );
+            let _ = w.write_all(&vec![b' '; len]);
+        });
+        let mut resp = Vec::new();
+        let _ = s.read_to_end(&mut resp);
+        let _ = s.shutdown(std::net::Shutdown::Both);
+        writer.join().expect("writer");
+        let resp = String::from_utf8_lossy(&resp);
+        assert!(resp.starts_with("HTTP/1.1 413"), "{resp}");
+        let body = resp.split_once("\r\n\r\n").expect("head").1;
+        let (_, code, message) = json_error("a large body", 413, body);
+        assert_eq!(code, "too_large");
+        assert!(message.contains("2097152"), "{message}");
+    }
+    // Without the token, still the token's error first, and in JSON.
+    for (method, path) in [("DELETE", "/v1/jobs"), ("GET", "/v1/nope")] {
+        let (status, body) = http_with(&r.socket(), method, path, None, None).expect("request");
+        let (status, code, _) = json_error(path, status, &body);
+        assert_eq!((status, code.as_str()), (401, "unauthorized"), "{path}");
+    }
+}
+
+#[test]
+fn what_exec_cannot_take_is_refused_at_submission_naming_it() {
+    let r = Runner::started(&[]);
+    // Linux's MAX_ARG_STRLEN: 128 KiB per string, its NUL included.
+    const STRLEN: usize = 128 * 1024;
+    let refused = |spec: Value, needle: &str| {
+        let (status, body) = r.submit(spec);
+        assert_eq!(status, 400, "{needle}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_spec", "{body}");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains(needle), "{needle}: {message}");
+        assert!(
+            message.len() < 400,
+            "the message repeats the value: {message}"
+        );
+    };
+    refused(
+        json!({"argv": ["true"], "env": {"BIG": "x".repeat(200 * 1024)}}),
+        "variable BIG",
+    );
+    refused(
+        json!({"argv": ["true"], "env": {"BIG": "x".repeat(STRLEN - "BIG=".len())}}),
+        "variable BIG",
+    );
+    refused(json!({"argv": ["echo", "x".repeat(STRLEN)]}), "argv[1]");
+    // Each string fits; all together are more than the runner passes to exec.
+    let env: serde_json::Map<String, Value> = (0..9)
+        .map(|i| (format!("V{i}"), json!("x".repeat(120 * 1024))))
+        .collect();
+    refused(json!({"argv": ["true"], "env": env}), "1048576");
+
+    // What is accepted, exec takes: the longest single strings, and nearly all of the
+    // total, reach the program whole.
+    let id = submit_ok(
+        &r,
+        json!({
+            "argv": ["sh", "-c", "echo ${#BIG} ${#1}", "sh", "y".repeat(STRLEN - 1)],
+            "env": {"BIG": "x".repeat(STRLEN - 1 - "BIG=".len())},
+        }),
+    );
+    let rec = r.wait(&id);
+    assert_eq!(rec["state"], "succeeded", "{rec}");
+    assert_eq!(
+        r.output(&id, "stdout"),
+        format!("{} {}\n", STRLEN - 5, STRLEN - 1)
+    );
+    let env: serde_json::Map<String, Value> = (0..8)
+        .map(|i| (format!("V{i}"), json!("x".repeat(STRLEN - 100))))
+        .collect();
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", "echo ${#V0} ${#V7}"], "env": env}),
+    );
+    let rec = r.wait(&id);
+    assert_eq!(rec["state"], "succeeded", "{rec}");
+    assert_eq!(
+        r.output(&id, "stdout"),
+        format!("{} {}\n", STRLEN - 100, STRLEN - 100)
+    );
+}
+
+#[test]
+fn echoed_client_values_are_cut_short() {
+    let r = Runner::started(&[]);
+    // Within hyper's 64 KiB bound on a request's URI, which it answers itself (414).
+    let long = "o".repeat(60_000);
+    let short = |what: &str, message: &str| {
+        assert!(message.len() < 400, "{what}: {} bytes", message.len());
+        assert!(message.contains("o…"), "{what}: {message}");
+    };
+    for spec in [
+        json!({"argv": ["true"], "owner": format!("{long}!")}),
+        json!({"argv": ["true"], "id": format!("{long}!")}),
+        json!({"argv": ["true"], "env": {format!("{long}="): "x"}}),
+        json!({"argv": ["true"], "env": {format!("LD_{long}"): "x"}}),
+    ] {
+        let (status, body) = r.submit(spec);
+        assert_eq!(status, 400);
+        short(
+            "submission",
+            body["error"]["message"].as_str().expect("message"),
+        );
+    }
+    for path in [
+        format!("/v1/jobs/{long}"),
+        format!("/v1/jobs/{long}/wait"),
+        format!("/v1/jobs?owner={long}!"),
+        format!("/v1/jobs?state={long}"),
+    ] {
+        let (status, body) = get(&r.socket(), &path).expect("GET");
+        let (_, _, message) = json_error(&path[..20], status, &body);
+        short(&path[..20], &message);
+    }
+}
+
+#[test]
+fn limits_too_small_to_start_a_shell_are_refused_and_the_minimums_run_one() {
+    let r = Runner::started(&[]);
+    // The minimums once documented: neither lets `sh` start.
+    for (limits, needle) in [
+        (json!({"open_files": 3}), "at least 16"),
+        (json!({"open_files": 15}), "at least 16"),
+        (json!({"memory_bytes": 1048576}), "at least 8388608"),
+    ] {
+        let (status, body) = r.submit(json!({"argv": ["true"], "limits": limits}));
+        assert_eq!(status, 400, "{limits}: {body}");
+        let message = body["error"]["message"].as_str().expect("message");
+        assert!(message.contains(needle), "{limits}: {message}");
+    }
+    // A shell runs with both at their minimum, redirections included (dash moves the
+    // descriptor it saves to 10 or above).
+    let id = submit_ok(
+        &r,
+        json!({
+            "argv": ["sh", "-c", "echo ok >/dev/null && echo ok"],
+            "limits": {"open_files": 16, "memory_bytes": 8388608},
+        }),
+    );
+    let rec = r.wait(&id);
+    assert_eq!(rec["state"], "succeeded", "{rec}");
+    assert_eq!(r.output(&id, "stdout"), "ok\n");
 }
 
 #[test]

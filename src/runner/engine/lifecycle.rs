@@ -18,6 +18,9 @@ use crate::runner::store::{Outcome, Recorded};
 use crate::supervisor;
 use crate::sys::{self, ProcessId};
 
+/// Most characters of a job's argv its "job running" log line shows.
+const LOG_ARGV_CHARS: usize = 1024;
+
 impl Engine {
     pub(super) async fn run_job(
         self,
@@ -155,7 +158,10 @@ impl Engine {
                 .mark_running(id, started.pid, start_time, &started.confinement),
         );
         self.bump();
-        tracing::info!(job = %id, pid = started.pid, argv = ?spec.argv, "job running");
+        // Cut: an argv may hold a megabyte, a log line should not.
+        let argv = format!("{:?}", spec.argv);
+        let argv = crate::util::clip_to(&argv, LOG_ARGV_CHARS);
+        tracing::info!(job = %id, pid = started.pid, %argv, "job running");
 
         let asked_grace = Duration::from_secs(spec.kill_grace_secs());
         let timeout = Some(Duration::from_secs(spec.timeout_secs()));

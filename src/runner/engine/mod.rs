@@ -92,13 +92,13 @@ pub enum EngineError {
     Spec(#[from] SpecError),
     #[error(transparent)]
     Job(JobError),
-    #[error("job {id} already exists with a different spec")]
+    #[error("job {} already exists with a different spec", crate::util::clip(.id))]
     Conflict { id: String },
     #[error("the queue is full ({max} jobs waiting): retry later")]
     QueueFull { max: usize },
     #[error("{field} must be at least 1: with no room to run, queued jobs would wait forever (to take no new jobs, set max_queued to 0)")]
     InvalidAdmission { field: &'static str },
-    #[error("no job {id}")]
+    #[error("no job {}", crate::util::clip(.id))]
     NotFound { id: String },
     #[error("the runner is shutting down")]
     ShuttingDown,
