@@ -38,6 +38,20 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// `s` as one URL path segment or query value: everything but `A-Za-z0-9._-` is
+/// percent-encoded, so a value can neither end its segment nor add a parameter.
+pub(crate) fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"._-".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// [`lock`] for the read side of an `RwLock`.
 pub(crate) fn read<T>(m: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     m.read().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -117,6 +131,16 @@ pub(crate) fn release_startup_code() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percent_encoding_keeps_a_value_in_its_place() {
+        assert_eq!(percent_encode("web-1.a_b"), "web-1.a_b");
+        assert_eq!(
+            percent_encode("a&limit=1/../x y"),
+            "a%26limit%3D1%2F..%2Fx%20y"
+        );
+        assert_eq!(percent_encode("é"), "%C3%A9");
+    }
 
     #[test]
     fn clip_cuts_long_values_on_a_character_boundary() {

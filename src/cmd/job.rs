@@ -43,10 +43,10 @@ pub(super) fn run(target: JobTarget, command: JobCommand) -> anyhow::Result<Exit
             } => {
                 let mut q = format!("?limit={limit}");
                 if let Some(s) = state {
-                    q.push_str(&format!("&state={s}"));
+                    q.push_str(&format!("&state={}", crate::util::percent_encode(&s)));
                 }
                 if let Some(o) = owner {
-                    q.push_str(&format!("&owner={o}"));
+                    q.push_str(&format!("&owner={}", crate::util::percent_encode(&o)));
                 }
                 let jobs = client.list(&q).await.map_err(api_err)?;
                 if json {

@@ -238,14 +238,17 @@ impl AdminClient {
     pub(crate) async fn show(&self, id: &str) -> Result<AgentView, AdminError> {
         self.call(
             Method::GET,
-            &format!("/v1/admin/agents/{}", escape(id)),
+            &format!("/v1/admin/agents/{}", crate::util::percent_encode(id)),
             None::<&()>,
         )
         .await
     }
 
     pub(crate) async fn revoke(&self, id: &str) -> Result<AgentView, AdminError> {
-        let path = format!("/v1/admin/agents/{}/revoke", escape(id));
+        let path = format!(
+            "/v1/admin/agents/{}/revoke",
+            crate::util::percent_encode(id)
+        );
         self.call(Method::POST, &path, None::<&()>).await
     }
 
@@ -267,20 +270,9 @@ impl AdminClient {
 fn desired_path(agent: Option<&str>) -> String {
     match agent {
         None => "/v1/admin/desired/fleet".into(),
-        Some(id) => format!("/v1/admin/desired/agents/{}", escape(id)),
+        Some(id) => format!(
+            "/v1/admin/desired/agents/{}",
+            crate::util::percent_encode(id)
+        ),
     }
-}
-
-/// An id as one path segment: the hub refuses ids with anything but `[A-Za-z0-9._-]`, and
-/// anything else is percent-encoded so that it reaches the hub, which says why.
-fn escape(id: &str) -> String {
-    let mut out = String::with_capacity(id.len());
-    for b in id.bytes() {
-        if b.is_ascii_alphanumeric() || b"._-".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
