@@ -61,6 +61,7 @@ impl Hub {
                 dir.join("ca.pem"),
             )?)?)
             .pool_max_idle_per_host(usize::MAX)
+            .pool_idle_timeout(Duration::from_secs(5))
             .build()?;
         Ok(Self {
             http,

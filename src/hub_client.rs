@@ -47,7 +47,9 @@ pub fn build(
         .connect_timeout(connect_timeout)
         // A redirect could carry the bearer token to another host.
         .redirect(reqwest::redirect::Policy::none())
-        .pool_idle_timeout(Duration::from_secs(90))
+        // Below the reference hub's 10 s wait for the next request on a kept-alive
+        // connection: a connection the hub is about to close is not reused.
+        .pool_idle_timeout(Duration::from_secs(5))
         .user_agent(concat!("railgrid/", env!("CARGO_PKG_VERSION")));
     if let Some(path) = ca_file {
         let pem = std::fs::read(path).map_err(|source| HubClientError::ReadCa {
