@@ -324,6 +324,7 @@ fn initial_status(
         started_at: now,
         updated_at: now,
         running: true,
+        stopping: false,
         config_path: cfg.config_path.clone(),
         state_dir: cfg.state_dir.clone(),
         log_dir: cfg.log_dir.clone(),

@@ -141,7 +141,7 @@ impl ReporterTask {
             Msg::Hub(hub) => self.status.hub = Some(hub),
             Msg::Stopping => {
                 self.notify("STOPPING=1");
-                return;
+                self.status.stopping = true;
             }
             Msg::Finish(done) => {
                 self.status.running = false;
@@ -210,6 +210,7 @@ mod tests {
             started_at: now,
             updated_at: now,
             running: true,
+            stopping: false,
             config_path: None,
             log_dir: state_dir.clone(),
             state_dir,

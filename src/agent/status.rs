@@ -25,6 +25,10 @@ pub(crate) struct AgentStatus {
     pub(crate) updated_at: SystemTime,
     /// False once the agent has shut down cleanly.
     pub(crate) running: bool,
+    /// True from SIGTERM/SIGINT until the agent has stopped: its runner's stop (the jobs'
+    /// grace, the reap) may take the whole stop budget, and a reader should know why.
+    #[serde(default)]
+    pub(crate) stopping: bool,
     pub(crate) config_path: Option<PathBuf>,
     pub(crate) state_dir: PathBuf,
     pub(crate) log_dir: PathBuf,

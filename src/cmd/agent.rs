@@ -191,7 +191,11 @@ fn ago(t: SystemTime) -> String {
 
 fn render(st: &AgentStatus, alive: bool, last_line: Option<&str>) -> String {
     let mut out = String::new();
-    let agent = if alive { "running" } else { "not running" };
+    let agent = match (alive, st.stopping) {
+        (true, true) => "stopping: ending the runner and its jobs",
+        (true, false) => "running",
+        (false, _) => "not running",
+    };
     out.push_str(&format!(
         "agent:      {agent} (pid {}, version {}, started {} ago, updated {} ago)\n",
         st.pid,

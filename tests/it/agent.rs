@@ -1257,3 +1257,31 @@ fn a_state_dir_below_a_directory_another_account_controls_is_refused() {
     );
     assert_empty(&open);
 }
+
+#[test]
+fn agent_status_shows_a_stop_in_progress() {
+    let host = Host::new();
+    let mut agent = Guard::new(
+        host.agent_cmd(&[])
+            .env("RAILGRID_RUNNER_STOP_GRACE", "5s")
+            .spawn()
+            .expect("spawn agent"),
+    );
+    host.wait_runner("a runner", |_| true);
+    start_stubborn(&host, &mut agent);
+    assert_eq!(host.status()["stopping"], false);
+    agent.signal(Signal::SIGTERM);
+    // The stubborn job holds the stop for its (cut) grace: the status says why meanwhile.
+    wait_for(LIMIT, "agent status to show the stop", || {
+        (host.status()["stopping"] == true).then_some(())
+    });
+    let out = railgrid()
+        .args(["agent", "status", "--state-dir"])
+        .arg(host.state())
+        .output()
+        .expect("agent status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("stopping"), "{text}");
+    let out = agent.wait_output(LIMIT);
+    assert_eq!(out.status.code(), Some(0));
+}
