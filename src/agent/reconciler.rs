@@ -86,6 +86,12 @@ struct RunnerSpec {
 impl RunnerSpec {
     fn new(cfg: &AgentConfig, desired: &DesiredState) -> Self {
         let (d, r) = (&desired.runner, &cfg.runner);
+        // The admission limits resolved to the values the runner would use (the hub's,
+        // else the file's, else the runner's defaults): a limit the hub stops setting is
+        // then a new value the running runner takes, not a reason to restart it and end
+        // its jobs.
+        let defaults = crate::runner::engine::EngineConfig::default();
+        let max_jobs = d.max_jobs.or(r.max_jobs).unwrap_or(defaults.max_jobs);
         Self {
             local: RunnerSettings {
                 max_jobs: None,
@@ -96,9 +102,13 @@ impl RunnerSpec {
             },
             desired: DesiredRunner {
                 enabled: d.enabled,
-                max_jobs: d.max_jobs.or(r.max_jobs),
-                max_jobs_per_owner: d.max_jobs_per_owner.or(r.max_jobs_per_owner),
-                max_queued: d.max_queued.or(r.max_queued),
+                max_jobs: Some(max_jobs),
+                max_jobs_per_owner: Some(
+                    d.max_jobs_per_owner
+                        .or(r.max_jobs_per_owner)
+                        .unwrap_or(max_jobs),
+                ),
+                max_queued: Some(d.max_queued.or(r.max_queued).unwrap_or(defaults.max_queued)),
                 max_output_bytes: d.max_output_bytes.or(r.max_output_bytes),
             },
         }
@@ -149,12 +159,11 @@ fn decide(
 }
 
 /// The settings that differ between two runners and that only a new runner can take: the
-/// local ones, the spool cap, and an admission limit dropped (back to the runner's own
-/// default, which only its command line gives).
+/// local ones and the spool cap (admission limits are always resolved to a value, which
+/// the running runner takes).
 fn restart_reasons(old: &RunnerSpec, new: &RunnerSpec) -> Vec<&'static str> {
     let (a, b) = (&old.local, &new.local);
     let (da, db) = (&old.desired, &new.desired);
-    let dropped = |x: Option<usize>, y: Option<usize>| x.is_some() && y.is_none();
     [
         ("user", a.user != b.user),
         ("stop_grace", a.stop_grace != b.stop_grace),
@@ -166,12 +175,6 @@ fn restart_reasons(old: &RunnerSpec, new: &RunnerSpec) -> Vec<&'static str> {
             "max_output_bytes",
             da.max_output_bytes != db.max_output_bytes,
         ),
-        ("max_jobs", dropped(da.max_jobs, db.max_jobs)),
-        (
-            "max_jobs_per_owner",
-            dropped(da.max_jobs_per_owner, db.max_jobs_per_owner),
-        ),
-        ("max_queued", dropped(da.max_queued, db.max_queued)),
     ]
     .into_iter()
     .filter_map(|(name, differs)| differs.then_some(name))
@@ -1000,7 +1003,12 @@ mod tests {
         let spec = RunnerSpec::new(&cfg, &hub);
         assert_eq!(spec.desired.max_jobs, Some(4), "from the file");
         assert_eq!(spec.desired.max_jobs_per_owner, Some(1), "from the hub");
-        assert_eq!(spec.desired.max_queued, None, "the runner's default");
+        let defaults = crate::runner::engine::EngineConfig::default();
+        assert_eq!(
+            spec.desired.max_queued,
+            Some(defaults.max_queued),
+            "the runner's default"
+        );
 
         // The file's limit changes under a hub that leaves it out (SIGHUP): adjusted.
         let reloaded = config(Some(6), Duration::from_secs(10));
@@ -1012,12 +1020,16 @@ mod tests {
                 ..AdmissionChange::default()
             })
         );
-        // A limit dropped everywhere goes back to the runner's default: a new runner.
+        // A limit dropped everywhere goes back to the runner's default, which the running
+        // runner takes: no restart, no job ended.
         let none = config(None, Duration::from_secs(10));
         let want = RunnerSpec::new(&none, &hub);
         assert_eq!(
             decide(7, Some(&spec), &hub, &want),
-            Step::Restart(vec!["max_jobs"])
+            Step::Adjust(AdmissionChange {
+                max_jobs: Some(defaults.max_jobs),
+                ..AdmissionChange::default()
+            })
         );
     }
 

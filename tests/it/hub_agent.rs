@@ -1108,7 +1108,7 @@ fn admission_limits_from_the_hub_reach_the_running_runner_and_survive_its_restar
     assert!(
         h.host
             .agent_log()
-            .contains("max_jobs changed; the running runner took the new admission limits"),
+            .contains("changed; the running runner took the new admission limits"),
         "{}",
         h.host.agent_log()
     );
@@ -1133,6 +1133,19 @@ fn admission_limits_from_the_hub_reach_the_running_runner_and_survive_its_restar
     });
     assert_eq!(limits["max_jobs"], 3, "{limits}");
     assert_eq!(h.host.status()["runner"]["starts"], 2);
+
+    // The hub stops setting the limit: the running runner goes back to its default in
+    // place (a restart would end its jobs).
+    let runner = h.host.status()["runner"]["pid"].clone();
+    hub.admin_ok(&["desired", "set", "--agent", "a1", "--clear", "max_jobs"]);
+    let cleared = hub_generation(&hub, "a1");
+    h.wait_status("the cleared limit applied", APPLIED, connected_at(cleared));
+    let limits = admission(&h).expect("admission");
+    assert_ne!(limits["max_jobs"], 3, "{limits}");
+    let st = h.host.status();
+    assert_eq!(st["runner"]["pid"], runner, "{st:#}");
+    assert_eq!(st["runner"]["starts"], 2, "{st:#}");
+    assert!(!h.host.agent_log().contains("restarting the runner"));
     h.assert_token_kept_secret();
 }
 
@@ -1218,7 +1231,7 @@ fn admission_limits_set_before_the_agent_starts_need_no_runner_restart() {
     let log = h.host.agent_log();
     assert!(!log.contains("restarting the runner"), "{log}");
     assert!(
-        log.contains("max_jobs changed; the running runner took the new admission limits"),
+        log.contains("max_jobs, max_jobs_per_owner changed; the running runner took the new admission limits"),
         "{log}"
     );
 }
