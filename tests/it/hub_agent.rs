@@ -978,18 +978,7 @@ fn a_restarted_hub_keeps_the_agent_and_its_desired_state() {
     let (h, hub) = HubHost::enrolled(&dir, "a1");
     let _agent = h.start_agent(&hub.url);
     h.host.wait_runner("a runner", |_| true);
-    hub.admin_ok(&[
-        "desired",
-        "set",
-        "--agent",
-        "a1",
-        "--runner-enabled",
-        "false",
-    ]);
-    let off = hub_generation(&hub, "a1");
-    h.wait_status("the runner stopped by the hub", APPLIED, |st| {
-        connected_at(off)(st) && st["runner"]["state"] == "stopped"
-    });
+    let off = disable_runner(&h, &hub, "a1");
 
     let (url, listen) = (hub.url.clone(), hub.listen.clone());
     let out = hub.stop();
@@ -1156,18 +1145,7 @@ fn sighup_with_a_hub_keeps_the_hubs_desired_state() {
     fs::write(h.host.path("agent.toml"), "[runner]\nstop_grace = \"3s\"\n").expect("config");
     let agent = h.start_agent(&hub.url);
     h.host.wait_runner("a runner", |_| true);
-    hub.admin_ok(&[
-        "desired",
-        "set",
-        "--agent",
-        "a1",
-        "--runner-enabled",
-        "false",
-    ]);
-    let off = hub_generation(&hub, "a1");
-    h.wait_status("the runner stopped by the hub", APPLIED, |st| {
-        connected_at(off)(st) && st["runner"]["state"] == "stopped"
-    });
+    let off = disable_runner(&h, &hub, "a1");
 
     // A new local setting: applied with the hub's desired state, which keeps the runner
     // off (a standalone reload would have started one).
@@ -1252,4 +1230,15 @@ fn an_agent_started_while_its_hub_is_down_says_connected_when_it_first_answers()
     let log = h.host.agent_log();
     assert!(log.contains("connected to the hub"), "{log}");
     assert!(!log.contains("hub reachable again"), "{log}");
+}
+
+/// Disables agent `id`'s runner at the hub, waits until the agent has stopped it, and
+/// returns the generation that did it.
+fn disable_runner(h: &HubHost, hub: &TestHub, id: &str) -> u64 {
+    hub.admin_ok(&["desired", "set", "--agent", id, "--runner-enabled", "false"]);
+    let off = hub_generation(hub, id);
+    h.wait_status("the runner stopped by the hub", APPLIED, |st| {
+        connected_at(off)(st) && st["runner"]["state"] == "stopped"
+    });
+    off
 }
