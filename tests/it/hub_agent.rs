@@ -405,6 +405,23 @@ impl HubHost {
     }
 }
 
+/// `agent check-config` with the host's config, a hub, its token file and `extra`.
+fn check_config(h: &HubHost, extra: &[&str]) -> std::process::Output {
+    railgrid()
+        .args(["agent", "check-config", "--config"])
+        .arg(h.host.path("agent.toml"))
+        .args(["--hub", "https://hub.example", "--token-file"])
+        .arg(h.host.path("token"))
+        .args(extra)
+        .args(if is_root() {
+            &["--runner-user", "nobody"][..]
+        } else {
+            &[][..]
+        })
+        .output()
+        .expect("check-config")
+}
+
 fn write_private(path: &Path, text: &str) {
     let mut f = fs::OpenOptions::new()
         .write(true)
@@ -817,44 +834,18 @@ fn an_unusable_token_file_is_a_configuration_error() {
     let out = agent.wait_output(LIMIT);
     assert_eq!(out.status.code(), Some(2));
     assert!(!h.host.state().join("runner").exists(), "nothing started");
-    let check = railgrid()
-        .args(["agent", "check-config", "--config"])
-        .arg(h.host.path("agent.toml"))
-        .args(["--hub", "https://hub.example", "--token-file"])
-        .arg(h.host.path("token"))
-        .args(if is_root() {
-            &["--runner-user", "nobody"][..]
-        } else {
-            &[][..]
-        })
-        .output()
-        .expect("check-config");
+    let check = check_config(&h, &[]);
     let err = String::from_utf8_lossy(&check.stderr);
     assert_eq!(check.status.code(), Some(2), "{err}");
     assert!(err.contains("is empty"), "{err}");
 
     // A good token: check-config names the file, never the token.
     write_private(&h.host.path("token"), &h.token);
-    let check = railgrid()
-        .args(["agent", "check-config", "--config"])
-        .arg(h.host.path("agent.toml"))
-        .args([
-            "--hub",
-            "https://hub.example",
-            "--agent-id",
-            "a7",
-            "--token-file",
-        ])
-        .arg(h.host.path("token"))
-        .arg("--ca-file")
-        .arg(h.host.path("ca.pem"))
-        .args(if is_root() {
-            &["--runner-user", "nobody"][..]
-        } else {
-            &[][..]
-        })
-        .output()
-        .expect("check-config");
+    let ca = h.host.path("ca.pem");
+    let check = check_config(
+        &h,
+        &["--agent-id", "a7", "--ca-file", ca.to_str().expect("utf-8")],
+    );
     let text = String::from_utf8_lossy(&check.stdout);
     assert!(check.status.success(), "{check:?}");
     assert!(
