@@ -40,6 +40,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::config::HubSettings;
+use super::jobs::JobsHandle;
 use super::reconciler::{Observed, ReconcilerHandle};
 use super::reporter::ReporterHandle;
 use super::status::HubStatus;
@@ -174,6 +175,15 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
+    /// What uploads to this hub take.
+    pub(super) fn link(&self) -> super::upload::HubLink {
+        super::upload::HubLink {
+            client: self.client.clone(),
+            url: self.settings.url.clone(),
+            auth: self.auth.clone(),
+        }
+    }
+
     /// Reads the token file and the CA file and builds the client. Blocking (two small
     /// file reads): called on a blocking thread, or before the runtime matters.
     pub(crate) fn load(settings: &HubSettings) -> Result<Self, HubError> {
@@ -479,13 +489,18 @@ impl HubHandle {
             generation,
             desired_version: None,
         };
+        let socket = crate::runner::Paths::new(state_dir).socket;
+        let jobs = JobsHandle::spawn(reconciler.observed(), socket.clone(), conn.link());
+        let jobs_moved = jobs.subscribe();
         let task = HubTask {
             rx,
+            jobs,
+            jobs_moved,
             conn,
             reconciler,
             observed,
             reporter,
-            socket: crate::runner::Paths::new(state_dir).socket,
+            socket,
             runner: None,
             hostname: crate::sys::hostname().unwrap_or_default(),
             status,
@@ -520,6 +535,9 @@ impl HubHandle {
 
 struct HubTask {
     rx: mpsc::UnboundedReceiver<Msg>,
+    /// The hub's jobs on this host; their reports go with every reconcile.
+    jobs: JobsHandle,
+    jobs_moved: watch::Receiver<u64>,
     conn: Connection,
     reconciler: ReconcilerHandle,
     observed: watch::Receiver<Observed>,
@@ -575,6 +593,11 @@ impl HubTask {
                 // Cancel-safe: a watch receiver keeps its seen-version between polls. The
                 // runner changed under a held poll: report it now, not in 30 s.
                 () = runner_moved(&mut self.observed, &report) => Next::Again,
+                // Cancel-safe, as above. A job changed: the hub hears of it now.
+                r = self.jobs_moved.changed() => match r {
+                    Ok(()) => Next::Again,
+                    Err(_) => Next::Stop,
+                },
             };
             match next {
                 Next::Again => {}
@@ -586,6 +609,7 @@ impl HubTask {
                 Next::Stop => break,
             }
         }
+        self.jobs.shutdown().await;
         tracing::debug!("hub task stopped");
     }
 
@@ -625,6 +649,7 @@ impl HubTask {
                 if conn.settings != self.conn.settings {
                     tracing::info!(url = %settings.url, agent_id = %settings.agent_id, "SIGHUP: new hub settings");
                 }
+                self.jobs.set_link(conn.link());
                 self.conn = conn;
                 self.status.url = settings.url;
                 self.status.agent_id = settings.agent_id;
@@ -642,6 +667,8 @@ impl HubTask {
     /// The report for the next reconcile, from what the reconciler observes now.
     async fn report(&mut self) -> AgentReport {
         let observed = self.observed.borrow_and_update().clone();
+        self.jobs_moved.borrow_and_update();
+        let jobs = self.jobs.reports();
         let jobs_summary = if observed.runner.state == State::Running {
             self.jobs().await
         } else {
@@ -660,6 +687,7 @@ impl HubTask {
             runner: runner_report(&observed),
             upgrade: None,
             jobs_summary,
+            jobs,
         }
     }
 

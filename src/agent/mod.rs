@@ -38,9 +38,11 @@ pub(crate) mod cgroup;
 pub(crate) mod config;
 pub(crate) mod hub;
 pub(crate) mod instance;
+mod jobs;
 pub(crate) mod notify;
 mod reconciler;
 mod reporter;
+mod upload;
 pub(crate) mod status;
 
 use std::fs;

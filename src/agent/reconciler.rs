@@ -69,6 +69,7 @@ pub(super) fn standalone(cfg: &AgentConfig, prev: Option<&DesiredState>) -> Desi
         poll_interval_secs: None,
         agent: None,
         runner,
+        ..DesiredState::default()
     }
 }
 

@@ -66,6 +66,11 @@ fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
         max_connections: a.max_connections.max(1),
         max_wait: a.max_wait,
         poll_interval: Duration::from_secs(30),
+        job_limits: crate::hub::fleet::JobLimits {
+            max_open: a.max_open_jobs as usize,
+            max_output: a.max_job_output,
+            keep_done: a.keep_done_jobs,
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

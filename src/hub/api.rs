@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::fleet::{Fleet, FleetError};
+use super::jobs_api as jobs;
 use super::store::Store;
 use super::token;
 use crate::build_info;
@@ -48,6 +49,11 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
             "/desired/agents/{id}",
             get(agent_desired::<S>).put(set_agent::<S>),
         )
+        .route("/jobs", post(jobs::submit::<S>).get(jobs::list::<S>))
+        .route("/jobs/{id}", get(jobs::status::<S>))
+        .route("/jobs/{id}/wait", get(jobs::wait::<S>))
+        .route("/jobs/{id}/cancel", post(jobs::cancel::<S>))
+        .route("/jobs/{id}/output/{stream}", get(jobs::output::<S>))
         .layer(axum::middleware::from_fn_with_state(
             hub.clone(),
             admin_only::<S>,
@@ -55,6 +61,10 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
     Router::new()
         .route("/v1/health", get(health::<S>))
         .route("/v1/agents/{id}/reconcile", post(reconcile::<S>))
+        .route(
+            "/v1/jobs/{id}/output/{stream}",
+            axum::routing::put(jobs::upload::<S>),
+        )
         .nest("/v1/admin", admin)
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
@@ -67,7 +77,7 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
             status,
             message: message.into(),
@@ -101,6 +111,10 @@ impl From<FleetError> for ApiError {
             FleetError::BadToken(_) | FleetError::Revoked(_) => StatusCode::UNAUTHORIZED,
             FleetError::Exists(_) => StatusCode::CONFLICT,
             FleetError::BadId { .. } | FleetError::BadSetting { .. } => StatusCode::BAD_REQUEST,
+            FleetError::NoSuchJob(_) => StatusCode::NOT_FOUND,
+            FleetError::JobExists(_) | FleetError::RevokedAgent(_) => StatusCode::CONFLICT,
+            FleetError::TooManyJobs { .. } => StatusCode::TOO_MANY_REQUESTS,
+            FleetError::JobToken(_) => StatusCode::UNAUTHORIZED,
             FleetError::Store(_) => {
                 tracing::error!(error = %crate::error_chain(&e), "the hub's store failed");
                 return ApiError::new(
@@ -113,13 +127,13 @@ impl From<FleetError> for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(super) type ApiResult<T> = Result<T, ApiError>;
 
 /// Reads a request body: at most [`MAX_BODY_BYTES`] (413), within [`BODY_TIMEOUT`] (408).
 /// Called only once the caller is authorised, so that no one without a token makes the
 /// hub buffer anything.
-async fn read_body(body: Body) -> ApiResult<Bytes> {
-    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+pub(super) async fn read_body(body: Body, max: usize) -> ApiResult<Bytes> {
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, max)).await {
         Ok(Ok(b)) => Ok(b),
         Ok(Err(e)) => {
             let too_large = std::error::Error::source(&e)
@@ -127,7 +141,7 @@ async fn read_body(body: Body) -> ApiResult<Bytes> {
             if too_large {
                 Err(ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
+                    format!("the request body is larger than {max} bytes"),
                 ))
             } else {
                 Err(ApiError::new(
@@ -145,8 +159,8 @@ async fn read_body(body: Body) -> ApiResult<Bytes> {
 
 /// A JSON body, with every way it can be wrong answered as `{"error"}`: too large (413),
 /// too slow (408), not JSON or missing a field (400, serde's message names it).
-async fn parse<T: DeserializeOwned>(body: Body) -> ApiResult<T> {
-    let body = read_body(body).await?;
+pub(super) async fn parse<T: DeserializeOwned>(body: Body) -> ApiResult<T> {
+    let body = read_body(body, MAX_BODY_BYTES).await?;
     serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -157,7 +171,7 @@ async fn parse<T: DeserializeOwned>(body: Body) -> ApiResult<T> {
 
 /// The token of an `Authorization: Bearer …` header (the scheme in any case, RFC 7235);
 /// why there is none otherwise.
-fn bearer(headers: &HeaderMap) -> Result<&str, &'static str> {
+pub(super) fn bearer(headers: &HeaderMap) -> Result<&str, &'static str> {
     let mut all = headers.get_all(header::AUTHORIZATION).iter();
     let Some(value) = all.next() else {
         return Err("missing `Authorization: Bearer <token>`");
@@ -214,7 +228,7 @@ fn strict_change(body: &Bytes) -> ApiResult<()> {
 }
 
 async fn parse_change(body: Body) -> ApiResult<DesiredChange> {
-    let bytes = read_body(body).await?;
+    let bytes = read_body(body, MAX_BODY_BYTES).await?;
     strict_change(&bytes)?;
     let change: DesiredChange = serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::new(

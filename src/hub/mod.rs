@@ -18,6 +18,7 @@
 pub(crate) mod admin;
 mod api;
 pub(crate) mod fleet;
+mod jobs_api;
 mod serve;
 pub(crate) mod store;
 pub(crate) mod tls;
@@ -98,6 +99,7 @@ pub(crate) struct ServeOptions {
     pub(crate) max_connections: usize,
     pub(crate) max_wait: Duration,
     pub(crate) poll_interval: Duration,
+    pub(crate) job_limits: fleet::JobLimits,
 }
 
 /// `<data>/hub.json`: where the hub serves, for the admin commands on its host.
@@ -132,7 +134,7 @@ pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
     } = prepared;
 
     let store = Arc::new(SqliteStore::open(&opts.data_dir.join(DB_FILE))?);
-    let fleet = Arc::new(Fleet::load(store, opts.poll_interval).await?);
+    let fleet = Arc::new(Fleet::load(store, opts.poll_interval, opts.job_limits).await?);
     let hub = Arc::new(api::Hub {
         fleet: fleet.clone(),
         admin_sha256,

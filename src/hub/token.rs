@@ -17,9 +17,13 @@ fn push_hex(out: &mut String, bytes: &[u8]) {
 }
 
 fn random_hex(prefix: &str) -> Result<String, getrandom::Error> {
-    let mut bytes = [0u8; 32];
+    random_hex_of::<32>(prefix)
+}
+
+fn random_hex_of<const N: usize>(prefix: &str) -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; N];
     getrandom::fill(&mut bytes)?;
-    let mut s = String::with_capacity(prefix.len() + 64);
+    let mut s = String::with_capacity(prefix.len() + 2 * N);
     s.push_str(prefix);
     push_hex(&mut s, &bytes);
     Ok(s)
@@ -27,6 +31,12 @@ fn random_hex(prefix: &str) -> Result<String, getrandom::Error> {
 
 pub(crate) fn new_agent_token() -> Result<String, getrandom::Error> {
     random_hex(AGENT_PREFIX)
+}
+
+/// A job id for a submission that names none: 64 random bits, unique in any fleet's
+/// history, and a valid runner job id.
+pub(crate) fn new_job_id() -> Result<String, getrandom::Error> {
+    random_hex_of::<8>("hj-")
 }
 
 pub(crate) fn new_admin_token() -> Result<String, getrandom::Error> {

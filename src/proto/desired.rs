@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::fleet_job::DesiredJob;
+
 /// The largest generation a hub hands out and an agent takes: generations stay exact as
 /// JSON numbers (2^53) and far from the signed 64-bit columns a hub keeps them in. The
 /// reference hub refuses a report beyond it; an agent refuses a desired state beyond it,
@@ -51,6 +53,13 @@ pub struct DesiredState {
     pub agent: Option<DesiredAgent>,
     #[serde(default)]
     pub runner: DesiredRunner,
+    /// The hub's jobs for this host that are not over yet: the agent starts those that
+    /// come with a spec, follows all of them, and uploads their output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<DesiredJob>,
+    /// Ids of jobs to cancel (the runner's cancel: group, grace, kill).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cancel_jobs: Vec<String>,
 }
 
 impl DesiredState {
@@ -190,6 +199,11 @@ mod tests {
                 max_queued: Some(10),
                 max_output_bytes: Some(1 << 20),
             },
+            jobs: vec![DesiredJob {
+                id: "j1".into(),
+                spec: None,
+            }],
+            cancel_jobs: vec!["j0".into()],
         };
         let back: DesiredState =
             serde_json::from_str(&serde_json::to_string(&d).expect("json")).expect("parse");

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::fleet_job::JobReport;
+
 /// The request body of a reconcile.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentReport {
@@ -25,6 +27,9 @@ pub struct AgentReport {
     /// How many jobs the runner holds, when the agent could ask it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jobs_summary: Option<JobsSummary>,
+    /// The hub's jobs on this host, each as the agent sees it now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<JobReport>,
 }
 
 /// The runner as the agent's supervisor sees it.

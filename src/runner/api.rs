@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
-use super::engine::{Engine, EngineError};
+use super::engine::{Engine, EngineError, Until};
 use super::job::Stream;
 use super::spec;
 use crate::build_info;
@@ -383,6 +383,8 @@ async fn cancel(State(api): State<Api>, Path(id): Path<String>) -> ApiResult<Jso
 #[derive(Debug, Deserialize)]
 struct WaitQuery {
     timeout_secs: Option<u64>,
+    /// `ended` (the default) or `started`: the job has left the queue.
+    until: Option<String>,
 }
 
 async fn wait(
@@ -396,9 +398,15 @@ async fn wait(
         DEFAULT_WAIT_SECS,
         0..=MAX_WAIT_SECS,
     )?;
+    let until = match q.until.as_deref() {
+        None => Until::Ended,
+        Some(u) => Until::parse(u).ok_or_else(|| {
+            invalid_query(format!("until={:?}: use started or ended", clip(u)))
+        })?,
+    };
     found(&api, &id).await?;
     let timeout = Duration::from_secs(secs);
-    Ok(Json(api.engine.wait(&id, timeout).await?))
+    Ok(Json(api.engine.wait_until(&id, until, timeout).await?))
 }
 
 #[derive(Debug, Deserialize)]

@@ -352,6 +352,35 @@ impl Client {
         }
     }
 
+    /// Waits up to `timeout_secs` for the job to leave the queue (`started`) or to end
+    /// (`ended`); the record either way.
+    pub async fn wait_for(
+        &self,
+        id: &str,
+        until: &str,
+        timeout_secs: u64,
+    ) -> Result<JobRecord, ClientError> {
+        let uri = format!("/v1/jobs/{id}/wait?until={until}&timeout_secs={timeout_secs}");
+        Ok(self.json(Method::GET, &uri, None).await?.1)
+    }
+
+    /// A stream of the job from `offset`, followed: the body runs until the job has ended
+    /// and everything it spooled has been sent.
+    pub async fn follow(
+        &self,
+        id: &str,
+        stream: Stream,
+        offset: u64,
+    ) -> Result<Incoming, ClientError> {
+        let uri = format!(
+            "/v1/jobs/{id}/output/{}?follow=true&offset={offset}",
+            stream.name()
+        );
+        // Held until the job ends: not kept for reuse.
+        let (resp, _sender) = self.send(Method::GET, &uri, None).await?;
+        Ok(self.ok_or_api_error(resp).await?.into_body())
+    }
+
     /// Copies a stream of the job to `out` from `offset`, following it until the job ends
     /// when `follow` is set.
     pub async fn output(

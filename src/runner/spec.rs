@@ -247,6 +247,11 @@ impl JobSpec {
     }
 }
 
+/// True when `id` is one a job may have.
+pub fn valid_id(id: &str) -> bool {
+    valid_name(id, false)
+}
+
 /// True when `owner` is one a job may have (a list filter with another matches nothing).
 pub fn valid_owner(owner: &str) -> bool {
     valid_name(owner, true)

@@ -15,6 +15,7 @@ use std::future::Future;
 use thiserror::Error;
 
 use crate::proto::hub::DesiredSettings;
+use crate::proto::job::{JobSpec, Truncation};
 
 #[derive(Debug, Error)]
 pub(crate) enum StoreError {
@@ -63,11 +64,82 @@ pub(crate) struct ScopeRow {
     pub(crate) settings: DesiredSettings,
 }
 
+/// A job's output stream, as the hub keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        match s {
+            "stdout" => Some(Self::Stdout),
+            "stderr" => Some(Self::Stderr),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Stdout => "stdout",
+            Self::Stderr => "stderr",
+        }
+    }
+}
+
+/// What changes about a hub job as its agent reports it (or as it is cancelled).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct JobProgress {
+    /// `pending`, or the runner's state.
+    pub(crate) state: String,
+    pub(crate) cancel_requested: bool,
+    pub(crate) exit_code: Option<i32>,
+    pub(crate) signal: Option<i32>,
+    pub(crate) error: Option<String>,
+    pub(crate) finished_ms: Option<u64>,
+    pub(crate) stdout_bytes: u64,
+    pub(crate) stderr_bytes: u64,
+    pub(crate) runner_truncated: Option<Truncation>,
+    /// Ended, and all of its output the hub will hold is there.
+    pub(crate) done: bool,
+}
+
+/// One hub job, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct JobRow {
+    pub(crate) id: String,
+    /// Submission order, over the whole hub.
+    pub(crate) seq: u64,
+    pub(crate) agent: String,
+    pub(crate) spec: JobSpec,
+    pub(crate) created_ms: u64,
+    pub(crate) progress: JobProgress,
+    /// How much of each stream the hub has acknowledged, and how much of it it keeps
+    /// (less, past its cap).
+    pub(crate) stdout_length: u64,
+    pub(crate) stderr_length: u64,
+    pub(crate) stdout_stored: u64,
+    pub(crate) stderr_stored: u64,
+}
+
+/// The outcome of an output upload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Appended {
+    /// The stream's acknowledged length now.
+    Length(u64),
+    /// The upload starts past the acknowledged length, which it names: nothing taken.
+    Gap(u64),
+    NoJob,
+}
+
 /// Everything the hub loads at start.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Snapshot {
     pub(crate) agents: Vec<AgentRow>,
     pub(crate) scopes: Vec<ScopeRow>,
+    /// Jobs not yet done.
+    pub(crate) open_jobs: Vec<JobRow>,
     /// The last generation handed out.
     pub(crate) generation: u64,
 }
@@ -114,4 +186,54 @@ pub(crate) trait Store: Send + Sync + 'static {
         &self,
         batch: Vec<ReportRow>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Adds a job (its `seq` is assigned here) and gives its agent's scope the next
+    /// generation. Returns (seq, generation), or `None` when the id is taken.
+    fn insert_job(
+        &self,
+        job: &JobRow,
+    ) -> impl Future<Output = Result<Option<(u64, u64)>, StoreError>> + Send;
+
+    /// Records what changed about some of `agent`'s jobs, in one transaction; with `bump`
+    /// the agent's scope gets the next generation, which is returned.
+    fn update_jobs(
+        &self,
+        agent: &str,
+        jobs: Vec<(String, JobProgress)>,
+        bump: bool,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+
+    /// Appends to a stream what of `data` (uploaded at `offset`) lies past the length
+    /// acknowledged, keeping at most `cap` bytes of the stream.
+    fn append_output(
+        &self,
+        job: &str,
+        stream: Stream,
+        offset: u64,
+        data: bytes::Bytes,
+        cap: u64,
+    ) -> impl Future<Output = Result<Appended, StoreError>> + Send;
+
+    /// Up to `limit` bytes of what the hub keeps of a stream, from `offset`.
+    fn read_output(
+        &self,
+        job: &str,
+        stream: Stream,
+        offset: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<u8>, StoreError>> + Send;
+
+    fn get_job(&self, id: &str) -> impl Future<Output = Result<Option<JobRow>, StoreError>> + Send;
+
+    /// Jobs newest first: of one agent or all, below `before` (a seq), at most `limit`.
+    fn list_jobs(
+        &self,
+        agent: Option<&str>,
+        before: Option<u64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<JobRow>, StoreError>> + Send;
+
+    /// Deletes the oldest done jobs and their output beyond the newest `keep`; returns
+    /// how many went.
+    fn retain_jobs(&self, keep: usize) -> impl Future<Output = Result<usize, StoreError>> + Send;
 }

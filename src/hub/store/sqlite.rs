@@ -11,7 +11,10 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{AgentRow, ReportRow, ScopeRow, Snapshot, Store, StoreError};
+use super::{
+    AgentRow, Appended, JobProgress, JobRow, ReportRow, ScopeRow, Snapshot, Store, StoreError,
+    Stream,
+};
 use crate::proto::hub::DesiredSettings;
 
 /// Schema migrations, applied in order; `user_version` records how many ran. Portable
@@ -34,7 +37,41 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE meta (
         scope TEXT PRIMARY KEY,
         generation BIGINT NOT NULL,
         settings TEXT NOT NULL
-    );"];
+    );",
+    // 2: jobs through the hub, and their output in chunks (each upload's new bytes).
+    // PostgreSQL: BYTEA for BLOB.
+    "INSERT INTO meta (key, value) VALUES ('job_seq', 0);
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        seq BIGINT NOT NULL UNIQUE,
+        agent TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        created_ms BIGINT NOT NULL,
+        state TEXT NOT NULL,
+        cancel_requested BIGINT NOT NULL DEFAULT 0,
+        exit_code BIGINT,
+        exit_signal BIGINT,
+        error TEXT,
+        finished_ms BIGINT,
+        stdout_bytes BIGINT NOT NULL DEFAULT 0,
+        stderr_bytes BIGINT NOT NULL DEFAULT 0,
+        runner_truncated TEXT,
+        done BIGINT NOT NULL DEFAULT 0,
+        stdout_length BIGINT NOT NULL DEFAULT 0,
+        stderr_length BIGINT NOT NULL DEFAULT 0,
+        stdout_stored BIGINT NOT NULL DEFAULT 0,
+        stderr_stored BIGINT NOT NULL DEFAULT 0
+    );
+    CREATE INDEX jobs_by_agent ON jobs (agent, seq);
+    CREATE INDEX jobs_by_done ON jobs (done, seq);
+    CREATE TABLE job_output (
+        job TEXT NOT NULL,
+        stream TEXT NOT NULL,
+        start BIGINT NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (job, stream, start)
+    );",
+];
 
 /// Takes the next generation, above `past`.
 const NEXT_GENERATION: &str =
@@ -113,6 +150,113 @@ fn opt_u64(v: Option<i64>) -> Option<u64> {
     v.map(|n| n.max(0) as u64)
 }
 
+fn u64_of(n: i64) -> u64 {
+    n.max(0) as u64
+}
+
+/// Gives `scope` the next generation.
+fn bump_scope(tx: &rusqlite::Transaction<'_>, scope: &str) -> rusqlite::Result<u64> {
+    let generation = next_generation(tx, 0)?;
+    tx.execute(
+        "INSERT INTO desired (scope, generation, settings) VALUES (?1, ?2, '{}')
+         ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation",
+        params![scope, generation as i64],
+    )?;
+    Ok(generation)
+}
+
+const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
+    exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
+    stdout_length, stderr_length, stdout_stored, stderr_stored";
+
+/// The raw columns of a job row, parsed afterwards (outside rusqlite's row closure, so
+/// that a record that does not parse is an error that names it).
+type RawJob = (
+    (String, i64, String, String, i64, String, i64),
+    (Option<i64>, Option<i64>, Option<String>, Option<i64>),
+    (i64, i64, Option<String>, i64),
+    (i64, i64, i64, i64),
+);
+
+fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
+    Ok((
+        (
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+            r.get(6)?,
+        ),
+        (r.get(7)?, r.get(8)?, r.get(9)?, r.get(10)?),
+        (r.get(11)?, r.get(12)?, r.get(13)?, r.get(14)?),
+        (r.get(15)?, r.get(16)?, r.get(17)?, r.get(18)?),
+    ))
+}
+
+fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
+    let ((id, seq, agent, spec, created_ms, state, cancel), (code, signal, error, finished), rest, lens) =
+        raw;
+    let corrupt = |what: String| {
+        let path = path.to_owned();
+        move |source| StoreError::Corrupt { path, what, source }
+    };
+    let spec = serde_json::from_str(&spec).map_err(corrupt(format!("the spec of job {id:?}")))?;
+    let (stdout_bytes, stderr_bytes, truncated, done) = rest;
+    let runner_truncated = truncated
+        .map(|t| serde_json::from_str(&t))
+        .transpose()
+        .map_err(corrupt(format!("the truncation of job {id:?}")))?;
+    Ok(JobRow {
+        seq: u64_of(seq),
+        agent,
+        spec,
+        created_ms: u64_of(created_ms),
+        progress: JobProgress {
+            state,
+            cancel_requested: cancel != 0,
+            exit_code: code.map(|c| c as i32),
+            signal: signal.map(|s| s as i32),
+            error,
+            finished_ms: opt_u64(finished),
+            stdout_bytes: u64_of(stdout_bytes),
+            stderr_bytes: u64_of(stderr_bytes),
+            runner_truncated,
+            done: done != 0,
+        },
+        stdout_length: u64_of(lens.0),
+        stderr_length: u64_of(lens.1),
+        stdout_stored: u64_of(lens.2),
+        stderr_stored: u64_of(lens.3),
+        id,
+    })
+}
+
+fn select_jobs(
+    conn: &Connection,
+    path: &str,
+    query: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<JobRow>, StoreError> {
+    let e = sql(path);
+    let mut stmt = conn.prepare_cached(query).map_err(&e)?;
+    let raws = stmt
+        .query_map(params, raw_job)
+        .map_err(&e)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(&e)?;
+    raws.into_iter().map(|raw| job_row(path, raw)).collect()
+}
+
+fn encode(path: &str, what: &str, v: &impl serde::Serialize) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|source| StoreError::Corrupt {
+        path: path.to_owned(),
+        what: what.to_owned(),
+        source,
+    })
+}
+
 impl Store for SqliteStore {
     async fn load(&self) -> Result<Snapshot, StoreError> {
         self.with(|conn, path| {
@@ -172,9 +316,16 @@ impl Store for SqliteStore {
                     settings,
                 });
             }
+            let open_jobs = select_jobs(
+                conn,
+                path,
+                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE done = 0 ORDER BY seq"),
+                [],
+            )?;
             Ok(Snapshot {
                 agents,
                 scopes,
+                open_jobs,
                 generation: generation.max(0) as u64,
             })
         })
@@ -291,6 +442,277 @@ impl Store for SqliteStore {
                 }
             }
             tx.commit().map_err(&e)
+        })
+        .await
+    }
+
+    async fn insert_job(&self, job: &JobRow) -> Result<Option<(u64, u64)>, StoreError> {
+        let job = job.clone();
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let spec = encode(path, "a job spec to store", &job.spec)?;
+            let tx = conn.transaction().map_err(&e)?;
+            let taken: Option<i64> = tx
+                .query_row("SELECT seq FROM jobs WHERE id = ?1", params![job.id], |r| {
+                    r.get(0)
+                })
+                .optional()
+                .map_err(&e)?;
+            if taken.is_some() {
+                return Ok(None);
+            }
+            let seq: i64 = tx
+                .query_row(
+                    "UPDATE meta SET value = value + 1 WHERE key = 'job_seq' RETURNING value",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(&e)?;
+            tx.execute(
+                "INSERT INTO jobs (id, seq, agent, spec, created_ms, state)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    job.id,
+                    seq,
+                    job.agent,
+                    spec,
+                    job.created_ms as i64,
+                    job.progress.state
+                ],
+            )
+            .map_err(&e)?;
+            let generation = bump_scope(&tx, &job.agent).map_err(&e)?;
+            tx.commit().map_err(&e)?;
+            Ok(Some((u64_of(seq), generation)))
+        })
+        .await
+    }
+
+    async fn update_jobs(
+        &self,
+        agent: &str,
+        jobs: Vec<(String, JobProgress)>,
+        bump: bool,
+    ) -> Result<Option<u64>, StoreError> {
+        let agent = agent.to_owned();
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "UPDATE jobs SET state = ?2, cancel_requested = ?3, exit_code = ?4,
+                             exit_signal = ?5, error = ?6, finished_ms = ?7, stdout_bytes = ?8,
+                             stderr_bytes = ?9, runner_truncated = ?10, done = ?11
+                         WHERE id = ?1",
+                    )
+                    .map_err(&e)?;
+                for (id, p) in &jobs {
+                    let truncated = p
+                        .runner_truncated
+                        .as_ref()
+                        .map(|t| encode(path, "a truncation to store", t))
+                        .transpose()?;
+                    stmt.execute(params![
+                        id,
+                        p.state,
+                        p.cancel_requested as i64,
+                        p.exit_code.map(i64::from),
+                        p.signal.map(i64::from),
+                        p.error,
+                        p.finished_ms.map(|m| m as i64),
+                        p.stdout_bytes as i64,
+                        p.stderr_bytes as i64,
+                        truncated,
+                        p.done as i64,
+                    ])
+                    .map_err(&e)?;
+                }
+            }
+            let generation = if bump {
+                Some(bump_scope(&tx, &agent).map_err(&e)?)
+            } else {
+                None
+            };
+            tx.commit().map_err(&e)?;
+            Ok(generation)
+        })
+        .await
+    }
+
+    async fn append_output(
+        &self,
+        job: &str,
+        stream: Stream,
+        offset: u64,
+        data: bytes::Bytes,
+        cap: u64,
+    ) -> Result<Appended, StoreError> {
+        let job = job.to_owned();
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let s = stream.name();
+            let tx = conn.transaction().map_err(&e)?;
+            let lens: Option<(i64, i64)> = tx
+                .query_row(
+                    &format!("SELECT {s}_length, {s}_stored FROM jobs WHERE id = ?1"),
+                    params![job],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()
+                .map_err(&e)?;
+            let Some((length, stored)) = lens else {
+                return Ok(Appended::NoJob);
+            };
+            let (length, stored) = (u64_of(length), u64_of(stored));
+            if offset > length {
+                return Ok(Appended::Gap(length));
+            }
+            // What the hub has already is the same bytes (a spool is append-only): only
+            // what lies past the acknowledged length is new.
+            let skip = (length - offset) as usize;
+            if skip >= data.len() {
+                return Ok(Appended::Length(length));
+            }
+            let new = &data[skip..];
+            let keep = (new.len() as u64).min(cap.saturating_sub(stored)) as usize;
+            if keep > 0 {
+                tx.execute(
+                    "INSERT INTO job_output (job, stream, start, data) VALUES (?1, ?2, ?3, ?4)",
+                    params![job, s, stored as i64, &new[..keep]],
+                )
+                .map_err(&e)?;
+            }
+            let length = length + new.len() as u64;
+            tx.execute(
+                &format!("UPDATE jobs SET {s}_length = ?2, {s}_stored = ?3 WHERE id = ?1"),
+                params![job, length as i64, (stored + keep as u64) as i64],
+            )
+            .map_err(&e)?;
+            tx.commit().map_err(&e)?;
+            Ok(Appended::Length(length))
+        })
+        .await
+    }
+
+    async fn read_output(
+        &self,
+        job: &str,
+        stream: Stream,
+        offset: u64,
+        limit: usize,
+    ) -> Result<Vec<u8>, StoreError> {
+        let job = job.to_owned();
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT start, data FROM job_output
+                     WHERE job = ?1 AND stream = ?2 AND start + length(data) > ?3
+                     ORDER BY start",
+                )
+                .map_err(&e)?;
+            let mut rows = stmt
+                .query(params![job, stream.name(), offset as i64])
+                .map_err(&e)?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next().map_err(&e)? {
+                let start = u64_of(row.get(0).map_err(&e)?);
+                let data = row.get_ref(1).map_err(&e)?.as_blob().map_err(|err| {
+                    e(rusqlite::Error::FromSqlConversionFailure(
+                        1,
+                        rusqlite::types::Type::Blob,
+                        Box::new(err),
+                    ))
+                })?;
+                let from = offset.saturating_sub(start) as usize;
+                let take = (data.len() - from).min(limit - out.len());
+                out.extend_from_slice(&data[from..from + take]);
+                if out.len() >= limit {
+                    break;
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn get_job(&self, id: &str) -> Result<Option<JobRow>, StoreError> {
+        let id = id.to_owned();
+        self.with(move |conn, path| {
+            let mut rows = select_jobs(
+                conn,
+                path,
+                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"),
+                params![id],
+            )?;
+            Ok(rows.pop())
+        })
+        .await
+    }
+
+    async fn list_jobs(
+        &self,
+        agent: Option<&str>,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<JobRow>, StoreError> {
+        let agent = agent.map(str::to_owned);
+        self.with(move |conn, path| {
+            let before = before.map_or(i64::MAX, |b| b.min(i64::MAX as u64) as i64);
+            match agent {
+                Some(a) => select_jobs(
+                    conn,
+                    path,
+                    &format!(
+                        "SELECT {JOB_COLUMNS} FROM jobs WHERE agent = ?1 AND seq < ?2
+                         ORDER BY seq DESC LIMIT ?3"
+                    ),
+                    params![a, before, limit as i64],
+                ),
+                None => select_jobs(
+                    conn,
+                    path,
+                    &format!(
+                        "SELECT {JOB_COLUMNS} FROM jobs WHERE seq < ?1 ORDER BY seq DESC LIMIT ?2"
+                    ),
+                    params![before, limit as i64],
+                ),
+            }
+        })
+        .await
+    }
+
+    async fn retain_jobs(&self, keep: usize) -> Result<usize, StoreError> {
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            let done: i64 = tx
+                .query_row("SELECT COUNT(*) FROM jobs WHERE done = 1", [], |r| r.get(0))
+                .map_err(&e)?;
+            let over = (u64_of(done) as usize).saturating_sub(keep);
+            if over == 0 {
+                return Ok(0);
+            }
+            let ids: Vec<String> = {
+                let mut stmt = tx
+                    .prepare_cached("SELECT id FROM jobs WHERE done = 1 ORDER BY seq LIMIT ?1")
+                    .map_err(&e)?;
+                let ids = stmt
+                    .query_map(params![over as i64], |r| r.get(0))
+                    .map_err(&e)?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(&e)?;
+                ids
+            };
+            for id in &ids {
+                tx.execute("DELETE FROM job_output WHERE job = ?1", params![id])
+                    .map_err(&e)?;
+                tx.execute("DELETE FROM jobs WHERE id = ?1", params![id])
+                    .map_err(&e)?;
+            }
+            tx.commit().map_err(&e)?;
+            Ok(ids.len())
         })
         .await
     }

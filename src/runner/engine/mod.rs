@@ -29,6 +29,7 @@
 mod admission;
 mod lifecycle;
 mod query;
+pub use self::query::Until;
 mod reconcile;
 mod retention;
 mod shutdown;

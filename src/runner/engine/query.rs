@@ -10,6 +10,25 @@ use super::{blocking, Engine, EngineError};
 use crate::proto::job::{JobRecord, JobState};
 use crate::runner::job;
 
+/// What [`Engine::wait_until`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// The job has left the queue: it is starting, running, or over.
+    Started,
+    /// The job's end is committed.
+    Ended,
+}
+
+impl Until {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "started" => Some(Until::Started),
+            "ended" => Some(Until::Ended),
+            _ => None,
+        }
+    }
+}
+
 impl Engine {
     pub async fn get(&self, id: &str) -> Result<Option<JobRecord>, EngineError> {
         let store = self.inner.store.clone();
@@ -59,16 +78,35 @@ impl Engine {
     /// Waits until the job's end is committed or `timeout` passes; returns the record. An
     /// end held in memory (a full disk) is shown with `commit_pending` until it is written.
     pub async fn wait(&self, id: &str, timeout: Duration) -> Result<JobRecord, EngineError> {
+        self.wait_until(id, Until::Ended, timeout).await
+    }
+
+    /// Waits until the job has reached `until` or `timeout` passes; returns the record.
+    pub async fn wait_until(
+        &self,
+        id: &str,
+        until: Until,
+        timeout: Duration,
+    ) -> Result<JobRecord, EngineError> {
         let deadline = Instant::now() + timeout;
         let mut activity = self.activity();
         loop {
-            // While the scheduler holds the job it has not ended: no need to ask the store.
-            if !self.is_active(id) {
+            // While the scheduler holds the job it has not ended (nor, while it is queued,
+            // started): no need to ask the store.
+            let pending = match until {
+                Until::Ended => self.is_active(id),
+                Until::Started => self.is_queued(id),
+            };
+            if !pending {
                 let rec = self
                     .get(id)
                     .await?
                     .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })?;
-                if rec.state.is_terminal() && !rec.commit_pending {
+                let reached = match until {
+                    Until::Ended => rec.state.is_terminal() && !rec.commit_pending,
+                    Until::Started => rec.state != JobState::Queued,
+                };
+                if reached {
                     return Ok(rec);
                 }
             }
@@ -81,6 +119,10 @@ impl Engine {
         self.get(id)
             .await?
             .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })
+    }
+
+    fn is_queued(&self, id: &str) -> bool {
+        self.sched().queue.iter().any(|q| q.id == id)
     }
 
     /// True while the job is queued or running in this runner.

@@ -11,9 +11,16 @@
 //! Generations come from one counter in the store; an agent's effective generation is the
 //! larger of the fleet's and its own, so it only ever grows.
 //!
+//! Jobs ([`jobs`]): each agent's open jobs (not yet done) are in memory with it, and
+//! are part of its desired state; every change to them is in the store before it is
+//! acted on, and a change of what the agent is sent moves its generation, as a change
+//! of its settings does.
+//!
 //! Task: [`ReportFlusher`] writes the reports queued by reconciles to the store in one
 //! transaction a second (an agent sends its report again at each reconcile, so a batch
 //! lost to a crash costs a `last_seen` a second old, never a decision).
+
+mod jobs;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -29,6 +36,9 @@ use crate::proto::desired::{self, DesiredAgent, DesiredRunner, DesiredState, MAX
 use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView};
 use crate::proto::report::AgentReport;
 use crate::util;
+
+pub(crate) use self::jobs::{JobLimits, OutputSlice, Upload};
+use self::jobs::OpenJob;
 
 /// How often queued reports are written.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
@@ -55,6 +65,16 @@ pub(crate) enum FleetError {
     BadId { id: String, why: &'static str },
     #[error("{field}: {why}")]
     BadSetting { field: String, why: String },
+    #[error("no job {0:?}")]
+    NoSuchJob(String),
+    #[error("job {0:?} exists already; give another --id")]
+    JobExists(String),
+    #[error("agent {agent:?} has {max} jobs not done yet, the most it may have waiting (hub serve --max-open-jobs): wait for some to finish, or cancel some")]
+    TooManyJobs { agent: String, max: usize },
+    #[error("the token is not valid for job {0:?}")]
+    JobToken(String),
+    #[error("agent {0:?} is revoked: it takes no jobs until it is enrolled again")]
+    RevokedAgent(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -75,6 +95,8 @@ struct AgentState {
     last_seen: Option<u64>,
     observed_generation: u64,
     report: Option<AgentReport>,
+    /// Its jobs that are not done, by id.
+    jobs: HashMap<String, OpenJob>,
 }
 
 pub(crate) struct AgentEntry {
@@ -143,6 +165,14 @@ pub(crate) struct Fleet<S: Store> {
     newest: AtomicU64,
     /// How long the hub asks agents to wait between reconciles when they do not long poll.
     poll_interval: Duration,
+    /// The agent of each open job.
+    job_index: RwLock<HashMap<String, Arc<AgentEntry>>>,
+    /// Moves on every change to any job (its state, its output): what `job wait` and
+    /// `job logs --follow` wait on.
+    job_activity: watch::Sender<u64>,
+    job_limits: JobLimits,
+    /// Jobs done since retention last ran.
+    jobs_done: AtomicUsize,
 }
 
 fn now_secs() -> u64 {
@@ -154,10 +184,15 @@ fn now_secs() -> u64 {
 
 impl<S: Store> Fleet<S> {
     /// Loads the fleet from `store`.
-    pub(crate) async fn load(store: Arc<S>, poll_interval: Duration) -> Result<Self, FleetError> {
+    pub(crate) async fn load(
+        store: Arc<S>,
+        poll_interval: Duration,
+        job_limits: JobLimits,
+    ) -> Result<Self, FleetError> {
         let Snapshot {
             agents,
             scopes,
+            open_jobs,
             generation,
         } = store.load().await?;
         tracing::debug!(agents = agents.len(), generation, "loaded the fleet");
@@ -187,9 +222,19 @@ impl<S: Store> Fleet<S> {
                 last_seen: a.last_seen,
                 observed_generation: a.observed_generation,
                 report,
+                jobs: HashMap::new(),
             };
             let entry = AgentEntry::new(a.id.clone(), state, a.revoked_at.is_some(), generation);
             map.insert(a.id, entry);
+        }
+        let mut job_index = HashMap::with_capacity(open_jobs.len());
+        for row in open_jobs {
+            let Some(entry) = map.get(&row.agent) else {
+                continue;
+            };
+            job_index.insert(row.id.clone(), entry.clone());
+            let job = OpenJob::loaded(row);
+            util::lock(&entry.state).jobs.insert(job.id.clone(), job);
         }
         Ok(Self {
             store,
@@ -200,6 +245,10 @@ impl<S: Store> Fleet<S> {
             held: AtomicUsize::new(0),
             newest: AtomicU64::new(generation),
             poll_interval,
+            job_index: RwLock::new(job_index),
+            job_activity: watch::Sender::new(0),
+            job_limits,
+            jobs_done: AtomicUsize::new(0),
         })
     }
 
@@ -234,7 +283,7 @@ impl<S: Store> Fleet<S> {
     pub(crate) async fn reconcile(
         &self,
         entry: &Arc<AgentEntry>,
-        report: AgentReport,
+        mut report: AgentReport,
         wait: Duration,
     ) -> Result<DesiredState, FleetError> {
         let observed = report.observed_generation;
@@ -259,6 +308,11 @@ impl<S: Store> Fleet<S> {
             tracing::warn!(agent = %entry.id, observed, current, "an agent reports a generation newer than this hub's; moving its desired state past it");
             self.resync(entry, observed).await?;
         }
+        // Jobs are kept with the jobs, not in the agent's report.
+        let jobs = std::mem::take(&mut report.jobs);
+        if !jobs.is_empty() {
+            self.job_reports(entry, jobs).await?;
+        }
         self.queue_report(entry, report);
         if !wait.is_zero() && *rx.borrow() <= observed {
             let _held = Held::new(&entry.polls, &self.held);
@@ -270,7 +324,7 @@ impl<S: Store> Fleet<S> {
         if entry.is_revoked() {
             return Err(FleetError::Revoked(entry.id.clone()));
         }
-        Ok(self.desired_for(entry))
+        Ok(self.desired_for(entry, true))
     }
 
     async fn resync(&self, entry: &AgentEntry, past: u64) -> Result<(), FleetError> {
@@ -332,8 +386,11 @@ impl<S: Store> Fleet<S> {
         )
     }
 
-    fn desired_for(&self, entry: &AgentEntry) -> DesiredState {
+    /// What `entry` is sent; `offer`: it is being sent (not shown to an admin), so the
+    /// jobs it starts have been offered.
+    fn desired_for(&self, entry: &AgentEntry, offer: bool) -> DesiredState {
         let (generation, s) = self.effective(entry);
+        let (jobs, cancel_jobs) = jobs::desired(&mut util::lock(&entry.state).jobs, offer);
         DesiredState {
             generation,
             poll_interval_secs: Some(self.poll_interval.as_secs()),
@@ -348,6 +405,8 @@ impl<S: Store> Fleet<S> {
                 max_queued: None,
                 max_output_bytes: None,
             },
+            jobs,
+            cancel_jobs,
         }
     }
 
@@ -401,6 +460,7 @@ impl<S: Store> Fleet<S> {
                     last_seen: None,
                     observed_generation: 0,
                     report: None,
+                    jobs: HashMap::new(),
                 };
                 let entry = AgentEntry::new(id.to_owned(), state, false, generation.max(fleet_gen));
                 util::write(&self.agents).insert(id.to_owned(), entry);
@@ -491,7 +551,7 @@ impl<S: Store> Fleet<S> {
                     scope: id.to_owned(),
                     generation: own.generation,
                     settings: own.settings,
-                    effective: Some(self.desired_for(&entry)),
+                    effective: Some(self.desired_for(&entry, false)),
                 })
             }
         }
@@ -657,6 +717,7 @@ impl ReportFlusher {
             let mut failing = false;
             loop {
                 tick.tick().await;
+                fleet.retain_jobs().await;
                 match fleet.flush_reports().await {
                     Ok(_) if failing => {
                         failing = false;

@@ -1,0 +1,445 @@
+//! Jobs through the hub, on the agent's side.
+//!
+//! Task: [`JobsTask`], one per agent with a hub; the hub task holds its [`JobsHandle`].
+//! - In: the desired state the reconciler applied ([`Observed`]): its `jobs` and
+//!   `cancel_jobs`. Each listed job gets a follower; a job the hub no longer lists is
+//!   done at the hub, and its follower goes.
+//! - Out, to the runner: each job that comes with its spec, submitted with the hub's id
+//!   (idempotent: the runner answers 200 for a job it has, and starts nothing), in the
+//!   hub's order; cancels.
+//! - Out, to the hub: each job's output ([`upload`]), and its state as a [`JobReport`]
+//!   that the hub task sends with its next reconcile (a change of one wakes it).
+//!
+//! A job runs at most once: the runner is the only place that starts it, it starts an id
+//! once, and the hub sends a job's spec only until it has seen the job reported. So an
+//! agent killed between taking a job and reporting it submits it again after its
+//! restart and the runner, which has it, starts nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch, Semaphore};
+
+use super::reconciler::Observed;
+use super::upload::{upload_stream, HubLink};
+use crate::proto::fleet_job::JobReport;
+use crate::proto::job::{JobRecord, JobSpec, JobState, Truncation};
+use crate::runner::client::{Client, ClientError};
+use crate::runner::job::Stream;
+
+/// Jobs whose state and output are followed at once; the others wait their turn (each
+/// followed job holds three requests to the runner).
+const FOLLOWED: usize = 64;
+/// How long one wait on the runner lasts before it is asked again.
+const WAIT_SECS: u64 = 300;
+/// Pauses between tries at the runner: doubling from the first to the longest.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(10);
+/// The most of a job's error (and of a truncation reason) a report carries.
+const MAX_ERROR: usize = 512;
+const MAX_REASON: usize = 256;
+
+/// The latest report of each followed job; a change moves `moved`.
+struct Reports {
+    map: Mutex<HashMap<String, JobReport>>,
+    moved: watch::Sender<u64>,
+}
+
+impl Reports {
+    fn set(&self, r: JobReport) {
+        let changed = {
+            let mut map = crate::util::lock(&self.map);
+            if map.get(&r.id) == Some(&r) {
+                false
+            } else {
+                map.insert(r.id.clone(), r);
+                true
+            }
+        };
+        if changed {
+            self.moved.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    fn remove(&self, id: &str) {
+        crate::util::lock(&self.map).remove(id);
+    }
+}
+
+/// The way to the jobs task.
+pub(super) struct JobsHandle {
+    link: watch::Sender<HubLink>,
+    reports: Arc<Reports>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl JobsHandle {
+    /// Starts the task; `socket` is the runner's.
+    pub(super) fn spawn(
+        observed: watch::Receiver<Observed>,
+        socket: std::path::PathBuf,
+        link: HubLink,
+    ) -> Self {
+        let (link, link_rx) = watch::channel(link);
+        let reports = Arc::new(Reports {
+            map: Mutex::new(HashMap::new()),
+            moved: watch::Sender::new(0),
+        });
+        let (stop, stop_rx) = oneshot::channel();
+        let task = JobsTask {
+            observed,
+            stop: stop_rx,
+            socket,
+            runner: None,
+            link: link_rx,
+            reports: reports.clone(),
+            followers: HashMap::new(),
+            generation: None,
+            turn: None,
+            slots: Arc::new(Semaphore::new(FOLLOWED)),
+        };
+        Self {
+            link,
+            reports,
+            stop: Some(stop),
+            task: tokio::spawn(task.run()),
+        }
+    }
+
+    /// New hub settings (SIGHUP): uploads from now on use them.
+    pub(super) fn set_link(&self, link: HubLink) {
+        self.link.send_replace(link);
+    }
+
+    /// Every followed job's latest report, in no order.
+    pub(super) fn reports(&self) -> Vec<JobReport> {
+        crate::util::lock(&self.reports.map)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Moves whenever a report changes.
+    pub(super) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.reports.moved.subscribe()
+    }
+
+    /// Ends every follower (the runner's jobs go on; a restarted agent follows them again
+    /// from what the hub holds) and the task.
+    pub(super) async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Err(e) = self.task.await {
+            tracing::error!(error = %e, "the jobs task failed");
+        }
+    }
+}
+
+struct Follower {
+    cancel: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct JobsTask {
+    observed: watch::Receiver<Observed>,
+    stop: oneshot::Receiver<()>,
+    socket: std::path::PathBuf,
+    /// The runner's API client, made when the first job comes.
+    runner: Option<Arc<Client>>,
+    link: watch::Receiver<HubLink>,
+    reports: Arc<Reports>,
+    followers: HashMap<String, Follower>,
+    /// The generation of the desired state converged to last.
+    generation: Option<u64>,
+    /// Says when the follower started last has submitted its job: the next one submits
+    /// after it, so the runner queues the hub's jobs in the hub's order.
+    turn: Option<oneshot::Receiver<()>>,
+    slots: Arc<Semaphore>,
+}
+
+impl JobsTask {
+    async fn run(mut self) {
+        loop {
+            self.converge().await;
+            tokio::select! {
+                // Cancel-safe: a watch receiver keeps its seen-version between polls.
+                r = self.observed.changed() => if r.is_err() { break },
+                // Cancel-safe: polled by reference, it resolves once.
+                _ = &mut self.stop => break,
+            }
+        }
+        for (_, f) in self.followers.drain() {
+            f.task.abort();
+        }
+        tracing::debug!("jobs task stopped");
+    }
+
+    async fn converge(&mut self) {
+        // Taken out at once: the reconciler cannot publish while this is borrowed.
+        let (generation, jobs, cancel_jobs) = {
+            let o = self.observed.borrow_and_update();
+            let d = &o.desired;
+            if self.generation == Some(d.generation) {
+                return;
+            }
+            (d.generation, d.jobs.clone(), d.cancel_jobs.clone())
+        };
+        self.generation = Some(generation);
+        let runner = match &self.runner {
+            Some(r) => r.clone(),
+            None if jobs.is_empty() => return,
+            None => {
+                // Reads the API token beside the socket: a small blocking read.
+                let socket = self.socket.clone();
+                let Ok(client) = tokio::task::spawn_blocking(move || Client::new(&socket)).await
+                else {
+                    return;
+                };
+                let client = Arc::new(client);
+                self.runner = Some(client.clone());
+                client
+            }
+        };
+        let listed: HashSet<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+        let cancel: HashSet<&str> = cancel_jobs.iter().map(String::as_str).collect();
+        let reports = &self.reports;
+        self.followers.retain(|id, f| {
+            if listed.contains(id.as_str()) {
+                return true;
+            }
+            // Done at the hub.
+            f.task.abort();
+            reports.remove(id);
+            false
+        });
+        for j in &jobs {
+            let cancelled = cancel.contains(j.id.as_str());
+            if let Some(f) = self.followers.get(&j.id) {
+                if cancelled {
+                    f.cancel.send_replace(true);
+                }
+                continue;
+            }
+            let (cancel_tx, cancel_rx) = watch::channel(cancelled);
+            let (submitted, next_turn) = oneshot::channel();
+            let job = Job {
+                id: j.id.clone(),
+                spec: j.spec.clone(),
+                cancel: cancel_rx,
+                turn: self.turn.replace(next_turn),
+                submitted: Some(submitted),
+                runner: runner.clone(),
+                link: self.link.clone(),
+                reports: self.reports.clone(),
+                failing: None,
+            };
+            let slots = self.slots.clone();
+            let task = tokio::spawn(job.follow(slots));
+            self.followers.insert(
+                j.id.clone(),
+                Follower {
+                    cancel: cancel_tx,
+                    task,
+                },
+            );
+        }
+    }
+}
+
+fn cut(s: &str, max: usize) -> String {
+    crate::util::clip_to(s, max).into_owned()
+}
+
+fn report_of(rec: &JobRecord, output_done: bool) -> JobReport {
+    JobReport {
+        id: rec.id.clone(),
+        state: rec.state,
+        exit_code: rec.exit_code,
+        signal: rec.signal,
+        error: rec.error.as_deref().map(|e| cut(e, MAX_ERROR)),
+        stdout_bytes: rec.stdout_bytes,
+        stderr_bytes: rec.stderr_bytes,
+        output_truncated: rec.output_truncated.as_ref().map(|t| Truncation {
+            stdout: t.stdout.as_deref().map(|s| cut(s, MAX_REASON)),
+            stderr: t.stderr.as_deref().map(|s| cut(s, MAX_REASON)),
+        }),
+        output_done,
+    }
+}
+
+/// A job that ended before the runner ran it (or without the runner knowing it).
+fn ended_here(id: &str, state: JobState, error: String) -> JobReport {
+    JobReport {
+        id: id.to_owned(),
+        state,
+        exit_code: None,
+        signal: None,
+        error: Some(cut(&error, MAX_ERROR)),
+        stdout_bytes: 0,
+        stderr_bytes: 0,
+        output_truncated: None,
+        output_done: true,
+    }
+}
+
+/// One hub job, followed from its submission to its last byte at the hub.
+struct Job {
+    id: String,
+    spec: Option<JobSpec>,
+    cancel: watch::Receiver<bool>,
+    turn: Option<oneshot::Receiver<()>>,
+    submitted: Option<oneshot::Sender<()>>,
+    runner: Arc<Client>,
+    link: watch::Receiver<HubLink>,
+    reports: Arc<Reports>,
+    /// The failure being retried, logged once.
+    failing: Option<String>,
+}
+
+impl Job {
+    async fn follow(mut self, slots: Arc<Semaphore>) {
+        if let Some(turn) = self.turn.take() {
+            // An error: the follower before went (its job is done at the hub).
+            let _ = turn.await;
+        }
+        let rec = self.start().await;
+        if let Some(tx) = self.submitted.take() {
+            let _ = tx.send(());
+        }
+        let Some(rec) = rec else { return };
+        self.reports.set(report_of(&rec, false));
+        let Ok(_slot) = slots.acquire_owned().await else {
+            return;
+        };
+        let (runner, link, id) = (self.runner.clone(), self.link.clone(), self.id.clone());
+        let stdout = upload_stream(&id, Stream::Stdout, &runner, &link);
+        let stderr = upload_stream(&id, Stream::Stderr, &runner, &link);
+        let ((), (), rec) = tokio::join!(stdout, stderr, self.track(rec));
+        let mut last = rec;
+        last.output_done = true;
+        self.reports.set(last);
+    }
+
+    fn failed(&mut self, what: &str, e: &ClientError) {
+        let why = format!("{what}: {}", crate::error_chain(e));
+        if self.failing.as_deref() != Some(why.as_str()) {
+            tracing::warn!(job = %self.id, error = %why, "retrying");
+            self.failing = Some(why);
+        }
+    }
+
+    /// The job's record once the runner has it: submitted if it comes with its spec, and
+    /// not cancelled meanwhile. `None` when it ended without running, reported so.
+    async fn start(&mut self) -> Option<JobRecord> {
+        let mut pause = RETRY_FIRST;
+        loop {
+            let cancelled = *self.cancel.borrow();
+            if let (Some(spec), false) = (&self.spec, cancelled) {
+                match self.runner.submit(spec).await {
+                    Ok((created, sub)) => {
+                        if created {
+                            tracing::info!(job = %self.id, state = sub.state.as_str(), "hub job submitted to the runner");
+                        }
+                    }
+                    Err(ClientError::Api {
+                        status: 400 | 409 | 413 | 422,
+                        message,
+                        ..
+                    }) => {
+                        tracing::warn!(job = %self.id, error = %message, "the runner refused the hub's job");
+                        self.reports
+                            .set(ended_here(&self.id, JobState::Rejected, message));
+                        return None;
+                    }
+                    Err(e) => {
+                        self.failed("submitting it to the runner", &e);
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(RETRY_MAX);
+                        continue;
+                    }
+                }
+            }
+            match self.runner.get(&self.id).await {
+                Ok(rec) => return Some(rec),
+                Err(ClientError::Api { status: 404, .. }) if cancelled => {
+                    self.reports.set(ended_here(
+                        &self.id,
+                        JobState::Cancelled,
+                        "cancelled at the hub before it started".into(),
+                    ));
+                    return None;
+                }
+                Err(ClientError::Api { status: 404, .. }) if self.spec.is_none() => {
+                    self.reports.set(ended_here(
+                        &self.id,
+                        JobState::Lost,
+                        format!("the runner has no record of job {} (its state dir was reset, or its retention deleted the job)", self.id),
+                    ));
+                    return None;
+                }
+                Err(e) => {
+                    self.failed("reading it from the runner", &e);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    /// Follows the job's state until its end is recorded, cancelling it when asked;
+    /// every change is reported.
+    async fn track(&mut self, mut rec: JobRecord) -> JobReport {
+        let mut cancel_sent = false;
+        let mut pause = RETRY_FIRST;
+        loop {
+            if rec.state.is_terminal() && !rec.commit_pending {
+                return report_of(&rec, false);
+            }
+            if *self.cancel.borrow() && !cancel_sent {
+                match self.runner.cancel(&self.id).await {
+                    Ok(r) => {
+                        cancel_sent = true;
+                        tracing::info!(job = %self.id, "hub job cancelled");
+                        rec = r;
+                        self.reports.set(report_of(&rec, false));
+                        continue;
+                    }
+                    Err(e) => self.failed("cancelling it", &e),
+                }
+            }
+            let until = if rec.state == JobState::Queued {
+                "started"
+            } else {
+                "ended"
+            };
+            let runner = self.runner.clone();
+            tokio::select! {
+                r = runner.wait_for(&self.id, until, WAIT_SECS) => match r {
+                    Ok(r) => {
+                        pause = RETRY_FIRST;
+                        rec = r;
+                        self.reports.set(report_of(&rec, false));
+                    }
+                    Err(ClientError::Api { status: 404, .. }) => {
+                        return ended_here(&self.id, JobState::Lost, format!("the runner no longer has job {}", self.id));
+                    }
+                    Err(e) => {
+                        self.failed("following it", &e);
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(RETRY_MAX);
+                    }
+                },
+                // Cancel-safe: `changed` only observes; the wait is asked again after.
+                r = self.cancel.changed(), if !cancel_sent => {
+                    if r.is_err() {
+                        // The task is going away with its follower.
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        }
+    }
+}

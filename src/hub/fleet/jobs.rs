@@ -1,0 +1,635 @@
+//! Jobs through the hub: submitted by an admin, carried to their agent in its desired
+//! state, followed through the agent's reports, their output taken from its uploads.
+//!
+//! A job is `pending` until its agent reports it, then has the runner's state; it is
+//! *done* once it has ended and its agent says the hub holds all of its output, and
+//! only then leaves the agent's desired state. What the agent is sent of a job:
+//! - pending: its spec (the agent starts it), while the answer has room;
+//! - reported, or cancelled while pending: its id only (followed, never started again:
+//!   that the spec stops travelling once the runner had the job is what keeps a job to
+//!   one run, also where a runner forgot it);
+//! - asked to cancel and not ended: its id in `cancel_jobs` too.
+//!
+//! Every change that alters what the agent is sent gives the agent the next generation,
+//! so the agent's held poll answers at once.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{AgentEntry, Fleet, FleetError};
+use crate::hub::store::{Appended, JobProgress, JobRow, Store, Stream};
+use crate::proto::fleet_job::{DesiredJob, HubJobSubmit, HubJobView, JobReport, PENDING};
+use crate::proto::job::{JobSpec, JobState, Truncation};
+use crate::util;
+
+/// Specs put into one answer, at most (the rest follow in later answers): far under
+/// the 1 MiB an agent reads of an answer.
+const SPEC_BUDGET: usize = 512 * 1024;
+/// The longest error text kept of a job.
+const MAX_ERROR: usize = 1024;
+/// The longest truncation reason kept of a stream.
+const MAX_REASON: usize = 512;
+
+/// The hub's bounds on jobs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JobLimits {
+    /// Jobs not done per agent: beyond, a submission is refused.
+    pub(crate) max_open: usize,
+    /// Bytes kept of each stream of a job.
+    pub(crate) max_output: u64,
+    /// Done jobs kept, newest first; older ones are deleted with their output.
+    pub(crate) keep_done: usize,
+}
+
+impl Default for JobLimits {
+    fn default() -> Self {
+        Self {
+            max_open: 1000,
+            max_output: 16 * 1024 * 1024,
+            keep_done: 10_000,
+        }
+    }
+}
+
+/// A job not done yet, as the hub holds it with its agent.
+#[derive(Debug)]
+pub(super) struct OpenJob {
+    pub(super) id: String,
+    seq: u64,
+    spec: Arc<JobSpec>,
+    spec_len: usize,
+    progress: JobProgress,
+    /// Its spec may have reached its agent: true once an answer carried it, and for
+    /// every job the hub found pending at its start (an answer before the restart may
+    /// have). A pending job never offered is cancelled at the hub, at once.
+    offered: bool,
+}
+
+impl OpenJob {
+    pub(super) fn loaded(row: JobRow) -> Self {
+        let spec_len = row.spec.canonical().len();
+        Self {
+            id: row.id,
+            seq: row.seq,
+            spec: Arc::new(row.spec),
+            spec_len,
+            progress: row.progress,
+            offered: true,
+        }
+    }
+
+    fn pending(&self) -> bool {
+        self.progress.state == PENDING
+    }
+}
+
+fn ended(state: &str) -> bool {
+    JobState::parse(state).is_some_and(JobState::is_terminal)
+}
+
+/// The `jobs` and `cancel_jobs` of an agent's desired state.
+pub(super) fn desired(
+    jobs: &mut HashMap<String, OpenJob>,
+    offer: bool,
+) -> (Vec<DesiredJob>, Vec<String>) {
+    let mut open: Vec<&mut OpenJob> = jobs.values_mut().collect();
+    open.sort_unstable_by_key(|j| j.seq);
+    let (mut out, mut cancel) = (Vec::with_capacity(open.len()), Vec::new());
+    let mut budget = SPEC_BUDGET;
+    for j in open {
+        if j.progress.cancel_requested && !ended(&j.progress.state) {
+            cancel.push(j.id.clone());
+        }
+        let spec = if j.pending() && !j.progress.cancel_requested {
+            // In submission order: a job that does not fit waits, and so do those after it.
+            if j.spec_len > budget {
+                budget = 0;
+                continue;
+            }
+            budget -= j.spec_len;
+            if offer {
+                j.offered = true;
+            }
+            Some((*j.spec).clone())
+        } else {
+            None
+        };
+        out.push(DesiredJob {
+            id: j.id.clone(),
+            spec,
+        });
+    }
+    (out, cancel)
+}
+
+fn cut(s: &str, max: usize) -> String {
+    let mut s = s.to_owned();
+    super::cut(&mut s, max);
+    s
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `prev` with the agent's report taken in. An ended job's state is final: a report
+/// after it moves only its output counts and whether its output is all here.
+fn merged(prev: &JobProgress, r: &JobReport, now: u64) -> JobProgress {
+    let mut p = prev.clone();
+    if !ended(&prev.state) {
+        p.state = r.state.as_str().to_owned();
+        p.exit_code = r.exit_code;
+        p.signal = r.signal;
+        p.error = r.error.as_deref().map(|e| cut(e, MAX_ERROR));
+        if r.state.is_terminal() {
+            p.finished_ms = Some(now);
+        }
+    }
+    p.stdout_bytes = r.stdout_bytes;
+    p.stderr_bytes = r.stderr_bytes;
+    p.runner_truncated = r.output_truncated.as_ref().map(|t| Truncation {
+        stdout: t.stdout.as_deref().map(|s| cut(s, MAX_REASON)),
+        stderr: t.stderr.as_deref().map(|s| cut(s, MAX_REASON)),
+    });
+    p.done = ended(&p.state) && r.output_done;
+    p
+}
+
+/// Whether going from `prev` to `next` changes what the agent is sent.
+fn moves_desired(job: &OpenJob, next: &JobProgress) -> bool {
+    job.pending() != (next.state == PENDING)
+        || next.done
+        || (job.progress.cancel_requested && !ended(&job.progress.state) && ended(&next.state))
+}
+
+/// What the hub shows of a job.
+fn view(row: JobRow, limits: &JobLimits) -> HubJobView {
+    let p = row.progress;
+    let hub_cut = |length: u64, stored: u64| {
+        (length > stored).then(|| {
+            format!(
+                "the hub keeps the first {} bytes of each stream ({stored} of {length} kept)",
+                limits.max_output
+            )
+        })
+    };
+    let join = |runner: Option<String>, hub: Option<String>| match (runner, hub) {
+        (Some(r), Some(h)) => Some(format!("{r}; {h}")),
+        (r, h) => r.or(h),
+    };
+    let runner = p.runner_truncated.unwrap_or_default();
+    let output_truncated = Truncation::of(
+        join(runner.stdout, hub_cut(row.stdout_length, row.stdout_stored)),
+        join(runner.stderr, hub_cut(row.stderr_length, row.stderr_stored)),
+    );
+    HubJobView {
+        id: row.id,
+        agent: row.agent,
+        spec: row.spec,
+        state: p.state,
+        cancel_requested: p.cancel_requested && !p.done,
+        exit_code: p.exit_code,
+        signal: p.signal,
+        error: p.error,
+        created_ms: row.created_ms,
+        finished_ms: p.finished_ms,
+        stdout_bytes: p.stdout_bytes,
+        stderr_bytes: p.stderr_bytes,
+        stdout_stored: row.stdout_stored,
+        stderr_stored: row.stderr_stored,
+        output_truncated,
+        done: p.done,
+    }
+}
+
+/// A slice of a job's stream, for `job logs`.
+pub(crate) struct OutputSlice {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) next: u64,
+    /// The job is done and nothing is kept past `next`.
+    pub(crate) complete: bool,
+}
+
+/// The agent's upload, checked: the job, its stream and the offset.
+pub(crate) struct Upload {
+    pub(crate) job: String,
+    pub(crate) stream: Stream,
+    pub(crate) offset: u64,
+}
+
+impl<S: Store> Fleet<S> {
+    fn job_entry(&self, id: &str) -> Option<Arc<AgentEntry>> {
+        util::read(&self.job_index).get(id).cloned()
+    }
+
+    fn job_moved(&self) {
+        self.job_activity.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    pub(crate) fn job_activity(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.job_activity.subscribe()
+    }
+
+    /// Takes a job for `req.agent`; it waits at the hub until the agent takes it.
+    pub(crate) async fn submit_job(&self, req: HubJobSubmit) -> Result<HubJobView, FleetError> {
+        let HubJobSubmit { agent, mut spec } = req;
+        let entry = self.entry(&agent)?;
+        if entry.is_revoked() {
+            return Err(FleetError::RevokedAgent(agent));
+        }
+        let bad = |field: &str, why: String| FleetError::BadSetting {
+            field: field.into(),
+            why,
+        };
+        if spec.argv.is_empty() || spec.argv[0].is_empty() {
+            return Err(bad("spec.argv", "empty: give the program to run".into()));
+        }
+        let id = match spec.id.take() {
+            Some(id) => id,
+            None => super::token::new_job_id().map_err(|e| bad("spec.id", e.to_string()))?,
+        };
+        if !crate::runner::spec::valid_id(&id) {
+            return Err(bad(
+                "spec.id",
+                format!(
+                    "{:?} is not a job id: use 1-128 characters from A-Z a-z 0-9 . _ -",
+                    util::clip(&id)
+                ),
+            ));
+        }
+        spec.id = Some(id.clone());
+        let _one = self.changes.lock().await;
+        let open = util::lock(&entry.state).jobs.len();
+        if open >= self.job_limits.max_open {
+            return Err(FleetError::TooManyJobs {
+                agent,
+                max: self.job_limits.max_open,
+            });
+        }
+        if self.job_entry(&id).is_some() {
+            return Err(FleetError::JobExists(id));
+        }
+        let mut row = JobRow {
+            id: id.clone(),
+            seq: 0,
+            agent: agent.clone(),
+            spec,
+            created_ms: now_ms(),
+            progress: JobProgress {
+                state: PENDING.into(),
+                ..JobProgress::default()
+            },
+            stdout_length: 0,
+            stderr_length: 0,
+            stdout_stored: 0,
+            stderr_stored: 0,
+        };
+        let Some((seq, generation)) = self.store.insert_job(&row).await? else {
+            return Err(FleetError::JobExists(id));
+        };
+        row.seq = seq;
+        let mut job = OpenJob::loaded(row.clone());
+        job.offered = false;
+        {
+            let mut st = util::lock(&entry.state);
+            st.jobs.insert(id.clone(), job);
+            st.own.generation = st.own.generation.max(generation);
+        }
+        util::write(&self.job_index).insert(id.clone(), entry.clone());
+        self.newest.fetch_max(generation, Ordering::AcqRel);
+        self.announce(&entry);
+        self.job_moved();
+        tracing::info!(job = %id, agent = %agent, generation, "job submitted");
+        Ok(view(row, &self.job_limits))
+    }
+
+    /// Asks for a job's end: at once for a pending job its agent was never sent,
+    /// otherwise through the agent (the runner's cancel). A job that has ended is left
+    /// as it is.
+    pub(crate) async fn cancel_job(&self, id: &str) -> Result<HubJobView, FleetError> {
+        if let Some(entry) = self.job_entry(id) {
+            let _one = self.changes.lock().await;
+            let next = {
+                let st = util::lock(&entry.state);
+                st.jobs.get(id).and_then(|job| {
+                    let p = &job.progress;
+                    if ended(&p.state) || p.cancel_requested {
+                        return None;
+                    }
+                    let mut p = p.clone();
+                    if job.pending() && !job.offered {
+                        p.state = JobState::Cancelled.as_str().into();
+                        p.error = Some(format!(
+                            "cancelled at the hub before agent {} was sent it",
+                            entry.id
+                        ));
+                        p.finished_ms = Some(now_ms());
+                        p.done = true;
+                    } else {
+                        p.cancel_requested = true;
+                    }
+                    Some(p)
+                })
+            };
+            if let Some(p) = next {
+                self.save_jobs(&entry, vec![(id.to_owned(), p)], true)
+                    .await?;
+                tracing::info!(job = %id, agent = %entry.id, "job cancel requested");
+            }
+        }
+        self.job(id).await
+    }
+
+    /// Records what changed about `updates`' jobs and applies it; `bump` gives the agent
+    /// the next generation. Called with `changes` held.
+    async fn save_jobs(
+        &self,
+        entry: &AgentEntry,
+        updates: Vec<(String, JobProgress)>,
+        bump: bool,
+    ) -> Result<(), FleetError> {
+        let generation = self
+            .store
+            .update_jobs(&entry.id, updates.clone(), bump)
+            .await?;
+        let mut done = Vec::new();
+        {
+            let mut st = util::lock(&entry.state);
+            for (id, p) in updates {
+                if p.done {
+                    st.jobs.remove(&id);
+                    done.push(id);
+                } else if let Some(job) = st.jobs.get_mut(&id) {
+                    job.progress = p;
+                }
+            }
+            if let Some(g) = generation {
+                st.own.generation = st.own.generation.max(g);
+            }
+        }
+        if !done.is_empty() {
+            let mut index = util::write(&self.job_index);
+            for id in &done {
+                index.remove(id);
+            }
+            self.jobs_done.fetch_add(done.len(), Ordering::Relaxed);
+        }
+        if let Some(g) = generation {
+            self.newest.fetch_max(g, Ordering::AcqRel);
+            self.announce(entry);
+        }
+        self.job_moved();
+        Ok(())
+    }
+
+    /// Takes in the jobs of an agent's report: what changed is stored, and what changes
+    /// the agent's desired state moves its generation (so the reconcile answers at once).
+    pub(super) async fn job_reports(
+        &self,
+        entry: &Arc<AgentEntry>,
+        reports: Vec<JobReport>,
+    ) -> Result<(), FleetError> {
+        // One at a time with other changes: two reconciles of one agent (a poll it
+        // abandoned, still held here, and its next) must not interleave.
+        let _one = self.changes.lock().await;
+        let now = now_ms();
+        let (updates, bump) = {
+            let st = util::lock(&entry.state);
+            let mut updates = Vec::new();
+            let mut bump = false;
+            for r in reports.iter().take(self.job_limits.max_open + 64) {
+                let Some(job) = st.jobs.get(&r.id) else {
+                    // Done already, or not this agent's.
+                    continue;
+                };
+                let next = merged(&job.progress, r, now);
+                if next != job.progress {
+                    bump |= moves_desired(job, &next);
+                    updates.push((r.id.clone(), next));
+                }
+            }
+            (updates, bump)
+        };
+        if updates.is_empty() {
+            return Ok(());
+        }
+        for (id, p) in &updates {
+            if p.done {
+                tracing::info!(job = %id, agent = %entry.id, state = %p.state, "job done");
+            }
+        }
+        self.save_jobs(entry, updates, bump).await
+    }
+
+    pub(crate) async fn job(&self, id: &str) -> Result<HubJobView, FleetError> {
+        let row = self
+            .store
+            .get_job(id)
+            .await?
+            .ok_or_else(|| FleetError::NoSuchJob(util::clip(id).into_owned()))?;
+        Ok(view(row, &self.job_limits))
+    }
+
+    pub(crate) async fn jobs(
+        &self,
+        agent: Option<&str>,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<HubJobView>, FleetError> {
+        let rows = self.store.list_jobs(agent, before, limit).await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| view(r, &self.job_limits))
+            .collect())
+    }
+
+    /// The job once it is done, or as it is when `timeout` has passed.
+    pub(crate) async fn wait_job(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<HubJobView, FleetError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut activity = self.job_activity();
+        loop {
+            activity.borrow_and_update();
+            let v = self.job(id).await?;
+            if v.done {
+                return Ok(v);
+            }
+            tokio::select! {
+                // Cancel-safe: `changed` only observes the channel.
+                r = activity.changed() => if r.is_err() { return Ok(v) },
+                () = tokio::time::sleep_until(deadline) => return Ok(v),
+            }
+        }
+    }
+
+    /// Up to `limit` bytes of a job's stream from `offset`.
+    pub(crate) async fn job_output(
+        &self,
+        id: &str,
+        stream: Stream,
+        offset: u64,
+        limit: usize,
+    ) -> Result<OutputSlice, FleetError> {
+        // The state first: if the job was done then, the bytes read after are all.
+        let v = self.job(id).await?;
+        let bytes = self.store.read_output(id, stream, offset, limit).await?;
+        let next = offset + bytes.len() as u64;
+        let stored = match stream {
+            Stream::Stdout => v.stdout_stored,
+            Stream::Stderr => v.stderr_stored,
+        };
+        Ok(OutputSlice {
+            complete: v.done && next >= stored,
+            bytes,
+            next,
+        })
+    }
+
+    /// Checks that `token` is the token of the agent that runs `upload.job`. An unknown
+    /// job reads as a wrong token: an upload names nothing a caller without the token
+    /// learns about.
+    pub(crate) async fn authorize_upload(
+        &self,
+        upload: &Upload,
+        token: &str,
+    ) -> Result<(), FleetError> {
+        let refused = || FleetError::JobToken(util::clip(&upload.job).into_owned());
+        let agent = match self.job_entry(&upload.job) {
+            Some(e) => e.id.clone(),
+            None => match self.store.get_job(&upload.job).await? {
+                Some(row) => row.agent,
+                None => return Err(refused()),
+            },
+        };
+        match self.authorize(&agent, token) {
+            Ok(_) => Ok(()),
+            Err(FleetError::Revoked(a)) => Err(FleetError::Revoked(a)),
+            Err(_) => Err(refused()),
+        }
+    }
+
+    /// Takes an agent's upload (authorised first): the stream's acknowledged length.
+    pub(crate) async fn upload(
+        &self,
+        upload: &Upload,
+        data: Bytes,
+    ) -> Result<Appended, FleetError> {
+        let n = data.len();
+        let r = self
+            .store
+            .append_output(
+                &upload.job,
+                upload.stream,
+                upload.offset,
+                data,
+                self.job_limits.max_output,
+            )
+            .await?;
+        if n > 0 {
+            self.job_moved();
+        }
+        Ok(r)
+    }
+
+    /// Deletes the oldest done jobs past the hub's bound, when some got done.
+    pub(super) async fn retain_jobs(&self) {
+        if self.jobs_done.swap(0, Ordering::Relaxed) == 0 {
+            return;
+        }
+        match self.store.retain_jobs(self.job_limits.keep_done).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(deleted = n, "old done jobs deleted"),
+            Err(e) => {
+                tracing::warn!(error = %util::error_chain(&e), "could not delete old done jobs (retried when more are done)");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(seq: u64, state: &str) -> OpenJob {
+        OpenJob {
+            id: format!("j{seq}"),
+            seq,
+            spec: Arc::new(JobSpec {
+                id: Some(format!("j{seq}")),
+                argv: vec!["true".into()],
+                ..JobSpec::default()
+            }),
+            spec_len: 40,
+            progress: JobProgress {
+                state: state.into(),
+                ..JobProgress::default()
+            },
+            offered: false,
+        }
+    }
+
+    #[test]
+    fn pending_jobs_travel_with_their_spec_and_reported_ones_without() {
+        let mut jobs: HashMap<String, OpenJob> = [job(2, "running"), job(1, PENDING)]
+            .into_iter()
+            .map(|j| (j.id.clone(), j))
+            .collect();
+        let mut c = job(3, PENDING);
+        c.progress.cancel_requested = true;
+        jobs.insert(c.id.clone(), c);
+        let (d, cancel) = desired(&mut jobs, true);
+        let ids: Vec<_> = d.iter().map(|j| (j.id.as_str(), j.spec.is_some())).collect();
+        assert_eq!(ids, [("j1", true), ("j2", false), ("j3", false)]);
+        assert_eq!(cancel, ["j3"]);
+        assert!(jobs["j1"].offered);
+    }
+
+    #[test]
+    fn specs_past_the_budget_wait_in_order() {
+        let mut jobs = HashMap::new();
+        for seq in 1..=3 {
+            let mut j = job(seq, PENDING);
+            j.spec_len = if seq == 2 { SPEC_BUDGET } else { 10 };
+            jobs.insert(j.id.clone(), j);
+        }
+        let (d, _) = desired(&mut jobs, false);
+        let ids: Vec<_> = d.iter().map(|j| j.id.as_str()).collect();
+        assert_eq!(ids, ["j1"]);
+        assert!(!jobs["j1"].offered, "shown, not sent");
+    }
+
+    #[test]
+    fn an_ended_state_is_final_and_done_needs_all_output() {
+        let prev = JobProgress {
+            state: "running".into(),
+            ..JobProgress::default()
+        };
+        let mut r = JobReport {
+            id: "j".into(),
+            state: JobState::Succeeded,
+            exit_code: Some(0),
+            signal: None,
+            error: Some("x".repeat(5000)),
+            stdout_bytes: 10,
+            stderr_bytes: 0,
+            output_truncated: None,
+            output_done: false,
+        };
+        let p = merged(&prev, &r, 7);
+        assert_eq!((p.state.as_str(), p.done, p.finished_ms), ("succeeded", false, Some(7)));
+        assert!(p.error.as_ref().is_some_and(|e| e.len() < 1100));
+        r.state = JobState::Lost;
+        r.output_done = true;
+        let q = merged(&p, &r, 9);
+        assert_eq!((q.state.as_str(), q.done, q.finished_ms), ("succeeded", true, Some(7)));
+    }
+}

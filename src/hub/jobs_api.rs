@@ -1,0 +1,255 @@
+//! The hub's job routes: the admin's (`/v1/admin/jobs…`: submit, list, status, wait,
+//! cancel, output with offsets and follow) and the agent's output upload
+//! (`PUT /v1/jobs/{job}/output/{stream}?offset=N`, the agent's token).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::api::{bearer, parse, read_body, ApiError, ApiResult, Hub};
+use super::fleet::Upload;
+use super::store::{Appended, Store, Stream};
+use crate::proto::fleet_job::{HubJobSubmit, OutputAck};
+use crate::util::clip;
+
+/// The largest upload: an agent sends its output in pieces of at most this.
+pub(crate) const MAX_UPLOAD: usize = 1024 * 1024;
+/// The most of a stream one `output` answer (or one piece of a followed one) carries.
+const MAX_SLICE: usize = 1024 * 1024;
+const DEFAULT_LIST: usize = 100;
+const MAX_LIST: usize = 1000;
+const DEFAULT_WAIT_SECS: u64 = 30;
+const MAX_WAIT_SECS: u64 = 300;
+
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
+    q.map(|Query(q)| q).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid query: {}", e.body_text()),
+        )
+    })
+}
+
+fn stream_of(s: &str) -> ApiResult<Stream> {
+    Stream::parse(s).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no stream {:?}: use stdout or stderr", clip(s)),
+        )
+    })
+}
+
+pub(super) async fn submit<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    body: Body,
+) -> ApiResult<Response> {
+    let req: HubJobSubmit = parse(body).await?;
+    let view = hub.fleet.submit_job(req).await?;
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+#[derive(Deserialize)]
+pub(super) struct ListQuery {
+    agent: Option<String>,
+    /// A `seq`-ordered page: jobs submitted before the job at this position.
+    before: Option<u64>,
+    limit: Option<usize>,
+}
+
+pub(super) async fn list<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let q = query(q)?;
+    let limit = q.limit.unwrap_or(DEFAULT_LIST);
+    if !(1..=MAX_LIST).contains(&limit) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("limit={limit} is out of range (1 to {MAX_LIST})"),
+        ));
+    }
+    let jobs = hub.fleet.jobs(q.agent.as_deref(), q.before, limit).await?;
+    Ok(Json(jobs).into_response())
+}
+
+pub(super) async fn status<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    Ok(Json(hub.fleet.job(&id).await?).into_response())
+}
+
+#[derive(Deserialize)]
+pub(super) struct WaitQuery {
+    timeout_secs: Option<u64>,
+}
+
+/// The job once it is done (ended, all output here), or as it is after the timeout.
+pub(super) async fn wait<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    Path(id): Path<String>,
+    q: Result<Query<WaitQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let secs = query(q)?.timeout_secs.unwrap_or(DEFAULT_WAIT_SECS);
+    if secs > MAX_WAIT_SECS {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("timeout_secs={secs} is out of range (0 to {MAX_WAIT_SECS})"),
+        ));
+    }
+    let view = hub.fleet.wait_job(&id, Duration::from_secs(secs)).await?;
+    Ok(Json(view).into_response())
+}
+
+pub(super) async fn cancel<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    Ok(Json(hub.fleet.cancel_job(&id).await?).into_response())
+}
+
+#[derive(Deserialize)]
+pub(super) struct OutputQuery {
+    offset: Option<u64>,
+    limit: Option<usize>,
+    follow: Option<bool>,
+}
+
+/// Raw bytes of a stream from `offset`, with `X-Next-Offset` and `X-Complete` (the job
+/// is done and nothing is kept past the next offset). With `follow=true` the body runs
+/// until the job is done.
+pub(super) async fn output<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    Path((id, stream)): Path<(String, String)>,
+    q: Result<Query<OutputQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let q = query(q)?;
+    let stream = stream_of(&stream)?;
+    let limit = q.limit.unwrap_or(MAX_SLICE).clamp(1, MAX_SLICE);
+    let offset = q.offset.unwrap_or(0);
+    let first = hub.fleet.job_output(&id, stream, offset, limit).await?;
+    if q.follow.unwrap_or(false) {
+        return Ok(follow(hub, id, stream, first));
+    }
+    let mut resp = Response::new(Body::from(first.bytes));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert("x-next-offset", HeaderValue::from(first.next));
+    h.insert(
+        "x-complete",
+        HeaderValue::from_static(if first.complete { "true" } else { "false" }),
+    );
+    Ok(resp)
+}
+
+fn follow<S: Store>(
+    hub: Arc<Hub<S>>,
+    id: String,
+    stream: Stream,
+    first: super::fleet::OutputSlice,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    tokio::spawn(async move {
+        let mut activity = hub.fleet.job_activity();
+        let mut slice = first;
+        loop {
+            let next = slice.next;
+            let got = !slice.bytes.is_empty();
+            if got && tx.send(Ok(slice.bytes)).await.is_err() {
+                return;
+            }
+            if slice.complete {
+                return;
+            }
+            if !got {
+                // Cancel-safe: `changed` only observes; a closed client ends the loop.
+                tokio::select! {
+                    r = activity.changed() => if r.is_err() { return },
+                    () = tx.closed() => return,
+                }
+            }
+            activity.borrow_and_update();
+            slice = match hub.fleet.job_output(&id, stream, next, MAX_SLICE).await {
+                Ok(s) => s,
+                // The job was deleted meanwhile, or the database failed: the stream ends
+                // short, and the client's `X-Complete`-less end says so.
+                Err(e) => {
+                    let _ = tx
+                        .send(Err(std::io::Error::other(crate::error_chain(&e))))
+                        .await;
+                    return;
+                }
+            };
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut resp = Response::new(Body::from_stream(stream));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    resp
+}
+
+#[derive(Deserialize)]
+pub(super) struct UploadQuery {
+    offset: u64,
+}
+
+/// A 409 for an upload past what the hub holds: the length to resume from.
+#[derive(Serialize)]
+struct GapBody {
+    error: String,
+    length: u64,
+}
+
+pub(super) async fn upload<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    Path((id, stream)): Path<(String, String)>,
+    q: Result<Query<UploadQuery>, QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let t = bearer(&headers).map_err(|why| ApiError::new(StatusCode::UNAUTHORIZED, why))?;
+    let stream = stream_of(&stream)?;
+    let offset = query(q)?.offset;
+    let upload = Upload {
+        job: id,
+        stream,
+        offset,
+    };
+    // The token before the body, as for a reconcile.
+    hub.fleet.authorize_upload(&upload, t).await?;
+    let data = read_body(body, MAX_UPLOAD).await?;
+    match hub.fleet.upload(&upload, data).await? {
+        Appended::Length(length) => Ok(Json(OutputAck { length }).into_response()),
+        Appended::Gap(length) => Ok((
+            StatusCode::CONFLICT,
+            Json(GapBody {
+                error: format!(
+                    "offset {offset} is past the {length} bytes of {} the hub holds for job {}: resume from {length}",
+                    stream.name(),
+                    clip(&upload.job)
+                ),
+                length,
+            }),
+        )
+            .into_response()),
+        Appended::NoJob => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            format!("the token is not valid for job {:?}", clip(&upload.job)),
+        )),
+    }
+}

@@ -1,0 +1,131 @@
+//! Jobs through the hub (hub protocol v1, DESIGN.md): what the desired state carries to
+//! an agent ([`DesiredJob`]), what the agent reports of each ([`JobReport`]), the answer
+//! to an output upload ([`OutputAck`]), and the admin side ([`HubJobSubmit`],
+//! [`HubJobView`]).
+//!
+//! A hub job keeps the id it has at the hub on the runner too, so that the runner's
+//! idempotent submission (same id and spec: 200, nothing started) is what makes a
+//! delivery safe to repeat.
+
+use serde::{Deserialize, Serialize};
+
+use super::job::{JobSpec, JobState, Truncation};
+
+/// A job the hub wants followed on this host, in the desired state's `jobs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredJob {
+    pub id: String,
+    /// The job to start, until the hub has seen the agent report it. An agent submits
+    /// only a job that comes with its spec: once its runner has had the job, nothing
+    /// submits it again, also when the runner no longer remembers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<JobSpec>,
+}
+
+/// One hub job as its agent sees it, in the report's `jobs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobReport {
+    pub id: String,
+    pub state: JobState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// What the job printed, past the runner's cap too.
+    #[serde(default)]
+    pub stdout_bytes: u64,
+    #[serde(default)]
+    pub stderr_bytes: u64,
+    /// Why the runner kept less than the job printed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_truncated: Option<Truncation>,
+    /// The job has ended and the hub has acknowledged every byte the runner kept of it.
+    #[serde(default)]
+    pub output_done: bool,
+}
+
+/// The answer to `PUT /v1/jobs/{job}/output/{stream}?offset=N`, and to an upload the hub
+/// refuses for a gap (409): how much of the stream the hub holds, from which an agent
+/// resumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputAck {
+    pub length: u64,
+}
+
+/// `POST /v1/admin/jobs` body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HubJobSubmit {
+    pub agent: String,
+    pub spec: JobSpec,
+}
+
+/// The state of a job at the hub: `pending` until its agent reports it, then the
+/// runner's state.
+pub const PENDING: &str = "pending";
+
+/// One job as the hub shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HubJobView {
+    pub id: String,
+    pub agent: String,
+    pub spec: JobSpec,
+    /// `pending`, or one of the runner's states.
+    pub state: String,
+    /// A cancel was asked for and has not yet ended the job.
+    #[serde(default)]
+    pub cancel_requested: bool,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub signal: Option<i32>,
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Unix milliseconds.
+    pub created_ms: u64,
+    #[serde(default)]
+    pub finished_ms: Option<u64>,
+    /// What the job printed (the runner's count, past its cap too).
+    #[serde(default)]
+    pub stdout_bytes: u64,
+    #[serde(default)]
+    pub stderr_bytes: u64,
+    /// What the hub holds of each stream.
+    #[serde(default)]
+    pub stdout_stored: u64,
+    #[serde(default)]
+    pub stderr_stored: u64,
+    /// Why what the hub holds is shorter than what the job printed (the runner's cap, a
+    /// full disk on the host, the hub's cap), per stream.
+    #[serde(default)]
+    pub output_truncated: Option<Truncation>,
+    /// The job has ended and all of its output the hub will ever hold is there.
+    #[serde(default)]
+    pub done: bool,
+}
+
+impl HubJobView {
+    /// The runner's state, once the agent has reported one.
+    pub fn job_state(&self) -> Option<JobState> {
+        JobState::parse(&self.state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delivered_job_travels_without_its_spec() {
+        let j = DesiredJob {
+            id: "a".into(),
+            spec: None,
+        };
+        assert_eq!(serde_json::to_string(&j).expect("json"), r#"{"id":"a"}"#);
+        let r: JobReport =
+            serde_json::from_str(r#"{"id": "a", "state": "running", "new": 1}"#).expect("parse");
+        assert_eq!(r.state, JobState::Running);
+        assert!(!r.output_done);
+    }
+}
