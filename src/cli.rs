@@ -85,6 +85,71 @@ pub enum HubCommand {
         #[command(subcommand)]
         command: HubDesiredCommand,
     },
+    /// Run jobs on agents through the hub, and follow them.
+    Job {
+        #[command(subcommand)]
+        command: HubJobCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HubJobCommand {
+    /// Submit a job for an agent: argv after `--`, never a shell string. It waits at the
+    /// hub while the agent is away.
+    Submit(HubJobSubmitArgs),
+    /// List jobs, newest first.
+    List {
+        /// Only this agent's jobs.
+        #[arg(long, value_name = "ID")]
+        agent: Option<String>,
+        /// At most this many (1–1000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1000))]
+        limit: u64,
+    },
+    /// Show one job.
+    Status { id: String },
+    /// Print a job's output as the hub holds it (stdout unless --stderr).
+    Logs {
+        id: String,
+        #[arg(long)]
+        stderr: bool,
+        /// Keep printing as the output arrives, until the job is done.
+        #[arg(long)]
+        follow: bool,
+    },
+    /// Wait until a job is done (ended, all its output at the hub); the exit code is the
+    /// job's.
+    Wait { id: String },
+    /// Cancel a job: at once if its agent never got it, else through the agent (SIGTERM
+    /// to its process group, grace, SIGKILL).
+    Cancel { id: String },
+}
+
+#[derive(Debug, Args)]
+pub struct HubJobSubmitArgs {
+    /// The agent that runs it.
+    #[arg(long, value_name = "ID")]
+    pub agent: String,
+    /// The job's id, at the hub and on the runner (default: a random one).
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Wall-clock limit, then SIGTERM, grace, SIGKILL to the group.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Add K=V to the job's environment (repeatable). Loader variables are refused by
+    /// the runner.
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Working directory, inside the runner's workspace root.
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Stream the job's output as it reaches the hub and exit with the job's exit code
+    /// (128 + signal, 124 on timeout). Ctrl-C cancels the job; a second one detaches.
+    #[arg(long)]
+    pub wait: bool,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Args)]

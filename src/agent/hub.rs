@@ -63,7 +63,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_ANSWER: usize = 1 << 20;
 /// Reconciles start at least this far apart, whatever the hub answers (one that does
 /// not hold its long polls must not turn this loop into a busy one).
-const MIN_SPACING: Duration = Duration::from_secs(1);
+const MIN_SPACING: Duration = Duration::from_millis(100);
 /// The first and the longest pause after a failure.
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);

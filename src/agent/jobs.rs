@@ -410,7 +410,7 @@ impl Job {
                     Err(e) => self.failed("cancelling it", &e),
                 }
             }
-            let until = if rec.state == JobState::Queued {
+            let until = if matches!(rec.state, JobState::Queued | JobState::Starting) {
                 "started"
             } else {
                 "ended"

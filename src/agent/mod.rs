@@ -42,8 +42,8 @@ mod jobs;
 pub(crate) mod notify;
 mod reconciler;
 mod reporter;
-mod upload;
 pub(crate) mod status;
+mod upload;
 
 use std::fs;
 use std::io;

@@ -194,7 +194,11 @@ pub(super) async fn upload_stream(
                     acked = Some(length);
                     retry.reset();
                     if failing.take().is_some() {
-                        tracing::info!(job, stream = stream.name(), "job output reaches the hub again");
+                        tracing::info!(
+                            job,
+                            stream = stream.name(),
+                            "job output reaches the hub again"
+                        );
                     }
                 }
                 // The hub holds another length than this stream's position (an upload of an

@@ -36,6 +36,7 @@ pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {
         HubCommand::Serve(a) => serve(target, a),
         HubCommand::Agent { command } => admin(&target, |c| agent(c, command, json)),
         HubCommand::Desired { command } => admin(&target, |c| desired(c, command, json)),
+        HubCommand::Job { command } => super::hub_job::run(&target, command, json),
     }
 }
 
@@ -100,7 +101,7 @@ where
     print_stdout(text.trim_end())
 }
 
-fn classify(e: AdminError) -> anyhow::Error {
+pub(super) fn classify(e: AdminError) -> anyhow::Error {
     if e.is_usage() {
         usage(e)
     } else {
@@ -236,13 +237,13 @@ fn write_token(mut f: std::fs::File, path: &Path, token: &str) -> anyhow::Result
 
 /// Text an agent reported, made safe for a terminal: control characters (escape
 /// sequences, newlines that would forge table rows) are shown as `?`.
-fn clean(s: &str) -> String {
+pub(super) fn clean(s: &str) -> String {
     s.chars()
         .map(|c| if c.is_control() { '?' } else { c })
         .collect()
 }
 
-fn ago(t: Option<u64>) -> String {
+pub(super) fn ago(t: Option<u64>) -> String {
     let Some(t) = t else {
         return "never".into();
     };

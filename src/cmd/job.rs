@@ -201,16 +201,16 @@ async fn submit(
 
 /// What `submit` exits with when a second Ctrl-C detaches it: 128 + SIGINT, as a shell
 /// reports a command interrupted from the terminal.
-const DETACHED: u8 = 130;
+pub(super) const DETACHED: u8 = 130;
 
 /// SIGINT and SIGTERM to the client, while it follows a job it submitted.
-struct Interrupts {
+pub(super) struct Interrupts {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
 }
 
 impl Interrupts {
-    fn new() -> anyhow::Result<Self> {
+    pub(super) fn new() -> anyhow::Result<Self> {
         use tokio::signal::unix::{signal, SignalKind};
         Ok(Self {
             int: signal(SignalKind::interrupt()).context("could not handle SIGINT")?,
@@ -219,7 +219,7 @@ impl Interrupts {
     }
 
     /// The next one, by the name a user knows it by.
-    async fn next(&mut self) -> &'static str {
+    pub(super) async fn next(&mut self) -> &'static str {
         tokio::select! {
             // Cancel-safe (both arms): `recv` on a signal stream loses nothing.
             _ = self.int.recv() => "Ctrl-C",
@@ -264,9 +264,14 @@ fn report_end(rec: &JobRecord) {
 /// executable for a program that could not start), 128 + signal, 124 for a timeout (as
 /// timeout(1)), 1 otherwise.
 fn exit_code(rec: &JobRecord) -> u8 {
-    match rec.state {
+    shell_exit_code(rec.state, rec.exit_code, rec.signal)
+}
+
+/// [`exit_code`] from a job's state and how its process ended.
+pub(super) fn shell_exit_code(state: JobState, exit_code: Option<i32>, signal: Option<i32>) -> u8 {
+    match state {
         JobState::TimedOut => 124,
-        _ => match (rec.exit_code, rec.signal) {
+        _ => match (exit_code, signal) {
             (Some(c), _) => c.clamp(0, 255) as u8,
             (None, Some(s)) => (128 + s).clamp(0, 255) as u8,
             _ => 1,

@@ -3,6 +3,7 @@
 
 mod agent;
 mod hub;
+mod hub_job;
 mod job;
 mod runner;
 mod supervise;

@@ -13,6 +13,7 @@ use thiserror::Error;
 
 use super::{HubFile, ADMIN_TOKEN_FILE, HUB_FILE};
 use crate::hub_client::{self, HubClientError};
+use crate::proto::fleet_job::{HubJobSubmit, HubJobView};
 use crate::proto::hub::{AgentView, DesiredChange, DesiredView, EnrolRequest, Enrolled, ErrorBody};
 
 /// An admin answer larger than this is refused (a list of 10 000 agents fits).
@@ -61,6 +62,8 @@ pub(crate) enum AdminError {
         status: reqwest::StatusCode,
         message: String,
     },
+    #[error("could not write the job's output")]
+    Output(#[source] std::io::Error),
     #[error("{url}: the answer is not what the hub sends")]
     Parse {
         url: String,
@@ -185,12 +188,29 @@ impl AdminClient {
         path: &str,
         body: Option<&impl Serialize>,
     ) -> Result<T, AdminError> {
+        let resp = self.send(method, path, body, Some(TIMEOUT)).await?;
+        let url = resp.url().to_string();
+        let bytes = hub_client::read_capped(resp, MAX_ANSWER).await?;
+        serde_json::from_slice(&bytes).map_err(|source| AdminError::Parse { url, source })
+    }
+
+    /// Sends a request; a successful answer, or the hub's error as an error. `timeout`
+    /// bounds the whole exchange (`None`: a followed stream, as long as it runs).
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Response, AdminError> {
         let url = format!("{}{path}", self.base);
         let mut req = self
             .http
             .request(method, &url)
-            .timeout(TIMEOUT)
             .header(reqwest::header::AUTHORIZATION, self.auth.clone());
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
         if let Some(b) = body {
             let json = serde_json::to_vec(b).map_err(|source| AdminError::Parse {
                 url: url.clone(),
@@ -210,18 +230,18 @@ impl AdminClient {
             source,
         })?;
         let status = resp.status();
-        let bytes = hub_client::read_capped(resp, MAX_ANSWER).await?;
-        if !status.is_success() {
-            let message = serde_json::from_slice::<ErrorBody>(&bytes)
-                .map(|b| b.error)
-                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).chars().take(500).collect());
-            return Err(AdminError::Status {
-                url,
-                status,
-                message,
-            });
+        if status.is_success() {
+            return Ok(resp);
         }
-        serde_json::from_slice(&bytes).map_err(|source| AdminError::Parse { url, source })
+        let bytes = hub_client::read_capped(resp, MAX_ANSWER).await?;
+        let message = serde_json::from_slice::<ErrorBody>(&bytes)
+            .map(|b| b.error)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).chars().take(500).collect());
+        Err(AdminError::Status {
+            url,
+            status,
+            message,
+        })
     }
 
     pub(crate) async fn enrol(&self, id: &str) -> Result<Enrolled, AdminError> {
@@ -265,6 +285,129 @@ impl AdminClient {
         self.call(Method::PUT, &desired_path(agent), Some(change))
             .await
     }
+}
+
+/// A slice of a job's stream as the hub holds it.
+pub(crate) struct Output {
+    pub(crate) bytes: bytes::Bytes,
+    pub(crate) next: u64,
+    /// The job is done and there is nothing past `next`.
+    pub(crate) complete: bool,
+}
+
+impl AdminClient {
+    pub(crate) async fn submit_job(&self, req: &HubJobSubmit) -> Result<HubJobView, AdminError> {
+        self.call(Method::POST, "/v1/admin/jobs", Some(req)).await
+    }
+
+    pub(crate) async fn jobs(
+        &self,
+        agent: Option<&str>,
+        limit: u64,
+    ) -> Result<Vec<HubJobView>, AdminError> {
+        let mut path = format!("/v1/admin/jobs?limit={limit}");
+        if let Some(a) = agent {
+            path.push_str(&format!("&agent={}", crate::util::percent_encode(a)));
+        }
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    pub(crate) async fn job(&self, id: &str) -> Result<HubJobView, AdminError> {
+        self.call(Method::GET, &job_path(id, ""), None::<&()>).await
+    }
+
+    pub(crate) async fn cancel_job(&self, id: &str) -> Result<HubJobView, AdminError> {
+        self.call(Method::POST, &job_path(id, "/cancel"), None::<&()>)
+            .await
+    }
+
+    /// The job once it is done, however long that takes, in bounded long polls.
+    pub(crate) async fn wait_job(&self, id: &str) -> Result<HubJobView, AdminError> {
+        const POLL_SECS: u64 = 20;
+        loop {
+            let path = job_path(id, &format!("/wait?timeout_secs={POLL_SECS}"));
+            let resp = self
+                .send(
+                    Method::GET,
+                    &path,
+                    None::<&()>,
+                    Some(Duration::from_secs(POLL_SECS) + TIMEOUT),
+                )
+                .await?;
+            let url = resp.url().to_string();
+            let bytes = hub_client::read_capped(resp, MAX_ANSWER).await?;
+            let v: HubJobView = serde_json::from_slice(&bytes)
+                .map_err(|source| AdminError::Parse { url, source })?;
+            if v.done {
+                return Ok(v);
+            }
+        }
+    }
+
+    /// Up to 1 MiB of a stream from `offset`.
+    pub(crate) async fn output(
+        &self,
+        id: &str,
+        stream: &str,
+        offset: u64,
+    ) -> Result<Output, AdminError> {
+        let path = job_path(id, &format!("/output/{stream}?offset={offset}"));
+        let resp = self
+            .send(Method::GET, &path, None::<&()>, Some(TIMEOUT))
+            .await?;
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let next = header("x-next-offset").and_then(|v| v.parse().ok());
+        let complete = header("x-complete").as_deref() == Some("true");
+        let url = resp.url().to_string();
+        let bytes = resp.bytes().await.map_err(|source| AdminError::Request {
+            url,
+            hint: String::new(),
+            source,
+        })?;
+        Ok(Output {
+            next: next.unwrap_or(offset + bytes.len() as u64),
+            bytes,
+            complete,
+        })
+    }
+
+    /// Copies a stream from `offset` to `out` as it reaches the hub, until the hub ends
+    /// the stream (the job is done) or the connection breaks; returns the offset reached.
+    pub(crate) async fn follow_output(
+        &self,
+        id: &str,
+        stream: &str,
+        mut offset: u64,
+        out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    ) -> Result<u64, AdminError> {
+        use tokio::io::AsyncWriteExt;
+        let path = job_path(id, &format!("/output/{stream}?follow=true&offset={offset}"));
+        let mut resp = self.send(Method::GET, &path, None::<&()>, None).await?;
+        let url = resp.url().to_string();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    out.write_all(&chunk).await.map_err(AdminError::Output)?;
+                    let _ = out.flush().await;
+                    offset += chunk.len() as u64;
+                }
+                Ok(None) => return Ok(offset),
+                Err(source) => {
+                    tracing::debug!(%url, error = %source, "the followed output broke off");
+                    return Ok(offset);
+                }
+            }
+        }
+    }
+}
+
+fn job_path(id: &str, rest: &str) -> String {
+    format!("/v1/admin/jobs/{}{rest}", crate::util::percent_encode(id))
 }
 
 fn desired_path(agent: Option<&str>) -> String {

@@ -25,6 +25,8 @@ use crate::proto::report::AgentReport;
 
 /// Request bodies above this are refused (413): a report is a few KiB.
 pub(crate) const MAX_BODY_BYTES: usize = 256 * 1024;
+/// A report may carry up to a thousand jobs' states.
+const MAX_REPORT_BYTES: usize = 1024 * 1024;
 /// A body must arrive within this, once its headers have (408).
 const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -160,7 +162,11 @@ pub(super) async fn read_body(body: Body, max: usize) -> ApiResult<Bytes> {
 /// A JSON body, with every way it can be wrong answered as `{"error"}`: too large (413),
 /// too slow (408), not JSON or missing a field (400, serde's message names it).
 pub(super) async fn parse<T: DeserializeOwned>(body: Body) -> ApiResult<T> {
-    let body = read_body(body, MAX_BODY_BYTES).await?;
+    parse_capped(body, MAX_BODY_BYTES).await
+}
+
+async fn parse_capped<T: DeserializeOwned>(body: Body, max: usize) -> ApiResult<T> {
+    let body = read_body(body, max).await?;
     serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -314,7 +320,7 @@ async fn reconcile<S: Store>(
             format!("invalid query: {}", e.body_text()),
         )
     })?;
-    let report: AgentReport = parse(body).await?;
+    let report: AgentReport = parse_capped(body, MAX_REPORT_BYTES).await?;
     let wait = Duration::from_secs(q.wait.unwrap_or(0)).min(hub.max_wait);
     let desired = hub.fleet.reconcile(&entry, report, wait).await?;
     Ok(Json(desired).into_response())

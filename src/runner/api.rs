@@ -383,7 +383,7 @@ async fn cancel(State(api): State<Api>, Path(id): Path<String>) -> ApiResult<Jso
 #[derive(Debug, Deserialize)]
 struct WaitQuery {
     timeout_secs: Option<u64>,
-    /// `ended` (the default) or `started`: the job has left the queue.
+    /// `ended` (the default) or `started`: the job's process runs (or the job is over).
     until: Option<String>,
 }
 
@@ -400,9 +400,8 @@ async fn wait(
     )?;
     let until = match q.until.as_deref() {
         None => Until::Ended,
-        Some(u) => Until::parse(u).ok_or_else(|| {
-            invalid_query(format!("until={:?}: use started or ended", clip(u)))
-        })?,
+        Some(u) => Until::parse(u)
+            .ok_or_else(|| invalid_query(format!("until={:?}: use started or ended", clip(u))))?,
     };
     found(&api, &id).await?;
     let timeout = Duration::from_secs(secs);

@@ -8,6 +8,7 @@ mod agent;
 mod disk;
 mod hub;
 mod hub_agent;
+mod hub_jobs;
 mod hubs;
 mod jobs;
 mod lock;

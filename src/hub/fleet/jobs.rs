@@ -587,7 +587,10 @@ mod tests {
         c.progress.cancel_requested = true;
         jobs.insert(c.id.clone(), c);
         let (d, cancel) = desired(&mut jobs, true);
-        let ids: Vec<_> = d.iter().map(|j| (j.id.as_str(), j.spec.is_some())).collect();
+        let ids: Vec<_> = d
+            .iter()
+            .map(|j| (j.id.as_str(), j.spec.is_some()))
+            .collect();
         assert_eq!(ids, [("j1", true), ("j2", false), ("j3", false)]);
         assert_eq!(cancel, ["j3"]);
         assert!(jobs["j1"].offered);
@@ -625,11 +628,17 @@ mod tests {
             output_done: false,
         };
         let p = merged(&prev, &r, 7);
-        assert_eq!((p.state.as_str(), p.done, p.finished_ms), ("succeeded", false, Some(7)));
+        assert_eq!(
+            (p.state.as_str(), p.done, p.finished_ms),
+            ("succeeded", false, Some(7))
+        );
         assert!(p.error.as_ref().is_some_and(|e| e.len() < 1100));
         r.state = JobState::Lost;
         r.output_done = true;
         let q = merged(&p, &r, 9);
-        assert_eq!((q.state.as_str(), q.done, q.finished_ms), ("succeeded", true, Some(7)));
+        assert_eq!(
+            (q.state.as_str(), q.done, q.finished_ms),
+            ("succeeded", true, Some(7))
+        );
     }
 }

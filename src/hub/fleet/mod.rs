@@ -37,8 +37,8 @@ use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView};
 use crate::proto::report::AgentReport;
 use crate::util;
 
-pub(crate) use self::jobs::{JobLimits, OutputSlice, Upload};
 use self::jobs::OpenJob;
+pub(crate) use self::jobs::{JobLimits, OutputSlice, Upload};
 
 /// How often queued reports are written.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);

@@ -19,7 +19,8 @@ use crate::proto::hub::DesiredSettings;
 
 /// Schema migrations, applied in order; `user_version` records how many ran. Portable
 /// SQL: the same statements run on PostgreSQL.
-const MIGRATIONS: &[&str] = &["CREATE TABLE meta (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE meta (
         key TEXT PRIMARY KEY,
         value BIGINT NOT NULL
     );
@@ -196,8 +197,12 @@ fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
 }
 
 fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
-    let ((id, seq, agent, spec, created_ms, state, cancel), (code, signal, error, finished), rest, lens) =
-        raw;
+    let (
+        (id, seq, agent, spec, created_ms, state, cancel),
+        (code, signal, error, finished),
+        rest,
+        lens,
+    ) = raw;
     let corrupt = |what: String| {
         let path = path.to_owned();
         move |source| StoreError::Corrupt { path, what, source }

@@ -13,7 +13,7 @@ use crate::runner::job;
 /// What [`Engine::wait_until`] waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Until {
-    /// The job has left the queue: it is starting, running, or over.
+    /// The job runs, or is over: it has left the queue and started its process.
     Started,
     /// The job's end is committed.
     Ended,
@@ -104,7 +104,7 @@ impl Engine {
                     .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })?;
                 let reached = match until {
                     Until::Ended => rec.state.is_terminal() && !rec.commit_pending,
-                    Until::Started => rec.state != JobState::Queued,
+                    Until::Started => !matches!(rec.state, JobState::Queued | JobState::Starting),
                 };
                 if reached {
                     return Ok(rec);

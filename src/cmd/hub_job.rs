@@ -1,0 +1,337 @@
+//! `railgrid hub job …`: jobs on agents, through the hub's admin API.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::hub::{ago, classify, clean};
+use super::job::{shell_exit_code, Interrupts, DETACHED};
+use super::print_stdout;
+use crate::cli::{HubJobCommand, HubJobSubmitArgs};
+use crate::hub::admin::{AdminClient, AdminError, Target};
+use crate::proto::fleet_job::{HubJobSubmit, HubJobView};
+use crate::proto::job::{JobSpec, JobState};
+
+/// How long a follower waits before it asks a hub that went away again.
+const RECONNECT: Duration = Duration::from_secs(1);
+
+pub(super) fn run(target: &Target, cmd: HubJobCommand, json: bool) -> anyhow::Result<ExitCode> {
+    let client = AdminClient::new(target).map_err(classify)?;
+    let rt = super::current_thread_runtime()?;
+    rt.block_on(command(&client, cmd, json))
+        .map_err(|e| match e.downcast::<AdminError>() {
+            Ok(a) => classify(a),
+            Err(e) => e,
+        })
+}
+
+async fn command(c: &AdminClient, cmd: HubJobCommand, json: bool) -> anyhow::Result<ExitCode> {
+    match cmd {
+        HubJobCommand::Submit(a) => submit(c, a, json).await,
+        HubJobCommand::List { agent, limit } => {
+            let jobs = c.jobs(agent.as_deref(), limit).await?;
+            if json {
+                return print_stdout(&serde_json::to_string_pretty(&jobs)?);
+            }
+            print_stdout(job_table(&jobs).trim_end())
+        }
+        HubJobCommand::Status { id } => {
+            let v = c.job(&id).await?;
+            if json {
+                return print_stdout(&serde_json::to_string_pretty(&v)?);
+            }
+            print_stdout(job_detail(&v).trim_end())
+        }
+        HubJobCommand::Logs { id, stderr, follow } => {
+            let stream = if stderr { "stderr" } else { "stdout" };
+            if follow {
+                let mut out = tokio::io::stdout();
+                follow_stream(c, &id, stream, &mut out).await?;
+            } else {
+                print_all(c, &id, stream).await?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        HubJobCommand::Wait { id } => {
+            let v = c.wait_job(&id).await?;
+            Ok(ended(&v))
+        }
+        HubJobCommand::Cancel { id } => {
+            let v = c.cancel_job(&id).await?;
+            if json {
+                return print_stdout(&serde_json::to_string_pretty(&v)?);
+            }
+            let what = if v.done || v.job_state().is_some_and(JobState::is_terminal) {
+                v.state.clone()
+            } else {
+                format!("{} (cancel requested)", v.state)
+            };
+            print_stdout(&format!("{} {what}", v.id))
+        }
+    }
+}
+
+async fn submit(c: &AdminClient, a: HubJobSubmitArgs, json: bool) -> anyhow::Result<ExitCode> {
+    let spec = JobSpec {
+        id: a.id,
+        argv: a.command,
+        cwd: a.cwd,
+        env: a.env.into_iter().collect(),
+        timeout_secs: a.timeout.map(|d| d.as_secs().max(1)),
+        ..JobSpec::default()
+    };
+    // Before the submission: a Ctrl-C from then on cancels the job.
+    let signals = if a.wait {
+        Some(Interrupts::new()?)
+    } else {
+        None
+    };
+    let v = c
+        .submit_job(&HubJobSubmit {
+            agent: a.agent,
+            spec,
+        })
+        .await?;
+    let Some(mut signals) = signals else {
+        if json {
+            return print_stdout(&serde_json::to_string_pretty(&v)?);
+        }
+        return print_stdout(&v.id);
+    };
+    let id = v.id.clone();
+    let follow = async {
+        let (mut out, mut err) = (tokio::io::stdout(), tokio::io::stderr());
+        let (a, b) = tokio::join!(
+            follow_stream(c, &id, "stdout", &mut out),
+            follow_stream(c, &id, "stderr", &mut err),
+        );
+        a?;
+        b?;
+        Ok::<_, anyhow::Error>(c.wait_job(&id).await?)
+    };
+    tokio::pin!(follow);
+    let mut cancelling = false;
+    let v = loop {
+        tokio::select! {
+            // Cancel-safe: the future is pinned outside the loop and polled by reference.
+            v = &mut follow => break v?,
+            // Cancel-safe: the signal streams buffer deliveries.
+            sig = signals.next() => {
+                if cancelling {
+                    eprintln!("railgrid: {sig}: detached from job {id}, which is being cancelled; follow it with: railgrid hub job logs --follow {id}");
+                    return Ok(ExitCode::from(DETACHED));
+                }
+                cancelling = true;
+                eprintln!("railgrid: {sig}: cancelling job {id} through the hub; {sig} again to detach");
+                c.cancel_job(&id).await?;
+            }
+        }
+    };
+    Ok(ended(&v))
+}
+
+/// True for failures a follower rides out: the hub unreachable, restarting, or busy.
+fn transient(e: &AdminError) -> bool {
+    match e {
+        AdminError::Request { .. } | AdminError::Client(_) => true,
+        AdminError::Status { status, .. } => {
+            status.is_server_error() || *status == reqwest::StatusCode::TOO_MANY_REQUESTS
+        }
+        _ => false,
+    }
+}
+
+/// Copies a stream to `out` as it reaches the hub, until the job is done and all of it
+/// is out; a hub that goes away meanwhile is asked again, from the offset reached.
+async fn follow_stream(
+    c: &AdminClient,
+    id: &str,
+    stream: &str,
+    out: &mut (impl tokio::io::AsyncWrite + Unpin),
+) -> Result<(), AdminError> {
+    use tokio::io::AsyncWriteExt;
+    let mut offset = 0;
+    let mut lost = false;
+    loop {
+        let step = async {
+            offset = c.follow_output(id, stream, offset, out).await?;
+            // The hub ended the stream: the job is done, or the hub went away.
+            c.output(id, stream, offset).await
+        };
+        match step.await {
+            Ok(slice) => {
+                if !slice.bytes.is_empty() {
+                    out.write_all(&slice.bytes)
+                        .await
+                        .map_err(AdminError::Output)?;
+                    offset = slice.next;
+                }
+                if slice.complete {
+                    let _ = out.flush().await;
+                    return Ok(());
+                }
+            }
+            Err(e) if transient(&e) => {
+                if !lost {
+                    eprintln!(
+                        "railgrid: lost the hub while following job {id} ({}); trying again",
+                        crate::error_chain(&e)
+                    );
+                    lost = true;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::time::sleep(RECONNECT).await;
+    }
+}
+
+/// Prints what the hub holds of a stream now.
+async fn print_all(c: &AdminClient, id: &str, stream: &str) -> Result<(), AdminError> {
+    use tokio::io::AsyncWriteExt;
+    let mut out = tokio::io::stdout();
+    let mut offset = 0;
+    loop {
+        let slice = c.output(id, stream, offset).await?;
+        if slice.bytes.is_empty() {
+            break;
+        }
+        out.write_all(&slice.bytes)
+            .await
+            .map_err(AdminError::Output)?;
+        offset = slice.next;
+        if slice.complete {
+            break;
+        }
+    }
+    let _ = out.flush().await;
+    Ok(())
+}
+
+/// Says on stderr how a done job ended when its own exit does not say it, and what of
+/// its output was cut; the exit code a shell would show for it.
+fn ended(v: &HubJobView) -> ExitCode {
+    let state = v.job_state();
+    let why = v
+        .error
+        .as_deref()
+        .map(|e| format!(": {}", clean(e)))
+        .unwrap_or_default();
+    let line = match state {
+        Some(JobState::Succeeded | JobState::Failed) if v.exit_code.is_some() => None,
+        Some(JobState::Succeeded | JobState::Failed) => match v.signal {
+            Some(sig) => Some(format!("was killed by signal {sig}")),
+            None => Some(format!("failed{why}")),
+        },
+        Some(JobState::TimedOut) => Some(format!("timed out{why}")),
+        _ => Some(format!("{}{why}", clean(&v.state))),
+    };
+    if let Some(line) = line {
+        eprintln!("railgrid: job {} {line}", v.id);
+    }
+    if let Some(t) = &v.output_truncated {
+        for (name, why) in [("stdout", &t.stdout), ("stderr", &t.stderr)] {
+            if let Some(why) = why {
+                eprintln!("railgrid: job {} {name} was cut: {}", v.id, clean(why));
+            }
+        }
+    }
+    let code = match state {
+        Some(s) => shell_exit_code(s, v.exit_code, v.signal),
+        None => 1,
+    };
+    ExitCode::from(code)
+}
+
+fn job_table(jobs: &[HubJobView]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<24} {:<20} {:<10} {:>4} {:>14} {:<18} COMMAND",
+        "ID", "AGENT", "STATE", "EXIT", "OUT/ERR BYTES", "SUBMITTED"
+    );
+    for j in jobs {
+        let exit = match (j.exit_code, j.signal) {
+            (Some(c), _) => c.to_string(),
+            (None, Some(s)) => format!("s{s}"),
+            _ => "-".into(),
+        };
+        let state = if j.cancel_requested {
+            format!("{}*", j.state)
+        } else {
+            j.state.clone()
+        };
+        let _ = writeln!(
+            out,
+            "{:<24} {:<20} {:<10} {:>4} {:>14} {:<18} {}",
+            j.id,
+            j.agent,
+            state,
+            exit,
+            format!("{}/{}", j.stdout_stored, j.stderr_stored),
+            ago(Some(j.created_ms / 1000)),
+            clean(&j.spec.argv.join(" ")),
+        );
+    }
+    out
+}
+
+fn job_detail(j: &HubJobView) -> String {
+    let mut out = String::new();
+    let mut line = |k: &str, v: String| {
+        let _ = writeln!(out, "{k:<16} {v}");
+    };
+    line("id", j.id.clone());
+    line("agent", j.agent.clone());
+    line("command", clean(&j.spec.argv.join(" ")));
+    let state = if j.cancel_requested {
+        format!("{} (cancel requested)", j.state)
+    } else {
+        j.state.clone()
+    };
+    line("state", state);
+    line(
+        "done",
+        if j.done {
+            "yes".into()
+        } else {
+            "no (running, or its output is still arriving)".into()
+        },
+    );
+    if let Some(c) = j.exit_code {
+        line("exit code", c.to_string());
+    }
+    if let Some(s) = j.signal {
+        line("signal", s.to_string());
+    }
+    if let Some(e) = &j.error {
+        line("error", clean(e));
+    }
+    line("submitted", ago(Some(j.created_ms / 1000)));
+    if let Some(f) = j.finished_ms {
+        line("finished", ago(Some(f / 1000)));
+    }
+    line(
+        "stdout",
+        format!(
+            "{} bytes at the hub ({} printed)",
+            j.stdout_stored, j.stdout_bytes
+        ),
+    );
+    line(
+        "stderr",
+        format!(
+            "{} bytes at the hub ({} printed)",
+            j.stderr_stored, j.stderr_bytes
+        ),
+    );
+    if let Some(t) = &j.output_truncated {
+        if let Some(w) = &t.stdout {
+            line("stdout cut", clean(w));
+        }
+        if let Some(w) = &t.stderr {
+            line("stderr cut", clean(w));
+        }
+    }
+    out
+}

@@ -1,0 +1,497 @@
+//! Jobs through the hub, end to end: the reference hub over TLS, a real agent and its
+//! runner (as `nobody` when root), `railgrid hub job …` as an operator types it, and the
+//! parties killed and restarted under running jobs.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use super::agent::Host;
+use super::hubs::TestHub;
+use super::support::*;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// A hub, and a host enrolled at it as `a1` whose agent is started on demand.
+struct Fleet {
+    _dir: tempfile::TempDir,
+    hub_dir: PathBuf,
+    hub: Option<TestHub>,
+    host: Host,
+    token_file: PathBuf,
+    agent: Option<Guard>,
+}
+
+impl Fleet {
+    fn new(hub_args: &[&str]) -> Self {
+        let dir = tempdir();
+        let hub_dir = dir.path().join("hub");
+        let hub = TestHub::start(&hub_dir, hub_args);
+        let token_file = hub.enrol("a1");
+        Self {
+            _dir: dir,
+            hub_dir,
+            hub: Some(hub),
+            host: Host::new(),
+            token_file,
+            agent: None,
+        }
+    }
+
+    fn hub(&self) -> &TestHub {
+        self.hub.as_ref().expect("hub running")
+    }
+
+    fn start_agent(&mut self) {
+        let hub = self.hub();
+        let (url, ca) = (hub.url.clone(), path_str(&hub.ca()));
+        let token = path_str(&self.token_file);
+        let mut cmd = self.host.agent_cmd(&[
+            "--hub",
+            &url,
+            "--agent-id",
+            "a1",
+            "--token-file",
+            &token,
+            "--ca-file",
+            &ca,
+        ]);
+        cmd.stderr(std::process::Stdio::null());
+        self.agent = Some(Guard::new(cmd.spawn().expect("spawn agent")));
+    }
+
+    /// kill -9 of the agent: nothing of it runs its shutdown.
+    fn kill_agent(&mut self) {
+        let mut agent = self.agent.take().expect("agent running");
+        agent.signal(Signal::SIGKILL);
+        agent.wait_output(LIMIT);
+    }
+
+    fn jobs(&self, args: &[&str]) -> Output {
+        let mut all = vec!["job"];
+        all.extend_from_slice(args);
+        self.hub().admin(&all)
+    }
+
+    /// `hub job submit --agent a1 [flags] -- argv`: the job's id.
+    fn submit(&self, flags: &[&str], argv: &[&str]) -> String {
+        let mut args = vec!["submit", "--agent", "a1"];
+        args.extend_from_slice(flags);
+        args.push("--");
+        args.extend_from_slice(argv);
+        let out = self.jobs(&args);
+        assert!(
+            out.status.success(),
+            "submit failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    fn status(&self, id: &str) -> Value {
+        self.hub().admin_json(&["job", "status", id])
+    }
+
+    fn wait_status(&self, id: &str, what: &str, accept: impl Fn(&Value) -> bool) -> Value {
+        wait_for(LIMIT, what, || {
+            let v = self.status(id);
+            accept(&v).then_some(v)
+        })
+    }
+
+    fn wait_done(&self, id: &str) -> Value {
+        self.wait_status(id, &format!("job {id} done at the hub"), |v| {
+            v["done"] == true
+        })
+    }
+
+    /// What the hub holds of a stream.
+    fn logs(&self, id: &str, stream: &str) -> Vec<u8> {
+        let mut args = vec!["logs", id];
+        if stream == "stderr" {
+            args.push("--stderr");
+        }
+        let out = self.jobs(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    /// The runner's record of a job, from its socket.
+    fn runner_job(&self, id: &str) -> Option<Value> {
+        let (status, body) = http(&self.host.socket(), "GET", &format!("/v1/jobs/{id}"), None)?;
+        (status == 200).then(|| serde_json::from_str(&body).ok())?
+    }
+
+    fn spool(&self, id: &str, stream: &str) -> Vec<u8> {
+        fs::read(self.host.state().join(format!("runner/jobs/{id}/{stream}"))).unwrap_or_default()
+    }
+
+    fn restart_hub(&mut self, sig: Signal) {
+        let hub = self.hub.take().expect("hub running");
+        let listen = hub.listen.clone();
+        let mut guard = hub.guard;
+        guard.signal(sig);
+        guard.wait_output(LIMIT);
+        self.hub = Some(TestHub::start_on(&self.hub_dir, &listen, &[]));
+    }
+}
+
+/// A directory every account may write: where jobs leave marks a test counts.
+fn marks_dir(host: &Host) -> PathBuf {
+    let d = host.path("marks");
+    fs::create_dir_all(&d).expect("marks dir");
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o777)).expect("chmod");
+    d
+}
+
+fn runs(marks: &Path, id: &str) -> usize {
+    read_lossy(&marks.join(id)).lines().count()
+}
+
+fn code(out: &Output) -> Option<i32> {
+    out.status.code()
+}
+
+#[test]
+fn a_job_runs_on_its_agent_and_its_output_and_exit_code_come_back_through_the_hub() {
+    let mut f = Fleet::new(&[]);
+    f.start_agent();
+    let out = f.jobs(&[
+        "submit",
+        "--agent",
+        "a1",
+        "--id",
+        "j-exit",
+        "--wait",
+        "--env",
+        "WHO=hub",
+        "--",
+        "sh",
+        "-c",
+        "echo out $WHO; echo err >&2; exit 7",
+    ]);
+    assert_eq!(
+        code(&out),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "out hub\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("err"));
+
+    let v = f.status("j-exit");
+    assert_eq!(v["state"], "failed");
+    assert_eq!(v["exit_code"], 7);
+    assert_eq!(v["done"], true);
+    assert_eq!(v["agent"], "a1");
+    assert_eq!(f.logs("j-exit", "stderr"), b"err\n");
+    // The same job is the runner's job, by the same id.
+    let rec = f.runner_job("j-exit").expect("the runner has it");
+    assert_eq!(rec["exit_code"], 7);
+
+    // A signal is 128 + it, as a shell shows it; `job wait` agrees with `submit --wait`.
+    let id = f.submit(&[], &["sh", "-c", "kill -TERM $$"]);
+    let out = f.jobs(&["wait", &id]);
+    assert_eq!(code(&out), Some(128 + 15));
+    let out = f.jobs(&[
+        "submit",
+        "--agent",
+        "a1",
+        "--wait",
+        "--timeout",
+        "1s",
+        "--",
+        "sleep",
+        "30",
+    ]);
+    assert_eq!(
+        code(&out),
+        Some(124),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let list = f.hub().admin_json(&["job", "list", "--agent", "a1"]);
+    assert_eq!(list.as_array().map(Vec::len), Some(3));
+    assert_eq!(list[2]["id"], "j-exit", "newest first");
+    // An id is one job: a second submission of it is refused.
+    let again = f.jobs(&["submit", "--agent", "a1", "--id", "j-exit", "--", "true"]);
+    assert_eq!(code(&again), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("exists already"));
+}
+
+#[test]
+fn a_cancel_from_the_hub_ends_the_running_job_s_process_group() {
+    let mut f = Fleet::new(&[]);
+    f.start_agent();
+    let id = f.submit(&[], &["sh", "-c", "sleep 600 & sleep 600; wait"]);
+    f.wait_status(&id, "the job running", |v| v["state"] == "running");
+    let pid = f
+        .runner_job(&id)
+        .and_then(|r| r["pid"].as_i64())
+        .expect("pid") as i32;
+    assert!(alive(pid));
+    let asked = Instant::now();
+    let out = f.jobs(&["cancel", &id]);
+    assert!(out.status.success());
+    let v = f.wait_done(&id);
+    assert_eq!(v["state"], "cancelled");
+    assert_eq!(v["signal"], 15);
+    // The whole group: the shell and both sleeps.
+    wait_for(LIMIT, "the job's group gone", || {
+        live_in_group(pid).is_empty().then_some(())
+    });
+    assert!(asked.elapsed() < LIMIT);
+    assert_eq!(code(&f.jobs(&["wait", &id])), Some(128 + 15));
+}
+
+#[test]
+fn jobs_for_an_agent_that_is_away_wait_at_the_hub_bounded_and_start_when_it_returns() {
+    let mut f = Fleet::new(&["--max-open-jobs", "2"]);
+    let marks = marks_dir(&f.host);
+    let m = path_str(&marks);
+    let first = f.submit(&["--id", "w1"], &["sh", "-c", &format!("echo x >> {m}/w1")]);
+    let second = f.submit(&["--id", "w2"], &["sh", "-c", &format!("echo x >> {m}/w2")]);
+    assert_eq!(f.status(&first)["state"], "pending");
+    let refused = f.jobs(&["submit", "--agent", "a1", "--", "true"]);
+    assert_eq!(code(&refused), Some(1));
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("2 jobs not done") && why.contains("--max-open-jobs"),
+        "{why}"
+    );
+
+    // A job cancelled before its agent was ever sent it ends at once, at the hub.
+    let out = f.jobs(&["cancel", &second]);
+    assert!(out.status.success());
+    let v = f.status(&second);
+    assert_eq!(
+        (v["state"].as_str(), v["done"].as_bool()),
+        (Some("cancelled"), Some(true))
+    );
+    assert!(v["error"]
+        .as_str()
+        .unwrap_or("")
+        .contains("before agent a1 was sent it"));
+
+    f.start_agent();
+    let v = f.wait_done(&first);
+    assert_eq!(v["state"], "succeeded");
+    assert_eq!(runs(&marks, "w1"), 1);
+    assert_eq!(
+        runs(&marks, "w2"),
+        0,
+        "a cancelled job never reached the runner"
+    );
+    assert!(f.runner_job(&second).is_none());
+}
+
+#[test]
+fn a_spec_the_runner_refuses_ends_at_the_hub_as_rejected_with_the_runner_s_reason() {
+    let mut f = Fleet::new(&[]);
+    f.start_agent();
+    let out = f.jobs(&[
+        "submit",
+        "--agent",
+        "a1",
+        "--wait",
+        "--cwd",
+        "../../etc",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&out), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("rejected") && stderr.contains("outside the workspace root"),
+        "{stderr}"
+    );
+
+    // A loader variable, past the CLI (which refuses it itself) through the admin API.
+    let body = r#"{"agent": "a1", "spec": {"id": "j-preload", "argv": ["true"], "env": {"LD_PRELOAD": "/tmp/x.so"}}}"#;
+    let token = f.hub().admin_token();
+    let (status, _) = f
+        .hub()
+        .curl("POST", "/v1/admin/jobs", Some(&token), Some(body));
+    assert_eq!(status, 201);
+    let v = f.wait_done("j-preload");
+    assert_eq!(v["state"], "rejected");
+    assert!(
+        v["error"].as_str().unwrap_or("").contains("LD_PRELOAD"),
+        "{v}"
+    );
+    assert!(f.runner_job("j-preload").is_none());
+}
+
+/// A job printing 200 000 numbers over a few seconds: its output is known exactly.
+fn slow_seq(marks: &Path, id: &str) -> Vec<String> {
+    let m = path_str(marks);
+    let script = format!(
+        "echo x >> {m}/{id}; i=0; while [ $i -lt 40 ]; do seq $((i*5000+1)) $((i*5000+5000)); i=$((i+1)); sleep 0.1; done"
+    );
+    vec!["sh".into(), "-c".into(), script]
+}
+
+fn seq_bytes(n: u32) -> Vec<u8> {
+    (1..=n)
+        .map(|i| format!("{i}\n"))
+        .collect::<String>()
+        .into_bytes()
+}
+
+#[test]
+fn the_hub_restarted_mid_upload_loses_and_duplicates_no_byte() {
+    let mut f = Fleet::new(&[]);
+    f.start_agent();
+    let marks = marks_dir(&f.host);
+    let argv = slow_seq(&marks, "up");
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let id = f.submit(&["--id", "up"], &argv);
+    f.wait_status(&id, "output at the hub", |v| {
+        v["stdout_stored"].as_u64() > Some(0)
+    });
+    f.restart_hub(Signal::SIGKILL);
+    f.wait_status(&id, "more output after a hub restart", |v| {
+        v["stdout_stored"].as_u64() > Some(300_000)
+    });
+    f.restart_hub(Signal::SIGTERM);
+    let v = f.wait_done(&id);
+    assert_eq!(v["state"], "succeeded");
+    let got = f.logs(&id, "stdout");
+    let want = seq_bytes(200_000);
+    assert_eq!(got.len(), want.len(), "lengths differ");
+    assert!(
+        got == want,
+        "the output at the hub is not what the job printed"
+    );
+    assert_eq!(runs(&marks, "up"), 1);
+}
+
+#[test]
+fn an_agent_killed_mid_job_does_not_run_it_again_and_its_output_and_end_reach_the_hub() {
+    let mut f = Fleet::new(&[]);
+    f.start_agent();
+    let marks = marks_dir(&f.host);
+    let argv = slow_seq(&marks, "k9");
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let id = f.submit(&["--id", "k9"], &argv);
+    f.wait_status(&id, "output at the hub", |v| {
+        v["stdout_stored"].as_u64() > Some(0)
+    });
+    f.kill_agent();
+    f.start_agent();
+    let v = f.wait_done(&id);
+    // The runner stopped with the agent (its jobs cancelled), or was reclaimed by the
+    // new one (its jobs lost): either way the hub has the runner's end of the job, and
+    // what the job printed.
+    let rec = f.runner_job(&id).expect("the runner's record");
+    assert_eq!(v["state"], rec["state"], "{v}");
+    assert_eq!(v["error"], rec["error"], "{v}");
+    let spooled = f.spool(&id, "stdout");
+    assert!(!spooled.is_empty());
+    assert!(
+        f.logs(&id, "stdout") == spooled,
+        "the hub's output is not the spool's"
+    );
+    assert!(seq_bytes(200_000).starts_with(&spooled));
+    assert_eq!(runs(&marks, "k9"), 1, "the job ran again");
+}
+
+#[test]
+fn an_agent_killed_as_its_runner_takes_a_job_does_not_run_it_twice() {
+    let mut f = Fleet::new(&[]);
+    f.start_agent();
+    let marks = marks_dir(&f.host);
+    let m = path_str(&marks);
+    let id = f.submit(
+        &["--id", "early"],
+        &[
+            "sh",
+            "-c",
+            &format!("echo x >> {m}/early; sleep 2; echo end"),
+        ],
+    );
+    // As soon as the runner has the job, whether or not the hub heard of it.
+    wait_for(LIMIT, "the runner has the job", || f.runner_job(&id));
+    f.kill_agent();
+    f.start_agent();
+    let v = f.wait_done(&id);
+    let rec = f.runner_job(&id).expect("the runner's record");
+    assert_eq!(v["state"], rec["state"], "{v}");
+    assert_eq!(runs(&marks, "early"), 1, "the job ran again");
+    assert_eq!(f.logs(&id, "stdout"), f.spool(&id, "stdout"));
+}
+
+#[test]
+fn uploads_are_idempotent_by_offset_and_only_the_job_s_agent_may_make_them() {
+    let f = Fleet::new(&[]);
+    let other = f.hub().enrol("a2");
+    let other = read_lossy(&other).trim().to_owned();
+    let mine = read_lossy(&f.token_file).trim().to_owned();
+    let id = f.submit(&["--id", "u1"], &["true"]);
+    let hub = f.hub();
+    let put = |token: &str, offset: u64, body: &str| {
+        hub.curl(
+            "PUT",
+            &format!("/v1/jobs/{id}/output/stdout?offset={offset}"),
+            Some(token),
+            Some(body),
+        )
+    };
+    assert_eq!(put(&mine, 0, "abc"), (200, r#"{"length":3}"#.into()));
+    // The same bytes again, and an overlap: only what is new is taken.
+    assert_eq!(put(&mine, 0, "abc").1, r#"{"length":3}"#);
+    assert_eq!(put(&mine, 1, "bcde").1, r#"{"length":5}"#);
+    let (status, body) = put(&mine, 9, "x");
+    assert_eq!(status, 409);
+    assert!(
+        body.contains(r#""length":5"#) && body.contains("resume from 5"),
+        "{body}"
+    );
+    assert_eq!(put(&other, 5, "zz").0, 401, "another agent's token");
+    assert_eq!(put("rga_nope", 5, "zz").0, 401);
+    let (status, _) = hub.curl(
+        "PUT",
+        "/v1/jobs/nojob/output/stdout?offset=0",
+        Some(&mine),
+        Some("x"),
+    );
+    assert_eq!(status, 401, "an unknown job reads as a wrong token");
+    assert_eq!(put(&mine, 5, "").1, r#"{"length":5}"#);
+    assert_eq!(f.logs(&id, "stdout"), b"abcde");
+}
+
+#[test]
+fn the_hub_keeps_its_cap_of_a_stream_and_says_so() {
+    let mut f = Fleet::new(&["--max-job-output", "1000"]);
+    f.start_agent();
+    let out = f.jobs(&[
+        "submit", "--agent", "a1", "--id", "big", "--wait", "--", "seq", "1", "10000",
+    ]);
+    assert_eq!(code(&out), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("stdout was cut") && stderr.contains("first 1000 bytes"),
+        "{stderr}"
+    );
+    let v = f.status("big");
+    assert_eq!(v["stdout_stored"], 1000);
+    assert_eq!(v["stdout_bytes"], seq_bytes(10_000).len());
+    assert!(
+        v["output_truncated"]["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .contains("48894"),
+        "{v}"
+    );
+    assert_eq!(f.logs("big", "stdout"), &seq_bytes(10_000)[..1000]);
+}
