@@ -114,6 +114,7 @@ fn report(generation: u64) -> AgentReport {
         runner: Default::default(),
         upgrade: None,
         jobs_summary: None,
+        jobs: Vec::new(),
     }
 }
 

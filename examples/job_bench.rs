@@ -10,6 +10,10 @@ use railgrid::proto::job::JobSpec;
 use railgrid::runner::client::Client;
 use railgrid::runner::job::Stream;
 
+#[path = "common/first_byte.rs"]
+mod first_byte;
+use first_byte::FirstByte;
+
 fn spec(argv: &[&str]) -> JobSpec {
     JobSpec::from_argv(argv.iter().copied())
 }
@@ -91,32 +95,4 @@ async fn main() -> anyhow::Result<()> {
         percentile(&lat, 0.99).as_secs_f64() * 1000.0
     );
     Ok(())
-}
-
-/// Records when the first byte arrives.
-struct FirstByte(Option<Duration>, Instant);
-
-impl tokio::io::AsyncWrite for FirstByte {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        if self.0.is_none() && !buf.is_empty() {
-            self.0 = Some(self.1.elapsed());
-        }
-        std::task::Poll::Ready(Ok(buf.len()))
-    }
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
 }

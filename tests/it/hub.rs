@@ -316,7 +316,7 @@ fn bad_requests_get_an_error_that_says_what_is_wrong() {
             200,
             "generation",
         ),
-        (Some(&t), "x".repeat(300 * 1024), 413, "larger than"),
+        (Some(&t), "x".repeat(1100 * 1024), 413, "larger than"),
         (Some(&t), report(1 << 60), 400, "observed_generation"),
     ];
     for (tok, body, want, needle) in cases {
