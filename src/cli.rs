@@ -184,9 +184,10 @@ pub struct HubServeArgs {
     /// The longest a reconcile is held open, whatever the agent asks.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30s")]
     pub max_wait: Duration,
-    /// Jobs not done yet per agent (waiting, running, or uploading their output); past
-    /// it, `hub job submit` is refused.
-    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    /// Jobs not done yet per agent (waiting, running, or uploading their output), at most
+    /// 1000 (so that an agent's desired state and report stay under 1 MiB); past it, `hub
+    /// job submit` is refused.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub max_open_jobs: u64,
     /// Bytes of each job stream the hub keeps (more is counted, and said to be cut).
     #[arg(long, value_name = "BYTES", default_value_t = 16 * 1024 * 1024)]

@@ -61,9 +61,13 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(WAIT.as_secs() + 15);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest desired state read from the hub.
 const MAX_ANSWER: usize = 1 << 20;
-/// Reconciles start at least this far apart, whatever the hub answers (one that does
-/// not hold its long polls must not turn this loop into a busy one).
-const MIN_SPACING: Duration = Duration::from_millis(100);
+/// Reconciles are paced by a bucket: a burst of [`BURST`] at once (a job's submission,
+/// start and end reported as they happen), then at most [`RATE`] a second, whatever the
+/// hub answers. A hub that keeps answering with something new cannot make this loop a
+/// busy one, and one that answers at once with nothing new is asked again only after its
+/// `poll_interval_secs` (see [`HELD`]).
+const BURST: f64 = 20.0;
+const RATE: f64 = 10.0;
 /// The first and the longest pause after a failure.
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
@@ -562,6 +566,30 @@ struct HubTask {
     published: Option<HubStatus>,
 }
 
+/// The bucket that paces reconciles ([`BURST`], [`RATE`]).
+struct Pace {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Pace {
+    fn new() -> Self {
+        Self {
+            tokens: BURST,
+            at: Instant::now(),
+        }
+    }
+
+    /// Takes a reconcile; `Some(instant)` to wait for first when the bucket is empty.
+    fn take(&mut self) -> Option<Instant> {
+        let now = Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * RATE).min(BURST);
+        self.at = now;
+        self.tokens -= 1.0;
+        (self.tokens < 0.0).then(|| now + Duration::from_secs_f64(-self.tokens / RATE))
+    }
+}
+
 /// What the main loop does after a reconcile, or a message.
 enum Next {
     /// The next reconcile, as soon as the spacing allows.
@@ -574,15 +602,14 @@ enum Next {
 impl HubTask {
     async fn run(mut self) {
         tracing::info!(url = %self.conn.settings.url, agent_id = %self.conn.settings.agent_id, "reconciling with the hub");
-        let mut last_start: Option<Instant> = None;
+        let mut pace = Pace::new();
         loop {
-            if let Some(t) = last_start {
-                if !self.pause_until(t + MIN_SPACING).await {
+            if let Some(until) = pace.take() {
+                if !self.pause_until(until).await {
                     break;
                 }
             }
             let started = Instant::now();
-            last_start = Some(started);
             let report = self.report().await;
             let next = tokio::select! {
                 // Cancel-safe: dropping a reconcile in flight closes its connection; the
@@ -914,6 +941,23 @@ mod tests {
         );
         assert_eq!(backoff_delay(u32::MAX, u32::MAX), BACKOFF_MAX);
         assert_eq!(backoff_delay(0, 0), BACKOFF_FIRST);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reconciles_come_in_a_burst_then_ten_a_second() {
+        let mut pace = Pace::new();
+        for _ in 0..20 {
+            assert_eq!(pace.take(), None);
+        }
+        let t0 = Instant::now();
+        let wait = pace.take().expect("the bucket is empty");
+        assert_eq!(wait - t0, Duration::from_millis(100));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        // Refilled to the burst, no further.
+        for _ in 0..19 {
+            assert_eq!(pace.take(), None);
+        }
+        assert!(pace.take().is_some());
     }
 
     #[test]

@@ -36,9 +36,10 @@ const WAIT_SECS: u64 = 300;
 /// Pauses between tries at the runner: doubling from the first to the longest.
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(10);
-/// The most of a job's error (and of a truncation reason) a report carries.
-const MAX_ERROR: usize = 512;
-const MAX_REASON: usize = 256;
+/// The most of a job's error (and of a truncation reason) a report carries, in bytes:
+/// the hub's thousand open jobs of an agent fit in the 1 MiB a report may be.
+const MAX_ERROR: usize = 256;
+const MAX_REASON: usize = 128;
 
 /// The latest report of each followed job; a change moves `moved`.
 struct Reports {
@@ -249,8 +250,13 @@ impl JobsTask {
     }
 }
 
+/// At most `max` bytes of `s`, cut on a character boundary.
 fn cut(s: &str, max: usize) -> String {
-    crate::util::clip_to(s, max).into_owned()
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
 }
 
 fn report_of(rec: &JobRecord, output_done: bool) -> JobReport {
@@ -311,13 +317,30 @@ impl Job {
         }
         let Some(rec) = rec else { return };
         self.reports.set(report_of(&rec, false));
-        let Ok(_slot) = slots.acquire_owned().await else {
-            return;
+        // A cancel does not wait for a slot: it goes to the runner at once.
+        let mut cancel_sent = false;
+        let _slot = loop {
+            tokio::select! {
+                p = slots.clone().acquire_owned() => match p {
+                    Ok(p) => break p,
+                    Err(_) => return,
+                },
+                // Cancel-safe: `wait_for` only observes the channel.
+                open = async { self.cancel.wait_for(|c| *c).await.is_ok() }, if !cancel_sent => {
+                    if !open {
+                        return;
+                    }
+                    cancel_sent = self.cancel_at_runner().await.is_some();
+                    if !cancel_sent {
+                        tokio::time::sleep(RETRY_FIRST).await;
+                    }
+                }
+            }
         };
         let (runner, link, id) = (self.runner.clone(), self.link.clone(), self.id.clone());
         let stdout = upload_stream(&id, Stream::Stdout, &runner, &link);
         let stderr = upload_stream(&id, Stream::Stderr, &runner, &link);
-        let ((), (), rec) = tokio::join!(stdout, stderr, self.track(rec));
+        let ((), (), rec) = tokio::join!(stdout, stderr, self.track(rec, cancel_sent));
         let mut last = rec;
         last.output_done = true;
         self.reports.set(last);
@@ -389,25 +412,43 @@ impl Job {
         }
     }
 
+    /// The runner's cancel (group, grace, kill); the record it answers, reported, or
+    /// `None` when the runner could not be asked.
+    async fn cancel_at_runner(&mut self) -> Option<JobRecord> {
+        match self.runner.cancel(&self.id).await {
+            Ok(r) => {
+                tracing::info!(job = %self.id, "hub job cancelled");
+                self.reports.set(report_of(&r, false));
+                Some(r)
+            }
+            Err(e) => {
+                self.failed("cancelling it", &e);
+                None
+            }
+        }
+    }
+
     /// Follows the job's state until its end is recorded, cancelling it when asked;
     /// every change is reported.
-    async fn track(&mut self, mut rec: JobRecord) -> JobReport {
-        let mut cancel_sent = false;
+    async fn track(&mut self, mut rec: JobRecord, mut cancel_sent: bool) -> JobReport {
         let mut pause = RETRY_FIRST;
         loop {
             if rec.state.is_terminal() && !rec.commit_pending {
                 return report_of(&rec, false);
             }
             if *self.cancel.borrow() && !cancel_sent {
-                match self.runner.cancel(&self.id).await {
-                    Ok(r) => {
+                match self.cancel_at_runner().await {
+                    Some(r) => {
                         cancel_sent = true;
-                        tracing::info!(job = %self.id, "hub job cancelled");
                         rec = r;
-                        self.reports.set(report_of(&rec, false));
                         continue;
                     }
-                    Err(e) => self.failed("cancelling it", &e),
+                    None => {
+                        // Tried again soon, not after a long wait on the runner.
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(RETRY_MAX);
+                        continue;
+                    }
                 }
             }
             let until = if matches!(rec.state, JobState::Queued | JobState::Starting) {

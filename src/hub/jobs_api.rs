@@ -37,6 +37,17 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
     })
 }
 
+/// Offsets are stored as signed 64-bit numbers.
+fn offset_of(offset: u64) -> ApiResult<u64> {
+    if offset > i64::MAX as u64 {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("offset={offset} is out of range (0 to {})", i64::MAX),
+        ));
+    }
+    Ok(offset)
+}
+
 fn stream_of(s: &str) -> ApiResult<Stream> {
     Stream::parse(s).ok_or_else(|| {
         ApiError::new(
@@ -133,10 +144,12 @@ pub(super) async fn output<S: Store>(
     let q = query(q)?;
     let stream = stream_of(&stream)?;
     let limit = q.limit.unwrap_or(MAX_SLICE).clamp(1, MAX_SLICE);
-    let offset = q.offset.unwrap_or(0);
+    let offset = offset_of(q.offset.unwrap_or(0))?;
+    // Before the first read: a change after it wakes the follower.
+    let activity = hub.fleet.job_activity();
     let first = hub.fleet.job_output(&id, stream, offset, limit).await?;
     if q.follow.unwrap_or(false) {
-        return Ok(follow(hub, id, stream, first));
+        return Ok(follow(hub, id, stream, first, activity));
     }
     let mut resp = Response::new(Body::from(first.bytes));
     let h = resp.headers_mut();
@@ -157,10 +170,10 @@ fn follow<S: Store>(
     id: String,
     stream: Stream,
     first: super::fleet::OutputSlice,
+    mut activity: tokio::sync::watch::Receiver<u64>,
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
     tokio::spawn(async move {
-        let mut activity = hub.fleet.job_activity();
         let mut slice = first;
         loop {
             let next = slice.next;
@@ -224,7 +237,7 @@ pub(super) async fn upload<S: Store>(
 ) -> ApiResult<Response> {
     let t = bearer(&headers).map_err(|why| ApiError::new(StatusCode::UNAUTHORIZED, why))?;
     let stream = stream_of(&stream)?;
-    let offset = query(q)?.offset;
+    let offset = offset_of(query(q)?.offset)?;
     let upload = Upload {
         job: id,
         stream,

@@ -468,6 +468,57 @@ fn uploads_are_idempotent_by_offset_and_only_the_job_s_agent_may_make_them() {
     assert_eq!(status, 401, "an unknown job reads as a wrong token");
     assert_eq!(put(&mine, 5, "").1, r#"{"length":5}"#);
     assert_eq!(f.logs(&id, "stdout"), b"abcde");
+    // Offsets past what the hub counts in are refused, not wrapped.
+    assert_eq!(put(&mine, 1 << 63, "x").0, 400);
+    let admin = hub.admin_token();
+    let (status, body) = hub.curl(
+        "GET",
+        &format!("/v1/jobs/{id}/output/stdout?offset=0"),
+        Some(&admin),
+        None,
+    );
+    assert_eq!(
+        status, 405,
+        "the admin reads output under /v1/admin: {body}"
+    );
+    for offset in [1u64 << 63, u64::MAX] {
+        let (status, body) = hub.curl(
+            "GET",
+            &format!("/v1/admin/jobs/{id}/output/stdout?offset={offset}"),
+            Some(&admin),
+            None,
+        );
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("out of range"), "{body}");
+    }
+    let (status, body) = hub.curl(
+        "GET",
+        &format!("/v1/admin/jobs/{id}/output/stdout?offset=3"),
+        Some(&admin),
+        None,
+    );
+    assert_eq!((status, body.as_str()), (200, "de"));
+    assert!(
+        hub.curl("GET", "/v1/health", None, None).0 == 200,
+        "the hub lives on"
+    );
+}
+
+#[test]
+fn a_job_of_a_revoked_agent_is_cancelled_at_the_hub() {
+    let mut f = Fleet::new(&[]);
+    f.start_agent();
+    let id = f.submit(&[], &["sleep", "600"]);
+    f.wait_status(&id, "the job running", |v| v["state"] == "running");
+    f.hub().admin_ok(&["agent", "revoke", "a1"]);
+    let out = f.jobs(&["cancel", &id]);
+    assert!(out.status.success());
+    let v = f.status(&id);
+    assert_eq!(
+        (v["state"].as_str(), v["done"].as_bool()),
+        (Some("cancelled"), Some(true))
+    );
+    assert!(v["error"].as_str().unwrap_or("").contains("revoked"), "{v}");
 }
 
 #[test]

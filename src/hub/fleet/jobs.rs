@@ -60,7 +60,8 @@ impl Default for JobLimits {
 pub(super) struct OpenJob {
     pub(super) id: String,
     seq: u64,
-    spec: Arc<JobSpec>,
+    /// Kept while the job is pending: once reported, it is never sent again.
+    spec: Option<Arc<JobSpec>>,
     spec_len: usize,
     progress: JobProgress,
     /// Its spec may have reached its agent: true once an answer carried it, and for
@@ -75,7 +76,7 @@ impl OpenJob {
         Self {
             id: row.id,
             seq: row.seq,
-            spec: Arc::new(row.spec),
+            spec: (row.progress.state == PENDING).then(|| Arc::new(row.spec)),
             spec_len,
             progress: row.progress,
             offered: true,
@@ -104,19 +105,21 @@ pub(super) fn desired(
         if j.progress.cancel_requested && !ended(&j.progress.state) {
             cancel.push(j.id.clone());
         }
-        let spec = if j.pending() && !j.progress.cancel_requested {
-            // In submission order: a job that does not fit waits, and so do those after it.
-            if j.spec_len > budget {
-                budget = 0;
-                continue;
+        let spec = match &j.spec {
+            Some(spec) if j.pending() && !j.progress.cancel_requested => {
+                // In submission order: a job that does not fit waits, and so do those
+                // after it.
+                if j.spec_len > budget {
+                    budget = 0;
+                    continue;
+                }
+                budget -= j.spec_len;
+                if offer {
+                    j.offered = true;
+                }
+                Some((**spec).clone())
             }
-            budget -= j.spec_len;
-            if offer {
-                j.offered = true;
-            }
-            Some((*j.spec).clone())
-        } else {
-            None
+            _ => None,
         };
         out.push(DesiredJob {
             id: j.id.clone(),
@@ -315,31 +318,48 @@ impl<S: Store> Fleet<S> {
     pub(crate) async fn cancel_job(&self, id: &str) -> Result<HubJobView, FleetError> {
         if let Some(entry) = self.job_entry(id) {
             let _one = self.changes.lock().await;
+            let revoked = entry.is_revoked();
             let next = {
-                let st = util::lock(&entry.state);
-                st.jobs.get(id).and_then(|job| {
+                let mut st = util::lock(&entry.state);
+                st.jobs.get_mut(id).and_then(|job| {
                     let p = &job.progress;
                     if ended(&p.state) || p.cancel_requested {
                         return None;
                     }
-                    let mut p = p.clone();
-                    if job.pending() && !job.offered {
-                        p.state = JobState::Cancelled.as_str().into();
-                        p.error = Some(format!(
+                    let mut next = p.clone();
+                    next.cancel_requested = true;
+                    let at_hub = if job.pending() && !job.offered {
+                        Some(format!(
                             "cancelled at the hub before agent {} was sent it",
                             entry.id
-                        ));
-                        p.finished_ms = Some(now_ms());
-                        p.done = true;
+                        ))
+                    } else if revoked {
+                        Some(format!(
+                            "cancelled at the hub: agent {} is revoked, so whether it ran there is not known",
+                            entry.id
+                        ))
                     } else {
-                        p.cancel_requested = true;
+                        None
+                    };
+                    if let Some(why) = at_hub {
+                        next.state = JobState::Cancelled.as_str().into();
+                        next.error = Some(why);
+                        next.finished_ms = Some(now_ms());
+                        next.done = true;
                     }
-                    Some(p)
+                    // At once, before the store has it: no answer computed meanwhile may
+                    // send the job's spec (one that is, is followed by this cancel).
+                    job.progress.cancel_requested = true;
+                    Some(next)
                 })
             };
             if let Some(p) = next {
-                self.save_jobs(&entry, vec![(id.to_owned(), p)], true)
-                    .await?;
+                if let Err(e) = self.save_jobs(&entry, vec![(id.to_owned(), p)], true).await {
+                    if let Some(job) = util::lock(&entry.state).jobs.get_mut(id) {
+                        job.progress.cancel_requested = false;
+                    }
+                    return Err(e);
+                }
                 tracing::info!(job = %id, agent = %entry.id, "job cancel requested");
             }
         }
@@ -366,6 +386,9 @@ impl<S: Store> Fleet<S> {
                     st.jobs.remove(&id);
                     done.push(id);
                 } else if let Some(job) = st.jobs.get_mut(&id) {
+                    if p.state != PENDING {
+                        job.spec = None;
+                    }
                     job.progress = p;
                 }
             }
@@ -403,7 +426,12 @@ impl<S: Store> Fleet<S> {
             let st = util::lock(&entry.state);
             let mut updates = Vec::new();
             let mut bump = false;
+            let mut seen = std::collections::HashSet::new();
             for r in reports.iter().take(self.job_limits.max_open + 64) {
+                if !seen.insert(r.id.as_str()) {
+                    // One report per job: a second would be merged from the same base.
+                    continue;
+                }
                 let Some(job) = st.jobs.get(&r.id) else {
                     // Done already, or not this agent's.
                     continue;
@@ -563,11 +591,11 @@ mod tests {
         OpenJob {
             id: format!("j{seq}"),
             seq,
-            spec: Arc::new(JobSpec {
+            spec: Some(Arc::new(JobSpec {
                 id: Some(format!("j{seq}")),
                 argv: vec!["true".into()],
                 ..JobSpec::default()
-            }),
+            })),
             spec_len: 40,
             progress: JobProgress {
                 state: state.into(),

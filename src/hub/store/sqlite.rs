@@ -612,11 +612,16 @@ impl Store for SqliteStore {
             let e = sql(path);
             let mut stmt = conn
                 .prepare_cached(
+                    // From the chunk that holds `offset` (the last one starting at or
+                    // before it), by the primary key: no scan of the chunks before.
                     "SELECT start, data FROM job_output
-                     WHERE job = ?1 AND stream = ?2 AND start + length(data) > ?3
+                     WHERE job = ?1 AND stream = ?2 AND start >= COALESCE(
+                         (SELECT MAX(start) FROM job_output
+                          WHERE job = ?1 AND stream = ?2 AND start <= ?3), 0)
                      ORDER BY start",
                 )
                 .map_err(&e)?;
+            let offset = offset.min(i64::MAX as u64);
             let mut rows = stmt
                 .query(params![job, stream.name(), offset as i64])
                 .map_err(&e)?;
@@ -630,7 +635,7 @@ impl Store for SqliteStore {
                         Box::new(err),
                     ))
                 })?;
-                let from = offset.saturating_sub(start) as usize;
+                let from = offset.saturating_sub(start).min(data.len() as u64) as usize;
                 let take = (data.len() - from).min(limit - out.len());
                 out.extend_from_slice(&data[from..from + take]);
                 if out.len() >= limit {
