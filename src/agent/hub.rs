@@ -954,7 +954,7 @@ mod tests {
         assert_eq!(wait - t0, Duration::from_millis(100));
         tokio::time::advance(Duration::from_secs(10)).await;
         // Refilled to the burst, no further.
-        for _ in 0..19 {
+        for _ in 0..20 {
             assert_eq!(pace.take(), None);
         }
         assert!(pace.take().is_some());
