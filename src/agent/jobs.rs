@@ -311,11 +311,15 @@ impl Job {
             // An error: the follower before went (its job is done at the hub).
             let _ = turn.await;
         }
-        let rec = self.start().await;
+        let started = self.start().await;
         if let Some(tx) = self.submitted.take() {
             let _ = tx.send(());
         }
-        let Some(rec) = rec else { return };
+        let Some((rec, created)) = started else {
+            return;
+        };
+        // A job the runner has just created has no output at the hub yet.
+        let known = created.then_some(0);
         self.reports.set(report_of(&rec, false));
         // A cancel does not wait for a slot: it goes to the runner at once.
         let mut cancel_sent = false;
@@ -338,8 +342,8 @@ impl Job {
             }
         };
         let (runner, link, id) = (self.runner.clone(), self.link.clone(), self.id.clone());
-        let stdout = upload_stream(&id, Stream::Stdout, &runner, &link);
-        let stderr = upload_stream(&id, Stream::Stderr, &runner, &link);
+        let stdout = upload_stream(&id, Stream::Stdout, &runner, &link, known);
+        let stderr = upload_stream(&id, Stream::Stderr, &runner, &link, known);
         let ((), (), rec) = tokio::join!(stdout, stderr, self.track(rec, cancel_sent));
         let mut last = rec;
         last.output_done = true;
@@ -354,16 +358,19 @@ impl Job {
         }
     }
 
-    /// The job's record once the runner has it: submitted if it comes with its spec, and
-    /// not cancelled meanwhile. `None` when it ended without running, reported so.
-    async fn start(&mut self) -> Option<JobRecord> {
+    /// The job's record once the runner has it, and whether this submission created it:
+    /// submitted if it comes with its spec, and not cancelled meanwhile. `None` when it
+    /// ended without running, reported so.
+    async fn start(&mut self) -> Option<(JobRecord, bool)> {
         let mut pause = RETRY_FIRST;
+        let mut created = false;
         loop {
             let cancelled = *self.cancel.borrow();
             if let (Some(spec), false) = (&self.spec, cancelled) {
                 match self.runner.submit(spec).await {
-                    Ok((created, sub)) => {
-                        if created {
+                    Ok((new, sub)) => {
+                        created |= new;
+                        if new {
                             tracing::info!(job = %self.id, state = sub.state.as_str(), "hub job submitted to the runner");
                         }
                     }
@@ -386,7 +393,7 @@ impl Job {
                 }
             }
             match self.runner.get(&self.id).await {
-                Ok(rec) => return Some(rec),
+                Ok(rec) => return Some((rec, created)),
                 Err(ClientError::Api { status: 404, .. }) if cancelled => {
                     self.reports.set(ended_here(
                         &self.id,

@@ -107,12 +107,14 @@ impl Retry {
 
 /// Uploads one stream of `job` until the runner has sent all of it (the job has ended)
 /// and the hub has acknowledged every byte. `link` is read anew at every try, so a
-/// SIGHUP's new token applies to the next one.
+/// SIGHUP's new token applies to the next one. `known`: what the hub holds, when this
+/// agent knows it without asking (0 for a job its runner has just created).
 pub(super) async fn upload_stream(
     job: &str,
     stream: Stream,
     runner: &Client,
     link: &tokio::sync::watch::Receiver<HubLink>,
+    known: Option<u64>,
 ) {
     let mut retry = Retry::new();
     let mut failing: Option<String> = None;
@@ -123,7 +125,7 @@ pub(super) async fn upload_stream(
         }
     };
     // What the hub holds: where the next try starts.
-    let mut acked: Option<u64> = None;
+    let mut acked: Option<u64> = known;
     loop {
         let hub = link.borrow().clone();
         let offset = match acked {

@@ -290,6 +290,9 @@ fn job_detail(j: &HubJobView) -> String {
         j.state.clone()
     };
     line("state", state);
+    if let Some(w) = &j.waiting {
+        line("waiting", clean(w));
+    }
     line(
         "done",
         if j.done {

@@ -103,6 +103,10 @@ pub struct HubJobView {
     /// The job has ended and all of its output the hub will ever hold is there.
     #[serde(default)]
     pub done: bool,
+    /// What a pending job waits for, as the hub sees it (its agent away, its runner not
+    /// running, the agent not yet having taken it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 impl HubJobView {

@@ -261,7 +261,15 @@ fn jobs_for_an_agent_that_is_away_wait_at_the_hub_bounded_and_start_when_it_retu
     let m = path_str(&marks);
     let first = f.submit(&["--id", "w1"], &["sh", "-c", &format!("echo x >> {m}/w1")]);
     let second = f.submit(&["--id", "w2"], &["sh", "-c", &format!("echo x >> {m}/w2")]);
-    assert_eq!(f.status(&first)["state"], "pending");
+    let v = f.status(&first);
+    assert_eq!(v["state"], "pending");
+    assert!(
+        v["waiting"]
+            .as_str()
+            .unwrap_or("")
+            .contains("agent a1 has never reconciled"),
+        "{v}"
+    );
     let refused = f.jobs(&["submit", "--agent", "a1", "--", "true"]);
     assert_eq!(code(&refused), Some(1));
     let why = String::from_utf8_lossy(&refused.stderr);

@@ -208,6 +208,7 @@ fn view(row: JobRow, limits: &JobLimits) -> HubJobView {
         stderr_stored: row.stderr_stored,
         output_truncated,
         done: p.done,
+        waiting: None,
     }
 }
 
@@ -309,7 +310,7 @@ impl<S: Store> Fleet<S> {
         self.announce(&entry);
         self.job_moved();
         tracing::info!(job = %id, agent = %agent, generation, "job submitted");
-        Ok(view(row, &self.job_limits))
+        Ok(self.shown(row))
     }
 
     /// Asks for a job's end: at once for a pending job its agent was never sent,
@@ -461,7 +462,45 @@ impl<S: Store> Fleet<S> {
             .get_job(id)
             .await?
             .ok_or_else(|| FleetError::NoSuchJob(util::clip(id).into_owned()))?;
-        Ok(view(row, &self.job_limits))
+        Ok(self.shown(row))
+    }
+
+    /// A job's view, with what a pending one waits for.
+    fn shown(&self, row: JobRow) -> HubJobView {
+        let mut v = view(row, &self.job_limits);
+        if v.state == PENDING && !v.done {
+            v.waiting = self.job_entry(&v.id).map(|e| self.waiting_for(&e, &v.id));
+        }
+        v
+    }
+
+    fn waiting_for(&self, entry: &AgentEntry, id: &str) -> String {
+        let connected = entry.polls.load(Ordering::Relaxed) > 0;
+        let st = util::lock(&entry.state);
+        let offered = st.jobs.get(id).is_some_and(|j| j.offered);
+        let runner = st
+            .report
+            .as_ref()
+            .map(|r| r.runner.state.as_str())
+            .filter(|s| !s.is_empty() && *s != "running");
+        if entry.is_revoked() {
+            format!("agent {} is revoked", entry.id)
+        } else if !connected && st.last_seen.is_none() {
+            format!("agent {} has never reconciled with this hub", entry.id)
+        } else if !connected {
+            format!("agent {} is not connected to this hub", entry.id)
+        } else if let Some(state) = runner {
+            format!(
+                "agent {}'s runner is {} (see `railgrid hub agent show {}`)",
+                entry.id,
+                util::clip(state),
+                entry.id
+            )
+        } else if offered {
+            format!("sent to agent {}, which has not reported it yet", entry.id)
+        } else {
+            format!("waiting for agent {} to take it", entry.id)
+        }
     }
 
     pub(crate) async fn jobs(
@@ -471,10 +510,7 @@ impl<S: Store> Fleet<S> {
         limit: usize,
     ) -> Result<Vec<HubJobView>, FleetError> {
         let rows = self.store.list_jobs(agent, before, limit).await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| view(r, &self.job_limits))
-            .collect())
+        Ok(rows.into_iter().map(|r| self.shown(r)).collect())
     }
 
     /// The job once it is done, or as it is when `timeout` has passed.
@@ -533,8 +569,8 @@ impl<S: Store> Fleet<S> {
         let refused = || FleetError::JobToken(util::clip(&upload.job).into_owned());
         let agent = match self.job_entry(&upload.job) {
             Some(e) => e.id.clone(),
-            None => match self.store.get_job(&upload.job).await? {
-                Some(row) => row.agent,
+            None => match self.store.job_agent(&upload.job).await? {
+                Some(agent) => agent,
                 None => return Err(refused()),
             },
         };

@@ -225,6 +225,12 @@ pub(crate) trait Store: Send + Sync + 'static {
 
     fn get_job(&self, id: &str) -> impl Future<Output = Result<Option<JobRow>, StoreError>> + Send;
 
+    /// The agent of a job, without the rest of it.
+    fn job_agent(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
+
     /// Jobs newest first: of one agent or all, below `before` (a seq), at most `limit`.
     fn list_jobs(
         &self,

@@ -661,6 +661,16 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn job_agent(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let id = id.to_owned();
+        self.with(move |conn, path| {
+            conn.prepare_cached("SELECT agent FROM jobs WHERE id = ?1")
+                .and_then(|mut stmt| stmt.query_row(params![id], |r| r.get(0)).optional())
+                .map_err(sql(path))
+        })
+        .await
+    }
+
     async fn list_jobs(
         &self,
         agent: Option<&str>,
@@ -782,6 +792,76 @@ mod tests {
         // A revoked agent re-enrols with a new token and a new generation.
         let g = store.enrol("a", "hash-b", 400).await.expect("re-enrol");
         assert_eq!(g, Some(42));
+    }
+
+    fn job(id: &str) -> JobRow {
+        JobRow {
+            id: id.into(),
+            seq: 0,
+            agent: "a".into(),
+            spec: crate::proto::job::JobSpec::from_argv(["true"]),
+            created_ms: 1,
+            progress: JobProgress {
+                state: "pending".into(),
+                ..JobProgress::default()
+            },
+            stdout_length: 0,
+            stderr_length: 0,
+            stdout_stored: 0,
+            stderr_stored: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn output_is_taken_once_by_offset_capped_and_read_back_from_any_offset() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(&dir.path().join("hub.db")).expect("open");
+        store.enrol("a", "h", 1).await.expect("enrol");
+        let (seq, _) = store
+            .insert_job(&job("j"))
+            .await
+            .expect("insert")
+            .expect("new");
+        assert_eq!(seq, 1);
+        assert_eq!(store.insert_job(&job("j")).await.expect("again"), None);
+        let put = |offset: u64, data: &'static [u8]| {
+            store.append_output(
+                "j",
+                Stream::Stdout,
+                offset,
+                bytes::Bytes::from_static(data),
+                8,
+            )
+        };
+        assert_eq!(put(0, b"abc").await.expect("put"), Appended::Length(3));
+        assert_eq!(put(0, b"abc").await.expect("again"), Appended::Length(3));
+        assert_eq!(put(2, b"cdef").await.expect("overlap"), Appended::Length(6));
+        assert_eq!(put(9, b"x").await.expect("gap"), Appended::Gap(6));
+        // Past the cap (8): counted, not kept.
+        assert_eq!(put(6, b"ghijk").await.expect("cap"), Appended::Length(11));
+        let row = store.get_job("j").await.expect("get").expect("row");
+        assert_eq!((row.stdout_length, row.stdout_stored), (11, 8));
+        for (offset, limit, want) in [
+            (0, 100, &b"abcdefgh"[..]),
+            (4, 100, b"efgh"),
+            (3, 2, b"de"),
+            (8, 100, b""),
+            (u64::MAX, 100, b""),
+        ] {
+            let got = store
+                .read_output("j", Stream::Stdout, offset, limit)
+                .await
+                .expect("read");
+            assert_eq!(got, want, "from {offset}, {limit}");
+        }
+        assert_eq!(
+            store
+                .append_output("nope", Stream::Stdout, 0, bytes::Bytes::new(), 8)
+                .await
+                .expect("no job"),
+            Appended::NoJob
+        );
+        assert_eq!(store.job_agent("j").await.expect("agent"), Some("a".into()));
     }
 
     #[test]
