@@ -280,6 +280,29 @@ fn a_timed_out_tree_is_killed_whole() {
 }
 
 #[test]
+fn a_wait_until_started_returns_a_silent_job_once_it_runs() {
+    let r = Runner::started(&[]);
+    // Silent: no output wakes a waiter, only the recorded start. A waiter that missed it
+    // would be answered when the job ends, with the job over.
+    let id = submit_ok(&r, json!({"argv": ["sleep", "20"]}));
+    let rec = get_json(
+        &r.socket(),
+        &format!("/v1/jobs/{id}/wait?until=started&timeout_secs=60"),
+    )
+    .expect("wait");
+    assert_eq!(rec["state"], "running", "{rec}");
+    let (status, body) = http(
+        &r.socket(),
+        "GET",
+        &format!("/v1/jobs/{id}/wait?until=soon"),
+        None,
+    )
+    .expect("wait");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("use started or ended"), "{body}");
+}
+
+#[test]
 fn a_cancelled_tree_is_killed_whole() {
     let r = Runner::started(&[]);
     let id = submit_ok(

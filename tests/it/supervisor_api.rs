@@ -73,7 +73,8 @@ async fn start_is_a_no_op_while_running_and_stop_reaps() {
     // A supervisor can be started again after a stop, appending to the same log.
     sup.start().await.expect("restart");
     until("the second child to print", || ups() == 2).await;
-    assert_eq!(sup.starts(), 2);
+    // Counted just after the spawn returns, which a busy machine may let the child outrun.
+    until("the second start counted", || sup.starts() == 2).await;
     sup.stop().await;
 }
 

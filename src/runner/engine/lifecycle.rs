@@ -152,11 +152,17 @@ impl Engine {
         }
         // Not awaited: the job runs either way, and the writer applies writes in order, so
         // the job's end is recorded after this. A failure is logged by the writer.
-        drop(
+        let recorded =
             self.inner
                 .store
-                .mark_running(id, started.pid, start_time, &started.confinement),
-        );
+                .mark_running(id, started.pid, start_time, &started.confinement);
+        // Waiters that read the store (`wait?until=started`) are woken again once it has
+        // the start: a silent job makes no other activity to wake them.
+        let activity = self.inner.activity.clone();
+        tokio::spawn(async move {
+            let _ = recorded.await;
+            activity.send_modify(|n| *n = n.wrapping_add(1));
+        });
         self.bump();
         // Cut: an argv may hold a megabyte, a log line should not.
         let argv = format!("{:?}", spec.argv);
