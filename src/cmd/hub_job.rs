@@ -61,12 +61,19 @@ async fn command(c: &AdminClient, cmd: HubJobCommand, json: bool) -> anyhow::Res
             if json {
                 return print_stdout(&serde_json::to_string_pretty(&v)?);
             }
-            let what = if v.done || v.job_state().is_some_and(JobState::is_terminal) {
-                v.state.clone()
+            if v.cancel_requested {
+                return print_stdout(&format!("{} {} (cancel requested)", v.id, v.state));
+            }
+            let line = if v.job_state() == Some(JobState::Cancelled) {
+                format!("{} cancelled", v.id)
             } else {
-                format!("{} (cancel requested)", v.state)
+                format!(
+                    "{} has already ended ({}): nothing to cancel",
+                    v.id,
+                    clean(&v.state)
+                )
             };
-            print_stdout(&format!("{} {what}", v.id))
+            print_stdout(&line)
         }
     }
 }
@@ -212,9 +219,11 @@ async fn print_all(c: &AdminClient, id: &str, stream: &str) -> Result<(), AdminE
 /// its output was cut; the exit code a shell would show for it.
 fn ended(v: &HubJobView) -> ExitCode {
     let state = v.job_state();
+    // "cancelled: cancelled" says nothing twice.
     let why = v
         .error
         .as_deref()
+        .filter(|e| *e != v.state)
         .map(|e| format!(": {}", clean(e)))
         .unwrap_or_default();
     let line = match state {

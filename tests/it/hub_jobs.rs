@@ -553,4 +553,25 @@ fn the_hub_keeps_its_cap_of_a_stream_and_says_so() {
         "{v}"
     );
     assert_eq!(f.logs("big", "stdout"), &seq_bytes(10_000)[..1000]);
+
+    // A done job takes no more output, from its own agent either.
+    let token = read_lossy(&f.token_file).trim().to_owned();
+    let (status, body) = f.hub().curl(
+        "PUT",
+        "/v1/jobs/big/output/stdout?offset=48894",
+        Some(&token),
+        Some("EVIL"),
+    );
+    assert_eq!((status, body.as_str()), (200, r#"{"length":48894}"#));
+    assert_eq!(f.logs("big", "stdout"), &seq_bytes(10_000)[..1000]);
+    // Reading past what a done job's stream holds is an error, not an empty "complete".
+    let admin = f.hub().admin_token();
+    let (status, body) = f.hub().curl(
+        "GET",
+        "/v1/admin/jobs/big/output/stdout?offset=5000",
+        Some(&admin),
+        None,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("past the 1000 bytes"), "{body}");
 }

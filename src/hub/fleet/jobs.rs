@@ -251,8 +251,15 @@ impl<S: Store> Fleet<S> {
             field: field.into(),
             why,
         };
-        if spec.argv.is_empty() || spec.argv[0].is_empty() {
-            return Err(bad("spec.argv", "empty: give the program to run".into()));
+        match spec.argv.first() {
+            None => return Err(bad("spec.argv", "empty: give the program to run".into())),
+            Some(p) if p.is_empty() => {
+                return Err(bad(
+                    "spec.argv[0]",
+                    "the program is an empty string: give the program to run".into(),
+                ))
+            }
+            Some(_) => {}
         }
         let id = match spec.id.take() {
             Some(id) => id,
@@ -545,14 +552,24 @@ impl<S: Store> Fleet<S> {
     ) -> Result<OutputSlice, FleetError> {
         // The state first: if the job was done then, the bytes read after are all.
         let v = self.job(id).await?;
-        let bytes = self.store.read_output(id, stream, offset, limit).await?;
-        let next = offset + bytes.len() as u64;
         let stored = match stream {
             Stream::Stdout => v.stdout_stored,
             Stream::Stderr => v.stderr_stored,
         };
+        if offset > stored && v.done {
+            return Err(FleetError::BadSetting {
+                field: "offset".into(),
+                why: format!(
+                    "{offset} is past the {stored} bytes of {} the hub holds for job {}",
+                    stream.name(),
+                    util::clip(id)
+                ),
+            });
+        }
+        let bytes = self.store.read_output(id, stream, offset, limit).await?;
+        let next = offset + bytes.len() as u64;
         Ok(OutputSlice {
-            complete: v.done && next >= stored,
+            complete: v.done && next == stored,
             bytes,
             next,
         })

@@ -558,18 +558,22 @@ impl Store for SqliteStore {
             let e = sql(path);
             let s = stream.name();
             let tx = conn.transaction().map_err(&e)?;
-            let lens: Option<(i64, i64)> = tx
+            let lens: Option<(i64, i64, i64)> = tx
                 .query_row(
-                    &format!("SELECT {s}_length, {s}_stored FROM jobs WHERE id = ?1"),
+                    &format!("SELECT {s}_length, {s}_stored, done FROM jobs WHERE id = ?1"),
                     params![job],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
                 )
                 .optional()
                 .map_err(&e)?;
-            let Some((length, stored)) = lens else {
+            let Some((length, stored, done)) = lens else {
                 return Ok(Appended::NoJob);
             };
             let (length, stored) = (u64_of(length), u64_of(stored));
+            if done != 0 {
+                // All of it is here: a late upload takes nothing.
+                return Ok(Appended::Length(length));
+            }
             if offset > length {
                 return Ok(Appended::Gap(length));
             }
