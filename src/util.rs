@@ -2,6 +2,22 @@
 
 use std::fmt::Write;
 
+/// An `application/octet-stream` response whose body is what `rx` yields, as it comes:
+/// a followed job stream (the runner's and the hub's).
+pub(crate) fn streamed_bytes(
+    rx: tokio::sync::mpsc::Receiver<Result<Vec<u8>, std::io::Error>>,
+) -> axum::response::Response {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let mut resp = axum::response::Response::new(axum::body::Body::from_stream(stream));
+    resp.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/octet-stream"),
+    );
+    resp
+}
+
 /// Formats an error and every source under it: "a: b: c".
 pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();

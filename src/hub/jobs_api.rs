@@ -205,15 +205,7 @@ fn follow<S: Store>(
             };
         }
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
-    let mut resp = Response::new(Body::from_stream(stream));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    resp
+    crate::util::streamed_bytes(rx)
 }
 
 #[derive(Deserialize)]

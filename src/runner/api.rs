@@ -498,13 +498,5 @@ fn follow(api: Api, id: String, path: std::path::PathBuf, offset: u64) -> Respon
             }
         }
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
-    let mut resp = Response::new(Body::from_stream(stream));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    resp
+    crate::util::streamed_bytes(rx)
 }

@@ -356,25 +356,33 @@ fn seq_bytes(n: u32) -> Vec<u8> {
         .into_bytes()
 }
 
-#[test]
-fn the_hub_restarted_mid_upload_loses_and_duplicates_no_byte() {
+/// A fleet with its agent running [`slow_seq`] as job `id`, once some of its output is
+/// at the hub; the marks dir.
+fn slow_job_under_way(id: &str) -> (Fleet, PathBuf) {
     let mut f = Fleet::new(&[]);
     f.start_agent();
     let marks = marks_dir(&f.host);
-    let argv = slow_seq(&marks, "up");
+    let argv = slow_seq(&marks, id);
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let id = f.submit(&["--id", "up"], &argv);
-    f.wait_status(&id, "output at the hub", |v| {
+    f.submit(&["--id", id], &argv);
+    f.wait_status(id, "output at the hub", |v| {
         v["stdout_stored"].as_u64() > Some(0)
     });
+    (f, marks)
+}
+
+#[test]
+fn the_hub_restarted_mid_upload_loses_and_duplicates_no_byte() {
+    let (mut f, marks) = slow_job_under_way("up");
+    let id = "up";
     f.restart_hub(Signal::SIGKILL);
-    f.wait_status(&id, "more output after a hub restart", |v| {
+    f.wait_status(id, "more output after a hub restart", |v| {
         v["stdout_stored"].as_u64() > Some(300_000)
     });
     f.restart_hub(Signal::SIGTERM);
-    let v = f.wait_done(&id);
+    let v = f.wait_done(id);
     assert_eq!(v["state"], "succeeded");
-    let got = f.logs(&id, "stdout");
+    let got = f.logs(id, "stdout");
     let want = seq_bytes(200_000);
     assert_eq!(got.len(), want.len(), "lengths differ");
     assert!(
@@ -386,28 +394,21 @@ fn the_hub_restarted_mid_upload_loses_and_duplicates_no_byte() {
 
 #[test]
 fn an_agent_killed_mid_job_does_not_run_it_again_and_its_output_and_end_reach_the_hub() {
-    let mut f = Fleet::new(&[]);
-    f.start_agent();
-    let marks = marks_dir(&f.host);
-    let argv = slow_seq(&marks, "k9");
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let id = f.submit(&["--id", "k9"], &argv);
-    f.wait_status(&id, "output at the hub", |v| {
-        v["stdout_stored"].as_u64() > Some(0)
-    });
+    let (mut f, marks) = slow_job_under_way("k9");
+    let id = "k9";
     f.kill_agent();
     f.start_agent();
-    let v = f.wait_done(&id);
+    let v = f.wait_done(id);
     // The runner stopped with the agent (its jobs cancelled), or was reclaimed by the
     // new one (its jobs lost): either way the hub has the runner's end of the job, and
     // what the job printed.
-    let rec = f.runner_job(&id).expect("the runner's record");
+    let rec = f.runner_job(id).expect("the runner's record");
     assert_eq!(v["state"], rec["state"], "{v}");
     assert_eq!(v["error"], rec["error"], "{v}");
-    let spooled = f.spool(&id, "stdout");
+    let spooled = f.spool(id, "stdout");
     assert!(!spooled.is_empty());
     assert!(
-        f.logs(&id, "stdout") == spooled,
+        f.logs(id, "stdout") == spooled,
         "the hub's output is not the spool's"
     );
     assert!(seq_bytes(200_000).starts_with(&spooled));
