@@ -308,7 +308,8 @@ struct Job {
 impl Job {
     async fn follow(mut self, slots: Arc<Semaphore>) {
         if let Some(turn) = self.turn.take() {
-            // An error: the follower before went (its job is done at the hub).
+            // An error: the follower before went (its job is done at the hub) without
+            // saying so.
             let _ = turn.await;
         }
         let started = self.start().await;
@@ -353,7 +354,7 @@ impl Job {
     fn failed(&mut self, what: &str, e: &ClientError) {
         let why = format!("{what}: {}", crate::error_chain(e));
         if self.failing.as_deref() != Some(why.as_str()) {
-            tracing::warn!(job = %self.id, error = %why, "retrying");
+            tracing::warn!(job = %self.id, error = %why, "a hub job could not go on; retrying (logged again when the failure changes)");
             self.failing = Some(why);
         }
     }
