@@ -46,6 +46,51 @@ pub enum Command {
     /// The reference hub: `hub serve`, and the admin commands that enrol agents and set
     /// their desired state.
     Hub(Box<HubArgs>),
+    /// Release signing: keys and signatures in minisign's formats (the `minisign` tool
+    /// reads and writes the same).
+    Release {
+        #[command(subcommand)]
+        command: ReleaseCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReleaseCommand {
+    /// Make a key pair: the secret key (0600; unencrypted unless --password-file) and the
+    /// public key. Never prompts, never overwrites.
+    Keygen {
+        #[arg(long, value_name = "FILE")]
+        secret_key: PathBuf,
+        #[arg(long, value_name = "FILE")]
+        public_key: PathBuf,
+        /// Encrypt the secret key with the password in FILE (its first line).
+        #[arg(long, value_name = "FILE")]
+        password_file: Option<PathBuf>,
+    },
+    /// Sign FILE: writes FILE.minisig, whose trusted comment names the version, the file
+    /// name and its SHA-256.
+    // `--version` is the version signed here, not railgrid's own.
+    #[command(disable_version_flag = true)]
+    Sign {
+        #[arg(long, value_name = "FILE")]
+        secret_key: PathBuf,
+        /// The password of an encrypted secret key, in FILE.
+        #[arg(long, value_name = "FILE")]
+        password_file: Option<PathBuf>,
+        /// The version signed (default: what `FILE version --json` says).
+        #[arg(long, value_name = "V")]
+        version: Option<String>,
+        file: PathBuf,
+    },
+    /// Check FILE's signature (FILE.minisig unless --signature) with a public key.
+    Verify {
+        /// A minisign public key file, or a file holding its key line (`RW…`).
+        #[arg(long, value_name = "FILE")]
+        public_key: PathBuf,
+        #[arg(long, value_name = "FILE")]
+        signature: Option<PathBuf>,
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -12,6 +12,7 @@ pub(crate) mod hub;
 pub mod hub_client;
 pub(crate) mod proc_tree;
 pub mod proto;
+pub(crate) mod release;
 pub mod runner;
 pub mod supervisor;
 #[allow(unsafe_code)]

@@ -5,6 +5,7 @@ mod agent;
 mod hub;
 mod hub_job;
 mod job;
+mod release;
 mod runner;
 mod supervise;
 
@@ -70,6 +71,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 } => runner::reap(args),
                 Command::Job { target, command } => job::run(target, command),
                 Command::Hub(args) => hub::run(*args),
+                Command::Release { command } => release::run(command),
             }
         }
     }

@@ -13,6 +13,7 @@ mod hubs;
 mod jobs;
 mod lock;
 mod readme;
+mod release;
 mod supervise;
 mod supervisor_api;
 mod support;
