@@ -39,38 +39,11 @@ fn usage(pid: u32) -> anyhow::Result<(u64, f64)> {
     Ok((rss, ticks as f64 / 100.0))
 }
 
-struct Hub {
-    http: reqwest::Client,
-    url: String,
-    admin: String,
-    pid: u32,
-}
+#[path = "common/hub_dir.rs"]
+mod hub_dir;
+use hub_dir::HubDir as Hub;
 
 impl Hub {
-    fn open(dir: &Path) -> anyhow::Result<Self> {
-        let info: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("hub.json"))?)?;
-        let url = info["url"].as_str().context("url")?.to_owned();
-        let pid = info["pid"].as_u64().context("pid")? as u32;
-        let admin = std::fs::read_to_string(dir.join("admin.token"))?
-            .trim()
-            .to_owned();
-        let http = reqwest::Client::builder()
-            .use_rustls_tls()
-            .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(
-                dir.join("ca.pem"),
-            )?)?)
-            .pool_max_idle_per_host(usize::MAX)
-            .pool_idle_timeout(Duration::from_secs(5))
-            .build()?;
-        Ok(Self {
-            http,
-            url,
-            admin,
-            pid,
-        })
-    }
-
     async fn admin(
         &self,
         method: reqwest::Method,

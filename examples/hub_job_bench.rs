@@ -29,40 +29,29 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+#[path = "common/hub_dir.rs"]
+mod hub_dir;
+
+/// The hub, and the agent the jobs are for.
 struct Hub {
-    http: reqwest::Client,
-    url: String,
-    admin: String,
+    hub: hub_dir::HubDir,
     agent: String,
 }
 
 impl Hub {
     fn open(dir: &Path, agent: &str) -> anyhow::Result<Self> {
-        let info: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("hub.json"))?)?;
-        let url = info["url"].as_str().context("url")?.to_owned();
-        let admin = std::fs::read_to_string(dir.join("admin.token"))?
-            .trim()
-            .to_owned();
-        let http = reqwest::Client::builder()
-            .use_rustls_tls()
-            .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(
-                dir.join("ca.pem"),
-            )?)?)
-            .pool_idle_timeout(Duration::from_secs(5))
-            .build()?;
         Ok(Self {
-            http,
-            url,
-            admin,
+            hub: hub_dir::HubDir::open(dir)?,
             agent: agent.to_owned(),
         })
     }
 
     async fn submit(&self, argv: &[&str]) -> anyhow::Result<String> {
         let resp = self
+            .hub
             .http
-            .post(format!("{}/v1/admin/jobs", self.url))
-            .bearer_auth(&self.admin)
+            .post(format!("{}/v1/admin/jobs", self.hub.url))
+            .bearer_auth(&self.hub.admin)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(json!({"agent": self.agent, "spec": {"argv": argv}}).to_string())
             .send()
@@ -76,12 +65,13 @@ impl Hub {
     async fn wait_done(&self, id: &str) -> anyhow::Result<Value> {
         loop {
             let bytes = self
+                .hub
                 .http
                 .get(format!(
                     "{}/v1/admin/jobs/{id}/wait?timeout_secs=30",
-                    self.url
+                    self.hub.url
                 ))
-                .bearer_auth(&self.admin)
+                .bearer_auth(&self.hub.admin)
                 .send()
                 .await?
                 .bytes()
@@ -96,12 +86,13 @@ impl Hub {
     /// Time from `t0` to the first byte of the job's stdout at the hub.
     async fn first_byte(&self, id: &str, t0: Instant) -> anyhow::Result<Duration> {
         let mut resp = self
+            .hub
             .http
             .get(format!(
                 "{}/v1/admin/jobs/{id}/output/stdout?follow=true",
-                self.url
+                self.hub.url
             ))
-            .bearer_auth(&self.admin)
+            .bearer_auth(&self.hub.admin)
             .send()
             .await?;
         while let Some(chunk) = resp.chunk().await? {

@@ -1,0 +1,42 @@
+//! A running hub as the benchmarks reach it, from its data dir: the URL and pid in
+//! `hub.json`, the admin token, and an HTTPS client that trusts the hub's CA.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+
+pub(crate) struct HubDir {
+    pub(crate) http: reqwest::Client,
+    pub(crate) url: String,
+    pub(crate) admin: String,
+    /// For the benchmarks that measure the hub's process (not every one does).
+    #[allow(dead_code)]
+    pub(crate) pid: u32,
+}
+
+impl HubDir {
+    pub(crate) fn open(dir: &Path) -> anyhow::Result<Self> {
+        let info: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("hub.json"))?)?;
+        let url = info["url"].as_str().context("url")?.to_owned();
+        let pid = info["pid"].as_u64().context("pid")? as u32;
+        let admin = std::fs::read_to_string(dir.join("admin.token"))?
+            .trim()
+            .to_owned();
+        let http = reqwest::Client::builder()
+            .use_rustls_tls()
+            .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(
+                dir.join("ca.pem"),
+            )?)?)
+            .pool_max_idle_per_host(usize::MAX)
+            .pool_idle_timeout(Duration::from_secs(5))
+            .build()?;
+        Ok(Self {
+            http,
+            url,
+            admin,
+            pid,
+        })
+    }
+}
