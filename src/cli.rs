@@ -135,6 +135,42 @@ pub enum HubCommand {
         #[command(subcommand)]
         command: HubJobCommand,
     },
+    /// Publish, list and resume agent releases.
+    Release {
+        #[command(subcommand)]
+        command: HubReleaseCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HubReleaseCommand {
+    /// Upload a signed binary; the hub checks the signature against its --release-key
+    /// keys before it takes it.
+    #[command(disable_version_flag = true)]
+    Publish(HubReleasePublishArgs),
+    /// Every version: size, SHA-256, agents running it, and whether it is halted.
+    List,
+    /// Offer a halted version to agents again.
+    Resume { version: String },
+}
+
+#[derive(Debug, Args)]
+pub struct HubReleasePublishArgs {
+    /// The version the binary reports (`railgrid version`).
+    #[arg(long, value_name = "V")]
+    pub version: String,
+    /// The binary.
+    #[arg(long, value_name = "FILE")]
+    pub binary: PathBuf,
+    /// Its minisign signature (`railgrid release sign` writes FILE.minisig).
+    #[arg(long, value_name = "FILE.minisig")]
+    pub signature: PathBuf,
+    /// The platform it is for (default: this host's, as `std::env::consts::OS` names it).
+    #[arg(long, value_name = "OS", default_value = std::env::consts::OS)]
+    pub os: String,
+    /// The architecture (default: this host's, e.g. x86_64, aarch64).
+    #[arg(long, value_name = "ARCH", default_value = std::env::consts::ARCH)]
+    pub arch: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -240,6 +276,10 @@ pub struct HubServeArgs {
     /// Done jobs kept, with their output; older ones are deleted.
     #[arg(long, value_name = "N", default_value_t = 10_000)]
     pub keep_done_jobs: usize,
+    /// A publisher's minisign public key file (repeatable): `hub release publish` takes
+    /// only binaries signed by one of them. Without one, releases are refused.
+    #[arg(long, value_name = "PUBFILE")]
+    pub release_key: Vec<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -293,11 +333,15 @@ pub struct HubDesiredSetArgs {
     /// Jobs of one owner running at once.
     #[arg(long, value_name = "N")]
     pub max_jobs_per_owner: Option<usize>,
-    /// The agent version wanted.
+    /// The agent version wanted (published with `hub release publish`).
     #[arg(long, value_name = "V")]
     pub version: Option<String>,
+    /// Let --version be older than what agents run (an explicit rollback; agents refuse
+    /// a downgrade otherwise).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub rollback: Option<bool>,
     /// Unset a setting here (repeatable): runner_enabled, max_jobs, max_jobs_per_owner,
-    /// version.
+    /// version, rollback.
     #[arg(long, value_name = "FIELD")]
     pub clear: Vec<String>,
 }

@@ -35,6 +35,13 @@ pub(crate) const ECHO_CHARS: usize = 128;
 /// `s` as an error message may repeat it: at most [`ECHO_CHARS`] characters, and '…' when
 /// cut. A value a client sent may be megabytes; the message it gets back (and the log
 /// line) must not be.
+/// Seconds since the Unix epoch (0 before it).
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 pub(crate) fn clip(s: &str) -> std::borrow::Cow<'_, str> {
     clip_to(s, ECHO_CHARS)
 }

@@ -37,6 +37,9 @@ pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {
         HubCommand::Agent { command } => admin(&target, |c| agent(c, command, json)),
         HubCommand::Desired { command } => admin(&target, |c| desired(c, command, json)),
         HubCommand::Job { command } => super::hub_job::run(&target, command, json),
+        HubCommand::Release { command } => {
+            admin(&target, |c| super::hub_release::run(c, command, json))
+        }
     }
 }
 
@@ -72,6 +75,11 @@ fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
             max_output: a.max_job_output,
             keep_done: a.keep_done_jobs,
         },
+        release_keys: a
+            .release_key
+            .iter()
+            .map(std::path::absolute)
+            .collect::<Result<_, _>>()?,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -85,7 +93,7 @@ fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Runs one admin call on a small runtime; a missing target or token is a usage error.
-fn admin<F, Fut>(target: &Target, f: F) -> anyhow::Result<ExitCode>
+pub(super) fn admin<F, Fut>(target: &Target, f: F) -> anyhow::Result<ExitCode>
 where
     F: FnOnce(AdminClient) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<String>>,
@@ -178,7 +186,7 @@ async fn desired(c: AdminClient, cmd: HubDesiredCommand, json: bool) -> anyhow::
             let change = desired_change(&args);
             if change.set == DesiredSettings::default() && change.clear.is_empty() {
                 return Err(usage(anyhow::anyhow!(
-                    "nothing to set: give --runner-enabled, --max-jobs, --max-jobs-per-owner, --version or --clear"
+                    "nothing to set: give --runner-enabled, --max-jobs, --max-jobs-per-owner, --version, --rollback or --clear"
                 )));
             }
             c.set_desired(scope_id(&args.scope), &change).await?
@@ -205,6 +213,7 @@ fn desired_change(a: &HubDesiredSetArgs) -> DesiredChange {
             max_jobs: a.max_jobs,
             max_jobs_per_owner: a.max_jobs_per_owner,
             version: a.version.clone(),
+            rollback: a.rollback,
         },
         clear: a.clear.clone(),
     }
@@ -366,7 +375,18 @@ fn agent_detail(a: &AgentView) -> String {
             );
         }
         if let Some(u) = &r.upgrade {
-            let _ = writeln!(out, "upgrade:     {}", clean(&u.state));
+            let target = u
+                .target
+                .as_deref()
+                .map(|t| format!(" {}", clean(t)))
+                .unwrap_or_default();
+            let _ = writeln!(out, "upgrade:     {}{target}", clean(&u.state));
+            if let Some(e) = &u.error {
+                let _ = writeln!(out, "             {}", clean(e));
+            }
+            if !u.bad_versions.is_empty() {
+                let _ = writeln!(out, "bad:         {}", clean(&u.bad_versions.join(", ")));
+            }
         }
     }
     out
@@ -394,6 +414,9 @@ fn desired_text(v: &DesiredView) -> String {
         show(s.max_jobs_per_owner.map(|n| n.to_string()))
     );
     let _ = writeln!(out, "version:             {}", show(s.version.clone()));
+    if let Some(r) = s.rollback {
+        let _ = writeln!(out, "rollback:            {r}");
+    }
     if let Some(e) = &v.effective {
         let _ = writeln!(
             out,

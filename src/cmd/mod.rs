@@ -4,6 +4,7 @@
 mod agent;
 mod hub;
 mod hub_job;
+mod hub_release;
 mod job;
 mod release;
 mod runner;

@@ -19,6 +19,8 @@ use crate::proto::hub::{AgentView, DesiredChange, DesiredView, EnrolRequest, Enr
 /// An admin answer larger than this is refused (a list of 10 000 agents fits).
 const MAX_ANSWER: usize = 64 * 1024 * 1024;
 const TIMEOUT: Duration = Duration::from_secs(30);
+/// A release upload: tens of MiB, the hub hashing and checking it.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Error)]
 pub(crate) enum AdminError {
@@ -284,6 +286,75 @@ impl AdminClient {
     ) -> Result<DesiredView, AdminError> {
         self.call(Method::PUT, &desired_path(agent), Some(change))
             .await
+    }
+}
+
+impl AdminClient {
+    /// Uploads a release binary and its signature (`.minisig` text).
+    pub(crate) async fn publish_release(
+        &self,
+        version: &str,
+        platform: &str,
+        binary: Vec<u8>,
+        signature: &str,
+    ) -> Result<crate::proto::hub::ReleaseArtifact, AdminError> {
+        let url = format!(
+            "{}/v1/admin/releases/{}/{}",
+            self.base,
+            crate::util::percent_encode(version),
+            crate::util::percent_encode(platform)
+        );
+        let hex: String = signature.bytes().map(|b| format!("{b:02x}")).collect();
+        let resp = self
+            .http
+            .put(&url)
+            .header(reqwest::header::AUTHORIZATION, self.auth.clone())
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .header(crate::hub::SIGNATURE_HEADER, hex)
+            .timeout(PUBLISH_TIMEOUT)
+            .body(binary)
+            .send()
+            .await
+            .map_err(|source| AdminError::Request {
+                url: url.clone(),
+                hint: if source.is_connect() {
+                    self.hint.clone()
+                } else {
+                    String::new()
+                },
+                source,
+            })?;
+        let status = resp.status();
+        let bytes = hub_client::read_capped(resp, MAX_ANSWER).await?;
+        if !status.is_success() {
+            let message = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|b| b.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).chars().take(500).collect());
+            return Err(AdminError::Status {
+                url,
+                status,
+                message,
+            });
+        }
+        serde_json::from_slice(&bytes).map_err(|source| AdminError::Parse { url, source })
+    }
+
+    pub(crate) async fn releases(
+        &self,
+    ) -> Result<Vec<crate::proto::hub::ReleaseView>, AdminError> {
+        self.call(Method::GET, "/v1/admin/releases", None::<&()>)
+            .await
+    }
+
+    pub(crate) async fn resume_release(
+        &self,
+        version: &str,
+    ) -> Result<Vec<crate::proto::hub::ReleaseView>, AdminError> {
+        let path = format!(
+            "/v1/admin/releases/{}/resume",
+            crate::util::percent_encode(version)
+        );
+        self.call(Method::POST, &path, None::<&()>).await
     }
 }
 

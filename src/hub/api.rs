@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::fleet::{Fleet, FleetError};
 use super::jobs_api as jobs;
+use super::releases_api as releases;
 use super::store::Store;
 use super::token;
 use crate::build_info;
@@ -36,6 +37,10 @@ pub(crate) struct Hub<S: Store> {
     pub(crate) admin_sha256: String,
     /// The longest a reconcile is held, whatever `wait` asks.
     pub(crate) max_wait: Duration,
+    /// The publishers' keys: a release is taken only signed by one of them.
+    pub(crate) release_keys: Vec<minisign::PublicKey>,
+    /// Where published binaries are kept, by SHA-256.
+    pub(crate) releases_dir: std::path::PathBuf,
 }
 
 pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
@@ -56,6 +61,12 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
         .route("/jobs/{id}/wait", get(jobs::wait::<S>))
         .route("/jobs/{id}/cancel", post(jobs::cancel::<S>))
         .route("/jobs/{id}/output/{stream}", get(jobs::output::<S>))
+        .route("/releases", get(releases::list::<S>))
+        .route(
+            "/releases/{version}/{platform}",
+            axum::routing::put(releases::publish::<S>),
+        )
+        .route("/releases/{version}/resume", post(releases::resume::<S>))
         .layer(axum::middleware::from_fn_with_state(
             hub.clone(),
             admin_only::<S>,
@@ -66,6 +77,10 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
         .route(
             "/v1/jobs/{id}/output/{stream}",
             axum::routing::put(jobs::upload::<S>),
+        )
+        .route(
+            "/v1/releases/{version}/{platform}",
+            get(releases::download::<S>),
         )
         .nest("/v1/admin", admin)
         .fallback(no_route)
@@ -117,6 +132,8 @@ impl From<FleetError> for ApiError {
             FleetError::JobExists(_) | FleetError::RevokedAgent(_) => StatusCode::CONFLICT,
             FleetError::TooManyJobs { .. } => StatusCode::TOO_MANY_REQUESTS,
             FleetError::JobToken(_) => StatusCode::UNAUTHORIZED,
+            FleetError::NoSuchRelease(_) => StatusCode::NOT_FOUND,
+            FleetError::NotHalted(_) => StatusCode::CONFLICT,
             FleetError::Store(_) => {
                 tracing::error!(error = %crate::error_chain(&e), "the hub's store failed");
                 return ApiError::new(
@@ -213,6 +230,7 @@ fn strict_change(body: &Bytes) -> ApiResult<()> {
         "max_jobs",
         "max_jobs_per_owner",
         "version",
+        "rollback",
     ];
     let unknown = v
         .get("set")
@@ -227,7 +245,7 @@ fn strict_change(body: &Bytes) -> ApiResult<()> {
     match unknown {
         Some(k) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            format!("{k:?}: not a desired setting (runner_enabled, max_jobs, max_jobs_per_owner, version)"),
+            format!("{k:?}: not a desired setting (runner_enabled, max_jobs, max_jobs_per_owner, version, rollback)"),
         )),
         None => Ok(()),
     }

@@ -19,6 +19,7 @@ pub(crate) mod admin;
 mod api;
 pub(crate) mod fleet;
 mod jobs_api;
+mod releases_api;
 mod serve;
 pub(crate) mod store;
 pub(crate) mod tls;
@@ -37,10 +38,14 @@ use self::store::sqlite::SqliteStore;
 use self::store::StoreError;
 use self::tls::{TlsError, TlsSource};
 
+pub(crate) use releases_api::SIGNATURE_HEADER;
+
 pub(crate) const ADMIN_TOKEN_FILE: &str = "admin.token";
 pub(crate) const HUB_FILE: &str = "hub.json";
 const LOCK_FILE: &str = "hub.lock";
 const DB_FILE: &str = "hub.db";
+/// Published release binaries, each named by its SHA-256.
+const RELEASES_DIR: &str = "releases";
 /// Descriptors kept out of the connection cap: the database, the overflow answers, logs.
 const FILES_KEPT: usize = 512;
 
@@ -76,6 +81,12 @@ pub(crate) enum HubError {
     Fleet(#[from] FleetError),
     #[error("could not install signal handlers")]
     Signals(#[source] std::io::Error),
+    #[error("--release-key {path}")]
+    ReleaseKey {
+        path: PathBuf,
+        #[source]
+        source: crate::release::ReleaseError,
+    },
 }
 
 impl HubError {
@@ -83,7 +94,10 @@ impl HubError {
     pub(crate) fn is_config(&self) -> bool {
         matches!(
             self,
-            HubError::AlreadyRunning { .. } | HubError::Tls(_) | HubError::Listen { .. }
+            HubError::AlreadyRunning { .. }
+                | HubError::Tls(_)
+                | HubError::Listen { .. }
+                | HubError::ReleaseKey { .. }
         )
     }
 }
@@ -100,6 +114,8 @@ pub(crate) struct ServeOptions {
     pub(crate) max_wait: Duration,
     pub(crate) poll_interval: Duration,
     pub(crate) job_limits: fleet::JobLimits,
+    /// Public key files of the publishers whose releases the hub takes.
+    pub(crate) release_keys: Vec<PathBuf>,
 }
 
 /// `<data>/hub.json`: where the hub serves, for the admin commands on its host.
@@ -131,6 +147,7 @@ pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
         _lock,
         admin_sha256,
         tls,
+        release_keys,
     } = prepared;
 
     let store = Arc::new(SqliteStore::open(&opts.data_dir.join(DB_FILE))?);
@@ -139,6 +156,8 @@ pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
         fleet: fleet.clone(),
         admin_sha256,
         max_wait: opts.max_wait,
+        release_keys,
+        releases_dir: opts.data_dir.join(RELEASES_DIR),
     });
 
     // Connections past the open-files limit would be refused by the kernel (EMFILE)
@@ -220,6 +239,7 @@ struct Prepared {
     _lock: std::fs::File,
     admin_sha256: String,
     tls: Arc<rustls::ServerConfig>,
+    release_keys: Vec<minisign::PublicKey>,
 }
 
 /// The data dir (0700), its lock, the admin token (made at first start) and the TLS
@@ -259,11 +279,25 @@ fn prepare(data: &Path, opts: &ServeOptions) -> Result<Prepared, HubError> {
     }
     let admin_sha256 = admin_token(data)?;
     let tls = tls::server_config(data, &opts.tls)?;
+    let release_keys = opts
+        .release_keys
+        .iter()
+        .map(|path| {
+            crate::release::load_public_key(path).map_err(|source| HubError::ReleaseKey {
+                path: path.clone(),
+                source,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for key in &release_keys {
+        tracing::info!(key_id = %crate::release::id_of(key), "taking releases signed by this key");
+    }
     Ok(Prepared {
         opts: opts.clone(),
         _lock: lock,
         admin_sha256,
         tls,
+        release_keys,
     })
 }
 

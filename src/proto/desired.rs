@@ -81,10 +81,29 @@ impl DesiredState {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredAgent {
     pub version: String,
+    /// Where to fetch it for this host's platform; `None` when the hub has no such
+    /// release (the agent reports that, and keeps what runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<Artifact>,
     /// True when the hub asks for an older version on purpose (a rollback), which the
     /// agent otherwise refuses as a downgrade.
     #[serde(default)]
     pub rollback: bool,
+}
+
+/// A release binary as the agent downloads it. Nothing here is trusted for itself: the
+/// bytes must hash to `sha256`, stay within `size`, and carry a good signature by a key
+/// in the agent's own configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifact {
+    /// A path on the hub (`/v1/releases/…`), fetched with the agent's own token over the
+    /// agent's own connection to its hub; nothing else is followed.
+    pub url: String,
+    /// Lowercase hex SHA-256 of the binary.
+    pub sha256: String,
+    pub size: u64,
+    /// The `.minisig` file's text.
+    pub signature: String,
 }
 
 /// The runner as the hub (or the config file) wants it.

@@ -58,6 +58,9 @@ pub struct DesiredSettings {
     /// The agent version wanted (acted on by the self-upgrade).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// True: `version` may be older than what runs (an explicit rollback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<bool>,
 }
 
 impl DesiredSettings {
@@ -68,6 +71,7 @@ impl DesiredSettings {
             max_jobs: over.max_jobs.or(self.max_jobs),
             max_jobs_per_owner: over.max_jobs_per_owner.or(self.max_jobs_per_owner),
             version: over.version.clone().or_else(|| self.version.clone()),
+            rollback: over.rollback.or(self.rollback),
         }
     }
 }
@@ -95,6 +99,44 @@ pub struct DesiredView {
     pub effective: Option<DesiredState>,
 }
 
+/// One version in `GET /v1/admin/releases`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseView {
+    pub version: String,
+    pub artifacts: Vec<ReleaseArtifact>,
+    /// Agents that report running it (committed, or with no upgrade of their own).
+    #[serde(default)]
+    pub agents: u64,
+    /// Agents that run it but have not committed to it yet.
+    #[serde(default)]
+    pub pending: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted: Option<Halt>,
+}
+
+/// One platform's binary of a release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseArtifact {
+    pub os: String,
+    pub arch: String,
+    pub size: u64,
+    pub sha256: String,
+    /// The publisher key that signed it.
+    pub key_id: String,
+    /// Unix seconds.
+    pub published_at: u64,
+}
+
+/// Why a version is not offered to agents that have not started it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Halt {
+    /// The agent that rolled it back.
+    pub agent: String,
+    pub reason: String,
+    /// Unix seconds.
+    pub at: u64,
+}
+
 /// Every error of the hub's API: `{"error": "..."}` with the HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
@@ -112,6 +154,7 @@ mod tests {
             max_jobs: Some(8),
             max_jobs_per_owner: None,
             version: Some("1.0.0".into()),
+            rollback: None,
         };
         let own = DesiredSettings {
             max_jobs: Some(2),

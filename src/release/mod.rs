@@ -203,6 +203,11 @@ fn open_secret(path: &Path, password: Option<String>) -> Result<SecretKey, Relea
     }
 }
 
+/// The public key in the file at `path`.
+pub(crate) fn load_public_key(path: &Path) -> Result<PublicKey, ReleaseError> {
+    public_key(&read_text(path)?, path)
+}
+
 /// A public key from a file (minisign's two lines) or a key line (`RW…`).
 pub(crate) fn public_key(text: &str, path: &Path) -> Result<PublicKey, ReleaseError> {
     let bad = |e: minisign::PError| ReleaseError::Format {
@@ -334,6 +339,64 @@ pub(crate) struct Verified {
     pub(crate) fields: BTreeMap<String, String>,
 }
 
+/// Why a signature does not vouch for some bytes, against a set of trusted keys.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub(crate) enum SignatureError {
+    #[error("the signature is not in minisign's format: {0}")]
+    Format(String),
+    #[error("no key is trusted to sign releases")]
+    NoKeys,
+    #[error("it is signed by key {key_id}, which is not trusted (trusted: {})", trusted.join(", "))]
+    UntrustedKey { key_id: String, trusted: Vec<String> },
+    #[error("the signature by key {key_id} does not verify the bytes: {why}")]
+    Bad { key_id: String, why: String },
+}
+
+/// Checks `signature` (a `.minisig` file's text) over `data` with whichever of `keys`
+/// made it (chosen by key id, so that several keys may be trusted while one is rotated).
+pub(crate) fn check<R: Read + std::io::Seek>(
+    keys: &[PublicKey],
+    signature: &str,
+    data: R,
+) -> Result<Verified, SignatureError> {
+    let sig =
+        SignatureBox::from_string(signature).map_err(|e| SignatureError::Format(e.to_string()))?;
+    if keys.is_empty() {
+        return Err(SignatureError::NoKeys);
+    }
+    let key_id = key_id(sig.keynum());
+    let Some(key) = keys.iter().find(|k| k.keynum() == sig.keynum()) else {
+        return Err(SignatureError::UntrustedKey {
+            key_id,
+            trusted: keys.iter().map(|k| self::key_id(k.keynum())).collect(),
+        });
+    };
+    minisign::verify(key, &sig, data, true, false, false).map_err(|e| SignatureError::Bad {
+        key_id: key_id.clone(),
+        why: e.to_string(),
+    })?;
+    Ok(verified(key_id, &sig))
+}
+
+fn verified(key_id: String, sig: &SignatureBox) -> Verified {
+    let trusted_comment = sig.trusted_comment().unwrap_or_default();
+    let fields = trusted_comment
+        .split('\t')
+        .filter_map(|f| f.split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    Verified {
+        key_id,
+        trusted_comment,
+        fields,
+    }
+}
+
+/// The key id of a public key, as minisign shows it.
+pub(crate) fn id_of(key: &PublicKey) -> String {
+    key_id(key.keynum())
+}
+
 /// Checks `signature` (default `<file>.minisig`) over `file` with `key`.
 pub(crate) fn verify(
     key: &PublicKey,
@@ -357,17 +420,7 @@ pub(crate) fn verify(
             why: e.to_string(),
         }
     })?;
-    let trusted_comment = sig.trusted_comment().unwrap_or_default();
-    let fields = trusted_comment
-        .split('\t')
-        .filter_map(|f| f.split_once(':'))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-    Ok(Verified {
-        key_id,
-        trusted_comment,
-        fields,
-    })
+    Ok(verified(key_id, &sig))
 }
 
 #[cfg(test)]

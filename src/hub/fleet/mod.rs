@@ -21,6 +21,7 @@
 //! lost to a crash costs a `last_seen` a second old, never a decision).
 
 mod jobs;
+mod releases;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -30,15 +31,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use thiserror::Error;
 use tokio::sync::watch;
 
-use super::store::{ReportRow, Snapshot, Store, StoreError};
+use super::store::{HaltRow, ReleaseRow, ReportRow, Snapshot, Store, StoreError};
 use super::token;
-use crate::proto::desired::{self, DesiredAgent, DesiredRunner, DesiredState, MAX_GENERATION};
-use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView};
+use crate::proto::desired::{self, DesiredRunner, DesiredState, MAX_GENERATION};
+use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView, ReleaseView};
 use crate::proto::report::AgentReport;
 use crate::util;
 
 use self::jobs::OpenJob;
 pub(crate) use self::jobs::{JobLimits, OutputSlice, Upload};
+use self::releases::Releases;
+pub(crate) use self::releases::ROLLED_BACK;
 
 /// How often queued reports are written.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
@@ -75,6 +78,10 @@ pub(crate) enum FleetError {
     JobToken(String),
     #[error("agent {0:?} is revoked: it takes no jobs until it is enrolled again")]
     RevokedAgent(String),
+    #[error("no release {0:?} is published")]
+    NoSuchRelease(String),
+    #[error("release {0:?} is not halted")]
+    NotHalted(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -173,6 +180,7 @@ pub(crate) struct Fleet<S: Store> {
     job_limits: JobLimits,
     /// Jobs done since retention last ran.
     jobs_done: AtomicUsize,
+    releases: RwLock<Releases>,
 }
 
 fn now_secs() -> u64 {
@@ -194,6 +202,8 @@ impl<S: Store> Fleet<S> {
             scopes,
             open_jobs,
             generation,
+            releases,
+            halts,
         } = store.load().await?;
         tracing::debug!(agents = agents.len(), generation, "loaded the fleet");
         let mut fleet = Scope::default();
@@ -249,6 +259,7 @@ impl<S: Store> Fleet<S> {
             job_activity: watch::Sender::new(0),
             job_limits,
             jobs_done: AtomicUsize::new(0),
+            releases: RwLock::new(Releases::load(releases, halts)),
         })
     }
 
@@ -313,7 +324,15 @@ impl<S: Store> Fleet<S> {
         if !jobs.is_empty() {
             self.job_reports(entry, jobs).await?;
         }
+        let rolled_back = report.upgrade.as_ref().and_then(|u| {
+            (u.state == ROLLED_BACK)
+                .then(|| u.target.clone().map(|t| (t, u.error.clone().unwrap_or_default())))
+                .flatten()
+        });
         self.queue_report(entry, report);
+        if let Some((version, reason)) = rolled_back {
+            self.halt_on_rollback(entry, &version, reason).await?;
+        }
         if !wait.is_zero() && *rx.borrow() <= observed {
             let _held = Held::new(&entry.polls, &self.held);
             // Either way the answer is computed below from what holds now.
@@ -390,14 +409,23 @@ impl<S: Store> Fleet<S> {
     /// jobs it starts have been offered.
     fn desired_for(&self, entry: &AgentEntry, offer: bool) -> DesiredState {
         let (generation, s) = self.effective(entry);
-        let (jobs, cancel_jobs) = jobs::desired(&mut util::lock(&entry.state).jobs, offer);
+        let (jobs, cancel_jobs, agent) = {
+            let mut st = util::lock(&entry.state);
+            let (jobs, cancel) = jobs::desired(&mut st.jobs, offer);
+            let agent = s.version.map(|version| {
+                util::read(&self.releases).desired_agent(
+                    &entry.id,
+                    version,
+                    s.rollback.unwrap_or(false),
+                    st.report.as_ref(),
+                )
+            });
+            (jobs, cancel, agent.flatten())
+        };
         DesiredState {
             generation,
             poll_interval_secs: Some(self.poll_interval.as_secs()),
-            agent: s.version.map(|version| DesiredAgent {
-                version,
-                rollback: false,
-            }),
+            agent,
             runner: DesiredRunner {
                 enabled: s.runner_enabled.unwrap_or(true),
                 max_jobs: s.max_jobs,
@@ -588,6 +616,93 @@ impl<S: Store> Fleet<S> {
         all.iter().map(|e| self.view(e)).collect()
     }
 
+    /// Publishes an artifact whose bytes the caller has stored and whose signature it
+    /// has verified.
+    pub(crate) async fn publish_release(&self, row: ReleaseRow) -> Result<(), FleetError> {
+        let _one = self.changes.lock().await;
+        let generation = self.store.put_release(&row).await?;
+        tracing::info!(version = %row.version, os = %row.os, arch = %row.arch, sha256 = %row.sha256, size = row.size, key_id = %row.key_id, "release published");
+        util::write(&self.releases).put(row);
+        self.fleet_moved(generation);
+        Ok(())
+    }
+
+    /// The artifact of `version` for a platform, if published.
+    pub(crate) fn release(&self, version: &str, os: &str, arch: &str) -> Option<ReleaseRow> {
+        util::read(&self.releases).get(version, os, arch).cloned()
+    }
+
+    /// Every published version, with how many agents run it and whether it is halted.
+    pub(crate) fn releases(&self) -> Vec<ReleaseView> {
+        let all = self.all();
+        let reports: Vec<AgentReport> = all
+            .iter()
+            .filter(|e| !e.is_revoked())
+            .filter_map(|e| util::lock(&e.state).report.clone())
+            .collect();
+        util::read(&self.releases).views(reports.iter())
+    }
+
+    /// Lifts the halt of `version`: agents are offered it again.
+    pub(crate) async fn resume_release(&self, version: &str) -> Result<(), FleetError> {
+        let _one = self.changes.lock().await;
+        {
+            let r = util::read(&self.releases);
+            if !r.is_halted(version) {
+                return Err(if r.has_version(version) {
+                    FleetError::NotHalted(version.to_owned())
+                } else {
+                    FleetError::NoSuchRelease(version.to_owned())
+                });
+            }
+        }
+        let generation = self.store.set_halt(version, None).await?;
+        util::write(&self.releases).resume(version);
+        tracing::info!(%version, "release resumed: offered to agents again");
+        self.fleet_moved(generation);
+        Ok(())
+    }
+
+    /// An agent rolled `version` back: no agent that has not started it is offered it
+    /// any more (DESIGN invariant 13, the fleet halt).
+    async fn halt_on_rollback(
+        &self,
+        entry: &AgentEntry,
+        version: &str,
+        reason: String,
+    ) -> Result<(), FleetError> {
+        if util::read(&self.releases).is_halted(version) {
+            return Ok(());
+        }
+        let _one = self.changes.lock().await;
+        if util::read(&self.releases).is_halted(version) {
+            return Ok(());
+        }
+        let mut reason = reason;
+        cut(&mut reason, MAX_ERROR_FIELD);
+        let row = HaltRow {
+            version: version.to_owned(),
+            agent: entry.id.clone(),
+            reason,
+            halted_at: now_secs(),
+        };
+        let generation = self.store.set_halt(version, Some(&row)).await?;
+        tracing::warn!(%version, agent = %entry.id, reason = %row.reason, "an agent rolled this version back: halted for the fleet until `hub release resume`");
+        util::write(&self.releases).halt(row);
+        self.fleet_moved(generation);
+        Ok(())
+    }
+
+    /// The fleet's scope took `generation` (its settings unchanged): every agent's desired
+    /// state may differ, so every held poll is told.
+    fn fleet_moved(&self, generation: u64) {
+        self.newest.fetch_max(generation, Ordering::AcqRel);
+        util::write(&self.fleet).generation = generation;
+        for e in &self.all() {
+            self.announce(e);
+        }
+    }
+
     /// (enrolled agents, polls held now).
     pub(crate) fn counts(&self) -> (usize, usize) {
         let n = util::read(&self.agents).len();
@@ -653,10 +768,11 @@ fn changed(
             "max_jobs" => next.max_jobs = None,
             "max_jobs_per_owner" => next.max_jobs_per_owner = None,
             "version" => next.version = None,
+            "rollback" => next.rollback = None,
             other => return Err(FleetError::BadSetting {
                 field: format!("clear[{other:?}]"),
                 why:
-                    "not a desired setting (runner_enabled, max_jobs, max_jobs_per_owner, version)"
+                    "not a desired setting (runner_enabled, max_jobs, max_jobs_per_owner, version, rollback)"
                         .into(),
             }),
         }

@@ -142,6 +142,34 @@ pub(crate) struct Snapshot {
     pub(crate) open_jobs: Vec<JobRow>,
     /// The last generation handed out.
     pub(crate) generation: u64,
+    pub(crate) releases: Vec<ReleaseRow>,
+    pub(crate) halts: Vec<HaltRow>,
+}
+
+/// One published release artifact: a version for one platform. Its bytes are a file in
+/// the hub's data dir named by their SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReleaseRow {
+    pub(crate) version: String,
+    pub(crate) os: String,
+    pub(crate) arch: String,
+    pub(crate) size: u64,
+    /// Lowercase hex.
+    pub(crate) sha256: String,
+    /// The `.minisig` file, as published.
+    pub(crate) signature: String,
+    /// The publisher key that verified it (minisign key id, hex).
+    pub(crate) key_id: String,
+    pub(crate) published_at: u64,
+}
+
+/// A version halted fleet-wide because an agent rolled it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HaltRow {
+    pub(crate) version: String,
+    pub(crate) agent: String,
+    pub(crate) reason: String,
+    pub(crate) halted_at: u64,
 }
 
 /// A report to write: the latest of one agent since the last batch.
@@ -242,4 +270,20 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// Deletes the oldest done jobs and their output beyond the newest `keep`; returns
     /// how many went.
     fn retain_jobs(&self, keep: usize) -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    /// Adds a release artifact, or replaces one with the same version and platform (a
+    /// re-publish with a new signature, say), and gives the fleet's scope the next
+    /// generation, which is returned: agents waiting for it are sent its artifact.
+    fn put_release(
+        &self,
+        row: &ReleaseRow,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Halts a version (`Some`) or lifts its halt (`None`), and gives the fleet's scope
+    /// the next generation, which is returned: every agent's desired state may change.
+    fn set_halt(
+        &self,
+        version: &str,
+        halt: Option<&HaltRow>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }

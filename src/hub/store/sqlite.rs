@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    AgentRow, Appended, JobProgress, JobRow, ReportRow, ScopeRow, Snapshot, Store, StoreError,
-    Stream,
+    AgentRow, Appended, HaltRow, JobProgress, JobRow, ReleaseRow, ReportRow, ScopeRow, Snapshot,
+    Store, StoreError, Stream,
 };
 use crate::proto::hub::DesiredSettings;
 
@@ -71,6 +71,24 @@ const MIGRATIONS: &[&str] = &[
         start BIGINT NOT NULL,
         data BLOB NOT NULL,
         PRIMARY KEY (job, stream, start)
+    );",
+    // 3: release artifacts (their bytes are files in the data dir) and halted versions.
+    "CREATE TABLE releases (
+        version TEXT NOT NULL,
+        os TEXT NOT NULL,
+        arch TEXT NOT NULL,
+        size BIGINT NOT NULL,
+        sha256 TEXT NOT NULL,
+        signature TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        published_at BIGINT NOT NULL,
+        PRIMARY KEY (version, os, arch)
+    );
+    CREATE TABLE halts (
+        version TEXT PRIMARY KEY,
+        agent TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        halted_at BIGINT NOT NULL
     );",
 ];
 
@@ -327,11 +345,48 @@ impl Store for SqliteStore {
                 &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE done = 0 ORDER BY seq"),
                 [],
             )?;
+            let releases = conn
+                .prepare(
+                    "SELECT version, os, arch, size, sha256, signature, key_id, published_at
+                     FROM releases ORDER BY published_at, version, os, arch",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map([], |r| {
+                        Ok(ReleaseRow {
+                            version: r.get(0)?,
+                            os: r.get(1)?,
+                            arch: r.get(2)?,
+                            size: u64_of(r.get(3)?),
+                            sha256: r.get(4)?,
+                            signature: r.get(5)?,
+                            key_id: r.get(6)?,
+                            published_at: u64_of(r.get(7)?),
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()
+                })
+                .map_err(&e)?;
+            let halts = conn
+                .prepare("SELECT version, agent, reason, halted_at FROM halts ORDER BY version")
+                .and_then(|mut stmt| {
+                    stmt.query_map([], |r| {
+                        Ok(HaltRow {
+                            version: r.get(0)?,
+                            agent: r.get(1)?,
+                            reason: r.get(2)?,
+                            halted_at: u64_of(r.get(3)?),
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()
+                })
+                .map_err(&e)?;
             Ok(Snapshot {
                 agents,
                 scopes,
                 open_jobs,
                 generation: generation.max(0) as u64,
+                releases,
+                halts,
             })
         })
         .await
@@ -737,6 +792,59 @@ impl Store for SqliteStore {
             }
             tx.commit().map_err(&e)?;
             Ok(ids.len())
+        })
+        .await
+    }
+
+    async fn put_release(&self, row: &ReleaseRow) -> Result<u64, StoreError> {
+        let row = row.clone();
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            tx.execute(
+                "INSERT INTO releases (version, os, arch, size, sha256, signature, key_id, published_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                 ON CONFLICT (version, os, arch) DO UPDATE SET size = excluded.size,
+                     sha256 = excluded.sha256, signature = excluded.signature,
+                     key_id = excluded.key_id, published_at = excluded.published_at",
+                params![
+                    row.version,
+                    row.os,
+                    row.arch,
+                    row.size as i64,
+                    row.sha256,
+                    row.signature,
+                    row.key_id,
+                    row.published_at as i64
+                ],
+            )
+            .map_err(&e)?;
+            let generation = bump_scope(&tx, "").map_err(&e)?;
+            tx.commit().map_err(&e)?;
+            Ok(generation)
+        })
+        .await
+    }
+
+    async fn set_halt(&self, version: &str, halt: Option<&HaltRow>) -> Result<u64, StoreError> {
+        let version = version.to_owned();
+        let halt = halt.cloned();
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            match halt {
+                Some(h) => tx.execute(
+                    "INSERT INTO halts (version, agent, reason, halted_at) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (version) DO UPDATE SET agent = excluded.agent,
+                         reason = excluded.reason, halted_at = excluded.halted_at",
+                    params![version, h.agent, h.reason, h.halted_at as i64],
+                ),
+                None => tx.execute("DELETE FROM halts WHERE version = ?1", params![version]),
+            }
+            .map_err(&e)?;
+            let generation = bump_scope(&tx, "").map_err(&e)?;
+            tx.commit().map_err(&e)?;
+            Ok(generation)
         })
         .await
     }
