@@ -194,6 +194,7 @@ mod tests {
         let d = DesiredState {
             agent: Some(DesiredAgent {
                 version: "v\n1".into(),
+                artifact: None,
                 rollback: false,
             }),
             ..DesiredState::default()
@@ -209,6 +210,12 @@ mod tests {
             poll_interval_secs: Some(30),
             agent: Some(DesiredAgent {
                 version: "1.2.3".into(),
+                artifact: Some(Artifact {
+                    url: "/v1/releases/1.2.3/linux-x86_64?agent=a".into(),
+                    sha256: "ab".into(),
+                    size: 3,
+                    signature: "sig".into(),
+                }),
                 rollback: false,
             }),
             runner: DesiredRunner {
