@@ -354,6 +354,47 @@ pub enum AgentCommand {
     Status(AgentStatusArgs),
     /// Validate the configuration and print the effective settings (secrets redacted).
     CheckConfig(AgentArgs),
+    /// Manage this host's self-upgrade: `--clear-bad` forgets the versions remembered as
+    /// bad after a rollback, so the agent tries them again when the hub asks.
+    Upgrade(AgentUpgradeArgs),
+    /// The guard of an upgrade in flight (started by the agent, from the previous
+    /// binary): rolls back unless the new agent commits by the deadline.
+    #[command(hide = true)]
+    UpgradeWatch(UpgradeWatchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AgentUpgradeArgs {
+    /// Forget the versions remembered as bad.
+    #[arg(long)]
+    pub clear_bad: bool,
+    /// Config file naming the state directory.
+    #[arg(long, value_name = "FILE", conflicts_with = "state_dir")]
+    pub config: Option<PathBuf>,
+    /// State directory of the agent.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct UpgradeWatchArgs {
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// The new binary guarded.
+    #[arg(long, value_name = "HEX")]
+    pub to_sha256: String,
+    /// standalone, systemd:UNIT or launchd:LABEL.
+    #[arg(long, value_name = "HOW")]
+    pub service: String,
+    /// How long the agent may take to stop on SIGTERM before it is killed.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "60s")]
+    pub stop_timeout: Duration,
+    /// Where an agent the watcher starts (standalone) writes its output.
+    #[arg(long, value_name = "FILE")]
+    pub log: PathBuf,
+    /// The agent's arguments (standalone: it is started again with them).
+    #[arg(last = true, value_name = "ARGS")]
+    pub agent_args: Vec<std::ffi::OsString>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -383,6 +424,10 @@ pub struct AgentArgs {
     /// PEM file of the CA that signed the hub's certificate.
     #[arg(long, value_name = "PEM")]
     pub ca_file: Option<PathBuf>,
+    /// A minisign public key line (RW…) whose signature a release from the hub must
+    /// carry (repeatable, for rotation; replaces upgrade.trusted_keys).
+    #[arg(long, value_name = "RW…")]
+    pub trusted_key: Vec<String>,
 }
 
 #[derive(Debug, Args)]

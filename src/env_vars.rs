@@ -30,6 +30,9 @@ pub(crate) const HUB_AGENT_ID: &str = "RAILGRID_HUB_AGENT_ID";
 pub(crate) const HUB_TOKEN_FILE: &str = "RAILGRID_HUB_TOKEN_FILE";
 pub(crate) const HUB_CA_FILE: &str = "RAILGRID_HUB_CA_FILE";
 pub(crate) const LOG_MAX_FILES: &str = "RAILGRID_LOG_MAX_FILES";
+pub(crate) const UPGRADE_TRUSTED_KEYS: &str = "RAILGRID_UPGRADE_TRUSTED_KEYS";
+pub(crate) const UPGRADE_SETTLE: &str = "RAILGRID_UPGRADE_SETTLE";
+pub(crate) const UPGRADE_DEADLINE: &str = "RAILGRID_UPGRADE_DEADLINE";
 
 /// Where a non-root agent keeps its state by default (`$XDG_STATE_HOME/railgrid`, else
 /// `$HOME/.local/state/railgrid`) and looks for its configuration

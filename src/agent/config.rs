@@ -43,6 +43,17 @@ pub(crate) struct RawConfig {
     pub(crate) hub: RawHub,
     #[serde(default)]
     pub(crate) log: RawLog,
+    #[serde(default)]
+    pub(crate) upgrade: RawUpgrade,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUpgrade {
+    /// minisign public key lines (`RW…`).
+    pub(crate) trusted_keys: Option<Vec<String>>,
+    pub(crate) settle: Option<String>,
+    pub(crate) deadline: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -86,6 +97,8 @@ pub(crate) struct Flags {
     pub(crate) agent_id: Option<String>,
     pub(crate) token_file: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
+    /// `--trusted-key`, repeated; `None` when not given.
+    pub(crate) trusted_keys: Option<Vec<String>>,
 }
 
 /// The settings of the runner child; a change to any of them restarts it on reload.
@@ -119,6 +132,25 @@ pub(crate) struct HubSettings {
     pub(crate) ca_file: Option<PathBuf>,
 }
 
+/// How the agent upgrades itself (DESIGN invariant 13).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UpgradeSettings {
+    /// minisign public key lines; a release must be signed by one of them. Empty: every
+    /// upgrade from the hub is refused.
+    pub(crate) trusted_keys: Vec<String>,
+    /// How long the new agent's runner must stay healthy before the upgrade commits.
+    pub(crate) settle: Duration,
+    /// How long after the switch the upgrade may take to commit before the watcher rolls
+    /// it back.
+    pub(crate) deadline: Duration,
+}
+
+pub(crate) const DEFAULT_SETTLE: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_secs(120);
+/// The deadline must leave room for the settle period, a runner start and a hub round
+/// trip.
+const MIN_DEADLINE_OVER_SETTLE: Duration = Duration::from_secs(5);
+
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AgentConfig {
@@ -129,6 +161,7 @@ pub(crate) struct AgentConfig {
     pub(crate) runner: RunnerSettings,
     pub(crate) hub: Option<HubSettings>,
     pub(crate) log_max_files: usize,
+    pub(crate) upgrade: UpgradeSettings,
 }
 
 #[derive(Debug, Error)]
@@ -181,6 +214,13 @@ macro_rules! as_text_by_display {
     };
 }
 as_text_by_display!(u64, usize, bool);
+
+/// A list, as its variable gives it: comma-separated.
+impl AsText for Vec<String> {
+    fn as_text(&self) -> String {
+        self.join(",")
+    }
+}
 
 /// One setting, named once for every source: its key in the file, its environment
 /// variable (from [`env_vars`]) and its flag, if it has one.
@@ -257,6 +297,9 @@ settings! {
     TokenFile: hub.token_file, env HUB_TOKEN_FILE, flag "--token-file" => token_file;
     CaFile: hub.ca_file, env HUB_CA_FILE, flag "--ca-file" => ca_file;
     LogMaxFiles: log.max_files, env LOG_MAX_FILES;
+    TrustedKeys: upgrade.trusted_keys, env UPGRADE_TRUSTED_KEYS, flag "--trusted-key" => trusted_keys;
+    Settle: upgrade.settle, env UPGRADE_SETTLE;
+    Deadline: upgrade.deadline, env UPGRADE_DEADLINE;
 }
 
 impl Key {
@@ -584,6 +627,45 @@ pub(crate) fn load_with(
         "a whole number of files",
     )?;
 
+    let trusted_keys = match src.get(Key::TrustedKeys) {
+        Some((text, origin)) => {
+            let keys: Vec<String> = text
+                .split(',')
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .map(str::to_owned)
+                .collect();
+            for k in &keys {
+                crate::release::public_key(k, Path::new(k)).map_err(|_| {
+                    invalid(
+                        &origin,
+                        format!("{k:?} is not a minisign public key line (the RW… line of a .pub file)"),
+                    )
+                })?;
+            }
+            keys
+        }
+        None => Vec::new(),
+    };
+    let settle = src.duration(Key::Settle, DEFAULT_SETTLE)?;
+    let deadline = src.duration(Key::Deadline, DEFAULT_DEADLINE)?;
+    if deadline < settle + MIN_DEADLINE_OVER_SETTLE {
+        let origin = src
+            .get(Key::Deadline)
+            .or_else(|| src.get(Key::Settle))
+            .map(|(_, o)| o)
+            .unwrap_or(Origin::Env(Key::Deadline));
+        return Err(invalid(
+            &origin,
+            format!(
+                "upgrade.deadline ({}) must exceed upgrade.settle ({}) by at least {}",
+                humantime::format_duration(deadline),
+                humantime::format_duration(settle),
+                humantime::format_duration(MIN_DEADLINE_OVER_SETTLE)
+            ),
+        ));
+    }
+
     Ok(AgentConfig {
         config_path: src.file.as_ref().map(|(p, _)| p.clone()),
         state_dir,
@@ -591,6 +673,11 @@ pub(crate) fn load_with(
         runner,
         hub,
         log_max_files: log_max_files.max(1),
+        upgrade: UpgradeSettings {
+            trusted_keys,
+            settle,
+            deadline,
+        },
     })
 }
 
@@ -670,6 +757,14 @@ pub(crate) struct Effective {
     pub(crate) runner: EffectiveRunner,
     pub(crate) hub: Option<EffectiveHub>,
     pub(crate) log: EffectiveLog,
+    pub(crate) upgrade: EffectiveUpgrade,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct EffectiveUpgrade {
+    pub(crate) trusted_keys: Vec<String>,
+    pub(crate) settle: String,
+    pub(crate) deadline: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -736,6 +831,11 @@ impl AgentConfig {
             }),
             log: EffectiveLog {
                 max_files: self.log_max_files,
+            },
+            upgrade: EffectiveUpgrade {
+                trusted_keys: self.upgrade.trusted_keys.clone(),
+                settle: humantime::format_duration(self.upgrade.settle).to_string(),
+                deadline: humantime::format_duration(self.upgrade.deadline).to_string(),
             },
         }
     }

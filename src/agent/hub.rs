@@ -48,7 +48,7 @@ use crate::build_info;
 use crate::hub_client::{self, HubClientError};
 use crate::proto::desired::{self, DesiredState};
 use crate::proto::hub::ErrorBody;
-use crate::proto::report::{AgentReport, JobsSummary, RunnerReport};
+use crate::proto::report::{AgentReport, JobsSummary, RunnerReport, UpgradeReport};
 use crate::supervisor::State;
 
 /// The desired state last applied from the hub, inside the state directory.
@@ -481,6 +481,8 @@ impl HubHandle {
         state_dir: &Path,
         reconciler: ReconcilerHandle,
         reporter: ReporterHandle,
+        upgrade: watch::Receiver<Option<UpgradeReport>>,
+        reached: watch::Sender<u64>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let observed = reconciler.observed();
@@ -515,6 +517,8 @@ impl HubHandle {
             reset: false,
             backoff: Backoff::default(),
             published: None,
+            upgrade,
+            reached,
         };
         Self {
             tx,
@@ -565,6 +569,10 @@ struct HubTask {
     backoff: Backoff,
     /// What the reporter was sent last.
     published: Option<HubStatus>,
+    /// The self-upgrade's state, reported with every reconcile.
+    upgrade: watch::Receiver<Option<UpgradeReport>>,
+    /// Counts the reconciles the hub answered (an upgrade commits after one).
+    reached: watch::Sender<u64>,
 }
 
 /// The bucket that paces reconciles ([`BURST`], [`RATE`]).
@@ -625,6 +633,13 @@ impl HubTask {
                 r = self.jobs_moved.changed() => match r {
                     Ok(()) => Next::Again,
                     Err(_) => Next::Stop,
+                },
+                // Cancel-safe, as above. The upgrade moved: the hub hears of it now
+                // (a rollback halts the version fleet-wide).
+                r = self.upgrade.changed() => match r {
+                    Ok(()) => Next::Again,
+                    // The upgrade task is gone (the agent is switching): nothing more.
+                    Err(_) => std::future::pending().await,
                 },
             };
             match next {
@@ -713,7 +728,7 @@ impl HubTask {
                 observed.desired.generation
             },
             runner: runner_report(&observed),
-            upgrade: None,
+            upgrade: self.upgrade.borrow_and_update().clone(),
             jobs_summary,
             jobs,
         }
@@ -763,6 +778,7 @@ impl HubTask {
             }
         };
         self.reachable(&desired);
+        self.reached.send_modify(|n| *n += 1);
         let applied = self.observed.borrow().desired.clone();
         let reset = self.reset && desired.generation < applied.generation;
         if desired.generation < applied.generation && !reset {

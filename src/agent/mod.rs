@@ -43,6 +43,7 @@ pub(crate) mod notify;
 mod reconciler;
 mod reporter;
 pub(crate) mod status;
+pub(crate) mod upgrade;
 mod upload;
 
 use std::fs;
@@ -61,6 +62,7 @@ use self::notify::Notifier;
 use self::reconciler::Reconciler;
 use self::reporter::ReporterHandle;
 use self::status::{AgentStatus, HubStatus};
+use self::upgrade::{Switch, UpgradeCtx, UpgradeHandle};
 use crate::build_info;
 use crate::proto::desired::DesiredState;
 use crate::supervisor::account::Account;
@@ -173,13 +175,15 @@ impl AgentError {
     }
 }
 
-/// Runs the agent until SIGTERM or SIGINT. `reload` re-reads the configuration on SIGHUP.
-/// `_instance` is the state directory's agent lock, held for as long as this runs.
+/// Runs the agent until SIGTERM or SIGINT (`None`), or until a new binary is in place
+/// and the runner stopped (`Some`: the caller re-executes from it). `reload` re-reads the
+/// configuration on SIGHUP. `_instance` is the state directory's agent lock, held for as
+/// long as this runs.
 pub(crate) async fn run(
     cfg: AgentConfig,
     _instance: &instance::Instance,
     reload: impl Fn() -> Result<AgentConfig, ConfigError>,
-) -> Result<(), AgentError> {
+) -> Result<Option<Switch>, AgentError> {
     // Signals first: one that arrives while the runner starts must not be lost.
     let mut term = signal(SignalKind::terminate()).map_err(AgentError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(AgentError::Signals)?;
@@ -231,19 +235,42 @@ pub(crate) async fn run(
         reclaimed.into_iter().collect(),
     ));
     let (reconciler, mut task) = reconciler.spawn(reporter.clone()).await?;
-    let hub = hub
-        .map(|conn| HubHandle::spawn(conn, &cfg.state_dir, reconciler.clone(), reporter.clone()));
+    let (reached_tx, reached) = tokio::sync::watch::channel(0u64);
+    let mut upgrade = UpgradeHandle::spawn(UpgradeCtx {
+        cfg: cfg.clone(),
+        exe: exe.clone(),
+        observed: reconciler.observed(),
+        link: hub.as_ref().map(hub::Connection::link),
+        reached,
+        reporter: reporter.clone(),
+    });
+    let hub = hub.map(|conn| {
+        HubHandle::spawn(
+            conn,
+            &cfg.state_dir,
+            reconciler.clone(),
+            reporter.clone(),
+            upgrade.report(),
+            reached_tx,
+        )
+    });
     // Its own task, so the pings go on while the reconciler waits out a runner stop (a
     // reload's, which may take the whole stop grace and the reap): a hung agent stops
     // pinging, a busy one does not.
     let _watchdog = notify::watchdog_interval().map(WatchdogTask::spawn);
     tracing::info!(version = build_info::VERSION, pid = std::process::id(), state_dir = %cfg.state_dir.display(), "agent running");
 
+    let mut switch = None;
     let why = loop {
         tokio::select! {
             // Cancel-safe: signal streams keep a signal that arrived between polls.
             _ = term.recv() => break "SIGTERM",
             _ = int.recv() => break "SIGINT",
+            // Cancel-safe: see `UpgradeHandle::switched`.
+            s = upgrade.switched() => {
+                switch = Some(s);
+                break "the upgrade";
+            }
             _ = hup.recv() => match reload() {
                 Ok(new) => match (&hub, new.hub.clone()) {
                     (Some(hub), Some(settings)) => {
@@ -268,19 +295,33 @@ pub(crate) async fn run(
             },
             // Cancel-safe: polling a JoinHandle by reference does not consume it. Ready
             // only when the reconciler gave up (a runner it could not start).
-            res = task.failed() => return res,
+            res = task.failed() => return res.map(|()| None),
         }
     };
-    tracing::info!("{why} received: stopping the runner");
-    reporter.stopping();
+    match &switch {
+        Some(s) => {
+            tracing::info!(to = %s.to, "switching to the new binary: stopping the runner");
+            // The same process goes on as the new agent: a reload to the service
+            // manager, which the new agent's READY=1 ends.
+            reporter.reloading();
+        }
+        None => {
+            tracing::info!("{why} received: stopping the runner");
+            reporter.stopping();
+        }
+    }
     // First, so that no desired state arrives while the runner stops.
     if let Some(hub) = hub {
         hub.shutdown().await;
     }
+    drop(upgrade);
     task.shutdown().await?;
     reporter.finish().await;
-    tracing::info!("agent stopped");
-    Ok(())
+    match &switch {
+        Some(_) => tracing::info!("runner stopped: re-executing the agent"),
+        None => tracing::info!("agent stopped"),
+    }
+    Ok(switch)
 }
 
 /// The desired state an agent with a hub starts from: the one it applied last, kept in
@@ -341,6 +382,7 @@ fn initial_status(
         reaped: Vec::new(),
         exe: Some(status::ExeStatus::from(exe.identity())),
         runner_enabled: desired.runner.enabled,
+        upgrade: None,
         hub: cfg.hub.as_ref().map(|h| HubStatus {
             url: h.url.clone(),
             agent_id: h.agent_id.clone(),

@@ -34,7 +34,9 @@ enum Msg {
     Reaped(Vec<String>),
     ConfigPath(Option<PathBuf>),
     Hub(HubStatus),
+    Upgrade(Option<crate::proto::report::UpgradeReport>),
     Stopping,
+    Reloading,
     /// The agent has stopped: write the last status (`running: false`) and end.
     Finish(oneshot::Sender<()>),
 }
@@ -78,6 +80,15 @@ impl ReporterHandle {
 
     pub(super) fn hub(&self, hub: HubStatus) {
         self.send(Msg::Hub(hub));
+    }
+
+    pub(super) fn upgrade(&self, upgrade: Option<crate::proto::report::UpgradeReport>) {
+        self.send(Msg::Upgrade(upgrade));
+    }
+
+    /// `RELOADING=1`, at once: the agent re-executes itself; the new one says READY=1.
+    pub(super) fn reloading(&self) {
+        self.send(Msg::Reloading);
     }
 
     /// `STOPPING=1`, at once.
@@ -143,6 +154,14 @@ impl ReporterTask {
                 self.notify("STOPPING=1");
                 self.status.stopping = true;
             }
+            Msg::Reloading => {
+                self.notify(&format!(
+                    "RELOADING=1\nMONOTONIC_USEC={}",
+                    crate::sys::monotonic_usec()
+                ));
+                self.status.stopping = true;
+            }
+            Msg::Upgrade(u) => self.status.upgrade = u,
             Msg::Finish(done) => {
                 self.status.running = false;
                 *finish = Some(done);

@@ -50,6 +50,9 @@ pub(crate) struct AgentStatus {
     /// The hub this agent is reconciled by; `None` standalone (and in older files).
     #[serde(default)]
     pub(crate) hub: Option<HubStatus>,
+    /// The self-upgrade's state (what the hub is told too).
+    #[serde(default)]
+    pub(crate) upgrade: Option<crate::proto::report::UpgradeReport>,
 }
 
 fn enabled() -> bool {

@@ -21,6 +21,7 @@ fn flags(args: &AgentArgs) -> Flags {
         agent_id: args.agent_id.clone(),
         token_file: args.token_file.clone(),
         ca_file: args.ca_file.clone(),
+        trusted_keys: (!args.trusted_key.is_empty()).then(|| args.trusted_key.clone()),
     }
 }
 
@@ -61,7 +62,22 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     let rt = super::current_thread_runtime()?;
     let reload = move || config::load(&flags);
     match rt.block_on(agent_mod::run(cfg, &instance, reload)) {
-        Ok(()) => Ok(ExitCode::SUCCESS),
+        Ok(None) => Ok(ExitCode::SUCCESS),
+        Ok(Some(switch)) => {
+            // Everything the old agent held goes first: its runtime (tasks, sockets), its
+            // log writer (flushed), the state directory's lock (the new agent takes it).
+            drop(rt);
+            drop(_guard);
+            drop(instance);
+            let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+            let env: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os().collect();
+            let e = switch.exe.exec_self(&argv, &env);
+            Err(anyhow::Error::new(e).context(format!(
+                "could not re-execute the agent from {} (version {}); the upgrade watcher restores the previous binary",
+                switch.exe.path().display(),
+                switch.to
+            )))
+        }
         Err(e @ AgentError::Supervisor(crate::supervisor::Error::RootChild { .. })) => Err(usage(
             anyhow::Error::new(e).context("set runner.user (e.g. --runner-user nobody)"),
         )),
@@ -83,26 +99,75 @@ pub(super) fn check_config(args: AgentArgs) -> anyhow::Result<ExitCode> {
     ))
 }
 
+/// `railgrid agent upgrade --clear-bad`: forgets the versions remembered as bad.
+pub(super) fn upgrade(args: crate::cli::AgentUpgradeArgs) -> anyhow::Result<ExitCode> {
+    if !args.clear_bad {
+        return Err(usage(anyhow::anyhow!(
+            "nothing to do: give --clear-bad (the hub decides upgrades; see railgrid hub desired set --version)"
+        )));
+    }
+    let state_dir = state_dir_of(args.config.clone(), args.state_dir.clone())?;
+    let cleared = crate::agent::upgrade::record::update(&state_dir, |r| {
+        let gone: Vec<String> = r.bad_versions.drain(..).map(|b| b.version).collect();
+        (!gone.is_empty(), gone)
+    })?;
+    if cleared.is_empty() {
+        print_stdout("no versions were remembered as bad")
+    } else {
+        print_stdout(&format!(
+            "forgot {}: the agent tries them again when the hub asks (within a minute, or at once on SIGHUP)",
+            cleared.join(", ")
+        ))
+    }
+}
+
+/// `railgrid agent upgrade-watch`: the upgrade's watcher, started by the agent.
+pub(super) fn upgrade_watch(args: crate::cli::UpgradeWatchArgs) -> anyhow::Result<ExitCode> {
+    use crate::agent::upgrade::{service::Service, watcher};
+    let service = Service::parse(&args.service).ok_or_else(|| {
+        usage(anyhow::anyhow!(
+            "--service {:?}: give standalone, systemd:UNIT or launchd:LABEL",
+            args.service
+        ))
+    })?;
+    let outcome = watcher::watch(&watcher::WatchArgs {
+        state_dir: args.state_dir,
+        to_sha256: args.to_sha256,
+        service,
+        stop_timeout: args.stop_timeout,
+        log: args.log,
+        agent_args: args.agent_args,
+    })?;
+    tracing::info!(?outcome, "the upgrade watcher is done");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The state directory a command names: `--state-dir`, or the one of the config file.
+fn state_dir_of(
+    config_path: Option<std::path::PathBuf>,
+    state_dir: Option<std::path::PathBuf>,
+) -> anyhow::Result<std::path::PathBuf> {
+    if let Some(dir) = state_dir {
+        return Ok(dir);
+    }
+    let flags = Flags {
+        config: config_path,
+        ..Flags::default()
+    };
+    match config::load(&flags) {
+        Ok(cfg) => Ok(cfg.state_dir),
+        Err(config::ConfigError::NoRunnerUser) => Ok(config::ROOT_STATE_DIR.into()),
+        Err(e) => Err(usage(e)),
+    }
+}
+
 /// Exit code when no agent is running.
 const NOT_RUNNING: u8 = 3;
 
 pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
-    let state_dir = match args.state_dir {
-        Some(dir) => dir,
-        None => {
-            let flags = Flags {
-                config: args.config.clone(),
-                ..Flags::default()
-            };
-            // Only the state directory matters here; a config that lacks a runner user is
-            // still good enough to find it.
-            match config::load(&flags) {
-                Ok(cfg) => cfg.state_dir,
-                Err(config::ConfigError::NoRunnerUser) => config::ROOT_STATE_DIR.into(),
-                Err(e) => return Err(usage(e)),
-            }
-        }
-    };
+    // Only the state directory matters here; a config that lacks a runner user is still
+    // good enough to find it.
+    let state_dir = state_dir_of(args.config.clone(), args.state_dir.clone())?;
     let read = status::read(&state_dir);
     // An agent that holds the state directory but has not written its status yet (it is
     // reclaiming an orphan, or starting its runner) is starting, not absent.
@@ -259,8 +324,19 @@ fn render(st: &AgentStatus, alive: bool, last_line: Option<&str>) -> String {
             out.push_str(&format!("hub error:  {err}\n"));
         }
         if let Some(v) = &hub.desired_version {
+            out.push_str(&format!("desired version: {v}\n"));
+        }
+    }
+    if let Some(u) = &st.upgrade {
+        let target = u.target.as_deref().map(|t| format!(" {t}")).unwrap_or_default();
+        out.push_str(&format!("upgrade:    {}{target}\n", u.state));
+        if let Some(e) = &u.error {
+            out.push_str(&format!("            {e}\n"));
+        }
+        if !u.bad_versions.is_empty() {
             out.push_str(&format!(
-                "desired version: {v} (self-upgrade is not in this build)\n"
+                "bad versions: {} (not tried again; railgrid agent upgrade --clear-bad)\n",
+                u.bad_versions.join(", ")
             ));
         }
     }

@@ -62,6 +62,12 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     command: AgentCommand::CheckConfig(args),
                 } => agent::check_config(args),
                 Command::Agent {
+                    command: AgentCommand::Upgrade(args),
+                } => agent::upgrade(args),
+                Command::Agent {
+                    command: AgentCommand::UpgradeWatch(args),
+                } => agent::upgrade_watch(args),
+                Command::Agent {
                     command: AgentCommand::Run(_),
                 } => unreachable!("handled above"),
                 Command::Runner {

@@ -194,6 +194,72 @@ impl Dir {
         Ok(File::from(fd))
     }
 
+    /// Opens the regular file `name` in this directory for reading, not following a
+    /// symlink.
+    pub fn open_file(&self, name: &str) -> io::Result<File> {
+        single_component(name)?;
+        let fd = fcntl::openat(
+            self.0.as_fd(),
+            name,
+            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        regular(&fd, name)?;
+        Ok(File::from(fd))
+    }
+
+    /// Opens the regular file `name` for writing (not appending: the caller positions
+    /// its writes), creating it with `mode` when missing; a symlink is refused.
+    pub fn write_file(&self, name: &str, mode: u32) -> io::Result<File> {
+        single_component(name)?;
+        let fd = fcntl::openat(
+            self.0.as_fd(),
+            name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(mode as libc::mode_t),
+        )?;
+        regular(&fd, name)?;
+        Ok(File::from(fd))
+    }
+
+    /// A second name `to` for the file `from`, both in this directory (a hard link).
+    pub fn link(&self, from: &str, to: &str) -> io::Result<()> {
+        single_component(from)?;
+        single_component(to)?;
+        Ok(nix::unistd::linkat(
+            self.0.as_fd(),
+            from,
+            self.0.as_fd(),
+            to,
+            fcntl::AtFlags::empty(),
+        )?)
+    }
+
+    /// Device and inode of the entry `name`, not following a symlink; `None` when there
+    /// is none.
+    pub fn identify(&self, name: &str) -> io::Result<Option<(u64, u64)>> {
+        single_component(name)?;
+        match stat::fstatat(self.0.as_fd(), name, fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            #[allow(clippy::unnecessary_cast)]
+            Ok(st) => Ok(Some((st.st_dev as u64, st.st_ino as u64))),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Bytes an unprivileged writer may still use on this directory's file system.
+    pub fn free_space(&self) -> io::Result<u64> {
+        let fd = fcntl::openat(
+            self.0.as_fd(),
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let st = nix::sys::statvfs::fstatvfs(&fd)?;
+        #[allow(clippy::unnecessary_cast)]
+        Ok((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
+    }
+
     /// Renames `from` to `to`, both in this directory.
     pub fn rename(&self, from: &str, to: &str) -> io::Result<()> {
         single_component(from)?;
@@ -240,6 +306,17 @@ impl Dir {
     pub fn try_clone(&self) -> io::Result<Self> {
         Ok(Self(self.0.try_clone()?))
     }
+}
+
+/// Refuses what is not a regular file (a FIFO, a device, a directory planted there).
+fn regular(fd: &OwnedFd, name: &str) -> io::Result<()> {
+    if stat::fstat(fd.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name} is not a regular file"),
+        ));
+    }
+    Ok(())
 }
 
 impl AsFd for Dir {

@@ -135,6 +135,15 @@ impl PinnedExe {
         &self.identity.path
     }
 
+    /// A reader of the pinned file from its start (a duplicate descriptor, so a reader
+    /// that seeks cannot move anything this handle relies on: it reads by offset).
+    pub fn reader(&self) -> io::Result<File> {
+        use std::io::Seek;
+        let mut f = self.file.try_clone()?;
+        f.seek(io::SeekFrom::Start(0))?;
+        Ok(f)
+    }
+
     /// The file's metadata when it was pinned (mode and owner decide who may exec it).
     pub fn metadata(&self) -> &Metadata {
         &self.meta
@@ -205,6 +214,106 @@ impl PinnedExe {
         argv: &[&std::ffi::OsStr],
         env: &[(String, String)],
     ) -> io::Result<()> {
+        self.exec_fd(cmd, argv, env, false)
+    }
+
+    /// [`Self::exec_pinned`] for a file that may be a script (`#!`): the kernel hands a
+    /// script's interpreter `/dev/fd/N`, so the child execs a duplicate of the descriptor
+    /// that stays open across the exec. For candidates of an upgrade, which are tested as
+    /// they are, whatever they are.
+    pub fn exec_pinned_any(
+        &self,
+        cmd: &mut Command,
+        argv: &[&std::ffi::OsStr],
+        env: &[(String, String)],
+    ) -> io::Result<()> {
+        self.exec_fd(cmd, argv, env, true)
+    }
+
+    /// Replaces this process with the pinned file (`argv`, `env`): the agent's re-exec
+    /// onto a verified new binary. Returns only on failure. Linux: from the descriptor, so
+    /// that exactly the verified bytes run; elsewhere from the path.
+    pub fn exec_self(&self, argv: &[std::ffi::OsString], env: &[(std::ffi::OsString, std::ffi::OsString)]) -> io::Error {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |s: &std::ffi::OsStr| CStringLike::new(s.as_bytes());
+        let argv: Option<Vec<_>> = argv.iter().map(|a| c(a)).collect();
+        let env: Option<Vec<_>> = env
+            .iter()
+            .map(|(k, v)| {
+                let mut kv = k.as_bytes().to_vec();
+                kv.push(b'=');
+                kv.extend_from_slice(v.as_bytes());
+                CStringLike::new(&kv)
+            })
+            .collect();
+        let (Some(argv), Some(env)) = (argv, env) else {
+            return io::Error::new(io::ErrorKind::InvalidInput, "NUL in an argument");
+        };
+        #[cfg(target_os = "linux")]
+        {
+            // A duplicate without close-on-exec: a script's interpreter opens /dev/fd/N.
+            let fd = match nix::unistd::dup(&self.file) {
+                Ok(fd) => fd,
+                Err(e) => return e.into(),
+            };
+            match nix::unistd::fexecve(&fd, &argv, &env) {
+                Ok(never) => match never {},
+                Err(e) => e.into(),
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let Some(path) = CStringLike::new(self.identity.path.as_os_str().as_bytes()) else {
+                return io::Error::new(io::ErrorKind::InvalidInput, "NUL in the path");
+            };
+            match nix::unistd::execve(&path, &argv, &env) {
+                Ok(never) => match never {},
+                Err(e) => e.into(),
+            }
+        }
+    }
+
+    /// Copies the pinned bytes into `out` (from the descriptor, by offset), checking
+    /// that they still hash to what was pinned. Blocking.
+    pub fn copy_to(&self, out: &mut File) -> io::Result<()> {
+        use std::io::Write;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut at = 0u64;
+        let len = self.identity.size;
+        while at < len {
+            let n = self.file.read_at(&mut buf, at)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            out.write_all(&buf[..n])?;
+            at += n as u64;
+        }
+        let sha: String = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if at != len || sha != self.identity.sha256 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the pinned executable {} no longer reads as the file that was pinned",
+                    self.identity.path.display()
+                ),
+            ));
+        }
+        out.sync_all()
+    }
+
+    fn exec_fd(
+        &self,
+        cmd: &mut Command,
+        argv: &[&std::ffi::OsStr],
+        env: &[(String, String)],
+        inheritable: bool,
+    ) -> io::Result<()> {
         #[cfg(target_os = "linux")]
         {
             use std::os::fd::AsRawFd;
@@ -224,16 +333,27 @@ impl PinnedExe {
                 _argv: argv,
                 _env: env,
                 fd: self.file.try_clone()?,
+                inheritable,
             };
-            // SAFETY: the closure runs in the forked child and makes one system call,
-            // execveat, on a descriptor and pointer arrays prepared above; it allocates
-            // nothing and takes no lock.
+            // SAFETY: the closure runs in the forked child and makes at most two system
+            // calls, dup and execveat, on a descriptor and pointer arrays prepared above;
+            // it allocates nothing and takes no lock.
             unsafe {
                 std::os::unix::process::CommandExt::pre_exec(cmd, move || {
                     let e = &exec;
+                    let fd = if e.inheritable {
+                        // dup's copy has no close-on-exec.
+                        let fd = libc::dup(e.fd.as_raw_fd());
+                        if fd < 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                        fd
+                    } else {
+                        e.fd.as_raw_fd()
+                    };
                     libc::syscall(
                         libc::SYS_execveat,
-                        e.fd.as_raw_fd(),
+                        fd,
                         c"".as_ptr(),
                         e.argv_ptrs.as_ptr(),
                         e.env_ptrs.as_ptr(),
@@ -245,8 +365,17 @@ impl PinnedExe {
             }
         }
         #[cfg(not(target_os = "linux"))]
-        let _ = (cmd, argv, env);
+        let _ = (cmd, argv, env, inheritable);
         Ok(())
+    }
+}
+
+/// A NUL-terminated string for exec, or `None` for one with a NUL inside.
+struct CStringLike;
+
+impl CStringLike {
+    fn new(bytes: &[u8]) -> Option<std::ffi::CString> {
+        std::ffi::CString::new(bytes).ok()
     }
 }
 
@@ -269,6 +398,8 @@ struct PinnedExec {
     _argv: Vec<CString>,
     _env: Vec<CString>,
     fd: File,
+    /// Exec a duplicate that survives the exec (for scripts).
+    inheritable: bool,
 }
 
 // SAFETY: the pointers point into the CStrings owned by the same struct, which are never

@@ -98,6 +98,20 @@ pub fn hostname() -> Option<String> {
     std::str::from_utf8(&buf[..len]).ok().map(str::to_owned)
 }
 
+/// CLOCK_MONOTONIC in microseconds (what sd_notify's `MONOTONIC_USEC` names).
+pub fn monotonic_usec() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the valid one given.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    if rc != 0 {
+        return 0;
+    }
+    (t.tv_sec.max(0) as u64) * 1_000_000 + (t.tv_nsec.max(0) as u64) / 1000
+}
+
 /// True when the effective uid is 0.
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()

@@ -239,3 +239,47 @@ pub fn job_exec(cmd: &mut Command, exec: JobExec) {
         });
     }
 }
+
+/// Spawns `cmd` as a daemon of its own and returns its pid: a new session, then a fork
+/// whose parent exits at once, so that the process that execs is nobody's child but
+/// init's (no zombie is left for a caller that re-executes itself and forgets it, and no
+/// signal to the caller's group or session reaches it). The middle process passes the
+/// final pid back on a pipe before it exits, and is reaped here. An exec failure of the
+/// final process still fails this call, through std's own error pipe, which it inherits.
+/// Other `pre_exec` steps of `cmd` run in the final process, after this one.
+pub fn spawn_detached(cmd: &mut Command) -> std::io::Result<u32> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let (rx, tx) = nix::unistd::pipe()?;
+    for fd in [&rx, &tx] {
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
+    }
+    let tx_raw = tx.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and calls only setsid,
+    // fork, write and _exit, which are async-signal-safe; it allocates nothing (the pid
+    // goes out from a stack buffer).
+    unsafe {
+        cmd.pre_exec(move || {
+            setsid()?;
+            match nix::unistd::fork()? {
+                nix::unistd::ForkResult::Parent { child } => {
+                    let bytes = child.as_raw().to_ne_bytes();
+                    libc::write(tx_raw, bytes.as_ptr().cast(), bytes.len());
+                    libc::_exit(0)
+                }
+                nix::unistd::ForkResult::Child => Ok(()),
+            }
+        });
+    }
+    let spawned = cmd.spawn();
+    drop(tx);
+    let mut middle = spawned?;
+    let _ = middle.wait();
+    let mut buf = [0u8; 4];
+    std::fs::File::from(rx).read_exact(&mut buf)?;
+    let pid = i32::from_ne_bytes(buf);
+    u32::try_from(pid).map_err(|_| std::io::Error::other("no pid from the detached process"))
+}

@@ -1,0 +1,276 @@
+//! `railgrid agent upgrade-watch`: the guard of one upgrade, run from the *previous*
+//! binary's bytes (`<exe>.prev`), outside the agent's process tree and service, so that
+//! a rollback never depends on a line of the new binary's code (DESIGN invariant 13).
+//!
+//! It watches `<state>/upgrade.json` and the agent. It exits as soon as the upgrade it
+//! guards is committed (or is no longer the one in the record). It rolls back when the
+//! deadline passes first, or when the new agent keeps dying (standalone: it dies twice,
+//! the first time being started again from the new binary, since a kill between the
+//! rename and the re-exec is no fault of the new version; under a service manager: three
+//! restarts). A rollback, under the record's lock so that a late commit cannot win too:
+//! stop the new agent (standalone), restore `<exe>.prev` over `<exe>` when `<exe>` is not
+//! the previous binary already (checked by SHA-256), mark the record rolled back and the
+//! version bad (when the new version ran), then bring an agent back (restart the service,
+//! or start `agent run` again with its arguments).
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::record::{self, Phase, RecordError};
+use super::service::Service;
+use crate::sys::exe::PinnedExe;
+use crate::sys::ProcessId;
+
+/// How often the record and the agent are looked at.
+const TICK: Duration = Duration::from_millis(200);
+/// Restarts of the new agent a service manager may make before the watcher gives up on
+/// it.
+const MAX_SERVICE_RESTARTS: usize = 3;
+/// After SIGKILL, how long the agent may take to be gone.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WatchError {
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error("could not bring an agent back ({service})")]
+    Restart {
+        service: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the watcher was started with.
+#[derive(Debug, Clone)]
+pub(crate) struct WatchArgs {
+    pub(crate) state_dir: PathBuf,
+    /// The new binary it guards.
+    pub(crate) to_sha256: String,
+    pub(crate) service: Service,
+    /// How long the agent may take to stop on SIGTERM before it is killed.
+    pub(crate) stop_timeout: Duration,
+    /// Standalone: where a restarted agent's output goes.
+    pub(crate) log: PathBuf,
+    /// Standalone: the agent's arguments (after the program name).
+    pub(crate) agent_args: Vec<OsString>,
+}
+
+/// How the watch ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Committed,
+    RolledBack(String),
+    /// The record holds another upgrade, or none: nothing to guard.
+    NotGuarding,
+}
+
+pub(crate) fn watch(a: &WatchArgs) -> Result<Outcome, WatchError> {
+    record::update(&a.state_dir, |r| match r.upgrade.as_mut() {
+        Some(u) if u.to_sha256 == a.to_sha256 => {
+            u.watcher_pid = Some(std::process::id());
+            (true, ())
+        }
+        _ => (false, ()),
+    })?;
+    tracing::info!(state_dir = %a.state_dir.display(), to_sha256 = %a.to_sha256, service = %a.service.to_arg(), "watching the upgrade");
+    let mut restarted = false;
+    let mut seen_pids: BTreeSet<u32> = BTreeSet::new();
+    loop {
+        let rec = record::peek(&a.state_dir)?;
+        let Some(u) = rec.upgrade.filter(|u| u.to_sha256 == a.to_sha256) else {
+            return Ok(Outcome::NotGuarding);
+        };
+        match u.phase {
+            Phase::Committed => {
+                tracing::info!(version = %u.to, "the upgrade is committed; the watcher exits");
+                return Ok(Outcome::Committed);
+            }
+            Phase::RolledBack => return Ok(Outcome::RolledBack(u.reason.unwrap_or_default())),
+            Phase::Switching | Phase::Pending => {}
+        }
+        if crate::util::unix_now() >= u.deadline {
+            let why = format!(
+                "version {} did not commit by its deadline ({} after the switch began)",
+                u.to,
+                humantime::format_duration(Duration::from_secs(u.deadline.saturating_sub(u.started_at)))
+            );
+            return rollback(a, why);
+        }
+        match &a.service {
+            Service::Standalone => {
+                let alive = ProcessId::from_u32(u.agent_pid).is_some_and(|p| {
+                    crate::sys::group::process_alive(p)
+                        && (u.agent_start_time.is_none()
+                            || crate::sys::process_start_time(p) == u.agent_start_time)
+                });
+                if !alive {
+                    if u.phase == Phase::Switching {
+                        return rollback(a, "the agent exited during the switch".into());
+                    }
+                    if restarted {
+                        return rollback(
+                            a,
+                            format!("the new agent ({}) exited before it committed, twice", u.to),
+                        );
+                    }
+                    restarted = true;
+                    tracing::warn!(pid = u.agent_pid, version = %u.to, "the agent exited before committing; starting it once more from the new binary");
+                    restart_new(a, &u.exe)?;
+                }
+            }
+            service => {
+                if let Some(pid) = service.main_pid() {
+                    seen_pids.insert(pid);
+                }
+                let restarts = seen_pids.len().saturating_sub(1);
+                if restarts >= MAX_SERVICE_RESTARTS {
+                    return rollback(
+                        a,
+                        format!("the new agent ({}) was restarted {restarts} times before it committed", u.to),
+                    );
+                }
+            }
+        }
+        std::thread::sleep(TICK);
+    }
+}
+
+/// Standalone: starts the agent again from the binary now at `exe`, and records it.
+fn restart_new(a: &WatchArgs, exe: &Path) -> Result<(), WatchError> {
+    let pid = a
+        .service
+        .restart_agent(exe, &a.agent_args, &a.log)
+        .map_err(|source| WatchError::Restart {
+            service: a.service.to_arg(),
+            source,
+        })?;
+    if let Some(pid) = pid {
+        record::update(&a.state_dir, |r| match r.upgrade.as_mut() {
+            Some(u) if u.to_sha256 == a.to_sha256 => {
+                u.agent_pid = pid;
+                u.agent_start_time =
+                    ProcessId::from_u32(pid).and_then(crate::sys::process_start_time);
+                (true, ())
+            }
+            _ => (false, ()),
+        })?;
+    }
+    Ok(())
+}
+
+fn rollback(a: &WatchArgs, why: String) -> Result<Outcome, WatchError> {
+    tracing::warn!(reason = %why, "rolling the upgrade back");
+    let done = record::update(&a.state_dir, |r| {
+        let Some(u) = r
+            .upgrade
+            .as_mut()
+            .filter(|u| u.to_sha256 == a.to_sha256)
+        else {
+            return (false, None);
+        };
+        if matches!(u.phase, Phase::Committed | Phase::RolledBack) {
+            // The agent committed while the lock was being taken.
+            return (false, None);
+        }
+        if a.service == Service::Standalone {
+            stop_agent(u.agent_pid, u.agent_start_time, a.stop_timeout);
+        }
+        let mut why = why;
+        match restore(&u.exe, &u.from_sha256) {
+            Ok(true) => tracing::info!(exe = %u.exe.display(), version = %u.from, "restored the previous binary"),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "could not restore the previous binary");
+                why = format!("{why}; {e}");
+            }
+        }
+        let ran = u.phase == Phase::Pending;
+        u.phase = Phase::RolledBack;
+        u.reason = Some(why.clone());
+        u.finished_at = Some(crate::util::unix_now());
+        let (to, exe) = (u.to.clone(), u.exe.clone());
+        if ran {
+            r.remember_bad(&to, &why);
+        }
+        (true, Some((exe, why)))
+    })?;
+    let Some((exe, why)) = done else {
+        let rec = record::peek(&a.state_dir)?;
+        return Ok(match rec.upgrade.map(|u| u.phase) {
+            Some(Phase::Committed) => Outcome::Committed,
+            _ => Outcome::NotGuarding,
+        });
+    };
+    a.service
+        .restart_agent(&exe, &a.agent_args, &a.log)
+        .map_err(|source| WatchError::Restart {
+            service: a.service.to_arg(),
+            source,
+        })?;
+    tracing::info!(service = %a.service.to_arg(), "an agent from the previous binary is coming back");
+    Ok(Outcome::RolledBack(why))
+}
+
+/// SIGTERM to the agent (when it is still the process recorded), then SIGKILL after
+/// `timeout`; returns once it is gone or the kill had its time.
+fn stop_agent(pid: u32, start_time: Option<u64>, timeout: Duration) {
+    use nix::sys::signal::Signal;
+    let Some(p) = ProcessId::from_u32(pid) else {
+        return;
+    };
+    let same = || {
+        crate::sys::group::process_alive(p)
+            && (start_time.is_none() || crate::sys::process_start_time(p) == start_time)
+    };
+    if !same() {
+        return;
+    }
+    let _ = crate::sys::group::signal_process(p, Signal::SIGTERM);
+    let until = Instant::now() + timeout;
+    while same() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if same() {
+        tracing::warn!(pid, "the agent did not stop in time; killing it");
+        let _ = crate::sys::group::signal_process(p, Signal::SIGKILL);
+        let until = Instant::now() + KILL_WAIT;
+        while same() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Puts the binary with `from_sha256` back at `exe`: `Ok(false)` when it is there
+/// already, `Ok(true)` when `<exe>.prev` was renamed over it.
+fn restore(exe: &Path, from_sha256: &str) -> Result<bool, String> {
+    let sha = |p: &Path| PinnedExe::open(p).map(|e| e.identity().sha256.clone());
+    if sha(exe).is_ok_and(|s| s == from_sha256) {
+        return Ok(false);
+    }
+    let prev = super::prev_path(exe);
+    match sha(&prev) {
+        Ok(s) if s == from_sha256 => {}
+        Ok(s) => {
+            return Err(format!(
+                "{} is not the previous binary (sha256 {s}, expected {from_sha256}): restore it by hand",
+                prev.display()
+            ))
+        }
+        Err(e) => return Err(format!("{}: {}", prev.display(), crate::util::error_chain(&e))),
+    }
+    let (Some(dir), Some(name), Some(prev_name)) = (
+        exe.parent(),
+        exe.file_name().and_then(|n| n.to_str()),
+        prev.file_name().and_then(|n| n.to_str()),
+    ) else {
+        return Err(format!("{} has no directory", exe.display()));
+    };
+    let dir = crate::sys::dirfd::Dir::open(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    dir.rename(prev_name, name)
+        .and_then(|()| dir.sync())
+        .map_err(|e| format!("could not rename {} over {}: {e}", prev.display(), exe.display()))?;
+    Ok(true)
+}
