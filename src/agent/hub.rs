@@ -212,18 +212,23 @@ impl Connection {
         })
     }
 
-    fn url(&self) -> String {
+    fn url(&self, wait: Duration) -> String {
         format!(
             "{}/v1/agents/{}/reconcile?wait={}",
             self.settings.url,
             self.settings.agent_id,
-            WAIT.as_secs()
+            wait.as_secs()
         )
     }
 
-    /// One reconcile: the report out, the desired state back.
-    async fn reconcile(&self, report: &AgentReport) -> Result<DesiredState, HubError> {
-        let url = self.url();
+    /// One reconcile: the report out, the desired state back; the hub may hold it for
+    /// `wait` when nothing is new.
+    async fn reconcile(
+        &self,
+        report: &AgentReport,
+        wait: Duration,
+    ) -> Result<DesiredState, HubError> {
+        let url = self.url(wait);
         let body = serde_json::to_vec(report).map_err(|source| HubError::Encode {
             url: url.clone(),
             source,
@@ -518,6 +523,7 @@ impl HubHandle {
             backoff: Backoff::default(),
             published: None,
             upgrade,
+            upgrade_open: true,
             reached,
         };
         Self {
@@ -571,6 +577,7 @@ struct HubTask {
     published: Option<HubStatus>,
     /// The self-upgrade's state, reported with every reconcile.
     upgrade: watch::Receiver<Option<UpgradeReport>>,
+    upgrade_open: bool,
     /// Counts the reconciles the hub answered (an upgrade commits after one).
     reached: watch::Sender<u64>,
 }
@@ -620,10 +627,13 @@ impl HubTask {
             }
             let started = Instant::now();
             let report = self.report().await;
+            // The first answer at once: a new agent (an upgraded one, waiting to commit)
+            // learns that its hub answers without waiting out a held poll.
+            let wait = if self.ever_connected { WAIT } else { Duration::ZERO };
             let next = tokio::select! {
                 // Cancel-safe: dropping a reconcile in flight closes its connection; the
                 // next one carries a fresh report, and applying it again changes nothing.
-                answer = self.conn.reconcile(&report) => self.answered(answer, started).await,
+                answer = self.conn.reconcile(&report, wait) => self.answered(answer, started, wait).await,
                 // Cancel-safe: mpsc::recv loses no message when another arm wins.
                 msg = self.rx.recv() => self.control(msg).await,
                 // Cancel-safe: a watch receiver keeps its seen-version between polls. The
@@ -636,10 +646,13 @@ impl HubTask {
                 },
                 // Cancel-safe, as above. The upgrade moved: the hub hears of it now
                 // (a rollback halts the version fleet-wide).
-                r = self.upgrade.changed() => match r {
-                    Ok(()) => Next::Again,
-                    // The upgrade task is gone (the agent is switching): nothing more.
-                    Err(_) => std::future::pending().await,
+                r = self.upgrade.changed(), if self.upgrade_open => {
+                    if r.is_err() {
+                        // The upgrade task is done (the agent is switching): its last
+                        // state stays in the reports.
+                        self.upgrade_open = false;
+                    }
+                    Next::Again
                 },
             };
             match next {
@@ -760,7 +773,12 @@ impl HubTask {
     }
 
     /// Acts on the answer to the reconcile sent at `sent`.
-    async fn answered(&mut self, answer: Result<DesiredState, HubError>, sent: Instant) -> Next {
+    async fn answered(
+        &mut self,
+        answer: Result<DesiredState, HubError>,
+        sent: Instant,
+        wait: Duration,
+    ) -> Next {
         let desired = match answer {
             Ok(d) => d,
             Err(e) => {
@@ -823,7 +841,7 @@ impl HubTask {
         // Something new is reported back at once, and a hub that held the poll is polled
         // again at once; one that answered "nothing new" without holding it (it does
         // not long-poll) is asked again after the interval it names.
-        if news || sent.elapsed() >= HELD {
+        if news || wait.is_zero() || sent.elapsed() >= HELD {
             return Next::Again;
         }
         let interval = desired

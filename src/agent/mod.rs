@@ -316,6 +316,27 @@ pub(crate) async fn run(
     }
     drop(upgrade);
     task.shutdown().await?;
+    if let Some(s) = &switch {
+        // The runner's stop is over: the new agent's time to commit starts now (the
+        // watcher's deadline had room for the stop, in case this agent died in it).
+        let (dir, sha, deadline) = (
+            cfg.state_dir.clone(),
+            s.exe.identity().sha256.clone(),
+            cfg.upgrade.deadline,
+        );
+        let _ = tokio::task::spawn_blocking(move || {
+            upgrade::record::update(&dir, |r| match r.upgrade.as_mut() {
+                Some(u) if u.to_sha256 == sha => {
+                    u.deadline = u
+                        .deadline
+                        .min(crate::util::unix_now() + deadline.as_secs());
+                    (true, ())
+                }
+                _ => (false, ()),
+            })
+        })
+        .await;
+    }
     reporter.finish().await;
     match &switch {
         Some(_) => tracing::info!("runner stopped: re-executing the agent"),

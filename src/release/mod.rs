@@ -238,7 +238,9 @@ pub(crate) fn version_of(file: &Path) -> Result<String, ReleaseError> {
         path: file.to_owned(),
         why,
     };
-    let mut child = std::process::Command::new(file)
+    // A bare name would be looked up in PATH: run the file named, wherever it is.
+    let file_path = std::path::absolute(file).unwrap_or_else(|_| file.to_owned());
+    let mut child = std::process::Command::new(&file_path)
         .args(["version", "--json"])
         .env_clear()
         .stdin(std::process::Stdio::null())

@@ -490,6 +490,14 @@ impl UpgradeTask {
         }
         match self.upgrade_from_hub(&wanted).await {
             Ok(switch) => Some(switch),
+            Err(UpgradeError::Bad { .. })
+                if self.state.as_ref().is_some_and(|s| {
+                    s.state == ROLLED_BACK && s.target.as_deref() == Some(wanted.version.as_str())
+                }) =>
+            {
+                // The rollback itself stays reported: the hub halts the version on it.
+                None
+            }
             Err(e) => {
                 let refused = e.is_refusal();
                 self.set(
