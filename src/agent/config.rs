@@ -1195,6 +1195,7 @@ mod tests {
             agent_id: Some("flag".into()),
             token_file: Some("/flag".into()),
             ca_file: Some("/flag".into()),
+            trusted_keys: Some(vec!["flag".into()]),
         };
         let no_flags = Flags::default();
         let env = |k: &str| k.starts_with("RAILGRID_").then(|| "env".to_owned());

@@ -1046,7 +1046,7 @@ mod tests {
         assert!(conn.auth.is_sensitive());
         assert!(!format!("{:?}", conn.auth).contains("s3cret"));
         assert_eq!(
-            conn.url(),
+            conn.url(WAIT),
             "https://hub.example/v1/agents/a1/reconcile?wait=30"
         );
         // A hub that echoes the token gets it redacted.
@@ -1091,7 +1091,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let token = "tok-0123456789";
         let conn = Connection::load(&settings(dir.path(), token)).expect("load");
-        let url = conn.url();
+        let url = conn.url(WAIT);
         let answer = |body: String| {
             let e = conn
                 .desired(url.clone(), body.as_bytes())

@@ -916,6 +916,11 @@ mod tests {
             },
             hub: None,
             log_max_files: 7,
+            upgrade: crate::agent::config::UpgradeSettings {
+                trusted_keys: Vec::new(),
+                settle: Duration::from_secs(30),
+                deadline: Duration::from_secs(120),
+            },
         }
     }
 

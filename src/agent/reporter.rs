@@ -239,6 +239,7 @@ mod tests {
             exe: None,
             runner_enabled: true,
             hub: None,
+            upgrade: None,
         }
     }
 

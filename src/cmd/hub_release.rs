@@ -81,6 +81,13 @@ fn table(all: &[ReleaseView]) -> String {
             ),
             None => "offered".into(),
         };
+        if r.artifacts.is_empty() {
+            let _ = writeln!(
+                out,
+                "{:<16} {:<20} {:>10}  {:<16} {:>6} {:>8}  {}",
+                r.version, "(not published)", "-", "-", r.agents, r.pending, state
+            );
+        }
         for (i, a) in r.artifacts.iter().enumerate() {
             let (agents, pending, state) = if i == 0 {
                 (r.agents.to_string(), r.pending.to_string(), state.as_str())

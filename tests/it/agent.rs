@@ -48,7 +48,7 @@ impl Host {
     }
 
     /// `agent run` of the binary at `program`.
-    fn agent_cmd_from(&self, program: &Path, extra: &[&str]) -> Command {
+    pub fn agent_cmd_from(&self, program: &Path, extra: &[&str]) -> Command {
         let mut cmd = Command::new(program);
         cmd.env("RAILGRID_LOG", "info");
         cmd.args(["agent", "run", "--config"])

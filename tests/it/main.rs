@@ -17,3 +17,4 @@ mod release;
 mod supervise;
 mod supervisor_api;
 mod support;
+mod upgrade;

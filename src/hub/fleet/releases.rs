@@ -119,6 +119,11 @@ impl Releases {
         for row in self.artifacts.values() {
             by_version.entry(row.version.as_str()).or_default().push(row);
         }
+        // A halted version nobody published (an operator's own binary, rolled back on
+        // a host) is shown too: the fleet is told of it all the same.
+        for v in self.halts.keys() {
+            by_version.entry(v.as_str()).or_default();
+        }
         let mut views: Vec<ReleaseView> = by_version
             .into_iter()
             .map(|(version, mut rows)| {
@@ -152,6 +157,7 @@ impl Releases {
                 .iter()
                 .map(|a| a.published_at)
                 .max()
+                .or_else(|| v.halted.as_ref().map(|h| h.at))
                 .unwrap_or_default()
         });
         views
