@@ -151,6 +151,7 @@ pub enum HubReleaseCommand {
     /// Every version: size, SHA-256, agents running it, and whether it is halted.
     List,
     /// Offer a halted version to agents again.
+    #[command(disable_version_flag = true)]
     Resume { version: String },
 }
 
@@ -664,4 +665,15 @@ pub struct JobSubmitArgs {
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM")]
     pub command: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap checks a command's definition only when that command is parsed: check them
+    /// all here (duplicate names, a `--version` that clashes with clap's own flag).
+    #[test]
+    fn every_command_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
 }

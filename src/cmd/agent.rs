@@ -107,6 +107,12 @@ pub(super) fn upgrade(args: crate::cli::AgentUpgradeArgs) -> anyhow::Result<Exit
         )));
     }
     let state_dir = state_dir_of(args.config.clone(), args.state_dir.clone())?;
+    if !state_dir.is_dir() {
+        return Err(usage(anyhow::anyhow!(
+            "no agent state directory at {}: give the agent's --state-dir or --config",
+            state_dir.display()
+        )));
+    }
     let cleared = crate::agent::upgrade::record::update(&state_dir, |r| {
         let gone: Vec<String> = r.bad_versions.drain(..).map(|b| b.version).collect();
         (!gone.is_empty(), gone)

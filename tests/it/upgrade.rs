@@ -557,7 +557,7 @@ fn the_hub_refuses_unsigned_and_wrongly_signed_releases() {
     let stranger = keygen(up.dir.path(), "stranger");
     let sig = sign(&stranger, &bin, V2);
     let out = up.publish(V2, &bin, &sig);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2), "refused input");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not trusted") && err.contains("--release-key"), "{err}");
     // A signature of other bytes, by the hub's own key.

@@ -211,6 +211,7 @@ impl UpgradeHandle {
             failures: None,
             refused_local: None,
             state: None,
+            local_problem: false,
         };
         Self {
             report,
@@ -266,6 +267,9 @@ struct UpgradeTask {
     /// again until the path names another file.
     refused_local: Option<(u64, u64, u64, (i64, i64))>,
     state: Option<UpgradeReport>,
+    /// The state shown is about a replaced executable that is not taken: it stays until
+    /// the path names the pinned file again, or a hub upgrade moves on.
+    local_problem: bool,
 }
 
 impl UpgradeTask {
@@ -386,7 +390,6 @@ impl UpgradeTask {
         let socket = crate::runner::Paths::new(&self.ctx.cfg.state_dir).socket;
         let mut client = None;
         let mut healthy_since: Option<Instant> = None;
-        let reached_at_start = *self.ctx.reached.borrow_and_update();
         let needs_hub = self.ctx.link.is_some();
         tracing::info!(version = %u.to, settle = %humantime::format_duration(settle), attempts = u.attempts, "upgrade pending: committing once healthy");
         loop {
@@ -417,7 +420,8 @@ impl UpgradeTask {
                 client = None;
             }
             let settled = healthy_since.is_some_and(|t| t.elapsed() >= settle);
-            let reached = !needs_hub || *self.ctx.reached.borrow() > reached_at_start;
+            // Any answer since this process started: the hub round trip of this agent.
+            let reached = !needs_hub || *self.ctx.reached.borrow() > 0;
             if settled && reached {
                 match self.try_commit(&u).await {
                     Ok(true) => {
@@ -522,10 +526,10 @@ impl UpgradeTask {
     /// With nothing to do, a committed or rolled-back upgrade stays shown (the hub
     /// halts a rolled-back version on it); anything else becomes idle.
     fn keep_terminal_or_idle(&mut self) {
-        let keep = self
-            .state
-            .as_ref()
-            .is_some_and(|s| matches!(s.state.as_str(), COMMITTED | ROLLED_BACK | PENDING_COMMIT));
+        let keep = self.local_problem
+            || self.state.as_ref().is_some_and(|s| {
+                matches!(s.state.as_str(), COMMITTED | ROLLED_BACK | PENDING_COMMIT)
+            });
         if !keep {
             self.set(IDLE, None, None);
         }
@@ -645,7 +649,16 @@ impl UpgradeTask {
             // Missing for a moment (a package manager between unlink and rename).
             return None;
         };
-        if now == pinned || self.refused_local == Some(now) {
+        if now == pinned {
+            if self.local_problem {
+                // Put back as it was: nothing is wrong any more.
+                self.local_problem = false;
+                self.refused_local = None;
+                self.set(IDLE, None, None);
+            }
+            return None;
+        }
+        if self.refused_local == Some(now) {
             return None;
         }
         // A copy in progress changes size and mtime as it goes: wait until it holds still.
@@ -659,6 +672,7 @@ impl UpgradeTask {
             Ok(Ok(new)) => new,
             Ok(Err(e)) => {
                 self.refused_local = Some(now);
+                self.local_problem = true;
                 self.set(REFUSED, None, Some(format!("the executable {} was replaced, and the new file cannot be read: {}", id.path.display(), crate::error_chain(&e))));
                 return None;
             }
@@ -674,6 +688,7 @@ impl UpgradeTask {
             Ok(v) => v,
             Err(e) => {
                 self.refused_local = Some(now);
+                self.local_problem = true;
                 self.set(REFUSED, None, Some(format!("{}; the agent keeps running its own bytes ({}), and its runners are launched from them", crate::error_chain(&e), build_info::VERSION)));
                 return None;
             }
@@ -682,6 +697,7 @@ impl UpgradeTask {
             Ok(s) => Some(s),
             Err(e) => {
                 self.refused_local = Some(now);
+                self.local_problem = true;
                 self.set(FAILED, Some(&version), Some(crate::error_chain(&e)));
                 None
             }
@@ -825,6 +841,11 @@ fn keep_prev(dir: &Dir, dir_path: &Path, name: &str, exe: &PinnedExe) -> Result<
         dir.link(name, &tmp).map_err(io)?;
     } else {
         let mut f = dir.create_new_file(&tmp, 0o755).map_err(io)?;
+        // Exactly 0755, whatever the umask: the runner's account executes it after a
+        // rollback.
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(0o755))
+            .map_err(io)?;
         if let Err(e) = exe.copy_to(&mut f) {
             let _ = dir.remove_file(&tmp);
             return Err(io(e));

@@ -324,10 +324,29 @@ impl<S: Store> Fleet<S> {
         if !jobs.is_empty() {
             self.job_reports(entry, jobs).await?;
         }
-        let rolled_back = report.upgrade.as_ref().and_then(|u| {
-            (u.state == ROLLED_BACK)
-                .then(|| u.target.clone().map(|t| (t, u.error.clone().unwrap_or_default())))
-                .flatten()
+        // Once per rollback, when the agent first reports it: an agent keeps reporting
+        // its rollback, and a halt an operator resumed must stay resumed.
+        let rolled_back_of = |r: &AgentReport| {
+            r.upgrade
+                .as_ref()
+                .filter(|u| u.state == ROLLED_BACK)
+                .and_then(|u| u.target.clone())
+        };
+        let rolled_back = rolled_back_of(&report).filter(|v| {
+            util::lock(&entry.state)
+                .report
+                .as_ref()
+                .and_then(rolled_back_of)
+                .as_ref()
+                != Some(v)
+        });
+        let rolled_back = rolled_back.map(|v| {
+            let reason = report
+                .upgrade
+                .as_ref()
+                .and_then(|u| u.error.clone())
+                .unwrap_or_default();
+            (v, reason)
         });
         self.queue_report(entry, report);
         if let Some((version, reason)) = rolled_back {
