@@ -490,7 +490,7 @@ fn a_hub_answering_500_leaves_the_runner_alone_and_the_error_in_status() {
     let requests = hub.requests();
     let first = &requests[0];
     assert!(
-        first.starts_with("POST /v1/agents/a1/reconcile?wait=30 HTTP/1.1\r\n"),
+        first.starts_with("POST /v1/agents/a1/reconcile?wait=0 HTTP/1.1\r\n"),
         "{first}"
     );
     assert!(
