@@ -639,7 +639,9 @@ pub(crate) fn load_with(
                 crate::release::public_key(k, Path::new(k)).map_err(|_| {
                     invalid(
                         &origin,
-                        format!("{k:?} is not a minisign public key line (the RW… line of a .pub file)"),
+                        format!(
+                            "{k:?} is not a minisign public key line (the RW… line of a .pub file)"
+                        ),
                     )
                 })?;
             }

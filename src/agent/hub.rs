@@ -629,7 +629,11 @@ impl HubTask {
             let report = self.report().await;
             // The first answer at once: a new agent (an upgraded one, waiting to commit)
             // learns that its hub answers without waiting out a held poll.
-            let wait = if self.ever_connected { WAIT } else { Duration::ZERO };
+            let wait = if self.ever_connected {
+                WAIT
+            } else {
+                Duration::ZERO
+            };
             let next = tokio::select! {
                 // Cancel-safe: dropping a reconcile in flight closes its connection; the
                 // next one carries a fresh report, and applying it again changes nothing.

@@ -272,23 +272,10 @@ pub(crate) async fn run(
                 break "the upgrade";
             }
             _ = hup.recv() => match reload() {
-                Ok(new) => match (&hub, new.hub.clone()) {
-                    (Some(hub), Some(settings)) => {
-                        hub.reload(settings);
-                        reconciler.reload(new, None);
-                    }
-                    (Some(_), None) => {
-                        tracing::warn!("SIGHUP: removing the hub takes effect when the agent restarts; the hub's desired state stays in force");
-                        reconciler.reload(new, None);
-                    }
-                    (None, added) => {
-                        if added.is_some() {
-                            tracing::warn!("SIGHUP: a hub takes effect when the agent restarts; running standalone until then");
-                        }
-                        desired = reconciler::standalone(&new, Some(&desired));
-                        reconciler.reload(new, Some(desired.clone()));
-                    }
-                },
+                Ok(new) => {
+                    upgrade.reload(new.clone());
+                    desired = apply_reload(new, &hub, &reconciler, desired);
+                }
                 Err(e) => {
                     tracing::error!(error = %crate::error_chain(&e), "SIGHUP: the new configuration is invalid; keeping the running one");
                 }
@@ -327,9 +314,7 @@ pub(crate) async fn run(
         let _ = tokio::task::spawn_blocking(move || {
             upgrade::record::update(&dir, |r| match r.upgrade.as_mut() {
                 Some(u) if u.to_sha256 == sha => {
-                    u.deadline = u
-                        .deadline
-                        .min(crate::util::unix_now() + deadline.as_secs());
+                    u.deadline = u.deadline.min(crate::util::unix_now() + deadline.as_secs());
                     (true, ())
                 }
                 _ => (false, ()),
@@ -343,6 +328,36 @@ pub(crate) async fn run(
         None => tracing::info!("agent stopped"),
     }
     Ok(switch)
+}
+
+/// Hands a re-read configuration to the hub task and the reconciler; the desired state in
+/// force after it (a standalone agent derives a new one from the file).
+fn apply_reload(
+    new: AgentConfig,
+    hub: &Option<HubHandle>,
+    reconciler: &reconciler::ReconcilerHandle,
+    desired: DesiredState,
+) -> DesiredState {
+    match (hub, new.hub.clone()) {
+        (Some(hub), Some(settings)) => {
+            hub.reload(settings);
+            reconciler.reload(new, None);
+            desired
+        }
+        (Some(_), None) => {
+            tracing::warn!("SIGHUP: removing the hub takes effect when the agent restarts; the hub's desired state stays in force");
+            reconciler.reload(new, None);
+            desired
+        }
+        (None, added) => {
+            if added.is_some() {
+                tracing::warn!("SIGHUP: a hub takes effect when the agent restarts; running standalone until then");
+            }
+            let desired = reconciler::standalone(&new, Some(&desired));
+            reconciler.reload(new, Some(desired.clone()));
+            desired
+        }
+    }
 }
 
 /// The desired state an agent with a hub starts from: the one it applied last, kept in

@@ -235,7 +235,7 @@ enum Command {
     /// desired state in force (a hub's) and applies it again with the new settings.
     Reload {
         cfg: Box<AgentConfig>,
-        desired: Option<DesiredState>,
+        desired: Option<Box<DesiredState>>,
     },
     /// A desired state from the hub; `reset`: applied even if older than the one in
     /// force (the hub refused that one's generation).
@@ -327,7 +327,7 @@ impl ReconcilerHandle {
     pub(super) fn reload(&self, cfg: AgentConfig, desired: Option<DesiredState>) {
         let _ = self.tx.send(Command::Reload {
             cfg: Box::new(cfg),
-            desired,
+            desired: desired.map(Box::new),
         });
     }
 
@@ -407,7 +407,9 @@ impl ReconcilerTask {
             tokio::select! {
                 // Cancel-safe: mpsc::recv loses no message when another arm wins.
                 cmd = self.rx.recv() => match cmd {
-                    Some(Command::Reload { cfg, desired }) => self.reload(*cfg, desired).await?,
+                    Some(Command::Reload { cfg, desired }) => {
+                        self.reload(*cfg, desired.map(|d| *d)).await?
+                    }
                     Some(Command::Desired { desired, reset }) => {
                         self.apply_hub(*desired, reset).await?;
                     }

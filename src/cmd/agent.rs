@@ -334,7 +334,11 @@ fn render(st: &AgentStatus, alive: bool, last_line: Option<&str>) -> String {
         }
     }
     if let Some(u) = &st.upgrade {
-        let target = u.target.as_deref().map(|t| format!(" {t}")).unwrap_or_default();
+        let target = u
+            .target
+            .as_deref()
+            .map(|t| format!(" {t}"))
+            .unwrap_or_default();
         out.push_str(&format!("upgrade:    {}{target}\n", u.state));
         if let Some(e) = &u.error {
             out.push_str(&format!("            {e}\n"));

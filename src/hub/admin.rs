@@ -339,9 +339,7 @@ impl AdminClient {
         serde_json::from_slice(&bytes).map_err(|source| AdminError::Parse { url, source })
     }
 
-    pub(crate) async fn releases(
-        &self,
-    ) -> Result<Vec<crate::proto::hub::ReleaseView>, AdminError> {
+    pub(crate) async fn releases(&self) -> Result<Vec<crate::proto::hub::ReleaseView>, AdminError> {
         self.call(Method::GET, "/v1/admin/releases", None::<&()>)
             .await
     }

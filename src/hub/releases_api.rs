@@ -44,7 +44,8 @@ fn platform(s: &str) -> ApiResult<(String, String)> {
     let ok = |p: &str| {
         !p.is_empty()
             && p.len() <= 32
-            && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
     };
     match s.split_once('-') {
         Some((os, arch)) if ok(os) && ok(arch) => Ok((os.to_owned(), arch.to_owned())),
@@ -169,7 +170,10 @@ pub(super) async fn publish<S: Store>(
         .map_err(|e| internal(format!("could not write {}", upload.path.display()), &e))?;
     drop(file);
     if size == 0 {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, "the binary is empty"));
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "the binary is empty",
+        ));
     }
     let sha256: String = hasher
         .finalize()
@@ -185,7 +189,12 @@ pub(super) async fn publish<S: Store>(
         Ok::<_, std::io::Error>(release::check(&keys, &sig, f))
     })
     .await
-    .map_err(|e| internal("the signature check failed".into(), &std::io::Error::other(e)))?
+    .map_err(|e| {
+        internal(
+            "the signature check failed".into(),
+            &std::io::Error::other(e),
+        )
+    })?
     .map_err(|e| internal(format!("could not read {}", upload.path.display()), &e))?;
     let verified = verified.map_err(|e| {
         let why = match &e {
@@ -258,8 +267,7 @@ pub(super) async fn resume<S: Store>(
 ) -> ApiResult<Response> {
     version(&v)?;
     hub.fleet.resume_release(&v).await?;
-    Ok(Json(hub.fleet.releases())
-        .into_response())
+    Ok(Json(hub.fleet.releases()).into_response())
 }
 
 #[derive(Deserialize)]
@@ -282,7 +290,10 @@ fn range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>, ()> {
     let first: u64 = first.trim().parse().map_err(|_| ())?;
     let last = match last.trim() {
         "" => size.saturating_sub(1),
-        l => l.parse::<u64>().map_err(|_| ())?.min(size.saturating_sub(1)),
+        l => l
+            .parse::<u64>()
+            .map_err(|_| ())?
+            .min(size.saturating_sub(1)),
     };
     if first >= size || last < first {
         return Err(());

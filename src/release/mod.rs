@@ -349,7 +349,10 @@ pub(crate) enum SignatureError {
     #[error("no key is trusted to sign releases")]
     NoKeys,
     #[error("it is signed by key {key_id}, which is not trusted (trusted: {})", trusted.join(", "))]
-    UntrustedKey { key_id: String, trusted: Vec<String> },
+    UntrustedKey {
+        key_id: String,
+        trusted: Vec<String>,
+    },
     #[error("the signature by key {key_id} does not verify the bytes: {why}")]
     Bad { key_id: String, why: String },
 }

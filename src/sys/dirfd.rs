@@ -215,7 +215,11 @@ impl Dir {
         let fd = fcntl::openat(
             self.0.as_fd(),
             name,
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+            OFlag::O_WRONLY
+                | OFlag::O_CREAT
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_NONBLOCK
+                | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(mode as libc::mode_t),
         )?;
         regular(&fd, name)?;

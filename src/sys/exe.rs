@@ -233,9 +233,13 @@ impl PinnedExe {
     /// Replaces this process with the pinned file (`argv`, `env`): the agent's re-exec
     /// onto a verified new binary. Returns only on failure. Linux: from the descriptor, so
     /// that exactly the verified bytes run; elsewhere from the path.
-    pub fn exec_self(&self, argv: &[std::ffi::OsString], env: &[(std::ffi::OsString, std::ffi::OsString)]) -> io::Error {
+    pub fn exec_self(
+        &self,
+        argv: &[std::ffi::OsString],
+        env: &[(std::ffi::OsString, std::ffi::OsString)],
+    ) -> io::Error {
         use std::os::unix::ffi::OsStrExt;
-        let c = |s: &std::ffi::OsStr| CStringLike::new(s.as_bytes());
+        let c = |s: &std::ffi::OsStr| c_string(s.as_bytes());
         let argv: Option<Vec<_>> = argv.iter().map(|a| c(a)).collect();
         let env: Option<Vec<_>> = env
             .iter()
@@ -243,7 +247,7 @@ impl PinnedExe {
                 let mut kv = k.as_bytes().to_vec();
                 kv.push(b'=');
                 kv.extend_from_slice(v.as_bytes());
-                CStringLike::new(&kv)
+                c_string(&kv)
             })
             .collect();
         let (Some(argv), Some(env)) = (argv, env) else {
@@ -263,7 +267,7 @@ impl PinnedExe {
         }
         #[cfg(not(target_os = "linux"))]
         {
-            let Some(path) = CStringLike::new(self.identity.path.as_os_str().as_bytes()) else {
+            let Some(path) = c_string(self.identity.path.as_os_str().as_bytes()) else {
                 return io::Error::new(io::ErrorKind::InvalidInput, "NUL in the path");
             };
             match nix::unistd::execve(&path, &argv, &env) {
@@ -371,12 +375,8 @@ impl PinnedExe {
 }
 
 /// A NUL-terminated string for exec, or `None` for one with a NUL inside.
-struct CStringLike;
-
-impl CStringLike {
-    fn new(bytes: &[u8]) -> Option<std::ffi::CString> {
-        std::ffi::CString::new(bytes).ok()
-    }
+fn c_string(bytes: &[u8]) -> Option<std::ffi::CString> {
+    std::ffi::CString::new(bytes).ok()
 }
 
 /// A NUL-terminated array of pointers into `strings`.

@@ -60,7 +60,14 @@ fn builds() -> &'static Builds {
             .and_then(Path::parent)
             .expect("the binary is in <target>/<profile>/");
         let out = Command::new(env!("CARGO"))
-            .args(["build", "--quiet", "--profile", "upgrade-fixture", "--bin", "railgrid"])
+            .args([
+                "build",
+                "--quiet",
+                "--profile",
+                "upgrade-fixture",
+                "--bin",
+                "railgrid",
+            ])
             .arg("--manifest-path")
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
             .arg("--target-dir")
@@ -121,7 +128,11 @@ fn keygen(dir: &Path, name: &str) -> Key {
         .arg(&public)
         .output()
         .expect("keygen");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let line = fs::read_to_string(&public)
         .expect("public key")
         .lines()
@@ -144,7 +155,11 @@ fn sign(key: &Key, file: &Path, version: &str) -> PathBuf {
         .arg(file)
         .output()
         .expect("sign");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut sig = file.as_os_str().to_owned();
     sig.push(".minisig");
     PathBuf::from(sig)
@@ -352,7 +367,10 @@ impl Up {
             let v: Value = serde_json::from_str(&body).ok()?;
             (code == 200 && v["pid"].as_i64() == Some(runner_pid)).then_some(v)
         });
-        assert_eq!(health["version"], version, "the runner runs the agent's build");
+        assert_eq!(
+            health["version"], version,
+            "the runner runs the agent's build"
+        );
         assert_eq!(version_of(&self.exe()), version, "the file at the path");
         assert_eq!(
             st["exe"]["sha256"].as_str(),
@@ -458,8 +476,12 @@ fn a_hub_upgrade_runs_the_new_version_in_place_and_commits() {
     assert_eq!(v2["agents"], 1, "{rel}");
     assert_eq!(v2["pending"], 0);
     // The watcher saw the commit and is gone.
-    let watcher = up.record()["upgrade"]["watcher_pid"].as_i64().expect("watcher pid");
-    wait_for(LIMIT, "the watcher exits", || (!alive(watcher as i32)).then_some(()));
+    let watcher = up.record()["upgrade"]["watcher_pid"]
+        .as_i64()
+        .expect("watcher pid");
+    wait_for(LIMIT, "the watcher exits", || {
+        (!alive(watcher as i32)).then_some(())
+    });
     let text = String::from_utf8_lossy(
         &railgrid()
             .args(["agent", "status", "--state-dir"])
@@ -469,7 +491,10 @@ fn a_hub_upgrade_runs_the_new_version_in_place_and_commits() {
             .stdout,
     )
     .into_owned();
-    assert!(text.contains(&format!("upgrade:    committed {V2}")), "{text}");
+    assert!(
+        text.contains(&format!("upgrade:    committed {V2}")),
+        "{text}"
+    );
 }
 
 /// The agent must end where it started: the old version running from the old file.
@@ -482,7 +507,10 @@ fn assert_refused(up: &Up, why: &str) {
     let names = up.bin_entries();
     assert_eq!(names, ["railgrid"], "nothing left beside the executable");
     let hub = up.hub_upgrade("refused");
-    assert!(hub["error"].as_str().unwrap_or_default().contains(why), "{hub}");
+    assert!(
+        hub["error"].as_str().unwrap_or_default().contains(why),
+        "{hub}"
+    );
 }
 
 #[test]
@@ -559,19 +587,28 @@ fn the_hub_refuses_unsigned_and_wrongly_signed_releases() {
     let out = up.publish(V2, &bin, &sig);
     assert_eq!(out.status.code(), Some(2), "refused input");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("not trusted") && err.contains("--release-key"), "{err}");
+    assert!(
+        err.contains("not trusted") && err.contains("--release-key"),
+        "{err}"
+    );
     // A signature of other bytes, by the hub's own key.
     let other = up.path("other");
     fs::write(&other, b"x").expect("other");
     let other_sig = sign(&up.key, &other, V2);
     let out = up.publish(V2, &bin, &other_sig);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("does not verify"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("does not verify"),
+        "{err}"
+    );
     // The version must be the one signed.
     let good = sign(&up.key, &bin, V2);
     let out = up.publish("99.0.1", &bin, &good);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("says it is version"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("says it is version"),
+        "{err}"
+    );
     // Unsigned, through the API itself.
     let (code, body) = up.hub().curl(
         "PUT",
@@ -664,7 +701,10 @@ fn a_download_cut_mid_body_resumes_with_a_range_and_commits() {
     up.release(V2, &builds().v2);
     up.want(V2);
     up.wait_upgrade("committed");
-    assert_eq!(proxy.cut.load(Ordering::SeqCst) >= 1, true, "the proxy cut a download");
+    assert!(
+        proxy.cut.load(Ordering::SeqCst) >= 1,
+        "the proxy cut a download"
+    );
     let log = read_lossy(&up.path("agent.stderr")) + &up.host.agent_log();
     assert!(
         log.contains("resuming from the bytes on disk"),
@@ -682,7 +722,13 @@ fn a_downgrade_is_refused_unless_the_hub_asks_for_a_rollback() {
     up.release(&v1, &builds().v1);
     up.want(&v1);
     let u = up.wait_upgrade("refused");
-    assert!(u["error"].as_str().unwrap_or_default().contains("downgrade"), "{u}");
+    assert!(
+        u["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("downgrade"),
+        "{u}"
+    );
     up.assert_running(V2);
     assert_eq!(up.bin_entries(), ["railgrid"]);
     // The hub asks for it on purpose.
@@ -737,7 +783,10 @@ fn assert_rolled_back(up: &Up, version: &str, why: &str) {
         .map(|r| r["halted"].clone())
         .expect("the release");
     assert_eq!(halted["agent"], "a1", "{rel}");
-    assert!(halted["reason"].as_str().unwrap_or_default().contains(why), "{rel}");
+    assert!(
+        halted["reason"].as_str().unwrap_or_default().contains(why),
+        "{rel}"
+    );
 }
 
 #[test]
@@ -745,17 +794,28 @@ fn a_release_that_crashes_at_start_is_rolled_back_and_halted_for_the_fleet() {
     let mut up = Up::new();
     up.hub().enrol("a2");
     up.start_agent();
-    let crash = script(up.dir.path(), "crash", "99.0.2", "echo crashing >&2\nexit 1");
+    let crash = script(
+        up.dir.path(),
+        "crash",
+        "99.0.2",
+        "echo crashing >&2\nexit 1",
+    );
     up.release("99.0.2", &crash);
     let started = Instant::now();
     up.want("99.0.2");
     assert_rolled_back(&up, "99.0.2", "exited before it committed");
-    eprintln!("rolled back {:?} after the desired version was set", started.elapsed());
+    eprintln!(
+        "rolled back {:?} after the desired version was set",
+        started.elapsed()
+    );
     // An agent that has not started it is not offered it.
     let a2 = up.hub().admin_json(&["desired", "show", "--agent", "a2"]);
     assert_eq!(a2["effective"]["agent"], Value::Null, "{a2}");
     let list = up.hub().admin_ok(&["release", "list"]);
-    assert!(list.contains("halted") && list.contains("rolled back by a1"), "{list}");
+    assert!(
+        list.contains("halted") && list.contains("rolled back by a1"),
+        "{list}"
+    );
     // Not retried while the hub asks for it; resumed at the hub, still bad here.
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(up.upgrade_state()["state"], "rolled_back");
@@ -767,7 +827,11 @@ fn a_release_that_crashes_at_start_is_rolled_back_and_halted_for_the_fleet() {
         .arg(up.host.state())
         .output()
         .expect("clear-bad");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("forgot 99.0.2"));
     assert_eq!(up.record()["bad_versions"], serde_json::json!([]));
 }
@@ -800,7 +864,11 @@ fn an_agent_killed_between_the_rename_and_the_re_exec_still_ends_on_a_verified_b
     let exe = fs::metadata(format!("/proc/{pid}/exe")).expect("agent exe");
     let prev_meta = fs::metadata(&prev).expect(".prev");
     use std::os::unix::fs::MetadataExt;
-    assert_eq!(exe.ino(), prev_meta.ino(), "the agent has not re-executed yet");
+    assert_eq!(
+        exe.ino(),
+        prev_meta.ino(),
+        "the agent has not re-executed yet"
+    );
     kill(Pid::from_raw(pid), Signal::SIGKILL).expect("SIGKILL");
     up.agent.take().map(|mut g| g.wait_output(LIMIT));
     // Standalone, the watcher starts the agent once more, from the new, verified file.
@@ -822,7 +890,13 @@ fn a_full_disk_refuses_the_download_early_and_leaves_nothing() {
     fs::copy(up.exe(), &saved).expect("save");
     let bin = up.bin_dir();
     let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size},mode=0755"),
+            "tmpfs",
+        ])
         .arg(&bin)
         .status()
         .expect("mount");
@@ -840,13 +914,19 @@ fn a_full_disk_refuses_the_download_early_and_leaves_nothing() {
     up.want(V2);
     let u = up.wait_upgrade("failed");
     assert!(
-        u["error"].as_str().unwrap_or_default().contains("not enough space"),
+        u["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not enough space"),
         "{u}"
     );
     up.assert_running(&builds().v1_version);
     assert_eq!(up.bin_entries(), ["railgrid"]);
     let hub = up.hub_upgrade("failed");
-    assert!(hub["error"].as_str().unwrap_or_default().contains("not enough space"));
+    assert!(hub["error"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("not enough space"));
     up.kill_everything();
 }
 
@@ -881,7 +961,10 @@ fn a_replaced_binary_that_fails_its_test_run_is_not_run_and_the_runner_keeps_the
     fs::write(&garbage, vec![0u8; 4096]).expect("garbage");
     replace_by_hand(&up, &garbage);
     let u = up.wait_upgrade("refused");
-    assert!(u["error"].as_str().unwrap_or_default().contains("test run"), "{u}");
+    assert!(
+        u["error"].as_str().unwrap_or_default().contains("test run"),
+        "{u}"
+    );
     // A runner restart launches from the pinned bytes, not from the garbage.
     let st = up.status();
     let runner = st["runner"]["pid"].as_i64().expect("runner") as i32;

@@ -106,7 +106,10 @@ pub(super) fn make_executable(path: &Path) -> Result<(), UpgradeError> {
 
 /// Runs `<exe> version --json` from the pinned descriptor, as `runner` (or this
 /// agent's own account), with an empty environment, in `/`; the version it reports.
-pub(super) async fn test_run(exe: &PinnedExe, runner: Option<&Account>) -> Result<String, UpgradeError> {
+pub(super) async fn test_run(
+    exe: &PinnedExe,
+    runner: Option<&Account>,
+) -> Result<String, UpgradeError> {
     let path = exe.path().to_owned();
     let fail = |why: String| UpgradeError::TestRun {
         path: path.clone(),
@@ -183,10 +186,17 @@ pub(super) async fn test_run(exe: &PinnedExe, runner: Option<&Account>) -> Resul
         }
     };
     if !status.success() {
-        return Err(fail(format!("`version --json` failed ({status}){}", stderr_tail())));
+        return Err(fail(format!(
+            "`version --json` failed ({status}){}",
+            stderr_tail()
+        )));
     }
-    let info: serde_json::Value = serde_json::from_slice(&out)
-        .map_err(|_| fail(format!("`version --json` did not print railgrid's JSON{}", stderr_tail())))?;
+    let info: serde_json::Value = serde_json::from_slice(&out).map_err(|_| {
+        fail(format!(
+            "`version --json` did not print railgrid's JSON{}",
+            stderr_tail()
+        ))
+    })?;
     info["version"]
         .as_str()
         .filter(|v| crate::proto::desired::is_version(v))

@@ -188,10 +188,17 @@ async fn fetch_from(
             )));
         }
     }
-    file.seek(SeekFrom::Start(*have)).await.map_err(Fetch::Disk)?;
+    file.seek(SeekFrom::Start(*have))
+        .await
+        .map_err(Fetch::Disk)?;
     loop {
         let chunk = match tokio::time::timeout(IDLE, resp.chunk()).await {
-            Err(_) => return Err(Fetch::Net(format!("no data for {}", humantime::format_duration(IDLE)))),
+            Err(_) => {
+                return Err(Fetch::Net(format!(
+                    "no data for {}",
+                    humantime::format_duration(IDLE)
+                )))
+            }
             Ok(Err(e)) => return Err(Fetch::Net(crate::util::error_chain(&e.without_url()))),
             Ok(Ok(None)) => return Ok(()),
             Ok(Ok(Some(c))) => c,

@@ -188,6 +188,7 @@ pub(super) struct UpgradeCtx {
 
 pub(super) struct UpgradeHandle {
     report: watch::Receiver<Option<UpgradeReport>>,
+    reload: tokio::sync::mpsc::UnboundedSender<AgentConfig>,
     switch: Option<oneshot::Receiver<Switch>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -196,16 +197,12 @@ impl UpgradeHandle {
     pub(super) fn spawn(ctx: UpgradeCtx) -> Self {
         let (report_tx, report) = watch::channel(None);
         let (switch_tx, switch) = oneshot::channel();
-        let keys = ctx
-            .cfg
-            .upgrade
-            .trusted_keys
-            .iter()
-            .filter_map(|k| crate::release::public_key(k, Path::new(k)).ok())
-            .collect();
+        let (reload, reloads) = tokio::sync::mpsc::unbounded_channel();
+        let keys = keys_of(&ctx.cfg);
         let task = UpgradeTask {
             ctx,
             keys,
+            reloads,
             report_tx,
             switch_tx: Some(switch_tx),
             failures: None,
@@ -215,9 +212,16 @@ impl UpgradeHandle {
         };
         Self {
             report,
+            reload,
             switch: Some(switch),
             task: tokio::spawn(task.run()),
         }
+    }
+
+    /// A re-read configuration (SIGHUP): trusted keys, settle and deadline, and the hub's
+    /// token for downloads.
+    pub(super) fn reload(&self, cfg: AgentConfig) {
+        let _ = self.reload.send(cfg);
     }
 
     /// The upgrade's state, for the hub's reports.
@@ -260,6 +264,7 @@ struct Failed {
 struct UpgradeTask {
     ctx: UpgradeCtx,
     keys: Vec<minisign::PublicKey>,
+    reloads: tokio::sync::mpsc::UnboundedReceiver<AgentConfig>,
     report_tx: watch::Sender<Option<UpgradeReport>>,
     switch_tx: Option<oneshot::Sender<Switch>>,
     failures: Option<Failed>,
@@ -285,6 +290,8 @@ impl UpgradeTask {
             tokio::select! {
                 // Cancel-safe: a watch receiver keeps its seen-version between polls.
                 r = self.ctx.observed.changed() => if r.is_err() { return },
+                // Cancel-safe: mpsc::recv loses no message when another arm wins.
+                Some(cfg) = self.reloads.recv() => self.reloaded(cfg).await,
                 // Cancel-safe: an interval's tick is not lost by another arm winning.
                 _ = tick.tick() => {
                     if let Some(switch) = self.lockstep().await {
@@ -294,6 +301,20 @@ impl UpgradeTask {
                 }
             }
         }
+    }
+
+    async fn reloaded(&mut self, cfg: AgentConfig) {
+        self.keys = keys_of(&cfg);
+        if let Some(settings) = cfg.hub.clone() {
+            let loaded =
+                tokio::task::spawn_blocking(move || super::hub::Connection::load(&settings)).await;
+            if let Ok(Ok(conn)) = loaded {
+                self.ctx.link = Some(conn.link());
+            }
+        }
+        self.ctx.cfg = cfg;
+        // New keys may make an artifact acceptable that was refused: try it now.
+        self.failures = None;
     }
 
     fn hand_over(&mut self, switch: Switch) {
@@ -402,12 +423,16 @@ impl UpgradeTask {
             } else if running {
                 if client.is_none() {
                     let s = socket.clone();
-                    client = tokio::task::spawn_blocking(move || crate::runner::client::Client::new(&s))
-                        .await
-                        .ok();
+                    client =
+                        tokio::task::spawn_blocking(move || crate::runner::client::Client::new(&s))
+                            .await
+                            .ok();
                 }
                 match &client {
-                    Some(c) => matches!(tokio::time::timeout(HEALTH_TIMEOUT, c.health()).await, Ok(Ok(_))),
+                    Some(c) => matches!(
+                        tokio::time::timeout(HEALTH_TIMEOUT, c.health()).await,
+                        Ok(Ok(_))
+                    ),
                     None => false,
                 }
             } else {
@@ -431,7 +456,11 @@ impl UpgradeTask {
                     }
                     Ok(false) => {
                         // Rolled back under us: the watcher is stopping this agent.
-                        self.set(ROLLED_BACK, Some(&u.to), Some("rolled back by the watcher before the commit".into()));
+                        self.set(
+                            ROLLED_BACK,
+                            Some(&u.to),
+                            Some("rolled back by the watcher before the commit".into()),
+                        );
                         return;
                     }
                     Err(e) => self.set(PENDING_COMMIT, Some(&u.to), Some(crate::error_chain(&e))),
@@ -485,7 +514,11 @@ impl UpgradeTask {
         }
         let key = (
             wanted.version.clone(),
-            wanted.artifact.as_ref().map(|a| a.sha256.clone()).unwrap_or_default(),
+            wanted
+                .artifact
+                .as_ref()
+                .map(|a| a.sha256.clone())
+                .unwrap_or_default(),
         );
         if let Some(f) = &self.failures {
             if f.key == key && f.at.elapsed() < f.pause {
@@ -673,7 +706,15 @@ impl UpgradeTask {
             Ok(Err(e)) => {
                 self.refused_local = Some(now);
                 self.local_problem = true;
-                self.set(REFUSED, None, Some(format!("the executable {} was replaced, and the new file cannot be read: {}", id.path.display(), crate::error_chain(&e))));
+                self.set(
+                    REFUSED,
+                    None,
+                    Some(format!(
+                        "the executable {} was replaced, and the new file cannot be read: {}",
+                        id.path.display(),
+                        crate::error_chain(&e)
+                    )),
+                );
                 return None;
             }
             Err(_) => return None,
@@ -825,6 +866,15 @@ impl UpgradeTask {
     }
 }
 
+/// The trusted keys of `cfg` (checked when the configuration was loaded).
+fn keys_of(cfg: &AgentConfig) -> Vec<minisign::PublicKey> {
+    cfg.upgrade
+        .trusted_keys
+        .iter()
+        .filter_map(|k| crate::release::public_key(k, Path::new(k)).ok())
+        .collect()
+}
+
 /// Keeps the running binary's bytes as `<exe>.prev`: a hard link when the path still
 /// names the running file, else a copy from the pinned descriptor; then checks it.
 fn keep_prev(dir: &Dir, dir_path: &Path, name: &str, exe: &PinnedExe) -> Result<(), UpgradeError> {
@@ -851,7 +901,9 @@ fn keep_prev(dir: &Dir, dir_path: &Path, name: &str, exe: &PinnedExe) -> Result<
             return Err(io(e));
         }
     }
-    dir.rename(&tmp, &prev).and_then(|()| dir.sync()).map_err(io)?;
+    dir.rename(&tmp, &prev)
+        .and_then(|()| dir.sync())
+        .map_err(io)?;
     let check = PinnedExe::open(&dir_path.join(&prev)).map_err(|source| UpgradeError::Pin {
         path: dir_path.join(&prev),
         source,

@@ -240,7 +240,10 @@ mod tests {
         .expect("update");
         let r = peek(dir.path()).expect("peek");
         assert_eq!(r.bad_versions.len(), MAX_BAD);
-        assert_eq!(r.bad_versions.last().map(|b| b.reason.as_str()), Some("again"));
+        assert_eq!(
+            r.bad_versions.last().map(|b| b.reason.as_str()),
+            Some("again")
+        );
         assert!(r.is_bad("1.0.0").is_none(), "the oldest are forgotten");
         assert!(r.is_bad("1.0.19").is_some());
     }

@@ -172,8 +172,7 @@ fn check(status: std::process::ExitStatus, what: &str) -> std::io::Result<()> {
 /// The unit of this process when systemd started it: the last `*.service` of its
 /// cgroup path (cgroup v2), only when systemd is PID 1 and `systemd-run` exists.
 fn systemd_unit() -> Option<String> {
-    if !Path::new("/run/systemd/system").is_dir() || std::env::var_os("INVOCATION_ID").is_none()
-    {
+    if !Path::new("/run/systemd/system").is_dir() || std::env::var_os("INVOCATION_ID").is_none() {
         return None;
     }
     let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;

@@ -95,7 +95,9 @@ pub(crate) fn watch(a: &WatchArgs) -> Result<Outcome, WatchError> {
             let why = format!(
                 "version {} did not commit by its deadline ({} after the switch began)",
                 u.to,
-                humantime::format_duration(Duration::from_secs(u.deadline.saturating_sub(u.started_at)))
+                humantime::format_duration(Duration::from_secs(
+                    u.deadline.saturating_sub(u.started_at)
+                ))
             );
             return rollback(a, why);
         }
@@ -129,7 +131,10 @@ pub(crate) fn watch(a: &WatchArgs) -> Result<Outcome, WatchError> {
                 if restarts >= MAX_SERVICE_RESTARTS {
                     return rollback(
                         a,
-                        format!("the new agent ({}) was restarted {restarts} times before it committed", u.to),
+                        format!(
+                            "the new agent ({}) was restarted {restarts} times before it committed",
+                            u.to
+                        ),
                     );
                 }
             }
@@ -164,11 +169,7 @@ fn restart_new(a: &WatchArgs, exe: &Path) -> Result<(), WatchError> {
 fn rollback(a: &WatchArgs, why: String) -> Result<Outcome, WatchError> {
     tracing::warn!(reason = %why, "rolling the upgrade back");
     let done = record::update(&a.state_dir, |r| {
-        let Some(u) = r
-            .upgrade
-            .as_mut()
-            .filter(|u| u.to_sha256 == a.to_sha256)
-        else {
+        let Some(u) = r.upgrade.as_mut().filter(|u| u.to_sha256 == a.to_sha256) else {
             return (false, None);
         };
         if matches!(u.phase, Phase::Committed | Phase::RolledBack) {
@@ -180,7 +181,9 @@ fn rollback(a: &WatchArgs, why: String) -> Result<Outcome, WatchError> {
         }
         let mut why = why;
         match restore(&u.exe, &u.from_sha256) {
-            Ok(true) => tracing::info!(exe = %u.exe.display(), version = %u.from, "restored the previous binary"),
+            Ok(true) => {
+                tracing::info!(exe = %u.exe.display(), version = %u.from, "restored the previous binary")
+            }
             Ok(false) => {}
             Err(e) => {
                 tracing::error!(error = %e, "could not restore the previous binary");
@@ -271,6 +274,12 @@ fn restore(exe: &Path, from_sha256: &str) -> Result<bool, String> {
     let dir = crate::sys::dirfd::Dir::open(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     dir.rename(prev_name, name)
         .and_then(|()| dir.sync())
-        .map_err(|e| format!("could not rename {} over {}: {e}", prev.display(), exe.display()))?;
+        .map_err(|e| {
+            format!(
+                "could not rename {} over {}: {e}",
+                prev.display(),
+                exe.display()
+            )
+        })?;
     Ok(true)
 }

@@ -75,9 +75,9 @@ impl Releases {
     ) -> Option<DesiredAgent> {
         let started = report.is_some_and(|r| {
             r.version == version
-                || r.upgrade
-                    .as_ref()
-                    .is_some_and(|u| u.target.as_deref() == Some(version.as_str()) && u.state != ROLLED_BACK)
+                || r.upgrade.as_ref().is_some_and(|u| {
+                    u.target.as_deref() == Some(version.as_str()) && u.state != ROLLED_BACK
+                })
         });
         if self.is_halted(&version) && !started {
             return None;
@@ -107,7 +107,10 @@ impl Releases {
     ) -> Vec<ReleaseView> {
         let mut running: HashMap<&str, (u64, u64)> = HashMap::new();
         for r in reports {
-            let pending = r.upgrade.as_ref().is_some_and(|u| u.state == PENDING_COMMIT);
+            let pending = r
+                .upgrade
+                .as_ref()
+                .is_some_and(|u| u.state == PENDING_COMMIT);
             let n = running.entry(r.version.as_str()).or_default();
             if pending {
                 n.1 += 1;
@@ -117,7 +120,10 @@ impl Releases {
         }
         let mut by_version: BTreeMap<&str, Vec<&ReleaseRow>> = BTreeMap::new();
         for row in self.artifacts.values() {
-            by_version.entry(row.version.as_str()).or_default().push(row);
+            by_version
+                .entry(row.version.as_str())
+                .or_default()
+                .push(row);
         }
         // A halted version nobody published (an operator's own binary, rolled back on
         // a host) is shown too: the fleet is told of it all the same.
@@ -218,20 +224,31 @@ mod tests {
             reason: "crashed".into(),
             halted_at: 5,
         });
-        assert_eq!(r.desired_agent("a", "2.0.0".into(), false, Some(&idle)), None);
+        assert_eq!(
+            r.desired_agent("a", "2.0.0".into(), false, Some(&idle)),
+            None
+        );
         let downloading = report("1.0.0", Some(("downloading", "2.0.0")));
         assert!(r
             .desired_agent("c", "2.0.0".into(), false, Some(&downloading))
             .is_some());
         let rolled = report("1.0.0", Some((ROLLED_BACK, "2.0.0")));
-        assert_eq!(r.desired_agent("b", "2.0.0".into(), false, Some(&rolled)), None);
+        assert_eq!(
+            r.desired_agent("b", "2.0.0".into(), false, Some(&rolled)),
+            None
+        );
         let running = report("2.0.0", Some((PENDING_COMMIT, "2.0.0")));
-        assert!(r.desired_agent("d", "2.0.0".into(), false, Some(&running)).is_some());
+        assert!(r
+            .desired_agent("d", "2.0.0".into(), false, Some(&running))
+            .is_some());
 
         let views = r.views([idle, running].iter());
         assert_eq!(views.len(), 1);
         assert_eq!((views[0].agents, views[0].pending), (0, 1));
-        assert_eq!(views[0].halted.as_ref().map(|h| h.agent.as_str()), Some("b"));
+        assert_eq!(
+            views[0].halted.as_ref().map(|h| h.agent.as_str()),
+            Some("b")
+        );
         assert!(r.resume("2.0.0"));
         assert!(!r.is_halted("2.0.0"));
     }

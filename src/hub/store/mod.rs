@@ -274,10 +274,8 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// Adds a release artifact, or replaces one with the same version and platform (a
     /// re-publish with a new signature, say), and gives the fleet's scope the next
     /// generation, which is returned: agents waiting for it are sent its artifact.
-    fn put_release(
-        &self,
-        row: &ReleaseRow,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    fn put_release(&self, row: &ReleaseRow)
+        -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Halts a version (`Some`) or lifts its halt (`None`), and gives the fleet's scope
     /// the next generation, which is returned: every agent's desired state may change.
