@@ -137,8 +137,11 @@ async fn agent(
         let Some(agent) = d.agent.filter(|a| a.version == version) else {
             continue;
         };
-        let Artifact { url: path, sha256, .. } =
-            agent.artifact.ok_or_else(|| anyhow!("no artifact for {version}"))?;
+        let Artifact {
+            url: path, sha256, ..
+        } = agent
+            .artifact
+            .ok_or_else(|| anyhow!("no artifact for {version}"))?;
         download(&http, &format!("{base}{path}"), &auth, &sha256).await?;
         reconcile(&http, &url, &auth, &report(&version, generation, true), 0).await?;
         return Ok(Instant::now());
@@ -147,7 +150,10 @@ async fn agent(
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    anyhow::ensure!(args.len() == 4, "usage: upgrade_bench DATA_DIR AGENTS VERSION");
+    anyhow::ensure!(
+        args.len() == 4,
+        "usage: upgrade_bench DATA_DIR AGENTS VERSION"
+    );
     let dir = PathBuf::from(&args[1]);
     let n: usize = args[2].parse().context("AGENTS")?;
     let version = args[3].clone();
@@ -232,7 +238,9 @@ async fn run(dir: PathBuf, n: usize, version: String) -> anyhow::Result<()> {
             sha.clone(),
         );
         raw.push(tokio::spawn(async move {
-            download(&http, &url, &auth, &sha).await.map(|_| Instant::now())
+            download(&http, &url, &auth, &sha)
+                .await
+                .map(|_| Instant::now())
         }));
     }
     for t in raw {

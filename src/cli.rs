@@ -362,6 +362,15 @@ pub enum AgentCommand {
     /// binary): rolls back unless the new agent commits by the deadline.
     #[command(hide = true)]
     UpgradeWatch(UpgradeWatchArgs),
+    /// Starts a watcher again for an upgrade in flight whose watcher is gone (a reboot):
+    /// run before every service start, from the previous binary.
+    #[command(hide = true)]
+    UpgradeGuard {
+        #[arg(long, value_name = "DIR")]
+        state_dir: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        log_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -390,9 +399,6 @@ pub struct UpgradeWatchArgs {
     /// How long the agent may take to stop on SIGTERM before it is killed.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "60s")]
     pub stop_timeout: Duration,
-    /// Where an agent the watcher starts (standalone) writes its output.
-    #[arg(long, value_name = "FILE")]
-    pub log: PathBuf,
     /// The agent's arguments (standalone: it is started again with them).
     #[arg(last = true, value_name = "ARGS")]
     pub agent_args: Vec<std::ffi::OsString>,

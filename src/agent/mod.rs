@@ -314,7 +314,11 @@ pub(crate) async fn run(
         let _ = tokio::task::spawn_blocking(move || {
             upgrade::record::update(&dir, |r| match r.upgrade.as_mut() {
                 Some(u) if u.to_sha256 == sha => {
-                    u.deadline = u.deadline.min(crate::util::unix_now() + deadline.as_secs());
+                    let now = crate::util::unix_now();
+                    u.deadline = u.deadline.min(now + deadline.as_secs());
+                    // The last step before the exec: from here a failure is the new
+                    // version's.
+                    u.execed_at = Some(now);
                     (true, ())
                 }
                 _ => (false, ()),

@@ -71,10 +71,10 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             drop(instance);
             let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
             let env: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os().collect();
-            let e = switch.exe.exec_self(&argv, &env);
+            let e = switch.exe.exec_self(&switch.at, &argv, &env);
             Err(anyhow::Error::new(e).context(format!(
                 "could not re-execute the agent from {} (version {}); the upgrade watcher restores the previous binary",
-                switch.exe.path().display(),
+                switch.at.display(),
                 switch.to
             )))
         }
@@ -136,15 +136,39 @@ pub(super) fn upgrade_watch(args: crate::cli::UpgradeWatchArgs) -> anyhow::Resul
             args.service
         ))
     })?;
+    let finish = service.clone();
     let outcome = watcher::watch(&watcher::WatchArgs {
         state_dir: args.state_dir,
         to_sha256: args.to_sha256,
         service,
         stop_timeout: args.stop_timeout,
-        log: args.log,
         agent_args: args.agent_args,
-    })?;
+    });
+    finish.finish_watcher();
+    let outcome = outcome?;
     tracing::info!(?outcome, "the upgrade watcher is done");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `railgrid agent upgrade-guard`: a watcher again for an upgrade whose watcher is gone.
+pub(super) fn upgrade_guard(
+    state_dir: &std::path::Path,
+    log_dir: &std::path::Path,
+) -> anyhow::Result<ExitCode> {
+    use crate::agent::upgrade::{service, watcher};
+    if !state_dir.join(crate::agent::upgrade::record::FILE).exists() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let started = watcher::revive(
+        state_dir,
+        "",
+        std::time::Duration::from_secs(90),
+        &service::log_path(log_dir),
+        &[],
+    )?;
+    if started {
+        eprintln!("railgrid: an upgrade was in flight without its watcher: started one");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -68,6 +68,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     command: AgentCommand::UpgradeWatch(args),
                 } => agent::upgrade_watch(args),
                 Command::Agent {
+                    command: AgentCommand::UpgradeGuard { state_dir, log_dir },
+                } => agent::upgrade_guard(&state_dir, &log_dir),
+                Command::Agent {
                     command: AgentCommand::Run(_),
                 } => unreachable!("handled above"),
                 Command::Runner {

@@ -231,10 +231,12 @@ impl PinnedExe {
     }
 
     /// Replaces this process with the pinned file (`argv`, `env`): the agent's re-exec
-    /// onto a verified new binary. Returns only on failure. Linux: from the descriptor, so
-    /// that exactly the verified bytes run; elsewhere from the path.
+    /// onto a verified new binary, now at `at`. Returns only on failure. Linux: from the
+    /// descriptor, so that exactly the verified bytes run; elsewhere from `at`, once it
+    /// is the pinned file (device and inode).
     pub fn exec_self(
         &self,
+        at: &Path,
         argv: &[std::ffi::OsString],
         env: &[(std::ffi::OsString, std::ffi::OsString)],
     ) -> io::Error {
@@ -255,19 +257,39 @@ impl PinnedExe {
         };
         #[cfg(target_os = "linux")]
         {
-            // A duplicate without close-on-exec: a script's interpreter opens /dev/fd/N.
-            let fd = match nix::unistd::dup(&self.file) {
-                Ok(fd) => fd,
-                Err(e) => return e.into(),
+            let _ = at;
+            // A script's interpreter opens /dev/fd/N: it gets a duplicate without
+            // close-on-exec. Anything else execs from the descriptor as it is, which then
+            // does not stay open in the new program.
+            let mut magic = [0u8; 2];
+            let script = self.file.read_at(&mut magic, 0).is_ok_and(|n| n == 2) && &magic == b"#!";
+            let result = if script {
+                match nix::unistd::dup(&self.file) {
+                    Ok(fd) => nix::unistd::fexecve(&fd, &argv, &env),
+                    Err(e) => return e.into(),
+                }
+            } else {
+                nix::unistd::fexecve(&self.file, &argv, &env)
             };
-            match nix::unistd::fexecve(&fd, &argv, &env) {
+            match result {
                 Ok(never) => match never {},
                 Err(e) => e.into(),
             }
         }
         #[cfg(not(target_os = "linux"))]
         {
-            let Some(path) = c_string(self.identity.path.as_os_str().as_bytes()) else {
+            // No exec from a descriptor: the path, once it names the pinned file.
+            match std::fs::metadata(at) {
+                Ok(m) if m.dev() == self.meta.dev() && m.ino() == self.meta.ino() => {}
+                Ok(_) => {
+                    return io::Error::other(format!(
+                        "{} is no longer the verified file",
+                        at.display()
+                    ))
+                }
+                Err(e) => return e,
+            }
+            let Some(path) = c_string(at.as_os_str().as_bytes()) else {
                 return io::Error::new(io::ErrorKind::InvalidInput, "NUL in the path");
             };
             match nix::unistd::execve(&path, &argv, &env) {

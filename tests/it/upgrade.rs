@@ -761,8 +761,13 @@ fn a_binary_that_reports_another_version_is_refused() {
 }
 
 /// The agent rolled back `version`: the restored agent runs the old build from the old
-/// file, the hub halted the version, and the agent remembers it as bad.
+/// file, the hub halted the version (when it had sent it), and the agent remembers it as
+/// bad.
 fn assert_rolled_back(up: &Up, version: &str, why: &str) {
+    assert_rolled_back_as(up, version, why, true);
+}
+
+fn assert_rolled_back_as(up: &Up, version: &str, why: &str, halted_by_hub: bool) {
     let u = up.wait_upgrade("rolled_back");
     assert_eq!(u["target"], version);
     assert!(u["error"].as_str().unwrap_or_default().contains(why), "{u}");
@@ -775,6 +780,11 @@ fn assert_rolled_back(up: &Up, version: &str, why: &str) {
     let hub = up.hub_upgrade("rolled_back");
     assert_eq!(hub["target"], version);
     let rel = up.releases();
+    if !halted_by_hub {
+        // Not a release the hub sent: nothing for the fleet to halt.
+        assert_eq!(rel, serde_json::json!([]), "{rel}");
+        return;
+    }
     let halted = rel
         .as_array()
         .expect("list")
@@ -988,5 +998,34 @@ fn a_binary_replaced_by_hand_that_crashes_at_start_is_rolled_back() {
     up.start_agent();
     let crash = script(up.dir.path(), "crash", "99.0.5", "exit 3");
     replace_by_hand(&up, &crash);
-    assert_rolled_back(&up, "99.0.5", "exited before it committed");
+    assert_rolled_back_as(&up, "99.0.5", "exited before it committed", false);
+}
+
+#[test]
+fn a_watcher_that_dies_during_the_commit_window_is_started_again_from_the_previous_binary() {
+    let mut up = Up::new();
+    up.start_agent();
+    up.release(V2, &builds().v2);
+    up.want(V2);
+    // Held in the commit window: no answer from the hub counts until it is back.
+    let first = wait_for(LIMIT, "the new agent waiting to commit", || {
+        let rec = up.record();
+        let pid = rec["upgrade"]["watcher_pid"].as_i64()?;
+        (rec["upgrade"]["phase"] == "pending").then_some(pid as i32)
+    });
+    kill(Pid::from_raw(first), Signal::SIGKILL).expect("kill the watcher");
+    let second = wait_for(LIMIT, "another watcher", || {
+        let pid = up.record()["upgrade"]["watcher_pid"].as_i64()? as i32;
+        (pid != first && alive(pid)).then_some(pid)
+    });
+    let exe = fs::read_link(format!("/proc/{second}/exe")).expect("watcher exe");
+    assert!(
+        exe.to_string_lossy().contains("railgrid.prev"),
+        "the watcher runs the previous binary: {}",
+        exe.display()
+    );
+    up.wait_upgrade("committed");
+    wait_for(LIMIT, "the second watcher exits", || (!alive(second)).then_some(()));
+    up.assert_running(V2);
+    up.assert_clean_bin();
 }

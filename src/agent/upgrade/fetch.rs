@@ -153,10 +153,15 @@ async fn fetch_from(
     if *have > 0 {
         req = req.header(RANGE, format!("bytes={have}-"));
     }
-    let mut resp = req
-        .send()
-        .await
-        .map_err(|e| Fetch::Net(crate::util::error_chain(&e.without_url())))?;
+    let mut resp = match tokio::time::timeout(IDLE, req.send()).await {
+        Err(_) => {
+            return Err(Fetch::Net(format!(
+                "no answer within {}",
+                humantime::format_duration(IDLE)
+            )))
+        }
+        Ok(r) => r.map_err(|e| Fetch::Net(crate::util::error_chain(&e.without_url())))?,
+    };
     match resp.status() {
         StatusCode::PARTIAL_CONTENT => {
             let start = resp

@@ -58,6 +58,8 @@ const LOCKSTEP_EVERY: Duration = Duration::from_secs(1);
 /// A failed upgrade of the same artifact is tried again after this, doubling.
 const RETRY_FIRST: Duration = Duration::from_secs(30);
 const RETRY_MAX: Duration = Duration::from_secs(3600);
+/// How long the switch waits for its watcher to say it runs.
+const WATCHER_START: Duration = Duration::from_secs(10);
 /// How often a pending commit looks at the runner's health.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -131,6 +133,8 @@ pub(crate) enum UpgradeError {
     Record(#[from] RecordError),
     #[error("could not start the upgrade watcher")]
     Watcher(#[source] std::io::Error),
+    #[error("the upgrade record changed during the switch (its watcher ended it): not switching")]
+    Superseded,
     #[error("the upgrade's {what} failed")]
     Task {
         what: &'static str,
@@ -172,6 +176,8 @@ pub(crate) fn prev_path(exe: &Path) -> PathBuf {
 pub(crate) struct Switch {
     /// The new binary, pinned: the re-exec runs these bytes.
     pub(crate) exe: PinnedExe,
+    /// Where it is now: the executable's path.
+    pub(crate) at: PathBuf,
     pub(crate) to: String,
 }
 
@@ -252,6 +258,14 @@ impl Drop for UpgradeHandle {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// What the record held at start.
+enum Found {
+    Nothing,
+    /// A pending upgrade to this very binary.
+    Commit(Upgrade),
+    Done(Upgrade),
 }
 
 /// A failed attempt at one artifact, and when to try it again.
@@ -359,24 +373,27 @@ impl UpgradeTask {
         let found = tokio::task::spawn_blocking(move || {
             record::update(&state_dir, |r| {
                 let Some(u) = r.upgrade.as_mut() else {
-                    return (false, None);
+                    return (false, Found::Nothing);
                 };
                 match u.phase {
+                    // Ours to commit: the record names these very bytes.
                     Phase::Pending if u.to_sha256 == own => {
                         u.attempts += 1;
                         u.agent_pid = pid;
                         u.agent_start_time = start_time;
-                        (true, Some(u.clone()))
+                        (true, Found::Commit(u.clone()))
                     }
                     Phase::Switching | Phase::Pending if u.from_sha256 == own => {
                         // This agent runs the old bytes, so the switch never happened
                         // (the agent died before the rename and was restarted): close it.
-                        u.phase = Phase::RolledBack;
+                        u.phase = Phase::Aborted;
                         u.reason = Some("the agent restarted on the previous binary before the switch completed".into());
                         u.finished_at = Some(crate::util::unix_now());
-                        (true, None)
+                        (true, Found::Done(u.clone()))
                     }
-                    _ => (false, Some(u.clone())),
+                    // Another binary's upgrade (a package manager replaced the file
+                    // meanwhile): the watcher guards it, not this agent.
+                    _ => (false, Found::Done(u.clone())),
                 }
             })
         })
@@ -390,12 +407,16 @@ impl UpgradeTask {
             Err(_) => return,
         };
         match found {
-            Some(u) if u.phase == Phase::Pending => self.commit(u).await,
-            Some(u) if u.phase == Phase::RolledBack && u.from == build_info::VERSION => {
+            Found::Commit(u) => self.commit(u).await,
+            Found::Done(u) if u.phase == Phase::RolledBack && u.from == build_info::VERSION => {
                 let reason = u.reason.clone().unwrap_or_default();
                 self.set(ROLLED_BACK, Some(&u.to), Some(reason));
             }
-            Some(u) if u.phase == Phase::Committed && u.to == build_info::VERSION => {
+            Found::Done(u) if u.phase == Phase::Aborted && u.from == build_info::VERSION => {
+                let reason = u.reason.clone().unwrap_or_default();
+                self.set(FAILED, Some(&u.to), Some(reason));
+            }
+            Found::Done(u) if u.phase == Phase::Committed && u.to == build_info::VERSION => {
                 self.set(COMMITTED, Some(&u.to), None);
             }
             _ => self.set(IDLE, None, None),
@@ -438,6 +459,7 @@ impl UpgradeTask {
             } else {
                 false
             };
+            self.revive_watcher(&u).await;
             if healthy {
                 healthy_since.get_or_insert_with(Instant::now);
             } else {
@@ -468,6 +490,26 @@ impl UpgradeTask {
             }
             tokio::time::sleep(HEALTH_EVERY).await;
         }
+    }
+
+    /// The watcher of this pending upgrade died (a reboot in the commit window, a kill):
+    /// a new one is started from `<exe>.prev`, the previous binary's bytes, checked by
+    /// SHA-256, so that the rollback still never depends on this binary.
+    async fn revive_watcher(&self, u: &Upgrade) {
+        let state_dir = self.ctx.cfg.state_dir.clone();
+        let log = service::log_path(&self.ctx.cfg.log_dir);
+        let stop = self.ctx.cfg.runner.stop_grace + super::REAP_TIMEOUT + Duration::from_secs(5);
+        let to_sha = u.to_sha256.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            watcher::revive(
+                &state_dir,
+                &to_sha,
+                stop,
+                &log,
+                &std::env::args_os().skip(1).collect::<Vec<_>>(),
+            )
+        })
+        .await;
     }
 
     /// `Ok(true)` once committed; `Ok(false)` when the record no longer allows it.
@@ -777,6 +819,8 @@ impl UpgradeTask {
             agent_pid: std::process::id(),
             agent_start_time: sys_start_time(),
             watcher_pid: None,
+            watcher_start_time: None,
+            execed_at: None,
             reason: None,
             finished_at: None,
         };
@@ -797,26 +841,36 @@ impl UpgradeTask {
             })?;
             keep_prev(&dir, &dir_path, &name, &exe)?;
             let prev = prev_path(&exe_path);
-            let mut args: Vec<OsString> = vec![
-                "agent".into(),
-                "upgrade-watch".into(),
-                "--state-dir".into(),
-                state_dir.clone().into(),
-                "--to-sha256".into(),
-                to_sha.clone().into(),
-                "--service".into(),
-                service.to_arg().into(),
-                "--stop-timeout".into(),
-                format!("{}s", stop_timeout.as_secs()).into(),
-                "--log".into(),
-                log.clone().into(),
-                "--".into(),
-            ];
-            args.extend(std::env::args_os().skip(1));
-            let tag = format!("{}-{}", std::process::id(), crate::util::unix_now());
-            service
-                .start_watcher(&prev, &args, &log, &tag)
-                .map_err(UpgradeError::Watcher)?;
+            let agent_args: Vec<OsString> = std::env::args_os().skip(1).collect();
+            watcher::launch(
+                &prev,
+                &state_dir,
+                &to_sha,
+                &service,
+                stop_timeout,
+                &log,
+                &agent_args,
+            )
+            .map_err(UpgradeError::Watcher)?;
+            // Nothing is renamed before the watcher is known to run: it records itself.
+            let until = Instant::now() + WATCHER_START;
+            loop {
+                let rec = record::peek(&state_dir)?;
+                if rec
+                    .upgrade
+                    .as_ref()
+                    .is_some_and(|u| u.to_sha256 == to_sha && u.watcher_pid.is_some())
+                {
+                    break;
+                }
+                if Instant::now() >= until {
+                    return Err(UpgradeError::Watcher(std::io::Error::other(format!(
+                        "it did not start within {}",
+                        humantime::format_duration(WATCHER_START)
+                    ))));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
             if let Some(download) = &download {
                 dir.rename(download, &name)
                     .and_then(|()| dir.sync())
@@ -825,13 +879,16 @@ impl UpgradeTask {
                         source,
                     })?;
             }
-            record::update(&state_dir, |r| match r.upgrade.as_mut() {
-                Some(u) if u.to_sha256 == to_sha => {
+            let pending = record::update(&state_dir, |r| match r.upgrade.as_mut() {
+                Some(u) if u.to_sha256 == to_sha && u.phase == Phase::Switching => {
                     u.phase = Phase::Pending;
-                    (true, ())
+                    (true, true)
                 }
-                _ => (false, ()),
+                _ => (false, false),
             })?;
+            if !pending {
+                return Err(UpgradeError::Superseded);
+            }
             Ok::<_, UpgradeError>(())
         })
         .await
@@ -847,7 +904,7 @@ impl UpgradeTask {
             let _ = tokio::task::spawn_blocking(move || {
                 record::update(&dir, |r| match r.upgrade.as_mut() {
                     Some(u) if u.phase == Phase::Switching => {
-                        u.phase = Phase::RolledBack;
+                        u.phase = Phase::Aborted;
                         u.reason = Some(format!("the switch failed: {why}"));
                         u.finished_at = Some(crate::util::unix_now());
                         (true, ())
@@ -861,6 +918,7 @@ impl UpgradeTask {
         tracing::info!(from = build_info::VERSION, to = %version, kind = ?kind, "the new binary is in place: stopping the runner and re-executing");
         Ok(Switch {
             exe: new,
+            at: self.ctx.exe.path().to_owned(),
             to: version.to_owned(),
         })
     }

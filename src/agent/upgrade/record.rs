@@ -25,8 +25,12 @@ pub(crate) enum Phase {
     Pending,
     /// The new agent was healthy for the settle period and reached its hub.
     Committed,
-    /// The watcher restored the previous binary.
+    /// The watcher restored the previous binary after the new one ran.
     RolledBack,
+    /// The switch did not get as far as running the new binary (the agent died or was
+    /// stopped in it, a step failed): the previous binary is in place, and the version
+    /// is not to blame.
+    Aborted,
 }
 
 /// What started the upgrade.
@@ -70,6 +74,12 @@ pub(crate) struct Upgrade {
     pub(crate) agent_start_time: Option<u64>,
     #[serde(default)]
     pub(crate) watcher_pid: Option<u32>,
+    #[serde(default)]
+    pub(crate) watcher_start_time: Option<u64>,
+    /// Unix seconds when the old agent re-executed into the new binary (a local or hub
+    /// switch that got that far): from then on a failure is the new version's.
+    #[serde(default)]
+    pub(crate) execed_at: Option<u64>,
     /// Why it was rolled back.
     #[serde(default)]
     pub(crate) reason: Option<String>,

@@ -98,7 +98,7 @@ impl Service {
                 check(status, "launchctl submit")?;
                 Ok(None)
             }
-            Service::Standalone => spawn_detached(program, args, log),
+            Service::Standalone => spawn_detached(program, args, Some(log)),
         }
     }
 
@@ -108,12 +108,17 @@ impl Service {
         &self,
         exe: &Path,
         agent_args: &[OsString],
-        log: &Path,
     ) -> std::io::Result<Option<u32>> {
         match self {
             Service::Systemd { unit } => {
+                // A unit that hit its start limit, or failed, takes a restart only after
+                // this.
+                let _ = Command::new("systemctl")
+                    .args(["reset-failed", unit])
+                    .stdin(Stdio::null())
+                    .status();
                 let status = Command::new("systemctl")
-                    .args(["restart", "--no-block", unit])
+                    .args(["restart", unit])
                     .stdin(Stdio::null())
                     .status()?;
                 check(status, "systemctl restart")?;
@@ -127,7 +132,22 @@ impl Service {
                 check(status, "launchctl kickstart")?;
                 Ok(None)
             }
-            Service::Standalone => spawn_detached(exe, agent_args, log),
+            // Its own rolling log has everything; its stdio would grow a file nobody
+            // rotates.
+            Service::Standalone => spawn_detached(exe, agent_args, None),
+        }
+    }
+
+    /// Removes the watcher's own launchd job once it is done (`launchctl submit` jobs
+    /// are kept alive otherwise).
+    pub(crate) fn finish_watcher(&self) {
+        if let (Service::Launchd { .. }, Ok(label)) = (self, std::env::var("XPC_SERVICE_NAME")) {
+            if label.starts_with("com.railgrid.upgrade-watch.") {
+                let _ = Command::new("launchctl")
+                    .args(["remove", &label])
+                    .stdin(Stdio::null())
+                    .status();
+            }
         }
     }
 
@@ -185,14 +205,24 @@ fn systemd_unit() -> Option<String> {
 
 /// `program args…` in a session of its own, reparented to init, its output appended to
 /// `log` (0600), its input from /dev/null. The pid of the process that execs.
-fn spawn_detached(program: &Path, args: &[OsString], log: &Path) -> std::io::Result<Option<u32>> {
+fn spawn_detached(
+    program: &Path,
+    args: &[OsString],
+    log: Option<&Path>,
+) -> std::io::Result<Option<u32>> {
     use std::os::unix::fs::OpenOptionsExt;
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(log)?;
-    let err = out.try_clone()?;
+    let (out, err) = match log {
+        Some(log) => {
+            let out = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(log)?;
+            let err = out.try_clone()?;
+            (Stdio::from(out), Stdio::from(err))
+        }
+        None => (Stdio::null(), Stdio::null()),
+    };
     let mut cmd = Command::new(program);
     cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
     crate::sys::spawn::spawn_detached(&mut cmd).map(Some)

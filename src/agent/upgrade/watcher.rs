@@ -28,6 +28,9 @@ const TICK: Duration = Duration::from_millis(200);
 /// Restarts of the new agent a service manager may make before the watcher gives up on
 /// it.
 const MAX_SERVICE_RESTARTS: usize = 3;
+/// How long the service may show no agent running before the watcher takes it as dead
+/// (longer than the unit's RestartSec).
+const MAX_DOWN: Duration = Duration::from_secs(10);
 /// After SIGKILL, how long the agent may take to be gone.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
@@ -52,8 +55,6 @@ pub(crate) struct WatchArgs {
     pub(crate) service: Service,
     /// How long the agent may take to stop on SIGTERM before it is killed.
     pub(crate) stop_timeout: Duration,
-    /// Standalone: where a restarted agent's output goes.
-    pub(crate) log: PathBuf,
     /// Standalone: the agent's arguments (after the program name).
     pub(crate) agent_args: Vec<OsString>,
 }
@@ -68,18 +69,59 @@ pub(crate) enum Outcome {
 }
 
 pub(crate) fn watch(a: &WatchArgs) -> Result<Outcome, WatchError> {
-    record::update(&a.state_dir, |r| match r.upgrade.as_mut() {
+    // What this watcher guards, as the old binary wrote it: a rollback can go on from
+    // this even if the record becomes unreadable later.
+    let initial = record::update(&a.state_dir, |r| match r.upgrade.as_mut() {
         Some(u) if u.to_sha256 == a.to_sha256 => {
             u.watcher_pid = Some(std::process::id());
-            (true, ())
+            u.watcher_start_time = crate::sys::process_start_time(crate::sys::ProcessId::current());
+            (true, Some(u.clone()))
         }
-        _ => (false, ()),
+        _ => (false, None),
     })?;
+    let Some(initial) = initial else {
+        return Ok(Outcome::NotGuarding);
+    };
+    match watch_from(a) {
+        Ok(outcome) => Ok(outcome),
+        Err(e) => {
+            // Never leave an upgrade unguarded: whatever failed, put the previous binary
+            // back from what this watcher knew at its start.
+            tracing::error!(error = %crate::error_chain(&e), "the watch failed; rolling back from what it knew at its start");
+            force_rollback(
+                a,
+                &initial,
+                format!("the upgrade's watcher failed: {}", crate::error_chain(&e)),
+            )
+        }
+    }
+}
+
+/// How long the record may be unreadable before the watcher gives up on it.
+const UNREADABLE: Duration = Duration::from_secs(10);
+
+fn watch_from(a: &WatchArgs) -> Result<Outcome, WatchError> {
     tracing::info!(state_dir = %a.state_dir.display(), to_sha256 = %a.to_sha256, service = %a.service.to_arg(), "watching the upgrade");
     let mut restarted = false;
     let mut seen_pids: BTreeSet<u32> = BTreeSet::new();
+    let mut down_since: Option<Instant> = None;
+    let mut unreadable: Option<Instant> = None;
     loop {
-        let rec = record::peek(&a.state_dir)?;
+        let rec = match record::peek(&a.state_dir) {
+            Ok(r) => {
+                unreadable = None;
+                r
+            }
+            Err(e) => {
+                let since = *unreadable.get_or_insert_with(Instant::now);
+                if since.elapsed() >= UNREADABLE {
+                    return Err(e.into());
+                }
+                tracing::warn!(error = %crate::error_chain(&e), "the upgrade record cannot be read; trying again");
+                std::thread::sleep(TICK);
+                continue;
+            }
+        };
         let Some(u) = rec.upgrade.filter(|u| u.to_sha256 == a.to_sha256) else {
             return Ok(Outcome::NotGuarding);
         };
@@ -88,7 +130,9 @@ pub(crate) fn watch(a: &WatchArgs) -> Result<Outcome, WatchError> {
                 tracing::info!(version = %u.to, "the upgrade is committed; the watcher exits");
                 return Ok(Outcome::Committed);
             }
-            Phase::RolledBack => return Ok(Outcome::RolledBack(u.reason.unwrap_or_default())),
+            Phase::RolledBack | Phase::Aborted => {
+                return Ok(Outcome::RolledBack(u.reason.unwrap_or_default()))
+            }
             Phase::Switching | Phase::Pending => {}
         }
         if crate::util::unix_now() >= u.deadline {
@@ -120,12 +164,36 @@ pub(crate) fn watch(a: &WatchArgs) -> Result<Outcome, WatchError> {
                     }
                     restarted = true;
                     tracing::warn!(pid = u.agent_pid, version = %u.to, "the agent exited before committing; starting it once more from the new binary");
-                    restart_new(a, &u.exe)?;
+                    if let Err(e) = restart_new(a, &u.exe) {
+                        return rollback(
+                            a,
+                            format!(
+                                "the new agent exited, and could not be started again: {}",
+                                crate::error_chain(&e)
+                            ),
+                        );
+                    }
                 }
             }
             service => {
-                if let Some(pid) = service.main_pid() {
-                    seen_pids.insert(pid);
+                match service.main_pid() {
+                    Some(pid) => {
+                        seen_pids.insert(pid);
+                        down_since = None;
+                    }
+                    None => {
+                        // Not restarted (exit 2 is not, by the unit), or not coming up.
+                        let since = *down_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= MAX_DOWN && u.execed_at.is_some() {
+                            return rollback(
+                                a,
+                                format!(
+                                    "the new agent ({}) is not running under its service",
+                                    u.to
+                                ),
+                            );
+                        }
+                    }
                 }
                 let restarts = seen_pids.len().saturating_sub(1);
                 if restarts >= MAX_SERVICE_RESTARTS {
@@ -143,11 +211,94 @@ pub(crate) fn watch(a: &WatchArgs) -> Result<Outcome, WatchError> {
     }
 }
 
+/// Starts a watcher of the upgrade to `to_sha256` from `program` (the previous binary),
+/// where `service` keeps it out of the agent's tree and service.
+pub(crate) fn launch(
+    program: &Path,
+    state_dir: &Path,
+    to_sha256: &str,
+    service: &Service,
+    stop_timeout: Duration,
+    log: &Path,
+    agent_args: &[OsString],
+) -> std::io::Result<()> {
+    let mut args: Vec<OsString> = vec![
+        "agent".into(),
+        "upgrade-watch".into(),
+        "--state-dir".into(),
+        state_dir.into(),
+        "--to-sha256".into(),
+        to_sha256.into(),
+        "--service".into(),
+        service.to_arg().into(),
+        "--stop-timeout".into(),
+        format!("{}s", stop_timeout.as_secs()).into(),
+        "--".into(),
+    ];
+    args.extend(agent_args.iter().cloned());
+    let tag = format!("{}-{}", std::process::id(), crate::util::unix_now());
+    service.start_watcher(program, &args, log, &tag).map(drop)
+}
+
+/// True while the watcher the record names runs (same pid and start time).
+fn watcher_alive(u: &super::record::Upgrade) -> bool {
+    u.watcher_pid
+        .and_then(ProcessId::from_u32)
+        .is_some_and(|p| {
+            crate::sys::group::process_alive(p)
+                && (u.watcher_start_time.is_none()
+                    || crate::sys::process_start_time(p) == u.watcher_start_time)
+        })
+}
+
+/// Starts a watcher again for the upgrade in flight when the one the record names is
+/// gone (a reboot, a kill): from `<exe>.prev`, once its SHA-256 is the previous
+/// binary's. Returns whether one was started.
+pub(crate) fn revive(
+    state_dir: &Path,
+    to_sha256: &str,
+    stop_timeout: Duration,
+    log: &Path,
+    agent_args: &[OsString],
+) -> Result<bool, WatchError> {
+    let rec = record::peek(state_dir)?;
+    let Some(u) = rec
+        .upgrade
+        .filter(|u| u.to_sha256 == to_sha256 || to_sha256.is_empty())
+    else {
+        return Ok(false);
+    };
+    if !matches!(u.phase, Phase::Switching | Phase::Pending) || watcher_alive(&u) {
+        return Ok(false);
+    }
+    let prev = super::prev_path(&u.exe);
+    let prev_sha = PinnedExe::open(&prev).map(|e| e.identity().sha256.clone());
+    if prev_sha.as_deref().ok() != Some(u.from_sha256.as_str()) {
+        tracing::error!(prev = %prev.display(), "the upgrade's watcher is gone and the previous binary is not at .prev: no watcher can be started");
+        return Ok(false);
+    }
+    tracing::warn!(version = %u.to, "the upgrade's watcher is gone: starting another from the previous binary");
+    launch(
+        &prev,
+        state_dir,
+        &u.to_sha256,
+        &Service::detect(),
+        stop_timeout,
+        log,
+        agent_args,
+    )
+    .map_err(|source| WatchError::Restart {
+        service: "watcher".into(),
+        source,
+    })?;
+    Ok(true)
+}
+
 /// Standalone: starts the agent again from the binary now at `exe`, and records it.
 fn restart_new(a: &WatchArgs, exe: &Path) -> Result<(), WatchError> {
     let pid = a
         .service
-        .restart_agent(exe, &a.agent_args, &a.log)
+        .restart_agent(exe, &a.agent_args)
         .map_err(|source| WatchError::Restart {
             service: a.service.to_arg(),
             source,
@@ -166,13 +317,51 @@ fn restart_new(a: &WatchArgs, exe: &Path) -> Result<(), WatchError> {
     Ok(())
 }
 
+/// The rollback when the record cannot be used: stop, restore, a fresh record saying
+/// so (the unreadable one kept beside it), and an agent brought back.
+fn force_rollback(
+    a: &WatchArgs,
+    initial: &super::record::Upgrade,
+    why: String,
+) -> Result<Outcome, WatchError> {
+    if a.service == Service::Standalone {
+        stop_agent(initial.agent_pid, initial.agent_start_time, a.stop_timeout);
+    }
+    let mut why = why;
+    if let Err(e) = restore(&initial.exe, &initial.from_sha256) {
+        why = format!("{why}; {e}");
+    }
+    let path = record::path(&a.state_dir);
+    let _ = std::fs::rename(&path, path.with_extension("json.unreadable"));
+    let mut u = initial.clone();
+    u.phase = Phase::RolledBack;
+    u.reason = Some(why.clone());
+    u.finished_at = Some(crate::util::unix_now());
+    let to = u.to.clone();
+    let _ = record::update(&a.state_dir, |r| {
+        r.upgrade = Some(u);
+        r.remember_bad(&to, &why);
+        (true, ())
+    });
+    a.service
+        .restart_agent(&initial.exe, &a.agent_args)
+        .map_err(|source| WatchError::Restart {
+            service: a.service.to_arg(),
+            source,
+        })?;
+    Ok(Outcome::RolledBack(why))
+}
+
 fn rollback(a: &WatchArgs, why: String) -> Result<Outcome, WatchError> {
     tracing::warn!(reason = %why, "rolling the upgrade back");
     let done = record::update(&a.state_dir, |r| {
         let Some(u) = r.upgrade.as_mut().filter(|u| u.to_sha256 == a.to_sha256) else {
             return (false, None);
         };
-        if matches!(u.phase, Phase::Committed | Phase::RolledBack) {
+        if matches!(
+            u.phase,
+            Phase::Committed | Phase::RolledBack | Phase::Aborted
+        ) {
             // The agent committed while the lock was being taken.
             return (false, None);
         }
@@ -190,8 +379,14 @@ fn rollback(a: &WatchArgs, why: String) -> Result<Outcome, WatchError> {
                 why = format!("{why}; {e}");
             }
         }
-        let ran = u.phase == Phase::Pending;
-        u.phase = Phase::RolledBack;
+        // The version is to blame only once it ran: the old agent re-executed into it,
+        // or a new agent counted a start.
+        let ran = u.phase == Phase::Pending && (u.execed_at.is_some() || u.attempts > 0);
+        u.phase = if ran {
+            Phase::RolledBack
+        } else {
+            Phase::Aborted
+        };
         u.reason = Some(why.clone());
         u.finished_at = Some(crate::util::unix_now());
         let (to, exe) = (u.to.clone(), u.exe.clone());
@@ -208,7 +403,7 @@ fn rollback(a: &WatchArgs, why: String) -> Result<Outcome, WatchError> {
         });
     };
     a.service
-        .restart_agent(&exe, &a.agent_args, &a.log)
+        .restart_agent(&exe, &a.agent_args)
         .map_err(|source| WatchError::Restart {
             service: a.service.to_arg(),
             source,

@@ -340,6 +340,10 @@ impl<S: Store> Fleet<S> {
                 .as_ref()
                 != Some(v)
         });
+        // Only a version this agent was sent: a token cannot halt any string it likes.
+        let rolled_back = rolled_back.filter(|v| {
+            desired::is_version(v) && self.effective(entry).1.version.as_deref() == Some(v.as_str())
+        });
         let rolled_back = rolled_back.map(|v| {
             let reason = report
                 .upgrade

@@ -73,10 +73,13 @@ impl Releases {
         rollback: bool,
         report: Option<&AgentReport>,
     ) -> Option<DesiredAgent> {
+        // Started: it runs the version, or is past the point of no return (its binary
+        // switched). A download that failed, or a refusal, has not started it.
         let started = report.is_some_and(|r| {
             r.version == version
                 || r.upgrade.as_ref().is_some_and(|u| {
-                    u.target.as_deref() == Some(version.as_str()) && u.state != ROLLED_BACK
+                    u.target.as_deref() == Some(version.as_str())
+                        && matches!(u.state.as_str(), "switching" | PENDING_COMMIT | "committed")
                 })
         });
         if self.is_halted(&version) && !started {
@@ -229,8 +232,14 @@ mod tests {
             None
         );
         let downloading = report("1.0.0", Some(("downloading", "2.0.0")));
+        assert_eq!(
+            r.desired_agent("c", "2.0.0".into(), false, Some(&downloading)),
+            None,
+            "a download is no start"
+        );
+        let switching = report("1.0.0", Some(("switching", "2.0.0")));
         assert!(r
-            .desired_agent("c", "2.0.0".into(), false, Some(&downloading))
+            .desired_agent("c", "2.0.0".into(), false, Some(&switching))
             .is_some());
         let rolled = report("1.0.0", Some((ROLLED_BACK, "2.0.0")));
         assert_eq!(
