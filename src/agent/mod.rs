@@ -301,7 +301,10 @@ pub(crate) async fn run(
     if let Some(hub) = hub {
         hub.shutdown().await;
     }
-    drop(upgrade);
+    match &switch {
+        Some(_) => drop(upgrade),
+        None => upgrade.shutdown(&cfg).await,
+    }
     task.shutdown().await?;
     if let Some(s) = &switch {
         // The runner's stop is over: the new agent's time to commit starts now (the

@@ -1025,7 +1025,9 @@ fn a_watcher_that_dies_during_the_commit_window_is_started_again_from_the_previo
         exe.display()
     );
     up.wait_upgrade("committed");
-    wait_for(LIMIT, "the second watcher exits", || (!alive(second)).then_some(()));
+    wait_for(LIMIT, "the second watcher exits", || {
+        (!alive(second)).then_some(())
+    });
     up.assert_running(V2);
     up.assert_clean_bin();
 }

@@ -135,6 +135,8 @@ pub(crate) enum UpgradeError {
     Watcher(#[source] std::io::Error),
     #[error("the upgrade record changed during the switch (its watcher ended it): not switching")]
     Superseded,
+    #[error("the agent is stopping: not switching")]
+    Stopping,
     #[error("the upgrade's {what} failed")]
     Task {
         what: &'static str,
@@ -194,6 +196,8 @@ pub(super) struct UpgradeCtx {
 
 pub(super) struct UpgradeHandle {
     report: watch::Receiver<Option<UpgradeReport>>,
+    /// Set when the agent stops: no switch starts after it.
+    stopping: watch::Sender<bool>,
     reload: tokio::sync::mpsc::UnboundedSender<AgentConfig>,
     switch: Option<oneshot::Receiver<Switch>>,
     task: tokio::task::JoinHandle<()>,
@@ -205,10 +209,12 @@ impl UpgradeHandle {
         let (switch_tx, switch) = oneshot::channel();
         let (reload, reloads) = tokio::sync::mpsc::unbounded_channel();
         let keys = keys_of(&ctx.cfg);
+        let (stopping, stop_rx) = watch::channel(false);
         let task = UpgradeTask {
             ctx,
             keys,
             reloads,
+            stopping: stop_rx,
             report_tx,
             switch_tx: Some(switch_tx),
             failures: None,
@@ -218,6 +224,7 @@ impl UpgradeHandle {
         };
         Self {
             report,
+            stopping,
             reload,
             switch: Some(switch),
             task: tokio::spawn(task.run()),
@@ -254,9 +261,71 @@ impl UpgradeHandle {
     }
 }
 
+impl UpgradeHandle {
+    /// Ends the task for an agent that is stopping (not switching). A switch in flight
+    /// is let finish and then undone: the operator asked for a stop, not for the new
+    /// version, so the previous binary goes back and the record says `aborted` (the
+    /// watcher then exits; the version is not to blame).
+    pub(super) async fn shutdown(mut self, cfg: &AgentConfig) {
+        self.stopping.send_replace(true);
+        let waited = tokio::time::timeout(SHUTDOWN_WAIT, &mut self.task).await;
+        if waited.is_err() {
+            self.task.abort();
+        }
+        let Some(mut rx) = self.switch.take() else {
+            return;
+        };
+        if let Ok(switch) = rx.try_recv() {
+            let dir = cfg.state_dir.clone();
+            let _ = tokio::task::spawn_blocking(move || undo_switch(&dir, &switch)).await;
+        }
+    }
+}
+
 impl Drop for UpgradeHandle {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// The longest a stopping agent waits for a switch in flight (the watcher's start, a
+/// copy of the binary, renames).
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
+
+/// Puts the previous binary back after a switch the agent will not re-exec into.
+fn undo_switch(state_dir: &Path, switch: &Switch) {
+    let outcome = record::update(state_dir, |r| {
+        let Some(u) = r.upgrade.as_mut() else {
+            return (false, Ok(()));
+        };
+        if u.to_sha256 != switch.exe.identity().sha256 || u.phase != Phase::Pending {
+            return (false, Ok(()));
+        }
+        let prev = prev_path(&u.exe);
+        let restored = match (exe_dir(&u.exe), exe_dir(&prev)) {
+            (Ok((dir, name)), Ok((_, prev_name))) => Dir::open(&dir)
+                .and_then(|d| d.rename(&prev_name, &name).and_then(|()| d.sync()))
+                .map_err(|e| {
+                    format!(
+                        "could not rename {} over {}: {e}",
+                        prev.display(),
+                        u.exe.display()
+                    )
+                }),
+            _ => Err(format!("{} has no directory", u.exe.display())),
+        };
+        u.phase = Phase::Aborted;
+        u.reason = Some(match &restored {
+            Ok(()) => "the agent was stopped during the switch; the previous binary is back".into(),
+            Err(e) => format!("the agent was stopped during the switch; {e}"),
+        });
+        u.finished_at = Some(crate::util::unix_now());
+        (true, restored)
+    });
+    match outcome {
+        Ok(Ok(())) => tracing::info!("stopped during the switch: the previous binary is back"),
+        Ok(Err(e)) => tracing::error!(error = %e, "stopped during the switch"),
+        Err(e) => tracing::error!(error = %crate::error_chain(&e), "stopped during the switch"),
     }
 }
 
@@ -279,6 +348,7 @@ struct UpgradeTask {
     ctx: UpgradeCtx,
     keys: Vec<minisign::PublicKey>,
     reloads: tokio::sync::mpsc::UnboundedReceiver<AgentConfig>,
+    stopping: watch::Receiver<bool>,
     report_tx: watch::Sender<Option<UpgradeReport>>,
     switch_tx: Option<oneshot::Sender<Switch>>,
     failures: Option<Failed>,
@@ -294,6 +364,9 @@ struct UpgradeTask {
 impl UpgradeTask {
     async fn run(mut self) {
         self.startup().await;
+        if *self.stopping.borrow() {
+            return;
+        }
         let mut tick = tokio::time::interval(LOCKSTEP_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -301,11 +374,16 @@ impl UpgradeTask {
                 self.hand_over(switch);
                 return;
             }
+            if *self.stopping.borrow() {
+                return;
+            }
             tokio::select! {
                 // Cancel-safe: a watch receiver keeps its seen-version between polls.
                 r = self.ctx.observed.changed() => if r.is_err() { return },
                 // Cancel-safe: mpsc::recv loses no message when another arm wins.
                 Some(cfg) = self.reloads.recv() => self.reloaded(cfg).await,
+                // Cancel-safe: a watch receiver keeps its seen-version between polls.
+                _ = self.stopping.changed() => return,
                 // Cancel-safe: an interval's tick is not lost by another arm winning.
                 _ = tick.tick() => {
                     if let Some(switch) = self.lockstep().await {
@@ -488,7 +566,11 @@ impl UpgradeTask {
                     Err(e) => self.set(PENDING_COMMIT, Some(&u.to), Some(crate::error_chain(&e))),
                 }
             }
-            tokio::time::sleep(HEALTH_EVERY).await;
+            tokio::select! {
+                () = tokio::time::sleep(HEALTH_EVERY) => {}
+                // Cancel-safe: a watch receiver keeps its seen-version between polls.
+                _ = self.stopping.changed() => return,
+            }
         }
     }
 
@@ -830,6 +912,10 @@ impl UpgradeTask {
         let stop_timeout = stop + Duration::from_secs(5);
         let download = download.map(str::to_owned);
         let to_sha = upgrade.to_sha256.clone();
+        let stopping = self.stopping.clone();
+        if *stopping.borrow() {
+            return Err(UpgradeError::Stopping);
+        }
         let result = tokio::task::spawn_blocking(move || {
             record::update(&state_dir, |r| {
                 r.upgrade = Some(upgrade);
@@ -870,6 +956,10 @@ impl UpgradeTask {
                     ))));
                 }
                 std::thread::sleep(Duration::from_millis(20));
+            }
+            // The last moment a stop can still keep the previous binary in place.
+            if *stopping.borrow() {
+                return Err(UpgradeError::Stopping);
             }
             if let Some(download) = &download {
                 dir.rename(download, &name)
