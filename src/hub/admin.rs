@@ -222,6 +222,15 @@ impl AdminClient {
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(json);
         }
+        self.exchange(req, url).await
+    }
+
+    /// Sends a built request; a successful answer, or the hub's error as an error.
+    async fn exchange(
+        &self,
+        req: reqwest::RequestBuilder,
+        url: String,
+    ) -> Result<reqwest::Response, AdminError> {
         let resp = req.send().await.map_err(|source| AdminError::Request {
             url: url.clone(),
             hint: if source.is_connect() {
@@ -305,37 +314,16 @@ impl AdminClient {
             crate::util::percent_encode(platform)
         );
         let hex: String = signature.bytes().map(|b| format!("{b:02x}")).collect();
-        let resp = self
+        let req = self
             .http
             .put(&url)
             .header(reqwest::header::AUTHORIZATION, self.auth.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .header(crate::hub::SIGNATURE_HEADER, hex)
             .timeout(PUBLISH_TIMEOUT)
-            .body(binary)
-            .send()
-            .await
-            .map_err(|source| AdminError::Request {
-                url: url.clone(),
-                hint: if source.is_connect() {
-                    self.hint.clone()
-                } else {
-                    String::new()
-                },
-                source,
-            })?;
-        let status = resp.status();
+            .body(binary);
+        let resp = self.exchange(req, url.clone()).await?;
         let bytes = hub_client::read_capped(resp, MAX_ANSWER).await?;
-        if !status.is_success() {
-            let message = serde_json::from_slice::<ErrorBody>(&bytes)
-                .map(|b| b.error)
-                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).chars().take(500).collect());
-            return Err(AdminError::Status {
-                url,
-                status,
-                message,
-            });
-        }
         serde_json::from_slice(&bytes).map_err(|source| AdminError::Parse { url, source })
     }
 
