@@ -306,6 +306,17 @@ pub(crate) async fn run(
         None => upgrade.shutdown(&cfg).await,
     }
     task.shutdown().await?;
+    // A stop asked for while the runner stopped for the switch wins: the previous binary
+    // goes back, and the agent exits instead of re-executing.
+    if switch.is_some() {
+        use futures_util::FutureExt;
+        let stop = term.recv().now_or_never().is_some() || int.recv().now_or_never().is_some();
+        if let (true, Some(s)) = (stop, switch.take()) {
+            tracing::info!("stop asked for during the switch: putting the previous binary back");
+            let dir = cfg.state_dir.clone();
+            let _ = tokio::task::spawn_blocking(move || upgrade::undo_switch(&dir, &s)).await;
+        }
+    }
     if let Some(s) = &switch {
         // The runner's stop is over: the new agent's time to commit starts now (the
         // watcher's deadline had room for the stop, in case this agent died in it).

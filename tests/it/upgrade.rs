@@ -1141,3 +1141,40 @@ fn a_watcher_that_dies_during_the_commit_window_is_started_again_from_the_previo
     up.assert_running(V2);
     up.assert_clean_bin();
 }
+
+#[test]
+fn an_agent_stopped_during_the_switch_puts_the_previous_binary_back_and_exits() {
+    let mut up = Up::new();
+    up.start_agent();
+    let pid = up.status()["pid"].as_i64().expect("pid") as i32;
+    up.release(V2, &builds().v2);
+    up.want(V2);
+    wait_for(LIMIT, "the switch", || {
+        (up.record()["upgrade"]["phase"] == "pending").then_some(())
+    });
+    kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
+    let out = up.agent.take().expect("agent").wait_output(LIMIT);
+    assert!(out.status.success(), "a clean stop: {:?}", out.status);
+    let rec = up.record();
+    assert_eq!(rec["upgrade"]["phase"], "aborted", "{rec}");
+    assert_eq!(
+        rec["bad_versions"],
+        serde_json::json!([]),
+        "not the version's fault"
+    );
+    assert_eq!(
+        sha256_hex(&up.exe()),
+        sha256_hex(&builds().v1),
+        "the previous binary is back"
+    );
+    let watcher = rec["upgrade"]["watcher_pid"].as_i64().expect("watcher") as i32;
+    wait_for(LIMIT, "the watcher exits", || {
+        (!alive(watcher)).then_some(())
+    });
+    assert!(!alive(pid), "the agent stayed stopped");
+    assert_eq!(up.bin_entries(), ["railgrid"]);
+    // Started again, it reports why and takes the upgrade.
+    up.start_agent();
+    up.wait_upgrade("committed");
+    up.assert_running(V2);
+}

@@ -293,7 +293,7 @@ impl Drop for UpgradeHandle {
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
 
 /// Puts the previous binary back after a switch the agent will not re-exec into.
-fn undo_switch(state_dir: &Path, switch: &Switch) {
+pub(super) fn undo_switch(state_dir: &Path, switch: &Switch) {
     let outcome = record::update(state_dir, |r| {
         let Some(u) = r.upgrade.as_mut() else {
             return (false, Ok(()));
