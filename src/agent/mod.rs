@@ -301,9 +301,15 @@ pub(crate) async fn run(
     if let Some(hub) = hub {
         hub.shutdown().await;
     }
-    match &switch {
-        Some(_) => drop(upgrade),
+    let undone = match &switch {
+        Some(_) => {
+            drop(upgrade);
+            None
+        }
         None => upgrade.shutdown(&cfg).await,
+    };
+    if let Some(to) = undone {
+        reporter.upgrade(Some(stopped_during_switch(to)));
     }
     task.shutdown().await?;
     // A stop asked for while the runner stopped for the switch wins: the previous binary
@@ -311,10 +317,12 @@ pub(crate) async fn run(
     if switch.is_some() {
         use futures_util::FutureExt;
         let stop = term.recv().now_or_never().is_some() || int.recv().now_or_never().is_some();
-        if let (true, Some(s)) = (stop, switch.take()) {
+        if let Some(s) = switch.take_if(|_| stop) {
             tracing::info!("stop asked for during the switch: putting the previous binary back");
             let dir = cfg.state_dir.clone();
+            let to = s.to.clone();
             let _ = tokio::task::spawn_blocking(move || upgrade::undo_switch(&dir, &s)).await;
+            reporter.upgrade(Some(stopped_during_switch(to)));
         }
     }
     if let Some(s) = &switch {
@@ -346,6 +354,17 @@ pub(crate) async fn run(
         None => tracing::info!("agent stopped"),
     }
     Ok(switch)
+}
+
+/// What the status file says of a switch a stop undid (the hub hears it at the next
+/// start).
+fn stopped_during_switch(to: String) -> crate::proto::report::UpgradeReport {
+    crate::proto::report::UpgradeReport {
+        state: "failed".into(),
+        target: Some(to),
+        error: Some("the agent was stopped during the switch; the previous binary is back".into()),
+        bad_versions: Vec::new(),
+    }
 }
 
 /// Hands a re-read configuration to the hub task and the reconciler; the desired state in

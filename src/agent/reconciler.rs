@@ -449,7 +449,7 @@ impl ReconcilerTask {
         if let Some(agent) = &desired.agent {
             let new = Some(agent) != self.desired.agent.as_ref();
             if new && agent.version != crate::build_info::VERSION {
-                tracing::info!(version = %agent.version, rollback = agent.rollback, running = crate::build_info::VERSION, "the hub asks for another agent version; self-upgrade is not in this build, so it is only reported");
+                tracing::info!(version = %agent.version, rollback = agent.rollback, running = crate::build_info::VERSION, "the hub asks for another agent version: the upgrade takes it from here");
             }
         }
         let outcome = self

@@ -60,6 +60,7 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     super::init_tracing(Some(writer));
 
     let rt = super::current_thread_runtime()?;
+    let state_dir = cfg.state_dir.clone();
     let reload = move || config::load(&flags);
     match rt.block_on(agent_mod::run(cfg, &instance, reload)) {
         Ok(None) => Ok(ExitCode::SUCCESS),
@@ -71,6 +72,14 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             drop(instance);
             let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
             let env: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os().collect();
+            // The bytes are checked once more, through the descriptor that will be
+            // exec'd: the file was writable until now, and nothing runs that changed.
+            if let Err(e) = switch.exe.verify() {
+                crate::agent::upgrade::undo_switch_after_stop(&state_dir, &switch);
+                return Err(anyhow::Error::new(e).context(
+                    "the new binary changed after it was verified: not running it; the previous binary is back",
+                ));
+            }
             let e = switch.exe.exec_self(&switch.at, &argv, &env);
             Err(anyhow::Error::new(e).context(format!(
                 "could not re-execute the agent from {} (version {}); the upgrade watcher restores the previous binary",

@@ -1178,3 +1178,51 @@ fn an_agent_stopped_during_the_switch_puts_the_previous_binary_back_and_exits() 
     up.wait_upgrade("committed");
     up.assert_running(V2);
 }
+
+#[test]
+fn a_new_binary_changed_in_place_before_the_re_exec_is_never_run() {
+    let mut up = Up::new();
+    up.start_agent();
+    let pid = up.status()["pid"].as_i64().expect("pid") as i32;
+    let prev = up.bin_dir().join("railgrid.prev");
+    up.release(V2, &builds().v2);
+    up.want(V2);
+    wait_for(LIMIT, "the switch", || {
+        (up.record()["upgrade"]["phase"] == "pending").then_some(())
+    });
+    kill(Pid::from_raw(pid), Signal::SIGSTOP).expect("SIGSTOP");
+    use std::os::unix::fs::MetadataExt;
+    let exe = fs::metadata(format!("/proc/{pid}/exe")).expect("agent exe");
+    assert_eq!(
+        exe.ino(),
+        fs::metadata(&prev).expect(".prev").ino(),
+        "not re-executed yet"
+    );
+    // Written into the very file that was verified (not renamed over it).
+    let marker = up.path("ran");
+    let evil = format!(
+        "#!/bin/sh\necho ran > {}\nexec {} \"$@\"\n",
+        marker.display(),
+        builds().v2.display()
+    );
+    fs::write(up.exe(), evil).expect("overwrite in place");
+    kill(Pid::from_raw(pid), Signal::SIGCONT).expect("SIGCONT");
+    let out = up.agent.take().expect("agent").wait_output(LIMIT);
+    assert!(
+        !out.status.success(),
+        "the agent refuses to re-execute: {:?} {}",
+        out.status,
+        read_lossy(&up.path("agent.stderr"))
+    );
+    assert!(!marker.exists(), "the changed bytes never ran");
+    let rec = up.record();
+    assert_eq!(rec["upgrade"]["phase"], "aborted", "{rec}");
+    assert_eq!(
+        sha256_hex(&up.exe()),
+        sha256_hex(&builds().v1),
+        "the previous binary is back"
+    );
+    assert_eq!(up.bin_entries(), ["railgrid"]);
+    let log = read_lossy(&up.path("agent.stderr"));
+    assert!(log.contains("changed after it was verified"), "{log}");
+}

@@ -162,13 +162,14 @@ pub(super) async fn test_run(
         let status = child.wait().await;
         (status, out, err)
     };
-    let (status, out, err) = match tokio::time::timeout(TEST_RUN_TIMEOUT, run).await {
+    let ran = tokio::time::timeout(TEST_RUN_TIMEOUT, run).await;
+    // Its own session and group: whatever it left in them ends with it, answered or not.
+    if let Some(p) = pid.and_then(crate::sys::ProcessId::from_u32) {
+        let _ = crate::sys::group::signal_group(p, nix::sys::signal::Signal::SIGKILL);
+    }
+    let (status, out, err) = match ran {
         Ok(r) => r,
         Err(_) => {
-            // Its own session and group: end whatever it started too.
-            if let Some(p) = pid.and_then(crate::sys::ProcessId::from_u32) {
-                let _ = crate::sys::group::signal_group(p, nix::sys::signal::Signal::SIGKILL);
-            }
             return Err(fail(format!(
                 "`version --json` did not answer within {}",
                 humantime::format_duration(TEST_RUN_TIMEOUT)

@@ -266,19 +266,18 @@ impl UpgradeHandle {
     /// is let finish and then undone: the operator asked for a stop, not for the new
     /// version, so the previous binary goes back and the record says `aborted` (the
     /// watcher then exits; the version is not to blame).
-    pub(super) async fn shutdown(mut self, cfg: &AgentConfig) {
+    pub(super) async fn shutdown(mut self, cfg: &AgentConfig) -> Option<String> {
         self.stopping.send_replace(true);
         let waited = tokio::time::timeout(SHUTDOWN_WAIT, &mut self.task).await;
         if waited.is_err() {
             self.task.abort();
         }
-        let Some(mut rx) = self.switch.take() else {
-            return;
-        };
-        if let Ok(switch) = rx.try_recv() {
-            let dir = cfg.state_dir.clone();
-            let _ = tokio::task::spawn_blocking(move || undo_switch(&dir, &switch)).await;
-        }
+        let mut rx = self.switch.take()?;
+        let switch = rx.try_recv().ok()?;
+        let to = switch.to.clone();
+        let dir = cfg.state_dir.clone();
+        let _ = tokio::task::spawn_blocking(move || undo_switch(&dir, &switch)).await;
+        Some(to)
     }
 }
 
@@ -291,6 +290,11 @@ impl Drop for UpgradeHandle {
 /// The longest a stopping agent waits for a switch in flight (the watcher's start, a
 /// copy of the binary, renames).
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
+
+/// [`undo_switch`] for the caller of [`crate::agent::run`], once the agent has stopped.
+pub(crate) fn undo_switch_after_stop(state_dir: &Path, switch: &Switch) {
+    undo_switch(state_dir, switch);
+}
 
 /// Puts the previous binary back after a switch the agent will not re-exec into.
 pub(super) fn undo_switch(state_dir: &Path, switch: &Switch) {
@@ -446,6 +450,7 @@ impl UpgradeTask {
     async fn startup(&mut self) {
         let state_dir = self.ctx.cfg.state_dir.clone();
         let own = self.own_sha().to_owned();
+        let own_path = self.ctx.exe.path().to_owned();
         let pid = std::process::id();
         let start_time = sys_start_time();
         let found = tokio::task::spawn_blocking(move || {
@@ -455,7 +460,7 @@ impl UpgradeTask {
                 };
                 match u.phase {
                     // Ours to commit: the record names these very bytes.
-                    Phase::Pending if u.to_sha256 == own => {
+                    Phase::Pending if u.to_sha256 == own && u.exe == own_path => {
                         u.attempts += 1;
                         u.agent_pid = pid;
                         u.agent_start_time = start_time;
@@ -628,10 +633,12 @@ impl UpgradeTask {
     async fn consider(&mut self) -> Option<Switch> {
         let wanted = self.ctx.observed.borrow().desired.agent.clone();
         let Some(wanted) = wanted else {
+            self.remove_downloads();
             self.keep_terminal_or_idle();
             return None;
         };
         if wanted.version == build_info::VERSION {
+            self.remove_downloads();
             self.forget_other_bad(&wanted.version).await;
             self.keep_terminal_or_idle();
             return None;
@@ -677,6 +684,14 @@ impl UpgradeTask {
                 });
                 None
             }
+        }
+    }
+
+    /// No version to fetch: partial downloads (an interrupted one, a version the hub no
+    /// longer asks for) go.
+    fn remove_downloads(&self) {
+        if let Ok((dir, name)) = exe_dir(self.ctx.exe.path()) {
+            remove_stale_downloads(&dir, &name, "");
         }
     }
 
@@ -1034,7 +1049,13 @@ fn keep_prev(dir: &Dir, dir_path: &Path, name: &str, exe: &PinnedExe) -> Result<
     };
     let _ = dir.remove_file(&tmp);
     let id = exe.identity();
-    let same = dir.identify(name).map_err(io)? == Some((id.device, id.inode));
+    let running = Some((id.device, id.inode));
+    // Left by a switch that stopped before its rename: `.prev` is the running file
+    // already (renaming a second name of the same file over it would do nothing).
+    if dir.identify(&prev).map_err(io)? == running {
+        return Ok(());
+    }
+    let same = dir.identify(name).map_err(io)? == running;
     if same {
         dir.link(name, &tmp).map_err(io)?;
     } else {
@@ -1052,6 +1073,8 @@ fn keep_prev(dir: &Dir, dir_path: &Path, name: &str, exe: &PinnedExe) -> Result<
     dir.rename(&tmp, &prev)
         .and_then(|()| dir.sync())
         .map_err(io)?;
+    // Gone after the rename, unless both names were one file already.
+    let _ = dir.remove_file(&tmp);
     let check = PinnedExe::open(&dir_path.join(&prev)).map_err(|source| UpgradeError::Pin {
         path: dir_path.join(&prev),
         source,

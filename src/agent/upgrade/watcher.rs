@@ -426,6 +426,7 @@ fn stop_agent(pid: u32, start_time: Option<u64>, timeout: Duration) {
     if !same() {
         return;
     }
+    let leads_group = crate::sys::group::group_of(p).ok().flatten() == Some(p.get());
     let _ = crate::sys::group::signal_process(p, Signal::SIGTERM);
     let until = Instant::now() + timeout;
     while same() && Instant::now() < until {
@@ -438,6 +439,11 @@ fn stop_agent(pid: u32, start_time: Option<u64>, timeout: Duration) {
         while same() && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+    // What the failed binary started in its own group goes with it; a group the agent
+    // does not lead (it was started from a shell, a test) is someone else's.
+    if leads_group {
+        let _ = crate::sys::group::signal_group(p, Signal::SIGKILL);
     }
 }
 
