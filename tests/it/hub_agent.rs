@@ -945,14 +945,26 @@ fn the_hubs_desired_state_stops_and_starts_the_runner() {
     });
     assert_ne!(second, first);
 
-    // A desired agent version is shown, not acted on.
+    // A desired agent version, without trusted keys: shown, refused, and the runner is
+    // left alone.
     hub.admin_ok(&["desired", "set", "--agent", "a1", "--version", "9.9.9"]);
     let v = hub_generation(&hub, "a1");
     let st = h.wait_status("the desired version", APPLIED, connected_at(v));
     assert_eq!(st["hub"]["desired_version"], "9.9.9", "{st:#}");
     assert_eq!(st["runner"]["pid"], second, "no restart for a version");
+    let st = wait_for(LIMIT, "the upgrade refused", || {
+        let st = h.host.status();
+        (st["upgrade"]["state"] == "refused").then_some(st)
+    });
+    assert!(
+        st["upgrade"]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no [upgrade] trusted_keys"),
+        "{st:#}"
+    );
     let log = h.host.agent_log();
-    assert!(log.contains("self-upgrade is not in this build"), "{log}");
+    assert!(log.contains("the upgrade takes it from here"), "{log}");
     assert!(
         log.contains("hub: the desired state disables the runner; stopping it")
             && log.contains("hub: the desired state enables the runner; starting it"),

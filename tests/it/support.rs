@@ -379,3 +379,10 @@ pub fn in_cgroup(cmd: &Command, dir: &Path, user: Option<&str>) -> Command {
     }
     out
 }
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

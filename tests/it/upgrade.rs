@@ -1226,3 +1226,39 @@ fn a_new_binary_changed_in_place_before_the_re_exec_is_never_run() {
     let log = read_lossy(&up.path("agent.stderr"));
     assert!(log.contains("changed after it was verified"), "{log}");
 }
+
+#[test]
+fn a_hub_down_after_the_switch_delays_the_commit_and_fails_nothing() {
+    let mut up = Up::new();
+    up.start_agent();
+    up.release(V2, &builds().v2);
+    up.want(V2);
+    wait_for(LIMIT, "the switch", || {
+        (up.record()["upgrade"]["phase"] == "pending").then_some(())
+    });
+    let hub = up.hub.take().expect("hub");
+    let (listen, dir) = (hub.listen.clone(), hub.dir.clone());
+    hub.stop();
+    // The new agent runs, healthy, and cannot reach its hub: it waits, it does not fail.
+    up.wait_agent("the new agent healthy without its hub", |st| {
+        st["version"] == V2
+            && st["runner"]["state"] == "running"
+            && st["upgrade"]["state"] == "pending_commit"
+            && st["hub"]["last_error"].is_string()
+    });
+    assert_eq!(up.record()["upgrade"]["phase"], "pending");
+    let back = crate::support::unix_now();
+    up.hub = Some(TestHub::start_on(
+        &dir,
+        &listen,
+        &["--release-key", &path_str(&up.key.public)],
+    ));
+    up.wait_upgrade("committed");
+    let rec = up.record();
+    assert!(
+        rec["upgrade"]["finished_at"].as_u64().expect("finished_at") >= back,
+        "committed only once the hub answered: {rec}"
+    );
+    up.assert_running(V2);
+    up.assert_clean_bin();
+}
