@@ -908,28 +908,29 @@ fn a_release_that_never_gets_healthy_is_rolled_back_at_the_deadline() {
     assert_rolled_back(&up, "99.0.4", "did not commit by its deadline");
 }
 
-#[test]
-fn an_agent_killed_between_the_rename_and_the_re_exec_still_ends_on_a_verified_binary() {
-    let mut up = Up::new();
+/// Starts the agent, asks for the second build, and freezes the agent (SIGSTOP) once
+/// the record says `pending` (right after the rename; the re-exec comes after the
+/// runner's stop), checking that it still runs the old bytes. Its pid.
+fn freeze_between_rename_and_re_exec(up: &mut Up) -> i32 {
+    use std::os::unix::fs::MetadataExt;
     up.start_agent();
     let pid = up.status()["pid"].as_i64().expect("pid") as i32;
-    let prev = up.bin_dir().join("railgrid.prev");
     up.release(V2, &builds().v2);
     up.want(V2);
-    // The record says `pending` right after the rename; the re-exec comes after the
-    // runner's stop. Freeze the agent there, check it still runs the old bytes, kill it.
     wait_for(LIMIT, "the switch", || {
         (up.record()["upgrade"]["phase"] == "pending").then_some(())
     });
     kill(Pid::from_raw(pid), Signal::SIGSTOP).expect("SIGSTOP");
     let exe = fs::metadata(format!("/proc/{pid}/exe")).expect("agent exe");
-    let prev_meta = fs::metadata(&prev).expect(".prev");
-    use std::os::unix::fs::MetadataExt;
-    assert_eq!(
-        exe.ino(),
-        prev_meta.ino(),
-        "the agent has not re-executed yet"
-    );
+    let prev = fs::metadata(up.bin_dir().join("railgrid.prev")).expect(".prev");
+    assert_eq!(exe.ino(), prev.ino(), "the agent has not re-executed yet");
+    pid
+}
+
+#[test]
+fn an_agent_killed_between_the_rename_and_the_re_exec_still_ends_on_a_verified_binary() {
+    let mut up = Up::new();
+    let pid = freeze_between_rename_and_re_exec(&mut up);
     kill(Pid::from_raw(pid), Signal::SIGKILL).expect("SIGKILL");
     up.agent.take().map(|mut g| g.wait_output(LIMIT));
     // Standalone, the watcher starts the agent once more, from the new, verified file.
@@ -1182,22 +1183,7 @@ fn an_agent_stopped_during_the_switch_puts_the_previous_binary_back_and_exits() 
 #[test]
 fn a_new_binary_changed_in_place_before_the_re_exec_is_never_run() {
     let mut up = Up::new();
-    up.start_agent();
-    let pid = up.status()["pid"].as_i64().expect("pid") as i32;
-    let prev = up.bin_dir().join("railgrid.prev");
-    up.release(V2, &builds().v2);
-    up.want(V2);
-    wait_for(LIMIT, "the switch", || {
-        (up.record()["upgrade"]["phase"] == "pending").then_some(())
-    });
-    kill(Pid::from_raw(pid), Signal::SIGSTOP).expect("SIGSTOP");
-    use std::os::unix::fs::MetadataExt;
-    let exe = fs::metadata(format!("/proc/{pid}/exe")).expect("agent exe");
-    assert_eq!(
-        exe.ino(),
-        fs::metadata(&prev).expect(".prev").ino(),
-        "not re-executed yet"
-    );
+    let pid = freeze_between_rename_and_re_exec(&mut up);
     // Written into the very file that was verified (not renamed over it).
     let marker = up.path("ran");
     let evil = format!(
