@@ -352,10 +352,11 @@ impl<S: Store> Fleet<S> {
                 .unwrap_or_default();
             (v, reason)
         });
-        self.queue_report(entry, report);
+        // The halt first: whoever sees the rollback in the agent's report sees the halt.
         if let Some((version, reason)) = rolled_back {
             self.halt_on_rollback(entry, &version, reason).await?;
         }
+        self.queue_report(entry, report);
         if !wait.is_zero() && *rx.borrow() <= observed {
             let _held = Held::new(&entry.polls, &self.held);
             // Either way the answer is computed below from what holds now.
