@@ -355,6 +355,13 @@ pub enum AgentCommand {
     Status(AgentStatusArgs),
     /// Validate the configuration and print the effective settings (secrets redacted).
     CheckConfig(AgentArgs),
+    /// Install this binary as the host's agent service (systemd or launchd): the binary,
+    /// the runner's account, the config and token (0600), the unit or plist; then enable
+    /// and start it. Safe to run again: only what differs changes, and it says what.
+    Install(AgentInstallArgs),
+    /// Stop and remove the agent service and its binary; --purge also removes the
+    /// config, state and logs.
+    Uninstall(AgentUninstallArgs),
     /// Manage this host's self-upgrade: `--clear-bad` forgets the versions remembered as
     /// bad after a rollback, so the agent tries them again when the hub asks.
     Upgrade(AgentUpgradeArgs),
@@ -371,6 +378,60 @@ pub enum AgentCommand {
         #[arg(long, value_name = "DIR")]
         log_dir: PathBuf,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct AgentInstallArgs {
+    /// Hub URL (https://...), written as hub.url.
+    #[arg(long, value_name = "URL")]
+    pub hub: Option<String>,
+    /// This agent's id at the hub (default: the host name).
+    #[arg(long, value_name = "ID")]
+    pub agent_id: Option<String>,
+    /// File holding the agent's hub token: copied to /etc/railgrid/token (mode 0600).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// PEM file of the CA that signed the hub's certificate: copied to
+    /// /etc/railgrid/hub-ca.pem.
+    #[arg(long, value_name = "PEM")]
+    pub ca_file: Option<PathBuf>,
+    /// A minisign public key line (RW…) releases must be signed with (repeatable;
+    /// replaces upgrade.trusted_keys).
+    #[arg(long, value_name = "RW…")]
+    pub trusted_key: Vec<String>,
+    /// The runner's account, created when missing (default: the config's, else
+    /// `railgrid`; `_railgrid` on macOS).
+    #[arg(long, value_name = "NAME")]
+    pub runner_user: Option<String>,
+    /// Where the binary goes: PREFIX/bin/railgrid.
+    #[arg(long, value_name = "DIR", default_value = "/usr/local")]
+    pub prefix: PathBuf,
+    /// Write everything under DIR (an image) and start nothing.
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Print every action and file, and do none of them.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Enable the service for the next boot, but do not start it now.
+    #[arg(long)]
+    pub no_start: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentUninstallArgs {
+    /// Also remove the config and token, the state (job records, spooled output) and
+    /// the logs.
+    #[arg(long)]
+    pub purge: bool,
+    /// Do not ask before --purge.
+    #[arg(long, requires = "purge")]
+    pub yes: bool,
+    /// Remove what an install wrote under DIR (an image); stop nothing.
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Print every action, and do none of them.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]

@@ -699,7 +699,7 @@ const MAX_AGENT_ID: usize = 128;
 
 /// An agent id is one segment of the reconcile URL and a name operators type: letters,
 /// digits, `.`, `_` and `-`, not starting with `.` or `-`.
-fn check_agent_id(id: &str) -> Result<String, String> {
+pub(crate) fn check_agent_id(id: &str) -> Result<String, String> {
     let ok = !id.is_empty()
         && id.len() <= MAX_AGENT_ID
         && !id.starts_with(['.', '-'])

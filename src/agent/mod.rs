@@ -37,6 +37,7 @@
 pub(crate) mod cgroup;
 pub(crate) mod config;
 pub(crate) mod hub;
+pub(crate) mod install;
 pub(crate) mod instance;
 mod jobs;
 pub(crate) mod notify;

@@ -5,6 +5,7 @@ mod agent;
 mod hub;
 mod hub_job;
 mod hub_release;
+mod install;
 mod job;
 mod release;
 mod runner;
@@ -61,6 +62,12 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Command::Agent {
                     command: AgentCommand::CheckConfig(args),
                 } => agent::check_config(args),
+                Command::Agent {
+                    command: AgentCommand::Install(args),
+                } => install::install(args),
+                Command::Agent {
+                    command: AgentCommand::Uninstall(args),
+                } => install::uninstall(args),
                 Command::Agent {
                     command: AgentCommand::Upgrade(args),
                 } => agent::upgrade(args),

@@ -10,6 +10,7 @@ mod hub;
 mod hub_agent;
 mod hub_jobs;
 mod hubs;
+mod install;
 mod jobs;
 mod lock;
 mod readme;

@@ -1,0 +1,270 @@
+//! The runner's account: found, or created as a system account with no login shell and
+//! its home inside the state directory (Linux `useradd --system`, macOS `dscl` with a free
+//! id below 500). The commands are chosen when the plan is made, so that `--dry-run`
+//! prints exactly what would run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::InstallError;
+
+/// What the install does about the account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AccountPlan {
+    /// It exists: uid, and where it was found.
+    Exists { uid: u32 },
+    /// It is created by these commands, in order.
+    Create { commands: Vec<Vec<String>> },
+    /// It cannot be created here (an image without a password database): why.
+    Skip { reason: String },
+}
+
+/// The account's home: inside the state directory, where the runner keeps its own state.
+pub(crate) fn home(state_dir: &Path) -> PathBuf {
+    state_dir.join("runner")
+}
+
+/// Decides what to do about `name`; `root` is the `--root` directory, if any.
+pub(crate) fn plan(
+    name: &str,
+    root: Option<&Path>,
+    home: &Path,
+) -> Result<AccountPlan, InstallError> {
+    check_name(name)?;
+    let found = match root {
+        None => uzers::get_user_by_name(name).map(|u| u.uid()),
+        Some(root) => uid_in_passwd(&root.join("etc/passwd"), name)?,
+    };
+    if let Some(uid) = found {
+        if uid == 0 {
+            return Err(InstallError::RootRunner {
+                name: name.to_owned(),
+            });
+        }
+        return Ok(AccountPlan::Exists { uid });
+    }
+    if cfg!(target_os = "macos") {
+        if let Some(root) = root {
+            return Ok(AccountPlan::Skip {
+                reason: format!(
+                    "{} is not this host's directory service: create the account {name} in the image",
+                    root.display()
+                ),
+            });
+        }
+        return Ok(AccountPlan::Create {
+            commands: dscl_commands(name, home, free_macos_id()?),
+        });
+    }
+    if let Some(root) = root {
+        if !root.join("etc/passwd").is_file() {
+            return Ok(AccountPlan::Skip {
+                reason: format!(
+                    "{} has no etc/passwd: create the account {name} where the image is finished",
+                    root.display()
+                ),
+            });
+        }
+    }
+    let mut argv: Vec<String> = vec!["useradd".into()];
+    if let Some(root) = root {
+        // --prefix edits ROOT/etc/{passwd,group,shadow} without a chroot: the image need
+        // not hold a useradd of its own.
+        argv.extend(["--prefix".into(), root.display().to_string()]);
+    }
+    argv.extend([
+        "--system".into(),
+        "--user-group".into(),
+        "--no-create-home".into(),
+        "--home-dir".into(),
+        home.display().to_string(),
+        "--shell".into(),
+        no_login_shell(root),
+        "--comment".into(),
+        "railgrid runner".into(),
+        name.to_owned(),
+    ]);
+    Ok(AccountPlan::Create {
+        commands: vec![argv],
+    })
+}
+
+/// Runs the commands of a [`AccountPlan::Create`].
+pub(crate) fn create(commands: &[Vec<String>]) -> Result<(), InstallError> {
+    for argv in commands {
+        super::run_command(argv)?;
+    }
+    Ok(())
+}
+
+/// The name goes to useradd/dscl and into the config: the portable account-name set.
+fn check_name(name: &str) -> Result<(), InstallError> {
+    let ok = !name.is_empty()
+        && name.len() <= 32
+        && !name.starts_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '-'));
+    if name == "root" {
+        return Err(InstallError::RootRunner {
+            name: name.to_owned(),
+        });
+    }
+    if !ok {
+        return Err(InstallError::Invalid(format!(
+            "--runner-user {name:?}: use 1 to 32 lowercase letters, digits, '_' or '-', not starting with '-'"
+        )));
+    }
+    Ok(())
+}
+
+/// The uid of `name` in a passwd file; `None` when it has no line (or there is no file).
+fn uid_in_passwd(passwd: &Path, name: &str) -> Result<Option<u32>, InstallError> {
+    let text = match std::fs::read_to_string(passwd) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(InstallError::Read {
+                path: passwd.to_owned(),
+                source,
+            })
+        }
+    };
+    Ok(text.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        (fields.next() == Some(name))
+            .then(|| fields.nth(1).and_then(|uid| uid.parse().ok()))
+            .flatten()
+    }))
+}
+
+/// A shell that refuses logins, as the target system has it.
+fn no_login_shell(root: Option<&Path>) -> String {
+    const SHELLS: [&str; 4] = [
+        "/usr/sbin/nologin",
+        "/sbin/nologin",
+        "/usr/bin/false",
+        "/bin/false",
+    ];
+    let base = root.unwrap_or(Path::new("/"));
+    SHELLS
+        .iter()
+        .find(|s| base.join(s.trim_start_matches('/')).exists())
+        .or_else(|| SHELLS.iter().find(|s| Path::new(s).exists()))
+        .unwrap_or(&SHELLS[0])
+        .to_string()
+}
+
+/// macOS: the commands that create a hidden system account and its group with `id`.
+fn dscl_commands(name: &str, home: &Path, id: u32) -> Vec<Vec<String>> {
+    let set = |record: &str, key: &str, value: &str| -> Vec<String> {
+        ["dscl", ".", "-create", record, key, value]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let group = format!("/Groups/{name}");
+    let user = format!("/Users/{name}");
+    let id = id.to_string();
+    vec![
+        set(&group, "PrimaryGroupID", &id),
+        set(&group, "RealName", "railgrid runner"),
+        set(&user, "UniqueID", &id),
+        set(&user, "PrimaryGroupID", &id),
+        set(&user, "UserShell", "/usr/bin/false"),
+        set(&user, "NFSHomeDirectory", &home.display().to_string()),
+        set(&user, "RealName", "railgrid runner"),
+        set(&user, "Password", "*"),
+        set(&user, "IsHidden", "1"),
+    ]
+}
+
+/// macOS: the highest free id below 500 that is neither a uid nor a gid (system
+/// accounts live there, and the GUI hides them).
+fn free_macos_id() -> Result<u32, InstallError> {
+    let used = |path: &str, key: &str| -> Result<Vec<u32>, InstallError> {
+        let argv: Vec<String> = ["dscl", ".", "-list", path, key]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let out = Command::new(&argv[0])
+            .args(&argv[1..])
+            .output()
+            .map_err(|source| InstallError::Spawn {
+                command: argv.join(" "),
+                source,
+            })?;
+        if !out.status.success() {
+            return Err(InstallError::Command {
+                command: argv.join(" "),
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().last()?.parse().ok())
+            .collect())
+    };
+    let mut taken = used("/Users", "UniqueID")?;
+    taken.extend(used("/Groups", "PrimaryGroupID")?);
+    (300..500)
+        .rev()
+        .find(|id| !taken.contains(id))
+        .ok_or_else(|| InstallError::Invalid("no free id between 300 and 499 for the runner's account: create it by hand and give --runner-user".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_passwd_file_is_searched_by_whole_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let passwd = dir.path().join("passwd");
+        std::fs::write(
+            &passwd,
+            "root:x:0:0:root:/root:/bin/bash\nrailgrid-x:x:998:998::/:/usr/sbin/nologin\nrailgrid:x:999:999::/var/lib/railgrid/runner:/usr/sbin/nologin\n",
+        )
+        .unwrap();
+        assert_eq!(uid_in_passwd(&passwd, "railgrid").unwrap(), Some(999));
+        assert_eq!(uid_in_passwd(&passwd, "railgri").unwrap(), None);
+        assert_eq!(uid_in_passwd(&passwd, "root").unwrap(), Some(0));
+        assert_eq!(
+            uid_in_passwd(&dir.path().join("none"), "root").unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn root_and_odd_names_are_refused() {
+        assert!(matches!(
+            check_name("root"),
+            Err(InstallError::RootRunner { .. })
+        ));
+        for bad in ["", "-x", "Build", "a b", "a:b", &"x".repeat(33)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        for good in ["railgrid", "_railgrid", "build-17"] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn the_macos_account_is_hidden_without_a_shell_or_password() {
+        let cmds = dscl_commands("_railgrid", Path::new("/var/lib/railgrid/runner"), 499);
+        let flat: Vec<String> = cmds.iter().map(|c| c.join(" ")).collect();
+        assert!(flat.contains(&"dscl . -create /Users/_railgrid UniqueID 499".to_owned()));
+        assert!(
+            flat.contains(&"dscl . -create /Users/_railgrid UserShell /usr/bin/false".to_owned())
+        );
+        assert!(flat.contains(&"dscl . -create /Users/_railgrid Password *".to_owned()));
+        assert!(flat.contains(
+            &"dscl . -create /Users/_railgrid NFSHomeDirectory /var/lib/railgrid/runner".to_owned()
+        ));
+        assert!(
+            flat[0].starts_with("dscl . -create /Groups/_railgrid PrimaryGroupID 499"),
+            "the group first"
+        );
+    }
+}

@@ -1,0 +1,264 @@
+//! `/etc/railgrid/agent.toml` as the install converges it: created from the flags, or
+//! edited in place (comments, order and every other key kept) where a flag says
+//! otherwise than the file; each change is named.
+
+use std::path::{Path, PathBuf};
+
+use toml_edit::{DocumentMut, Item, TableLike};
+
+use super::InstallError;
+use crate::agent::config::RawConfig;
+
+/// What the flags ask of the file; `None` leaves a key as the file has it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Wanted {
+    pub(crate) runner_user: Option<String>,
+    pub(crate) hub_url: Option<String>,
+    pub(crate) agent_id: Option<String>,
+    pub(crate) token_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
+    pub(crate) trusted_keys: Option<Vec<String>>,
+}
+
+/// The file to write, and what changed in it (empty: it is kept as it is).
+#[derive(Debug, Clone)]
+pub(crate) struct Converged {
+    pub(crate) text: String,
+    pub(crate) changes: Vec<String>,
+    /// The runner account the file names after the change.
+    pub(crate) runner_user: Option<String>,
+}
+
+const HEADER: &str = "\
+# railgrid agent configuration, written by `railgrid agent install` (mode 0600).
+# Edit freely: a later install changes only the keys its flags name. Every key, with
+# its default: packaging/agent.toml.example and docs/operations.md.
+";
+
+/// Reads the existing file at `path`: `None` when there is none. A file that is not a
+/// railgrid agent config is refused, so that install never rewrites someone else's file.
+pub(crate) fn read_existing(path: &Path) -> Result<Option<String>, InstallError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(InstallError::Read {
+                path: path.to_owned(),
+                source,
+            })
+        }
+    };
+    if let Err(e) = toml::from_str::<RawConfig>(&text) {
+        return Err(InstallError::ForeignConfig {
+            path: path.to_owned(),
+            message: e.to_string().trim().replace('\n', " "),
+        });
+    }
+    Ok(Some(text))
+}
+
+/// Applies `wanted` to `existing` (or to a new file).
+pub(crate) fn converge(
+    existing: Option<&str>,
+    wanted: &Wanted,
+    delegate_cgroup: bool,
+) -> Result<Converged, InstallError> {
+    let fresh = existing.is_none();
+    let mut doc: DocumentMut = match existing {
+        Some(text) => text
+            .parse()
+            .map_err(|e: toml_edit::TomlError| InstallError::Invalid(e.to_string()))?,
+        None => DocumentMut::new(),
+    };
+    let mut changes = Vec::new();
+    let mut set_str = |doc: &mut DocumentMut, table: &str, key: &str, value: Option<&str>| {
+        let Some(value) = value else { return };
+        let current = doc
+            .get(table)
+            .and_then(Item::as_table_like)
+            .and_then(|t| t.get(key))
+            .and_then(Item::as_str)
+            .map(str::to_owned);
+        if current.as_deref() == Some(value) {
+            return;
+        }
+        table_mut(doc, table).insert(key, toml_edit::value(value));
+        changes.push(match current {
+            Some(old) => format!("{table}.{key} = {value:?} (was {old:?})"),
+            None => format!("{table}.{key} = {value:?}"),
+        });
+    };
+    set_str(&mut doc, "runner", "user", wanted.runner_user.as_deref());
+    set_str(&mut doc, "hub", "url", wanted.hub_url.as_deref());
+    set_str(&mut doc, "hub", "agent_id", wanted.agent_id.as_deref());
+    let path_str = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    set_str(
+        &mut doc,
+        "hub",
+        "token_file",
+        path_str(&wanted.token_file).as_deref(),
+    );
+    set_str(
+        &mut doc,
+        "hub",
+        "ca_file",
+        path_str(&wanted.ca_file).as_deref(),
+    );
+    if let Some(keys) = &wanted.trusted_keys {
+        let current: Option<Vec<String>> = doc
+            .get("upgrade")
+            .and_then(Item::as_table_like)
+            .and_then(|t| t.get("trusted_keys"))
+            .and_then(Item::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            });
+        if current.as_ref() != Some(keys) {
+            let array: toml_edit::Array = keys.iter().map(String::as_str).collect();
+            table_mut(&mut doc, "upgrade").insert("trusted_keys", toml_edit::value(array));
+            changes.push(format!(
+                "upgrade.trusted_keys = {} key(s){}",
+                keys.len(),
+                if current.is_some() { " (replaced)" } else { "" }
+            ));
+        }
+    }
+    if fresh && delegate_cgroup {
+        // The unit delegates the agent's cgroup: jobs get their own cgroups from the start.
+        table_mut(&mut doc, "runner").insert("delegate_cgroup", toml_edit::value(true));
+        changes.push("runner.delegate_cgroup = true".into());
+    }
+    let text = if fresh {
+        format!("{HEADER}\n{doc}")
+    } else {
+        doc.to_string()
+    };
+    // What is written must load: the keys the flags set are checked by the caller, and
+    // the schema here.
+    let raw: RawConfig = toml::from_str(&text)
+        .map_err(|e| InstallError::Invalid(format!("the resulting config is invalid: {e}")))?;
+    let hub = &raw.hub;
+    if hub.url.is_some() && hub.token_file.is_none() {
+        return Err(InstallError::Invalid(
+            "a hub needs a token: give --token-file FILE with --hub".into(),
+        ));
+    }
+    if hub.url.is_none()
+        && (hub.token_file.is_some() || hub.agent_id.is_some() || hub.ca_file.is_some())
+    {
+        return Err(InstallError::Invalid(
+            "--token-file, --agent-id and --ca-file belong to a hub: give --hub URL too".into(),
+        ));
+    }
+    Ok(Converged {
+        text,
+        changes,
+        runner_user: raw.runner.user,
+    })
+}
+
+/// The table `name` of the document, created when missing (an inline table stays one).
+fn table_mut<'a>(doc: &'a mut DocumentMut, name: &str) -> &'a mut dyn TableLike {
+    let item = doc
+        .entry(name)
+        .or_insert_with(|| Item::Table(toml_edit::Table::new()));
+    if !item.is_table_like() {
+        *item = Item::Table(toml_edit::Table::new());
+    }
+    item.as_table_like_mut().expect("a table")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wanted() -> Wanted {
+        Wanted {
+            runner_user: Some("railgrid".into()),
+            hub_url: Some("https://hub.example:8443".into()),
+            agent_id: Some("build-17".into()),
+            token_file: Some("/etc/railgrid/token".into()),
+            ca_file: None,
+            trusted_keys: Some(vec!["RWQkey".into()]),
+        }
+    }
+
+    #[test]
+    fn a_new_file_holds_the_flags_and_loads() {
+        let c = converge(None, &wanted(), true).unwrap();
+        let raw: RawConfig = toml::from_str(&c.text).unwrap();
+        assert_eq!(raw.runner.user.as_deref(), Some("railgrid"));
+        assert_eq!(raw.runner.delegate_cgroup, Some(true));
+        assert_eq!(raw.hub.url.as_deref(), Some("https://hub.example:8443"));
+        assert_eq!(raw.upgrade.trusted_keys, Some(vec!["RWQkey".to_owned()]));
+        assert!(c.text.starts_with("# railgrid agent configuration"));
+        assert_eq!(c.changes.len(), 6, "{:?}", c.changes);
+    }
+
+    #[test]
+    fn the_same_flags_again_change_nothing() {
+        let first = converge(None, &wanted(), true).unwrap();
+        let again = converge(Some(&first.text), &wanted(), true).unwrap();
+        assert!(again.changes.is_empty(), "{:?}", again.changes);
+        assert_eq!(again.text, first.text);
+    }
+
+    #[test]
+    fn an_edited_file_keeps_its_comments_and_other_keys() {
+        let existing = "# ours\nstate_dir = \"/srv/rg\"\n\n[runner]\nuser = \"nobody\" # the build account\nmax_jobs = 3\n";
+        let only_hub = Wanted {
+            runner_user: None,
+            ..wanted()
+        };
+        let c = converge(Some(existing), &only_hub, true).unwrap();
+        assert!(
+            c.text.starts_with("# ours\nstate_dir = \"/srv/rg\"\n"),
+            "{}",
+            c.text
+        );
+        assert!(
+            c.text.contains("user = \"nobody\" # the build account"),
+            "{}",
+            c.text
+        );
+        assert!(c.text.contains("max_jobs = 3"));
+        assert!(
+            !c.text.contains("delegate_cgroup"),
+            "only a new file gets the default"
+        );
+        assert_eq!(c.runner_user.as_deref(), Some("nobody"));
+        let user_too = converge(Some(existing), &wanted(), true).unwrap();
+        assert!(user_too
+            .changes
+            .contains(&"runner.user = \"railgrid\" (was \"nobody\")".to_owned()));
+    }
+
+    #[test]
+    fn a_hub_without_a_token_is_refused() {
+        let w = Wanted {
+            token_file: None,
+            ..wanted()
+        };
+        let err = converge(None, &w, false).unwrap_err().to_string();
+        assert!(err.contains("--token-file"), "{err}");
+        let w = Wanted {
+            hub_url: None,
+            ..wanted()
+        };
+        let err = converge(None, &w, false).unwrap_err().to_string();
+        assert!(err.contains("--hub"), "{err}");
+    }
+
+    #[test]
+    fn a_file_that_is_not_ours_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "[server]\nport = 80\n").unwrap();
+        let err = read_existing(&path).unwrap_err();
+        assert!(matches!(err, InstallError::ForeignConfig { .. }), "{err}");
+        assert!(err.to_string().contains(&path.display().to_string()));
+        assert_eq!(read_existing(&dir.path().join("none")).unwrap(), None);
+    }
+}

@@ -1,0 +1,56 @@
+//! What an install put on the host, kept beside the config (`/etc/railgrid/install.json`),
+//! so that uninstall removes exactly that: the binary under the prefix it was installed
+//! to, and the directories that did not exist before.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::InstallError;
+
+/// The manifest's path on the host (under `--root`, below that directory).
+pub(crate) const PATH: &str = "/etc/railgrid/install.json";
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Manifest {
+    /// `systemd` or `launchd`.
+    pub(crate) service: String,
+    pub(crate) prefix: PathBuf,
+    /// Directories created by installs, as host paths, parents first.
+    #[serde(default)]
+    pub(crate) created_dirs: Vec<PathBuf>,
+    /// The runner's account, and whether an install created it.
+    pub(crate) runner_user: Option<String>,
+    #[serde(default)]
+    pub(crate) created_account: bool,
+    /// The version that wrote this.
+    pub(crate) installed_by: String,
+}
+
+/// Reads the manifest at `path` (already under the root): `None` when there is none.
+pub(crate) fn read(path: &Path) -> Result<Option<Manifest>, InstallError> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| InstallError::BadManifest {
+                    path: path.to_owned(),
+                    message: e.to_string(),
+                })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(InstallError::Read {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+impl Manifest {
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        let mut bytes = serde_json::to_vec_pretty(self).expect("a manifest serializes");
+        bytes.push(b'\n');
+        bytes
+    }
+}
