@@ -25,7 +25,11 @@ const MARKER: &str = "<!-- readme-test";
 
 /// Shell blocks that are shown but not run here: the build and install (the test runs the
 /// binary it was built with) and the test command itself.
-const UNMARKED: &[&str] = &["cargo build --release", "cargo test"];
+const UNMARKED: &[&str] = &[
+    "cargo build --release",
+    "./target/release/railgrid agent install",
+    "cargo test",
+];
 
 #[derive(Debug)]
 enum Mode {
