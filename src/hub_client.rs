@@ -22,6 +22,8 @@ pub enum HubClientError {
         #[source]
         source: reqwest::Error,
     },
+    #[error("the hub CA file {path} holds no certificate (-----BEGIN CERTIFICATE----- …)")]
+    NoCertificate { path: PathBuf },
     #[error("could not build the HTTPS client")]
     Build(#[source] reqwest::Error),
     #[error("{url}: the answer is larger than {cap} bytes")]
@@ -62,6 +64,11 @@ pub fn build(
                 source,
             }
         })?;
+        if certs.is_empty() {
+            return Err(HubClientError::NoCertificate {
+                path: path.to_owned(),
+            });
+        }
         for cert in certs {
             b = b.add_root_certificate(cert);
         }

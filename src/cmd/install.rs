@@ -7,12 +7,9 @@ use super::usage;
 use crate::agent::install::{self, InstallError, InstallOptions, Plan, UninstallOptions};
 use crate::cli::{AgentInstallArgs, AgentUninstallArgs};
 
+/// Whatever stops a plan from being made is a refusal: nothing has been changed yet.
 fn to_exit(e: InstallError) -> anyhow::Error {
-    if e.is_refusal() {
-        usage(e)
-    } else {
-        anyhow::Error::new(e)
-    }
+    usage(e)
 }
 
 pub(super) fn install(args: AgentInstallArgs) -> anyhow::Result<ExitCode> {

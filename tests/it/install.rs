@@ -415,7 +415,10 @@ fn the_rendered_unit_passes_systemd_analyze_verify() {
         eprintln!("skipped: mounting an image needs root");
         return;
     }
+    // The image's /usr/local or /opt lies over the host's: both exist on Debian.
     for prefix in ["/usr/local", "/opt/railgrid"] {
+        let top = Path::new(prefix).ancestors().nth(1).expect("a parent");
+        assert!(top.is_dir(), "{} is missing on this host", top.display());
         let dir = tempdir();
         let root = image(dir.path());
         ok(install(&[
@@ -489,11 +492,12 @@ fn the_units_exec_start_runs_an_agent_with_the_written_config() {
         .split_whitespace()
         .map(str::to_owned)
         .collect();
+    let log = fs::File::create(dir.path().join("agent.stderr")).expect("log");
     let mut agent = Guard::new(
         in_image(&root, "exec \"$@\"", &exec_start)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(log)
             .spawn()
             .expect("spawn the unit's ExecStart"),
     );
@@ -523,6 +527,7 @@ fn the_units_exec_start_runs_an_agent_with_the_written_config() {
         serde_json::from_str(&fs::read_to_string(&status_file).ok()?).ok()
     });
     let runner = status["runner"]["pid"].as_i64().expect("runner pid") as i32;
+    agent.own_group(runner);
     let uid = fs::metadata(format!("/proc/{runner}"))
         .expect("runner")
         .uid();
@@ -533,7 +538,7 @@ fn the_units_exec_start_runs_an_agent_with_the_written_config() {
     assert!(
         out.status.success(),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        read_lossy(&dir.path().join("agent.stderr"))
     );
     assert!(!alive(runner), "the runner went with its agent");
 }
@@ -572,7 +577,7 @@ fn no_new_privileges_keeps_the_runner_and_its_jobs_on_their_account() {
     let out = railgrid()
         .args(["job", "--state-dir"])
         .arg(host.state())
-        .args(["submit", "--wait", "--", "id", "-u"])
+        .args(["submit", "--wait", "--timeout", "30s", "--", "id", "-u"])
         .output()
         .expect("submit");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "65534\n", "{out:?}");
@@ -607,21 +612,25 @@ fn install_refuses_without_root_and_without_a_service_manager() {
         );
         return;
     }
-    let unit = Path::new("/etc/systemd/system/railgrid-agent.service");
-    assert!(
-        !Path::new("/etc/railgrid").exists() && !unit.exists(),
-        "a railgrid install is on this host"
-    );
-    let err = refused(install(&["--runner-user", "nobody"]));
+    // In a namespace where /etc and /usr/local are read-only overlays: a regression
+    // that went ahead would fail to write, never touch the host.
+    let image = image(dir.path());
+    let out = in_image(
+        &image,
+        "exec \"$@\" agent install --runner-user nobody",
+        &[BIN.to_owned()],
+    )
+    .output()
+    .expect("install on the host");
+    let err = refused(out);
     assert!(err.contains("systemd is not running on this host"), "{err}");
     assert!(err.contains("/run/systemd/system"), "{err}");
-    let err = refused(uninstall(&[]));
+    let out = in_image(&image, "exec \"$@\" agent uninstall", &[BIN.to_owned()])
+        .output()
+        .expect("uninstall on the host");
+    let err = refused(out);
     assert!(err.contains("systemd is not running"), "{err}");
-    assert!(
-        !Path::new("/etc/railgrid").exists(),
-        "install wrote /etc/railgrid"
-    );
-    assert!(!unit.exists(), "install wrote the unit");
+    assert!(!Path::new("/etc/railgrid").exists());
 }
 
 /// A password database of its own: the host's is never touched.
@@ -705,4 +714,81 @@ fn the_runner_account_is_created_once_as_a_system_account() {
     assert!(said.contains("kept the account railgrid"), "{said}");
     assert!(said.contains("userdel railgrid"), "{said}");
     assert_eq!(line(&root), lines);
+}
+
+#[test]
+fn nothing_outside_the_image_is_read_written_or_removed() {
+    let dir = tempdir();
+    let root = image(dir.path());
+    let r = path_str(&root);
+    // A victim outside the image, reached through a link or a path with `..`.
+    let victim = dir.path().join("victim/railgrid");
+    fs::create_dir_all(&victim).expect("victim");
+    fs::write(victim.join("data"), "precious\n").expect("data");
+    std::os::unix::fs::symlink(dir.path().join("victim"), root.join("etc/railgrid")).expect("link");
+    let err = refused(install(&["--root", &r, "--runner-user", "nobody"]));
+    assert!(err.contains("is a symlink"), "{err}");
+    let err = refused(uninstall(&["--root", &r, "--purge", "--yes"]));
+    assert!(err.contains("is a symlink"), "{err}");
+    fs::remove_file(root.join("etc/railgrid")).expect("unlink");
+
+    // A config whose state directory climbs out of the image: refused by install, never
+    // purged by uninstall.
+    let escape = format!("/..{}", victim.display());
+    fs::create_dir_all(root.join("etc/railgrid")).expect("dir");
+    fs::set_permissions(root.join("etc/railgrid"), fs::Permissions::from_mode(0o700))
+        .expect("chmod");
+    fs::write(
+        root.join("etc/railgrid/agent.toml"),
+        format!("state_dir = \"{escape}\"\n[runner]\nuser = \"nobody\"\n"),
+    )
+    .expect("config");
+    let err = refused(install(&["--root", &r]));
+    assert!(err.contains("plain absolute paths"), "{err}");
+    let said = ok(uninstall(&["--root", &r, "--purge", "--yes"]));
+    assert!(said.contains("not removed: remove it by hand"), "{said}");
+    assert_eq!(read_lossy(&victim.join("data")), "precious\n");
+
+    // A manifest that names a prefix outside: refused as not ours.
+    fs::create_dir_all(root.join("etc/railgrid")).expect("dir");
+    fs::write(
+        root.join("etc/railgrid/install.json"),
+        format!(
+            "{{\"service\":\"systemd\",\"prefix\":\"/..{}\",\"created_dirs\":[],\"runner_user\":null,\"installed_by\":\"0\"}}",
+            dir.path().join("victim").display()
+        ),
+    )
+    .expect("manifest");
+    let err = refused(uninstall(&["--root", &r]));
+    assert!(err.contains("is not an install manifest"), "{err}");
+    assert_eq!(read_lossy(&victim.join("data")), "precious\n");
+}
+
+#[test]
+fn uninstall_then_install_again_still_restores_the_image_on_purge() {
+    let dir = tempdir();
+    let root = image(dir.path());
+    let before = contents(&snapshot(&root));
+    let r = path_str(&root);
+    ok(install(&["--root", &r, "--runner-user", "nobody"]));
+    let said = ok(uninstall(&["--root", &r]));
+    assert!(said.contains("kept"), "{said}");
+    assert!(
+        root.join("etc/railgrid/agent.toml").exists(),
+        "the config stays"
+    );
+    assert!(
+        !root.join("usr/local/bin/railgrid").exists(),
+        "the binary goes"
+    );
+    // Installs at another prefix and back, then a purge: everything goes.
+    ok(install(&["--root", &r, "--prefix", "/opt/rg"]));
+    let said = ok(install(&["--root", &r, "--prefix", "/usr/local"]));
+    assert!(
+        said.contains("the binary of the install at prefix /opt/rg"),
+        "{said}"
+    );
+    assert!(!root.join("opt/rg/bin/railgrid").exists());
+    ok(uninstall(&["--root", &r, "--purge", "--yes"]));
+    assert_eq!(contents(&snapshot(&root)), before);
 }

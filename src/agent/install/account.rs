@@ -30,7 +30,11 @@ pub(crate) fn plan(
     root: Option<&Path>,
     home: &Path,
 ) -> Result<AccountPlan, InstallError> {
-    check_name(name)?;
+    if name == "root" {
+        return Err(InstallError::RootRunner {
+            name: name.to_owned(),
+        });
+    }
     let found = match root {
         None => uzers::get_user_by_name(name).map(|u| u.uid()),
         Some(root) => uid_in_passwd(&root.join("etc/passwd"), name)?,
@@ -42,6 +46,15 @@ pub(crate) fn plan(
             });
         }
         return Ok(AccountPlan::Exists { uid });
+    }
+    // Only a name install creates must be portable; an existing one is used as it is.
+    check_name(name)?;
+    if !crate::sys::is_root() {
+        return Ok(AccountPlan::Skip {
+            reason: format!(
+                "only root can create the account {name}: create it, or run this as root"
+            ),
+        });
     }
     if cfg!(target_os = "macos") {
         if let Some(root) = root {
@@ -72,9 +85,18 @@ pub(crate) fn plan(
         // not hold a useradd of its own.
         argv.extend(["--prefix".into(), root.display().to_string()]);
     }
+    // A group of that name (left by an earlier userdel) becomes the account's group.
+    let group_exists = match root {
+        None => uzers::get_group_by_name(name).is_some(),
+        Some(root) => uid_in_passwd(&root.join("etc/group"), name)?.is_some(),
+    };
+    argv.push("--system".into());
+    if group_exists {
+        argv.extend(["--gid".into(), name.to_owned()]);
+    } else {
+        argv.push("--user-group".into());
+    }
     argv.extend([
-        "--system".into(),
-        "--user-group".into(),
         "--no-create-home".into(),
         "--home-dir".into(),
         home.display().to_string(),
@@ -92,7 +114,7 @@ pub(crate) fn plan(
 /// Runs the commands of a [`AccountPlan::Create`].
 pub(crate) fn create(commands: &[Vec<String>]) -> Result<(), InstallError> {
     for argv in commands {
-        super::run_command(argv)?;
+        super::plan::run_command(argv)?;
     }
     Ok(())
 }
@@ -118,7 +140,8 @@ fn check_name(name: &str) -> Result<(), InstallError> {
     Ok(())
 }
 
-/// The uid of `name` in a passwd file; `None` when it has no line (or there is no file).
+/// The id of `name` in a passwd or group file (the third field); `None` when it has no
+/// line, or there is no file.
 fn uid_in_passwd(passwd: &Path, name: &str) -> Result<Option<u32>, InstallError> {
     let text = match std::fs::read_to_string(passwd) {
         Ok(t) => t,

@@ -27,6 +27,8 @@ pub(crate) struct Converged {
     pub(crate) changes: Vec<String>,
     /// The runner account the file names after the change.
     pub(crate) runner_user: Option<String>,
+    /// Whether it names a hub: adding or removing one takes a restart.
+    pub(crate) has_hub: bool,
 }
 
 const HEADER: &str = "\
@@ -38,9 +40,17 @@ const HEADER: &str = "\
 /// Reads the existing file at `path`: `None` when there is none. A file that is not a
 /// railgrid agent config is refused, so that install never rewrites someone else's file.
 pub(crate) fn read_existing(path: &Path) -> Result<Option<String>, InstallError> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
+    let foreign = |message: String| InstallError::ForeignConfig {
+        path: path.to_owned(),
+        message,
+    };
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(InstallError::NotRoot { command: "install" })
+        }
+        Err(e) if path.is_dir() => return Err(foreign(format!("a directory: {e}"))),
         Err(source) => {
             return Err(InstallError::Read {
                 path: path.to_owned(),
@@ -48,11 +58,14 @@ pub(crate) fn read_existing(path: &Path) -> Result<Option<String>, InstallError>
             })
         }
     };
+    let text = String::from_utf8(bytes).map_err(|_| foreign("not UTF-8 text".into()))?;
     if let Err(e) = toml::from_str::<RawConfig>(&text) {
-        return Err(InstallError::ForeignConfig {
-            path: path.to_owned(),
-            message: e.to_string().trim().replace('\n', " "),
-        });
+        // The message and where, never the file's text: it may hold anything.
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        let at = line.map(|l| format!("line {l}: ")).unwrap_or_default();
+        return Err(foreign(format!("{at}{}", e.message().trim())));
     }
     Ok(Some(text))
 }
@@ -82,7 +95,7 @@ pub(crate) fn converge(
         if current.as_deref() == Some(value) {
             return;
         }
-        table_mut(doc, table).insert(key, toml_edit::value(value));
+        set_value(table_mut(doc, table), key, toml_edit::Value::from(value));
         changes.push(match current {
             Some(old) => format!("{table}.{key} = {value:?} (was {old:?})"),
             None => format!("{table}.{key} = {value:?}"),
@@ -117,7 +130,11 @@ pub(crate) fn converge(
             });
         if current.as_ref() != Some(keys) {
             let array: toml_edit::Array = keys.iter().map(String::as_str).collect();
-            table_mut(&mut doc, "upgrade").insert("trusted_keys", toml_edit::value(array));
+            set_value(
+                table_mut(&mut doc, "upgrade"),
+                "trusted_keys",
+                toml_edit::Value::Array(array),
+            );
             changes.push(format!(
                 "upgrade.trusted_keys = {} key(s){}",
                 keys.len(),
@@ -156,7 +173,21 @@ pub(crate) fn converge(
         text,
         changes,
         runner_user: raw.runner.user,
+        has_hub: raw.hub.url.is_some(),
     })
+}
+
+/// Sets `key` to `value`, keeping the comments around the value it replaces.
+fn set_value(table: &mut dyn TableLike, key: &str, mut value: toml_edit::Value) {
+    match table.get_mut(key).and_then(Item::as_value_mut) {
+        Some(old) => {
+            *value.decor_mut() = old.decor().clone();
+            *old = value;
+        }
+        None => {
+            table.insert(key, Item::Value(value));
+        }
+    }
 }
 
 /// The table `name` of the document, created when missing (an inline table stays one).

@@ -17,10 +17,26 @@ pub(crate) enum Manager {
 /// What the manager says of the service now.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct ServiceState {
-    /// Running (systemd: active; launchd: loaded).
+    /// Running, starting or stopping (systemd: active, activating, deactivating,
+    /// reloading; launchd: loaded).
     pub(crate) running: bool,
     /// Started at boot (systemd: enabled; launchd: loaded daemons start at boot).
     pub(crate) enabled: bool,
+    /// systemd has an older copy of the unit than the file (an earlier run stopped
+    /// between writing it and `daemon-reload`).
+    pub(crate) stale: bool,
+}
+
+/// What changed, as the service manager must hear of it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Changes {
+    /// The unit or plist.
+    pub(crate) service_file: bool,
+    /// The config, token or CA: a reload (SIGHUP) takes them.
+    pub(crate) config: bool,
+    /// What only a restart takes: the binary (stopped before it is replaced, so that
+    /// the agent's own lockstep does not race the restart), a hub added or removed.
+    pub(crate) restart: bool,
 }
 
 /// A command and whether its failure stops the install.
@@ -29,12 +45,16 @@ pub(crate) struct Cmd {
     pub(crate) argv: Vec<String>,
     /// Clean-up that may find nothing to do (`reset-failed` of a unit never failed).
     pub(crate) may_fail: bool,
+    /// Tried again for a while: `launchctl bootstrap` fails while the job it replaces is
+    /// still exiting.
+    pub(crate) retry: bool,
 }
 
 fn cmd(words: &[&str]) -> Cmd {
     Cmd {
         argv: words.iter().map(|w| w.to_string()).collect(),
         may_fail: false,
+        retry: false,
     }
 }
 
@@ -64,9 +84,9 @@ impl Manager {
     }
 
     /// The service's file for a binary under `prefix`.
-    pub(crate) fn render(self, prefix: &Path) -> String {
+    pub(crate) fn render(self, prefix: &Path, dirs: (&Path, &Path)) -> String {
         match self {
-            Self::Systemd => templates::unit(prefix),
+            Self::Systemd => templates::unit(prefix, dirs),
             Self::Launchd => templates::plist(prefix),
         }
     }
@@ -93,55 +113,91 @@ impl Manager {
 
     /// Asks the manager about the service.
     pub(crate) fn state(self) -> ServiceState {
-        let ok = |argv: &[&str]| {
-            Command::new(argv[0])
+        let out = |argv: &[&str]| -> Option<String> {
+            let o = Command::new(argv[0])
                 .args(&argv[1..])
                 .stdin(Stdio::null())
-                .stdout(Stdio::null())
                 .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
+                .output()
+                .ok()?;
+            Some(String::from_utf8_lossy(&o.stdout).trim().to_owned())
+                .filter(|_| o.status.success() || argv[1] != "print")
         };
         match self {
-            Self::Systemd => ServiceState {
-                running: ok(&["systemctl", "is-active", "--quiet", UNIT_NAME]),
-                enabled: ok(&["systemctl", "is-enabled", "--quiet", UNIT_NAME]),
-            },
+            Self::Systemd => {
+                let active = out(&["systemctl", "is-active", UNIT_NAME]).unwrap_or_default();
+                let enabled = out(&["systemctl", "is-enabled", UNIT_NAME]).unwrap_or_default();
+                let stale = out(&[
+                    "systemctl",
+                    "show",
+                    "-p",
+                    "NeedDaemonReload",
+                    "--value",
+                    UNIT_NAME,
+                ])
+                .unwrap_or_default();
+                ServiceState {
+                    running: matches!(
+                        active.as_str(),
+                        "active" | "activating" | "deactivating" | "reloading"
+                    ),
+                    enabled: matches!(enabled.as_str(), "enabled" | "enabled-runtime"),
+                    stale: stale == "yes",
+                }
+            }
             Self::Launchd => {
-                let loaded = ok(&["launchctl", "print", &format!("system/{LABEL}")]);
+                let loaded = out(&["launchctl", "print", &format!("system/{LABEL}")]).is_some();
                 ServiceState {
                     running: loaded,
                     enabled: loaded,
+                    stale: false,
                 }
             }
         }
     }
 
-    /// The commands that bring the service to what was written. `file_changed`: the unit
-    /// or plist; `config_changed`: the config, token or CA (read again on SIGHUP).
+    /// The commands that stop the service before its binary is replaced.
+    pub(crate) fn stop_first(self, now: ServiceState, changes: Changes) -> Vec<Cmd> {
+        if !(now.running && changes.restart) {
+            return Vec::new();
+        }
+        match self {
+            Self::Systemd => vec![cmd(&["systemctl", "stop", UNIT_NAME])],
+            Self::Launchd => vec![cmd(&["launchctl", "bootout", &format!("system/{LABEL}")])],
+        }
+    }
+
+    /// The commands that bring the service to what was written, once every file is
+    /// (after [`Manager::stop_first`]'s, when it gave any).
     pub(crate) fn install_commands(
         self,
         now: ServiceState,
-        file_changed: bool,
-        config_changed: bool,
+        changes: Changes,
         start: bool,
     ) -> Vec<Cmd> {
         let mut out = Vec::new();
+        // Stopped by stop_first.
+        let running = now.running && !changes.restart;
         match self {
             Self::Systemd => {
-                if file_changed {
+                if changes.service_file || now.stale {
                     out.push(cmd(&["systemctl", "daemon-reload"]));
                 }
                 if !now.enabled {
                     out.push(cmd(&["systemctl", "enable", UNIT_NAME]));
                 }
-                match (start, now.running) {
+                // A unit that failed (exit 2, the start limit) starts only after this.
+                let reset = Cmd {
+                    may_fail: true,
+                    ..cmd(&["systemctl", "reset-failed", UNIT_NAME])
+                };
+                match (start || now.running, running) {
                     (false, _) => {}
-                    (true, false) => out.push(cmd(&["systemctl", "start", UNIT_NAME])),
-                    (true, true) if file_changed => {
-                        out.push(cmd(&["systemctl", "restart", UNIT_NAME]))
+                    (true, false) => out.extend([reset, cmd(&["systemctl", "start", UNIT_NAME])]),
+                    (true, true) if changes.service_file || now.stale => {
+                        out.extend([reset, cmd(&["systemctl", "restart", UNIT_NAME])])
                     }
-                    (true, true) if config_changed => {
+                    (true, true) if changes.config => {
                         out.push(cmd(&["systemctl", "reload", UNIT_NAME]))
                     }
                     (true, true) => {}
@@ -151,36 +207,45 @@ impl Manager {
                 let target = format!("system/{LABEL}");
                 let plist = self.service_file().display().to_string();
                 // A loaded job keeps the plist it was loaded with: a new one needs a
-                // bootout first.
-                let reload = now.running && file_changed;
+                // bootout first, and the bootstrap is retried while the old job exits.
+                let reload = running && changes.service_file && start;
                 if reload {
                     out.push(cmd(&["launchctl", "bootout", &target]));
                 }
-                out.push(cmd(&["launchctl", "enable", &target]));
-                if start && (!now.running || reload) {
-                    out.push(cmd(&["launchctl", "bootstrap", "system", &plist]));
-                } else if start && config_changed {
-                    out.push(cmd(&["launchctl", "kill", "HUP", &target]));
+                let bootstrap = Cmd {
+                    retry: true,
+                    ..cmd(&["launchctl", "bootstrap", "system", &plist])
+                };
+                if (start || now.running) && (!running || reload) {
+                    out.push(cmd(&["launchctl", "enable", &target]));
+                    out.push(bootstrap);
+                } else if !running {
+                    out.push(cmd(&["launchctl", "enable", &target]));
+                } else if changes.config {
+                    out.push(Cmd {
+                        may_fail: true,
+                        ..cmd(&["launchctl", "kill", "HUP", &target])
+                    });
                 }
             }
         }
         out
     }
 
-    /// The commands that stop and disable the service before its file goes.
-    pub(crate) fn stop_commands(self, now: ServiceState) -> Vec<Cmd> {
+    /// The commands that stop and disable the service (and an upgrade's watcher, which
+    /// would put a binary back) before its files go.
+    pub(crate) fn stop_commands(self, now: ServiceState, has_file: bool) -> Vec<Cmd> {
+        let may_fail = |words: &[&str]| Cmd {
+            may_fail: true,
+            ..cmd(words)
+        };
         match self {
-            Self::Systemd if now.running || now.enabled => {
-                vec![cmd(&["systemctl", "disable", "--now", UNIT_NAME])]
-            }
+            Self::Systemd if now.running || now.enabled || has_file => vec![
+                may_fail(&["systemctl", "stop", "railgrid-upgrade-watch-*"]),
+                cmd(&["systemctl", "disable", "--now", UNIT_NAME]),
+            ],
             Self::Launchd if now.running => {
-                vec![
-                    cmd(&["launchctl", "bootout", &format!("system/{LABEL}")]),
-                    Cmd {
-                        may_fail: true,
-                        ..cmd(&["launchctl", "disable", &format!("system/{LABEL}")])
-                    },
-                ]
+                vec![cmd(&["launchctl", "bootout", &format!("system/{LABEL}")])]
             }
             _ => Vec::new(),
         }
@@ -209,36 +274,50 @@ mod tests {
         cmds.iter().map(|c| c.argv.join(" ")).collect()
     }
 
+    const UP: ServiceState = ServiceState {
+        running: true,
+        enabled: true,
+        stale: false,
+    };
+
+    fn changes(service_file: bool, config: bool, restart: bool) -> Changes {
+        Changes {
+            service_file,
+            config,
+            restart,
+        }
+    }
+
     #[test]
     fn systemd_does_only_what_the_change_needs() {
-        let fresh = ServiceState::default();
         let m = Manager::Systemd;
+        let fresh = ServiceState::default();
         assert_eq!(
-            argvs(&m.install_commands(fresh, true, true, true)),
+            argvs(&m.install_commands(fresh, changes(true, true, true), true)),
             [
                 "systemctl daemon-reload",
                 "systemctl enable railgrid-agent.service",
+                "systemctl reset-failed railgrid-agent.service",
                 "systemctl start railgrid-agent.service"
             ]
         );
-        let up = ServiceState {
-            running: true,
-            enabled: true,
-        };
-        assert!(m.install_commands(up, false, false, true).is_empty());
+        assert!(m
+            .install_commands(UP, changes(false, false, false), true)
+            .is_empty());
         assert_eq!(
-            argvs(&m.install_commands(up, false, true, true)),
+            argvs(&m.install_commands(UP, changes(false, true, false), true)),
             ["systemctl reload railgrid-agent.service"]
         );
         assert_eq!(
-            argvs(&m.install_commands(up, true, true, true)),
+            argvs(&m.install_commands(UP, changes(true, true, false), true)),
             [
                 "systemctl daemon-reload",
+                "systemctl reset-failed railgrid-agent.service",
                 "systemctl restart railgrid-agent.service"
             ]
         );
         assert_eq!(
-            argvs(&m.install_commands(fresh, true, false, false)),
+            argvs(&m.install_commands(fresh, changes(true, false, false), false)),
             [
                 "systemctl daemon-reload",
                 "systemctl enable railgrid-agent.service"
@@ -248,14 +327,45 @@ mod tests {
     }
 
     #[test]
+    fn a_new_binary_stops_the_running_agent_first_and_starts_it_after() {
+        let m = Manager::Systemd;
+        let c = changes(false, false, true);
+        assert_eq!(
+            argvs(&m.stop_first(UP, c)),
+            ["systemctl stop railgrid-agent.service"]
+        );
+        assert_eq!(
+            argvs(&m.install_commands(UP, c, true)),
+            [
+                "systemctl reset-failed railgrid-agent.service",
+                "systemctl start railgrid-agent.service"
+            ]
+        );
+        assert_eq!(
+            argvs(&m.install_commands(UP, c, false)),
+            [
+                "systemctl reset-failed railgrid-agent.service",
+                "systemctl start railgrid-agent.service"
+            ],
+            "--no-start does not leave a running agent stopped"
+        );
+        let stale = ServiceState { stale: true, ..UP };
+        assert_eq!(
+            argvs(&m.install_commands(stale, changes(false, false, false), true)),
+            [
+                "systemctl daemon-reload",
+                "systemctl reset-failed railgrid-agent.service",
+                "systemctl restart railgrid-agent.service"
+            ],
+            "an earlier run that stopped before daemon-reload is finished"
+        );
+    }
+
+    #[test]
     fn launchd_reloads_a_changed_plist() {
         let m = Manager::Launchd;
-        let up = ServiceState {
-            running: true,
-            enabled: true,
-        };
         assert_eq!(
-            argvs(&m.install_commands(up, true, false, true)),
+            argvs(&m.install_commands(UP, changes(true, false, false), true)),
             [
                 "launchctl bootout system/com.railgrid.agent",
                 "launchctl enable system/com.railgrid.agent",
@@ -263,11 +373,29 @@ mod tests {
             ]
         );
         assert_eq!(
-            argvs(&m.install_commands(up, false, true, true)),
+            argvs(&m.install_commands(UP, changes(false, true, false), true)),
+            ["launchctl kill HUP system/com.railgrid.agent"]
+        );
+        assert!(m
+            .install_commands(UP, changes(false, false, false), true)
+            .is_empty());
+        assert!(
+            m.install_commands(UP, changes(true, false, false), false)
+                .is_empty(),
+            "--no-start leaves the running job alone; the plist is read at the next boot"
+        );
+    }
+
+    #[test]
+    fn uninstall_stops_the_watcher_too() {
+        let cmds = Manager::Systemd.stop_commands(ServiceState::default(), true);
+        assert_eq!(
+            argvs(&cmds),
             [
-                "launchctl enable system/com.railgrid.agent",
-                "launchctl kill HUP system/com.railgrid.agent"
+                "systemctl stop railgrid-upgrade-watch-*",
+                "systemctl disable --now railgrid-agent.service"
             ]
         );
+        assert!(cmds[0].may_fail && !cmds[1].may_fail);
     }
 }

@@ -15,8 +15,6 @@ pub(crate) const UNIT_TEMPLATE: &str =
 pub(crate) const PLIST_TEMPLATE: &str =
     include_str!("../../../packaging/launchd/com.railgrid.agent.plist");
 
-/// The prefix the templates are written for.
-pub(crate) const DEFAULT_PREFIX: &str = "/usr/local";
 /// The unit's name, and where systemd reads it.
 pub(crate) const UNIT_NAME: &str = "railgrid-agent.service";
 pub(crate) const UNIT_DIR: &str = "/etc/systemd/system";
@@ -30,18 +28,32 @@ const DEFAULT_RW_PATHS: &str = "ReadWritePaths=/usr/local/bin\n";
 /// A prefix goes into a unit's command lines and an XML string unquoted: only an absolute
 /// path of plain characters is accepted, so rendering needs no escaping at all.
 pub(crate) fn check_prefix(prefix: &Path) -> Result<(), String> {
+    check_plain(prefix).map_err(|()| {
+        format!(
+            "--prefix {}: give an absolute path of letters, digits and / . _ - + (no .., // or trailing /)",
+            prefix.display()
+        )
+    })
+}
+
+/// An absolute path that needs no quoting in a unit or a plist.
+pub(crate) fn check_plain(prefix: &Path) -> Result<(), ()> {
     let text = prefix.to_str().unwrap_or("");
     let plain = text
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '_' | '-' | '+'));
-    let traverses = prefix
+    let normal = prefix.components().all(|c| {
+        matches!(
+            c,
+            std::path::Component::RootDir | std::path::Component::Normal(_)
+        )
+    }) && prefix
         .components()
-        .any(|c| matches!(c, std::path::Component::ParentDir));
-    if !prefix.is_absolute() || !plain || traverses || text.len() > 200 {
-        return Err(format!(
-            "--prefix {}: give an absolute path of letters, digits and / . _ - + (no ..)",
-            prefix.display()
-        ));
+        .collect::<std::path::PathBuf>()
+        .as_os_str()
+        == prefix.as_os_str();
+    if !prefix.is_absolute() || !plain || !normal || text.len() > 200 || text == "/" {
+        return Err(());
     }
     Ok(())
 }
@@ -51,11 +63,23 @@ pub(crate) fn binary_path(prefix: &Path) -> std::path::PathBuf {
     prefix.join("bin").join("railgrid")
 }
 
-/// The unit for a binary under `prefix` (checked by [`check_prefix`]).
-pub(crate) fn unit(prefix: &Path) -> String {
+/// The upgrade guard's directories, as the template names them.
+const DEFAULT_GUARD_DIRS: &str = "--state-dir /var/lib/railgrid --log-dir /var/log/railgrid";
+
+/// The unit for a binary under `prefix` (checked by [`check_prefix`]), whose agent keeps
+/// its state and logs in `dirs` (checked likewise): the upgrade guard must look there.
+pub(crate) fn unit(prefix: &Path, dirs: (&Path, &Path)) -> String {
     let bin = binary_path(prefix);
     let bin_dir = prefix.join("bin");
     UNIT_TEMPLATE
+        .replace(
+            DEFAULT_GUARD_DIRS,
+            &format!(
+                "--state-dir {} --log-dir {}",
+                dirs.0.display(),
+                dirs.1.display()
+            ),
+        )
         .replace(
             DEFAULT_RW_PATHS,
             &format!("ReadWritePaths={}\n", bin_dir.display()),
@@ -72,36 +96,44 @@ pub(crate) fn plist(prefix: &Path) -> String {
     )
 }
 
-/// The binary a rendered unit starts: the first word of its `ExecStart=`.
-pub(crate) fn unit_binary(unit: &str) -> Option<&str> {
-    unit.lines()
-        .find_map(|l| l.strip_prefix("ExecStart="))
-        .and_then(|cmd| cmd.split_whitespace().next())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::path::PathBuf;
 
+    /// The prefix the templates are written for.
+    const DEFAULT_PREFIX: &str = "/usr/local";
+    const DEFAULT_DIRS: (&str, &str) = ("/var/lib/railgrid", "/var/log/railgrid");
+
+    fn default_dirs() -> (&'static Path, &'static Path) {
+        (Path::new(DEFAULT_DIRS.0), Path::new(DEFAULT_DIRS.1))
+    }
+
     #[test]
     fn the_default_prefix_renders_the_templates_unchanged() {
-        assert_eq!(unit(Path::new(DEFAULT_PREFIX)), UNIT_TEMPLATE);
+        assert_eq!(
+            unit(Path::new(DEFAULT_PREFIX), default_dirs()),
+            UNIT_TEMPLATE
+        );
         assert_eq!(plist(Path::new(DEFAULT_PREFIX)), PLIST_TEMPLATE);
     }
 
     #[test]
     fn another_prefix_moves_every_use_of_the_binary_and_its_directory() {
-        let unit = unit(Path::new("/opt/rg"));
+        let unit = unit(
+            Path::new("/opt/rg"),
+            (Path::new("/srv/rg"), Path::new("/srv/rg-log")),
+        );
         for line in unit.lines().filter(|l| !l.starts_with('#')) {
             assert!(!line.contains("/usr/local"), "{line}");
         }
         assert!(unit.contains(
             "\nExecStart=/opt/rg/bin/railgrid agent run --config /etc/railgrid/agent.toml\n"
         ));
-        assert!(unit.contains("\nExecStartPre=-/opt/rg/bin/railgrid.prev agent upgrade-guard "));
+        assert!(unit.contains(
+            "\nExecStartPre=-/opt/rg/bin/railgrid.prev agent upgrade-guard --state-dir /srv/rg --log-dir /srv/rg-log\n"
+        ));
         assert!(unit.contains("\nReadWritePaths=/opt/rg/bin\n"));
-        assert_eq!(unit_binary(&unit), Some("/opt/rg/bin/railgrid"));
 
         let plist = plist(Path::new("/opt/rg"));
         assert!(plist.contains("<string>/opt/rg/bin/railgrid</string>"));
@@ -124,6 +156,10 @@ mod tests {
             "/opt/$x",
             "/opt/a\"b",
             "/opt/<x>",
+            "/opt//x",
+            "/opt/x/",
+            "/opt/./x",
+            "/",
         ] {
             assert!(check_prefix(Path::new(bad)).is_err(), "{bad}");
         }
@@ -189,7 +225,7 @@ mod tests {
 
     #[test]
     fn the_unit_keeps_the_binary_directory_writable_and_the_guard_in_step() {
-        let unit = unit(Path::new(DEFAULT_PREFIX));
+        let unit = unit(Path::new(DEFAULT_PREFIX), default_dirs());
         let value = |key: &str| {
             unit.lines()
                 .find_map(|l| l.strip_prefix(key))

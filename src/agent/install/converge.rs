@@ -1,0 +1,588 @@
+//! The plan of `agent install`: what differs between the host and what the flags ask.
+//!
+//! Everything that can be refused is refused here, before the first step: a plan that
+//! is made applies without surprises other than the machine's own (a full disk).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::config_file::{self, Wanted};
+use super::manager::{Changes, Manager};
+use super::manifest::{self, Manifest};
+use super::plan::{shell_words, Action, Plan, Step, Verb};
+use super::root::Root;
+use super::{
+    account, default_runner_user, templates, InstallError, InstallOptions, CA_FILE, CONFIG_DIR,
+    MAX_SECRET_BYTES, TOKEN_FILE,
+};
+use crate::agent::config::{RawConfig, ROOT_CONFIG, ROOT_LOG_DIR, ROOT_STATE_DIR};
+use crate::sys::exe::PinnedExe;
+
+/// Reads a small file named by `flag` (a token, a CA).
+fn read_small(path: &Path, flag: &str) -> Result<Vec<u8>, InstallError> {
+    let invalid = |why: String| InstallError::Invalid(format!("{flag} {}: {why}", path.display()));
+    let meta = std::fs::metadata(path).map_err(|e| invalid(e.to_string()))?;
+    if !meta.is_file() || meta.len() > MAX_SECRET_BYTES {
+        return Err(invalid(format!(
+            "not a regular file of at most {MAX_SECRET_BYTES} bytes"
+        )));
+    }
+    std::fs::read(path).map_err(|e| invalid(e.to_string()))
+}
+
+/// The token as the agent will read it: one line an HTTP header can carry.
+fn check_token(bytes: &[u8], path: &Path) -> Result<(), InstallError> {
+    let text = std::str::from_utf8(bytes).unwrap_or("");
+    let token = text.trim();
+    if token.is_empty() || token.lines().count() != 1 || crate::hub_client::bearer(token).is_err() {
+        return Err(InstallError::Invalid(format!(
+            "--token-file {}: the token must be one line of printable text (as `railgrid hub agent add --token-out` writes it)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+fn check_flags(o: &InstallOptions) -> Result<(), InstallError> {
+    if let Some(url) = &o.hub {
+        let parsed = reqwest::Url::parse(url).ok();
+        let ok = parsed
+            .as_ref()
+            .is_some_and(|u| u.scheme() == "https" && u.host_str().is_some_and(|h| !h.is_empty()))
+            && !url.contains(|c: char| c.is_whitespace() || c == '"' || c.is_control());
+        if !ok {
+            return Err(InstallError::Invalid(format!(
+                "--hub {url:?}: give the hub's https:// URL (https://host[:port])"
+            )));
+        }
+    }
+    if let Some(id) = &o.agent_id {
+        crate::agent::config::check_agent_id(id)
+            .map_err(|m| InstallError::Invalid(format!("--agent-id: {m}")))?;
+    }
+    for key in &o.trusted_keys {
+        crate::release::public_key(key, Path::new(key)).map_err(|_| {
+            InstallError::Invalid(format!(
+                "--trusted-key {key:?} is not a minisign public key line (the RW… line of a .pub file)"
+            ))
+        })?;
+    }
+    templates::check_prefix(&o.prefix).map_err(InstallError::Invalid)?;
+    for inside in [CONFIG_DIR, ROOT_STATE_DIR, ROOT_LOG_DIR] {
+        if o.prefix.starts_with(inside) {
+            return Err(InstallError::Invalid(format!(
+                "--prefix {}: not inside {inside}, which uninstall --purge removes",
+                o.prefix.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A file step: create, update or keep `path` with `bytes`. Only a regular file is
+/// replaced: anything else in its place is refused before the first step.
+pub(super) fn file_step(
+    path: PathBuf,
+    mode: u32,
+    bytes: Vec<u8>,
+    secret: bool,
+    what: &str,
+) -> Result<Step, InstallError> {
+    let subject = format!("{} (mode {mode:04o})", path.display());
+    let meta = std::fs::symlink_metadata(&path).ok();
+    if let Some(meta) = &meta {
+        if !meta.is_file() {
+            return Err(InstallError::Invalid(format!(
+                "{} is not a regular file (a {}): move it away; install writes regular files only",
+                path.display(),
+                if meta.is_dir() {
+                    "directory"
+                } else if meta.file_type().is_symlink() {
+                    "symlink"
+                } else {
+                    "special file"
+                }
+            )));
+        }
+    }
+    let current = meta.as_ref().and_then(|_| std::fs::read(&path).ok());
+    let current_mode = meta.map(|m| m.permissions().mode() & 0o7777);
+    let (verb, detail) = match (current, current_mode) {
+        (Some(old), Some(m)) if old == bytes && m == mode => (Verb::Keep, "unchanged".to_owned()),
+        (Some(old), Some(m)) if old == bytes => {
+            (Verb::Update, format!("mode {m:04o} to {mode:04o}"))
+        }
+        (Some(_), _) => (Verb::Update, what.to_owned()),
+        (None, _) => (Verb::Create, what.to_owned()),
+    };
+    let action = if verb == Verb::Keep {
+        Action::None
+    } else {
+        Action::File {
+            path,
+            mode,
+            bytes,
+            secret,
+        }
+    };
+    Ok(Step::new(verb, subject, detail, action))
+}
+
+/// The directories install writes into, with their modes: the binary's, the config's and
+/// the service file's (and launchd's log directory, which it does not create).
+fn install_dirs(manager: Manager, prefix: &Path) -> Vec<(PathBuf, u32)> {
+    let mut dirs = vec![
+        (prefix.join("bin"), 0o755),
+        (PathBuf::from(CONFIG_DIR), 0o700),
+        (
+            manager
+                .service_file()
+                .parent()
+                .expect("a directory")
+                .to_owned(),
+            0o755,
+        ),
+    ];
+    if manager == Manager::Launchd {
+        dirs.push((ROOT_LOG_DIR.into(), 0o700));
+    }
+    dirs
+}
+
+/// The directories an install may create: uninstall removes no others.
+pub(super) fn creatable_dirs(manager: Manager, prefix: &Path) -> Vec<PathBuf> {
+    install_dirs(manager, prefix)
+        .into_iter()
+        .flat_map(|(d, _)| {
+            d.ancestors()
+                .filter(|a| a.parent().is_some())
+                .map(Path::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Plans `agent install`.
+pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
+    let manager = Manager::host();
+    let root = Root::new(o.root.clone())?;
+    super::check_privileges("install", &root, o.dry_run)?;
+    if root.on_host() {
+        manager.check_running()?;
+    }
+    check_flags(o)?;
+
+    let config_path = root.at(ROOT_CONFIG)?;
+    let config_path_shown = config_path.clone();
+    let existing = config_file::read_existing(&config_path)?;
+    let existing_raw: RawConfig = existing
+        .as_deref()
+        .map(|t| toml::from_str(t).expect("checked by read_existing"))
+        .unwrap_or_default();
+    let old_manifest = manifest::read(&root.at(manifest::PATH)?)?;
+    let token = match &o.token_file {
+        Some(path) => {
+            let bytes = read_small(path, "--token-file")?;
+            check_token(&bytes, path)?;
+            Some(bytes)
+        }
+        None => None,
+    };
+    let ca = match &o.ca_file {
+        Some(path) => {
+            let bytes = read_small(path, "--ca-file")?;
+            // The agent's own client reads it: what it refuses at start is refused here.
+            crate::hub_client::build(Some(path), std::time::Duration::from_secs(10)).map_err(
+                |e| {
+                    InstallError::Invalid(format!(
+                        "--ca-file {}: {}",
+                        path.display(),
+                        crate::util::error_chain(&e)
+                    ))
+                },
+            )?;
+            Some(bytes)
+        }
+        None => None,
+    };
+    let runner_user = match (&o.runner_user, &existing_raw.runner.user) {
+        (Some(name), _) => Some(name.clone()),
+        (None, Some(_)) => None,
+        (None, None) => Some(default_runner_user().to_owned()),
+    };
+    let mut keys: Vec<String> = Vec::new();
+    for k in &o.trusted_keys {
+        if !keys.contains(k) {
+            keys.push(k.clone());
+        }
+    }
+    let wanted = Wanted {
+        runner_user,
+        hub_url: o.hub.clone(),
+        agent_id: o.agent_id.clone(),
+        token_file: token.as_ref().map(|_| PathBuf::from(TOKEN_FILE)),
+        ca_file: ca.as_ref().map(|_| PathBuf::from(CA_FILE)),
+        trusted_keys: (!keys.is_empty()).then_some(keys),
+    };
+    let converged =
+        config_file::converge(existing.as_deref(), &wanted, manager == Manager::Systemd)?;
+    let user = converged
+        .runner_user
+        .clone()
+        .unwrap_or_else(|| default_runner_user().to_owned());
+    let state_dir = existing_raw
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| ROOT_STATE_DIR.into());
+    let account = account::plan(&user, o.root.as_deref(), &account::home(&state_dir))?;
+
+    let mut steps = Vec::new();
+    let mut created_dirs = old_manifest
+        .as_ref()
+        .map(|m| m.created_dirs.clone())
+        .unwrap_or_default();
+    // A new prefix: the directories made for the old one go with its binary, when empty.
+    let old_prefix = old_manifest
+        .as_ref()
+        .map(|m| m.prefix.clone())
+        .filter(|p| *p != o.prefix && templates::check_prefix(p).is_ok());
+    let mut old_dirs: Vec<PathBuf> = Vec::new();
+    if let Some(old) = &old_prefix {
+        let (then, now) = (creatable_dirs(manager, old), creatable_dirs(manager, &o.prefix));
+        created_dirs.retain(|d| {
+            let gone = then.contains(d) && !now.contains(d);
+            if gone {
+                old_dirs.push(d.clone());
+            }
+            !gone
+        });
+        old_dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+    }
+    for (dir, mode) in install_dirs(manager, &o.prefix) {
+        let missing = root.missing_dirs(&dir)?;
+        if missing.is_empty() {
+            let path = root.at(&dir)?;
+            let now = std::fs::metadata(&path)
+                .map_err(|source| InstallError::Read {
+                    path: path.clone(),
+                    source,
+                })?
+                .permissions()
+                .mode()
+                & 0o7777;
+            if !path.is_dir() {
+                return Err(InstallError::Invalid(format!(
+                    "{} is not a directory: move it away",
+                    path.display()
+                )));
+            }
+            if mode == 0o700 && now != mode {
+                // The config's directory holds the token: it is tightened, not trusted.
+                steps.push(Step::new(
+                    Verb::Update,
+                    path.display().to_string(),
+                    format!("directory, mode {now:04o} to {mode:04o}"),
+                    Action::Dir { path, mode },
+                ));
+            } else if now & 0o022 != 0 {
+                return Err(InstallError::Invalid(format!(
+                    "{} is writable by others (mode {now:04o}): root would run what they put there; run chmod go-w {}",
+                    path.display(),
+                    path.display()
+                )));
+            }
+        }
+        for host in missing {
+            let mode = if host == dir { mode } else { 0o755 };
+            let path = root.at(&host)?;
+            let planned = steps
+                .iter()
+                .any(|s: &Step| matches!(&s.action, Action::Dir { path: p, .. } if *p == path));
+            if !planned {
+                steps.push(Step::new(
+                    Verb::Create,
+                    path.display().to_string(),
+                    format!("directory, mode {mode:04o}"),
+                    Action::Dir { path, mode },
+                ));
+            }
+            if !created_dirs.contains(&host) {
+                created_dirs.push(host);
+            }
+        }
+    }
+
+    let created_account = matches!(account, account::AccountPlan::Create { .. })
+        || old_manifest
+            .as_ref()
+            .is_some_and(|m| m.created_account && m.runner_user.as_deref() == Some(user.as_str()));
+    // The manifest goes first after the directories: an install that fails midway can
+    // still be uninstalled.
+    let new_manifest = Manifest {
+        service: manager.name().to_owned(),
+        prefix: o.prefix.clone(),
+        created_dirs,
+        runner_user: Some(user.clone()),
+        created_account,
+        installed_by: crate::build_info::VERSION.to_owned(),
+    };
+    let manifest_path = root.at(manifest::PATH)?;
+    let unchanged = old_manifest.as_ref().is_some_and(|m| {
+        Manifest {
+            installed_by: m.installed_by.clone(),
+            ..new_manifest.clone()
+        } == *m
+    });
+    if unchanged {
+        super::remove::check_regular(&manifest_path)?;
+        steps.push(Step::new(
+            Verb::Keep,
+            manifest_path.display().to_string(),
+            "unchanged",
+            Action::None,
+        ));
+    } else {
+        steps.push(file_step(
+            manifest_path,
+            0o600,
+            new_manifest.to_bytes(),
+            false,
+            "what uninstall removes",
+        )?);
+    }
+
+    steps.push(match account {
+        account::AccountPlan::Exists { uid } => Step::new(
+            Verb::Keep,
+            format!("account {user}"),
+            format!("exists (uid {uid})"),
+            Action::None,
+        ),
+        account::AccountPlan::Create { commands } => {
+            let shown: Vec<String> = commands.iter().map(|c| shell_words(c)).collect();
+            Step::new(
+                Verb::Create,
+                format!("account {user}"),
+                shown.join("; "),
+                Action::Account { commands },
+            )
+        }
+        account::AccountPlan::Skip { reason } => {
+            Step::new(Verb::Skip, format!("account {user}"), reason, Action::None)
+        }
+    });
+
+    let exe = Arc::new(PinnedExe::current()?);
+    let bin = templates::binary_path(&o.prefix);
+    let target = root.at(&bin)?;
+    if let Ok(meta) = std::fs::symlink_metadata(&target) {
+        if !meta.is_file() {
+            return Err(InstallError::Invalid(format!(
+                "{} is not a regular file: move it away",
+                target.display()
+            )));
+        }
+    }
+    let binary_changed = match same_binary(&exe, &target) {
+        Some(why) => {
+            steps.push(Step::new(
+                Verb::Keep,
+                target.display().to_string(),
+                why,
+                Action::None,
+            ));
+            false
+        }
+        None => {
+            let verb = if target.exists() {
+                Verb::Update
+            } else {
+                Verb::Create
+            };
+            let this = format!(
+                "railgrid {} (sha256 {}, {:.1} MiB)",
+                crate::build_info::VERSION,
+                &exe.identity().sha256[..16],
+                exe.identity().size as f64 / (1024.0 * 1024.0)
+            );
+            steps.push(Step::new(
+                verb,
+                target.display().to_string(),
+                this,
+                Action::Binary {
+                    path: target.clone(),
+                    exe: exe.clone(),
+                },
+            ));
+            true
+        }
+    };
+    // A new prefix: the binary of the old one goes (it would never be upgraded again).
+    if let Some(old) = &old_prefix {
+        let old_bin = root.at(templates::binary_path(old))?;
+        for path in [old_bin.clone(), old_bin.with_file_name("railgrid.prev")] {
+            if path.is_file() {
+                let why = format!("the binary of the install at prefix {}", old.display());
+                steps.push(Step::new(
+                    Verb::Remove,
+                    path.display().to_string(),
+                    why,
+                    Action::RemoveFile { path },
+                ));
+            }
+        }
+        for dir in &old_dirs {
+            let path = root.at(dir)?;
+            if path.is_dir() {
+                steps.push(Step::new(
+                    Verb::Remove,
+                    path.display().to_string(),
+                    "directory made for the old prefix, if empty",
+                    Action::RemoveEmptyDir { path },
+                ));
+            }
+        }
+    }
+
+    // What the running agent reads again on SIGHUP.
+    let mut config_steps = Vec::new();
+    if let Some(token) = token {
+        config_steps.push(file_step(
+            root.at(TOKEN_FILE)?,
+            0o600,
+            token,
+            true,
+            "the hub token",
+        )?);
+    }
+    if let Some(ca) = ca {
+        config_steps.push(file_step(
+            root.at(CA_FILE)?,
+            0o644,
+            ca,
+            false,
+            "the hub's CA",
+        )?);
+    }
+    let what = if converged.changes.is_empty() {
+        "unchanged".to_owned()
+    } else {
+        converged.changes.join(", ")
+    };
+    config_steps.push(file_step(
+        config_path,
+        0o600,
+        converged.text.into_bytes(),
+        false,
+        &what,
+    )?);
+    let config_changed = config_steps.iter().any(|s| s.verb != Verb::Keep);
+    steps.extend(config_steps);
+    let service_file = manager.service_file();
+    let what = match manager {
+        Manager::Systemd => format!("the unit, for {}", bin.display()),
+        Manager::Launchd => format!("the daemon's plist, for {}", bin.display()),
+    };
+    // The upgrade guard looks where the agent keeps its state (config::load's rule: the
+    // log directory is the state directory's when only that is set).
+    let guard_state = existing_raw
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| ROOT_STATE_DIR.into());
+    let guard_log = existing_raw
+        .log_dir
+        .clone()
+        .or(existing_raw.state_dir.clone())
+        .unwrap_or_else(|| ROOT_LOG_DIR.into());
+    for dir in [&guard_state, &guard_log] {
+        if templates::check_plain(dir).is_err() {
+            return Err(InstallError::Invalid(format!(
+                "{}: state_dir and log_dir must be plain absolute paths (letters, digits and / . _ - +) for the unit to name them",
+                config_path_shown.display()
+            )));
+        }
+    }
+    let rendered = manager.render(&o.prefix, (&guard_state, &guard_log));
+    let service_path = root.at(&service_file)?;
+    if std::fs::read_link(&service_path).is_ok_and(|t| t == Path::new("/dev/null")) {
+        return Err(InstallError::Invalid(format!(
+            "{} is masked (a link to /dev/null): run systemctl unmask {} first",
+            service_path.display(),
+            templates::UNIT_NAME
+        )));
+    }
+    let service_step = file_step(service_path, 0o644, rendered.into_bytes(), false, &what)?;
+    let file_changed = service_step.verb != Verb::Keep;
+    steps.push(service_step);
+
+    let mut notes = Vec::new();
+    if root.on_host() {
+        let now = manager.state();
+        let changes = Changes {
+            service_file: file_changed,
+            config: config_changed,
+            restart: binary_changed || converged.has_hub != existing_raw.hub.url.is_some(),
+        };
+        // The running agent is stopped before its binary is replaced: its own lockstep
+        // would otherwise take the file while the restart below stops it mid-switch.
+        let first = manager.stop_first(now, changes);
+        let at = steps
+            .iter()
+            .position(|s| matches!(s.action, Action::Binary { .. }))
+            .unwrap_or(steps.len());
+        for (i, c) in first.into_iter().enumerate() {
+            steps.insert(
+                at + i,
+                Step::new(
+                    Verb::Run,
+                    shell_words(&c.argv),
+                    "the new binary or hub needs a restart",
+                    Action::Command(c),
+                ),
+            );
+        }
+        for c in manager.install_commands(now, changes, !o.no_start) {
+            steps.push(Step::new(
+                Verb::Run,
+                shell_words(&c.argv),
+                "",
+                Action::Command(c),
+            ));
+        }
+        if o.no_start && !now.running {
+            notes.push("not started (--no-start): the service starts at the next boot".into());
+        }
+    } else {
+        notes.push(format!(
+            "nothing was started or enabled (--root): {} starts the agent from {} once the image boots",
+            manager.name(),
+            service_file.display()
+        ));
+    }
+    Ok(Plan {
+        title: format!(
+            "railgrid agent install: {}, prefix {}, runner account {user}",
+            manager.name(),
+            o.prefix.display()
+        ),
+        steps,
+        notes,
+    })
+}
+
+/// Why `target` needs no copy (it is the running file, or the same bytes), or `None`.
+fn same_binary(exe: &PinnedExe, target: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(target).ok()?;
+    let id = exe.identity();
+    if meta.dev() == id.device && meta.ino() == id.inode {
+        return Some("this is the running binary".into());
+    }
+    if meta.len() != id.size {
+        return None;
+    }
+    let theirs = PinnedExe::open(target).ok()?;
+    (theirs.identity().sha256 == id.sha256)
+        .then(|| format!("already this build (sha256 {})", &id.sha256[..16]))
+}

@@ -1,0 +1,313 @@
+//! A plan: the steps one command takes, each shown as it is done.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::manager::Cmd;
+use super::{account, InstallError};
+use crate::sys::exe::PinnedExe;
+
+/// What a step does to the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verb {
+    Create,
+    Update,
+    Keep,
+    Run,
+    Remove,
+    Skip,
+}
+
+impl Verb {
+    fn word(self) -> &'static str {
+        match self {
+            Self::Create => "create",
+            Self::Update => "update",
+            Self::Keep => "keep",
+            Self::Run => "run",
+            Self::Remove => "remove",
+            Self::Skip => "skip",
+        }
+    }
+}
+
+pub(super) enum Action {
+    None,
+    /// Created, or its mode set, when it exists.
+    Dir {
+        path: PathBuf,
+        mode: u32,
+    },
+    File {
+        path: PathBuf,
+        mode: u32,
+        bytes: Vec<u8>,
+        secret: bool,
+    },
+    Binary {
+        path: PathBuf,
+        exe: Arc<PinnedExe>,
+    },
+    Account {
+        commands: Vec<Vec<String>>,
+    },
+    Command(Cmd),
+    RemoveFile {
+        path: PathBuf,
+    },
+    /// Only when empty: a directory an install created, which may hold other files now.
+    RemoveEmptyDir {
+        path: PathBuf,
+    },
+    RemoveTree {
+        path: PathBuf,
+    },
+    /// Refuses to go on while an agent holds the state directory (checked once the
+    /// service is stopped, right before the purge).
+    EnsureNoHolder {
+        state_dir: PathBuf,
+    },
+}
+
+/// How long a command marked `retry` is tried: launchd's stop timeout and a margin.
+const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(100);
+
+/// One line of the plan.
+pub(crate) struct Step {
+    pub(crate) verb: Verb,
+    /// The path, account or command.
+    pub(crate) subject: String,
+    /// Why, or what changes.
+    pub(crate) detail: String,
+    pub(super) action: Action,
+}
+
+impl Step {
+    pub(super) fn new(
+        verb: Verb,
+        subject: impl Into<String>,
+        detail: impl Into<String>,
+        action: Action,
+    ) -> Self {
+        Self {
+            verb,
+            subject: subject.into(),
+            detail: detail.into(),
+            action,
+        }
+    }
+
+    /// Removes a directory with everything in it (`--purge`).
+    pub(crate) fn removes_tree(&self) -> bool {
+        matches!(self.action, Action::RemoveTree { .. })
+    }
+
+    /// `  create  /etc/railgrid/agent.toml (0600): runner.user = "railgrid"`.
+    pub(crate) fn line(&self) -> String {
+        let mut line = format!("  {:<7} {}", self.verb.word(), self.subject);
+        if !self.detail.is_empty() {
+            let _ = write!(line, ": {}", self.detail);
+        }
+        line
+    }
+}
+
+/// Everything one command does, in order.
+pub(crate) struct Plan {
+    pub(crate) title: String,
+    pub(crate) steps: Vec<Step>,
+    /// Said after the steps (what the plan leaves to the operator).
+    pub(crate) notes: Vec<String>,
+}
+
+impl Plan {
+    /// True when applying it would change nothing.
+    pub(crate) fn is_noop(&self) -> bool {
+        self.steps
+            .iter()
+            .all(|s| matches!(s.verb, Verb::Keep | Verb::Skip))
+    }
+
+    /// The files the plan writes, as `--dry-run` shows them (secrets not shown).
+    pub(crate) fn files(&self) -> String {
+        let mut out = String::new();
+        for step in &self.steps {
+            if let Action::File {
+                path,
+                mode,
+                bytes,
+                secret,
+            } = &step.action
+            {
+                let _ = writeln!(out, "--- {} (mode {mode:04o})", path.display());
+                if *secret {
+                    let _ = writeln!(out, "(a secret of {} bytes, not shown)", bytes.len());
+                } else {
+                    out.push_str(&String::from_utf8_lossy(bytes));
+                    if !bytes.ends_with(b"\n") {
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Applies every step in order, calling `done` after each; stops at the first failure.
+    pub(crate) fn apply(&self, mut done: impl FnMut(&Step)) -> Result<(), InstallError> {
+        for step in &self.steps {
+            apply_step(&step.action)?;
+            done(step);
+        }
+        Ok(())
+    }
+}
+
+fn apply_step(action: &Action) -> Result<(), InstallError> {
+    use std::os::unix::fs::DirBuilderExt;
+    match action {
+        Action::None => Ok(()),
+        Action::Dir { path, mode } => {
+            use std::os::unix::fs::PermissionsExt;
+            let made = std::fs::DirBuilder::new().mode(*mode).create(path);
+            made.or_else(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists if path.is_dir() => Ok(()),
+                _ => Err(e),
+            })
+            // The umask narrowed what `mode` asked for.
+            .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(*mode)))
+            .map_err(|source| InstallError::Write {
+                path: path.clone(),
+                source,
+            })
+        }
+        Action::File {
+            path, mode, bytes, ..
+        } => crate::util::write_atomic(path, bytes, *mode).map_err(|source| InstallError::Write {
+            path: path.clone(),
+            source,
+        }),
+        Action::Binary { path, exe } => {
+            // Read through the pinned descriptor: the bytes installed are the bytes
+            // running, whatever the path it was started from names now.
+            let mut bytes = Vec::with_capacity(exe.identity().size as usize);
+            exe.reader()
+                .and_then(|mut f| std::io::Read::read_to_end(&mut f, &mut bytes))
+                .map_err(|source| InstallError::Read {
+                    path: exe.path().to_owned(),
+                    source,
+                })?;
+            crate::util::write_atomic(path, &bytes, 0o755).map_err(|source| InstallError::Write {
+                path: path.clone(),
+                source,
+            })
+        }
+        Action::Account { commands } => account::create(commands),
+        Action::Command(cmd) => {
+            let deadline = std::time::Instant::now() + RETRY_FOR;
+            loop {
+                match run_command(&cmd.argv) {
+                    Err(InstallError::Command { .. }) if cmd.may_fail => return Ok(()),
+                    Err(InstallError::Command { .. })
+                        if cmd.retry && std::time::Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(500));
+                    }
+                    other => return other,
+                }
+            }
+        }
+        Action::EnsureNoHolder { state_dir } => {
+            match crate::agent::instance::holders(state_dir).and_then(|h| h.first().copied()) {
+                Some(pid) => Err(InstallError::AgentRunning {
+                    pid,
+                    dir: state_dir.clone(),
+                }),
+                None => Ok(()),
+            }
+        }
+        Action::RemoveFile { path } => match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(InstallError::Remove {
+                path: path.clone(),
+                source: e,
+            }),
+            _ => Ok(()),
+        },
+        Action::RemoveEmptyDir { path } => match std::fs::remove_dir(path) {
+            // Not empty any more (or gone): it stays, as said in the plan.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    || e.kind() == std::io::ErrorKind::DirectoryNotEmpty =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(InstallError::Remove {
+                path: path.clone(),
+                source: e,
+            }),
+            Ok(()) => Ok(()),
+        },
+        Action::RemoveTree { path } => match std::fs::remove_dir_all(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(InstallError::Remove {
+                path: path.clone(),
+                source: e,
+            }),
+            _ => Ok(()),
+        },
+    }
+}
+
+/// Runs a command to completion; a failure carries its stderr.
+pub(crate) fn run_command(argv: &[String]) -> Result<(), InstallError> {
+    let out = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|source| InstallError::Spawn {
+            command: argv.join(" "),
+            source,
+        })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(InstallError::Command {
+        command: argv.join(" "),
+        status: out.status.to_string(),
+        stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+    })
+}
+
+/// `argv` as a shell would need it typed: words with spaces or quotes are quoted.
+pub(super) fn shell_words(argv: &[String]) -> String {
+    argv.iter()
+        .map(|w| {
+            let plain = !w.is_empty()
+                && w.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c));
+            if plain {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_shown_as_they_would_be_typed() {
+        let argv: Vec<String> = ["useradd", "--comment", "railgrid runner", "it's", "x"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            shell_words(&argv),
+            "useradd --comment 'railgrid runner' 'it'\\''s' x"
+        );
+    }
+}

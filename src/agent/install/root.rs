@@ -1,0 +1,131 @@
+//! Host paths, as install and uninstall reach them: on the host itself, or under an image
+//! directory (`--root`).
+//!
+//! Every path comes from somewhere an attacker of an image may have written (a config's
+//! `state_dir`, the manifest, the unit): a host path must be absolute and plain (no `..`,
+//! no `.`), and under `--root` no component below the root may be a symlink, so that
+//! nothing is read, written or removed outside the image.
+
+use std::path::{Component, Path, PathBuf};
+
+use super::InstallError;
+
+pub(super) struct Root(pub(super) Option<PathBuf>);
+
+impl Root {
+    /// Checks `--root`: an existing directory, named absolutely.
+    pub(super) fn new(root: Option<PathBuf>) -> Result<Self, InstallError> {
+        if let Some(dir) = &root {
+            let plain = check_host_path(dir).is_ok();
+            if !plain || !dir.is_dir() {
+                return Err(InstallError::Invalid(format!(
+                    "--root {}: give the absolute path of an existing directory",
+                    dir.display()
+                )));
+            }
+        }
+        Ok(Self(root))
+    }
+
+    pub(super) fn on_host(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Where `host` is, checked: a plain absolute path, and under `--root` one reached
+    /// through no symlink.
+    pub(super) fn at(&self, host: impl AsRef<Path>) -> Result<PathBuf, InstallError> {
+        let host = host.as_ref();
+        check_host_path(host)?;
+        let Some(root) = &self.0 else {
+            return Ok(host.to_owned());
+        };
+        let parts: Vec<Component<'_>> = host.components().skip(1).collect();
+        let mut path = root.clone();
+        for (i, part) in parts.iter().enumerate() {
+            path.push(part);
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    return Err(InstallError::Invalid(format!(
+                        "{} is a symlink: under --root, install and uninstall follow none, so that nothing outside {} is touched",
+                        path.display(),
+                        root.display()
+                    )))
+                }
+                Ok(_) => {}
+                // The rest does not exist yet: nothing below can be a link.
+                Err(_) => {
+                    parts[i + 1..].iter().for_each(|p| path.push(p));
+                    return Ok(path);
+                }
+            }
+        }
+        Ok(path)
+    }
+
+    /// The ancestors of `host` (itself included) that do not exist yet, parents first.
+    pub(super) fn missing_dirs(&self, host: &Path) -> Result<Vec<PathBuf>, InstallError> {
+        let mut missing = Vec::new();
+        for a in host.ancestors().filter(|a| a.parent().is_some()) {
+            if self.at(a)?.exists() {
+                break;
+            }
+            missing.push(a.to_owned());
+        }
+        missing.reverse();
+        Ok(missing)
+    }
+}
+
+/// A host path as install writes and removes them: absolute, with no `.` or `..`.
+pub(super) fn check_host_path(path: &Path) -> Result<(), InstallError> {
+    let plain = path.is_absolute()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && path.as_os_str().len() == path.components().collect::<PathBuf>().as_os_str().len();
+    if plain {
+        Ok(())
+    } else {
+        Err(InstallError::Invalid(format!(
+            "{}: not a plain absolute path (no ., .., // or trailing /)",
+            path.display()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_that_could_leave_the_root_are_refused() {
+        for bad in ["relative", "/a/../b", "/a/./b", "/a//b", "/a/b/", "/.."] {
+            assert!(check_host_path(Path::new(bad)).is_err(), "{bad}");
+        }
+        assert!(check_host_path(Path::new("/var/lib/railgrid")).is_ok());
+        assert!(check_host_path(Path::new("/")).is_ok());
+    }
+
+    #[test]
+    fn no_symlink_is_followed_under_a_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("img");
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("etc/railgrid")).unwrap();
+        let r = Root::new(Some(root.clone())).unwrap();
+        assert_eq!(r.at("/etc").unwrap(), root.join("etc"));
+        assert_eq!(r.at("/usr/local/bin").unwrap(), root.join("usr/local/bin"));
+        let err = r.at("/etc/railgrid/agent.toml").unwrap_err().to_string();
+        assert!(err.contains("is a symlink"), "{err}");
+        assert!(r.at("/etc/railgrid").is_err(), "the link itself");
+        assert!(r.at("/var/../etc").is_err());
+        assert_eq!(
+            r.missing_dirs(Path::new("/usr/local/bin")).unwrap(),
+            [
+                Path::new("/usr"),
+                Path::new("/usr/local"),
+                Path::new("/usr/local/bin")
+            ]
+        );
+    }
+}
