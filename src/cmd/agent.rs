@@ -57,7 +57,13 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         .build(&cfg.log_dir)
         .with_context(|| format!("could not open the agent log in {}", cfg.log_dir.display()))?;
     let (writer, _guard) = tracing_appender::non_blocking(appender);
-    super::init_tracing(Some(writer));
+    // Under launchd stderr is a file nobody rotates (the plist's StandardErrorPath): the
+    // rolling log has every line, and stderr keeps only what comes before it.
+    let launchd = matches!(
+        crate::agent::upgrade::service::Service::detect(),
+        crate::agent::upgrade::service::Service::Launchd { .. }
+    );
+    super::init_tracing(Some(writer), !launchd);
 
     let rt = super::current_thread_runtime()?;
     let state_dir = cfg.state_dir.clone();

@@ -52,7 +52,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             command: AgentCommand::Run(args),
         } => agent::run(args),
         command => {
-            init_tracing(None);
+            init_tracing(None, true);
             match command {
                 Command::Version { json } => version(json),
                 Command::Supervise(args) => supervise::run(*args),
@@ -115,9 +115,10 @@ fn print_stdout(text: &str) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Logs to stderr and, when given, to a second writer (the agent's rolling file).
-/// `RAILGRID_LOG` takes a filter such as `debug` or `railgrid=trace`.
-fn init_tracing(file: Option<tracing_appender::non_blocking::NonBlocking>) {
+/// Logs to stderr (unless `stderr` is false) and, when given, to a second writer (the
+/// agent's rolling file). `RAILGRID_LOG` takes a filter such as `debug` or
+/// `railgrid=trace`.
+fn init_tracing(file: Option<tracing_appender::non_blocking::NonBlocking>, stderr: bool) {
     use tracing_subscriber::filter::{LevelFilter, Targets};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -125,10 +126,12 @@ fn init_tracing(file: Option<tracing_appender::non_blocking::NonBlocking>) {
         .ok()
         .and_then(|s| s.parse::<Targets>().ok())
         .unwrap_or_else(|| Targets::new().with_default(LevelFilter::INFO));
-    let stderr = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false);
+    let stderr = stderr.then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_target(false)
+    });
     let file = file.map(|w| {
         tracing_subscriber::fmt::layer()
             .with_writer(w)

@@ -28,7 +28,14 @@ fn read_small(path: &Path, flag: &str) -> Result<Vec<u8>, InstallError> {
             "not a regular file of at most {MAX_SECRET_BYTES} bytes"
         )));
     }
-    std::fs::read(path).map_err(|e| invalid(e.to_string()))
+    // Bounded whatever the file became since the check.
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| {
+            std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_SECRET_BYTES), &mut bytes)
+        })
+        .map_err(|e| invalid(e.to_string()))?;
+    Ok(bytes)
 }
 
 /// The token as the agent will read it: one line an HTTP header can carry.
@@ -249,7 +256,10 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
         .filter(|p| *p != o.prefix && templates::check_prefix(p).is_ok());
     let mut old_dirs: Vec<PathBuf> = Vec::new();
     if let Some(old) = &old_prefix {
-        let (then, now) = (creatable_dirs(manager, old), creatable_dirs(manager, &o.prefix));
+        let (then, now) = (
+            creatable_dirs(manager, old),
+            creatable_dirs(manager, &o.prefix),
+        );
         created_dirs.retain(|d| {
             let gone = then.contains(d) && !now.contains(d);
             if gone {

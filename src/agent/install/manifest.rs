@@ -11,8 +11,8 @@ use super::InstallError;
 /// The manifest's path on the host (under `--root`, below that directory).
 pub(crate) const PATH: &str = "/etc/railgrid/install.json";
 
+/// Fields it does not know are ignored: an older uninstall still reads a newer manifest.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(crate) struct Manifest {
     /// `systemd` or `launchd`.
     pub(crate) service: String,
@@ -40,6 +40,9 @@ pub(crate) fn read(path: &Path) -> Result<Option<Manifest>, InstallError> {
                 })
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            Err(InstallError::NotRoot { command: "install" })
+        }
         Err(source) => Err(InstallError::Read {
             path: path.to_owned(),
             source,

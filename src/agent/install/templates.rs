@@ -235,6 +235,12 @@ mod tests {
         assert_eq!(value("Restart="), "always");
         assert_eq!(value("KillMode="), "mixed");
         assert_eq!(value("Delegate="), "yes");
+        assert_eq!(
+            value("OOMPolicy="),
+            "continue",
+            "a job's OOM is not the service's"
+        );
+        assert_eq!(value("NoNewPrivileges="), "yes");
         assert_eq!(value("ProtectSystem="), "full");
         assert_eq!(value("ReadWritePaths="), "/usr/local/bin");
         assert_eq!(value("StateDirectory="), "railgrid");
