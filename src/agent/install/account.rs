@@ -4,7 +4,6 @@
 //! prints exactly what would run.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use super::InstallError;
 
@@ -66,7 +65,7 @@ pub(crate) fn plan(
             });
         }
         return Ok(AccountPlan::Create {
-            commands: dscl_commands(name, home, free_macos_id()?),
+            commands: dscl_commands(name, home, free_macos_id()?, macos_group(name)),
         });
     }
     if let Some(root) = root {
@@ -178,28 +177,55 @@ fn no_login_shell(root: Option<&Path>) -> String {
         .to_string()
 }
 
-/// macOS: the commands that create a hidden system account and its group with `id`.
-fn dscl_commands(name: &str, home: &Path, id: u32) -> Vec<Vec<String>> {
+/// macOS: the commands that create a hidden system account with uid `id`, and its
+/// group with the same id unless a group of that name exists (`group`: its gid), which is
+/// then the account's group, untouched.
+fn dscl_commands(name: &str, home: &Path, id: u32, group: Option<u32>) -> Vec<Vec<String>> {
     let set = |record: &str, key: &str, value: &str| -> Vec<String> {
         ["dscl", ".", "-create", record, key, value]
             .iter()
             .map(|s| s.to_string())
             .collect()
     };
-    let group = format!("/Groups/{name}");
+    let group_record = format!("/Groups/{name}");
     let user = format!("/Users/{name}");
+    let gid = group.unwrap_or(id).to_string();
     let id = id.to_string();
-    vec![
-        set(&group, "PrimaryGroupID", &id),
-        set(&group, "RealName", "railgrid runner"),
+    let mut cmds = Vec::new();
+    if group.is_none() {
+        cmds.push(set(&group_record, "PrimaryGroupID", &gid));
+        cmds.push(set(&group_record, "RealName", "railgrid runner"));
+    }
+    cmds.extend([
         set(&user, "UniqueID", &id),
-        set(&user, "PrimaryGroupID", &id),
+        set(&user, "PrimaryGroupID", &gid),
         set(&user, "UserShell", "/usr/bin/false"),
         set(&user, "NFSHomeDirectory", &home.display().to_string()),
         set(&user, "RealName", "railgrid runner"),
         set(&user, "Password", "*"),
         set(&user, "IsHidden", "1"),
+    ]);
+    cmds
+}
+
+/// macOS: the gid of the group `name`, when it exists.
+fn macos_group(name: &str) -> Option<u32> {
+    let argv: Vec<String> = [
+        "dscl",
+        ".",
+        "-read",
+        &format!("/Groups/{name}"),
+        "PrimaryGroupID",
     ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    super::plan::command_output(&argv)
+        .ok()?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
 }
 
 /// macOS: the highest free id below 500 that is neither a uid nor a gid (system
@@ -210,21 +236,7 @@ fn free_macos_id() -> Result<u32, InstallError> {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let out = Command::new(&argv[0])
-            .args(&argv[1..])
-            .output()
-            .map_err(|source| InstallError::Spawn {
-                command: argv.join(" "),
-                source,
-            })?;
-        if !out.status.success() {
-            return Err(InstallError::Command {
-                command: argv.join(" "),
-                status: out.status.to_string(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            });
-        }
-        Ok(String::from_utf8_lossy(&out.stdout)
+        Ok(super::plan::command_output(&argv)?
             .lines()
             .filter_map(|l| l.split_whitespace().last()?.parse().ok())
             .collect())
@@ -275,7 +287,12 @@ mod tests {
 
     #[test]
     fn the_macos_account_is_hidden_without_a_shell_or_password() {
-        let cmds = dscl_commands("_railgrid", Path::new("/var/lib/railgrid/runner"), 499);
+        let cmds = dscl_commands(
+            "_railgrid",
+            Path::new("/var/lib/railgrid/runner"),
+            499,
+            None,
+        );
         let flat: Vec<String> = cmds.iter().map(|c| c.join(" ")).collect();
         assert!(flat.contains(&"dscl . -create /Users/_railgrid UniqueID 499".to_owned()));
         assert!(
@@ -289,5 +306,13 @@ mod tests {
             flat[0].starts_with("dscl . -create /Groups/_railgrid PrimaryGroupID 499"),
             "the group first"
         );
+        let with_group = dscl_commands("_railgrid", Path::new("/x"), 499, Some(20));
+        assert!(
+            with_group.iter().all(|c| !c.join(" ").contains("/Groups/")),
+            "an existing group is left alone"
+        );
+        assert!(with_group
+            .iter()
+            .any(|c| c.join(" ") == "dscl . -create /Users/_railgrid PrimaryGroupID 20"));
     }
 }
