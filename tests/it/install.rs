@@ -792,3 +792,169 @@ fn uninstall_then_install_again_still_restores_the_image_on_purge() {
     ok(uninstall(&["--root", &r, "--purge", "--yes"]));
     assert_eq!(contents(&snapshot(&root)), before);
 }
+
+/// A stand-in for `systemctl` (PID 1 is not systemd where these tests run): it records
+/// every call and keeps the unit's active and enabled state in files, so that install
+/// sees what its earlier commands did.
+const FAKE_SYSTEMCTL: &str = r#"#!/bin/sh
+echo "$*" >> "$SYSTEMCTL_LOG"
+mkdir -p "$SYSTEMCTL_STATE"
+active=$(cat "$SYSTEMCTL_STATE/active" 2>/dev/null || echo inactive)
+case "$1" in
+    is-active) echo "$active"; [ "$active" = active ];;
+    is-enabled) if [ -f "$SYSTEMCTL_STATE/enabled" ]; then echo enabled; else echo disabled; exit 1; fi;;
+    show) echo no;;
+    enable) touch "$SYSTEMCTL_STATE/enabled";;
+    disable) rm -f "$SYSTEMCTL_STATE/enabled"; [ "$2" = --now ] && echo inactive > "$SYSTEMCTL_STATE/active";;
+    start|restart) echo active > "$SYSTEMCTL_STATE/active";;
+    stop) [ "$2" = railgrid-agent.service ] && echo inactive > "$SYSTEMCTL_STATE/active";;
+esac
+exit 0
+"#;
+
+#[test]
+fn on_a_systemd_host_install_drives_systemctl_in_order_and_converges() {
+    if !is_root() {
+        eprintln!("skipped: the namespace needs root");
+        return;
+    }
+    let dir = tempdir();
+    let t = dir.path();
+    fs::create_dir_all(t.join("fake")).expect("fake");
+    fs::create_dir_all(t.join("up")).expect("up");
+    let fake = t.join("fake/systemctl");
+    fs::write(&fake, FAKE_SYSTEMCTL).expect("fake systemctl");
+    fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).expect("chmod");
+    fs::write(t.join("token"), "host-token\n").expect("token");
+    // /etc and /usr/local get writable overlays on a tmpfs of the namespace, and /run a
+    // /run/systemd/system: the host's files are never written, and all of it goes when
+    // the namespace does.
+    let script = r#"
+set -e
+T=$1; B=$2
+mount -t tmpfs tmpfs "$T/up"
+mkdir -p "$T/up/etc" "$T/up/etc.w" "$T/up/usr" "$T/up/usr.w"
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$T/up/etc,workdir=$T/up/etc.w" /etc
+mount -t overlay overlay -o "lowerdir=/usr/local,upperdir=$T/up/usr,workdir=$T/up/usr.w" /usr/local
+mount -t tmpfs tmpfs /run
+mkdir -p /run/systemd/system
+export PATH="$T/fake:$PATH" SYSTEMCTL_LOG="$T/calls" SYSTEMCTL_STATE="$T/state"
+step() { name=$1; shift; echo "== $name" >> "$T/calls"; "$@" > "$T/$name.out" 2>&1 || echo "exit $?" >> "$T/$name.out"; }
+step first "$B" agent install --runner-user nobody
+step again "$B" agent install
+step hub "$B" agent install --hub https://hub.example --token-file "$T/token"
+printf x >> /usr/local/bin/railgrid
+step binary "$B" agent install
+step remove "$B" agent uninstall --purge --yes
+for f in /etc/railgrid /usr/local/bin/railgrid /etc/systemd/system/railgrid-agent.service; do
+    [ -e "$f" ] && echo "left $f" >> "$T/left"
+done
+true
+"#;
+    let out = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(t)
+        .arg(BIN)
+        .output()
+        .expect("unshare");
+    assert!(out.status.success(), "{out:?}");
+    let said = |step: &str| read_lossy(&t.join(format!("{step}.out")));
+    // The calls that change something, per step (the state probes left out).
+    let calls = read_lossy(&t.join("calls"));
+    let mut by_step: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut current = String::new();
+    for line in calls.lines() {
+        if let Some(step) = line.strip_prefix("== ") {
+            current = step.to_owned();
+            by_step.entry(current.clone()).or_default();
+        } else if !["is-active ", "is-enabled ", "show "]
+            .iter()
+            .any(|p| line.starts_with(p))
+        {
+            by_step
+                .entry(current.clone())
+                .or_default()
+                .push(line.to_owned());
+        }
+    }
+    let unit = "railgrid-agent.service";
+    assert_eq!(
+        by_step["first"],
+        [
+            "daemon-reload".to_owned(),
+            format!("enable {unit}"),
+            format!("reset-failed {unit}"),
+            format!("start {unit}")
+        ],
+        "{}",
+        said("first")
+    );
+    assert!(by_step["again"].is_empty(), "{:?}", by_step["again"]);
+    assert!(
+        said("again").contains("nothing to change"),
+        "{}",
+        said("again")
+    );
+    // A hub added: a reload would not take it, so a restart.
+    assert_eq!(
+        by_step["hub"],
+        [
+            format!("stop {unit}"),
+            format!("reset-failed {unit}"),
+            format!("start {unit}")
+        ],
+        "{}",
+        said("hub")
+    );
+    assert!(
+        said("hub").contains("hub.url = \"https://hub.example\""),
+        "{}",
+        said("hub")
+    );
+    assert!(!said("hub").contains("host-token"), "{}", said("hub"));
+    // A new binary: the agent is stopped before the file is replaced.
+    assert_eq!(
+        by_step["binary"],
+        [
+            format!("stop {unit}"),
+            format!("reset-failed {unit}"),
+            format!("start {unit}")
+        ],
+        "{}",
+        said("binary")
+    );
+    let text = said("binary");
+    let stop = text
+        .find("run     systemctl stop")
+        .expect("the stop is shown");
+    let update = text
+        .find("update  /usr/local/bin/railgrid")
+        .expect("the update is shown");
+    assert!(stop < update, "{text}");
+    // Uninstall: the watcher, the service, then systemd forgets it.
+    assert_eq!(
+        by_step["remove"],
+        [
+            "stop railgrid-upgrade-watch-*".to_owned(),
+            format!("disable --now {unit}"),
+            "daemon-reload".to_owned(),
+            format!("reset-failed {unit}")
+        ],
+        "{}",
+        said("remove")
+    );
+    assert!(said("remove").contains("uninstalled"), "{}", said("remove"));
+    assert_eq!(
+        read_lossy(&t.join("left")),
+        "",
+        "uninstall --purge left files"
+    );
+}
