@@ -496,15 +496,7 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
     };
     // The upgrade guard looks where the agent keeps its state (config::load's rule: the
     // log directory is the state directory's when only that is set).
-    let guard_state = existing_raw
-        .state_dir
-        .clone()
-        .unwrap_or_else(|| ROOT_STATE_DIR.into());
-    let guard_log = existing_raw
-        .log_dir
-        .clone()
-        .or(existing_raw.state_dir.clone())
-        .unwrap_or_else(|| ROOT_LOG_DIR.into());
+    let (guard_state, guard_log) = super::agent_dirs(&existing_raw);
     for dir in [&guard_state, &guard_log] {
         if templates::check_plain(dir).is_err() {
             return Err(InstallError::Invalid(format!(

@@ -118,6 +118,22 @@ pub(crate) struct UninstallOptions {
     pub(crate) dry_run: bool,
 }
 
+/// The state and log directories a root agent with this config uses (`config::load`'s
+/// rule: the log directory is the state directory when only that is set).
+fn agent_dirs(raw: &crate::agent::config::RawConfig) -> (PathBuf, PathBuf) {
+    use crate::agent::config::{ROOT_LOG_DIR, ROOT_STATE_DIR};
+    let state = raw
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| ROOT_STATE_DIR.into());
+    let log = raw
+        .log_dir
+        .clone()
+        .or(raw.state_dir.clone())
+        .unwrap_or_else(|| ROOT_LOG_DIR.into());
+    (state, log)
+}
+
 /// Checks who runs the command, before anything is looked at.
 fn check_privileges(command: &'static str, root: &Root, dry_run: bool) -> Result<(), InstallError> {
     if root.on_host() && !dry_run && !crate::sys::is_root() {

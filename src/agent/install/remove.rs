@@ -12,7 +12,7 @@ use super::manifest;
 use super::plan::{shell_words, Action, Plan, Step, Verb};
 use super::root::{check_host_path, Root};
 use super::{templates, InstallError, UninstallOptions, CONFIG_DIR};
-use crate::agent::config::{RawConfig, ROOT_CONFIG, ROOT_LOG_DIR, ROOT_STATE_DIR};
+use crate::agent::config::{RawConfig, ROOT_CONFIG};
 
 /// Refuses what is not a regular file where install keeps one.
 pub(super) fn check_regular(path: &Path) -> Result<(), InstallError> {
@@ -122,15 +122,7 @@ pub(crate) fn plan_uninstall(o: &UninstallOptions) -> Result<Plan, InstallError>
         })?,
         Err(_) => RawConfig::default(),
     };
-    let state = raw
-        .state_dir
-        .clone()
-        .unwrap_or_else(|| ROOT_STATE_DIR.into());
-    let log = raw
-        .log_dir
-        .clone()
-        .or(raw.state_dir.clone())
-        .unwrap_or_else(|| ROOT_LOG_DIR.into());
+    let (state, log) = super::agent_dirs(&raw);
     if o.purge {
         let mut purge: Vec<(PathBuf, &str)> =
             vec![(CONFIG_DIR.into(), "config, token, CA and manifest")];
