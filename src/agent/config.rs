@@ -518,6 +518,36 @@ pub(crate) fn load_with(
             _ => None,
         },
     };
+    resolve(flags, root, env, file, true)
+}
+
+/// Checks `text`, the would-be config file at `path` of a root agent, as the agent will
+/// load it, less what depends on the host: the runner's account (it may not exist yet)
+/// and the token file (it may not be written yet). `agent install` checks what it writes.
+pub(crate) fn check_text(path: &Path, text: &str) -> Result<(), ConfigError> {
+    let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: path.to_owned(),
+        message: e.to_string().trim().replace('\n', " "),
+    })?;
+    resolve(
+        &Flags::default(),
+        true,
+        &|_| None,
+        Some((path.to_owned(), raw)),
+        false,
+    )
+    .map(drop)
+}
+
+/// The configuration from `flags`, `file` and `env`; `host`: look up the runner's
+/// account and check the token file too.
+fn resolve(
+    flags: &Flags,
+    root: bool,
+    env: &dyn Fn(&str) -> Option<String>,
+    file: Option<(PathBuf, RawConfig)>,
+    host: bool,
+) -> Result<AgentConfig, ConfigError> {
     let src = Sources { file, env, flags };
 
     let user_dir = || default_user_dir(env).ok_or(ConfigError::NoHome);
@@ -537,6 +567,8 @@ pub(crate) fn load_with(
     };
 
     let user = match src.get(Key::RunnerUser) {
+        // Not looked up: the account may not exist yet (install creates it after).
+        Some(_) if !host => None,
         Some((name, origin)) => {
             let acct = Account::by_name(&name).map_err(|e| invalid(&origin, e.to_string()))?;
             if acct.uid == 0 {
@@ -596,7 +628,9 @@ pub(crate) fn load_with(
                     "a hub needs a token file: set hub.token_file (or --token-file)".into(),
                 ));
             };
-            check_secret_file(&token_file).map_err(|m| invalid(&token_origin, m))?;
+            if host {
+                check_secret_file(&token_file).map_err(|m| invalid(&token_origin, m))?;
+            }
             let agent_id = match src.get(Key::AgentId) {
                 Some((id, origin)) => check_agent_id(&id).map_err(|m| invalid(&origin, m))?,
                 None => default_agent_id()?,

@@ -958,3 +958,174 @@ true
         "uninstall --purge left files"
     );
 }
+
+#[test]
+fn files_other_accounts_own_are_refused_or_made_roots_again() {
+    if !is_root() {
+        eprintln!("skipped: chown needs root");
+        return;
+    }
+    let dir = tempdir();
+    let root = image(dir.path());
+    let r = path_str(&root);
+    ok(install(&["--root", &r, "--runner-user", "nobody"]));
+    let bin = root.join("usr/local/bin/railgrid");
+    let chown =
+        |path: &Path, uid: u32| std::os::unix::fs::chown(path, Some(uid), None).expect("chown");
+
+    // The binary, the same bytes but another account's and writable by all: rewritten.
+    chown(&bin, 65534);
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o777)).expect("chmod");
+    let said = ok(install(&["--root", &r]));
+    assert!(said.contains("owner uid 65534 and mode 0777"), "{said}");
+    assert_eq!(
+        (fs::metadata(&bin).expect("bin").uid(), mode(&bin)),
+        (0, 0o755)
+    );
+
+    // A previous binary (run as root by the unit and a rollback) that is not root's.
+    let prev = root.join("usr/local/bin/railgrid.prev");
+    fs::write(&prev, "#!/bin/sh\n").expect("prev");
+    chown(&prev, 65534);
+    let err = refused(install(&["--root", &r]));
+    assert!(err.contains("railgrid.prev is owned by uid 65534"), "{err}");
+    fs::remove_file(&prev).expect("rm prev");
+
+    // The binary's directory, or one above it, in another account's hands.
+    for d in ["usr/local/bin", "usr/local"] {
+        let path = root.join(d);
+        chown(&path, 65534);
+        let err = refused(install(&["--root", &r]));
+        assert!(
+            err.contains(&format!("{} is owned by uid 65534", path.display())),
+            "{err}"
+        );
+        chown(&path, 0);
+    }
+    fs::set_permissions(root.join("usr/local"), fs::Permissions::from_mode(0o777)).expect("chmod");
+    let err = refused(install(&["--root", &r]));
+    assert!(err.contains("mode 0777"), "{err}");
+    fs::set_permissions(root.join("usr/local"), fs::Permissions::from_mode(0o755)).expect("chmod");
+
+    // The config's directory, opened up: tightened again.
+    fs::set_permissions(root.join("etc/railgrid"), fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    let said = ok(install(&["--root", &r]));
+    assert!(said.contains("directory, mode 0755 to 0700"), "{said}");
+    assert_eq!(mode(&root.join("etc/railgrid")), 0o700);
+}
+
+#[test]
+fn odd_files_in_the_image_are_refused_without_reading_them() {
+    let dir = tempdir();
+    let root = image(dir.path());
+    let r = path_str(&root);
+    fs::create_dir_all(root.join("etc/railgrid")).expect("dir");
+    fs::set_permissions(root.join("etc/railgrid"), fs::Permissions::from_mode(0o700))
+        .expect("chmod");
+    let config = root.join("etc/railgrid/agent.toml");
+    // A FIFO would block a reader for ever: the command must refuse, not hang.
+    nix::unistd::mkfifo(&config, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    for args in [
+        vec!["agent", "install", "--root", &r],
+        vec!["agent", "uninstall", "--root", &r],
+    ] {
+        let child = railgrid()
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let out = Guard::new(child).wait_output(LIMIT);
+        let err = refused(out);
+        assert!(err.contains("is not a regular file"), "{args:?}: {err}");
+    }
+    fs::remove_file(&config).expect("rm fifo");
+
+    // A config that is not ours: where, never what (it may hold a secret).
+    fs::write(&config, "[runner]\ndelegate_cgroup = \"SECRET-hunter2\"\n").expect("config");
+    let err = refused(install(&["--root", &r]));
+    assert!(err.contains("at line 2"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+    fs::write(&config, "SECRET_hunter2 = 1\n").expect("config");
+    let err = refused(install(&["--root", &r]));
+    assert!(!err.contains("hunter2"), "{err}");
+
+    // A config of ours that the agent would refuse at start: refused now, not at boot.
+    fs::write(
+        &config,
+        "[runner]\nuser = \"nobody\"\nstop_grace = \"99h\"\n",
+    )
+    .expect("config");
+    let err = refused(install(&["--root", &r]));
+    assert!(
+        err.contains("would not load") && err.contains("stop_grace"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_install_cut_short_while_moving_the_prefix_is_finished_by_uninstall() {
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    // An image on a tmpfs with room for one copy of the binary, not two: the second
+    // install, to another prefix, fails writing the binary.
+    let size = fs::metadata(BIN).expect("BIN").len();
+    let dir = tempdir();
+    let t = dir.path();
+    let script = r#"
+T=$1; B=$2; SIZE=$3
+mkdir -p "$T/img"
+mount -t tmpfs -o "size=$SIZE" tmpfs "$T/img" || exit 90
+"$B" agent install --root "$T/img" --prefix /opt/a --runner-user nobody > "$T/first" 2>&1 || exit 91
+"$B" agent install --root "$T/img" --prefix /opt/b > "$T/second" 2>&1 && exit 92
+cp "$T/img/etc/railgrid/install.json" "$T/manifest"
+"$B" agent uninstall --root "$T/img" --purge --yes > "$T/remove" 2>&1 || exit 93
+find "$T/img" -mindepth 1 > "$T/left"
+exit 0
+"#;
+    let out = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(t)
+        .arg(BIN)
+        .arg(format!("{}", size + size / 2))
+        .output()
+        .expect("unshare");
+    let step = |name: &str| read_lossy(&t.join(name));
+    assert!(
+        out.status.success(),
+        "{out:?}\nfirst: {}\nsecond: {}\nremove: {}",
+        step("first"),
+        step("second"),
+        step("remove")
+    );
+    assert!(
+        step("second").contains("No space left on device"),
+        "{}",
+        step("second")
+    );
+    let manifest: serde_json::Value = serde_json::from_str(&step("manifest")).expect("manifest");
+    assert_eq!(manifest["prefix"], "/opt/b");
+    assert_eq!(
+        manifest["previous_prefixes"],
+        serde_json::json!(["/opt/a"]),
+        "{manifest:#}"
+    );
+    assert!(
+        step("remove").contains("/opt/a/bin/railgrid"),
+        "{}",
+        step("remove")
+    );
+    assert_eq!(step("left"), "", "the image is empty again");
+}

@@ -69,7 +69,7 @@ pub(crate) fn plan(
         });
     }
     if let Some(root) = root {
-        if !root.join("etc/passwd").is_file() {
+        if !std::fs::symlink_metadata(root.join("etc/passwd")).is_ok_and(|m| m.is_file()) {
             return Ok(AccountPlan::Skip {
                 reason: format!(
                     "{} has no etc/passwd: create the account {name} where the image is finished",
@@ -142,17 +142,10 @@ fn check_name(name: &str) -> Result<(), InstallError> {
 /// The id of `name` in a passwd or group file (the third field); `None` when it has no
 /// line, or there is no file.
 fn uid_in_passwd(passwd: &Path, name: &str) -> Result<Option<u32>, InstallError> {
-    let text = match std::fs::read_to_string(passwd) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(InstallError::Read {
-                path: passwd.to_owned(),
-                source,
-            })
-        }
+    let Some(bytes) = super::root::read_regular(passwd, 64 << 20)? else {
+        return Ok(None);
     };
-    Ok(text.lines().find_map(|line| {
+    Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {
         let mut fields = line.split(':');
         (fields.next() == Some(name))
             .then(|| fields.nth(1).and_then(|uid| uid.parse().ok()))

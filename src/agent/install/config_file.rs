@@ -44,31 +44,27 @@ pub(crate) fn read_existing(path: &Path) -> Result<Option<String>, InstallError>
         path: path.to_owned(),
         message,
     };
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            return Err(InstallError::NotRoot { command: "install" })
-        }
-        Err(e) if path.is_dir() => return Err(foreign(format!("a directory: {e}"))),
-        Err(source) => {
-            return Err(InstallError::Read {
-                path: path.to_owned(),
-                source,
-            })
-        }
+    let Some(bytes) = super::root::read_regular(path, MAX_CONFIG_BYTES)? else {
+        return Ok(None);
     };
     let text = String::from_utf8(bytes).map_err(|_| foreign("not UTF-8 text".into()))?;
     if let Err(e) = toml::from_str::<RawConfig>(&text) {
-        // The message and where, never the file's text: it may hold anything.
+        // Where, never what: the message would quote the file, which may hold anything.
         let line = e
             .span()
             .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-        let at = line.map(|l| format!("line {l}: ")).unwrap_or_default();
-        return Err(foreign(format!("{at}{}", e.message().trim())));
+        let at = line.map(|l| format!("at line {l}")).unwrap_or_default();
+        return Err(foreign(
+            format!("not TOML of the agent's keys {at}")
+                .trim_end()
+                .to_owned(),
+        ));
     }
     Ok(Some(text))
 }
+
+/// Larger is not a config of ours.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// Applies `wanted` to `existing` (or to a new file).
 pub(crate) fn converge(

@@ -42,7 +42,8 @@ fn read_small(path: &Path, flag: &str) -> Result<Vec<u8>, InstallError> {
 fn check_token(bytes: &[u8], path: &Path) -> Result<(), InstallError> {
     let text = std::str::from_utf8(bytes).unwrap_or("");
     let token = text.trim();
-    if token.is_empty() || token.lines().count() != 1 || crate::hub_client::bearer(token).is_err() {
+    let printable = token.chars().all(|c| c.is_ascii_graphic());
+    if token.is_empty() || !printable || crate::hub_client::bearer(token).is_err() {
         return Err(InstallError::Invalid(format!(
             "--token-file {}: the token must be one line of printable text (as `railgrid hub agent add --token-out` writes it)",
             path.display()
@@ -181,7 +182,6 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
     check_flags(o)?;
 
     let config_path = root.at(ROOT_CONFIG)?;
-    let config_path_shown = config_path.clone();
     let existing = config_file::read_existing(&config_path)?;
     let existing_raw: RawConfig = existing
         .as_deref()
@@ -199,16 +199,7 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
     let ca = match &o.ca_file {
         Some(path) => {
             let bytes = read_small(path, "--ca-file")?;
-            // The agent's own client reads it: what it refuses at start is refused here.
-            crate::hub_client::build(Some(path), std::time::Duration::from_secs(10)).map_err(
-                |e| {
-                    InstallError::Invalid(format!(
-                        "--ca-file {}: {}",
-                        path.display(),
-                        crate::util::error_chain(&e)
-                    ))
-                },
-            )?;
+            check_ca(&bytes, path)?;
             Some(bytes)
         }
         None => None,
@@ -234,83 +225,98 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
     };
     let converged =
         config_file::converge(existing.as_deref(), &wanted, manager == Manager::Systemd)?;
+    // What is written loads as the agent will load it: a config it refuses would leave
+    // the service failed (exit 2 is not restarted).
+    crate::agent::config::check_text(Path::new(ROOT_CONFIG), &converged.text).map_err(|e| {
+        InstallError::Invalid(format!(
+            "the config would not load: {}; fix {} (railgrid agent check-config --config {} says the same)",
+            crate::util::error_chain(&e),
+            config_path.display(),
+            config_path.display()
+        ))
+    })?;
     let user = converged
         .runner_user
         .clone()
         .unwrap_or_else(|| default_runner_user().to_owned());
-    let state_dir = existing_raw
-        .state_dir
-        .clone()
-        .unwrap_or_else(|| ROOT_STATE_DIR.into());
+    let (state_dir, log_dir) = super::agent_dirs(&existing_raw);
+    for dir in [&state_dir, &log_dir] {
+        if templates::check_plain(dir).is_err() {
+            return Err(InstallError::Invalid(format!(
+                "{}: state_dir and log_dir must be plain absolute paths (letters, digits and / . _ - +) for the unit to name them, not {}",
+                config_path.display(),
+                dir.display()
+            )));
+        }
+        if o.prefix.starts_with(dir) {
+            return Err(InstallError::Invalid(format!(
+                "--prefix {}: not inside {}, which uninstall --purge removes",
+                o.prefix.display(),
+                dir.display()
+            )));
+        }
+    }
     let account = account::plan(&user, o.root.as_deref(), &account::home(&state_dir))?;
 
-    let mut steps = Vec::new();
+    // Directories: the config's first (the manifest goes there), then the others. Each
+    // one that exists must be a directory root owns and no one else may write.
     let mut created_dirs = old_manifest
         .as_ref()
         .map(|m| m.created_dirs.clone())
         .unwrap_or_default();
-    // A new prefix: the directories made for the old one go with its binary, when empty.
-    let old_prefix = old_manifest
+    let mut previous: Vec<PathBuf> = old_manifest
         .as_ref()
-        .map(|m| m.prefix.clone())
-        .filter(|p| *p != o.prefix && templates::check_prefix(p).is_ok());
-    let mut old_dirs: Vec<PathBuf> = Vec::new();
-    if let Some(old) = &old_prefix {
-        let (then, now) = (
-            creatable_dirs(manager, old),
-            creatable_dirs(manager, &o.prefix),
-        );
-        created_dirs.retain(|d| {
-            let gone = then.contains(d) && !now.contains(d);
-            if gone {
-                old_dirs.push(d.clone());
-            }
-            !gone
-        });
-        old_dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-    }
+        .map(|m| {
+            let mut p = m.previous_prefixes.clone();
+            p.push(m.prefix.clone());
+            p
+        })
+        .unwrap_or_default();
+    previous.retain(|p| *p != o.prefix);
+    previous.dedup();
+    let mut dir_steps = Vec::new();
     for (dir, mode) in install_dirs(manager, &o.prefix) {
         let missing = root.missing_dirs(&dir)?;
-        if missing.is_empty() {
-            let path = root.at(&dir)?;
-            let now = std::fs::metadata(&path)
-                .map_err(|source| InstallError::Read {
-                    path: path.clone(),
-                    source,
-                })?
-                .permissions()
-                .mode()
-                & 0o7777;
+        let existing_top = match missing.first() {
+            Some(first) => first.parent().map(Path::to_owned),
+            None => Some(dir.clone()),
+        };
+        if let Some(top) = existing_top {
+            let path = root.at(&top)?;
             if !path.is_dir() {
                 return Err(InstallError::Invalid(format!(
                     "{} is not a directory: move it away",
                     path.display()
                 )));
             }
-            if mode == 0o700 && now != mode {
-                // The config's directory holds the token: it is tightened, not trusted.
-                steps.push(Step::new(
-                    Verb::Update,
-                    path.display().to_string(),
-                    format!("directory, mode {now:04o} to {mode:04o}"),
-                    Action::Dir { path, mode },
-                ));
-            } else if now & 0o022 != 0 {
-                return Err(InstallError::Invalid(format!(
-                    "{} is writable by others (mode {now:04o}): root would run what they put there; run chmod go-w {}",
-                    path.display(),
-                    path.display()
-                )));
+            if top == dir && mode == 0o700 {
+                // The config's directory holds the token: its owner is checked, its mode
+                // tightened.
+                root.check_trusted(dir.parent().expect("a parent"))?;
+                check_owner_only(&path)?;
+                let now = std::fs::metadata(&path)
+                    .map(|m| m.permissions().mode() & 0o7777)
+                    .unwrap_or(mode);
+                if now != mode {
+                    dir_steps.push(Step::new(
+                        Verb::Update,
+                        path.display().to_string(),
+                        format!("directory, mode {now:04o} to {mode:04o}"),
+                        Action::Dir { path, mode },
+                    ));
+                }
+            } else {
+                root.check_trusted(&top)?;
             }
         }
         for host in missing {
             let mode = if host == dir { mode } else { 0o755 };
             let path = root.at(&host)?;
-            let planned = steps
+            let planned = dir_steps
                 .iter()
                 .any(|s: &Step| matches!(&s.action, Action::Dir { path: p, .. } if *p == path));
             if !planned {
-                steps.push(Step::new(
+                dir_steps.push(Step::new(
                     Verb::Create,
                     path.display().to_string(),
                     format!("directory, mode {mode:04o}"),
@@ -322,30 +328,36 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
             }
         }
     }
+    let config_dir = root.at(CONFIG_DIR)?;
+    let (mut steps, later): (Vec<Step>, Vec<Step>) = dir_steps.into_iter().partition(
+        |s| matches!(&s.action, Action::Dir { path, .. } if config_dir.starts_with(path)),
+    );
 
     let created_account = matches!(account, account::AccountPlan::Create { .. })
         || old_manifest
             .as_ref()
             .is_some_and(|m| m.created_account && m.runner_user.as_deref() == Some(user.as_str()));
-    // The manifest goes first after the directories: an install that fails midway can
-    // still be uninstalled.
-    let new_manifest = Manifest {
+    let manifest_path = root.at(manifest::PATH)?;
+    let manifest_of = |previous: Vec<PathBuf>| Manifest {
         service: manager.name().to_owned(),
         prefix: o.prefix.clone(),
-        created_dirs,
+        previous_prefixes: previous,
+        created_dirs: created_dirs.clone(),
         runner_user: Some(user.clone()),
         created_account,
         installed_by: crate::build_info::VERSION.to_owned(),
     };
-    let manifest_path = root.at(manifest::PATH)?;
-    let unchanged = old_manifest.as_ref().is_some_and(|m| {
+    // The manifest goes first, naming everything this install may create and every old
+    // prefix still to clear: an install that fails midway can be finished or undone.
+    let first = manifest_of(previous.clone());
+    let last = manifest_of(Vec::new());
+    let same = |a: &Manifest, b: &Manifest| {
         Manifest {
-            installed_by: m.installed_by.clone(),
-            ..new_manifest.clone()
-        } == *m
-    });
-    if unchanged {
-        super::remove::check_regular(&manifest_path)?;
+            installed_by: b.installed_by.clone(),
+            ..a.clone()
+        } == *b
+    };
+    if old_manifest.as_ref().is_some_and(|m| same(&first, m)) {
         steps.push(Step::new(
             Verb::Keep,
             manifest_path.display().to_string(),
@@ -354,13 +366,14 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
         ));
     } else {
         steps.push(file_step(
-            manifest_path,
+            manifest_path.clone(),
             0o600,
-            new_manifest.to_bytes(),
+            first.to_bytes(),
             false,
             "what uninstall removes",
         )?);
     }
+    steps.extend(later);
 
     steps.push(match account {
         account::AccountPlan::Exists { uid } => Step::new(
@@ -386,69 +399,56 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
     let exe = Arc::new(PinnedExe::current()?);
     let bin = templates::binary_path(&o.prefix);
     let target = root.at(&bin)?;
-    if let Ok(meta) = std::fs::symlink_metadata(&target) {
-        if !meta.is_file() {
-            return Err(InstallError::Invalid(format!(
-                "{} is not a regular file: move it away",
-                target.display()
-            )));
-        }
+    steps.extend(stale_temporaries(&target)?);
+    let prev = target.with_file_name("railgrid.prev");
+    if std::fs::symlink_metadata(&prev).is_ok() {
+        // Run as root by the unit's ExecStartPre and by a rollback.
+        check_owner(&prev)?;
     }
-    let binary_changed = match same_binary(&exe, &target) {
-        Some(why) => {
+    let binary_changed = match binary_step(&exe, &target)? {
+        Some(step) => {
+            steps.push(step);
+            true
+        }
+        None => {
             steps.push(Step::new(
                 Verb::Keep,
                 target.display().to_string(),
-                why,
+                format!(
+                    "already this build (sha256 {})",
+                    &exe.identity().sha256[..16]
+                ),
                 Action::None,
             ));
             false
         }
-        None => {
-            let verb = if target.exists() {
-                Verb::Update
-            } else {
-                Verb::Create
-            };
-            let this = format!(
-                "railgrid {} (sha256 {}, {:.1} MiB)",
-                crate::build_info::VERSION,
-                &exe.identity().sha256[..16],
-                exe.identity().size as f64 / (1024.0 * 1024.0)
-            );
-            steps.push(Step::new(
-                verb,
-                target.display().to_string(),
-                this,
-                Action::Binary {
-                    path: target.clone(),
-                    exe: exe.clone(),
-                },
-            ));
-            true
-        }
     };
-    // A new prefix: the binary of the old one goes (it would never be upgraded again).
-    if let Some(old) = &old_prefix {
+    // Earlier prefixes: their binaries and the directories made for them (when empty).
+    let now_dirs = creatable_dirs(manager, &o.prefix);
+    for old in &previous {
         let old_bin = root.at(templates::binary_path(old))?;
         for path in [old_bin.clone(), old_bin.with_file_name("railgrid.prev")] {
-            if path.is_file() {
-                let why = format!("the binary of the install at prefix {}", old.display());
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
                 steps.push(Step::new(
                     Verb::Remove,
                     path.display().to_string(),
-                    why,
+                    format!("the binary of the install at prefix {}", old.display()),
                     Action::RemoveFile { path },
                 ));
             }
         }
-        for dir in &old_dirs {
-            let path = root.at(dir)?;
+        let mut dirs: Vec<PathBuf> = creatable_dirs(manager, old)
+            .into_iter()
+            .filter(|d| created_dirs.contains(d) && !now_dirs.contains(d))
+            .collect();
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for dir in dirs {
+            let path = root.at(&dir)?;
             if path.is_dir() {
                 steps.push(Step::new(
                     Verb::Remove,
                     path.display().to_string(),
-                    "directory made for the old prefix, if empty",
+                    format!("directory made for prefix {}, if empty", old.display()),
                     Action::RemoveEmptyDir { path },
                 ));
             }
@@ -481,42 +481,52 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
         converged.changes.join(", ")
     };
     config_steps.push(file_step(
-        config_path,
+        config_path.clone(),
         0o600,
-        converged.text.into_bytes(),
+        converged.text.clone().into_bytes(),
         false,
         &what,
     )?);
     let config_changed = config_steps.iter().any(|s| s.verb != Verb::Keep);
     steps.extend(config_steps);
+
     let service_file = manager.service_file();
     let what = match manager {
         Manager::Systemd => format!("the unit, for {}", bin.display()),
         Manager::Launchd => format!("the daemon's plist, for {}", bin.display()),
     };
-    // The upgrade guard looks where the agent keeps its state (config::load's rule: the
-    // log directory is the state directory's when only that is set).
-    let (guard_state, guard_log) = super::agent_dirs(&existing_raw);
-    for dir in [&guard_state, &guard_log] {
-        if templates::check_plain(dir).is_err() {
-            return Err(InstallError::Invalid(format!(
-                "{}: state_dir and log_dir must be plain absolute paths (letters, digits and / . _ - +) for the unit to name them",
-                config_path_shown.display()
-            )));
-        }
-    }
-    let rendered = manager.render(&o.prefix, (&guard_state, &guard_log));
-    let service_path = root.at(&service_file)?;
-    if std::fs::read_link(&service_path).is_ok_and(|t| t == Path::new("/dev/null")) {
+    // The upgrade guard looks where the agent keeps its state.
+    let rendered = manager.render(&o.prefix, (&state_dir, &log_dir));
+    let naive = match &root.0 {
+        Some(r) => r.join(service_file.strip_prefix("/").unwrap_or(&service_file)),
+        None => service_file.clone(),
+    };
+    if std::fs::read_link(&naive).is_ok_and(|t| t == Path::new("/dev/null")) {
         return Err(InstallError::Invalid(format!(
             "{} is masked (a link to /dev/null): run systemctl unmask {} first",
-            service_path.display(),
+            naive.display(),
             templates::UNIT_NAME
         )));
     }
-    let service_step = file_step(service_path, 0o644, rendered.into_bytes(), false, &what)?;
+    let service_step = file_step(
+        root.at(&service_file)?,
+        0o644,
+        rendered.into_bytes(),
+        false,
+        &what,
+    )?;
     let file_changed = service_step.verb != Verb::Keep;
     steps.push(service_step);
+    if !previous.is_empty() {
+        // Every old prefix is cleared: the manifest says so last.
+        steps.push(file_step(
+            manifest_path,
+            0o600,
+            last.to_bytes(),
+            false,
+            "the old prefixes are cleared",
+        )?);
+    }
 
     let mut notes = Vec::new();
     if root.on_host() {
@@ -573,18 +583,157 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
     })
 }
 
-/// Why `target` needs no copy (it is the running file, or the same bytes), or `None`.
-fn same_binary(exe: &PinnedExe, target: &Path) -> Option<String> {
+/// Refuses a directory root keeps secrets in that another account owns (its mode is
+/// then made right by the plan).
+fn check_owner_only(path: &Path) -> Result<(), InstallError> {
     use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(target).ok()?;
+    let meta = std::fs::symlink_metadata(path).map_err(|source| InstallError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let (euid, _) = crate::sys::current_ids();
+    if meta.uid() != 0 && meta.uid() != euid {
+        return Err(InstallError::Invalid(format!(
+            "{} is owned by uid {}: the token goes there, so only root may own it; chown root {}",
+            path.display(),
+            meta.uid(),
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a file or directory root would trust that another account owns or may write.
+fn check_owner(path: &Path) -> Result<(), InstallError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).map_err(|source| InstallError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let (euid, _) = crate::sys::current_ids();
+    let mode = meta.mode() & 0o7777;
+    if (meta.uid() != 0 && meta.uid() != euid) || mode & 0o022 != 0 || meta.file_type().is_symlink()
+    {
+        return Err(InstallError::Invalid(format!(
+            "{} is owned by uid {} with mode {mode:04o}: root runs or reads it, so only root may own and write it; remove it, or chown root and chmod go-w it",
+            path.display(),
+            meta.uid()
+        )));
+    }
+    Ok(())
+}
+
+/// Temporary copies a killed install left beside the binary (`.railgrid.tmp.PID.N` of
+/// a process that is gone): removed.
+fn stale_temporaries(target: &Path) -> Result<Vec<Step>, InstallError> {
+    let Some(dir) = target.parent() else {
+        return Ok(Vec::new());
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(Vec::new());
+    };
+    let mut steps = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(".railgrid.tmp.") else {
+            continue;
+        };
+        let pid: Option<i32> = rest.split('.').next().and_then(|p| p.parse().ok());
+        let gone = pid.is_some_and(|p| {
+            !Path::new(&format!("/proc/{p}")).exists() || cfg!(not(target_os = "linux"))
+        });
+        if gone && entry.file_type().is_ok_and(|t| t.is_file()) {
+            let path = entry.path();
+            steps.push(Step::new(
+                Verb::Remove,
+                path.display().to_string(),
+                "left by an interrupted install",
+                Action::RemoveFile { path },
+            ));
+        }
+    }
+    Ok(steps)
+}
+
+/// The step that puts this binary at `target`, or `None` when it is there already, the
+/// same bytes, mode 0755 and root's.
+fn binary_step(exe: &Arc<PinnedExe>, target: &Path) -> Result<Option<Step>, InstallError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(target).ok();
+    if let Some(meta) = &meta {
+        if !meta.is_file() {
+            return Err(InstallError::Invalid(format!(
+                "{} is not a regular file: move it away",
+                target.display()
+            )));
+        }
+    }
+    let (euid, _) = crate::sys::current_ids();
+    let this = format!(
+        "railgrid {} (sha256 {}, {:.1} MiB)",
+        crate::build_info::VERSION,
+        &exe.identity().sha256[..16],
+        exe.identity().size as f64 / (1024.0 * 1024.0)
+    );
+    let step = |verb, detail: String| {
+        Some(Step::new(
+            verb,
+            target.display().to_string(),
+            detail,
+            Action::Binary {
+                path: target.to_owned(),
+                exe: exe.clone(),
+            },
+        ))
+    };
+    let Some(meta) = meta else {
+        return Ok(step(Verb::Create, this));
+    };
+    if !same_binary(exe, target) {
+        return Ok(step(Verb::Update, this));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode != 0o755 || meta.uid() != euid {
+        return Ok(step(
+            Verb::Update,
+            format!(
+                "owner uid {} and mode {mode:04o} to this account's and 0755",
+                meta.uid()
+            ),
+        ));
+    }
+    Ok(None)
+}
+
+/// Refuses a CA file the agent's client refuses, and one with a private key in it (it
+/// would be written readable by all).
+fn check_ca(bytes: &[u8], path: &Path) -> Result<(), InstallError> {
+    if String::from_utf8_lossy(bytes).contains("PRIVATE KEY") {
+        return Err(InstallError::Invalid(format!(
+            "--ca-file {}: it holds a private key; give the CA's certificate only",
+            path.display()
+        )));
+    }
+    crate::hub_client::build(Some(path), std::time::Duration::from_secs(10)).map_err(|e| {
+        InstallError::Invalid(format!(
+            "--ca-file {}: {}",
+            path.display(),
+            crate::util::error_chain(&e)
+        ))
+    })?;
+    Ok(())
+}
+
+/// Whether `target` holds this binary's bytes (or is the running file itself).
+fn same_binary(exe: &PinnedExe, target: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(target) else {
+        return false;
+    };
     let id = exe.identity();
     if meta.dev() == id.device && meta.ino() == id.inode {
-        return Some("this is the running binary".into());
+        return true;
     }
-    if meta.len() != id.size {
-        return None;
-    }
-    let theirs = PinnedExe::open(target).ok()?;
-    (theirs.identity().sha256 == id.sha256)
-        .then(|| format!("already this build (sha256 {})", &id.sha256[..16]))
+    meta.len() == id.size
+        && PinnedExe::open(target).is_ok_and(|theirs| theirs.identity().sha256 == id.sha256)
 }

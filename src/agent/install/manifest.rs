@@ -17,6 +17,10 @@ pub(crate) struct Manifest {
     /// `systemd` or `launchd`.
     pub(crate) service: String,
     pub(crate) prefix: PathBuf,
+    /// Prefixes of earlier installs whose binaries and directories are still to go (an
+    /// install that moved the prefix and was interrupted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) previous_prefixes: Vec<PathBuf>,
     /// Directories created by installs, as host paths, parents first.
     #[serde(default)]
     pub(crate) created_dirs: Vec<PathBuf>,
@@ -30,24 +34,29 @@ pub(crate) struct Manifest {
 
 /// Reads the manifest at `path` (already under the root): `None` when there is none.
 pub(crate) fn read(path: &Path) -> Result<Option<Manifest>, InstallError> {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| InstallError::BadManifest {
-                    path: path.to_owned(),
-                    message: e.to_string(),
-                })
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            Err(InstallError::NotRoot { command: "install" })
-        }
-        Err(source) => Err(InstallError::Read {
+    let Some(bytes) = super::root::read_regular(path, 1 << 20)? else {
+        return Ok(None);
+    };
+    let manifest: Manifest =
+        serde_json::from_slice(&bytes).map_err(|e| InstallError::BadManifest {
             path: path.to_owned(),
-            source,
-        }),
+            message: e.to_string(),
+        })?;
+    // Nothing in it is believed unchecked: it names what uninstall removes.
+    let plain = |p: &Path| super::templates::check_plain(p).is_ok();
+    if !plain(&manifest.prefix)
+        || !manifest.previous_prefixes.iter().all(|p| plain(p))
+        || !manifest
+            .created_dirs
+            .iter()
+            .all(|d| super::root::check_host_path(d).is_ok())
+    {
+        return Err(InstallError::BadManifest {
+            path: path.to_owned(),
+            message: "a prefix or directory in it is not a plain absolute path".into(),
+        });
     }
+    Ok(Some(manifest))
 }
 
 impl Manifest {

@@ -11,19 +11,8 @@ use super::manager::Manager;
 use super::manifest;
 use super::plan::{shell_words, Action, Plan, Step, Verb};
 use super::root::{check_host_path, Root};
-use super::{templates, InstallError, UninstallOptions, CONFIG_DIR};
+use super::{config_file, templates, InstallError, UninstallOptions, CONFIG_DIR};
 use crate::agent::config::{RawConfig, ROOT_CONFIG};
-
-/// Refuses what is not a regular file where install keeps one.
-pub(super) fn check_regular(path: &Path) -> Result<(), InstallError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if !m.is_file() => Err(InstallError::Invalid(format!(
-            "{} is not a regular file: move it away",
-            path.display()
-        ))),
-        _ => Ok(()),
-    }
-}
 
 /// The binary an install without a manifest left: only a unit of ours names it.
 fn prefix_from_unit(unit: &str) -> Option<PathBuf> {
@@ -38,6 +27,10 @@ fn prefix_from_unit(unit: &str) -> Option<PathBuf> {
 }
 
 /// Plans `agent uninstall`.
+///
+/// The order keeps every step recoverable: the service (and an upgrade's watcher) stops
+/// first, the check that no agent holds the state comes before anything is removed, and
+/// the manifest goes last, so that a failure midway can be finished by running it again.
 pub(crate) fn plan_uninstall(o: &UninstallOptions) -> Result<Plan, InstallError> {
     let root = Root::new(o.root.clone())?;
     super::check_privileges("uninstall", &root, o.dry_run)?;
@@ -49,18 +42,27 @@ pub(crate) fn plan_uninstall(o: &UninstallOptions) -> Result<Plan, InstallError>
     let manifest = manifest::read(&manifest_path)?;
     let service_file = manager.service_file();
     let unit_path = root.at(&service_file)?;
-    let prefix = match &manifest {
+    let mut prefixes: Vec<PathBuf> = match &manifest {
         Some(m) => {
-            templates::check_prefix(&m.prefix).map_err(|why| InstallError::BadManifest {
-                path: manifest_path.clone(),
-                message: why,
-            })?;
-            Some(m.prefix.clone())
+            let mut p = vec![m.prefix.clone()];
+            p.extend(m.previous_prefixes.iter().cloned());
+            p
         }
-        None => std::fs::read_to_string(&unit_path)
+        // Installed without a manifest: a unit of ours names the binary.
+        None => super::root::read_regular(&unit_path, 1 << 20)
             .ok()
-            .and_then(|u| prefix_from_unit(&u)),
+            .flatten()
+            .and_then(|u| prefix_from_unit(&String::from_utf8_lossy(&u)))
+            .into_iter()
+            .collect(),
     };
+    prefixes.dedup();
+    // The directories the agent uses, by config::load's rule.
+    let config_path = root.at(ROOT_CONFIG)?;
+    let raw: RawConfig = config_file::read_existing(&config_path)?
+        .map(|t| toml::from_str(&t).expect("checked by read_existing"))
+        .unwrap_or_default();
+    let (state, log) = super::agent_dirs(&raw);
 
     let mut steps = Vec::new();
     let mut notes = Vec::new();
@@ -81,9 +83,59 @@ pub(crate) fn plan_uninstall(o: &UninstallOptions) -> Result<Plan, InstallError>
         run(&mut steps, cmds);
         any
     };
+
+    // What --purge removes whole: only plain directories named for railgrid, so that a
+    // config pointing at /srv cannot purge it.
+    let mut trees: Vec<(PathBuf, &str)> = Vec::new();
+    if o.purge {
+        let mut purge: Vec<(PathBuf, &str)> =
+            vec![(state.clone(), "state: job records and spooled output")];
+        if log != state {
+            purge.push((log.clone(), "logs"));
+        }
+        for (dir, what) in purge {
+            let named = dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.contains("railgrid"));
+            if !named || check_host_path(&dir).is_err() {
+                steps.push(Step::new(Verb::Skip, dir.display().to_string(), format!("{what}; not a plain path named for railgrid, so not removed: remove it by hand"), Action::None));
+                continue;
+            }
+            let path = root.at(&dir)?;
+            if path.exists() {
+                trees.push((path, what));
+            }
+        }
+        if let Some((path, _)) = trees
+            .iter()
+            .find(|(p, _)| *p == root.at(&state).unwrap_or_default())
+        {
+            // Checked now, and again once the service is stopped, before anything goes.
+            if !stops {
+                if let Some(pid) =
+                    crate::agent::instance::holders(path).and_then(|h| h.first().copied())
+                {
+                    return Err(InstallError::AgentRunning {
+                        pid,
+                        dir: path.clone(),
+                    });
+                }
+            }
+            steps.push(Step::new(
+                Verb::Keep,
+                path.display().to_string(),
+                "checked: no agent holds it",
+                Action::EnsureNoHolder {
+                    state_dir: path.clone(),
+                },
+            ));
+        }
+    }
+
     let remove = |steps: &mut Vec<Step>, path: PathBuf, what: &str| -> Result<(), InstallError> {
-        if path.symlink_metadata().is_ok() {
-            if path.is_dir() {
+        if let Ok(meta) = path.symlink_metadata() {
+            if meta.is_dir() {
                 return Err(InstallError::Invalid(format!(
                     "{} is a directory, not the file uninstall removes: move it away",
                     path.display()
@@ -102,7 +154,7 @@ pub(crate) fn plan_uninstall(o: &UninstallOptions) -> Result<Plan, InstallError>
     if root.on_host() && has_unit {
         run(&mut steps, manager.forget_commands());
     }
-    if let Some(prefix) = &prefix {
+    for prefix in &prefixes {
         let bin = root.at(templates::binary_path(prefix))?;
         let prev = bin.with_file_name("railgrid.prev");
         remove(&mut steps, bin, "the binary")?;
@@ -112,99 +164,45 @@ pub(crate) fn plan_uninstall(o: &UninstallOptions) -> Result<Plan, InstallError>
             "the previous binary, kept by the self-upgrade",
         )?;
     }
-
-    // The directories the agent uses, by config::load's rule.
-    let config_path = root.at(ROOT_CONFIG)?;
-    let raw: RawConfig = match std::fs::read_to_string(&config_path) {
-        Ok(text) => toml::from_str(&text).map_err(|e| InstallError::ForeignConfig {
-            path: config_path.clone(),
-            message: e.message().trim().to_owned(),
-        })?,
-        Err(_) => RawConfig::default(),
-    };
-    let (state, log) = super::agent_dirs(&raw);
-    if o.purge {
-        let mut purge: Vec<(PathBuf, &str)> =
-            vec![(CONFIG_DIR.into(), "config, token, CA and manifest")];
-        purge.push((state.clone(), "state: job records and spooled output"));
-        if log != state {
-            purge.push((log.clone(), "logs"));
-        }
-        let mut checked = false;
-        for (dir, what) in purge {
-            // A config may name any directory: only a plain one named for railgrid is
-            // removed whole, so that a typo cannot purge /srv.
-            let named = dir
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.contains("railgrid"));
-            let path = match (named, check_host_path(&dir)) {
-                (true, Ok(())) => root.at(&dir)?,
-                _ => {
-                    steps.push(Step::new(Verb::Skip, dir.display().to_string(), format!("{what}; not a plain path named for railgrid, so not removed: remove it by hand"), Action::None));
-                    continue;
-                }
-            };
-            if !path.exists() {
-                continue;
-            }
-            if dir == state && !checked {
-                checked = true;
-                // Checked again right before, once the service is stopped.
-                if !stops {
-                    if let Some(pid) =
-                        crate::agent::instance::holders(&path).and_then(|h| h.first().copied())
-                    {
-                        return Err(InstallError::AgentRunning { pid, dir: path });
-                    }
-                }
-                steps.push(Step::new(
-                    Verb::Keep,
-                    path.display().to_string(),
-                    "checked: no agent holds it",
-                    Action::EnsureNoHolder {
-                        state_dir: path.clone(),
-                    },
-                ));
-            }
-            steps.push(Step::new(
-                Verb::Remove,
-                path.display().to_string(),
-                what,
-                Action::RemoveTree { path },
-            ));
-        }
-    } else if manifest.is_some() || !steps.is_empty() {
-        notes.push(format!(
-            "kept {} (config, token and the install's manifest), {} and {}: --purge removes them",
-            root.at(CONFIG_DIR)?.display(),
-            root.at(&state)
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|_| state.display().to_string()),
-            root.at(&log)
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|_| log.display().to_string()),
+    for (path, what) in trees {
+        steps.push(Step::new(
+            Verb::Remove,
+            path.display().to_string(),
+            what,
+            Action::RemoveTree { path },
         ));
     }
-    if let (Some(m), Some(prefix)) = (&manifest, &prefix) {
-        let allowed = creatable_dirs(manager, prefix);
+
+    // The directories installs created, deepest first, when empty; those above the
+    // config's directory after it.
+    let config_dir = root.at(CONFIG_DIR)?;
+    let mut above_config = Vec::new();
+    if let Some(m) = &manifest {
+        let allowed: Vec<PathBuf> = prefixes
+            .iter()
+            .flat_map(|p| creatable_dirs(manager, p))
+            .collect();
         let mut dirs: Vec<&PathBuf> = m
             .created_dirs
             .iter()
-            .filter(|d| allowed.contains(d) && check_host_path(d).is_ok())
+            .filter(|d| allowed.contains(d) && d.as_path() != Path::new(CONFIG_DIR))
             .collect();
-        // Deepest first: a directory empties before its parent is tried.
         dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
         for dir in dirs {
             let path = root.at(dir)?;
-            let purged = steps.iter().any(|s: &Step| matches!(&s.action, Action::RemoveTree { path: t } if path.starts_with(t)));
-            if path.is_dir() && !purged && (o.purge || !dir.starts_with(CONFIG_DIR)) {
-                steps.push(Step::new(
-                    Verb::Remove,
-                    path.display().to_string(),
-                    "directory the install created, if empty",
-                    Action::RemoveEmptyDir { path },
-                ));
+            if !path.is_dir() {
+                continue;
+            }
+            let step = Step::new(
+                Verb::Remove,
+                path.display().to_string(),
+                "directory the install created, if empty",
+                Action::RemoveEmptyDir { path: path.clone() },
+            );
+            if config_dir.starts_with(&path) {
+                above_config.push(step);
+            } else {
+                steps.push(step);
             }
         }
         if let (Some(user), true) = (&m.runner_user, m.created_account) {
@@ -218,13 +216,31 @@ pub(crate) fn plan_uninstall(o: &UninstallOptions) -> Result<Plan, InstallError>
             ));
         }
     }
+    if o.purge {
+        if config_dir.exists() {
+            steps.push(Step::new(
+                Verb::Remove,
+                config_dir.display().to_string(),
+                "config, token, CA and, last, the install's manifest",
+                Action::RemoveTree {
+                    path: config_dir.clone(),
+                },
+            ));
+        }
+        steps.extend(above_config);
+    } else if config_dir.exists() {
+        notes.push(format!(
+            "kept {} (config, token and the install's manifest), the state and the logs: --purge removes them",
+            config_dir.display()
+        ));
+    }
     if steps.iter().all(|s| s.verb == Verb::Skip) && notes.is_empty() {
         notes.push("nothing of railgrid is installed here".into());
     }
-    let shown = prefix.map_or_else(
-        || "no binary found".to_owned(),
-        |p| format!("prefix {}", p.display()),
-    );
+    let shown = match prefixes.first() {
+        Some(p) => format!("prefix {}", p.display()),
+        None => "no binary found".to_owned(),
+    };
     Ok(Plan {
         title: format!(
             "railgrid agent uninstall{}: {}, {shown}",

@@ -15,6 +15,15 @@ pub(super) struct Root(pub(super) Option<PathBuf>);
 impl Root {
     /// Checks `--root`: an existing directory, named absolutely.
     pub(super) fn new(root: Option<PathBuf>) -> Result<Self, InstallError> {
+        // `--root /srv/img/` is `/srv/img`.
+        let root = root.map(|r| {
+            let trimmed = r.to_string_lossy().trim_end_matches('/').to_owned();
+            if trimmed.is_empty() {
+                PathBuf::from("/")
+            } else {
+                PathBuf::from(trimmed)
+            }
+        });
         if let Some(dir) = &root {
             let plain = check_host_path(dir).is_ok();
             if !plain || !dir.is_dir() {
@@ -73,6 +82,86 @@ impl Root {
         }
         missing.reverse();
         Ok(missing)
+    }
+}
+
+impl Root {
+    /// Refuses `host` (and every directory above it, below the root) when an account
+    /// other than root (or this one) owns it or may write it: root would run, or read
+    /// secrets from, what that account put there.
+    pub(super) fn check_trusted(&self, host: &Path) -> Result<(), InstallError> {
+        use std::os::unix::fs::MetadataExt;
+        let (euid, _) = crate::sys::current_ids();
+        let below = self.0.as_ref().map_or(0, |_| 1);
+        let chain: Vec<&Path> = host.ancestors().collect();
+        for h in chain.iter().rev().skip(below) {
+            let path = self.at(h)?;
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                break;
+            };
+            let mode = meta.mode() & 0o7777;
+            let owner_ok = meta.uid() == 0 || meta.uid() == euid;
+            let group_writes = mode & 0o020 != 0 && meta.gid() != 0;
+            if !owner_ok || mode & 0o002 != 0 || group_writes {
+                return Err(InstallError::Invalid(format!(
+                    "{} is owned by uid {} with mode {mode:04o}: an account other than root could replace what root runs or reads there; make it root's and not writable by others (chown root {}; chmod go-w {}), or choose another --prefix",
+                    path.display(),
+                    meta.uid(),
+                    path.display(),
+                    path.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a regular file of at most `cap` bytes; `None` when there is none. Anything else
+/// in its place (a directory, a FIFO, a device, a link) is refused before it is opened,
+/// and the read is bounded whatever the file became since.
+pub(super) fn read_regular(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, InstallError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(InstallError::NotRoot { command: "install" })
+        }
+        Err(source) => {
+            return Err(InstallError::Read {
+                path: path.to_owned(),
+                source,
+            })
+        }
+    };
+    if !meta.is_file() || meta.len() > cap {
+        return Err(InstallError::Invalid(format!(
+            "{} is not a regular file of at most {cap} bytes: move it away",
+            path.display()
+        )));
+    }
+    let read = || -> std::io::Result<Vec<u8>> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)?;
+        if !f.metadata()?.is_file() {
+            return Err(std::io::Error::other("not a regular file"));
+        }
+        let mut bytes = Vec::new();
+        f.take(cap).read_to_end(&mut bytes)?;
+        Ok(bytes)
+    };
+    match read() {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            Err(InstallError::NotRoot { command: "install" })
+        }
+        Err(source) => Err(InstallError::Read {
+            path: path.to_owned(),
+            source,
+        }),
     }
 }
 
