@@ -58,22 +58,36 @@ pub fn build(
             path: path.to_owned(),
             source,
         })?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| {
-            HubClientError::BadCa {
-                path: path.to_owned(),
-                source,
-            }
-        })?;
-        if certs.is_empty() {
-            return Err(HubClientError::NoCertificate {
-                path: path.to_owned(),
-            });
-        }
-        for cert in certs {
+        for cert in parse_ca(path, &pem)? {
             b = b.add_root_certificate(cert);
         }
     }
     b.build().map_err(HubClientError::Build)
+}
+
+/// The certificates of the CA file `path` holds as `pem`: at least one.
+pub fn parse_ca(path: &Path, pem: &[u8]) -> Result<Vec<reqwest::Certificate>, HubClientError> {
+    let certs =
+        reqwest::Certificate::from_pem_bundle(pem).map_err(|source| HubClientError::BadCa {
+            path: path.to_owned(),
+            source,
+        })?;
+    if certs.is_empty() {
+        return Err(HubClientError::NoCertificate {
+            path: path.to_owned(),
+        });
+    }
+    Ok(certs)
+}
+
+/// Checks the CA file `path` holds as `pem` as [`build`] would use it: the certificates
+/// must parse and a client must accept them as roots.
+pub fn check_ca(path: &Path, pem: &[u8]) -> Result<(), HubClientError> {
+    let mut b = reqwest::Client::builder().use_rustls_tls();
+    for cert in parse_ca(path, pem)? {
+        b = b.add_root_certificate(cert);
+    }
+    b.build().map(drop).map_err(HubClientError::Build)
 }
 
 /// The body of `resp`, refused once it passes `cap` bytes (whatever Content-Length

@@ -132,6 +132,26 @@ pub fn set_umask(mask: u32) -> u32 {
     umask(Mode::from_bits_truncate(mask as libc::mode_t)).bits() as u32
 }
 
+/// Whether `path` (not followed) carries a POSIX access ACL, which can grant write access
+/// that the mode bits do not show. Always false where the OS has no such attribute here.
+#[cfg(target_os = "linux")]
+pub fn has_access_acl(path: &std::path::Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let name = c"system.posix_acl_access";
+    // SAFETY: both strings are NUL-terminated; a null buffer of size 0 asks only for the
+    // attribute's size.
+    let n = unsafe { libc::lgetxattr(c.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    n > 0
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn has_access_acl(_path: &std::path::Path) -> bool {
+    false
+}
+
 /// Changes the owner of `path` (not following a final symlink).
 pub fn chown(path: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
     std::os::unix::fs::lchown(path, Some(uid), Some(gid))

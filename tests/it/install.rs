@@ -1028,7 +1028,7 @@ fn odd_files_in_the_image_are_refused_without_reading_them() {
     nix::unistd::mkfifo(&config, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
     for args in [
         vec!["agent", "install", "--root", &r],
-        vec!["agent", "uninstall", "--root", &r],
+        vec!["agent", "uninstall", "--root", &r, "--purge", "--yes"],
     ] {
         let child = railgrid()
             .args(&args)
@@ -1079,7 +1079,7 @@ fn an_install_cut_short_while_moving_the_prefix_is_finished_by_uninstall() {
     let script = r#"
 T=$1; B=$2; SIZE=$3
 mkdir -p "$T/img"
-mount -t tmpfs -o "size=$SIZE" tmpfs "$T/img" || exit 90
+mount -t tmpfs -o "size=$SIZE,mode=0755" tmpfs "$T/img" || exit 90
 "$B" agent install --root "$T/img" --prefix /opt/a --runner-user nobody > "$T/first" 2>&1 || exit 91
 "$B" agent install --root "$T/img" --prefix /opt/b > "$T/second" 2>&1 && exit 92
 cp "$T/img/etc/railgrid/install.json" "$T/manifest"
@@ -1128,4 +1128,104 @@ exit 0
         step("remove")
     );
     assert_eq!(step("left"), "", "the image is empty again");
+}
+
+#[test]
+fn an_image_cannot_point_roots_writes_elsewhere_or_race_them() {
+    if !is_root() {
+        eprintln!("skipped: chown and useradd need root");
+        return;
+    }
+    let dir = tempdir();
+    let root = image(dir.path());
+    let r = path_str(&root);
+    seed_accounts(&root);
+    // useradd --prefix writes passwd- and friends by path: a link there is refused.
+    let victim = dir.path().join("victim");
+    fs::write(&victim, "precious\n").expect("victim");
+    std::os::unix::fs::symlink(&victim, root.join("etc/passwd-")).expect("link");
+    let err = refused(install(&["--root", &r]));
+    assert!(
+        err.contains("etc/passwd-") && err.contains("not a regular file"),
+        "{err}"
+    );
+    assert_eq!(read_lossy(&victim), "precious\n");
+    fs::remove_file(root.join("etc/passwd-")).expect("unlink");
+
+    // An account in root's group: the supervisor would refuse it at every start.
+    fs::write(
+        root.join("etc/passwd"),
+        format!(
+            "{}operator:x:11:0:operator:/root:/sbin/nologin\n",
+            read_lossy(&root.join("etc/passwd"))
+        ),
+    )
+    .expect("passwd");
+    let err = refused(install(&["--root", &r, "--runner-user", "operator"]));
+    assert!(err.contains("primary group 0"), "{err}");
+
+    // An image another account owns could be swapped under a running install.
+    std::os::unix::fs::chown(&root, Some(65534), None).expect("chown");
+    let err = refused(install(&["--root", &r, "--runner-user", "nobody"]));
+    assert!(err.contains("is owned by uid 65534"), "{err}");
+    std::os::unix::fs::chown(&root, Some(0), None).expect("chown");
+
+    // A unit another account owns is written again as root's.
+    ok(install(&["--root", &r, "--runner-user", "nobody"]));
+    let unit = root.join("etc/systemd/system/railgrid-agent.service");
+    std::os::unix::fs::chown(&unit, Some(65534), None).expect("chown");
+    let said = ok(install(&["--root", &r]));
+    assert!(said.contains("owner uid 65534 to this account's"), "{said}");
+    assert_eq!(fs::metadata(&unit).expect("unit").uid(), 0);
+
+    // One install or uninstall at a time per root.
+    let mut holder = Guard::new(
+        Command::new("flock")
+            .args(["--exclusive", "--nonblock", "--no-fork"])
+            .arg(&root)
+            .args(["sleep", "60"])
+            .spawn()
+            .expect("flock"),
+    );
+    let err = wait_for(LIMIT, "install refused while the root is locked", || {
+        let out = install(&["--root", &r, "--dry-run"]);
+        (out.status.code() == Some(2)).then(|| String::from_utf8_lossy(&out.stderr).into_owned())
+    });
+    assert!(
+        err.contains("another railgrid agent install or uninstall is running"),
+        "{err}"
+    );
+    holder.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = holder.wait_output(LIMIT);
+
+    // An agent on a state directory not named for railgrid: the purge still waits for it.
+    let config = root.join("etc/railgrid/agent.toml");
+    fs::write(
+        &config,
+        format!("state_dir = \"/srv/data\"\n{}", read_lossy(&config)),
+    )
+    .expect("config");
+    fs::create_dir_all(root.join("srv/data")).expect("state");
+    fs::write(root.join("srv/data/agent.lock"), "").expect("lock");
+    let mut agent = Guard::new(
+        Command::new("flock")
+            .arg("--no-fork")
+            .arg(root.join("srv/data/agent.lock"))
+            .args(["sleep", "60"])
+            .spawn()
+            .expect("flock"),
+    );
+    let err = wait_for(
+        LIMIT,
+        "a purge refused while an agent holds the state",
+        || {
+            let out = uninstall(&["--root", &r, "--purge", "--yes", "--dry-run"]);
+            (out.status.code() == Some(2))
+                .then(|| String::from_utf8_lossy(&out.stderr).into_owned())
+        },
+    );
+    assert!(err.contains("still holds"), "{err}");
+    agent.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = agent.wait_output(LIMIT);
+    assert!(config.exists(), "nothing was removed");
 }

@@ -35,14 +35,32 @@ pub(crate) fn plan(
         });
     }
     let found = match root {
-        None => uzers::get_user_by_name(name).map(|u| u.uid()),
-        Some(root) => uid_in_passwd(&root.join("etc/passwd"), name)?,
+        None => uzers::get_user_by_name(name).map(|u| (u.uid(), u.primary_group_id())),
+        Some(root) => match entry(&root.join("etc/passwd"), name)? {
+            Some(fields) => Some(ids(&fields, name)?),
+            None => None,
+        },
     };
-    if let Some(uid) = found {
+    if let Some((uid, gid)) = found {
         if uid == 0 {
             return Err(InstallError::RootRunner {
                 name: name.to_owned(),
             });
+        }
+        // The supervisor refuses a runner in group 0 (root's), as it refuses uid 0.
+        if gid == 0 {
+            return Err(InstallError::Invalid(format!(
+                "the account {name} has primary group 0 (root's): the runner never runs in it; give --runner-user another account"
+            )));
+        }
+        let group = match root {
+            None => uzers::get_group_by_gid(gid).is_some(),
+            Some(root) => group_of_gid(&root.join("etc/group"), gid)?,
+        };
+        if !group {
+            return Err(InstallError::Invalid(format!(
+                "the account {name} is incomplete: its primary group {gid} does not exist (a useradd cut short?); remove it (userdel {name}) and run this again"
+            )));
         }
         return Ok(AccountPlan::Exists { uid });
     }
@@ -78,6 +96,9 @@ pub(crate) fn plan(
             });
         }
     }
+    if let Some(root) = root {
+        check_account_files(root)?;
+    }
     let mut argv: Vec<String> = vec!["useradd".into()];
     if let Some(root) = root {
         // --prefix edits ROOT/etc/{passwd,group,shadow} without a chroot: the image need
@@ -85,10 +106,16 @@ pub(crate) fn plan(
         argv.extend(["--prefix".into(), root.display().to_string()]);
     }
     // A group of that name (left by an earlier userdel) becomes the account's group.
-    let group_exists = match root {
-        None => uzers::get_group_by_name(name).is_some(),
-        Some(root) => uid_in_passwd(&root.join("etc/group"), name)?.is_some(),
+    let group_gid = match root {
+        None => uzers::get_group_by_name(name).map(|g| g.gid()),
+        Some(root) => uid_in_passwd(&root.join("etc/group"), name)?,
     };
+    if group_gid == Some(0) {
+        return Err(InstallError::Invalid(format!(
+            "a group {name} with gid 0 (root's) exists: the runner's account cannot be in it; give --runner-user another name"
+        )));
+    }
+    let group_exists = group_gid.is_some();
     argv.push("--system".into());
     if group_exists {
         argv.extend(["--gid".into(), name.to_owned()]);
@@ -151,6 +178,66 @@ fn uid_in_passwd(passwd: &Path, name: &str) -> Result<Option<u32>, InstallError>
             .then(|| fields.nth(1).and_then(|uid| uid.parse().ok()))
             .flatten()
     }))
+}
+
+/// The fields of `name`'s line in a passwd or group file; `None` without one.
+fn entry(file: &Path, name: &str) -> Result<Option<Vec<String>>, InstallError> {
+    let Some(bytes) = super::root::read_regular(file, 64 << 20)? else {
+        return Ok(None);
+    };
+    Ok(String::from_utf8_lossy(&bytes)
+        .lines()
+        .map(|l| l.split(':').map(str::to_owned).collect::<Vec<_>>())
+        .find(|f| f.first().map(String::as_str) == Some(name)))
+}
+
+/// The uid and gid of a passwd line; a line without numbers is refused, not ignored.
+fn ids(fields: &[String], name: &str) -> Result<(u32, u32), InstallError> {
+    let num = |i: usize| fields.get(i).and_then(|f| f.parse::<u32>().ok());
+    match (num(2), num(3)) {
+        (Some(uid), Some(gid)) => Ok((uid, gid)),
+        _ => Err(InstallError::Invalid(format!(
+            "the account {name} in the image's etc/passwd has no numeric uid and gid: fix that line"
+        ))),
+    }
+}
+
+/// Whether a group file has a group with `gid`.
+fn group_of_gid(file: &Path, gid: u32) -> Result<bool, InstallError> {
+    let Some(bytes) = super::root::read_regular(file, 64 << 20)? else {
+        return Ok(false);
+    };
+    let gid = gid.to_string();
+    Ok(String::from_utf8_lossy(&bytes)
+        .lines()
+        .any(|l| l.split(':').nth(2) == Some(gid.as_str())))
+}
+
+/// `useradd --prefix DIR` writes DIR/etc/passwd and its siblings (backups, locks,
+/// temporaries) by path, following links: none of them may be anything but a regular
+/// file, so that an image cannot point a write of root's elsewhere.
+fn check_account_files(root: &Path) -> Result<(), InstallError> {
+    for base in ["passwd", "group", "shadow", "gshadow", "subuid", "subgid"] {
+        for suffix in ["", "-", "+", ".lock", ".OLD"] {
+            let path = root.join("etc").join(format!("{base}{suffix}"));
+            if let Ok(meta) = std::fs::symlink_metadata(&path) {
+                if !meta.is_file() {
+                    return Err(InstallError::Invalid(format!(
+                        "{} is not a regular file: useradd would write through it; move it away",
+                        path.display()
+                    )));
+                }
+            }
+        }
+    }
+    let lock = root.join("etc/.pwd.lock");
+    if std::fs::symlink_metadata(&lock).is_ok_and(|m| !m.is_file()) {
+        return Err(InstallError::Invalid(format!(
+            "{} is not a regular file: useradd would write through it; move it away",
+            lock.display()
+        )));
+    }
+    Ok(())
 }
 
 /// A shell that refuses logins, as the target system has it.

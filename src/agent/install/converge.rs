@@ -28,14 +28,21 @@ fn read_small(path: &Path, flag: &str) -> Result<Vec<u8>, InstallError> {
             "not a regular file of at most {MAX_SECRET_BYTES} bytes"
         )));
     }
-    // Bounded whatever the file became since the check.
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| {
-            std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_SECRET_BYTES), &mut bytes)
-        })
-        .map_err(|e| invalid(e.to_string()))?;
-    Ok(bytes)
+    // Bounded, and never blocking on a FIFO, whatever the path names since the check.
+    let read = || -> std::io::Result<Vec<u8>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)?;
+        if !f.metadata()?.is_file() {
+            return Err(std::io::Error::other("not a regular file"));
+        }
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_SECRET_BYTES), &mut bytes)?;
+        Ok(bytes)
+    };
+    read().map_err(|e| invalid(e.to_string()))
 }
 
 /// The token as the agent will read it: one line an HTTP header can carry.
@@ -114,9 +121,27 @@ pub(super) fn file_step(
             )));
         }
     }
-    let current = meta.as_ref().and_then(|_| std::fs::read(&path).ok());
+    // Bounded: a file much larger than the one to write is not it.
+    let cap = bytes.len() as u64 + 1;
+    let current = match &meta {
+        Some(m) if m.len() < cap => super::root::read_regular(&path, cap)?,
+        Some(_) => Some(Vec::new()),
+        None => None,
+    };
+    let (euid, _) = crate::sys::current_ids();
+    let foreign_owner = meta
+        .as_ref()
+        .map(std::os::unix::fs::MetadataExt::uid)
+        .filter(|u| *u != euid);
     let current_mode = meta.map(|m| m.permissions().mode() & 0o7777);
     let (verb, detail) = match (current, current_mode) {
+        (Some(old), Some(_)) if old == bytes && foreign_owner.is_some() => (
+            Verb::Update,
+            format!(
+                "owner uid {} to this account's",
+                foreign_owner.unwrap_or_default()
+            ),
+        ),
         (Some(old), Some(m)) if old == bytes && m == mode => (Verb::Keep, "unchanged".to_owned()),
         (Some(old), Some(m)) if old == bytes => {
             (Verb::Update, format!("mode {m:04o} to {mode:04o}"))
@@ -176,6 +201,7 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
     let manager = Manager::host();
     let root = Root::new(o.root.clone())?;
     super::check_privileges("install", &root, o.dry_run)?;
+    let lock = root.lock()?;
     if root.on_host() {
         manager.check_running()?;
     }
@@ -455,6 +481,10 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
         }
     }
 
+    for file in [TOKEN_FILE, CA_FILE, ROOT_CONFIG, manifest::PATH] {
+        steps.extend(stale_temporaries(&root.at(file)?)?);
+    }
+    steps.extend(stale_temporaries(&root.at(manager.service_file())?)?);
     // What the running agent reads again on SIGHUP.
     let mut config_steps = Vec::new();
     if let Some(token) = token {
@@ -580,6 +610,7 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
         ),
         steps,
         notes,
+        _lock: lock,
     })
 }
 
@@ -623,19 +654,20 @@ fn check_owner(path: &Path) -> Result<(), InstallError> {
     Ok(())
 }
 
-/// Temporary copies a killed install left beside the binary (`.railgrid.tmp.PID.N` of
-/// a process that is gone): removed.
-fn stale_temporaries(target: &Path) -> Result<Vec<Step>, InstallError> {
-    let Some(dir) = target.parent() else {
+/// Temporary copies of `target` a killed install left beside it (`util::write_atomic`'s
+/// `.NAME.tmp.PID.N`, of a process that is gone): removed.
+pub(super) fn stale_temporaries(target: &Path) -> Result<Vec<Step>, InstallError> {
+    let (Some(dir), Some(name)) = (target.parent(), target.file_name()) else {
         return Ok(Vec::new());
     };
+    let prefix = format!(".{}.tmp.", name.to_string_lossy());
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(Vec::new());
     };
     let mut steps = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(".railgrid.tmp.") else {
+        let Some(rest) = name.strip_prefix(&prefix) else {
             continue;
         };
         let pid: Option<i32> = rest.split('.').next().and_then(|p| p.parse().ok());
@@ -714,7 +746,8 @@ fn check_ca(bytes: &[u8], path: &Path) -> Result<(), InstallError> {
             path.display()
         )));
     }
-    crate::hub_client::build(Some(path), std::time::Duration::from_secs(10)).map_err(|e| {
+    // The bytes that will be written are the bytes checked.
+    crate::hub_client::check_ca(path, bytes).map_err(|e| {
         InstallError::Invalid(format!(
             "--ca-file {}: {}",
             path.display(),

@@ -63,6 +63,11 @@ pub(super) enum Action {
     RemoveTree {
         path: PathBuf,
     },
+    /// Everything in `path` but `keep`, which goes last by a step of its own.
+    EmptyDirExcept {
+        path: PathBuf,
+        keep: &'static str,
+    },
     /// Refuses to go on while an agent holds the state directory (checked once the
     /// service is stopped, right before the purge).
     EnsureNoHolder {
@@ -119,6 +124,8 @@ pub(crate) struct Plan {
     pub(crate) steps: Vec<Step>,
     /// Said after the steps (what the plan leaves to the operator).
     pub(crate) notes: Vec<String>,
+    /// The root's install lock, held from the plan to the last step.
+    pub(super) _lock: std::fs::File,
 }
 
 impl Plan {
@@ -217,6 +224,34 @@ fn apply_step(action: &Action) -> Result<(), InstallError> {
                     other => return other,
                 }
             }
+        }
+        Action::EmptyDirExcept { path, keep } => {
+            let entries = match std::fs::read_dir(path) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(source) => {
+                    return Err(InstallError::Read {
+                        path: path.clone(),
+                        source,
+                    })
+                }
+            };
+            for entry in entries {
+                let entry = entry.map_err(|source| InstallError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                if entry.file_name() == *keep {
+                    continue;
+                }
+                let p = entry.path();
+                let gone = match entry.file_type() {
+                    Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p),
+                    _ => std::fs::remove_file(&p),
+                };
+                gone.map_err(|source| InstallError::Remove { path: p, source })?;
+            }
+            Ok(())
         }
         Action::EnsureNoHolder { state_dir } => {
             match crate::agent::instance::holders(state_dir).and_then(|h| h.first().copied()) {

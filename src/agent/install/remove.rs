@@ -34,6 +34,7 @@ fn prefix_from_unit(unit: &str) -> Option<PathBuf> {
 pub(crate) fn plan_uninstall(o: &UninstallOptions) -> Result<Plan, InstallError> {
     let root = Root::new(o.root.clone())?;
     super::check_privileges("uninstall", &root, o.dry_run)?;
+    let lock = root.lock()?;
     let manager = Manager::host();
     if root.on_host() {
         manager.check_running()?;
@@ -59,9 +60,15 @@ pub(crate) fn plan_uninstall(o: &UninstallOptions) -> Result<Plan, InstallError>
     prefixes.dedup();
     // The directories the agent uses, by config::load's rule.
     let config_path = root.at(ROOT_CONFIG)?;
-    let raw: RawConfig = config_file::read_existing(&config_path)?
-        .map(|t| toml::from_str(&t).expect("checked by read_existing"))
-        .unwrap_or_default();
+    // Only a purge needs the config's directories: a broken config does not keep the
+    // service from being removed.
+    let raw: RawConfig = match config_file::read_existing(&config_path) {
+        Ok(text) => text
+            .map(|t| toml::from_str(&t).expect("checked by read_existing"))
+            .unwrap_or_default(),
+        Err(e) if o.purge => return Err(e),
+        Err(_) => RawConfig::default(),
+    };
     let (state, log) = super::agent_dirs(&raw);
 
     let mut steps = Vec::new();
@@ -93,43 +100,50 @@ pub(crate) fn plan_uninstall(o: &UninstallOptions) -> Result<Plan, InstallError>
         if log != state {
             purge.push((log.clone(), "logs"));
         }
+        // Whatever the state directory is called, no agent may hold it while anything
+        // goes: checked now, and again once the service is stopped.
+        if check_host_path(&state).is_ok() {
+            let path = root.at(&state)?;
+            if path.is_dir() {
+                if !stops {
+                    if let Some(pid) =
+                        crate::agent::instance::holders(&path).and_then(|h| h.first().copied())
+                    {
+                        return Err(InstallError::AgentRunning { pid, dir: path });
+                    }
+                }
+                steps.push(Step::new(
+                    Verb::Keep,
+                    path.display().to_string(),
+                    "checked: no agent holds it",
+                    Action::EnsureNoHolder { state_dir: path },
+                ));
+            }
+        }
         for (dir, what) in purge {
             let named = dir
                 .file_name()
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.contains("railgrid"));
+            let shown = shell_words(&[dir.display().to_string()]);
             if !named || check_host_path(&dir).is_err() {
-                steps.push(Step::new(Verb::Skip, dir.display().to_string(), format!("{what}; not a plain path named for railgrid, so not removed: remove it by hand"), Action::None));
+                steps.push(Step::new(Verb::Skip, shown, format!("{what}; not a plain path named for railgrid, so not removed: remove it by hand"), Action::None));
                 continue;
             }
             let path = root.at(&dir)?;
-            if path.exists() {
-                trees.push((path, what));
-            }
-        }
-        if let Some((path, _)) = trees
-            .iter()
-            .find(|(p, _)| *p == root.at(&state).unwrap_or_default())
-        {
-            // Checked now, and again once the service is stopped, before anything goes.
-            if !stops {
-                if let Some(pid) =
-                    crate::agent::instance::holders(path).and_then(|h| h.first().copied())
-                {
-                    return Err(InstallError::AgentRunning {
-                        pid,
-                        dir: path.clone(),
-                    });
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.is_dir() => {
+                    root.check_trusted(dir.parent().unwrap_or(Path::new("/")))?;
+                    trees.push((path, what));
                 }
+                Ok(_) => steps.push(Step::new(
+                    Verb::Skip,
+                    path.display().to_string(),
+                    format!("{what}; not a directory, so not removed: remove it by hand"),
+                    Action::None,
+                )),
+                Err(_) => {}
             }
-            steps.push(Step::new(
-                Verb::Keep,
-                path.display().to_string(),
-                "checked: no agent holds it",
-                Action::EnsureNoHolder {
-                    state_dir: path.clone(),
-                },
-            ));
         }
     }
 
@@ -154,9 +168,13 @@ pub(crate) fn plan_uninstall(o: &UninstallOptions) -> Result<Plan, InstallError>
     if root.on_host() && has_unit {
         run(&mut steps, manager.forget_commands());
     }
+    steps.extend(super::converge::stale_temporaries(
+        &root.at(&service_file)?,
+    )?);
     for prefix in &prefixes {
         let bin = root.at(templates::binary_path(prefix))?;
         let prev = bin.with_file_name("railgrid.prev");
+        steps.extend(super::converge::stale_temporaries(&bin)?);
         remove(&mut steps, bin, "the binary")?;
         remove(
             &mut steps,
@@ -206,23 +224,48 @@ pub(crate) fn plan_uninstall(o: &UninstallOptions) -> Result<Plan, InstallError>
             }
         }
         if let (Some(user), true) = (&m.runner_user, m.created_account) {
+            let quoted = shell_words(std::slice::from_ref(user));
+            let users = shell_words(&[format!("/Users/{user}")]);
+            let groups = shell_words(&[format!("/Groups/{user}")]);
             notes.push(format!(
-                "kept the account {user}: files it owns may remain elsewhere; remove it with: {}",
+                "kept the account {quoted}: files it owns may remain elsewhere; remove it with: {}",
                 if cfg!(target_os = "macos") {
-                    format!("dscl . -delete /Users/{user}; dscl . -delete /Groups/{user}")
+                    format!("dscl . -delete {users}; dscl . -delete {groups}")
                 } else {
-                    format!("userdel {user}")
+                    format!("userdel {quoted}")
                 }
             ));
         }
     }
     if o.purge {
-        if config_dir.exists() {
+        if config_dir.is_dir() {
+            root.check_trusted(Path::new(CONFIG_DIR))?;
+            for name in ["agent.toml", "token", "hub-ca.pem", "install.json"] {
+                steps.extend(super::converge::stale_temporaries(&config_dir.join(name))?);
+            }
+            // The manifest last: a purge cut short is finished by running it again.
+            steps.push(Step::new(
+                Verb::Remove,
+                format!("{}/*", config_dir.display()),
+                "config, token and CA",
+                Action::EmptyDirExcept {
+                    path: config_dir.clone(),
+                    keep: "install.json",
+                },
+            ));
+            steps.push(Step::new(
+                Verb::Remove,
+                manifest_path.display().to_string(),
+                "the install's manifest",
+                Action::RemoveFile {
+                    path: manifest_path.clone(),
+                },
+            ));
             steps.push(Step::new(
                 Verb::Remove,
                 config_dir.display().to_string(),
-                "config, token, CA and, last, the install's manifest",
-                Action::RemoveTree {
+                "directory",
+                Action::RemoveEmptyDir {
                     path: config_dir.clone(),
                 },
             ));
@@ -249,6 +292,7 @@ pub(crate) fn plan_uninstall(o: &UninstallOptions) -> Result<Plan, InstallError>
         ),
         steps,
         notes,
+        _lock: lock,
     })
 }
 

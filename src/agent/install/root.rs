@@ -32,8 +32,32 @@ impl Root {
                     dir.display()
                 )));
             }
+            // Whoever could rename DIR, or a directory below it, could swap in a link
+            // between a check and a write: DIR and every directory above it must be
+            // root's, and not writable by others (a sticky /tmp is fine above it).
+            for (i, a) in dir.ancestors().enumerate() {
+                check_meta(a, i > 0)?;
+            }
         }
         Ok(Self(root))
+    }
+
+    /// Takes the install lock of this root (the root directory itself, flocked): two
+    /// installs or uninstalls at once on one host or image would interleave their steps.
+    pub(super) fn lock(&self) -> Result<std::fs::File, InstallError> {
+        let dir = self.0.clone().unwrap_or_else(|| PathBuf::from("/"));
+        let file = std::fs::File::open(&dir).map_err(|source| InstallError::Read {
+            path: dir.clone(),
+            source,
+        })?;
+        match fs4::FileExt::try_lock(&file) {
+            Ok(()) => Ok(file),
+            Err(fs4::TryLockError::WouldBlock) => Err(InstallError::Invalid(format!(
+                "another railgrid agent install or uninstall is running on {}: wait for it, then run this again",
+                dir.display()
+            ))),
+            Err(fs4::TryLockError::Error(source)) => Err(InstallError::Read { path: dir, source }),
+        }
     }
 
     pub(super) fn on_host(&self) -> bool {
@@ -90,30 +114,44 @@ impl Root {
     /// other than root (or this one) owns it or may write it: root would run, or read
     /// secrets from, what that account put there.
     pub(super) fn check_trusted(&self, host: &Path) -> Result<(), InstallError> {
-        use std::os::unix::fs::MetadataExt;
-        let (euid, _) = crate::sys::current_ids();
-        let below = self.0.as_ref().map_or(0, |_| 1);
         let chain: Vec<&Path> = host.ancestors().collect();
-        for h in chain.iter().rev().skip(below) {
+        for h in chain.iter().rev() {
             let path = self.at(h)?;
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            if !path.exists() {
                 break;
-            };
-            let mode = meta.mode() & 0o7777;
-            let owner_ok = meta.uid() == 0 || meta.uid() == euid;
-            let group_writes = mode & 0o020 != 0 && meta.gid() != 0;
-            if !owner_ok || mode & 0o002 != 0 || group_writes {
-                return Err(InstallError::Invalid(format!(
-                    "{} is owned by uid {} with mode {mode:04o}: an account other than root could replace what root runs or reads there; make it root's and not writable by others (chown root {}; chmod go-w {}), or choose another --prefix",
-                    path.display(),
-                    meta.uid(),
-                    path.display(),
-                    path.display()
-                )));
             }
+            check_meta(&path, false)?;
         }
         Ok(())
     }
+}
+
+/// Refuses `path` when an account other than root (or this one) owns it or may write
+/// it (its mode, or an ACL); `sticky_ok`: a sticky world-writable directory (/tmp) is
+/// fine, as no one else may rename what is in it.
+fn check_meta(path: &Path, sticky_ok: bool) -> Result<(), InstallError> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    let (euid, _) = crate::sys::current_ids();
+    let mode = meta.mode() & 0o7777;
+    let owner_ok = meta.uid() == 0 || meta.uid() == euid;
+    let others_write = mode & 0o002 != 0 || (mode & 0o020 != 0 && meta.gid() != 0);
+    let sticky = mode & 0o1000 != 0;
+    let acl = crate::sys::has_access_acl(path);
+    if !owner_ok || (others_write && !(sticky_ok && sticky)) || (acl && !(sticky_ok && sticky)) {
+        return Err(InstallError::Invalid(format!(
+            "{} is owned by uid {} with mode {mode:04o}{}: an account other than root could replace what root runs or reads there; make it root's and not writable by others (chown root {}; chmod go-w {}{}), or choose another --prefix or --root",
+            path.display(),
+            meta.uid(),
+            if acl { " and an ACL" } else { "" },
+            path.display(),
+            path.display(),
+            if acl { format!("; setfacl -b {}", path.display()) } else { String::new() }
+        )));
+    }
+    Ok(())
 }
 
 /// Reads a regular file of at most `cap` bytes; `None` when there is none. Anything else
