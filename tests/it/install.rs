@@ -388,6 +388,22 @@ fn dry_run_prints_every_action_and_file_and_changes_nothing() {
     assert_eq!(snapshot(&root), before, "a dry run writes nothing");
 }
 
+/// `sh -c SCRIPT ARGS…` in a private mount namespace of its own: what it mounts goes
+/// with it.
+fn in_namespace(script: &str) -> Command {
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+        "sh",
+    ]);
+    cmd
+}
+
 /// `sh -c SCRIPT` in a private mount namespace where the image's /etc and
 /// /usr/local (or /opt) lie over the host's, and /var/lib and /var/log are empty.
 fn in_image(root: &Path, script: &str, args: &[String]) -> Command {
@@ -401,11 +417,8 @@ fn in_image(root: &Path, script: &str, args: &[String]) -> Command {
         }
     }
     mounts.push_str("mount -t tmpfs -o mode=0755 tmpfs /var/lib && mount -t tmpfs -o mode=0755 tmpfs /var/log && ");
-    let mut cmd = Command::new("unshare");
-    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg(format!("{mounts}{script}"))
-        .arg("sh")
-        .args(args);
+    let mut cmd = in_namespace(&format!("{mounts}{script}"));
+    cmd.args(args);
     cmd
 }
 
@@ -851,16 +864,7 @@ for f in /etc/railgrid /usr/local/bin/railgrid /etc/systemd/system/railgrid-agen
 done
 true
 "#;
-    let out = Command::new("unshare")
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            "sh",
-        ])
+    let out = in_namespace(script)
         .arg(t)
         .arg(BIN)
         .output()
@@ -1087,16 +1091,7 @@ cp "$T/img/etc/railgrid/install.json" "$T/manifest"
 find "$T/img" -mindepth 1 > "$T/left"
 exit 0
 "#;
-    let out = Command::new("unshare")
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            "sh",
-        ])
+    let out = in_namespace(script)
         .arg(t)
         .arg(BIN)
         .arg(format!("{}", size + size / 2))

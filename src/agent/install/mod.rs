@@ -61,6 +61,8 @@ pub(crate) enum InstallError {
     BadManifest { path: PathBuf, message: String },
     #[error("an agent (pid {pid}) still holds {dir}: stop it first (systemctl stop railgrid-agent), then purge")]
     AgentRunning { pid: i32, dir: PathBuf },
+    #[error("{path} may be read by root only: run this with sudo")]
+    NoAccess { path: PathBuf },
     #[error("could not read {path}")]
     Read {
         path: PathBuf,

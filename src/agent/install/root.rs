@@ -164,7 +164,9 @@ pub(super) fn read_regular(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, Ins
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            return Err(InstallError::NotRoot { command: "install" })
+            return Err(InstallError::NoAccess {
+                path: path.to_owned(),
+            })
         }
         Err(source) => {
             return Err(InstallError::Read {
@@ -193,9 +195,9 @@ pub(super) fn read_regular(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, Ins
     };
     match read() {
         Ok(bytes) => Ok(Some(bytes)),
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            Err(InstallError::NotRoot { command: "install" })
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(InstallError::NoAccess {
+            path: path.to_owned(),
+        }),
         Err(source) => Err(InstallError::Read {
             path: path.to_owned(),
             source,
