@@ -169,15 +169,7 @@ fn check_name(name: &str) -> Result<(), InstallError> {
 /// The id of `name` in a passwd or group file (the third field); `None` when it has no
 /// line, or there is no file.
 fn uid_in_passwd(passwd: &Path, name: &str) -> Result<Option<u32>, InstallError> {
-    let Some(bytes) = super::root::read_regular(passwd, 64 << 20)? else {
-        return Ok(None);
-    };
-    Ok(String::from_utf8_lossy(&bytes).lines().find_map(|line| {
-        let mut fields = line.split(':');
-        (fields.next() == Some(name))
-            .then(|| fields.nth(1).and_then(|uid| uid.parse().ok()))
-            .flatten()
-    }))
+    Ok(entry(passwd, name)?.and_then(|f| f.get(2)?.parse().ok()))
 }
 
 /// The fields of `name`'s line in a passwd or group file; `None` without one.

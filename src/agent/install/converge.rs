@@ -429,7 +429,7 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
     let prev = target.with_file_name("railgrid.prev");
     if std::fs::symlink_metadata(&prev).is_ok() {
         // Run as root by the unit's ExecStartPre and by a rollback.
-        check_owner(&prev)?;
+        super::root::check_meta(&prev, false)?;
     }
     let binary_changed = match binary_step(&exe, &target)? {
         Some(step) => {
@@ -629,26 +629,6 @@ fn check_owner_only(path: &Path) -> Result<(), InstallError> {
             path.display(),
             meta.uid(),
             path.display()
-        )));
-    }
-    Ok(())
-}
-
-/// Refuses a file or directory root would trust that another account owns or may write.
-fn check_owner(path: &Path) -> Result<(), InstallError> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::symlink_metadata(path).map_err(|source| InstallError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    let (euid, _) = crate::sys::current_ids();
-    let mode = meta.mode() & 0o7777;
-    if (meta.uid() != 0 && meta.uid() != euid) || mode & 0o022 != 0 || meta.file_type().is_symlink()
-    {
-        return Err(InstallError::Invalid(format!(
-            "{} is owned by uid {} with mode {mode:04o}: root runs or reads it, so only root may own and write it; remove it, or chown root and chmod go-w it",
-            path.display(),
-            meta.uid()
         )));
     }
     Ok(())

@@ -113,21 +113,25 @@ impl Manager {
 
     /// Asks the manager about the service.
     pub(crate) fn state(self) -> ServiceState {
-        let out = |argv: &[&str]| -> Option<String> {
-            let o = Command::new(argv[0])
+        // Its stdout, whatever the exit status (`is-active` prints `inactive` and exits
+        // 3), and whether it succeeded.
+        let run = |argv: &[&str]| -> (String, bool) {
+            Command::new(argv[0])
                 .args(&argv[1..])
                 .stdin(Stdio::null())
                 .stderr(Stdio::null())
                 .output()
-                .ok()?;
-            Some(String::from_utf8_lossy(&o.stdout).trim().to_owned())
-                .filter(|_| o.status.success() || argv[1] != "print")
+                .map(|o| {
+                    let text = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+                    (text, o.status.success())
+                })
+                .unwrap_or_default()
         };
         match self {
             Self::Systemd => {
-                let active = out(&["systemctl", "is-active", UNIT_NAME]).unwrap_or_default();
-                let enabled = out(&["systemctl", "is-enabled", UNIT_NAME]).unwrap_or_default();
-                let stale = out(&[
+                let active = run(&["systemctl", "is-active", UNIT_NAME]).0;
+                let enabled = run(&["systemctl", "is-enabled", UNIT_NAME]).0;
+                let stale = run(&[
                     "systemctl",
                     "show",
                     "-p",
@@ -135,7 +139,7 @@ impl Manager {
                     "--value",
                     UNIT_NAME,
                 ])
-                .unwrap_or_default();
+                .0;
                 ServiceState {
                     running: matches!(
                         active.as_str(),
@@ -146,7 +150,7 @@ impl Manager {
                 }
             }
             Self::Launchd => {
-                let loaded = out(&["launchctl", "print", &format!("system/{LABEL}")]).is_some();
+                let loaded = run(&["launchctl", "print", &format!("system/{LABEL}")]).1;
                 ServiceState {
                     running: loaded,
                     enabled: loaded,

@@ -129,7 +129,7 @@ impl Root {
 /// Refuses `path` when an account other than root (or this one) owns it or may write
 /// it (its mode, or an ACL); `sticky_ok`: a sticky world-writable directory (/tmp) is
 /// fine, as no one else may rename what is in it.
-fn check_meta(path: &Path, sticky_ok: bool) -> Result<(), InstallError> {
+pub(super) fn check_meta(path: &Path, sticky_ok: bool) -> Result<(), InstallError> {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return Ok(());
