@@ -281,6 +281,15 @@ pub struct HubServeArgs {
     /// only binaries signed by one of them. Without one, releases are refused.
     #[arg(long, value_name = "PUBFILE")]
     pub release_key: Vec<PathBuf>,
+    /// Keep the hub's state in PostgreSQL, shared with other hub replicas, instead of
+    /// SQLite in the data dir: postgres://USER@HOST/DB?sslmode=require[&sslrootcert=PEM].
+    /// A URL with a password belongs in --config, not on a command line.
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
+    /// A hub config file (TOML): `[store] url = "postgres://…"`. 0600 when the URL
+    /// holds a password.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -480,9 +489,9 @@ pub struct AgentArgs {
     /// Account the runner runs as (required as root; never root).
     #[arg(long, value_name = "NAME")]
     pub runner_user: Option<String>,
-    /// Hub URL (https://...).
+    /// Hub URL (https://...); repeat it for the replicas of one hub, tried in turn.
     #[arg(long, value_name = "URL")]
-    pub hub: Option<String>,
+    pub hub: Vec<String>,
     /// This agent's id at the hub (default: the host name).
     #[arg(long, value_name = "ID")]
     pub agent_id: Option<String>,

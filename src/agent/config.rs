@@ -74,7 +74,8 @@ pub(crate) struct RawRunner {
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawHub {
-    pub(crate) url: Option<String>,
+    /// One URL, or several: replicas of one hub, tried in turn.
+    pub(crate) url: Option<HubUrls>,
     pub(crate) agent_id: Option<String>,
     pub(crate) token_file: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
@@ -86,6 +87,23 @@ pub(crate) struct RawLog {
     pub(crate) max_files: Option<usize>,
 }
 
+/// `hub.url`: a string, or a list of replicas' URLs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum HubUrls {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl AsText for HubUrls {
+    fn as_text(&self) -> String {
+        match self {
+            HubUrls::One(u) => u.clone(),
+            HubUrls::Many(v) => v.join(","),
+        }
+    }
+}
+
 /// Values given on the command line.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Flags {
@@ -93,7 +111,8 @@ pub(crate) struct Flags {
     pub(crate) state_dir: Option<PathBuf>,
     pub(crate) log_dir: Option<PathBuf>,
     pub(crate) runner_user: Option<String>,
-    pub(crate) hub: Option<String>,
+    /// `--hub`, repeated; `None` when not given.
+    pub(crate) hub: Option<Vec<String>>,
     pub(crate) agent_id: Option<String>,
     pub(crate) token_file: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
@@ -124,8 +143,9 @@ pub(crate) struct RunnerSettings {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HubSettings {
-    /// `https://host[:port]`, without a trailing slash.
-    pub(crate) url: String,
+    /// `https://host[:port]`, without a trailing slash: one, or the replicas of one hub
+    /// (same token, same CA), tried in this order and in turn on failure.
+    pub(crate) urls: Vec<String>,
     /// This agent's name at the hub (the `{id}` of its reconcile URL).
     pub(crate) agent_id: String,
     pub(crate) token_file: PathBuf,
@@ -615,12 +635,22 @@ fn resolve(
 
     let hub = match (src.get(Key::HubUrl), src.path_from(Key::TokenFile)) {
         (None, None) => None,
-        (Some((url, origin)), token) => {
-            if !url.starts_with("https://") {
-                return Err(invalid(
-                    &origin,
-                    format!("hub URL {url:?} must start with https://"),
-                ));
+        (Some((text, origin)), token) => {
+            let mut urls: Vec<String> = Vec::new();
+            for url in text.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+                if !url.starts_with("https://") {
+                    return Err(invalid(
+                        &origin,
+                        format!("hub URL {url:?} must start with https://"),
+                    ));
+                }
+                let url = url.trim_end_matches('/').to_owned();
+                if !urls.contains(&url) {
+                    urls.push(url);
+                }
+            }
+            if urls.is_empty() {
+                return Err(invalid(&origin, "no hub URL given".into()));
             }
             let Some((token_file, token_origin)) = token else {
                 return Err(invalid(
@@ -636,7 +666,7 @@ fn resolve(
                 None => default_agent_id()?,
             };
             Some(HubSettings {
-                url: url.trim_end_matches('/').to_owned(),
+                urls,
                 agent_id,
                 token_file,
                 ca_file: src.path(Key::CaFile),
@@ -819,7 +849,7 @@ pub(crate) struct EffectiveRunner {
 
 #[derive(Debug, Serialize)]
 pub(crate) struct EffectiveHub {
-    pub(crate) url: String,
+    pub(crate) url: Vec<String>,
     pub(crate) agent_id: String,
     pub(crate) token_file: PathBuf,
     pub(crate) token: &'static str,
@@ -859,7 +889,7 @@ impl AgentConfig {
                 }),
             },
             hub: self.hub.as_ref().map(|h| EffectiveHub {
-                url: h.url.clone(),
+                url: h.urls.clone(),
                 agent_id: h.agent_id.clone(),
                 token_file: h.token_file.clone(),
                 token: "<redacted>",
@@ -1039,7 +1069,7 @@ mod tests {
         let flags = Flags {
             state_dir: Some(dir.path().into()),
             log_dir: Some(dir.path().into()),
-            hub: Some("https://hub.example".into()),
+            hub: Some(vec!["https://hub.example".into()]),
             token_file: Some(token.clone()),
             config: Some(write(dir.path(), "")),
             ..Flags::default()
@@ -1071,7 +1101,7 @@ mod tests {
         };
         let env = env_of(&[("HOME", "/h")]);
         let hub = load_with(&flags, false, &env).unwrap().hub.unwrap();
-        assert_eq!(hub.url, "https://hub.example", "no trailing slash");
+        assert_eq!(hub.urls, ["https://hub.example"], "no trailing slash");
         if let Some(host) = crate::sys::hostname().filter(|h| check_agent_id(h).is_ok()) {
             assert_eq!(hub.agent_id, host);
         }
@@ -1227,7 +1257,7 @@ mod tests {
             state_dir: Some("/flag".into()),
             log_dir: Some("/flag".into()),
             runner_user: Some("flag".into()),
-            hub: Some("flag".into()),
+            hub: Some(vec!["flag".into()]),
             agent_id: Some("flag".into()),
             token_file: Some("/flag".into()),
             ca_file: Some("/flag".into()),
@@ -1312,7 +1342,7 @@ mod tests {
         fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
         let flags = Flags {
             config: Some(write(dir.path(), "")),
-            hub: Some("https://hub.example".into()),
+            hub: Some(vec!["https://hub.example".into()]),
             token_file: Some(token),
             ca_file: Some("/ca.pem".into()),
             ..Flags::default()

@@ -177,6 +177,8 @@ pub(crate) struct Connection {
     settings: HubSettings,
     client: reqwest::Client,
     auth: HeaderValue,
+    /// The replica in use, of `settings.urls`.
+    current: usize,
 }
 
 impl Connection {
@@ -184,9 +186,23 @@ impl Connection {
     pub(super) fn link(&self) -> super::upload::HubLink {
         super::upload::HubLink {
             client: self.client.clone(),
-            url: self.settings.url.clone(),
+            url: self.base().to_owned(),
             auth: self.auth.clone(),
         }
+    }
+
+    /// The URL of the replica in use.
+    fn base(&self) -> &str {
+        &self.settings.urls[self.current % self.settings.urls.len()]
+    }
+
+    /// Moves on to the next replica; false when there is no other.
+    fn rotate(&mut self) -> bool {
+        if self.settings.urls.len() < 2 {
+            return false;
+        }
+        self.current = (self.current + 1) % self.settings.urls.len();
+        true
     }
 
     /// Reads the token file and the CA file and builds the client. Blocking (two small
@@ -209,13 +225,14 @@ impl Connection {
             settings: settings.clone(),
             client,
             auth,
+            current: 0,
         })
     }
 
     fn url(&self, wait: Duration) -> String {
         format!(
             "{}/v1/agents/{}/reconcile?wait={}",
-            self.settings.url,
+            self.base(),
             self.settings.agent_id,
             wait.as_secs()
         )
@@ -493,7 +510,7 @@ impl HubHandle {
         let observed = reconciler.observed();
         let generation = observed.borrow().desired.generation;
         let status = HubStatus {
-            url: conn.settings.url.clone(),
+            url: conn.base().to_owned(),
             agent_id: conn.settings.agent_id.clone(),
             connected: false,
             last_contact: None,
@@ -519,6 +536,7 @@ impl HubHandle {
             hub_failure: None,
             apply_failure: None,
             ever_connected: false,
+            tried: 0,
             reset: false,
             backoff: Backoff::default(),
             published: None,
@@ -569,6 +587,8 @@ struct HubTask {
     /// The failure to apply the hub's desired state being reported.
     apply_failure: Option<String>,
     ever_connected: bool,
+    /// Replicas that failed since the last answer.
+    tried: usize,
     /// The hub refused the generation reported: generation 0 is reported until its
     /// answer is applied, as a reset.
     reset: bool,
@@ -617,7 +637,7 @@ enum Next {
 
 impl HubTask {
     async fn run(mut self) {
-        tracing::info!(url = %self.conn.settings.url, agent_id = %self.conn.settings.agent_id, "reconciling with the hub");
+        tracing::info!(url = %self.conn.base(), replicas = self.conn.settings.urls.len(), agent_id = %self.conn.settings.agent_id, "reconciling with the hub");
         let mut pace = Pace::new();
         loop {
             if let Some(until) = pace.take() {
@@ -707,11 +727,11 @@ impl HubTask {
         match loaded {
             Ok(conn) => {
                 if conn.settings != self.conn.settings {
-                    tracing::info!(url = %settings.url, agent_id = %settings.agent_id, "SIGHUP: new hub settings");
+                    tracing::info!(url = %settings.urls.join(","), agent_id = %settings.agent_id, "SIGHUP: new hub settings");
                 }
                 self.jobs.set_link(conn.link());
                 self.conn = conn;
-                self.status.url = settings.url;
+                self.status.url = self.conn.base().to_owned();
                 self.status.agent_id = settings.agent_id;
                 self.backoff.reset();
                 self.publish();
@@ -794,11 +814,26 @@ impl HubTask {
                     self.reset = true;
                     return Next::Again;
                 }
+                // Replicas of one hub: the next one is tried at once, each once a
+                // round; a round of failures is paced by the backoff.
+                let failed = self.conn.base().to_owned();
+                if self.conn.rotate() {
+                    self.jobs.set_link(self.conn.link());
+                    self.status.url = self.conn.base().to_owned();
+                    self.publish();
+                    tracing::info!(failed = %failed, next = %self.conn.base(), "trying the next hub replica");
+                    self.tried += 1;
+                    if self.tried < self.conn.settings.urls.len() {
+                        return Next::Again;
+                    }
+                    self.tried = 0;
+                }
                 let pause = self.backoff.next();
                 tracing::debug!(retry_in = ?pause, failures = self.backoff.failures, "next reconcile after the backoff");
                 return Next::Pause(pause);
             }
         };
+        self.tried = 0;
         self.reachable(&desired);
         self.reached.send_modify(|n| *n += 1);
         let applied = self.observed.borrow().desired.clone();
@@ -896,9 +931,9 @@ impl HubTask {
         // "Again" only after an earlier success: an agent started while its hub was
         // down has never reached it.
         if !self.ever_connected {
-            tracing::info!(url = %self.conn.settings.url, generation = desired.generation, "connected to the hub");
+            tracing::info!(url = %self.conn.base(), generation = desired.generation, "connected to the hub");
         } else if was_failing {
-            tracing::info!(url = %self.conn.settings.url, "hub reachable again");
+            tracing::info!(url = %self.conn.base(), "hub reachable again");
         }
         self.ever_connected = true;
         self.status.connected = true;
@@ -1035,7 +1070,7 @@ mod tests {
         let path = dir.join("token");
         std::fs::write(&path, token).expect("token");
         HubSettings {
-            url: "https://hub.example".into(),
+            urls: vec!["https://hub.example".into()],
             agent_id: "a1".into(),
             token_file: path,
             ca_file: None,

@@ -458,7 +458,7 @@ fn initial_status(
         runner_enabled: desired.runner.enabled,
         upgrade: None,
         hub: cfg.hub.as_ref().map(|h| HubStatus {
-            url: h.url.clone(),
+            url: h.urls[0].clone(),
             agent_id: h.agent_id.clone(),
             connected: false,
             last_contact: None,

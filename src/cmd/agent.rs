@@ -17,7 +17,7 @@ fn flags(args: &AgentArgs) -> Flags {
         state_dir: args.state_dir.clone(),
         log_dir: args.log_dir.clone(),
         runner_user: args.runner_user.clone(),
-        hub: args.hub.clone(),
+        hub: (!args.hub.is_empty()).then(|| args.hub.clone()),
         agent_id: args.agent_id.clone(),
         token_file: args.token_file.clone(),
         ca_file: args.ca_file.clone(),

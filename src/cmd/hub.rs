@@ -80,6 +80,7 @@ fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .map(std::path::absolute)
             .collect::<Result<_, _>>()?,
+        store: crate::hub::config::store_url(a.store, a.config.as_deref()).map_err(usage)?,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -350,14 +350,16 @@ async fn enrol<S: Store>(State(hub): State<Arc<Hub<S>>>, body: Body) -> ApiResul
     Ok((StatusCode::CREATED, Json(Enrolled { id: req.id, token })).into_response())
 }
 
-async fn list<S: Store>(State(hub): State<Arc<Hub<S>>>) -> Response {
-    Json(hub.fleet.list()).into_response()
+async fn list<S: Store>(State(hub): State<Arc<Hub<S>>>) -> ApiResult<Response> {
+    hub.fleet.adopt_reports().await?;
+    Ok(Json(hub.fleet.list()).into_response())
 }
 
 async fn show<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
+    hub.fleet.adopt_reports().await?;
     Ok(Json(hub.fleet.view_of(&id)?).into_response())
 }
 

@@ -17,10 +17,12 @@
 
 pub(crate) mod admin;
 mod api;
+pub(crate) mod config;
 pub(crate) mod fleet;
 mod jobs_api;
 mod releases_api;
 mod serve;
+mod shared;
 pub(crate) mod store;
 pub(crate) mod tls;
 mod token;
@@ -33,9 +35,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use self::fleet::{Fleet, FleetError, ReportFlusher};
+use self::fleet::{Fleet, FleetError, ReplicaSync, ReportFlusher};
+use self::store::postgres::PgStore;
 use self::store::sqlite::SqliteStore;
-use self::store::StoreError;
+use self::store::{Store, StoreError};
 use self::tls::{TlsError, TlsSource};
 
 pub(crate) use releases_api::SIGNATURE_HEADER;
@@ -81,6 +84,8 @@ pub(crate) enum HubError {
     Fleet(#[from] FleetError),
     #[error("could not install signal handlers")]
     Signals(#[source] std::io::Error),
+    #[error("{path} is not the {what} of the other replicas on this database: move it away (this replica then takes theirs), or give this replica its own database")]
+    Mismatch { what: &'static str, path: PathBuf },
     #[error("--release-key {path}")]
     ReleaseKey {
         path: PathBuf,
@@ -98,6 +103,8 @@ impl HubError {
                 | HubError::Tls(_)
                 | HubError::Listen { .. }
                 | HubError::ReleaseKey { .. }
+                | HubError::Mismatch { .. }
+                | HubError::Store(StoreError::BadUrl { .. } | StoreError::DatabaseCa { .. })
         )
     }
 }
@@ -116,6 +123,8 @@ pub(crate) struct ServeOptions {
     pub(crate) job_limits: fleet::JobLimits,
     /// Public key files of the publishers whose releases the hub takes.
     pub(crate) release_keys: Vec<PathBuf>,
+    /// `postgres://…`: a database shared with other hubs; `None`: SQLite in the data dir.
+    pub(crate) store: Option<String>,
 }
 
 /// `<data>/hub.json`: where the hub serves, for the admin commands on its host.
@@ -132,8 +141,8 @@ pub(crate) struct HubFile {
 /// Serves until SIGTERM or SIGINT.
 pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).map_err(HubError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(HubError::Signals)?;
+    let term = signal(SignalKind::terminate()).map_err(HubError::Signals)?;
+    let int = signal(SignalKind::interrupt()).map_err(HubError::Signals)?;
 
     let data = opts.data_dir.clone();
     let prepared = tokio::task::spawn_blocking(move || prepare(&data, &opts))
@@ -145,13 +154,63 @@ pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
     let Prepared {
         opts,
         _lock,
-        admin_sha256,
-        tls,
         release_keys,
     } = prepared;
+    match opts.store.clone() {
+        None => {
+            let data = opts.data_dir.clone();
+            let tls_source = opts.tls.clone();
+            let (admin_sha256, tls) = tokio::task::spawn_blocking(move || {
+                Ok::<_, HubError>((admin_token(&data)?, tls::server_config(&data, &tls_source)?))
+            })
+            .await
+            .map_err(|e| HubError::DataDir {
+                path: PathBuf::new(),
+                source: std::io::Error::other(e),
+            })??;
+            let store = SqliteStore::open(&opts.data_dir.join(DB_FILE))?;
+            run(
+                Arc::new(store),
+                opts,
+                admin_sha256,
+                tls,
+                release_keys,
+                (term, int),
+            )
+            .await
+        }
+        Some(url) => {
+            let store = PgStore::connect(&url).await?;
+            tracing::info!(database = %store::postgres::redact(&url), "the hub's store is PostgreSQL, shared with any other replicas");
+            let admin_sha256 = shared::admin_token(&store, &opts.data_dir).await?;
+            if let TlsSource::SelfSigned { .. } = &opts.tls {
+                shared::self_signed_ca(&store, &opts.data_dir).await?;
+            }
+            let tls = tls::server_config(&opts.data_dir, &opts.tls)?;
+            run(
+                Arc::new(store),
+                opts,
+                admin_sha256,
+                tls,
+                release_keys,
+                (term, int),
+            )
+            .await
+        }
+    }
+}
 
-    let store = Arc::new(SqliteStore::open(&opts.data_dir.join(DB_FILE))?);
-    let fleet = Arc::new(Fleet::load(store, opts.poll_interval, opts.job_limits).await?);
+/// Serves from `store` until a signal.
+async fn run<S: Store>(
+    store: Arc<S>,
+    opts: ServeOptions,
+    admin_sha256: String,
+    tls: Arc<rustls::ServerConfig>,
+    release_keys: Vec<minisign::PublicKey>,
+    (mut term, mut int): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
+) -> Result<(), HubError> {
+    let fleet =
+        Arc::new(Fleet::load(store, opts.poll_interval, opts.max_wait, opts.job_limits).await?);
     let hub = Arc::new(api::Hub {
         fleet: fleet.clone(),
         admin_sha256,
@@ -208,6 +267,7 @@ pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
     tracing::info!(%url, listen = %local, agents, data_dir = %opts.data_dir.display(), "hub serving");
 
     let flusher = ReportFlusher::spawn(fleet.clone());
+    let replicas = ReplicaSync::spawn(fleet.clone());
     let stop = async {
         tokio::select! {
             // Cancel-safe: signal streams keep a signal that arrived between polls.
@@ -218,6 +278,9 @@ pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
     let why = serve::accept_loop(listener, tls, api::router(hub), opts.max_connections, stop).await;
     tracing::info!("{why} received: stopping the hub");
     flusher.stop();
+    if let Some(r) = replicas {
+        r.stop();
+    }
     if let Err(e) = fleet.flush_reports().await {
         tracing::error!(error = %crate::error_chain(&e), "could not write the last agent reports");
     }
@@ -237,13 +300,11 @@ fn default_url(addr: SocketAddr) -> String {
 struct Prepared {
     opts: ServeOptions,
     _lock: std::fs::File,
-    admin_sha256: String,
-    tls: Arc<rustls::ServerConfig>,
     release_keys: Vec<minisign::PublicKey>,
 }
 
-/// The data dir (0700), its lock, the admin token (made at first start) and the TLS
-/// configuration: blocking work, done before anything listens.
+/// The data dir (0700), its lock and the release keys: blocking work, done before
+/// anything listens.
 fn prepare(data: &Path, opts: &ServeOptions) -> Result<Prepared, HubError> {
     use std::os::unix::fs::PermissionsExt;
     let dir_err = |source| HubError::DataDir {
@@ -277,8 +338,6 @@ fn prepare(data: &Path, opts: &ServeOptions) -> Result<Prepared, HubError> {
             })
         }
     }
-    let admin_sha256 = admin_token(data)?;
-    let tls = tls::server_config(data, &opts.tls)?;
     let release_keys = opts
         .release_keys
         .iter()
@@ -295,8 +354,6 @@ fn prepare(data: &Path, opts: &ServeOptions) -> Result<Prepared, HubError> {
     Ok(Prepared {
         opts: opts.clone(),
         _lock: lock,
-        admin_sha256,
-        tls,
         release_keys,
     })
 }

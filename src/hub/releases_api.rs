@@ -230,6 +230,7 @@ pub(super) async fn publish<S: Store>(
         .await
         .map_err(|e| internal(format!("could not store {}", stored.display()), &e))?;
     upload.keep = true;
+    hub.fleet.share_release_bytes(&sha256, &stored).await?;
     let row = ReleaseRow {
         version: v,
         os,
@@ -301,6 +302,50 @@ fn range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>, ()> {
     Ok(Some((first, last)))
 }
 
+/// Brings a binary another replica published into this one's data dir, checked
+/// against the SHA-256 it was published with.
+async fn fetch_shared<S: Store>(
+    hub: &Hub<S>,
+    sha256: &str,
+    path: &std::path::Path,
+) -> ApiResult<()> {
+    let missing = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("the binary {sha256} is published but this hub does not have it"),
+        )
+    };
+    let data = hub
+        .fleet
+        .shared_release_bytes(sha256)
+        .await?
+        .ok_or_else(missing)?;
+    let got: String = Sha256::digest(&data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if got != sha256 {
+        return Err(internal(
+            format!("the stored binary {sha256} has SHA-256 {got}"),
+            &std::io::Error::other("corrupt in the database"),
+        ));
+    }
+    let dir = hub.releases_dir.clone();
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || {
+        std::fs::create_dir_all(&dir)?;
+        crate::util::write_atomic(&path, &data, 0o600)
+    })
+    .await
+    .map_err(|e| {
+        internal(
+            "could not store the binary".into(),
+            &std::io::Error::other(e),
+        )
+    })?
+    .map_err(|e| internal("could not store the binary".into(), &e))
+}
+
 /// `GET /v1/releases/{version}/{os}-{arch}?agent=ID`, with the agent's token.
 pub(super) async fn download<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
@@ -325,8 +370,15 @@ pub(super) async fn download<S: Store>(
         )
     })?;
     let path = hub.releases_dir.join(&row.sha256);
-    let mut file = std::fs::File::open(&path)
-        .map_err(|e| internal(format!("could not open {}", path.display()), &e))?;
+    let mut file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            fetch_shared(&hub, &row.sha256, &path).await?;
+            std::fs::File::open(&path)
+                .map_err(|e| internal(format!("could not open {}", path.display()), &e))?
+        }
+        Err(e) => return Err(internal(format!("could not open {}", path.display()), &e)),
+    };
     let size = row.size;
     let (status, first, last) = match range(&headers, size) {
         Ok(None) => (StatusCode::OK, 0, size.saturating_sub(1)),

@@ -56,6 +56,43 @@ pub(crate) enum TlsSource {
     SelfSigned { names: Vec<String> },
 }
 
+/// The CA of `--tls-self-signed` in `data_dir` (certificate PEM, key PEM), if made.
+pub(crate) fn local_ca(data_dir: &Path) -> Result<Option<(String, String)>, TlsError> {
+    let cert = data_dir.join(CA_FILE);
+    let key = data_dir.join(TLS_DIR).join(CA_KEY);
+    if !key.exists() {
+        return Ok(None);
+    }
+    let text =
+        |what, path: &Path| read(what, path).map(|b| String::from_utf8_lossy(&b).into_owned());
+    Ok(Some((text("the CA", &cert)?, text("the CA key", &key)?)))
+}
+
+/// A new CA for `--tls-self-signed`: (certificate PEM, key PEM), written nowhere.
+pub(crate) fn new_ca() -> Result<(String, String), TlsError> {
+    let key = KeyPair::generate().map_err(TlsError::Generate)?;
+    let ca = ca_params()?.self_signed(&key).map_err(TlsError::Generate)?;
+    Ok((ca.pem(), key.serialize_pem()))
+}
+
+/// Writes a CA made by another replica into `data_dir`, where `--tls-self-signed` finds
+/// it: every replica then serves a certificate from the one CA agents pin.
+pub(crate) fn adopt_ca(data_dir: &Path, cert: &str, key: &str) -> Result<(), TlsError> {
+    let tls_dir = data_dir.join(TLS_DIR);
+    let write_err = |path: &Path| {
+        let path = path.to_owned();
+        move |source| TlsError::Write { path, source }
+    };
+    crate::sys::dirfd::Dir::open(data_dir)
+        .and_then(|d| d.make_child(TLS_DIR, 0o700))
+        .map_err(write_err(&tls_dir))?;
+    let key_file = tls_dir.join(CA_KEY);
+    crate::util::write_atomic(&key_file, key.as_bytes(), 0o600).map_err(write_err(&key_file))?;
+    let ca_file = data_dir.join(CA_FILE);
+    crate::util::write_atomic(&ca_file, cert.as_bytes(), 0o644).map_err(write_err(&ca_file))?;
+    Ok(())
+}
+
 /// The rustls server configuration (HTTP/1.1 only) for `source`.
 pub(crate) fn server_config(
     data_dir: &Path,

@@ -232,7 +232,7 @@ impl<S: Store> Fleet<S> {
         util::read(&self.job_index).get(id).cloned()
     }
 
-    fn job_moved(&self) {
+    pub(super) fn job_moved(&self) {
         self.job_activity.send_modify(|n| *n = n.wrapping_add(1));
     }
 
@@ -306,7 +306,10 @@ impl<S: Store> Fleet<S> {
         };
         row.seq = seq;
         let mut job = OpenJob::loaded(row.clone());
-        job.offered = false;
+        // With replicas the agent's poll may be held by another hub, which sends the
+        // job without this one knowing: it counts as offered, and is cancelled through
+        // the agent.
+        job.offered = self.replicated;
         {
             let mut st = util::lock(&entry.state);
             st.jobs.insert(id.clone(), job);
@@ -482,8 +485,8 @@ impl<S: Store> Fleet<S> {
     }
 
     fn waiting_for(&self, entry: &AgentEntry, id: &str) -> String {
-        let connected = entry.polls.load(Ordering::Relaxed) > 0;
         let st = util::lock(&entry.state);
+        let connected = self.connected(entry, st.last_seen);
         let offered = st.jobs.get(id).is_some_and(|j| j.offered);
         let runner = st
             .report
@@ -619,6 +622,54 @@ impl<S: Store> Fleet<S> {
             self.job_moved();
         }
         Ok(r)
+    }
+
+    /// Takes in an agent's open jobs as another hub stored them: new ones, their
+    /// progress, and those done (which leave). Called with `changes` held, so that the
+    /// store holds every change this hub made.
+    pub(super) fn adopt_jobs(&self, entry: &Arc<AgentEntry>, rows: Vec<JobRow>) {
+        let open: std::collections::HashSet<String> = rows.iter().map(|r| r.id.clone()).collect();
+        let (mut added, mut gone) = (Vec::new(), Vec::new());
+        let mut moved = false;
+        {
+            let mut st = util::lock(&entry.state);
+            st.jobs.retain(|id, _| {
+                let keep = open.contains(id);
+                if !keep {
+                    gone.push(id.clone());
+                }
+                keep
+            });
+            for row in rows {
+                match st.jobs.get_mut(&row.id) {
+                    Some(job) if job.progress != row.progress => {
+                        if row.progress.state != PENDING {
+                            job.spec = None;
+                        }
+                        job.progress = row.progress;
+                        moved = true;
+                    }
+                    Some(_) => {}
+                    None => {
+                        added.push(row.id.clone());
+                        st.jobs.insert(row.id.clone(), OpenJob::loaded(row));
+                    }
+                }
+            }
+        }
+        if added.is_empty() && gone.is_empty() && !moved {
+            return;
+        }
+        {
+            let mut index = util::write(&self.job_index);
+            for id in &gone {
+                index.remove(id);
+            }
+            for id in added {
+                index.insert(id, entry.clone());
+            }
+        }
+        self.job_moved();
     }
 
     /// Deletes the oldest done jobs past the hub's bound, when some got done.

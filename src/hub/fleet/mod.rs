@@ -22,6 +22,7 @@
 
 mod jobs;
 mod releases;
+mod replicas;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -42,6 +43,7 @@ use self::jobs::OpenJob;
 pub(crate) use self::jobs::{JobLimits, OutputSlice, Upload};
 use self::releases::Releases;
 pub(crate) use self::releases::ROLLED_BACK;
+pub(crate) use self::replicas::ReplicaSync;
 
 /// How often queued reports are written.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
@@ -181,6 +183,11 @@ pub(crate) struct Fleet<S: Store> {
     /// Jobs done since retention last ran.
     jobs_done: AtomicUsize,
     releases: RwLock<Releases>,
+    /// Other hubs share the store ([`replicas`]).
+    replicated: bool,
+    /// The longest a poll is held: with replicas, an agent seen within it (and a
+    /// margin) counts as connected, wherever its poll is held.
+    max_wait: Duration,
 }
 
 fn now_secs() -> u64 {
@@ -195,6 +202,7 @@ impl<S: Store> Fleet<S> {
     pub(crate) async fn load(
         store: Arc<S>,
         poll_interval: Duration,
+        max_wait: Duration,
         job_limits: JobLimits,
     ) -> Result<Self, FleetError> {
         let Snapshot {
@@ -247,7 +255,6 @@ impl<S: Store> Fleet<S> {
             util::lock(&entry.state).jobs.insert(job.id.clone(), job);
         }
         Ok(Self {
-            store,
             fleet: RwLock::new(fleet),
             agents: RwLock::new(map),
             changes: tokio::sync::Mutex::new(()),
@@ -260,6 +267,9 @@ impl<S: Store> Fleet<S> {
             job_limits,
             jobs_done: AtomicUsize::new(0),
             releases: RwLock::new(Releases::load(releases, halts)),
+            replicated: store.replicated(),
+            max_wait,
+            store,
         })
     }
 
@@ -372,10 +382,24 @@ impl<S: Store> Fleet<S> {
 
     async fn resync(&self, entry: &AgentEntry, past: u64) -> Result<(), FleetError> {
         let _one = self.changes.lock().await;
-        let settings = util::lock(&entry.state).own.settings.clone();
-        let generation = self.store.set_scope(&entry.id, &settings, past).await?;
+        let mut settings = util::lock(&entry.state).own.settings.clone();
+        let generation = loop {
+            match self
+                .store
+                .set_scope(&entry.id, &settings, past, Some(&settings))
+                .await?
+            {
+                Ok(generation) => break generation,
+                // Another replica changed them meanwhile: keep its settings.
+                Err(stored) => settings = stored,
+            }
+        };
         self.newest.fetch_max(generation, Ordering::AcqRel);
-        util::lock(&entry.state).own.generation = generation;
+        {
+            let mut st = util::lock(&entry.state);
+            st.own.generation = st.own.generation.max(generation);
+            st.own.settings = settings;
+        }
         self.announce(entry);
         Ok(())
     }
@@ -527,7 +551,11 @@ impl<S: Store> Fleet<S> {
     pub(crate) async fn revoke(&self, id: &str) -> Result<AgentView, FleetError> {
         let entry = self.entry(id)?;
         let _one = self.changes.lock().await;
-        self.store.revoke(id, now_secs()).await?;
+        if let Some(generation) = self.store.revoke(id, now_secs()).await? {
+            self.newest.fetch_max(generation, Ordering::AcqRel);
+            let mut st = util::lock(&entry.state);
+            st.own.generation = st.own.generation.max(generation);
+        }
         entry.revoked.store(true, Ordering::Release);
         // Wakes its held polls, which see the flag.
         entry.generation.send_modify(|_| {});
@@ -543,25 +571,40 @@ impl<S: Store> Fleet<S> {
     ) -> Result<DesiredView, FleetError> {
         let entry = agent.map(|id| self.entry(id)).transpose()?;
         let _one = self.changes.lock().await;
-        let current = match &entry {
+        let mut current = match &entry {
             None => self.fleet_scope().settings,
             Some(e) => util::lock(&e.state).own.settings.clone(),
         };
-        let next = changed(&current, change)?;
-        if next == current {
-            // Nothing to converge to: no new generation, no wake-up of a single poll.
-            drop(_one);
-            return self.desired_view(agent);
-        }
         let scope = entry.as_ref().map_or("", |e| e.id.as_str());
-        let generation = self.store.set_scope(scope, &next, 0).await?;
+        // Compared and set in the store: a replica whose copy is behind another's change
+        // computes this change again from the stored settings, and loses neither.
+        let (generation, next) = loop {
+            let next = changed(&current, change)?;
+            if next == current {
+                // Nothing to converge to: no new generation, no wake-up of a single poll.
+                drop(_one);
+                return self.desired_view(agent);
+            }
+            match self
+                .store
+                .set_scope(scope, &next, 0, Some(&current))
+                .await?
+            {
+                Ok(generation) => break (generation, next),
+                Err(stored) => current = stored,
+            }
+        };
         self.newest.fetch_max(generation, Ordering::AcqRel);
         match &entry {
             None => {
-                *util::write(&self.fleet) = Scope {
-                    generation,
-                    settings: next,
-                };
+                let mut fleet = util::write(&self.fleet);
+                if generation >= fleet.generation {
+                    *fleet = Scope {
+                        generation,
+                        settings: next,
+                    };
+                }
+                drop(fleet);
                 let all = self.all();
                 for e in &all {
                     self.announce(e);
@@ -573,10 +616,15 @@ impl<S: Store> Fleet<S> {
                 );
             }
             Some(e) => {
-                util::lock(&e.state).own = Scope {
-                    generation,
-                    settings: next,
-                };
+                {
+                    let mut st = util::lock(&e.state);
+                    if generation >= st.own.generation {
+                        st.own = Scope {
+                            generation,
+                            settings: next,
+                        };
+                    }
+                }
                 self.announce(e);
                 tracing::info!(agent = %e.id, generation, "agent desired state changed");
             }
@@ -622,11 +670,21 @@ impl<S: Store> Fleet<S> {
             enrolled_at: st.enrolled_at,
             revoked: entry.is_revoked(),
             last_seen: st.last_seen,
-            connected: entry.polls.load(Ordering::Relaxed) > 0,
+            connected: self.connected(entry, st.last_seen),
             desired_generation,
             observed_generation: st.observed_generation,
             report: st.report.clone(),
         }
+    }
+
+    /// Whether `entry` holds a poll here, or (replicas) reconciled recently enough to
+    /// hold one at another hub.
+    fn connected(&self, entry: &AgentEntry, last_seen: Option<u64>) -> bool {
+        if entry.polls.load(Ordering::Relaxed) > 0 {
+            return true;
+        }
+        let recent = self.max_wait.as_secs() + replicas::SEEN_MARGIN.as_secs();
+        self.replicated && last_seen.is_some_and(|t| t + recent >= now_secs())
     }
 
     fn all(&self) -> Vec<Arc<AgentEntry>> {
@@ -649,6 +707,33 @@ impl<S: Store> Fleet<S> {
         util::write(&self.releases).put(row);
         self.fleet_moved(generation);
         Ok(())
+    }
+
+    /// Keeps a published binary where other replicas fetch it (nothing for a single hub,
+    /// whose data dir has it).
+    pub(crate) async fn share_release_bytes(
+        &self,
+        sha256: &str,
+        path: &std::path::Path,
+    ) -> Result<(), FleetError> {
+        if !self.replicated {
+            return Ok(());
+        }
+        let data = tokio::fs::read(path)
+            .await
+            .map_err(|source| FleetError::BadSetting {
+                field: "binary".into(),
+                why: format!("could not read {}: {source}", path.display()),
+            })?;
+        Ok(self.store.put_blob(sha256, data).await?)
+    }
+
+    /// A published binary another replica took, from the store.
+    pub(crate) async fn shared_release_bytes(
+        &self,
+        sha256: &str,
+    ) -> Result<Option<Vec<u8>>, FleetError> {
+        Ok(self.store.get_blob(sha256).await?)
     }
 
     /// The artifact of `version` for a platform, if published.

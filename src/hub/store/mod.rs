@@ -8,6 +8,7 @@
 //! is kept portable (no SQLite-only functions or upserts beyond `ON CONFLICT … DO UPDATE`),
 //! so that a PostgreSQL store is the same statements on another driver.
 
+pub(crate) mod postgres;
 pub(crate) mod sqlite;
 
 use std::future::Future;
@@ -40,6 +41,59 @@ pub(crate) enum StoreError {
     },
     #[error("the hub database's worker thread failed")]
     Worker(#[source] tokio::task::JoinError),
+    #[error("the hub database {url}")]
+    Postgres {
+        url: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("the hub database {url}: no connection")]
+    Pool {
+        url: String,
+        #[source]
+        source: deadpool_postgres::PoolError,
+    },
+    #[error("invalid --store {url}: {why}")]
+    BadUrl { url: String, why: String },
+    #[error("could not read {path}, the CA of the hub database {url}")]
+    DatabaseCa {
+        url: String,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What another replica changed, as its notification says (replicated stores only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// An agent: its enrolment, its settings or its jobs.
+    Agent(String),
+    /// The fleet's settings, releases or halts.
+    Fleet,
+    /// Output of a job was taken.
+    Output(String),
+    /// Notifications may have been missed (the listening connection was lost): load
+    /// everything again.
+    Resync,
+}
+
+/// One agent as stored, with its own settings and its open jobs: what a replica loads
+/// when another one changed it.
+#[derive(Debug, Clone)]
+pub(crate) struct AgentSnapshot {
+    pub(crate) agent: AgentRow,
+    pub(crate) scope: Option<ScopeRow>,
+    pub(crate) open_jobs: Vec<JobRow>,
+}
+
+/// The fleet's own settings, releases and halts, and the newest generation.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FleetSnapshot {
+    pub(crate) scope: Option<ScopeRow>,
+    pub(crate) generation: u64,
+    pub(crate) releases: Vec<ReleaseRow>,
+    pub(crate) halts: Vec<HaltRow>,
 }
 
 /// One enrolled agent, as stored.
@@ -196,18 +250,28 @@ pub(crate) trait Store: Send + Sync + 'static {
         now: u64,
     ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
 
-    /// Returns false when `id` is not enrolled.
-    fn revoke(&self, id: &str, now: u64) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// Revokes `id` and gives its scope the next generation, which is returned (so that
+    /// replicas see the change); `None` when `id` is not enrolled.
+    fn revoke(
+        &self,
+        id: &str,
+        now: u64,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
 
     /// Replaces the settings of `scope` and gives it the next generation, which is
     /// returned. `past` forces that generation above a number an agent reported (a hub
-    /// restored from an older backup must still move its agents forward).
+    /// restored from an older backup must still move its agents forward). With `base`,
+    /// only if the stored settings are `base` (a scope never set counts as the default):
+    /// otherwise nothing changes and the stored settings are returned, so that a change
+    /// computed from a stale copy (another replica's change not seen yet) is computed
+    /// again instead of undoing that change.
     fn set_scope(
         &self,
         scope: &str,
         settings: &DesiredSettings,
         past: u64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+        base: Option<&DesiredSettings>,
+    ) -> impl Future<Output = Result<Result<u64, DesiredSettings>, StoreError>> + Send;
 
     /// Writes a batch of reports (last seen, observed generation, the report).
     fn record_reports(
@@ -284,4 +348,82 @@ pub(crate) trait Store: Send + Sync + 'static {
         version: &str,
         halt: Option<&HaltRow>,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    // Replicas. A store that several hubs share says so, tells each what the others
+    // changed, and holds what they must agree on. The embedded store has one hub: it
+    // has no events and keeps release bytes and secrets in the data dir.
+
+    /// Whether other hubs may change this store.
+    fn replicated(&self) -> bool {
+        false
+    }
+
+    /// The changes other hubs make, once: the receiver is taken by the first caller.
+    fn events(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Event>> {
+        None
+    }
+
+    /// False when a change another hub made may not have reached this one (its
+    /// notification lost): the caller loads everything again.
+    fn in_sync(&self) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async { Ok(true) }
+    }
+
+    /// One agent as stored now.
+    fn load_agent(
+        &self,
+        _id: &str,
+    ) -> impl Future<Output = Result<Option<AgentSnapshot>, StoreError>> + Send {
+        async { Ok(None) }
+    }
+
+    /// The fleet's scope, releases and halts as stored now.
+    fn load_fleet(&self) -> impl Future<Output = Result<FleetSnapshot, StoreError>> + Send {
+        async { Ok(FleetSnapshot::default()) }
+    }
+
+    /// The newest generation handed out, by any hub.
+    fn generation(&self) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        async { Ok(0) }
+    }
+
+    /// Every agent as stored (the reports other hubs wrote).
+    fn load_agents(&self) -> impl Future<Output = Result<Vec<AgentRow>, StoreError>> + Send {
+        async { Ok(Vec::new()) }
+    }
+
+    /// A value all hubs share (the admin token's hash, the CA): the stored one, or
+    /// `value` when none was, stored now. Two hubs racing agree on one.
+    fn shared_secret(
+        &self,
+        _name: &str,
+        value: String,
+    ) -> impl Future<Output = Result<String, StoreError>> + Send {
+        async { Ok(value) }
+    }
+
+    /// The value of a shared secret, if any hub stored one.
+    fn get_secret(
+        &self,
+        _name: &str,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
+        async { Ok(None) }
+    }
+
+    /// Keeps a release's bytes where every hub can fetch them.
+    fn put_blob(
+        &self,
+        _sha256: &str,
+        _data: Vec<u8>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+
+    /// A release's bytes, by SHA-256, if stored.
+    fn get_blob(
+        &self,
+        _sha256: &str,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + Send {
+        async { Ok(None) }
+    }
 }

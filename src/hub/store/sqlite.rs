@@ -19,7 +19,7 @@ use crate::proto::hub::DesiredSettings;
 
 /// Schema migrations, applied in order; `user_version` records how many ran. Portable
 /// SQL: the same statements run on PostgreSQL.
-const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     "CREATE TABLE meta (
         key TEXT PRIMARY KEY,
         value BIGINT NOT NULL
@@ -272,6 +272,21 @@ fn select_jobs(
     raws.into_iter().map(|raw| job_row(path, raw)).collect()
 }
 
+/// Stored settings (`None`: a scope never set, the default).
+pub(super) fn parse_settings(
+    path: &str,
+    scope: &str,
+    json: Option<&str>,
+) -> Result<DesiredSettings, StoreError> {
+    json.map_or(Ok(DesiredSettings::default()), |j| {
+        serde_json::from_str(j).map_err(|source| StoreError::Corrupt {
+            path: path.to_owned(),
+            what: format!("desired settings of scope {scope:?}"),
+            source,
+        })
+    })
+}
+
 fn encode(path: &str, what: &str, v: &impl serde::Serialize) -> Result<String, StoreError> {
     serde_json::to_string(v).map_err(|source| StoreError::Corrupt {
         path: path.to_owned(),
@@ -434,16 +449,23 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn revoke(&self, id: &str, now: u64) -> Result<bool, StoreError> {
+    async fn revoke(&self, id: &str, now: u64) -> Result<Option<u64>, StoreError> {
         let id = id.to_owned();
         self.with(move |conn, path| {
-            let n = conn
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            let n = tx
                 .execute(
                     "UPDATE agents SET revoked_at = ?2 WHERE id = ?1",
                     params![id, now as i64],
                 )
-                .map_err(sql(path))?;
-            Ok(n > 0)
+                .map_err(&e)?;
+            if n == 0 {
+                return Ok(None);
+            }
+            let generation = bump_scope(&tx, &id).map_err(&e)?;
+            tx.commit().map_err(&e)?;
+            Ok(Some(generation))
         })
         .await
     }
@@ -453,8 +475,10 @@ impl Store for SqliteStore {
         scope: &str,
         settings: &DesiredSettings,
         past: u64,
-    ) -> Result<u64, StoreError> {
+        base: Option<&DesiredSettings>,
+    ) -> Result<Result<u64, DesiredSettings>, StoreError> {
         let scope = scope.to_owned();
+        let base = base.cloned();
         let json = serde_json::to_string(settings).map_err(|source| StoreError::Corrupt {
             path: self.path.display().to_string(),
             what: "desired settings to store".into(),
@@ -463,6 +487,20 @@ impl Store for SqliteStore {
         self.with(move |conn, path| {
             let e = sql(path);
             let tx = conn.transaction().map_err(&e)?;
+            if let Some(base) = base {
+                let stored: Option<String> = tx
+                    .query_row(
+                        "SELECT settings FROM desired WHERE scope = ?1",
+                        params![scope],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(&e)?;
+                let stored = parse_settings(path, &scope, stored.as_deref())?;
+                if stored != base {
+                    return Ok(Err(stored));
+                }
+            }
             let generation = next_generation(&tx, past).map_err(&e)?;
             tx.execute(
                 "INSERT INTO desired (scope, generation, settings) VALUES (?1, ?2, ?3)
@@ -472,7 +510,7 @@ impl Store for SqliteStore {
             )
             .map_err(&e)?;
             tx.commit().map_err(&e)?;
-            Ok(generation)
+            Ok(Ok(generation))
         })
         .await
     }
@@ -869,10 +907,18 @@ mod tests {
         let g1 = store.enrol("a", "hash-a", 100).await.expect("enrol");
         assert_eq!(g1, Some(1));
         assert_eq!(store.enrol("a", "other", 101).await.expect("again"), None);
-        let g2 = store.set_scope("", &settings(4), 0).await.expect("fleet");
+        let g2 = store
+            .set_scope("", &settings(4), 0, None)
+            .await
+            .expect("fleet")
+            .expect("set");
         assert_eq!(g2, 2);
         // Past a generation an agent reported: the counter jumps over it.
-        let g3 = store.set_scope("a", &settings(1), 40).await.expect("agent");
+        let g3 = store
+            .set_scope("a", &settings(1), 40, None)
+            .await
+            .expect("agent")
+            .expect("set");
         assert_eq!(g3, 41);
         store
             .record_reports(vec![ReportRow {
@@ -883,13 +929,13 @@ mod tests {
             }])
             .await
             .expect("reports");
-        assert!(store.revoke("a", 300).await.expect("revoke"));
-        assert!(!store.revoke("nobody", 300).await.expect("revoke"));
+        assert_eq!(store.revoke("a", 300).await.expect("revoke"), Some(42));
+        assert_eq!(store.revoke("nobody", 300).await.expect("revoke"), None);
         drop(store);
 
         let store = SqliteStore::open(&path).expect("reopen");
         let snap = store.load().await.expect("load");
-        assert_eq!(snap.generation, 41);
+        assert_eq!(snap.generation, 42);
         assert_eq!(snap.agents.len(), 1);
         let a = &snap.agents[0];
         assert_eq!(
@@ -900,10 +946,10 @@ mod tests {
         assert_eq!(snap.scopes.len(), 2);
         assert_eq!(snap.scopes[0].scope, "");
         assert_eq!(snap.scopes[0].settings, settings(4));
-        assert_eq!(snap.scopes[1].generation, 41);
+        assert_eq!(snap.scopes[1].generation, 42);
         // A revoked agent re-enrols with a new token and a new generation.
         let g = store.enrol("a", "hash-b", 400).await.expect("re-enrol");
-        assert_eq!(g, Some(42));
+        assert_eq!(g, Some(43));
     }
 
     fn job(id: &str) -> JobRow {

@@ -1,0 +1,244 @@
+//! Hubs sharing one store (PostgreSQL): each keeps the whole fleet in memory, as a
+//! single hub does, and follows what the others change.
+//!
+//! Every change is in the store before any hub acts on it; the store then tells the
+//! other hubs which agent, or the fleet, changed ([`Event`]). This task loads that
+//! from the store, under the fleet's `changes` lock (so it never interleaves with a
+//! change of this hub), merges it into memory and announces it: a poll held here for
+//! an agent whose settings changed through another hub is answered at once.
+//!
+//! The safety net: every [`RECHECK`], the store is asked whether every generation
+//! handed out has been seen here ([`Store::in_sync`]); one missed (a notification
+//! lost with its connection, say) makes this hub load everything again, as does a
+//! reconnect of the store's listener ([`Event::Resync`]).
+//!
+//! What is merged never moves anything back: a scope only for a generation at least the
+//! one held, a report only when newer than the one held.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{AgentEntry, AgentState, Fleet, FleetError, Releases, Scope};
+use crate::hub::store::{AgentRow, AgentSnapshot, Event, FleetSnapshot, Snapshot, Store};
+use crate::util;
+
+/// How often the store is asked whether a change was missed.
+const RECHECK: Duration = Duration::from_secs(2);
+/// An agent seen this long past the longest hold counts as connected (to some hub).
+pub(super) const SEEN_MARGIN: Duration = Duration::from_secs(10);
+
+/// Follows the other hubs' changes; a handle that stops the task.
+pub(crate) struct ReplicaSync(tokio::task::JoinHandle<()>);
+
+impl ReplicaSync {
+    /// `None` for a store no other hub shares.
+    pub(crate) fn spawn<S: Store>(fleet: Arc<Fleet<S>>) -> Option<Self> {
+        let mut events = fleet.store.events()?;
+        Some(Self(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(RECHECK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut stale = false;
+            loop {
+                let result = tokio::select! {
+                    // Cancel-safe: mpsc::recv loses no message when another arm wins.
+                    event = events.recv() => match event {
+                        Some(event) => fleet.follow(event).await,
+                        None => return,
+                    },
+                    _ = tick.tick() => fleet.recheck(stale).await,
+                };
+                match result {
+                    Ok(()) if stale => {
+                        stale = false;
+                        tracing::info!("this hub follows the other replicas' changes again");
+                    }
+                    Ok(()) => {}
+                    Err(e) => {
+                        if !stale {
+                            tracing::error!(error = %util::error_chain(&e), "could not load another replica's change (everything is loaded again at the next check)");
+                        }
+                        stale = true;
+                    }
+                }
+            }
+        })))
+    }
+
+    pub(crate) fn stop(self) {
+        self.0.abort();
+    }
+}
+
+impl<S: Store> Fleet<S> {
+    async fn follow(&self, event: Event) -> Result<(), FleetError> {
+        match event {
+            Event::Agent(id) => {
+                let _one = self.changes.lock().await;
+                if let Some(snap) = self.store.load_agent(&id).await? {
+                    self.adopt_agent(snap);
+                }
+            }
+            Event::Fleet => {
+                let _one = self.changes.lock().await;
+                let snap = self.store.load_fleet().await?;
+                self.adopt_fleet(snap);
+            }
+            Event::Output(_) => self.job_moved(),
+            Event::Resync => self.reload().await?,
+        }
+        Ok(())
+    }
+
+    /// The periodic check: everything again when a change was missed (or the last
+    /// attempt to load one failed).
+    async fn recheck(&self, stale: bool) -> Result<(), FleetError> {
+        if stale || !self.store.in_sync().await? {
+            tracing::info!("loading the fleet again from the hub database (a change by another replica may have been missed)");
+            self.reload().await?;
+        }
+        Ok(())
+    }
+
+    /// Loads everything and merges it.
+    async fn reload(&self) -> Result<(), FleetError> {
+        let _one = self.changes.lock().await;
+        let Snapshot {
+            agents,
+            scopes,
+            open_jobs,
+            generation,
+            releases,
+            halts,
+        } = self.store.load().await?;
+        let mut own: HashMap<String, _> = HashMap::new();
+        let mut fleet = None;
+        for s in scopes {
+            if s.scope.is_empty() {
+                fleet = Some(s);
+            } else {
+                own.insert(s.scope.clone(), s);
+            }
+        }
+        let mut jobs: HashMap<String, Vec<_>> = HashMap::new();
+        for j in open_jobs {
+            jobs.entry(j.agent.clone()).or_default().push(j);
+        }
+        self.adopt_fleet(FleetSnapshot {
+            scope: fleet,
+            generation,
+            releases,
+            halts,
+        });
+        for agent in agents {
+            let scope = own.remove(&agent.id);
+            let open_jobs = jobs.remove(&agent.id).unwrap_or_default();
+            self.adopt_agent(AgentSnapshot {
+                agent,
+                scope,
+                open_jobs,
+            });
+        }
+        self.job_moved();
+        Ok(())
+    }
+
+    fn adopt_fleet(&self, snap: FleetSnapshot) {
+        self.newest.fetch_max(snap.generation, Ordering::AcqRel);
+        if let Some(s) = snap.scope {
+            let mut fleet = util::write(&self.fleet);
+            if s.generation >= fleet.generation {
+                *fleet = Scope {
+                    generation: s.generation,
+                    settings: s.settings,
+                };
+            }
+        }
+        *util::write(&self.releases) = Releases::load(snap.releases, snap.halts);
+        for e in &self.all() {
+            self.announce(e);
+        }
+    }
+
+    fn adopt_agent(&self, snap: AgentSnapshot) {
+        let AgentSnapshot {
+            agent,
+            scope,
+            open_jobs,
+        } = snap;
+        let own = scope.map_or_else(Scope::default, |s| Scope {
+            generation: s.generation,
+            settings: s.settings,
+        });
+        self.newest.fetch_max(own.generation, Ordering::AcqRel);
+        let revoked = agent.revoked_at.is_some();
+        let existing = util::read(&self.agents).get(&agent.id).cloned();
+        let entry = match existing {
+            Some(entry) => {
+                {
+                    let mut st = util::lock(&entry.state);
+                    st.token_sha256 = agent.token_sha256.clone();
+                    st.enrolled_at = agent.enrolled_at;
+                    if own.generation >= st.own.generation {
+                        st.own = own;
+                    }
+                    adopt_report(&mut st, &agent);
+                }
+                if entry.revoked.swap(revoked, Ordering::AcqRel) != revoked && revoked {
+                    // Its held polls see the flag.
+                    entry.generation.send_modify(|_| {});
+                }
+                entry
+            }
+            None => {
+                let generation = own.generation.max(util::read(&self.fleet).generation);
+                let mut state = AgentState {
+                    token_sha256: agent.token_sha256.clone(),
+                    enrolled_at: agent.enrolled_at,
+                    own,
+                    last_seen: None,
+                    observed_generation: 0,
+                    report: None,
+                    jobs: HashMap::new(),
+                };
+                adopt_report(&mut state, &agent);
+                let entry = AgentEntry::new(agent.id.clone(), state, revoked, generation);
+                util::write(&self.agents)
+                    .entry(agent.id.clone())
+                    .or_insert(entry)
+                    .clone()
+            }
+        };
+        self.adopt_jobs(&entry, open_jobs);
+        self.announce(&entry);
+    }
+
+    /// Takes in the reports other hubs wrote (for `agent list` and `agent show`).
+    pub(crate) async fn adopt_reports(&self) -> Result<(), FleetError> {
+        if !self.replicated {
+            return Ok(());
+        }
+        let rows = self.store.load_agents().await?;
+        let agents = util::read(&self.agents);
+        for row in rows {
+            if let Some(entry) = agents.get(&row.id) {
+                adopt_report(&mut util::lock(&entry.state), &row);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The stored report, when it is newer than the one held.
+fn adopt_report(st: &mut AgentState, row: &AgentRow) {
+    if row.last_seen > st.last_seen {
+        st.last_seen = row.last_seen;
+        st.observed_generation = row.observed_generation;
+        // A report that no longer parses is left out: the agent sends a new one.
+        st.report = row
+            .report
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r).ok());
+    }
+}

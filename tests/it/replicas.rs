@@ -1,0 +1,409 @@
+//! Hub replicas on one PostgreSQL: a real cluster started for each test ([`Postgres`]),
+//! two `hub serve --store postgres://…` over TLS on loopback, and a real agent given
+//! both URLs.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use super::agent::Host;
+use super::hubs::TestHub;
+use super::pg::Postgres;
+use super::support::*;
+
+const LIMIT: Duration = Duration::from_secs(30);
+/// What the replica logs when its safety net, not a notification, brought a change.
+const RELOADED: &str = "loading the fleet again from the hub database";
+
+/// Two replicas started at once on an empty database.
+struct Pair {
+    _dir: tempfile::TempDir,
+    a: Option<TestHub>,
+    b: TestHub,
+}
+
+impl Pair {
+    fn start(pg: &Postgres, db: &str) -> Pair {
+        let url = pg.create_db(db);
+        let dir = tempdir();
+        let (da, db_) = (dir.path().join("a"), dir.path().join("b"));
+        let (a, b) = std::thread::scope(|s| {
+            let a = s.spawn(|| TestHub::start(&da, &["--store", &url]));
+            let b = s.spawn(|| TestHub::start(&db_, &["--store", &url]));
+            (a.join().expect("replica a"), b.join().expect("replica b"))
+        });
+        // One replica made the admin token; the operator copies it to the other.
+        let token = [&a, &b]
+            .iter()
+            .map(|h| h.dir.join("admin.token"))
+            .find(|p| p.exists())
+            .expect("one replica wrote admin.token");
+        for h in [&a, &b] {
+            let to = h.dir.join("admin.token");
+            if to != token {
+                std::fs::copy(&token, &to).expect("copy the admin token");
+            }
+        }
+        Pair {
+            _dir: dir,
+            a: Some(a),
+            b,
+        }
+    }
+
+    fn a(&self) -> &TestHub {
+        self.a.as_ref().expect("replica a running")
+    }
+}
+
+/// An agent enrolled as `a1` (through B), given A's URL first and B's second.
+fn start_agent(host: &Host, pair: &Pair) -> (Guard, PathBuf) {
+    let token = pair.b.enrol("a1");
+    let mut cmd = host.agent_cmd(&[
+        "--hub",
+        &pair.a().url,
+        "--hub",
+        &pair.b.url,
+        "--agent-id",
+        "a1",
+        "--token-file",
+        &path_str(&token),
+        "--ca-file",
+        &path_str(&pair.a().ca()),
+    ]);
+    let log = host.path("agent.log");
+    cmd.stderr(Stdio::from(std::fs::File::create(&log).expect("agent log")));
+    (Guard::new(cmd.spawn().expect("spawn agent")), log)
+}
+
+fn hub_status(host: &Host) -> Value {
+    host.status()["hub"].clone()
+}
+
+/// Waits until the agent applied `generation` or later, from `url`; the time it took.
+fn wait_applied(host: &Host, generation: u64, url: &str, what: &str) -> Duration {
+    let t = Instant::now();
+    wait_for(LIMIT, what, || {
+        let h = hub_status(host);
+        (h["connected"] == true
+            && h["url"] == url
+            && h["generation"].as_u64().is_some_and(|g| g >= generation))
+        .then_some(())
+    });
+    t.elapsed()
+}
+
+fn generation_of(v: &Value) -> u64 {
+    v["generation"].as_u64().expect("generation")
+}
+
+#[test]
+fn replicas_started_at_once_make_one_schema_and_share_the_ca_and_admin_token() {
+    let Some(pg) = Postgres::start() else { return };
+    let pair = Pair::start(&pg, "fresh");
+    assert_eq!(
+        pg.sql(
+            "fresh",
+            "SELECT count(*), max(version) FROM railgrid_migrations"
+        ),
+        "4|4",
+        "each migration once"
+    );
+    assert_eq!(
+        pg.sql(
+            "fresh",
+            "SELECT count(*) FROM meta WHERE key = 'generation'"
+        ),
+        "1"
+    );
+    assert_eq!(
+        read_lossy(&pair.a().ca()),
+        read_lossy(&pair.b.ca()),
+        "one CA for agents to pin"
+    );
+    assert!(read_lossy(&pair.a().ca()).contains("BEGIN CERTIFICATE"));
+    // Either replica takes the admin token, and sees what the other did.
+    pair.a().enrol("web-1");
+    let listed = pair.b.admin_json(&["agent", "list"]);
+    assert_eq!(listed[0]["id"], "web-1", "{listed}");
+    // One replica applied the migrations; the other waited on the lock and found them.
+    let applied = |h: &TestHub| h.log().matches("applied a hub schema migration").count();
+    assert_eq!(applied(pair.a()) + applied(&pair.b), 4);
+    // A replica restarted on the database applies nothing again.
+    let b = pair.b;
+    let dir = b.dir.clone();
+    let before = applied(&b);
+    b.stop();
+    let b = TestHub::start(&dir, &["--store", &pg.url("fresh")]);
+    assert_eq!(applied(&b), before);
+    let shown = b.admin_json(&["agent", "show", "web-1"]);
+    assert_eq!(shown["id"], "web-1");
+}
+
+#[test]
+fn a_change_through_one_replica_wakes_the_agent_held_by_the_other() {
+    let Some(pg) = Postgres::start() else { return };
+    let pair = Pair::start(&pg, "wake");
+    let host = Host::new();
+    let (_agent, log) = start_agent(&host, &pair);
+    let first = generation_of(&pair.b.admin_json(&["desired", "show", "--agent", "a1"]));
+    wait_applied(&host, first, &pair.a().url, "the agent reconciles with A");
+    wait_for(LIMIT, "A holds the agent's poll", || {
+        let v = pair.a().admin_json(&["agent", "show", "a1"]);
+        (v["connected"] == true).then_some(())
+    });
+
+    // Through B: the poll held by A is answered by A's notification.
+    let changed = pair
+        .b
+        .admin_json(&["desired", "set", "--agent", "a1", "--max-jobs", "3"]);
+    let took = wait_applied(
+        &host,
+        generation_of(&changed),
+        &pair.a().url,
+        "the agent applies B's change through A",
+    );
+    eprintln!("a change through B reached the agent held by A in {took:?}");
+    assert!(
+        !pair.a().log().contains(RELOADED),
+        "the notification brought the change, not the safety net:\n{}",
+        pair.a().log()
+    );
+    assert_eq!(
+        hub_status(&host)["url"],
+        pair.a().url,
+        "{}",
+        read_lossy(&log)
+    );
+
+    // The fleet's scope too, from B.
+    let fleet = pair
+        .b
+        .admin_json(&["desired", "set", "--fleet", "--max-jobs-per-owner", "2"]);
+    wait_applied(
+        &host,
+        generation_of(&fleet),
+        &pair.a().url,
+        "the agent applies B's fleet change through A",
+    );
+
+    // A's notifications cut (its listening connection killed): it listens again, loads
+    // everything, and a change made meanwhile still arrives.
+    let killed = pg.sql(
+        "wake",
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'",
+    );
+    assert_eq!(killed, "2", "both replicas listen");
+    let later = pair
+        .b
+        .admin_json(&["desired", "set", "--agent", "a1", "--max-jobs", "4"]);
+    wait_applied(
+        &host,
+        generation_of(&later),
+        &pair.a().url,
+        "a change made while A listened again",
+    );
+    wait_for_text(
+        &pair.a().dir.with_extension("log"),
+        "lost the hub database's notifications",
+        LIMIT,
+    );
+}
+
+#[test]
+fn an_agent_whose_replica_is_killed_fails_over_and_keeps_its_jobs_and_runner() {
+    let Some(pg) = Postgres::start() else { return };
+    let mut pair = Pair::start(&pg, "failover");
+    let host = Host::new();
+    let (_agent, log) = start_agent(&host, &pair);
+    let first = generation_of(&pair.b.admin_json(&["desired", "show", "--agent", "a1"]));
+    wait_applied(&host, first, &pair.a().url, "the agent reconciles with A");
+    let runner = host.wait_runner("the runner", |_| true);
+
+    // A job submitted through B runs through A, and its output reads back exactly.
+    let submit = |hub: &TestHub, argv: &[&str]| {
+        let mut args = vec!["job", "submit", "--agent", "a1", "--"];
+        args.extend_from_slice(argv);
+        hub.admin_ok(&args).trim().to_owned()
+    };
+    let before = submit(&pair.b, &["sh", "-c", "printf 'one\\ntwo\\n'"]);
+    wait_for(LIMIT, "the job done", || {
+        let v = pair.a().admin_json(&["job", "status", &before]);
+        (v["done"] == true).then_some(())
+    });
+    assert_eq!(pair.b.admin_ok(&["job", "logs", &before]), "one\ntwo\n");
+
+    // kill -9 of A: the agent moves to B.
+    let mut a = pair.a.take().expect("a");
+    a.guard.signal(Signal::SIGKILL);
+    a.guard.wait_output(LIMIT);
+    let changed = pair
+        .b
+        .admin_json(&["desired", "set", "--agent", "a1", "--max-jobs", "5"]);
+    let took = wait_applied(
+        &host,
+        generation_of(&changed),
+        &pair.b.url,
+        "the agent fails over to B",
+    );
+    eprintln!("failover to B and the change applied in {took:?}");
+    assert!(
+        read_lossy(&log).contains("trying the next hub replica"),
+        "{}",
+        read_lossy(&log)
+    );
+    assert_eq!(
+        host.status()["runner"]["pid"].as_i64(),
+        Some(i64::from(runner)),
+        "the runner was never restarted"
+    );
+    // And jobs go on, through B alone.
+    let after = submit(&pair.b, &["sh", "-c", "echo three; echo four >&2"]);
+    wait_for(LIMIT, "the job through B done", || {
+        let v = pair.b.admin_json(&["job", "status", &after]);
+        (v["done"] == true).then_some(())
+    });
+    assert_eq!(pair.b.admin_ok(&["job", "logs", &after]), "three\n");
+    assert_eq!(
+        pair.b.admin_ok(&["job", "logs", &after, "--stderr"]),
+        "four\n"
+    );
+}
+
+#[test]
+fn uploads_through_either_replica_keep_exact_offsets() {
+    let Some(pg) = Postgres::start() else { return };
+    let pair = Pair::start(&pg, "offsets");
+    let token = std::fs::read_to_string(pair.a().enrol("a2")).expect("token");
+    let token = token.trim();
+    let job = pair
+        .b
+        .admin_ok(&[
+            "job", "submit", "--agent", "a2", "--id", "j-off", "--", "true",
+        ])
+        .trim()
+        .to_owned();
+    assert_eq!(job, "j-off");
+    // A knows of the job B took (its agent would poll A).
+    wait_for(LIMIT, "A has the job", || {
+        let (code, body) = pair.a().reconcile("a2", token, 0);
+        (code == 200 && body.contains("j-off")).then_some(())
+    });
+    let put = |hub: &TestHub, offset: u64, data: &str| {
+        hub.curl(
+            "PUT",
+            &format!("/v1/jobs/j-off/output/stdout?offset={offset}"),
+            Some(token),
+            Some(data),
+        )
+    };
+    // An upload to A, then the agent "moves" and resumes (overlapping) at B, then a
+    // late retry of the first reaches A.
+    assert_eq!(put(pair.a(), 0, "abc"), (200, r#"{"length":3}"#.into()));
+    assert_eq!(put(&pair.b, 2, "cdef"), (200, r#"{"length":6}"#.into()));
+    assert_eq!(put(pair.a(), 0, "abc"), (200, r#"{"length":6}"#.into()));
+    let (code, body) = put(&pair.b, 9, "x");
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("resume from 6"), "{body}");
+    assert_eq!(pair.a().admin_ok(&["job", "logs", "j-off"]), "abcdef");
+    assert_eq!(pair.b.admin_ok(&["job", "logs", "j-off"]), "abcdef");
+    // Many at once, alternating replicas, each starting where the hub is: no byte
+    // twice, none lost.
+    let mut expected = String::from("abcdef");
+    std::thread::scope(|s| {
+        for i in 0..8 {
+            let (hub, token) = (if i % 2 == 0 { pair.a() } else { &pair.b }, token);
+            s.spawn(move || {
+                hub.curl(
+                    "PUT",
+                    "/v1/jobs/j-off/output/stdout?offset=6",
+                    Some(token),
+                    Some("0123456789"),
+                )
+            });
+        }
+    });
+    expected.push_str("0123456789");
+    assert_eq!(pair.b.admin_ok(&["job", "logs", "j-off"]), expected);
+}
+
+#[test]
+fn a_replica_reaches_its_database_over_verified_tls_only() {
+    let Some((cert, key, ca)) = db_certificate() else {
+        return;
+    };
+    let Some(pg) = Postgres::start_with(Some((&cert, &key))) else {
+        return;
+    };
+    pg.sql("postgres", "CREATE DATABASE tls");
+    let port = pg.tcp_port.expect("tcp");
+    let dir = tempdir();
+    let ca_file = dir.path().join("db-ca.pem");
+    std::fs::write(&ca_file, &ca).expect("ca");
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{port}/tls?sslmode=require&sslrootcert={}",
+        path_str(&ca_file)
+    );
+    let hub = TestHub::start(&dir.path().join("hub"), &["--store", &url]);
+    hub.enrol("over-tls");
+    assert_eq!(
+        pg.sql("tls", "SELECT id FROM agents"),
+        "over-tls",
+        "the replica's writes are in the database"
+    );
+    assert_eq!(
+        pg.sql(
+            "postgres",
+            "SELECT bool_and(ssl) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE datname = 'tls'"
+        ),
+        "t",
+        "every connection of the replica is TLS"
+    );
+    drop(hub);
+
+    // A certificate from another CA is refused, and the message says where it failed
+    // without the password.
+    let other = dir.path().join("other-ca.pem");
+    std::fs::write(&other, db_certificate().expect("another CA").2).expect("ca");
+    let url = format!(
+        "postgres://postgres:pw-not-shown@127.0.0.1:{port}/tls?sslmode=require&sslrootcert={}",
+        path_str(&other)
+    );
+    let out = railgrid()
+        .args(["hub", "serve", "--data-dir"])
+        .arg(dir.path().join("refused"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-self-signed",
+            "--store",
+            &url,
+        ])
+        .output()
+        .expect("hub serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{port}/tls")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("pw-not-shown"), "{stderr}");
+}
+
+/// A CA and a certificate from it for 127.0.0.1: (cert PEM, key PEM, CA PEM).
+fn db_certificate() -> Option<(String, String, String)> {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().ok()?;
+    let mut p = CertificateParams::new(Vec::<String>::new()).ok()?;
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = p.self_signed(&ca_key).ok()?;
+    let key = KeyPair::generate().ok()?;
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .ok()?
+        .signed_by(&key, &ca, &ca_key)
+        .ok()?;
+    Some((cert.pem(), key.serialize_pem(), ca.pem()))
+}
