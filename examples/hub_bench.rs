@@ -1,12 +1,17 @@
-//! N simulated agents long-polling one running hub, on a few threads: polls held, hub
+//! N simulated agents long-polling running hubs, on a few threads: polls held, hub
 //! memory and CPU at idle, propagation of a fleet change to every agent, and reconciles/s
-//! at steady state. Used by `bench/hub.sh`; see docs/benchmarks.md.
+//! at steady state. Used by `bench/hub.sh` and `bench/hub_replicas.sh`; see
+//! docs/benchmarks.md.
 //!
-//!   hub_bench DATA_DIR AGENTS [ROUNDS] [BUSY_CLIENTS] [BUSY_SECS]
+//!   hub_bench DATA_DIR[,DATA_DIR…] AGENTS [ROUNDS] [BUSY_CLIENTS] [BUSY_SECS]
 //!
-//! DATA_DIR is a running hub's data dir (its hub.json, admin.token and ca.pem are read).
+//! Each DATA_DIR is a running hub's data dir (its hub.json, admin.token and ca.pem are
+//! read). With several (replicas on one database), agent i polls hub i mod n, and every
+//! change is made through the first: the others learn of it from the database.
+//! `BENCH_DB_XACTS`, a shell command printing the database's transaction count, makes
+//! the benchmark report database transactions per reconcile.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -112,13 +117,24 @@ async fn reconcile(
     Ok(serde_json::from_slice(&resp.bytes().await?)?)
 }
 
+/// The database's transaction count, if `BENCH_DB_XACTS` says how to get it.
+fn db_xacts() -> Option<u64> {
+    let cmd = std::env::var("BENCH_DB_XACTS").ok()?;
+    let out = std::process::Command::new("sh")
+        .args(["-c", &cmd])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
 /// One simulated agent: long polls forever, telling `seen` each generation it gets.
 async fn agent(
     http: reqwest::Client,
     url: String,
     auth: reqwest::header::HeaderValue,
-    seen: mpsc::UnboundedSender<(u64, Instant)>,
+    seen: mpsc::UnboundedSender<(u64, Instant, usize)>,
     errors: Arc<AtomicU64>,
+    replica: usize,
 ) {
     let mut generation = 0;
     loop {
@@ -126,7 +142,7 @@ async fn agent(
             Ok(d) => {
                 if d.generation != generation {
                     generation = d.generation;
-                    let _ = seen.send((generation, Instant::now()));
+                    let _ = seen.send((generation, Instant::now(), replica));
                 }
             }
             Err(_) => {
@@ -140,7 +156,12 @@ async fn agent(
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let usage_line = "usage: hub_bench DATA_DIR AGENTS [ROUNDS] [BUSY_CLIENTS] [BUSY_SECS]";
-    let dir = PathBuf::from(args.get(1).ok_or_else(|| anyhow!(usage_line))?);
+    let dirs: Vec<PathBuf> = args
+        .get(1)
+        .ok_or_else(|| anyhow!(usage_line))?
+        .split(',')
+        .map(PathBuf::from)
+        .collect();
     let n: usize = args.get(2).ok_or_else(|| anyhow!(usage_line))?.parse()?;
     let rounds: usize = args.get(3).map_or(Ok(5), |s| s.parse())?;
     let busy: usize = args.get(4).map_or(Ok(64), |s| s.parse())?;
@@ -150,18 +171,41 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(run(&dir, n, rounds, busy, busy_secs))
+    rt.block_on(run(&dirs, n, rounds, busy, busy_secs))
+}
+
+/// Summed over the hubs: (resident KiB, CPU seconds).
+fn usage_all(hubs: &[Arc<Hub>]) -> anyhow::Result<(u64, f64)> {
+    let mut total = (0, 0.0);
+    for h in hubs {
+        let (rss, cpu) = usage(h.pid)?;
+        total.0 += rss;
+        total.1 += cpu;
+    }
+    Ok(total)
+}
+
+async fn polls_held(hubs: &[Arc<Hub>]) -> u64 {
+    let mut n = 0;
+    for h in hubs {
+        n += h.polls_held().await.unwrap_or(0);
+    }
+    n
 }
 
 async fn run(
-    dir: &Path,
+    dirs: &[PathBuf],
     n: usize,
     rounds: usize,
     busy: usize,
     busy_secs: u64,
 ) -> anyhow::Result<()> {
-    let hub = Arc::new(Hub::open(dir)?);
-    let (rss0, _) = usage(hub.pid)?;
+    let hubs = dirs
+        .iter()
+        .map(|d| Hub::open(d).map(Arc::new))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let hub = hubs[0].clone();
+    let (rss0, _) = usage_all(&hubs)?;
 
     let t = Instant::now();
     let mut tokens = Vec::with_capacity(n);
@@ -191,12 +235,15 @@ async fn run(
 
     let (tx, mut rx) = mpsc::unbounded_channel();
     let errors = Arc::new(AtomicU64::new(0));
-    let auths: Vec<(String, reqwest::header::HeaderValue)> = tokens
+    let auths: Vec<(String, reqwest::header::HeaderValue, usize)> = tokens
         .iter()
-        .map(|(id, tok)| {
+        .enumerate()
+        .map(|(i, (id, tok))| {
+            let r = i % hubs.len();
             (
-                format!("{}/v1/agents/{id}/reconcile", hub.url),
+                format!("{}/v1/agents/{id}/reconcile", hubs[r].url),
                 hub_client::bearer(tok).expect("header"),
+                r,
             )
         })
         .collect();
@@ -204,20 +251,21 @@ async fn run(
     // the handshake timeout (a real fleet reconnecting after a hub restart is spread by
     // its agents' jittered backoff).
     let t = Instant::now();
-    for (i, (url, auth)) in auths.iter().enumerate() {
+    for (i, (url, auth, r)) in auths.iter().enumerate() {
         tokio::spawn(agent(
-            hub.http.clone(),
+            hubs[*r].http.clone(),
             url.clone(),
             auth.clone(),
             tx.clone(),
             errors.clone(),
+            *r,
         ));
         if i % 100 == 99 {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
     loop {
-        let held = hub.polls_held().await.unwrap_or(0);
+        let held = polls_held(&hubs).await;
         if held as usize >= n {
             break;
         }
@@ -232,19 +280,21 @@ async fn run(
     while rx.try_recv().is_ok() {}
 
     // Idle with every poll held.
-    let (_, cpu_a) = usage(hub.pid)?;
+    let (_, cpu_a) = usage_all(&hubs)?;
     let idle = Duration::from_secs(10);
     tokio::time::sleep(idle).await;
-    let (rss, cpu_b) = usage(hub.pid)?;
+    let (rss, cpu_b) = usage_all(&hubs)?;
     let idle_cpu = (cpu_b - cpu_a) / idle.as_secs_f64() * 100.0;
 
     // Propagation of fleet changes.
     let mut all = Vec::new();
+    // Agents held by a hub other than the one the change was made through.
+    let mut others = Vec::new();
     let mut worst = Vec::new();
     let mut latest = 0;
     let mut hub_cpu_rounds = Vec::new();
     for r in 0..rounds {
-        let (_, cpu0) = usage(hub.pid)?;
+        let (_, cpu0) = usage_all(&hubs)?;
         let t0 = Instant::now();
         let v = hub
             .admin(
@@ -258,38 +308,41 @@ async fn run(
         let mut got = 0;
         let mut lat = Vec::with_capacity(n);
         while got < n {
-            let (gen, at) = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            let (gen, at, replica) = tokio::time::timeout(Duration::from_secs(60), rx.recv())
                 .await
                 .map_err(|_| anyhow!("round {r}: {got} of {n} agents saw generation {g}"))?
                 .context("agents gone")?;
             if gen >= g {
                 got += 1;
                 lat.push(at - t0);
+                if replica != 0 {
+                    others.push(at - t0);
+                }
             }
         }
         lat.sort();
-        hub_cpu_rounds.push(format!("{:.2}", usage(hub.pid)?.1 - cpu0));
+        hub_cpu_rounds.push(format!("{:.2}", usage_all(&hubs)?.1 - cpu0));
         worst.push(*lat.last().expect("n > 0"));
         all.extend(lat);
         // Let every agent's next poll be held again before the next round.
         let t = Instant::now();
-        while (hub.polls_held().await.unwrap_or(0) as usize) < n
-            && t.elapsed() < Duration::from_secs(60)
-        {
+        while (polls_held(&hubs).await as usize) < n && t.elapsed() < Duration::from_secs(60) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
     all.sort();
+    others.sort();
 
     // Steady state: `busy` clients reconciling without waiting, as fast as they can.
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (_, cpu_a) = usage(hub.pid)?;
+    let (_, cpu_a) = usage_all(&hubs)?;
+    let xacts_a = db_xacts();
     let t = Instant::now();
     let mut clients = tokio::task::JoinSet::new();
-    for (url, auth) in auths.iter().take(busy) {
+    for (url, auth, r) in auths.iter().take(busy) {
         let (url, auth) = (url.clone(), auth.clone());
-        let (http, count, stop) = (hub.http.clone(), count.clone(), stop.clone());
+        let (http, count, stop) = (hubs[*r].http.clone(), count.clone(), stop.clone());
         clients.spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 if reconcile(&http, &url, &auth, latest, 0).await.is_ok() {
@@ -302,13 +355,18 @@ async fn run(
     stop.store(true, Ordering::Relaxed);
     while clients.join_next().await.is_some() {}
     let secs = t.elapsed().as_secs_f64();
-    let (_, cpu_b) = usage(hub.pid)?;
+    let (_, cpu_b) = usage_all(&hubs)?;
+    let xacts_b = db_xacts();
     let done = count.load(Ordering::Relaxed) as f64;
     let hub_cpu = cpu_b - cpu_a;
 
-    println!("agents (polls held)            {n}");
     println!(
-        "hub RSS                        {:.1} MiB ({:.1} MiB per 1000 held polls over {:.1} MiB at start)",
+        "agents (polls held)            {n}, over {} hub{}",
+        hubs.len(),
+        if hubs.len() == 1 { "" } else { "s" }
+    );
+    println!(
+        "hub RSS (all hubs)             {:.1} MiB ({:.1} MiB per 1000 held polls over {:.1} MiB at start)",
         rss as f64 / 1024.0,
         (rss.saturating_sub(rss0)) as f64 / 1024.0 / (n as f64 / 1000.0),
         rss0 as f64 / 1024.0
@@ -321,6 +379,14 @@ async fn run(
         all.last().copied().unwrap_or_default(),
         worst
     );
+    if !others.is_empty() {
+        println!(
+            "  agents held by another hub   p50 {:.1?}  p99 {:.1?}  max {:.1?}",
+            percentile(&others, 0.5),
+            percentile(&others, 0.99),
+            others.last().copied().unwrap_or_default()
+        );
+    }
     println!(
         "hub CPU seconds per change     {} (until the last agent had it)",
         hub_cpu_rounds.join(", ")
@@ -331,6 +397,13 @@ async fn run(
         hub_cpu,
         if hub_cpu > 0.0 { done / hub_cpu } else { 0.0 }
     );
+    if let (Some(a), Some(b)) = (xacts_a, xacts_b) {
+        println!(
+            "database transactions          {:.3} per reconcile ({} over {done:.0} reconciles, with the checks' own)",
+            (b.saturating_sub(a)) as f64 / done.max(1.0),
+            b.saturating_sub(a)
+        );
+    }
     println!(
         "agent errors (retried)         {ramp_errors} while connecting, {} after",
         errors.load(Ordering::Relaxed) - ramp_errors

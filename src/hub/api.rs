@@ -41,6 +41,9 @@ pub(crate) struct Hub<S: Store> {
     pub(crate) release_keys: Vec<minisign::PublicKey>,
     /// Where published binaries are kept, by SHA-256.
     pub(crate) releases_dir: std::path::PathBuf,
+    /// One binary at a time is brought from the database (replicas): a thousand agents
+    /// asking at once for one this replica lacks must not load it a thousand times.
+    pub(crate) fetching: tokio::sync::Mutex<()>,
 }
 
 pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
@@ -134,6 +137,7 @@ impl From<FleetError> for ApiError {
             FleetError::JobToken(_) => StatusCode::UNAUTHORIZED,
             FleetError::NoSuchRelease(_) => StatusCode::NOT_FOUND,
             FleetError::NotHalted(_) => StatusCode::CONFLICT,
+            FleetError::StoreLost => StatusCode::SERVICE_UNAVAILABLE,
             FleetError::Store(_) => {
                 tracing::error!(error = %crate::error_chain(&e), "the hub's store failed");
                 return ApiError::new(

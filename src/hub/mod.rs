@@ -217,6 +217,7 @@ async fn run<S: Store>(
         max_wait: opts.max_wait,
         release_keys,
         releases_dir: opts.data_dir.join(RELEASES_DIR),
+        fetching: tokio::sync::Mutex::new(()),
     });
 
     // Connections past the open-files limit would be refused by the kernel (EMFILE)

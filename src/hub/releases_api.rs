@@ -315,6 +315,11 @@ async fn fetch_shared<S: Store>(
             format!("the binary {sha256} is published but this hub does not have it"),
         )
     };
+    let _one = hub.fetching.lock().await;
+    if path.exists() {
+        // Brought in while this request waited.
+        return Ok(());
+    }
     let data = hub
         .fleet
         .shared_release_bytes(sha256)

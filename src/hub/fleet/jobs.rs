@@ -327,6 +327,13 @@ impl<S: Store> Fleet<S> {
     /// otherwise through the agent (the runner's cancel). A job that has ended is left
     /// as it is.
     pub(crate) async fn cancel_job(&self, id: &str) -> Result<HubJobView, FleetError> {
+        if self.replicated && self.job_entry(id).is_none() {
+            // Taken by another replica a moment ago: follow it first.
+            if let Some(agent) = self.store.job_agent(id).await? {
+                let _one = self.changes.lock().await;
+                self.follow_agent(&agent).await?;
+            }
+        }
         if let Some(entry) = self.job_entry(id) {
             let _one = self.changes.lock().await;
             let revoked = entry.is_revoked();
@@ -627,7 +634,7 @@ impl<S: Store> Fleet<S> {
     /// Takes in an agent's open jobs as another hub stored them: new ones, their
     /// progress, and those done (which leave). Called with `changes` held, so that the
     /// store holds every change this hub made.
-    pub(super) fn adopt_jobs(&self, entry: &Arc<AgentEntry>, rows: Vec<JobRow>) {
+    pub(super) fn adopt_jobs(&self, entry: &Arc<AgentEntry>, rows: Vec<JobRow>) -> bool {
         let open: std::collections::HashSet<String> = rows.iter().map(|r| r.id.clone()).collect();
         let (mut added, mut gone) = (Vec::new(), Vec::new());
         let mut moved = false;
@@ -658,7 +665,7 @@ impl<S: Store> Fleet<S> {
             }
         }
         if added.is_empty() && gone.is_empty() && !moved {
-            return;
+            return false;
         }
         {
             let mut index = util::write(&self.job_index);
@@ -670,6 +677,7 @@ impl<S: Store> Fleet<S> {
             }
         }
         self.job_moved();
+        true
     }
 
     /// Deletes the oldest done jobs past the hub's bound, when some got done.

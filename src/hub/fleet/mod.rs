@@ -84,6 +84,10 @@ pub(crate) enum FleetError {
     NoSuchRelease(String),
     #[error("release {0:?} is not halted")]
     NotHalted(String),
+    #[error(
+        "this hub replica has lost its database and may be behind the others: try another replica"
+    )]
+    StoreLost,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -185,6 +189,9 @@ pub(crate) struct Fleet<S: Store> {
     releases: RwLock<Releases>,
     /// Other hubs share the store ([`replicas`]).
     replicated: bool,
+    /// A replica that cannot reach the store refuses reconciles, so that its agents
+    /// move to one that can, instead of being answered from what may be stale.
+    store_lost: AtomicBool,
     /// The longest a poll is held: with replicas, an agent seen within it (and a
     /// margin) counts as connected, wherever its poll is held.
     max_wait: Duration,
@@ -268,6 +275,7 @@ impl<S: Store> Fleet<S> {
             jobs_done: AtomicUsize::new(0),
             releases: RwLock::new(Releases::load(releases, halts)),
             replicated: store.replicated(),
+            store_lost: AtomicBool::new(false),
             max_wait,
             store,
         })
@@ -307,9 +315,19 @@ impl<S: Store> Fleet<S> {
         mut report: AgentReport,
         wait: Duration,
     ) -> Result<DesiredState, FleetError> {
+        if self.store_lost.load(Ordering::Acquire) {
+            return Err(FleetError::StoreLost);
+        }
         let observed = report.observed_generation;
+        let token = util::lock(&entry.state).token_sha256.clone();
         let mut rx = entry.generation.subscribe();
-        let current = *rx.borrow_and_update();
+        let mut current = *rx.borrow_and_update();
+        if observed > current && self.replicated {
+            // An agent that moved here from another replica may be ahead of what this
+            // one has followed so far: catch up before taking it for a restore.
+            self.catch_up(&entry.id).await?;
+            current = *rx.borrow_and_update();
+        }
         // Moving past a reported generation moves the one counter of the whole fleet:
         // only a gap a restore could explain is followed, so that no agent's token can
         // push the fleet's generations to the end of their range.
@@ -374,7 +392,9 @@ impl<S: Store> Fleet<S> {
                 tokio::time::timeout(wait, rx.wait_for(|g| *g > observed || entry.is_revoked()))
                     .await;
         }
-        if entry.is_revoked() {
+        // Revoked, or enrolled again with another token (through another replica),
+        // while the poll was held.
+        if entry.is_revoked() || util::lock(&entry.state).token_sha256 != token {
             return Err(FleetError::Revoked(entry.id.clone()));
         }
         Ok(self.desired_for(entry, true))
@@ -382,6 +402,12 @@ impl<S: Store> Fleet<S> {
 
     async fn resync(&self, entry: &AgentEntry, past: u64) -> Result<(), FleetError> {
         let _one = self.changes.lock().await;
+        self.resync_locked(entry, past).await
+    }
+
+    /// Gives `entry`'s scope the next generation (past `past`), keeping its stored
+    /// settings. Called with `changes` held.
+    async fn resync_locked(&self, entry: &AgentEntry, past: u64) -> Result<(), FleetError> {
         let mut settings = util::lock(&entry.state).own.settings.clone();
         let generation = loop {
             match self
@@ -785,6 +811,10 @@ impl<S: Store> Fleet<S> {
         }
         let _one = self.changes.lock().await;
         if util::read(&self.releases).is_halted(version) {
+            return Ok(());
+        }
+        if self.rollback_stored(&entry.id, version).await? {
+            // Reported to another replica before (and resumed since): not a new one.
             return Ok(());
         }
         let mut reason = reason;

@@ -26,6 +26,8 @@ use crate::util;
 
 /// How often the store is asked whether a change was missed.
 const RECHECK: Duration = Duration::from_secs(2);
+/// Checks failed in a row before the replica counts its database as lost.
+const LOST_AFTER: u32 = 2;
 /// An agent seen this long past the longest hold counts as connected (to some hub).
 pub(super) const SEEN_MARGIN: Duration = Duration::from_secs(10);
 
@@ -39,28 +41,45 @@ impl ReplicaSync {
         Some(Self(tokio::spawn(async move {
             let mut tick = tokio::time::interval(RECHECK);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // A change that could not be loaded: everything is, at the next check. Only
+            // a load of everything clears it.
             let mut stale = false;
+            let mut failed_checks = 0u32;
             loop {
-                let result = tokio::select! {
+                tokio::select! {
                     // Cancel-safe: mpsc::recv loses no message when another arm wins.
-                    event = events.recv() => match event {
-                        Some(event) => fleet.follow(event).await,
-                        None => return,
-                    },
-                    _ = tick.tick() => fleet.recheck(stale).await,
-                };
-                match result {
-                    Ok(()) if stale => {
-                        stale = false;
-                        tracing::info!("this hub follows the other replicas' changes again");
-                    }
-                    Ok(()) => {}
-                    Err(e) => {
-                        if !stale {
-                            tracing::error!(error = %util::error_chain(&e), "could not load another replica's change (everything is loaded again at the next check)");
+                    event = events.recv() => {
+                        let Some(event) = event else { return };
+                        let resync = event == Event::Resync;
+                        match fleet.follow(event).await {
+                            Ok(()) if resync => stale = false,
+                            Ok(()) => {}
+                            Err(e) => {
+                                if !stale {
+                                    tracing::error!(error = %util::error_chain(&e), "could not load another replica's change (everything is loaded again at the next check)");
+                                }
+                                stale = true;
+                            }
                         }
-                        stale = true;
                     }
+                    _ = tick.tick() => match fleet.recheck(stale).await {
+                        Ok(()) => {
+                            if stale || failed_checks > 0 {
+                                tracing::info!("this hub follows the other replicas' changes again");
+                            }
+                            stale = false;
+                            failed_checks = 0;
+                            fleet.store_lost.store(false, Ordering::Release);
+                        }
+                        Err(e) => {
+                            failed_checks += 1;
+                            if failed_checks == LOST_AFTER {
+                                tracing::error!(error = %util::error_chain(&e), "this hub replica cannot reach its database: reconciles are refused (503) until it can, so that agents move to another replica");
+                                fleet.store_lost.store(true, Ordering::Release);
+                            }
+                            stale = true;
+                        }
+                    },
                 }
             }
         })))
@@ -76,17 +95,90 @@ impl<S: Store> Fleet<S> {
         match event {
             Event::Agent(id) => {
                 let _one = self.changes.lock().await;
-                if let Some(snap) = self.store.load_agent(&id).await? {
-                    self.adopt_agent(snap);
-                }
+                self.follow_agent(&id).await?;
             }
             Event::Fleet => {
                 let _one = self.changes.lock().await;
-                let snap = self.store.load_fleet().await?;
-                self.adopt_fleet(snap);
+                self.follow_fleet().await?;
             }
             Event::Output(_) => self.job_moved(),
             Event::Resync => self.reload().await?,
+        }
+        Ok(())
+    }
+
+    /// Called with `changes` held.
+    pub(super) async fn follow_agent(&self, id: &str) -> Result<(), FleetError> {
+        if let Some(snap) = self.store.load_agent(id).await? {
+            if let Some(entry) = self.adopt_agent(snap) {
+                self.resync_locked(&entry, 0).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Called with `changes` held.
+    async fn follow_fleet(&self) -> Result<(), FleetError> {
+        let snap = self.store.load_fleet().await?;
+        if self.adopt_fleet(snap) {
+            self.bump_fleet().await?;
+        }
+        Ok(())
+    }
+
+    /// What another replica did for agent `id` (its jobs, its settings) and for the
+    /// fleet, before this one answers it.
+    pub(super) async fn catch_up(&self, id: &str) -> Result<(), FleetError> {
+        let _one = self.changes.lock().await;
+        self.follow_fleet().await?;
+        self.follow_agent(id).await
+    }
+
+    /// Whether the report stored for `id` already says it rolled `version` back.
+    pub(super) async fn rollback_stored(
+        &self,
+        id: &str,
+        version: &str,
+    ) -> Result<bool, FleetError> {
+        if !self.replicated {
+            return Ok(false);
+        }
+        let Some(snap) = self.store.load_agent(id).await? else {
+            return Ok(false);
+        };
+        let report: Option<crate::proto::report::AgentReport> = snap
+            .agent
+            .report
+            .as_deref()
+            .and_then(|r| serde_json::from_str(r).ok());
+        Ok(report
+            .and_then(|r| r.upgrade)
+            .is_some_and(|u| u.state == super::ROLLED_BACK && u.target.as_deref() == Some(version)))
+    }
+
+    /// The fleet's scope a generation of its own, settings kept (see [`Self::adopt_fleet`]).
+    async fn bump_fleet(&self) -> Result<(), FleetError> {
+        let mut settings = self.fleet_scope().settings;
+        let generation = loop {
+            match self
+                .store
+                .set_scope("", &settings, 0, Some(&settings))
+                .await?
+            {
+                Ok(g) => break g,
+                Err(stored) => settings = stored,
+            }
+        };
+        {
+            let mut fleet = util::write(&self.fleet);
+            if generation >= fleet.generation {
+                fleet.generation = generation;
+                fleet.settings = settings;
+            }
+        }
+        self.newest.fetch_max(generation, Ordering::AcqRel);
+        for e in &self.all() {
+            self.announce(e);
         }
         Ok(())
     }
@@ -125,43 +217,58 @@ impl<S: Store> Fleet<S> {
         for j in open_jobs {
             jobs.entry(j.agent.clone()).or_default().push(j);
         }
-        self.adopt_fleet(FleetSnapshot {
+        if self.adopt_fleet(FleetSnapshot {
             scope: fleet,
             generation,
             releases,
             halts,
-        });
+        }) {
+            self.bump_fleet().await?;
+        }
         for agent in agents {
             let scope = own.remove(&agent.id);
             let open_jobs = jobs.remove(&agent.id).unwrap_or_default();
-            self.adopt_agent(AgentSnapshot {
+            if let Some(entry) = self.adopt_agent(AgentSnapshot {
                 agent,
                 scope,
                 open_jobs,
-            });
+            }) {
+                self.resync_locked(&entry, 0).await?;
+            }
         }
         self.job_moved();
         Ok(())
     }
 
-    fn adopt_fleet(&self, snap: FleetSnapshot) {
-        self.newest.fetch_max(snap.generation, Ordering::AcqRel);
+    /// Takes in the fleet's scope, releases and halts. True when the fleet's scope
+    /// changed under a generation this hub had already passed (one of its own changes
+    /// took a later one meanwhile): polls waiting past that one would not see it, so the
+    /// caller gives the fleet a new generation.
+    fn adopt_fleet(&self, snap: FleetSnapshot) -> bool {
+        let newest = self.newest.load(Ordering::Acquire);
+        *util::write(&self.releases) = Releases::load(snap.releases, snap.halts);
+        let mut behind = false;
         if let Some(s) = snap.scope {
             let mut fleet = util::write(&self.fleet);
-            if s.generation >= fleet.generation {
+            if s.generation > fleet.generation {
+                behind = s.generation < newest;
                 *fleet = Scope {
                     generation: s.generation,
                     settings: s.settings,
                 };
             }
         }
-        *util::write(&self.releases) = Releases::load(snap.releases, snap.halts);
+        self.newest.fetch_max(snap.generation, Ordering::AcqRel);
         for e in &self.all() {
             self.announce(e);
         }
+        behind
     }
 
-    fn adopt_agent(&self, snap: AgentSnapshot) {
+    /// Takes in one agent as stored. `Some(entry)` when what it is sent changed under a
+    /// generation its held polls are already past (see [`Self::adopt_fleet`]): the
+    /// caller gives it a new one.
+    fn adopt_agent(&self, snap: AgentSnapshot) -> Option<Arc<AgentEntry>> {
         let AgentSnapshot {
             agent,
             scope,
@@ -174,44 +281,51 @@ impl<S: Store> Fleet<S> {
         self.newest.fetch_max(own.generation, Ordering::AcqRel);
         let revoked = agent.revoked_at.is_some();
         let existing = util::read(&self.agents).get(&agent.id).cloned();
-        let entry = match existing {
-            Some(entry) => {
-                {
-                    let mut st = util::lock(&entry.state);
-                    st.token_sha256 = agent.token_sha256.clone();
-                    st.enrolled_at = agent.enrolled_at;
-                    if own.generation >= st.own.generation {
-                        st.own = own;
-                    }
-                    adopt_report(&mut st, &agent);
-                }
-                if entry.revoked.swap(revoked, Ordering::AcqRel) != revoked && revoked {
-                    // Its held polls see the flag.
-                    entry.generation.send_modify(|_| {});
-                }
-                entry
-            }
-            None => {
-                let generation = own.generation.max(util::read(&self.fleet).generation);
-                let mut state = AgentState {
-                    token_sha256: agent.token_sha256.clone(),
-                    enrolled_at: agent.enrolled_at,
-                    own,
-                    last_seen: None,
-                    observed_generation: 0,
-                    report: None,
-                    jobs: HashMap::new(),
-                };
-                adopt_report(&mut state, &agent);
-                let entry = AgentEntry::new(agent.id.clone(), state, revoked, generation);
-                util::write(&self.agents)
-                    .entry(agent.id.clone())
-                    .or_insert(entry)
-                    .clone()
-            }
+        let Some(entry) = existing else {
+            let generation = own.generation.max(util::read(&self.fleet).generation);
+            let mut state = AgentState {
+                token_sha256: agent.token_sha256.clone(),
+                enrolled_at: agent.enrolled_at,
+                own,
+                last_seen: None,
+                observed_generation: 0,
+                report: None,
+                jobs: HashMap::new(),
+            };
+            adopt_report(&mut state, &agent);
+            let entry = AgentEntry::new(agent.id.clone(), state, revoked, generation);
+            let entry = util::write(&self.agents)
+                .entry(agent.id.clone())
+                .or_insert(entry)
+                .clone();
+            self.adopt_jobs(&entry, open_jobs);
+            self.announce(&entry);
+            return None;
         };
-        self.adopt_jobs(&entry, open_jobs);
+        let announced = *entry.generation.borrow();
+        // Jobs first and the scope's generation last: an answer computed meanwhile never
+        // carries the new generation without what it stands for.
+        let mut moved = self.adopt_jobs(&entry, open_jobs);
+        let token_changed;
+        {
+            let mut st = util::lock(&entry.state);
+            token_changed = st.token_sha256 != agent.token_sha256;
+            st.token_sha256 = agent.token_sha256.clone();
+            st.enrolled_at = agent.enrolled_at;
+            if own.generation > st.own.generation {
+                moved |= own.settings != st.own.settings;
+                st.own = own;
+            }
+            adopt_report(&mut st, &agent);
+        }
+        let was_revoked = entry.revoked.swap(revoked, Ordering::AcqRel);
+        if (revoked && !was_revoked) || token_changed {
+            // Its held polls see the flag, or that their token is no longer the one.
+            entry.generation.send_modify(|_| {});
+        }
         self.announce(&entry);
+        let now = *entry.generation.borrow();
+        (moved && now <= announced && !revoked).then_some(entry)
     }
 
     /// Takes in the reports other hubs wrote (for `agent list` and `agent show`).

@@ -22,7 +22,7 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio::sync::mpsc;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::ToSql;
@@ -40,7 +40,9 @@ use crate::proto::hub::DesiredSettings;
 const CHANNEL: &str = "railgrid_hub";
 /// The advisory lock key migrations run under ("railgrid" in ASCII).
 const MIGRATION_LOCK: i64 = 0x7261_696c_6772_6964;
-/// What replicas add to the shared schema.
+/// What replicas add to the shared schema, numbered from [`REPLICA_BASE`] + 1 so that the
+/// shared list can grow without renumbering them.
+const REPLICA_BASE: i64 = 1000;
 const REPLICA_MIGRATIONS: &[&str] = &["CREATE TABLE hub_secrets (
         name TEXT PRIMARY KEY,
         value TEXT NOT NULL
@@ -55,6 +57,13 @@ const POOL_SIZE: usize = 16;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest pause between attempts to listen again.
 const LISTEN_BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// How often the listening connection proves it is alive, and how long it may take.
+const LISTEN_PING: Duration = Duration::from_secs(10);
+/// A connection whose peer went silent is given up after this (TCP keepalives and
+/// `tcp_user_timeout`), and a statement is cancelled by the server after
+/// [`STATEMENT_TIMEOUT`]: a half-open connection must not hold the hub's changes.
+const DEAD_PEER: Duration = Duration::from_secs(30);
+const STATEMENT_TIMEOUT: &str = "30s";
 
 const NEXT_GENERATION: &str =
     "UPDATE meta SET value = CASE WHEN value > $1 THEN value + 1 ELSE $1 + 1 END
@@ -63,6 +72,9 @@ const NEXT_GENERATION: &str =
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
     stdout_length, stderr_length, stdout_stored, stderr_stored";
+
+/// The states of a job that has not ended (in the expressions' SQL form).
+const OPEN_STATES: &str = "'pending', 'queued', 'starting', 'running'";
 
 const AGENT_COLUMNS: &str =
     "id, token_sha256, enrolled_at, revoked_at, last_seen, observed_generation, report";
@@ -138,21 +150,21 @@ impl Drop for PgStore {
     }
 }
 
-/// The URL with its password replaced, for messages and logs.
+/// The URL with its password replaced, for messages and logs. The driver reads the
+/// user and password up to the first `@`, whatever follows: so does this (cutting too
+/// much is safe, too little is not).
 pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "(not a postgres:// URL)".into();
     };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let authority = match authority.rsplit_once('@') {
-        Some((user, host)) => match user.split_once(':') {
-            Some((name, _)) => format!("{name}:***@{host}"),
-            None => format!("{user}@{host}"),
+    let rest = match rest.split_once('@') {
+        Some((user, after)) => match user.split_once(':') {
+            Some((name, _)) => format!("{name}:***@{after}"),
+            None => format!("{user}@{after}"),
         },
-        None => authority.to_owned(),
+        None => rest.to_owned(),
     };
-    let tail = match tail.split_once('?') {
+    let rest = match rest.split_once('?') {
         Some((path, query)) => {
             let query: Vec<String> = query
                 .split('&')
@@ -163,9 +175,9 @@ pub(crate) fn redact(url: &str) -> String {
                 .collect();
             format!("{path}?{}", query.join("&"))
         }
-        None => tail.to_owned(),
+        None => rest,
     };
-    format!("{scheme}://{authority}{tail}")
+    format!("{scheme}://{rest}")
 }
 
 /// Takes `sslrootcert=FILE` out of the URL's query (the driver refuses what it does not
@@ -392,6 +404,24 @@ impl PgStore {
             }
             config.ssl_mode(tokio_postgres::config::SslMode::Disable);
         }
+        if !unix && !driver_url.contains("sslmode=") {
+            // The driver's default, `prefer`, falls back to plain text when a server (or
+            // whoever answers for it) declines TLS, and a password can then be asked
+            // for in clear: over a network, TLS unless the URL says otherwise.
+            config.ssl_mode(tokio_postgres::config::SslMode::Require);
+        }
+        config
+            .keepalives(true)
+            .keepalives_idle(DEAD_PEER / 3)
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3)
+            .tcp_user_timeout(DEAD_PEER);
+        let options = match config.get_options() {
+            Some(o) if o.contains("statement_timeout") => o.to_owned(),
+            Some(o) => format!("{o} -c statement_timeout={STATEMENT_TIMEOUT}"),
+            None => format!("-c statement_timeout={STATEMENT_TIMEOUT}"),
+        };
+        config.options(options);
         if config.get_application_name().is_none() {
             config.application_name("railgrid-hub");
         }
@@ -436,17 +466,28 @@ impl PgStore {
             seen: seen.clone(),
         };
         store.migrate().await?;
+        let (listening, ready) = tokio::sync::oneshot::channel();
         let listener = Listener {
             config,
             tls,
-            url: shown,
+            url: shown.clone(),
             origin,
             tx,
             seen,
         };
         let mut store = store;
-        store.listener = tokio::spawn(listener.run());
-        Ok(store)
+        store.listener = tokio::spawn(listener.run(listening));
+        // Before anything is loaded: a change committed between the load and the first
+        // LISTEN would otherwise never be announced.
+        match tokio::time::timeout(CONNECT_TIMEOUT, ready).await {
+            Ok(Ok(())) => Ok(store),
+            _ => Err(StoreError::BadUrl {
+                url: shown,
+                why: format!(
+                    "could not LISTEN for the other replicas' changes within {CONNECT_TIMEOUT:?}"
+                ),
+            }),
+        }
     }
 
     fn err(&self) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
@@ -480,35 +521,52 @@ impl PgStore {
         )
         .await
         .map_err(&e)?;
-        let applied: i64 = tx
+        let row = tx
             .query_one(
-                "SELECT COALESCE(MAX(version), 0) FROM railgrid_migrations",
-                &[],
-            )
-            .await
-            .map_err(&e)?
-            .get(0);
-        let all: Vec<String> = MIGRATIONS
-            .iter()
-            .map(|m| m.replace("BLOB", "BYTEA"))
-            .chain(REPLICA_MIGRATIONS.iter().map(|m| (*m).to_owned()))
-            .collect();
-        if applied > all.len() as i64 {
-            return Err(StoreError::NewerSchema {
-                path: self.url.clone(),
-                found: applied,
-                known: all.len(),
-            });
-        }
-        for (n, sql) in all.iter().enumerate().skip(applied.max(0) as usize) {
-            tx.batch_execute(sql).await.map_err(&e)?;
-            tx.execute(
-                "INSERT INTO railgrid_migrations (version) VALUES ($1)",
-                &[&((n + 1) as i64)],
+                "SELECT COALESCE(MAX(version) FILTER (WHERE version <= $1), 0),
+                        COALESCE(MAX(version) FILTER (WHERE version > $1), $1)
+                 FROM railgrid_migrations",
+                &[&REPLICA_BASE],
             )
             .await
             .map_err(&e)?;
-            tracing::info!(version = n + 1, database = %self.url, "applied a hub schema migration");
+        let (shared, replica): (i64, i64) = (row.get(0), row.get::<_, i64>(1) - REPLICA_BASE);
+        let lists: [(i64, i64, Vec<String>); 2] = [
+            (
+                0,
+                shared,
+                MIGRATIONS
+                    .iter()
+                    .map(|m| m.replace("BLOB", "BYTEA"))
+                    .collect(),
+            ),
+            (
+                REPLICA_BASE,
+                replica,
+                REPLICA_MIGRATIONS.iter().map(|m| (*m).to_owned()).collect(),
+            ),
+        ];
+        for (base, applied, list) in &lists {
+            if *applied > list.len() as i64 {
+                return Err(StoreError::NewerSchema {
+                    path: self.url.clone(),
+                    found: base + applied,
+                    known: *base as usize + list.len(),
+                });
+            }
+        }
+        for (base, applied, list) in &lists {
+            for (n, sql) in list.iter().enumerate().skip((*applied).max(0) as usize) {
+                let version = base + n as i64 + 1;
+                tx.batch_execute(sql).await.map_err(&e)?;
+                tx.execute(
+                    "INSERT INTO railgrid_migrations (version) VALUES ($1)",
+                    &[&version],
+                )
+                .await
+                .map_err(&e)?;
+                tracing::info!(version, database = %self.url, "applied a hub schema migration");
+            }
         }
         tx.commit().await.map_err(&e)?;
         Ok(())
@@ -523,6 +581,18 @@ impl PgStore {
     fn took(&self, generation: u64) {
         crate::util::lock(&self.seen).add(generation);
     }
+}
+
+/// A read-only transaction that sees one snapshot; rolled back if dropped (a pooled
+/// connection never goes back to the pool inside it).
+async fn snapshot(
+    conn: &mut Object,
+) -> Result<deadpool_postgres::Transaction<'_>, tokio_postgres::Error> {
+    conn.build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
 }
 
 /// Tells the other hubs, on commit.
@@ -560,7 +630,7 @@ async fn bump_scope(
 impl PgStore {
     async fn select_jobs(
         &self,
-        conn: &Object,
+        conn: &impl GenericClient,
         query: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<JobRow>, StoreError> {
@@ -569,7 +639,7 @@ impl PgStore {
         rows.iter().map(|r| job_row(&self.url, r)).collect()
     }
 
-    async fn fleet_snapshot(&self, conn: &Object) -> Result<FleetSnapshot, StoreError> {
+    async fn fleet_snapshot(&self, conn: &impl GenericClient) -> Result<FleetSnapshot, StoreError> {
         let e = self.err();
         let generation: i64 = conn
             .query_one("SELECT value FROM meta WHERE key = 'generation'", &[])
@@ -618,11 +688,9 @@ impl PgStore {
 impl Store for PgStore {
     async fn load(&self) -> Result<Snapshot, StoreError> {
         let e = self.err();
-        let conn = self.conn().await?;
+        let mut conn = self.conn().await?;
         // One snapshot of the whole database: agents and jobs agree with each other.
-        conn.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .await
-            .map_err(&e)?;
+        let conn = snapshot(&mut conn).await.map_err(&e)?;
         let result = async {
             let fleet = self.fleet_snapshot(&conn).await?;
             let agents = conn
@@ -662,7 +730,7 @@ impl Store for PgStore {
             })
         }
         .await;
-        conn.batch_execute("COMMIT").await.map_err(&e)?;
+        conn.commit().await.map_err(&e)?;
         if let Ok(snap) = &result {
             crate::util::lock(&self.seen).loaded(snap.generation);
         }
@@ -792,7 +860,11 @@ impl Store for PgStore {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
-        // One statement for the batch: a thousand reports are one round trip.
+        // One statement for the batch: a thousand reports are one round trip. Rows in
+        // id order, as every replica locks them (no deadlock between two flushes), and
+        // never an older report over a newer one another replica wrote.
+        let mut batch = batch;
+        batch.sort_unstable_by(|a, b| a.id.cmp(&b.id));
         let ids: Vec<&str> = batch.iter().map(|r| r.id.as_str()).collect();
         let seen: Vec<i64> = batch.iter().map(|r| r.seen_at as i64).collect();
         let observed: Vec<i64> = batch.iter().map(|r| r.observed_generation as i64).collect();
@@ -802,7 +874,7 @@ impl Store for PgStore {
                  report = b.report
              FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[])
                  AS b(id, seen, observed, report)
-             WHERE agents.id = b.id",
+             WHERE agents.id = b.id AND (agents.last_seen IS NULL OR agents.last_seen <= b.seen)",
             &[&ids, &seen, &observed, &reports],
         )
         .await
@@ -864,15 +936,29 @@ impl Store for PgStore {
         } else {
             None
         };
+        // Each replica writes from its own copy of the job: the statement keeps what
+        // another may have written meanwhile. A cancel asked stays asked, an ended job's
+        // outcome stays as it ended, and a done job is not touched.
         let stmt = tx
-            .prepare_cached(
-                "UPDATE jobs SET state = $2, cancel_requested = $3, exit_code = $4,
-                     exit_signal = $5, error = $6, finished_ms = $7, stdout_bytes = $8,
-                     stderr_bytes = $9, runner_truncated = $10, done = $11
-                 WHERE id = $1",
-            )
+            .prepare_cached(&format!(
+                "UPDATE jobs SET
+                     cancel_requested = GREATEST(cancel_requested, $3),
+                     state = CASE WHEN state IN ({OPEN}) THEN $2 ELSE state END,
+                     exit_code = CASE WHEN state IN ({OPEN}) THEN $4 ELSE exit_code END,
+                     exit_signal = CASE WHEN state IN ({OPEN}) THEN $5 ELSE exit_signal END,
+                     error = CASE WHEN state IN ({OPEN}) THEN $6 ELSE error END,
+                     finished_ms = CASE WHEN state IN ({OPEN}) THEN $7 ELSE finished_ms END,
+                     stdout_bytes = GREATEST(stdout_bytes, $8),
+                     stderr_bytes = GREATEST(stderr_bytes, $9),
+                     runner_truncated = COALESCE($10, runner_truncated), done = $11
+                 WHERE id = $1 AND done = 0",
+                OPEN = OPEN_STATES
+            ))
             .await
             .map_err(&e)?;
+        // In id order, as every replica locks them.
+        let mut jobs = jobs;
+        jobs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         for (id, p) in &jobs {
             let truncated = p
                 .runner_truncated
@@ -1173,10 +1259,8 @@ impl Store for PgStore {
 
     async fn load_agent(&self, id: &str) -> Result<Option<AgentSnapshot>, StoreError> {
         let e = self.err();
-        let conn = self.conn().await?;
-        conn.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .await
-            .map_err(&e)?;
+        let mut conn = self.conn().await?;
+        let conn = snapshot(&mut conn).await.map_err(&e)?;
         let result = async {
             let Some(agent) = conn
                 .query_opt(
@@ -1213,7 +1297,7 @@ impl Store for PgStore {
             }))
         }
         .await;
-        conn.batch_execute("COMMIT").await.map_err(&e)?;
+        conn.commit().await.map_err(&e)?;
         result
     }
 
@@ -1308,11 +1392,11 @@ struct Listener {
 }
 
 impl Listener {
-    async fn run(self) {
+    async fn run(self, listening: tokio::sync::oneshot::Sender<()>) {
+        let mut listening = Some(listening);
         let mut pause = Duration::from_millis(200);
-        let mut first = true;
         loop {
-            match self.listen(&mut first).await {
+            match self.listen(&mut listening, &mut pause).await {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::warn!(database = %self.url, error = %crate::util::error_chain(&e), "lost the hub database's notifications; listening again (everything is loaded again once it is back)");
@@ -1323,8 +1407,14 @@ impl Listener {
         }
     }
 
-    /// Listens until the connection fails (`Err`) or the store is gone (`Ok`).
-    async fn listen(&self, first: &mut bool) -> Result<(), tokio_postgres::Error> {
+    /// Listens until the connection fails (`Err`) or the store is gone (`Ok`). The first
+    /// time, `listening` is told once LISTEN is in place; every later time, the hub is
+    /// told to load everything (what changed meanwhile was announced to nobody).
+    async fn listen(
+        &self,
+        listening: &mut Option<tokio::sync::oneshot::Sender<()>>,
+        pause: &mut Duration,
+    ) -> Result<(), ListenError> {
         use futures_util::StreamExt;
         let (client, mut connection) = self.config.connect(self.tls.clone()).await?;
         let (ntx, mut nrx) = mpsc::unbounded_channel();
@@ -1347,29 +1437,63 @@ impl Listener {
         });
         let _abort = AbortOnDrop(driver);
         client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
-        // What changed while nobody listened is not announced: load it all.
-        if !std::mem::take(first) && self.tx.send(Event::Resync).is_err() {
-            return Ok(());
-        }
-        while let Some(m) = nrx.recv().await {
-            let payload = m?;
-            let Some((generation, event)) = parse(&payload, &self.origin) else {
-                continue;
-            };
-            if generation > 0 {
-                crate::util::lock(&self.seen).add(generation);
+        *pause = Duration::from_millis(200);
+        match listening.take() {
+            Some(tx) => {
+                let _ = tx.send(());
             }
-            let Some(event) = event else {
-                continue;
-            };
-            if self.tx.send(event).is_err() {
-                return Ok(());
+            None => {
+                if self.tx.send(Event::Resync).is_err() {
+                    return Ok(());
+                }
             }
         }
-        // The connection ended without an error: the server closed it.
-        client.batch_execute("SELECT 1").await?;
-        Ok(())
+        let mut ping = tokio::time::interval(LISTEN_PING);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ping.tick().await;
+        loop {
+            tokio::select! {
+                // Cancel-safe: mpsc::recv loses no message when another arm wins.
+                m = nrx.recv() => {
+                    let Some(m) = m else {
+                        // The connection ended without an error: the server closed it.
+                        return Err(ListenError::Silent);
+                    };
+                    let payload = m?;
+                    let Some((generation, event)) = parse(&payload, &self.origin) else {
+                        continue;
+                    };
+                    if generation > 0 {
+                        crate::util::lock(&self.seen).add(generation);
+                    }
+                    if let Some(event) = event {
+                        if self.tx.send(event).is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
+                // A connection whose peer vanished says nothing: a query that must come
+                // back proves it is still the one notifications arrive on.
+                _ = ping.tick() => {
+                    match tokio::time::timeout(LISTEN_PING, client.batch_execute("SELECT 1")).await {
+                        Ok(r) => r?,
+                        Err(_) => return Err(ListenError::Silent),
+                    }
+                    if self.tx.is_closed() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
     }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ListenError {
+    #[error(transparent)]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("the listening connection went silent")]
+    Silent,
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

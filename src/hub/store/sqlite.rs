@@ -952,6 +952,26 @@ mod tests {
         assert_eq!(g, Some(43));
     }
 
+    #[tokio::test]
+    async fn a_change_from_a_stale_copy_is_refused_with_the_stored_settings() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(&dir.path().join("hub.db")).expect("open");
+        // A scope never set counts as the default.
+        let g = store
+            .set_scope("", &settings(2), 0, Some(&DesiredSettings::default()))
+            .await
+            .expect("set");
+        assert_eq!(g, Ok(1));
+        let stale = store
+            .set_scope("", &settings(3), 0, Some(&DesiredSettings::default()))
+            .await
+            .expect("compare");
+        assert_eq!(stale, Err(settings(2)), "the stored settings come back");
+        let snap = store.load().await.expect("load");
+        assert_eq!(snap.generation, 1, "a refused change takes no generation");
+        assert_eq!(snap.scopes[0].settings, settings(2));
+    }
+
     fn job(id: &str) -> JobRow {
         JobRow {
             id: id.into(),
