@@ -183,6 +183,32 @@ impl Postgres {
         );
     }
 
+    /// Stops the server (fast shutdown: connections are closed).
+    pub fn stop(&self) {
+        self.run(
+            "pg_ctl",
+            &["-D", &path_str(&self.data), "-m", "fast", "-w", "stop"],
+        );
+    }
+
+    /// Starts it again after [`Self::stop`].
+    pub fn restart(&self) {
+        let log = self.dir.path().join("postgres.log");
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &path_str(&self.data),
+                "-l",
+                &path_str(&log),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        );
+    }
+
     /// The URL of database `db` on the Unix socket.
     pub fn url(&self, db: &str) -> String {
         format!(

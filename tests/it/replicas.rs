@@ -236,6 +236,19 @@ fn an_agent_whose_replica_is_killed_fails_over_and_keeps_its_jobs_and_runner() {
     });
     assert_eq!(pair.b.admin_ok(&["job", "logs", &before]), "one\ntwo\n");
 
+    // A cancel through B of a job the agent runs through A.
+    let long = submit(&pair.b, &["sleep", "60"]);
+    wait_for(LIMIT, "the long job running", || {
+        let v = pair.a().admin_json(&["job", "status", &long]);
+        (v["state"] == "running").then_some(())
+    });
+    pair.b.admin_ok(&["job", "cancel", &long]);
+    let cancelled = wait_for(LIMIT, "the cancel reaches the runner through A", || {
+        let v = pair.a().admin_json(&["job", "status", &long]);
+        (v["done"] == true).then_some(v)
+    });
+    assert_eq!(cancelled["state"], "cancelled", "{cancelled}");
+
     // kill -9 of A: the agent moves to B.
     let mut a = pair.a.take().expect("a");
     a.guard.signal(Signal::SIGKILL);
@@ -406,4 +419,68 @@ fn db_certificate() -> Option<(String, String, String)> {
         .signed_by(&key, &ca, &ca_key)
         .ok()?;
     Some((cert.pem(), key.serialize_pem(), ca.pem()))
+}
+
+#[test]
+fn replicas_without_their_database_refuse_agents_who_keep_their_runner_until_it_is_back() {
+    let Some(pg) = Postgres::start() else { return };
+    let pair = Pair::start(&pg, "outage");
+    let host = Host::new();
+    let (_agent, _log) = start_agent(&host, &pair);
+    let first = generation_of(&pair.b.admin_json(&["desired", "show", "--agent", "a1"]));
+    wait_applied(&host, first, &pair.a().url, "the agent reconciles with A");
+    let runner = host.wait_runner("the runner", |_| true);
+
+    pg.stop();
+    // Both replicas find their database gone and refuse, so that no agent is answered
+    // from what may be stale; the agent keeps what it applied.
+    wait_for(
+        LIMIT,
+        "the agent told the replicas lost their database",
+        || {
+            let h = hub_status(&host);
+            h["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("lost its database"))
+                .then_some(())
+        },
+    );
+    assert_eq!(
+        host.status()["runner"]["pid"].as_i64(),
+        Some(i64::from(runner)),
+        "the runner is left alone"
+    );
+
+    pg.restart();
+    let changed = wait_for(LIMIT, "B takes changes again", || {
+        let out = pair.b.admin(&[
+            "desired",
+            "set",
+            "--agent",
+            "a1",
+            "--max-jobs",
+            "6",
+            "--json",
+        ]);
+        out.status
+            .success()
+            .then(|| serde_json::from_slice::<Value>(&out.stdout).expect("json"))
+    });
+    wait_for(
+        LIMIT,
+        "the agent applies the change after the outage",
+        || {
+            let h = hub_status(&host);
+            (h["connected"] == true
+                && h["generation"]
+                    .as_u64()
+                    .is_some_and(|g| g >= generation_of(&changed)))
+            .then_some(())
+        },
+    );
+    assert_eq!(
+        host.status()["runner"]["pid"].as_i64(),
+        Some(i64::from(runner)),
+        "the runner was never restarted"
+    );
 }
