@@ -391,9 +391,9 @@ pub enum AgentCommand {
 
 #[derive(Debug, Args)]
 pub struct AgentInstallArgs {
-    /// Hub URL (https://...), written as hub.url.
+    /// Hub URL (https://...), written as hub.url; repeat it for the replicas of one hub.
     #[arg(long, value_name = "URL")]
-    pub hub: Option<String>,
+    pub hub: Vec<String>,
     /// This agent's id at the hub (default: the host name).
     #[arg(long, value_name = "ID")]
     pub agent_id: Option<String>,

@@ -14,7 +14,7 @@ fn to_exit(e: InstallError) -> anyhow::Error {
 
 pub(super) fn install(args: AgentInstallArgs) -> anyhow::Result<ExitCode> {
     let opts = InstallOptions {
-        hub: args.hub,
+        hub: (!args.hub.is_empty()).then_some(args.hub),
         agent_id: args.agent_id,
         token_file: args.token_file,
         ca_file: args.ca_file,

@@ -13,7 +13,8 @@ use crate::agent::config::RawConfig;
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Wanted {
     pub(crate) runner_user: Option<String>,
-    pub(crate) hub_url: Option<String>,
+    /// One URL is written as a string, several (replicas) as a list.
+    pub(crate) hub_urls: Option<Vec<String>>,
     pub(crate) agent_id: Option<String>,
     pub(crate) token_file: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
@@ -98,7 +99,9 @@ pub(crate) fn converge(
         });
     };
     set_str(&mut doc, "runner", "user", wanted.runner_user.as_deref());
-    set_str(&mut doc, "hub", "url", wanted.hub_url.as_deref());
+    if let Some([one]) = wanted.hub_urls.as_deref() {
+        set_str(&mut doc, "hub", "url", Some(one));
+    }
     set_str(&mut doc, "hub", "agent_id", wanted.agent_id.as_deref());
     let path_str = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
     set_str(
@@ -113,6 +116,37 @@ pub(crate) fn converge(
         "ca_file",
         path_str(&wanted.ca_file).as_deref(),
     );
+    match wanted.hub_urls.as_deref() {
+        Some(urls) if urls.len() > 1 => {
+            let current: Option<Vec<String>> = doc
+                .get("hub")
+                .and_then(Item::as_table_like)
+                .and_then(|t| t.get("url"))
+                .and_then(Item::as_value)
+                .and_then(|v| match v {
+                    toml_edit::Value::String(s) => Some(vec![s.value().clone()]),
+                    toml_edit::Value::Array(a) => Some(
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(str::to_owned))
+                            .collect(),
+                    ),
+                    _ => None,
+                });
+            if current.as_deref() != Some(urls) {
+                let array: toml_edit::Array = urls.iter().map(String::as_str).collect();
+                set_value(
+                    table_mut(&mut doc, "hub"),
+                    "url",
+                    toml_edit::Value::Array(array),
+                );
+                changes.push(match current {
+                    Some(old) => format!("hub.url = {urls:?} (was {old:?})"),
+                    None => format!("hub.url = {urls:?}"),
+                });
+            }
+        }
+        _ => {}
+    }
     if let Some(keys) = &wanted.trusted_keys {
         let current: Option<Vec<String>> = doc
             .get("upgrade")
@@ -204,7 +238,7 @@ mod tests {
     fn wanted() -> Wanted {
         Wanted {
             runner_user: Some("railgrid".into()),
-            hub_url: Some("https://hub.example:8443".into()),
+            hub_urls: Some(vec!["https://hub.example:8443".into()]),
             agent_id: Some("build-17".into()),
             token_file: Some("/etc/railgrid/token".into()),
             ca_file: None,
@@ -226,6 +260,39 @@ mod tests {
         assert_eq!(raw.upgrade.trusted_keys, Some(vec!["RWQkey".to_owned()]));
         assert!(c.text.starts_with("# railgrid agent configuration"));
         assert_eq!(c.changes.len(), 6, "{:?}", c.changes);
+    }
+
+    #[test]
+    fn replicas_are_a_list_and_one_url_a_string() {
+        let mut w = wanted();
+        w.hub_urls = Some(vec!["https://a:8443".into(), "https://b:8443".into()]);
+        let c = converge(None, &w, false).unwrap();
+        assert!(
+            c.text
+                .contains(r#"url = ["https://a:8443", "https://b:8443"]"#),
+            "{}",
+            c.text
+        );
+        let raw: RawConfig = toml::from_str(&c.text).unwrap();
+        assert!(
+            matches!(&raw.hub.url, Some(crate::agent::config::HubUrls::Many(v)) if v.len() == 2)
+        );
+        let again = converge(Some(&c.text), &w, false).unwrap();
+        assert!(again.changes.is_empty(), "{:?}", again.changes);
+        let one = converge(Some(&c.text), &wanted(), false).unwrap();
+        assert!(
+            one.text.contains(r#"url = "https://hub.example:8443""#),
+            "{}",
+            one.text
+        );
+        assert_eq!(one.changes.len(), 1, "{:?}", one.changes);
+        let back = converge(Some(&one.text), &w, false).unwrap();
+        assert_eq!(
+            back.changes,
+            [
+                r#"hub.url = ["https://a:8443", "https://b:8443"] (was ["https://hub.example:8443"])"#
+            ]
+        );
     }
 
     #[test]
@@ -275,7 +342,7 @@ mod tests {
         let err = converge(None, &w, false).unwrap_err().to_string();
         assert!(err.contains("--token-file"), "{err}");
         let w = Wanted {
-            hub_url: None,
+            hub_urls: None,
             ..wanted()
         };
         let err = converge(None, &w, false).unwrap_err().to_string();

@@ -60,7 +60,7 @@ fn check_token(bytes: &[u8], path: &Path) -> Result<(), InstallError> {
 }
 
 fn check_flags(o: &InstallOptions) -> Result<(), InstallError> {
-    if let Some(url) = &o.hub {
+    for url in o.hub.iter().flatten() {
         let parsed = reqwest::Url::parse(url).ok();
         let ok = parsed
             .as_ref()
@@ -243,7 +243,7 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
     }
     let wanted = Wanted {
         runner_user,
-        hub_url: o.hub.clone(),
+        hub_urls: o.hub.clone(),
         agent_id: o.agent_id.clone(),
         token_file: token.as_ref().map(|_| PathBuf::from(TOKEN_FILE)),
         ca_file: ca.as_ref().map(|_| PathBuf::from(CA_FILE)),

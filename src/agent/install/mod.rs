@@ -100,7 +100,8 @@ pub(crate) enum InstallError {
 /// `agent install`'s flags.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct InstallOptions {
-    pub(crate) hub: Option<String>,
+    /// `--hub`, repeated (replicas of one hub); `None` when not given.
+    pub(crate) hub: Option<Vec<String>>,
     pub(crate) agent_id: Option<String>,
     pub(crate) token_file: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
