@@ -505,6 +505,7 @@ impl HubHandle {
         reporter: ReporterHandle,
         upgrade: watch::Receiver<Option<UpgradeReport>>,
         reached: watch::Sender<u64>,
+        links: watch::Sender<Option<super::upload::HubLink>>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let observed = reconciler.observed();
@@ -523,6 +524,7 @@ impl HubHandle {
         let jobs_moved = jobs.subscribe();
         let task = HubTask {
             rx,
+            links,
             jobs,
             jobs_moved,
             conn,
@@ -568,6 +570,8 @@ impl HubHandle {
 
 struct HubTask {
     rx: mpsc::UnboundedReceiver<Msg>,
+    /// The replica in use, for the upgrader's downloads.
+    links: watch::Sender<Option<super::upload::HubLink>>,
     /// The hub's jobs on this host; their reports go with every reconcile.
     jobs: JobsHandle,
     jobs_moved: watch::Receiver<u64>,
@@ -729,8 +733,8 @@ impl HubTask {
                 if conn.settings != self.conn.settings {
                     tracing::info!(url = %settings.urls.join(","), agent_id = %settings.agent_id, "SIGHUP: new hub settings");
                 }
-                self.jobs.set_link(conn.link());
                 self.conn = conn;
+                self.relink();
                 self.status.url = self.conn.base().to_owned();
                 self.status.agent_id = settings.agent_id;
                 self.backoff.reset();
@@ -818,7 +822,7 @@ impl HubTask {
                 // round; a round of failures is paced by the backoff.
                 let failed = self.conn.base().to_owned();
                 if self.conn.rotate() {
-                    self.jobs.set_link(self.conn.link());
+                    self.relink();
                     self.status.url = self.conn.base().to_owned();
                     self.publish();
                     tracing::info!(failed = %failed, next = %self.conn.base(), "trying the next hub replica");
@@ -912,6 +916,13 @@ impl HubTask {
                 }
             }
         }
+    }
+
+    /// Uploads and downloads go where reconciles go.
+    fn relink(&self) {
+        let link = self.conn.link();
+        self.links.send_replace(Some(link.clone()));
+        self.jobs.set_link(link);
     }
 
     fn hub_failed(&mut self, e: &HubError) {

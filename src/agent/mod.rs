@@ -237,11 +237,12 @@ pub(crate) async fn run(
     ));
     let (reconciler, mut task) = reconciler.spawn(reporter.clone()).await?;
     let (reached_tx, reached) = tokio::sync::watch::channel(0u64);
+    let (links_tx, links) = tokio::sync::watch::channel(hub.as_ref().map(hub::Connection::link));
     let mut upgrade = UpgradeHandle::spawn(UpgradeCtx {
         cfg: cfg.clone(),
         exe: exe.clone(),
         observed: reconciler.observed(),
-        link: hub.as_ref().map(hub::Connection::link),
+        link: links,
         reached,
         reporter: reporter.clone(),
     });
@@ -253,6 +254,7 @@ pub(crate) async fn run(
             reporter.clone(),
             upgrade.report(),
             reached_tx,
+            links_tx,
         )
     });
     // Its own task, so the pings go on while the reconciler waits out a runner stop (a

@@ -188,7 +188,8 @@ pub(super) struct UpgradeCtx {
     pub(super) cfg: AgentConfig,
     pub(super) exe: Arc<PinnedExe>,
     pub(super) observed: watch::Receiver<Observed>,
-    pub(super) link: Option<HubLink>,
+    /// The hub replica in use (the hub task moves it on a failover); `None` standalone.
+    pub(super) link: watch::Receiver<Option<HubLink>>,
     /// Moves on every reconcile the hub answered.
     pub(super) reached: watch::Receiver<u64>,
     pub(super) reporter: ReporterHandle,
@@ -401,13 +402,7 @@ impl UpgradeTask {
 
     async fn reloaded(&mut self, cfg: AgentConfig) {
         self.keys = keys_of(&cfg);
-        if let Some(settings) = cfg.hub.clone() {
-            let loaded =
-                tokio::task::spawn_blocking(move || super::hub::Connection::load(&settings)).await;
-            if let Ok(Ok(conn)) = loaded {
-                self.ctx.link = Some(conn.link());
-            }
-        }
+        // The hub task hands over the new link (token, CA, replica) itself.
         self.ctx.cfg = cfg;
         // New keys may make an artifact acceptable that was refused: try it now.
         self.failures = None;
@@ -515,7 +510,7 @@ impl UpgradeTask {
         let socket = crate::runner::Paths::new(&self.ctx.cfg.state_dir).socket;
         let mut client = None;
         let mut healthy_since: Option<Instant> = None;
-        let needs_hub = self.ctx.link.is_some();
+        let needs_hub = self.ctx.link.borrow().is_some();
         tracing::info!(version = %u.to, settle = %humantime::format_duration(settle), attempts = u.attempts, "upgrade pending: committing once healthy");
         loop {
             let (running, enabled) = {
@@ -741,7 +736,8 @@ impl UpgradeTask {
             });
         };
         candidate::check_order(build_info::VERSION, &version, wanted.rollback)?;
-        let Some(link) = self.ctx.link.clone() else {
+        let link = self.ctx.link.borrow().clone();
+        let Some(link) = link else {
             return Err(UpgradeError::NoArtifact {
                 version,
                 platform: "this agent (no hub)".into(),
