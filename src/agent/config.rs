@@ -1089,6 +1089,56 @@ mod tests {
     }
 
     #[test]
+    fn the_replicas_of_a_hub_come_as_a_list_from_every_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        fs::write(&token, "secret").unwrap();
+        fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
+        let file = write(
+            dir.path(),
+            "[hub]\nurl = [\"https://a:8443/\", \"https://b:8443\", \"https://a:8443\"]\nagent_id = \"x\"\n",
+        );
+        let flags = Flags {
+            config: Some(file),
+            token_file: Some(token),
+            ..Flags::default()
+        };
+        let env = env_of(&[("HOME", "/h")]);
+        let hub = load_with(&flags, false, &env).unwrap().hub.unwrap();
+        assert_eq!(
+            hub.urls,
+            ["https://a:8443", "https://b:8443"],
+            "in order, once each"
+        );
+        let env = env_of(&[("HOME", "/h"), ("RAILGRID_HUB_URL", "https://c, https://d")]);
+        let hub = load_with(&flags, false, &env).unwrap().hub.unwrap();
+        assert_eq!(
+            hub.urls,
+            ["https://c", "https://d"],
+            "the environment over the file"
+        );
+        let with_flags = Flags {
+            hub: Some(vec!["https://e".into(), "https://f".into()]),
+            ..flags.clone()
+        };
+        let hub = load_with(&with_flags, false, &env).unwrap().hub.unwrap();
+        assert_eq!(
+            hub.urls,
+            ["https://e", "https://f"],
+            "flags over everything"
+        );
+        let bad = Flags {
+            hub: Some(vec!["https://e".into(), "http://plain".into()]),
+            ..flags
+        };
+        let err = load_with(&bad, false, &env).unwrap_err().to_string();
+        assert!(
+            err.contains("http://plain") && err.contains("https://"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn the_agent_id_defaults_to_the_host_name_and_must_fit_a_url() {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("token");
