@@ -284,7 +284,7 @@ pub struct HubServeArgs {
     /// Keep the hub's state in PostgreSQL, shared with other hub replicas, instead of
     /// SQLite in the data dir: postgres://USER@HOST/DB?sslmode=require[&sslrootcert=PEM].
     /// A URL with a password belongs in --config, not on a command line.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", conflicts_with = "config")]
     pub store: Option<String>,
     /// A hub config file (TOML): `[store] url = "postgres://…"`. 0600 when the URL
     /// holds a password.

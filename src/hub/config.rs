@@ -27,7 +27,8 @@ struct StoreSection {
     url: String,
 }
 
-/// The store URL: `--store`, else the config file's, else none (SQLite).
+/// The store URL: `--store` or the config file's (never both: clap refuses), else none
+/// (SQLite).
 pub(crate) fn store_url(
     flag: Option<String>,
     file: Option<&Path>,
@@ -36,6 +37,12 @@ pub(crate) fn store_url(
         Some(path) => read(path)?,
         None => None,
     };
+    if let Some(u) = flag
+        .as_deref()
+        .filter(|u| super::store::postgres::redact(u) != *u)
+    {
+        tracing::warn!(store = %super::store::postgres::redact(u), "the database password is on the command line, where every account on this host can read it (ps): put the URL in --config FILE (0600)");
+    }
     let url = flag.or(from_file);
     if let Some(u) = &url {
         if !(u.starts_with("postgres://") || u.starts_with("postgresql://")) {
@@ -64,7 +71,12 @@ fn read(path: &Path) -> anyhow::Result<Option<String>> {
         )
     })?;
     let Some(store) = cfg.store else {
-        return Ok(None);
+        // Given a config, a replica meant to share a database: starting alone on SQLite
+        // instead would split the fleet.
+        anyhow::bail!(
+            "the hub config {} has no [store] url: give the database (url = \"postgres://…\"), or leave --config out for SQLite in the data dir",
+            path.display()
+        );
     };
     if super::store::postgres::redact(&store.url) != store.url {
         let meta = std::fs::metadata(path)
@@ -102,10 +114,6 @@ mod tests {
             store_url(None, Some(&plain)).expect("read"),
             Some("postgres://db/x".into())
         );
-        assert_eq!(
-            store_url(Some("postgres://other/y".into()), Some(&plain)).expect("flag"),
-            Some("postgres://other/y".into())
-        );
         let secret = write(
             dir.path(),
             "[store]\nurl = \"postgres://u:pw@db/x\"\n",
@@ -124,6 +132,9 @@ mod tests {
         let e = store_url(None, Some(&bad)).expect_err("unknown key");
         assert!(!e.to_string().contains("pw"), "{e}");
         assert!(store_url(Some("mysql://x".into()), None).is_err());
+        let empty = write(dir.path(), "# [store]\n", 0o600);
+        let e = store_url(None, Some(&empty)).expect_err("no store");
+        assert!(e.to_string().contains("no [store] url"), "{e}");
         assert_eq!(store_url(None, None).expect("none"), None);
     }
 }

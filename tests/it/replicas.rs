@@ -27,12 +27,18 @@ struct Pair {
 
 impl Pair {
     fn start(pg: &Postgres, db: &str) -> Pair {
+        Self::start_with(pg, db, &[])
+    }
+
+    fn start_with(pg: &Postgres, db: &str, extra: &[&str]) -> Pair {
         let url = pg.create_db(db);
+        let mut args = vec!["--store", &url];
+        args.extend_from_slice(extra);
         let dir = tempdir();
         let (da, db_) = (dir.path().join("a"), dir.path().join("b"));
         let (a, b) = std::thread::scope(|s| {
-            let a = s.spawn(|| TestHub::start(&da, &["--store", &url]));
-            let b = s.spawn(|| TestHub::start(&db_, &["--store", &url]));
+            let a = s.spawn(|| TestHub::start(&da, &args));
+            let b = s.spawn(|| TestHub::start(&db_, &args));
             (a.join().expect("replica a"), b.join().expect("replica b"))
         });
         // One replica made the admin token; the operator copies it to the other.
@@ -424,14 +430,38 @@ fn db_certificate() -> Option<(String, String, String)> {
 #[test]
 fn replicas_without_their_database_refuse_agents_who_keep_their_runner_until_it_is_back() {
     let Some(pg) = Postgres::start() else { return };
-    let pair = Pair::start(&pg, "outage");
+    // Polls may be held for minutes: one held when the database goes must still be
+    // answered at once.
+    let pair = Pair::start_with(&pg, "outage", &["--max-wait", "300s"]);
     let host = Host::new();
     let (_agent, _log) = start_agent(&host, &pair);
     let first = generation_of(&pair.b.admin_json(&["desired", "show", "--agent", "a1"]));
     wait_applied(&host, first, &pair.a().url, "the agent reconciles with A");
     let runner = host.wait_runner("the runner", |_| true);
+    let token = std::fs::read_to_string(pair.b.enrol("a2")).expect("token");
+    let (code, body) = pair.a().reconcile("a2", token.trim(), 0);
+    assert_eq!(code, 200, "{body}");
+    let g = generation_of(&serde_json::from_str(&body).expect("desired"));
 
-    pg.stop();
+    let held = std::thread::scope(|s| {
+        let poll = s.spawn(|| {
+            // curl gives up after 60 s: far less than the 250 s this poll asks for.
+            pair.a().curl(
+                "POST",
+                "/v1/agents/a2/reconcile?wait=250",
+                Some(token.trim()),
+                Some(&super::hubs::report(g)),
+            )
+        });
+        wait_for(LIMIT, "A holds a2's poll", || {
+            let (_, body) = pair.a().curl("GET", "/v1/health", None, None);
+            body.contains("\"polls_held\":2").then_some(())
+        });
+        pg.stop();
+        poll.join().expect("poll")
+    });
+    assert_eq!(held.0, 503, "a poll held when the database went: {held:?}");
+    assert!(held.1.contains("lost its database"), "{held:?}");
     // Both replicas find their database gone and refuse, so that no agent is answered
     // from what may be stale; the agent keeps what it applied.
     wait_for(

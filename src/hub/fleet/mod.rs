@@ -388,9 +388,16 @@ impl<S: Store> Fleet<S> {
         if !wait.is_zero() && *rx.borrow() <= observed {
             let _held = Held::new(&entry.polls, &self.held);
             // Either way the answer is computed below from what holds now.
-            let _ =
-                tokio::time::timeout(wait, rx.wait_for(|g| *g > observed || entry.is_revoked()))
-                    .await;
+            let _ = tokio::time::timeout(
+                wait,
+                rx.wait_for(|g| {
+                    *g > observed || entry.is_revoked() || self.store_lost.load(Ordering::Acquire)
+                }),
+            )
+            .await;
+        }
+        if self.store_lost.load(Ordering::Acquire) {
+            return Err(FleetError::StoreLost);
         }
         // Revoked, or enrolled again with another token (through another replica),
         // while the poll was held.

@@ -76,6 +76,10 @@ impl ReplicaSync {
                             if failed_checks == LOST_AFTER {
                                 tracing::error!(error = %util::error_chain(&e), "this hub replica cannot reach its database: reconciles are refused (503) until it can, so that agents move to another replica");
                                 fleet.store_lost.store(true, Ordering::Release);
+                                // The polls held now are answered too: 503, at once.
+                                for e in &fleet.all() {
+                                    e.generation.send_modify(|_| {});
+                                }
                             }
                             stale = true;
                         }

@@ -150,14 +150,15 @@ impl Drop for PgStore {
     }
 }
 
-/// The URL with its password replaced, for messages and logs. The driver reads the
-/// user and password up to the first `@`, whatever follows: so does this (cutting too
-/// much is safe, too little is not).
+/// The URL with its password replaced, for messages and logs. Whatever lies before
+/// the last `@` is user and password (the driver's reading and ours may differ on an
+/// unencoded `@`: cutting too much is safe, too little is not), and a query key that
+/// decodes to `password` in any case is hidden.
 pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "(not a postgres:// URL)".into();
     };
-    let rest = match rest.split_once('@') {
+    let rest = match rest.rsplit_once('@') {
         Some((user, after)) => match user.split_once(':') {
             Some((name, _)) => format!("{name}:***@{after}"),
             None => format!("{user}@{after}"),
@@ -169,7 +170,9 @@ pub(crate) fn redact(url: &str) -> String {
             let query: Vec<String> = query
                 .split('&')
                 .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k == "password" => format!("{k}=***"),
+                    Some((k, _)) if percent_decoded(k).eq_ignore_ascii_case("password") => {
+                        format!("{k}=***")
+                    }
                     _ => kv.to_owned(),
                 })
                 .collect();
@@ -178,6 +181,31 @@ pub(crate) fn redact(url: &str) -> String {
         None => rest,
     };
     format!("{scheme}://{rest}")
+}
+
+/// `%XX` decoded (bytes that do not decode are kept as they are).
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Takes `sslrootcert=FILE` out of the URL's query (the driver refuses what it does not
@@ -404,10 +432,11 @@ impl PgStore {
             }
             config.ssl_mode(tokio_postgres::config::SslMode::Disable);
         }
-        if !unix && !driver_url.contains("sslmode=") {
-            // The driver's default, `prefer`, falls back to plain text when a server (or
-            // whoever answers for it) declines TLS, and a password can then be asked
-            // for in clear: over a network, TLS unless the URL says otherwise.
+        if !unix && config.get_ssl_mode() == tokio_postgres::config::SslMode::Prefer {
+            // `prefer` (also the driver's default) falls back to plain text when a
+            // server, or whoever answers for it, declines TLS, and a password can then
+            // be asked for in clear: over a network, TLS or nothing, unless the URL says
+            // `sslmode=disable`.
             config.ssl_mode(tokio_postgres::config::SslMode::Require);
         }
         config
@@ -1537,6 +1566,16 @@ mod tests {
             "postgresql://db/railgrid?user=hub&password=***"
         );
         assert_eq!(redact("postgres://hub@db/x"), "postgres://hub@db/x");
+        // An unencoded `@` in the password, a key in another case or percent-encoded.
+        let leaks = [
+            "postgresql://u:Ab@cdSECRET@/db?host=/s",
+            "postgresql:///db?host=/s&user=u&pass%77ord=SECRET",
+            "postgresql:///db?user=u&PASSWORD=SECRET",
+            "postgresql:///db?user=u&%70assword=SECRET",
+        ];
+        for url in leaks {
+            assert!(!redact(url).contains("SECRET"), "{url}: {}", redact(url));
+        }
         assert!(!redact("nonsense s3cret").contains("s3cret"));
     }
 
