@@ -142,20 +142,7 @@ impl Postgres {
         let mut text = std::fs::read_to_string(&conf_file).expect("postgresql.conf");
         text.push_str(&conf);
         std::fs::write(&conf_file, text).expect("postgresql.conf");
-        let log = pg.dir.path().join("postgres.log");
-        pg.run(
-            "pg_ctl",
-            &[
-                "-D",
-                &path_str(&pg.data),
-                "-l",
-                &path_str(&log),
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
-        );
+        pg.restart();
         Some(pg)
     }
 
@@ -191,7 +178,7 @@ impl Postgres {
         );
     }
 
-    /// Starts it again after [`Self::stop`].
+    /// Starts the server (again, after [`Self::stop`]), and waits until it serves.
     pub fn restart(&self) {
         let log = self.dir.path().join("postgres.log");
         self.run(

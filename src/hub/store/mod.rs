@@ -187,6 +187,49 @@ pub(crate) enum Appended {
     NoJob,
 }
 
+/// What an upload does to a stream, by the one rule every store follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AppendPlan {
+    /// Nothing to write: the answer.
+    Answer(Appended),
+    /// Write `data[skip..skip + keep]` at the stored end; the stream is `length` long then.
+    Take {
+        skip: usize,
+        keep: usize,
+        length: u64,
+    },
+}
+
+/// An upload of `len` bytes at `offset` to a stream the hub acknowledged `length` bytes
+/// of and keeps `stored` of (at most `cap`). What the hub has already is the same bytes
+/// (a spool is append-only): only what lies past `length` is new, and a job `done` takes
+/// nothing more.
+pub(crate) fn plan_append(
+    length: u64,
+    stored: u64,
+    done: bool,
+    offset: u64,
+    len: usize,
+    cap: u64,
+) -> AppendPlan {
+    if done {
+        return AppendPlan::Answer(Appended::Length(length));
+    }
+    if offset > length {
+        return AppendPlan::Answer(Appended::Gap(length));
+    }
+    let skip = length - offset;
+    if skip >= len as u64 {
+        return AppendPlan::Answer(Appended::Length(length));
+    }
+    let new = len - skip as usize;
+    AppendPlan::Take {
+        skip: skip as usize,
+        keep: (new as u64).min(cap.saturating_sub(stored)) as usize,
+        length: length + new as u64,
+    }
+}
+
 /// Everything the hub loads at start.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Snapshot {
@@ -425,5 +468,61 @@ pub(crate) trait Store: Send + Sync + 'static {
         _sha256: &str,
     ) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + Send {
         async { Ok(None) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_upload_takes_only_what_lies_past_the_acknowledged_length() {
+        use AppendPlan::{Answer, Take};
+        // (length, stored, done, offset, len, cap) → plan
+        let cases = [
+            (
+                (0, 0, false, 0, 3, 8),
+                Take {
+                    skip: 0,
+                    keep: 3,
+                    length: 3,
+                },
+            ),
+            ((3, 3, false, 0, 3, 8), Answer(Appended::Length(3))),
+            (
+                (3, 3, false, 2, 4, 8),
+                Take {
+                    skip: 1,
+                    keep: 3,
+                    length: 6,
+                },
+            ),
+            ((6, 6, false, 9, 1, 8), Answer(Appended::Gap(6))),
+            (
+                (6, 6, false, 6, 5, 8),
+                Take {
+                    skip: 0,
+                    keep: 2,
+                    length: 11,
+                },
+            ),
+            (
+                (11, 8, false, 11, 4, 8),
+                Take {
+                    skip: 0,
+                    keep: 0,
+                    length: 15,
+                },
+            ),
+            ((5, 5, true, 5, 4, 8), Answer(Appended::Length(5))),
+            ((5, 5, true, 9, 4, 8), Answer(Appended::Length(5))),
+        ];
+        for ((length, stored, done, offset, len, cap), want) in cases {
+            assert_eq!(
+                plan_append(length, stored, done, offset, len, cap),
+                want,
+                "{length} {stored} {done} {offset} {len} {cap}"
+            );
+        }
     }
 }

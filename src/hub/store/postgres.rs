@@ -31,8 +31,8 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::sqlite::{parse_settings, MIGRATIONS};
 use super::{
-    AgentRow, AgentSnapshot, Appended, Event, FleetSnapshot, HaltRow, JobProgress, JobRow,
-    ReleaseRow, ReportRow, ScopeRow, Snapshot, Store, StoreError, Stream,
+    plan_append, AgentRow, AgentSnapshot, AppendPlan, Appended, Event, FleetSnapshot, HaltRow,
+    JobProgress, JobRow, ReleaseRow, ReportRow, ScopeRow, Snapshot, Store, StoreError, Stream,
 };
 use crate::proto::hub::DesiredSettings;
 
@@ -1047,28 +1047,21 @@ impl Store for PgStore {
         let Some(row) = lens else {
             return Ok(Appended::NoJob);
         };
-        let (length, stored) = (u64_of(row.get(0)), u64_of(row.get(1)));
-        if row.get::<_, i64>(2) != 0 {
-            return Ok(Appended::Length(length));
-        }
-        if offset > length {
-            return Ok(Appended::Gap(length));
-        }
-        let skip = (length - offset) as usize;
-        if skip >= data.len() {
-            return Ok(Appended::Length(length));
-        }
-        let new = &data[skip..];
-        let keep = (new.len() as u64).min(cap.saturating_sub(stored)) as usize;
+        let stored = u64_of(row.get(1));
+        let done = row.get::<_, i64>(2) != 0;
+        let (skip, keep, length) =
+            match plan_append(u64_of(row.get(0)), stored, done, offset, data.len(), cap) {
+                AppendPlan::Answer(a) => return Ok(a),
+                AppendPlan::Take { skip, keep, length } => (skip, keep, length),
+            };
         if keep > 0 {
             tx.execute(
                 "INSERT INTO job_output (job, stream, start, data) VALUES ($1, $2, $3, $4)",
-                &[&job, &s, &(stored as i64), &&new[..keep]],
+                &[&job, &s, &(stored as i64), &&data[skip..skip + keep]],
             )
             .await
             .map_err(&e)?;
         }
-        let length = length + new.len() as u64;
         tx.execute(
             &format!("UPDATE jobs SET {s}_length = $2, {s}_stored = $3 WHERE id = $1"),
             &[&job, &(length as i64), &((stored + keep as u64) as i64)],

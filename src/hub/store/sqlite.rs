@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    AgentRow, Appended, HaltRow, JobProgress, JobRow, ReleaseRow, ReportRow, ScopeRow, Snapshot,
-    Store, StoreError, Stream,
+    plan_append, AgentRow, AppendPlan, Appended, HaltRow, JobProgress, JobRow, ReleaseRow,
+    ReportRow, ScopeRow, Snapshot, Store, StoreError, Stream,
 };
 use crate::proto::hub::DesiredSettings;
 
@@ -662,30 +662,19 @@ impl Store for SqliteStore {
             let Some((length, stored, done)) = lens else {
                 return Ok(Appended::NoJob);
             };
-            let (length, stored) = (u64_of(length), u64_of(stored));
-            if done != 0 {
-                // All of it is here: a late upload takes nothing.
-                return Ok(Appended::Length(length));
-            }
-            if offset > length {
-                return Ok(Appended::Gap(length));
-            }
-            // What the hub has already is the same bytes (a spool is append-only): only
-            // what lies past the acknowledged length is new.
-            let skip = (length - offset) as usize;
-            if skip >= data.len() {
-                return Ok(Appended::Length(length));
-            }
-            let new = &data[skip..];
-            let keep = (new.len() as u64).min(cap.saturating_sub(stored)) as usize;
+            let stored = u64_of(stored);
+            let (skip, keep, length) =
+                match plan_append(u64_of(length), stored, done != 0, offset, data.len(), cap) {
+                    AppendPlan::Answer(a) => return Ok(a),
+                    AppendPlan::Take { skip, keep, length } => (skip, keep, length),
+                };
             if keep > 0 {
                 tx.execute(
                     "INSERT INTO job_output (job, stream, start, data) VALUES (?1, ?2, ?3, ?4)",
-                    params![job, s, stored as i64, &new[..keep]],
+                    params![job, s, stored as i64, &data[skip..skip + keep]],
                 )
                 .map_err(&e)?;
             }
-            let length = length + new.len() as u64;
             tx.execute(
                 &format!("UPDATE jobs SET {s}_length = ?2, {s}_stored = ?3 WHERE id = ?1"),
                 params![job, length as i64, (stored + keep as u64) as i64],
