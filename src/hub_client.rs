@@ -54,15 +54,23 @@ pub fn build(
         .pool_idle_timeout(Duration::from_secs(5))
         .user_agent(concat!("railgrid/", env!("CARGO_PKG_VERSION")));
     if let Some(path) = ca_file {
-        let pem = std::fs::read(path).map_err(|source| HubClientError::ReadCa {
-            path: path.to_owned(),
-            source,
-        })?;
-        for cert in parse_ca(path, &pem)? {
+        for cert in read_ca(path)? {
             b = b.add_root_certificate(cert);
         }
     }
     b.build().map_err(HubClientError::Build)
+}
+
+/// The certificates of the CA file at `path`: a regular file of at most
+/// [`crate::small_file::CONFIG_MAX`] bytes holding at least one.
+pub fn read_ca(path: &Path) -> Result<Vec<reqwest::Certificate>, HubClientError> {
+    let pem = crate::small_file::read(path, crate::small_file::CONFIG_MAX).map_err(|source| {
+        HubClientError::ReadCa {
+            path: path.to_owned(),
+            source,
+        }
+    })?;
+    parse_ca(path, &pem)
 }
 
 /// The certificates of the CA file `path` holds as `pem`: at least one.

@@ -14,6 +14,7 @@ pub(crate) mod proc_tree;
 pub mod proto;
 pub(crate) mod release;
 pub mod runner;
+pub(crate) mod small_file;
 pub mod supervisor;
 #[allow(unsafe_code)]
 pub mod sys;

@@ -9,7 +9,6 @@
 //! lookup in every source, the precedence and the origin named in errors all come from
 //! that list; `load_with` only parses and checks the winning text.
 
-use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -665,11 +664,18 @@ fn resolve(
                 Some((id, origin)) => check_agent_id(&id).map_err(|m| invalid(&origin, m))?,
                 None => default_agent_id()?,
             };
+            let ca_file = src.path(Key::CaFile);
+            if let (true, Some(ca), Some((_, origin))) = (host, &ca_file, src.get(Key::CaFile)) {
+                // Read now: a CA file that cannot serve is a configuration error (exit
+                // 2) before a runner starts, not a retry loop later.
+                crate::hub_client::read_ca(ca)
+                    .map_err(|e| invalid(&origin, crate::error_chain(&e)))?;
+            }
             Some(HubSettings {
                 urls,
                 agent_id,
                 token_file,
-                ca_file: src.path(Key::CaFile),
+                ca_file,
             })
         }
         (None, Some((_, origin))) => {
@@ -748,10 +754,13 @@ fn resolve(
 }
 
 fn read_file(path: &Path) -> Result<RawConfig, ConfigError> {
-    let text = fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text =
+        crate::small_file::read_string(path, crate::small_file::CONFIG_MAX).map_err(|source| {
+            ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
     toml::from_str(&text).map_err(|e| ConfigError::Parse {
         path: path.to_owned(),
         message: e.to_string().trim().replace('\n', " "),
@@ -785,14 +794,9 @@ fn default_agent_id() -> Result<String, ConfigError> {
 
 /// A file holding a secret must be a regular file readable by its owner only.
 fn check_secret_file(path: &Path) -> Result<(), String> {
-    let meta = fs::metadata(path)
+    let file = crate::small_file::SmallFile::open(path)
         .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
-    if !meta.is_file() {
-        return Err(format!(
-            "token file {} is not a regular file",
-            path.display()
-        ));
-    }
+    let meta = file.meta();
     let (euid, _) = crate::sys::current_ids();
     if meta.uid() != euid && meta.uid() != 0 {
         return Err(format!(

@@ -209,10 +209,12 @@ impl Connection {
     /// file reads): called on a blocking thread, or before the runtime matters.
     pub(crate) fn load(settings: &HubSettings) -> Result<Self, HubError> {
         let path = &settings.token_file;
-        let text = std::fs::read_to_string(path).map_err(|source| HubError::TokenRead {
-            path: path.clone(),
-            source,
-        })?;
+        let text = crate::small_file::read_string(path, crate::small_file::TOKEN_MAX).map_err(
+            |source| HubError::TokenRead {
+                path: path.clone(),
+                source,
+            },
+        )?;
         let token = text.trim();
         if token.is_empty() {
             return Err(HubError::TokenEmpty { path: path.clone() });
@@ -414,7 +416,7 @@ pub(super) fn persist(state_dir: &Path, desired: &DesiredState) -> Result<(), Hu
 /// The desired state [`persist`] kept, if there is one. Blocking (a file read).
 pub(super) fn load_persisted(state_dir: &Path) -> Result<Option<DesiredState>, HubError> {
     let path = desired_path(state_dir);
-    let bytes = match std::fs::read(&path) {
+    let bytes = match crate::small_file::read(&path, crate::small_file::CONFIG_MAX) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(HubError::PersistedRead { path, source }),

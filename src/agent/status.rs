@@ -137,7 +137,7 @@ pub(crate) enum ReadError {
 
 pub(crate) fn read(state_dir: &Path) -> Result<AgentStatus, ReadError> {
     let path = path(state_dir);
-    let bytes = match std::fs::read(&path) {
+    let bytes = match crate::small_file::read(&path, crate::small_file::CONFIG_MAX) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(ReadError::Missing { path })

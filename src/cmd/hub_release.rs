@@ -23,10 +23,13 @@ pub(super) async fn run(
                     a.version
                 )));
             }
-            let signature = std::fs::read_to_string(&a.signature)
-                .with_context(|| format!("could not read the signature {}", a.signature.display()))
-                .map_err(usage)?;
-            let binary = std::fs::read(&a.binary)
+            let signature =
+                crate::small_file::read_string(&a.signature, crate::small_file::KEY_MAX)
+                    .with_context(|| {
+                        format!("could not read the signature {}", a.signature.display())
+                    })
+                    .map_err(usage)?;
+            let binary = crate::small_file::read(&a.binary, crate::hub::MAX_RELEASE)
                 .with_context(|| format!("could not read the binary {}", a.binary.display()))
                 .map_err(usage)?;
             let platform = format!("{}-{}", a.os, a.arch);

@@ -65,8 +65,8 @@ fn release_command(command: ReleaseCommand) -> Result<String, ReleaseError> {
             signature,
             file,
         } => {
-            let text =
-                std::fs::read_to_string(&public_key).map_err(|source| ReleaseError::Read {
+            let text = crate::small_file::read_string(&public_key, crate::small_file::TOKEN_MAX)
+                .map_err(|source| ReleaseError::Read {
                     path: public_key.clone(),
                     source,
                 })?;

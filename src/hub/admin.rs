@@ -110,10 +110,12 @@ impl AdminError {
 }
 
 fn read(path: &Path, hint: &'static str) -> Result<String, AdminError> {
-    std::fs::read_to_string(path).map_err(|source| AdminError::Read {
-        path: path.to_owned(),
-        hint,
-        source,
+    crate::small_file::read_string(path, crate::small_file::CONFIG_MAX).map_err(|source| {
+        AdminError::Read {
+            path: path.to_owned(),
+            hint,
+            source,
+        }
     })
 }
 
@@ -156,22 +158,22 @@ impl AdminClient {
         if parsed.is_none_or(|u| u.scheme() != "https" || u.host_str().is_none()) {
             return Err(AdminError::BadUrl { url });
         }
-        let mode = std::fs::metadata(&token_file)
-            .map_err(|source| AdminError::Read {
-                path: token_file.clone(),
-                hint: "",
-                source,
-            })?
-            .permissions()
-            .mode()
-            & 0o777;
+        let read_err = |source| AdminError::Read {
+            path: token_file.clone(),
+            hint: "",
+            source,
+        };
+        let file = crate::small_file::SmallFile::open(&token_file).map_err(read_err)?;
+        let mode = file.meta().permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
             return Err(AdminError::OpenToken {
                 path: token_file,
                 mode,
             });
         }
-        let token = read(&token_file, "")?;
+        let token = file
+            .read_string(crate::small_file::TOKEN_MAX)
+            .map_err(read_err)?;
         let auth = hub_client::bearer(token.trim()).map_err(|_| AdminError::BadToken {
             path: token_file.clone(),
         })?;

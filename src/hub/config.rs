@@ -56,7 +56,11 @@ pub(crate) fn store_url(
 }
 
 fn read(path: &Path) -> anyhow::Result<Option<String>> {
-    let text = std::fs::read_to_string(path)
+    let file = crate::small_file::SmallFile::open(path)
+        .map_err(|e| anyhow::anyhow!("cannot read the hub config {}: {e}", path.display()))?;
+    let meta = file.meta().clone();
+    let text = file
+        .read_string(crate::small_file::KEY_MAX)
         .map_err(|e| anyhow::anyhow!("cannot read the hub config {}: {e}", path.display()))?;
     // toml's messages quote the line: never the file's text, which may be a password.
     let cfg: HubConfig = toml::from_str(&text).map_err(|e| {
@@ -79,8 +83,6 @@ fn read(path: &Path) -> anyhow::Result<Option<String>> {
         );
     };
     if super::store::postgres::redact(&store.url) != store.url {
-        let meta = std::fs::metadata(path)
-            .map_err(|e| anyhow::anyhow!("cannot read the hub config {}: {e}", path.display()))?;
         let mode = meta.permissions().mode() & 0o777;
         let (euid, _) = crate::sys::current_ids();
         if mode & 0o077 != 0 || (meta.uid() != euid && meta.uid() != 0) {

@@ -41,6 +41,7 @@ use self::store::sqlite::SqliteStore;
 use self::store::{Store, StoreError};
 use self::tls::{TlsError, TlsSource};
 
+pub(crate) use releases_api::MAX_RELEASE;
 pub(crate) use releases_api::SIGNATURE_HEADER;
 
 pub(crate) const ADMIN_TOKEN_FILE: &str = "admin.token";
@@ -366,7 +367,7 @@ fn admin_token(data: &Path) -> Result<String, HubError> {
         path: path.clone(),
         source,
     };
-    match std::fs::read_to_string(&path) {
+    match crate::small_file::read_string(&path, crate::small_file::TOKEN_MAX) {
         Ok(t) if !t.trim().is_empty() => return Ok(token::sha256_hex(t.trim())),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -23,7 +23,7 @@ const CA_SPLIT: &str = "\n--railgrid-ca-key--\n";
 /// The admin token's hash all replicas accept.
 pub(super) async fn admin_token<S: Store>(store: &S, data: &Path) -> Result<String, HubError> {
     let path = data.join(ADMIN_TOKEN_FILE);
-    let local = match std::fs::read_to_string(&path) {
+    let local = match crate::small_file::read_string(&path, crate::small_file::TOKEN_MAX) {
         Ok(t) if !t.trim().is_empty() => Some(token::sha256_hex(t.trim())),
         Ok(_) => None,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,

@@ -114,7 +114,7 @@ pub(crate) fn server_config(
 }
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
+    crate::small_file::read(path, crate::small_file::CONFIG_MAX).map_err(|source| TlsError::Read {
         what,
         path: path.to_owned(),
         source,

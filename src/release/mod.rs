@@ -80,15 +80,20 @@ impl ReleaseError {
     }
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, ReleaseError> {
-    std::fs::read(path).map_err(|source| ReleaseError::Read {
+/// A file to sign or verify: a release binary, at most what a hub takes.
+fn read_binary(path: &Path) -> Result<Vec<u8>, ReleaseError> {
+    read(path, crate::hub::MAX_RELEASE)
+}
+
+fn read(path: &Path, max: u64) -> Result<Vec<u8>, ReleaseError> {
+    crate::small_file::read(path, max).map_err(|source| ReleaseError::Read {
         path: path.to_owned(),
         source,
     })
 }
 
 fn read_text(path: &Path) -> Result<String, ReleaseError> {
-    let bytes = read(path)?;
+    let bytes = read(path, crate::small_file::KEY_MAX)?;
     String::from_utf8(bytes).map_err(|_| ReleaseError::Format {
         path: path.to_owned(),
         what: "file",
@@ -286,7 +291,7 @@ pub(crate) fn sign(
     version: &str,
 ) -> Result<(PathBuf, String), ReleaseError> {
     let sk = open_secret(secret, password)?;
-    let data = read(file)?;
+    let data = read_binary(file)?;
     let name = file
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -415,7 +420,7 @@ pub(crate) fn verify(
         what: "signature",
         why: e.to_string(),
     })?;
-    let data = read(file)?;
+    let data = read_binary(file)?;
     let key_id = key_id(key.keynum());
     minisign::verify(key, &sig, std::io::Cursor::new(&data), true, false, false).map_err(|e| {
         ReleaseError::Bad {

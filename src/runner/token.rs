@@ -24,7 +24,10 @@ pub fn create(dir: &Path) -> io::Result<String> {
 
 /// Reads the token a client presents, from the file beside `socket`.
 pub fn read_beside(socket: &Path) -> io::Result<String> {
-    let text = fs::read_to_string(socket.with_file_name(TOKEN_FILE))?;
+    let text = crate::small_file::read_string(
+        &socket.with_file_name(TOKEN_FILE),
+        crate::small_file::TOKEN_MAX,
+    )?;
     Ok(text.trim().to_owned())
 }
 

@@ -20,11 +20,38 @@ pub enum AccountError {
     NoSuchUser { name: String },
     #[error("user {name:?} has a name that is not valid UTF-8")]
     BadName { name: String },
+    #[error("{0:?} is not a user name: {1}")]
+    NotAName(String, &'static str),
+}
+
+/// The longest user name looked up (`LOGIN_NAME_MAX`): a longer one is refused before it
+/// reaches the C library, whose lookups are not written for names of megabytes.
+pub const MAX_NAME_LEN: usize = 256;
+
+/// Refuses what no password database holds, before any lookup.
+pub fn check_name(name: &str) -> Result<(), AccountError> {
+    let refuse = |why| {
+        Err(AccountError::NotAName(
+            crate::util::clip(name).into_owned(),
+            why,
+        ))
+    };
+    if name.is_empty() {
+        return refuse("it is empty");
+    }
+    if name.len() > MAX_NAME_LEN {
+        return refuse("it is longer than 256 bytes");
+    }
+    if name.chars().any(|c| c.is_control() || c == ':' || c == '/') {
+        return refuse("it holds a control character, ':' or '/'");
+    }
+    Ok(())
 }
 
 impl Account {
     /// Looks `name` up in the password database.
     pub fn by_name(name: &str) -> Result<Self, AccountError> {
+        check_name(name)?;
         let user = uzers::get_user_by_name(name).ok_or_else(|| AccountError::NoSuchUser {
             name: name.to_owned(),
         })?;

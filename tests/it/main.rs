@@ -10,6 +10,7 @@ mod hub;
 mod hub_agent;
 mod hub_jobs;
 mod hubs;
+mod inputs;
 #[cfg(target_os = "linux")]
 mod install;
 mod jobs;

@@ -29,6 +29,8 @@ pub(crate) fn plan(
     root: Option<&Path>,
     home: &Path,
 ) -> Result<AccountPlan, InstallError> {
+    crate::supervisor::account::check_name(name)
+        .map_err(|e| InstallError::Invalid(e.to_string()))?;
     if name == "root" {
         return Err(InstallError::RootRunner {
             name: name.to_owned(),

@@ -151,7 +151,7 @@ pub(crate) fn peek(state_dir: &Path) -> Result<Record, RecordError> {
 }
 
 fn read(path: &Path) -> Result<Record, RecordError> {
-    match std::fs::read(path) {
+    match crate::small_file::read(path, crate::small_file::CONFIG_MAX) {
         Ok(bytes) => serde_json::from_slice(&bytes).map_err(|source| RecordError::Corrupt {
             path: path.to_owned(),
             source,

@@ -236,11 +236,13 @@ fn tls_config(url: &str, root: Option<PathBuf>) -> Result<rustls::ClientConfig, 
     let mut roots = rustls::RootCertStore::empty();
     match root {
         Some(path) => {
-            let pem = std::fs::read(&path).map_err(|source| StoreError::DatabaseCa {
-                url: url.to_owned(),
-                path: path.clone(),
-                source,
-            })?;
+            let pem = crate::small_file::read(&path, crate::small_file::CONFIG_MAX).map_err(
+                |source| StoreError::DatabaseCa {
+                    url: url.to_owned(),
+                    path: path.clone(),
+                    source,
+                },
+            )?;
             use rustls::pki_types::pem::PemObject;
             for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem).flatten() {
                 let _ = roots.add(cert);

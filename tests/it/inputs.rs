@@ -1,0 +1,155 @@
+//! Files and names an operator gives the agent and the hub: whatever they turn out to be
+//! (a FIFO, a device, a file of megabytes, a name of megabytes), the command exits 2 at
+//! once with the path named, and nothing is started.
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use crate::agent::Host;
+use crate::support::*;
+
+/// Well above a refusal, well below a hang.
+const LIMIT: Duration = Duration::from_secs(10);
+
+fn fails_at_once(what: &str, mut cmd: std::process::Command) -> String {
+    let started = Instant::now();
+    let child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let out = Guard::new(child).wait_output(LIMIT);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{what}: expected exit 2: {err}");
+    assert!(
+        started.elapsed() < LIMIT,
+        "{what}: took {:?}",
+        started.elapsed()
+    );
+    err
+}
+
+#[test]
+fn agent_inputs_that_are_no_regular_small_files_exit_2_at_once() {
+    let host = Host::new();
+    let fifo = host.path("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let fifo_s = path_str(&fifo);
+    let token = host.path("token");
+    fs::write(&token, "rga_t0ken\n").expect("token");
+    fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    let token_s = path_str(&token);
+    let hub = ["--hub", "https://hub.invalid", "--token-file", &token_s];
+
+    // A CA file that is a FIFO: before, `agent run` blocked in open(2) for ever.
+    let mut args = hub.to_vec();
+    args.extend(["--ca-file", &fifo_s]);
+    let err = fails_at_once("--ca-file FIFO", host.agent_cmd(&args));
+    assert!(err.contains(&fifo_s) && err.contains("a FIFO"), "{err}");
+
+    // A CA file that never ends: before, it was read until the kernel killed the agent.
+    let mut args = hub.to_vec();
+    args.extend(["--ca-file", "/dev/zero"]);
+    let err = fails_at_once("--ca-file /dev/zero", host.agent_cmd(&args));
+    assert!(
+        err.contains("/dev/zero") && err.contains("character device"),
+        "{err}"
+    );
+
+    // A token file that is a FIFO.
+    let err = fails_at_once(
+        "--token-file FIFO",
+        host.agent_cmd(&["--hub", "https://hub.invalid", "--token-file", &fifo_s]),
+    );
+    assert!(err.contains(&fifo_s) && err.contains("a FIFO"), "{err}");
+
+    // The config itself.
+    let with_config = |config: &std::path::Path| {
+        let mut cmd = railgrid();
+        cmd.args(["agent", "run", "--config"])
+            .arg(config)
+            .arg("--state-dir")
+            .arg(host.state())
+            .args(if is_root() {
+                &["--runner-user", "nobody"][..]
+            } else {
+                &[]
+            });
+        cmd
+    };
+    let err = fails_at_once("--config /dev/zero", with_config("/dev/zero".as_ref()));
+    assert!(err.contains("/dev/zero"), "{err}");
+    let big = host.path("big.toml");
+    fs::write(&big, vec![b'#'; (1 << 20) + 1]).expect("write");
+    let err = fails_at_once("a config of more than 1 MiB", with_config(&big));
+    assert!(
+        err.contains(&path_str(&big)) && err.contains("larger than"),
+        "{err}"
+    );
+
+    // A user name of megabytes aborted the agent inside the C library's lookup; a config
+    // now holds at most 1 MiB, and a name longer than a login name is refused unread.
+    let long = "u".repeat(512 << 10);
+    fs::write(
+        host.path("agent.toml"),
+        format!("[runner]\nuser = \"{long}\"\n"),
+    )
+    .expect("write");
+    let mut cmd = railgrid();
+    cmd.args(["agent", "run", "--config"])
+        .arg(host.path("agent.toml"))
+        .arg("--state-dir")
+        .arg(host.state());
+    let err = fails_at_once("a 512 KiB runner.user", cmd);
+    assert!(
+        err.contains("longer than 256 bytes") && err.len() < 4096,
+        "{}",
+        &err[..err.len().min(500)]
+    );
+    assert!(
+        !host.state().join("runner").exists(),
+        "nothing is made before validation"
+    );
+}
+
+#[test]
+fn hub_inputs_that_are_no_regular_small_files_exit_2_at_once() {
+    let dir = tempdir();
+    let fifo = dir.path().join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let fifo_s = path_str(&fifo);
+    let data = dir.path().join("data");
+    let serve = |extra: &[&str]| {
+        let mut cmd = railgrid();
+        cmd.args(["hub", "serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .args(extra);
+        cmd
+    };
+    for (what, extra) in [
+        (
+            "--tls-cert FIFO",
+            vec!["--tls-cert", &fifo_s, "--tls-key", &fifo_s],
+        ),
+        (
+            "--tls-cert /dev/zero",
+            vec!["--tls-cert", "/dev/zero", "--tls-key", "/dev/zero"],
+        ),
+        (
+            "--release-key FIFO",
+            vec!["--tls-self-signed", "--release-key", &fifo_s],
+        ),
+        (
+            "--config FIFO",
+            vec!["--tls-self-signed", "--config", &fifo_s],
+        ),
+    ] {
+        let err = fails_at_once(what, serve(&extra));
+        assert!(
+            err.contains(&fifo_s) || err.contains("/dev/zero"),
+            "{what}: the path is named: {err}"
+        );
+    }
+}
