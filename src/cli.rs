@@ -140,6 +140,29 @@ pub enum HubCommand {
         #[command(subcommand)]
         command: HubReleaseCommand,
     },
+    /// Work on the hub's store directly, with every hub on it stopped.
+    Store {
+        #[command(subcommand)]
+        command: HubStoreCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HubStoreCommand {
+    /// Start the generation counter over at 1 (docs/hub.md, "Generations"): every agent
+    /// then takes the hub's desired state at its next reconcile. SQLite with --data-dir,
+    /// PostgreSQL with --store or --config.
+    Renumber(HubStoreArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HubStoreArgs {
+    /// The PostgreSQL store, as `hub serve --store` takes it.
+    #[arg(long, value_name = "URL", conflicts_with = "config")]
+    pub store: Option<String>,
+    /// A hub config file naming the store, as `hub serve --config` takes it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

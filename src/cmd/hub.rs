@@ -10,7 +10,7 @@ use anyhow::Context;
 use super::{print_stdout, usage};
 use crate::cli::{
     DesiredScope, HubAgentCommand, HubArgs, HubCommand, HubDesiredCommand, HubDesiredSetArgs,
-    HubServeArgs,
+    HubServeArgs, HubStoreCommand,
 };
 use crate::hub::admin::{AdminClient, AdminError, Target};
 use crate::hub::tls::TlsSource;
@@ -40,7 +40,24 @@ pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {
         HubCommand::Release { command } => {
             admin(&target, |c| super::hub_release::run(c, command, json))
         }
+        HubCommand::Store { command } => store(target, command),
     }
+}
+
+fn store(target: Target, command: HubStoreCommand) -> anyhow::Result<ExitCode> {
+    let HubStoreCommand::Renumber(a) = command;
+    let url = crate::hub::config::store_url(a.store, a.config.as_deref()).map_err(usage)?;
+    let rt = super::current_thread_runtime()?;
+    let done = rt
+        .block_on(crate::hub::renumber::renumber(
+            target.data_dir.as_deref(),
+            url.as_deref(),
+        ))
+        .map_err(|e| if e.is_config() { usage(e) } else { e.into() })?;
+    print_stdout(&format!(
+        "renumbered {}: the generation counter was {} and is 1; each agent takes the hub's desired state at its next reconcile",
+        done.store, done.was
+    ))
 }
 
 fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {

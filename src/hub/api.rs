@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::fleet::{Fleet, FleetError};
 use super::jobs_api as jobs;
 use super::releases_api as releases;
-use super::store::Store;
+use super::store::{Store, StoreError};
 use super::token;
 use crate::build_info;
 use crate::proto::hub::{DesiredChange, EnrolRequest, Enrolled, ErrorBody};
@@ -138,6 +138,18 @@ impl From<FleetError> for ApiError {
             FleetError::NoSuchRelease(_) => StatusCode::NOT_FOUND,
             FleetError::NotHalted(_) => StatusCode::CONFLICT,
             FleetError::StoreLost => StatusCode::SERVICE_UNAVAILABLE,
+            FleetError::AheadOfHub { .. } => StatusCode::BAD_REQUEST,
+            FleetError::Store(s) if s.is_disk_full() => {
+                tracing::error!(error = %crate::error_chain(&e), "the hub's disk is full");
+                return ApiError::new(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    "the hub's database has no room left (its disk is full): nothing was changed; retry once the hub's operator has made room",
+                );
+            }
+            FleetError::Store(s @ StoreError::GenerationsExhausted(_)) => {
+                tracing::error!(error = %crate::error_chain(s), "no change can be made");
+                return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, s.to_string());
+            }
             FleetError::Store(_) => {
                 tracing::error!(error = %crate::error_chain(&e), "the hub's store failed");
                 return ApiError::new(

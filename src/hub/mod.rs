@@ -21,6 +21,7 @@ pub(crate) mod config;
 pub(crate) mod fleet;
 mod jobs_api;
 mod releases_api;
+pub(crate) mod renumber;
 mod serve;
 mod shared;
 pub(crate) mod store;
@@ -87,6 +88,12 @@ pub(crate) enum HubError {
     Signals(#[source] std::io::Error),
     #[error("{path} is not the {what} of the other replicas on this database: move it away (this replica then takes theirs), or give this replica its own database")]
     Mismatch { what: &'static str, path: PathBuf },
+    #[error("hubs are connected to the database {store} (from {from}): stop every hub on it first")]
+    HubsConnected { store: String, from: String },
+    #[error("there is no hub database at {path}: give the --data-dir of the hub")]
+    NoStore { path: PathBuf },
+    #[error("give the hub's --data-dir (SQLite), or its --store URL or --config (PostgreSQL)")]
+    NoTarget,
     #[error("--release-key {path}")]
     ReleaseKey {
         path: PathBuf,
@@ -105,6 +112,9 @@ impl HubError {
                 | HubError::Listen { .. }
                 | HubError::ReleaseKey { .. }
                 | HubError::Mismatch { .. }
+                | HubError::HubsConnected { .. }
+                | HubError::NoStore { .. }
+                | HubError::NoTarget
                 | HubError::Store(StoreError::BadUrl { .. } | StoreError::DatabaseCa { .. })
         )
     }
@@ -315,6 +325,30 @@ fn prepare(data: &Path, opts: &ServeOptions) -> Result<Prepared, HubError> {
     };
     std::fs::create_dir_all(data).map_err(dir_err)?;
     std::fs::set_permissions(data, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
+    let lock = lock_data_dir(data)?;
+    let release_keys = opts
+        .release_keys
+        .iter()
+        .map(|path| {
+            crate::release::load_public_key(path).map_err(|source| HubError::ReleaseKey {
+                path: path.clone(),
+                source,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for key in &release_keys {
+        tracing::info!(key_id = %crate::release::id_of(key), "taking releases signed by this key");
+    }
+    Ok(Prepared {
+        opts: opts.clone(),
+        _lock: lock,
+        release_keys,
+    })
+}
+
+/// The data dir's lock, held for as long as the returned file lives: one hub (or one
+/// offline command such as `hub store renumber`) per data dir.
+fn lock_data_dir(data: &Path) -> Result<std::fs::File, HubError> {
     let lock_path = data.join(LOCK_FILE);
     let lock = std::fs::OpenOptions::new()
         .create(true)
@@ -340,24 +374,7 @@ fn prepare(data: &Path, opts: &ServeOptions) -> Result<Prepared, HubError> {
             })
         }
     }
-    let release_keys = opts
-        .release_keys
-        .iter()
-        .map(|path| {
-            crate::release::load_public_key(path).map_err(|source| HubError::ReleaseKey {
-                path: path.clone(),
-                source,
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    for key in &release_keys {
-        tracing::info!(key_id = %crate::release::id_of(key), "taking releases signed by this key");
-    }
-    Ok(Prepared {
-        opts: opts.clone(),
-        _lock: lock,
-        release_keys,
-    })
+    Ok(lock)
 }
 
 /// The admin token's SHA-256; the token is made and written (0600) at first start.

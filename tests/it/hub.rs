@@ -243,7 +243,7 @@ fn a_restarted_hub_keeps_its_agents_tokens_desired_state_and_ca() {
 }
 
 #[test]
-fn an_agent_ahead_of_a_restored_hub_is_moved_forward() {
+fn an_agent_ahead_of_a_restored_hub_is_told_to_take_the_hubs_own_state() {
     let tmp = tempdir();
     let hub = TestHub::start(&tmp.path().join("hub"), &[]);
     let t = token(&hub.enrol("ahead"));
@@ -255,8 +255,17 @@ fn an_agent_ahead_of_a_restored_hub_is_moved_forward() {
         Some(&t),
         Some(&report(500)),
     );
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains("observed_generation") && body.contains("report 0"),
+        "{body}"
+    );
+    // Reported 0, as the agent then does: the hub's own state, at once.
+    let (code, body) = hub.reconcile("ahead", &t, 0);
     assert_eq!(code, 200, "{body}");
-    assert!(json(&body)["generation"].as_u64().expect("generation") > 500);
+    let g = json(&body)["generation"].as_u64().expect("generation");
+    assert!(g > 0 && g < 500, "the hub's own generation: {body}");
+    assert!(hub.log().contains("never handed out"), "logged");
 }
 
 #[test]
@@ -577,11 +586,21 @@ fn an_agent_cannot_push_the_fleets_generations_out_of_range() {
     let tmp = tempdir();
     let hub = TestHub::start(&tmp.path().join("hub"), &[]);
     let t = token(&hub.enrol("push"));
-    for observed in [1u64 << 53, (1u64 << 33) + 5] {
-        let (code, body) = hub.reconcile("push", &t, observed);
-        assert_eq!(code, 400, "{body}");
-        assert!(body.contains("observed_generation"), "{body}");
+    // Each just inside what a restore could once explain (newest + 2^32 - 1): accepted,
+    // each moved the fleet's one counter by 2^32, and 2^21 of them ended every agent's
+    // desired states.
+    for _ in 0..20 {
+        let (code, body) = hub.reconcile("push", &t, 0);
+        assert_eq!(code, 200, "{body}");
+        let newest = json(&body)["generation"].as_u64().expect("generation");
+        for observed in [newest + (1u64 << 32) - 1, 1u64 << 53, u64::MAX] {
+            let (code, body) = hub.reconcile("push", &t, observed);
+            assert_eq!(code, 400, "{observed}: {body}");
+            assert!(body.contains("observed_generation"), "{body}");
+        }
     }
+    let lines = hub.log().matches("never handed out").count();
+    assert_eq!(lines, 1, "one line a minute per agent, not one per report");
     let fleet = hub.admin_json(&["desired", "show", "--fleet"]);
     let shown = hub.admin_json(&["desired", "set", "--fleet", "--max-jobs", "2"]);
     assert!(

@@ -684,56 +684,71 @@ fn a_token_straddling_the_cut_of_a_hubs_error_leaks_no_part_of_it() {
 }
 
 #[test]
-fn a_hub_refusing_the_reported_generation_is_answered_with_a_reset() {
-    // The agent applied generation 100 once; this hub refuses it (another hub's
-    // bound, or one restored without it) and hands out 3.
-    let ca = TestCa::new();
-    let hub = FakeHub::scripted(ca.server(), |req| {
-        match report_of(req)["observed_generation"].as_u64() {
-            Some(0 | 3) => ("200 OK", r#"{"generation": 3}"#.to_owned()),
-            Some(g) => (
-                "400 Bad Request",
-                format!(
-                    r#"{{"error": "observed_generation: {g} is beyond any generation a hub hands out"}}"#
-                ),
-            ),
-            None => ("400 Bad Request", r#"{"error": "no report"}"#.to_owned()),
-        }
-    });
-    let h = HubHost::new(&ca.pem());
+fn an_agent_ahead_of_its_hub_takes_the_hubs_state_and_a_renumbered_hub_is_followed() {
+    // The agent applied generation 100 once; the reference hub never handed it out (it
+    // was restored from an older backup): the hub's own state wins, as a reset.
+    let tmp = tempdir();
+    let dir = tmp.path().join("hub");
+    let (h, hub) = HubHost::enrolled(&dir, "a1");
     let state = h.host.state();
     fs::create_dir_all(&state).expect("state dir");
     fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).expect("chmod");
     write_private(&state.join("desired.json"), r#"{"generation": 100}"#);
     let agent = h.start_agent(&hub.url);
     let runner = h.host.wait_runner("a runner", |_| true);
-    h.wait_status("the hub's generation 3 applied", LIMIT, connected_at(3));
-    let kept: Value = serde_json::from_str(&read_lossy(&state.join("desired.json"))).expect("kept");
-    assert_eq!(kept["generation"], 3);
-    // Reported from then on.
-    wait_for(LIMIT, "a report of generation 3", || {
-        hub.requests()
-            .iter()
-            .any(|q| report_of(q)["observed_generation"] == 3)
-            .then_some(())
-    });
-    let reported: Vec<Value> = hub
-        .requests()
-        .iter()
-        .map(|q| report_of(q)["observed_generation"].clone())
-        .collect();
-    assert_eq!(reported[0], 100, "{reported:?}");
-    assert!(reported.contains(&Value::from(0)), "{reported:?}");
+    let g = hub_generation(&hub, "a1");
+    assert!(g < 100, "{g}");
+    h.wait_status("the hub's own generation applied", LIMIT, connected_at(g));
     let log = h.host.agent_log();
     assert!(
         log.contains("the hub refuses the generation this agent reports")
             && log.contains("reset to the hub's desired state"),
         "{log}"
     );
-    assert!(!log.contains("ignoring an older desired state"), "{log}");
-    let st = h.host.status();
-    assert!(st["hub"]["last_error"].is_null(), "{st:#}");
-    assert_eq!(st["runner"]["pid"], runner, "{st:#}");
+
+    // A counter at the end of its range: changes are refused, naming the way back.
+    let (url, listen) = (hub.url.clone(), hub.listen.clone());
+    assert!(hub.stop().status.success());
+    let db = rusqlite::Connection::open(dir.join("hub.db")).expect("db");
+    db.execute(
+        "UPDATE meta SET value = ?1 WHERE key = 'generation'",
+        [1i64 << 53],
+    )
+    .expect("edit");
+    drop(db);
+    let hub = TestHub::start_on(&dir, &listen, &[]);
+    assert_eq!(hub.url, url);
+    let out = hub.admin(&["desired", "set", "--fleet", "--max-jobs", "3"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("hub store renumber"), "{err}");
+
+    // The way back: with the hub stopped, the counter starts over; the agent, whose
+    // number may now name another state, is told to take the hub's.
+    let refused = railgrid()
+        .args(["hub", "store", "renumber", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .expect("renumber");
+    assert_eq!(refused.status.code(), Some(2), "a serving hub holds the data dir");
+    assert!(hub.stop().status.success());
+    let out = railgrid()
+        .args(["hub", "store", "renumber", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .expect("renumber");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("was 9007199254740992 and is 1"), "{text}");
+    let hub = TestHub::start_on(&dir, &listen, &[]);
+    h.wait_status("generation 1 applied", Duration::from_secs(90), connected_at(1));
+    let shown = hub.admin_json(&["desired", "set", "--fleet", "--max-jobs", "3"]);
+    assert_eq!(shown["generation"], 2, "{shown}");
+    h.wait_status("generation 2 applied", APPLIED, connected_at(2));
+    wait_for(APPLIED, "max_jobs 3 at the runner", || {
+        (admission(&h)?["max_jobs"] == 3).then_some(())
+    });
+    assert_eq!(h.host.status()["runner"]["pid"], runner);
     assert!(alive(agent.pid()));
     h.assert_token_kept_secret();
 }

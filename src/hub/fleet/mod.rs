@@ -32,9 +32,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use thiserror::Error;
 use tokio::sync::watch;
 
-use super::store::{HaltRow, ReleaseRow, ReportRow, Snapshot, Store, StoreError};
+use super::store::{HaltRow, ReleaseRow, ReportRow, Snapshot, Store, StoreError, MUST_RESET};
 use super::token;
-use crate::proto::desired::{self, DesiredRunner, DesiredState, MAX_GENERATION};
+use crate::proto::desired::{self, DesiredRunner, DesiredState};
 use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView, ReleaseView};
 use crate::proto::report::AgentReport;
 use crate::util;
@@ -50,9 +50,8 @@ const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Agent ids: what a host name, a FQDN or a cloud instance id needs, nothing that could
 /// be read as a path or need quoting.
 const MAX_ID_LEN: usize = 128;
-/// The largest jump past its newest generation the hub follows for an agent that reports
-/// one it never handed out (a restore from a backup explains thousands, not billions).
-const MAX_RESYNC_GAP: u64 = 1 << 32;
+/// How often, at most, the hub logs that one agent reports a generation ahead of it.
+const AHEAD_LOG_EVERY: Duration = Duration::from_secs(60);
 /// The largest admission limit the hub passes on (the runner's own bound).
 const MAX_LIMIT: usize = 100_000;
 
@@ -88,6 +87,14 @@ pub(crate) enum FleetError {
         "this hub replica has lost its database and may be behind the others: try another replica"
     )]
     StoreLost,
+    /// Answered 400 naming `observed_generation`: the agent then reports 0 and takes the
+    /// hub's own desired state as a reset (docs/hub.md, "Generations").
+    #[error("observed_generation {observed} is ahead of this hub's generation {current} for agent {agent:?} (a hub restored from an older backup, or renumbered): report 0 and take this hub's desired state")]
+    AheadOfHub {
+        agent: String,
+        observed: u64,
+        current: u64,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -110,6 +117,10 @@ struct AgentState {
     report: Option<AgentReport>,
     /// Its jobs that are not done, by id.
     jobs: HashMap<String, OpenJob>,
+    /// When a report ahead of the hub was last logged.
+    ahead_logged_at: Option<u64>,
+    /// When a report ahead of this replica last made it load the agent from the store.
+    caught_up_at: Option<std::time::Instant>,
 }
 
 pub(crate) struct AgentEntry {
@@ -138,6 +149,18 @@ impl AgentEntry {
 
     fn is_revoked(&self) -> bool {
         self.revoked.load(Ordering::Acquire)
+    }
+
+    /// True at most once a second: a catch-up with the store may start now.
+    fn may_catch_up(&self) -> bool {
+        let mut st = util::lock(&self.state);
+        let due = st
+            .caught_up_at
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        if due {
+            st.caught_up_at = Some(std::time::Instant::now());
+        }
+        due
     }
 }
 
@@ -248,6 +271,8 @@ impl<S: Store> Fleet<S> {
                 observed_generation: a.observed_generation,
                 report,
                 jobs: HashMap::new(),
+                ahead_logged_at: None,
+                caught_up_at: None,
             };
             let entry = AgentEntry::new(a.id.clone(), state, a.revoked_at.is_some(), generation);
             map.insert(a.id, entry);
@@ -322,30 +347,27 @@ impl<S: Store> Fleet<S> {
         let token = util::lock(&entry.state).token_sha256.clone();
         let mut rx = entry.generation.subscribe();
         let mut current = *rx.borrow_and_update();
-        if observed > current && self.replicated {
+        if observed > current && self.replicated && entry.may_catch_up() {
             // An agent that moved here from another replica may be ahead of what this
-            // one has followed so far: catch up before taking it for a restore.
+            // one has followed so far: catch up before taking it for a restore (once a
+            // second per agent: a hostile report must not make every reconcile a load).
             self.catch_up(&entry.id).await?;
             current = *rx.borrow_and_update();
         }
-        // Moving past a reported generation moves the one counter of the whole fleet:
-        // only a gap a restore could explain is followed, so that no agent's token can
-        // push the fleet's generations to the end of their range.
-        let newest = self.newest.load(Ordering::Acquire);
-        if observed >= MAX_GENERATION || observed > newest.saturating_add(MAX_RESYNC_GAP) {
-            return Err(FleetError::BadSetting {
-                field: "observed_generation".into(),
-                why: format!(
-                    "{observed} is far beyond this hub's generations (newest {newest}); the agent should report 0 to start over"
-                ),
+        // After a renumbering the numbers an agent holds may name other states: until it
+        // has reported 0 once, any other number is taken as ahead.
+        let must_reset = util::lock(&entry.state).observed_generation == MUST_RESET;
+        if observed > current || (must_reset && observed != 0) {
+            // The agent applied a generation this hub never handed out: the hub was
+            // restored from an older backup or renumbered, or the report is hostile.
+            // What the hub holds is what counts, and no report ever moves the fleet's one
+            // counter: the agent is told to start over from the hub's own state.
+            self.log_ahead(entry, observed, current);
+            return Err(FleetError::AheadOfHub {
+                agent: entry.id.clone(),
+                observed,
+                current,
             });
-        }
-        if observed > current {
-            // The agent applied a generation this hub never handed out (it was restored
-            // from an older backup): give the agent's scope one past it, so the agent
-            // moves forward again instead of ignoring every answer as stale.
-            tracing::warn!(agent = %entry.id, observed, current, "an agent reports a generation newer than this hub's; moving its desired state past it");
-            self.resync(entry, observed).await?;
         }
         // Jobs are kept with the jobs, not in the agent's report.
         let jobs = std::mem::take(&mut report.jobs);
@@ -407,19 +429,30 @@ impl<S: Store> Fleet<S> {
         Ok(self.desired_for(entry, true))
     }
 
-    async fn resync(&self, entry: &AgentEntry, past: u64) -> Result<(), FleetError> {
-        let _one = self.changes.lock().await;
-        self.resync_locked(entry, past).await
+    /// Once a minute per agent at most: a hostile agent may send such reports as fast as
+    /// it can, and each one would be a line.
+    fn log_ahead(&self, entry: &AgentEntry, observed: u64, current: u64) {
+        let now = now_secs();
+        let mut st = util::lock(&entry.state);
+        if st
+            .ahead_logged_at
+            .is_some_and(|t| now.saturating_sub(t) < AHEAD_LOG_EVERY.as_secs())
+        {
+            return;
+        }
+        st.ahead_logged_at = Some(now);
+        drop(st);
+        tracing::warn!(agent = %entry.id, observed, current, "an agent reports a generation this hub never handed out; it is told to take the hub's own desired state (a restored or renumbered hub explains this; otherwise the agent's token may be in other hands)");
     }
 
-    /// Gives `entry`'s scope the next generation (past `past`), keeping its stored
-    /// settings. Called with `changes` held.
-    async fn resync_locked(&self, entry: &AgentEntry, past: u64) -> Result<(), FleetError> {
+    /// Gives `entry`'s scope the next generation, keeping its stored settings. Called
+    /// with `changes` held.
+    async fn resync_locked(&self, entry: &AgentEntry) -> Result<(), FleetError> {
         let mut settings = util::lock(&entry.state).own.settings.clone();
         let generation = loop {
             match self
                 .store
-                .set_scope(&entry.id, &settings, past, Some(&settings))
+                .set_scope(&entry.id, &settings, Some(&settings))
                 .await?
             {
                 Ok(generation) => break generation,
@@ -570,6 +603,8 @@ impl<S: Store> Fleet<S> {
                     observed_generation: 0,
                     report: None,
                     jobs: HashMap::new(),
+                    ahead_logged_at: None,
+                    caught_up_at: None,
                 };
                 let entry = AgentEntry::new(id.to_owned(), state, false, generation.max(fleet_gen));
                 util::write(&self.agents).insert(id.to_owned(), entry);
@@ -620,7 +655,7 @@ impl<S: Store> Fleet<S> {
             }
             match self
                 .store
-                .set_scope(scope, &next, 0, Some(&current))
+                .set_scope(scope, &next, Some(&current))
                 .await?
             {
                 Ok(generation) => break (generation, next),

@@ -115,7 +115,7 @@ impl<S: Store> Fleet<S> {
     pub(super) async fn follow_agent(&self, id: &str) -> Result<(), FleetError> {
         if let Some(snap) = self.store.load_agent(id).await? {
             if let Some(entry) = self.adopt_agent(snap) {
-                self.resync_locked(&entry, 0).await?;
+                self.resync_locked(&entry).await?;
             }
         }
         Ok(())
@@ -166,7 +166,7 @@ impl<S: Store> Fleet<S> {
         let generation = loop {
             match self
                 .store
-                .set_scope("", &settings, 0, Some(&settings))
+                .set_scope("", &settings, Some(&settings))
                 .await?
             {
                 Ok(g) => break g,
@@ -237,7 +237,7 @@ impl<S: Store> Fleet<S> {
                 scope,
                 open_jobs,
             }) {
-                self.resync_locked(&entry, 0).await?;
+                self.resync_locked(&entry).await?;
             }
         }
         self.job_moved();
@@ -295,6 +295,8 @@ impl<S: Store> Fleet<S> {
                 observed_generation: 0,
                 report: None,
                 jobs: HashMap::new(),
+                ahead_logged_at: None,
+                caught_up_at: None,
             };
             adopt_report(&mut state, &agent);
             let entry = AgentEntry::new(agent.id.clone(), state, revoked, generation);

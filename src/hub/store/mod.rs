@@ -15,6 +15,7 @@ use std::future::Future;
 
 use thiserror::Error;
 
+use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
 use crate::proto::job::{JobSpec, Truncation};
 
@@ -53,6 +54,8 @@ pub(crate) enum StoreError {
         #[source]
         source: deadpool_postgres::PoolError,
     },
+    #[error("the hub database {0} has handed out every generation a hub may (up to {max}): no change can be made until the counter is renumbered; stop every hub on it and run `railgrid hub store renumber` (docs/hub.md, \"Generations\")", max = MAX_GENERATION)]
+    GenerationsExhausted(String),
     #[error("invalid --store {url}: {why}")]
     BadUrl { url: String, why: String },
     #[error("could not read {path}, the CA of the hub database {url}")]
@@ -63,6 +66,35 @@ pub(crate) enum StoreError {
         source: std::io::Error,
     },
 }
+
+impl StoreError {
+    /// The database could not write for want of space: the hub says so (507), rather
+    /// than that it could not reach its database.
+    pub(crate) fn is_disk_full(&self) -> bool {
+        match self {
+            StoreError::Sqlite { source, .. } => matches!(
+                source.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DiskFull)
+            ),
+            StoreError::Postgres { source, .. } => {
+                source.code() == Some(&tokio_postgres::error::SqlState::DISK_FULL)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// An agent's stored `observed_generation` after a renumbering: whatever generation it
+/// reports (other than 0), it is told to take the hub's own desired state, since the
+/// numbers it holds may now name other states.
+pub(crate) const MUST_RESET: u64 = i64::MAX as u64;
+
+/// What [`Store::renumber`] runs, on either database.
+pub(super) const RENUMBER: [&str; 3] = [
+    "UPDATE meta SET value = 1 WHERE key = 'generation'",
+    "UPDATE desired SET generation = 1",
+    "UPDATE agents SET observed_generation = 9223372036854775807",
+];
 
 /// What another replica changed, as its notification says (replicated stores only).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -302,8 +334,7 @@ pub(crate) trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
 
     /// Replaces the settings of `scope` and gives it the next generation, which is
-    /// returned. `past` forces that generation above a number an agent reported (a hub
-    /// restored from an older backup must still move its agents forward). With `base`,
+    /// returned. With `base`,
     /// only if the stored settings are `base` (a scope never set counts as the default):
     /// otherwise nothing changes and the stored settings are returned, so that a change
     /// computed from a stale copy (another replica's change not seen yet) is computed
@@ -312,7 +343,6 @@ pub(crate) trait Store: Send + Sync + 'static {
         &self,
         scope: &str,
         settings: &DesiredSettings,
-        past: u64,
         base: Option<&DesiredSettings>,
     ) -> impl Future<Output = Result<Result<u64, DesiredSettings>, StoreError>> + Send;
 
@@ -424,6 +454,12 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn load_fleet(&self) -> impl Future<Output = Result<FleetSnapshot, StoreError>> + Send {
         async { Ok(FleetSnapshot::default()) }
     }
+
+    /// Starts the generations over (docs/hub.md, "Generations"), with every hub on this
+    /// store stopped: the counter and every scope go to 1, and every agent is marked
+    /// [`MUST_RESET`] so that it takes the hub's state whatever number it reports.
+    /// Returns the counter as it was. One transaction.
+    fn renumber(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// The newest generation handed out, by any hub.
     fn generation(&self) -> impl Future<Output = Result<u64, StoreError>> + Send {

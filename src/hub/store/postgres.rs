@@ -34,6 +34,7 @@ use super::{
     plan_append, AgentRow, AgentSnapshot, AppendPlan, Appended, Event, FleetSnapshot, HaltRow,
     JobProgress, JobRow, ReleaseRow, ReportRow, ScopeRow, Snapshot, Store, StoreError, Stream,
 };
+use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
 
 /// The notification channel of railgrid hubs.
@@ -65,9 +66,12 @@ const LISTEN_PING: Duration = Duration::from_secs(10);
 const DEAD_PEER: Duration = Duration::from_secs(30);
 const STATEMENT_TIMEOUT: &str = "30s";
 
+/// The name a hub's connections carry (`application_name`), unless its URL gives one.
+const HUB_APPLICATION: &str = "railgrid-hub";
+
+/// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
 const NEXT_GENERATION: &str =
-    "UPDATE meta SET value = CASE WHEN value > $1 THEN value + 1 ELSE $1 + 1 END
-     WHERE key = 'generation' RETURNING value";
+    "UPDATE meta SET value = value + 1 WHERE key = 'generation' AND value < $1 RETURNING value";
 
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
@@ -405,6 +409,12 @@ fn encode(url: &str, what: &str, v: &impl serde::Serialize) -> Result<String, St
 impl PgStore {
     /// Connects to `url`, applies the migrations this hub knows, and starts listening.
     pub(crate) async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_as(url, HUB_APPLICATION).await
+    }
+
+    /// [`Self::connect`], the connections named `application` where the URL names none
+    /// (what [`Self::hubs_connected`] tells hubs apart by).
+    pub(crate) async fn connect_as(url: &str, application: &str) -> Result<Self, StoreError> {
         let shown = redact(url);
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(StoreError::BadUrl {
@@ -454,7 +464,7 @@ impl PgStore {
         };
         config.options(options);
         if config.get_application_name().is_none() {
-            config.application_name("railgrid-hub");
+            config.application_name(application);
         }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
@@ -638,27 +648,56 @@ async fn notify(
 
 async fn next_generation(
     tx: &deadpool_postgres::Transaction<'_>,
-    past: u64,
-) -> Result<u64, tokio_postgres::Error> {
-    let row = tx.query_one(NEXT_GENERATION, &[&(past as i64)]).await?;
-    Ok(u64_of(row.get(0)))
+    url: &str,
+) -> Result<u64, StoreError> {
+    let err = |source| StoreError::Postgres {
+        url: url.to_owned(),
+        source,
+    };
+    let row = tx
+        .query_opt(NEXT_GENERATION, &[&(MAX_GENERATION as i64)])
+        .await
+        .map_err(err)?;
+    row.map(|r| u64_of(r.get(0)))
+        .ok_or_else(|| StoreError::GenerationsExhausted(url.to_owned()))
 }
 
 async fn bump_scope(
     tx: &deadpool_postgres::Transaction<'_>,
     scope: &str,
-) -> Result<u64, tokio_postgres::Error> {
-    let generation = next_generation(tx, 0).await?;
+    url: &str,
+) -> Result<u64, StoreError> {
+    let generation = next_generation(tx, url).await?;
     tx.execute(
         "INSERT INTO desired (scope, generation, settings) VALUES ($1, $2, '{}')
          ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation",
         &[&scope, &(generation as i64)],
     )
-    .await?;
+    .await
+    .map_err(|source| StoreError::Postgres {
+        url: url.to_owned(),
+        source,
+    })?;
     Ok(generation)
 }
 
 impl PgStore {
+    /// Where the hubs connected to this database connect from (their connections as
+    /// [`HUB_APPLICATION`] names them), for commands that must run with every hub stopped.
+    pub(crate) async fn hubs_connected(&self) -> Result<Vec<String>, StoreError> {
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                "SELECT DISTINCT coalesce(host(client_addr), 'a local socket')
+                 FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name = $1",
+                &[&HUB_APPLICATION],
+            )
+            .await
+            .map_err(self.err())?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     async fn select_jobs(
         &self,
         conn: &impl GenericClient,
@@ -805,7 +844,7 @@ impl Store for PgStore {
         if inserted == 0 {
             return Ok(None);
         }
-        let generation = bump_scope(&tx, id).await.map_err(&e)?;
+        let generation = bump_scope(&tx, id, &self.url).await?;
         notify(&tx, &self.payload('a', generation, id))
             .await
             .map_err(&e)?;
@@ -828,7 +867,7 @@ impl Store for PgStore {
         if n == 0 {
             return Ok(None);
         }
-        let generation = bump_scope(&tx, id).await.map_err(&e)?;
+        let generation = bump_scope(&tx, id, &self.url).await?;
         notify(&tx, &self.payload('a', generation, id))
             .await
             .map_err(&e)?;
@@ -837,11 +876,29 @@ impl Store for PgStore {
         Ok(Some(generation))
     }
 
+    async fn renumber(&self) -> Result<u64, StoreError> {
+        let e = self.err();
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(&e)?;
+        let was: i64 = tx
+            .query_one(
+                "SELECT value FROM meta WHERE key = 'generation' FOR UPDATE",
+                &[],
+            )
+            .await
+            .map_err(&e)?
+            .get(0);
+        for statement in super::RENUMBER {
+            tx.execute(statement, &[]).await.map_err(&e)?;
+        }
+        tx.commit().await.map_err(&e)?;
+        Ok(u64_of(was))
+    }
+
     async fn set_scope(
         &self,
         scope: &str,
         settings: &DesiredSettings,
-        past: u64,
         base: Option<&DesiredSettings>,
     ) -> Result<Result<u64, DesiredSettings>, StoreError> {
         let json = encode(&self.url, "desired settings to store", settings)?;
@@ -849,7 +906,7 @@ impl Store for PgStore {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
         // The generation row first, as every writer takes it: one lock order.
-        let generation = next_generation(&tx, past).await.map_err(&e)?;
+        let generation = next_generation(&tx, &self.url).await?;
         if let Some(base) = base {
             let stored: Option<String> = tx
                 .query_opt(
@@ -918,7 +975,7 @@ impl Store for PgStore {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
-        let generation = bump_scope(&tx, &job.agent).await.map_err(&e)?;
+        let generation = bump_scope(&tx, &job.agent, &self.url).await?;
         let seq: i64 = tx
             .query_one(
                 "UPDATE meta SET value = value + 1 WHERE key = 'job_seq' RETURNING value",
@@ -963,7 +1020,7 @@ impl Store for PgStore {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
         let generation = if bump {
-            Some(bump_scope(&tx, agent).await.map_err(&e)?)
+            Some(bump_scope(&tx, agent, &self.url).await?)
         } else {
             None
         };
@@ -1216,7 +1273,7 @@ impl Store for PgStore {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
-        let generation = bump_scope(&tx, "").await.map_err(&e)?;
+        let generation = bump_scope(&tx, "", &self.url).await?;
         tx.execute(
             "INSERT INTO releases (version, os, arch, size, sha256, signature, key_id, published_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
@@ -1248,7 +1305,7 @@ impl Store for PgStore {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
-        let generation = bump_scope(&tx, "").await.map_err(&e)?;
+        let generation = bump_scope(&tx, "", &self.url).await?;
         match halt {
             Some(h) => {
                 tx.execute(

@@ -15,6 +15,7 @@ use super::{
     plan_append, AgentRow, AppendPlan, Appended, HaltRow, JobProgress, JobRow, ReleaseRow,
     ReportRow, ScopeRow, Snapshot, Store, StoreError, Stream,
 };
+use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
 
 /// Schema migrations, applied in order; `user_version` records how many ran. Portable
@@ -92,10 +93,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );",
 ];
 
-/// Takes the next generation, above `past`.
+/// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
 const NEXT_GENERATION: &str =
-    "UPDATE meta SET value = CASE WHEN value > ?1 THEN value + 1 ELSE ?1 + 1 END
-     WHERE key = 'generation' RETURNING value";
+    "UPDATE meta SET value = value + 1 WHERE key = 'generation' AND value < ?1 RETURNING value";
 
 pub(crate) struct SqliteStore {
     path: PathBuf,
@@ -160,9 +160,13 @@ fn sql(path: &str) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
     }
 }
 
-fn next_generation(tx: &rusqlite::Transaction<'_>, past: u64) -> rusqlite::Result<u64> {
-    let g: i64 = tx.query_row(NEXT_GENERATION, params![past as i64], |r| r.get(0))?;
-    Ok(g as u64)
+fn next_generation(tx: &rusqlite::Transaction<'_>, path: &str) -> Result<u64, StoreError> {
+    let g: Option<i64> = tx
+        .query_row(NEXT_GENERATION, params![MAX_GENERATION as i64], |r| r.get(0))
+        .optional()
+        .map_err(sql(path))?;
+    g.map(u64_of)
+        .ok_or_else(|| StoreError::GenerationsExhausted(path.to_owned()))
 }
 
 fn opt_u64(v: Option<i64>) -> Option<u64> {
@@ -174,13 +178,18 @@ fn u64_of(n: i64) -> u64 {
 }
 
 /// Gives `scope` the next generation.
-fn bump_scope(tx: &rusqlite::Transaction<'_>, scope: &str) -> rusqlite::Result<u64> {
-    let generation = next_generation(tx, 0)?;
+fn bump_scope(
+    tx: &rusqlite::Transaction<'_>,
+    scope: &str,
+    path: &str,
+) -> Result<u64, StoreError> {
+    let generation = next_generation(tx, path)?;
     tx.execute(
         "INSERT INTO desired (scope, generation, settings) VALUES (?1, ?2, '{}')
          ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation",
         params![scope, generation as i64],
-    )?;
+    )
+    .map_err(sql(path))?;
     Ok(generation)
 }
 
@@ -436,7 +445,7 @@ impl Store for SqliteStore {
                 params![id, hash, now as i64],
             )
             .map_err(&e)?;
-            let generation = next_generation(&tx, 0).map_err(&e)?;
+            let generation = next_generation(&tx, path)?;
             tx.execute(
                 "INSERT INTO desired (scope, generation, settings) VALUES (?1, ?2, '{}')
                  ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation",
@@ -463,9 +472,27 @@ impl Store for SqliteStore {
             if n == 0 {
                 return Ok(None);
             }
-            let generation = bump_scope(&tx, &id).map_err(&e)?;
+            let generation = bump_scope(&tx, &id, path)?;
             tx.commit().map_err(&e)?;
             Ok(Some(generation))
+        })
+        .await
+    }
+
+    async fn renumber(&self) -> Result<u64, StoreError> {
+        self.with(|conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            let was: i64 = tx
+                .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |r| {
+                    r.get(0)
+                })
+                .map_err(&e)?;
+            for statement in super::RENUMBER {
+                tx.execute(statement, []).map_err(&e)?;
+            }
+            tx.commit().map_err(&e)?;
+            Ok(u64_of(was))
         })
         .await
     }
@@ -474,7 +501,6 @@ impl Store for SqliteStore {
         &self,
         scope: &str,
         settings: &DesiredSettings,
-        past: u64,
         base: Option<&DesiredSettings>,
     ) -> Result<Result<u64, DesiredSettings>, StoreError> {
         let scope = scope.to_owned();
@@ -501,7 +527,7 @@ impl Store for SqliteStore {
                     return Ok(Err(stored));
                 }
             }
-            let generation = next_generation(&tx, past).map_err(&e)?;
+            let generation = next_generation(&tx, path)?;
             tx.execute(
                 "INSERT INTO desired (scope, generation, settings) VALUES (?1, ?2, ?3)
                  ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation,
@@ -579,7 +605,7 @@ impl Store for SqliteStore {
                 ],
             )
             .map_err(&e)?;
-            let generation = bump_scope(&tx, &job.agent).map_err(&e)?;
+            let generation = bump_scope(&tx, &job.agent, path)?;
             tx.commit().map_err(&e)?;
             Ok(Some((u64_of(seq), generation)))
         })
@@ -628,7 +654,7 @@ impl Store for SqliteStore {
                 }
             }
             let generation = if bump {
-                Some(bump_scope(&tx, &agent).map_err(&e)?)
+                Some(bump_scope(&tx, &agent, path)?)
             } else {
                 None
             };
@@ -846,7 +872,7 @@ impl Store for SqliteStore {
                 ],
             )
             .map_err(&e)?;
-            let generation = bump_scope(&tx, "").map_err(&e)?;
+            let generation = bump_scope(&tx, "", path)?;
             tx.commit().map_err(&e)?;
             Ok(generation)
         })
@@ -869,7 +895,7 @@ impl Store for SqliteStore {
                 None => tx.execute("DELETE FROM halts WHERE version = ?1", params![version]),
             }
             .map_err(&e)?;
-            let generation = bump_scope(&tx, "").map_err(&e)?;
+            let generation = bump_scope(&tx, "", path)?;
             tx.commit().map_err(&e)?;
             Ok(generation)
         })
@@ -897,48 +923,76 @@ mod tests {
         assert_eq!(g1, Some(1));
         assert_eq!(store.enrol("a", "other", 101).await.expect("again"), None);
         let g2 = store
-            .set_scope("", &settings(4), 0, None)
+            .set_scope("", &settings(4), None)
             .await
             .expect("fleet")
             .expect("set");
         assert_eq!(g2, 2);
-        // Past a generation an agent reported: the counter jumps over it.
         let g3 = store
-            .set_scope("a", &settings(1), 40, None)
+            .set_scope("a", &settings(1), None)
             .await
             .expect("agent")
             .expect("set");
-        assert_eq!(g3, 41);
+        assert_eq!(g3, 3);
         store
             .record_reports(vec![ReportRow {
                 id: "a".into(),
                 seen_at: 200,
-                observed_generation: 41,
+                observed_generation: 3,
                 report: "{}".into(),
             }])
             .await
             .expect("reports");
-        assert_eq!(store.revoke("a", 300).await.expect("revoke"), Some(42));
+        assert_eq!(store.revoke("a", 300).await.expect("revoke"), Some(4));
         assert_eq!(store.revoke("nobody", 300).await.expect("revoke"), None);
         drop(store);
 
         let store = SqliteStore::open(&path).expect("reopen");
         let snap = store.load().await.expect("load");
-        assert_eq!(snap.generation, 42);
+        assert_eq!(snap.generation, 4);
         assert_eq!(snap.agents.len(), 1);
         let a = &snap.agents[0];
         assert_eq!(
             (a.revoked_at, a.last_seen, a.observed_generation),
-            (Some(300), Some(200), 41)
+            (Some(300), Some(200), 3)
         );
         assert_eq!(a.token_sha256, "hash-a");
         assert_eq!(snap.scopes.len(), 2);
         assert_eq!(snap.scopes[0].scope, "");
         assert_eq!(snap.scopes[0].settings, settings(4));
-        assert_eq!(snap.scopes[1].generation, 42);
+        assert_eq!(snap.scopes[1].generation, 4);
         // A revoked agent re-enrols with a new token and a new generation.
         let g = store.enrol("a", "hash-b", 400).await.expect("re-enrol");
-        assert_eq!(g, Some(43));
+        assert_eq!(g, Some(5));
+    }
+
+    #[tokio::test]
+    async fn no_generation_past_the_protocols_bound_is_handed_out() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("hub.db");
+        let store = SqliteStore::open(&path).expect("open");
+        store
+            .with(|conn, _| {
+                conn.execute(
+                    "UPDATE meta SET value = ?1 WHERE key = 'generation'",
+                    params![(MAX_GENERATION - 1) as i64],
+                )
+                .expect("set");
+                Ok(())
+            })
+            .await
+            .expect("with");
+        let last = store.set_scope("", &settings(1), None).await.expect("last");
+        assert_eq!(last, Ok(MAX_GENERATION));
+        let e = store
+            .set_scope("", &settings(2), None)
+            .await
+            .expect_err("exhausted");
+        assert!(matches!(e, StoreError::GenerationsExhausted(_)), "{e}");
+        assert!(e.to_string().contains("hub store renumber"), "{e}");
+        let snap = store.load().await.expect("load");
+        assert_eq!(snap.generation, MAX_GENERATION, "nothing moved");
+        assert_eq!(snap.scopes[0].settings, settings(1), "nothing changed");
     }
 
     #[tokio::test]
@@ -947,12 +1001,12 @@ mod tests {
         let store = SqliteStore::open(&dir.path().join("hub.db")).expect("open");
         // A scope never set counts as the default.
         let g = store
-            .set_scope("", &settings(2), 0, Some(&DesiredSettings::default()))
+            .set_scope("", &settings(2), Some(&DesiredSettings::default()))
             .await
             .expect("set");
         assert_eq!(g, Ok(1));
         let stale = store
-            .set_scope("", &settings(3), 0, Some(&DesiredSettings::default()))
+            .set_scope("", &settings(3), Some(&DesiredSettings::default()))
             .await
             .expect("compare");
         assert_eq!(stale, Err(settings(2)), "the stored settings come back");
