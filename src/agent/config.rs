@@ -920,6 +920,7 @@ impl AgentConfig {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::fs;
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let map: HashMap<String, String> = pairs
@@ -1394,11 +1395,15 @@ mod tests {
         let token = dir.path().join("token");
         fs::write(&token, "secret").unwrap();
         fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
+        // A CA file is read when the configuration is loaded: a real one.
+        let ca = dir.path().join("ca.pem");
+        let cert = rcgen::generate_simple_self_signed(vec!["hub.example".into()]).unwrap();
+        fs::write(&ca, cert.cert.pem()).unwrap();
         let flags = Flags {
             config: Some(write(dir.path(), "")),
             hub: Some(vec!["https://hub.example".into()]),
             token_file: Some(token),
-            ca_file: Some("/ca.pem".into()),
+            ca_file: Some(ca),
             ..Flags::default()
         };
         let env = env_of(&[

@@ -96,6 +96,35 @@ pub(crate) struct ApiError {
     message: String,
 }
 
+/// The path's parameters, as axum's `Path` takes them, but refused in the API's own
+/// shape (`{"error": …}`, 400) instead of axum's plain text: a client reads one kind of
+/// error from every route.
+pub(super) struct ApiPath<T>(pub(super) T);
+
+impl<S, T> axum::extract::FromRequestParts<S> for ApiPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(v)) => Ok(ApiPath(v)),
+            Err(e) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "the request path is not valid: {}",
+                    crate::util::clip(&e.body_text()).escape_debug()
+                ),
+            )),
+        }
+    }
+}
+
 impl ApiError {
     pub(super) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
@@ -339,7 +368,7 @@ struct ReconcileQuery {
 
 async fn reconcile<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     query: Result<Query<ReconcileQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
     body: Body,
@@ -373,7 +402,7 @@ async fn list<S: Store>(State(hub): State<Arc<Hub<S>>>) -> ApiResult<Response> {
 
 async fn show<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     hub.fleet.adopt_reports().await?;
     Ok(Json(hub.fleet.view_of(&id)?).into_response())
@@ -381,7 +410,7 @@ async fn show<S: Store>(
 
 async fn revoke<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     Ok(Json(hub.fleet.revoke(&id).await?).into_response())
 }
@@ -397,14 +426,14 @@ async fn set_fleet<S: Store>(State(hub): State<Arc<Hub<S>>>, body: Body) -> ApiR
 
 async fn agent_desired<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     Ok(Json(hub.fleet.desired_view(Some(&id))?).into_response())
 }
 
 async fn set_agent<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     body: Body,
 ) -> ApiResult<Response> {
     let change = parse_change(body).await?;

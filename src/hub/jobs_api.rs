@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::api::{bearer, parse, read_body, ApiError, ApiResult, Hub};
+use super::api::{bearer, parse, read_body, ApiError, ApiPath, ApiResult, Hub};
 use super::fleet::Upload;
 use super::store::{Appended, Store, Stream};
 use crate::proto::fleet_job::{HubJobSubmit, OutputAck};
@@ -92,7 +92,7 @@ pub(super) async fn list<S: Store>(
 
 pub(super) async fn status<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     Ok(Json(hub.fleet.job(&id).await?).into_response())
 }
@@ -105,7 +105,7 @@ pub(super) struct WaitQuery {
 /// The job once it is done (ended, all output here), or as it is after the timeout.
 pub(super) async fn wait<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     q: Result<Query<WaitQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let secs = query(q)?.timeout_secs.unwrap_or(DEFAULT_WAIT_SECS);
@@ -121,7 +121,7 @@ pub(super) async fn wait<S: Store>(
 
 pub(super) async fn cancel<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     Ok(Json(hub.fleet.cancel_job(&id).await?).into_response())
 }
@@ -138,7 +138,7 @@ pub(super) struct OutputQuery {
 /// until the job is done.
 pub(super) async fn output<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
-    Path((id, stream)): Path<(String, String)>,
+    ApiPath((id, stream)): ApiPath<(String, String)>,
     q: Result<Query<OutputQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let q = query(q)?;
@@ -222,7 +222,7 @@ struct GapBody {
 
 pub(super) async fn upload<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
-    Path((id, stream)): Path<(String, String)>,
+    ApiPath((id, stream)): ApiPath<(String, String)>,
     q: Result<Query<UploadQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Body,

@@ -88,7 +88,9 @@ pub(crate) enum HubError {
     Signals(#[source] std::io::Error),
     #[error("{path} is not the {what} of the other replicas on this database: move it away (this replica then takes theirs), or give this replica its own database")]
     Mismatch { what: &'static str, path: PathBuf },
-    #[error("hubs are connected to the database {store} (from {from}): stop every hub on it first")]
+    #[error(
+        "hubs are connected to the database {store} (from {from}): stop every hub on it first"
+    )]
     HubsConnected { store: String, from: String },
     #[error("there is no hub database at {path}: give the --data-dir of the hub")]
     NoStore { path: PathBuf },
@@ -326,6 +328,7 @@ fn prepare(data: &Path, opts: &ServeOptions) -> Result<Prepared, HubError> {
     std::fs::create_dir_all(data).map_err(dir_err)?;
     std::fs::set_permissions(data, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
     let lock = lock_data_dir(data)?;
+    sweep_releases(&data.join(RELEASES_DIR));
     let release_keys = opts
         .release_keys
         .iter()
@@ -344,6 +347,29 @@ fn prepare(data: &Path, opts: &ServeOptions) -> Result<Prepared, HubError> {
         _lock: lock,
         release_keys,
     })
+}
+
+/// Removes what uploads and fetches of release binaries left when the hub was killed
+/// mid-way (`.upload-*`, and `.<sha256>.tmp.*` of a copy from the database): with the data
+/// dir's lock held, no other hub is writing them.
+fn sweep_releases(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(".upload-") || (name.starts_with('.') && name.contains(".tmp.")) {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::info!(path = %entry.path().display(), "removed a release upload that a stopped hub left")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %entry.path().display(), error = %e, "could not remove a release upload that a stopped hub left")
+                }
+            }
+        }
+    }
 }
 
 /// The data dir's lock, held for as long as the returned file lives: one hub (or one

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -22,7 +22,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::api::{bearer, ApiError, ApiResult, Hub};
+use super::api::{bearer, ApiError, ApiPath, ApiResult, Hub};
 use super::store::{ReleaseRow, Store};
 use crate::proto::desired::is_version;
 use crate::release::{self, SignatureError};
@@ -103,7 +103,7 @@ impl Drop for Upload {
 /// in [`SIGNATURE_HEADER`].
 pub(super) async fn publish<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
-    Path((v, plat)): Path<(String, String)>,
+    ApiPath((v, plat)): ApiPath<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -264,7 +264,7 @@ pub(super) async fn list<S: Store>(State(hub): State<Arc<Hub<S>>>) -> Response {
 /// `POST /v1/admin/releases/{version}/resume`.
 pub(super) async fn resume<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
-    Path(v): Path<String>,
+    ApiPath(v): ApiPath<String>,
 ) -> ApiResult<Response> {
     version(&v)?;
     hub.fleet.resume_release(&v).await?;
@@ -354,7 +354,7 @@ async fn fetch_shared<S: Store>(
 /// `GET /v1/releases/{version}/{os}-{arch}?agent=ID`, with the agent's token.
 pub(super) async fn download<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
-    Path((v, plat)): Path<(String, String)>,
+    ApiPath((v, plat)): ApiPath<(String, String)>,
     query: Result<Query<DownloadQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {

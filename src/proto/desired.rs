@@ -27,7 +27,15 @@ pub enum Invalid {
     // to show.
     #[error("the agent version it asks for is not a version (1 to 64 of A-Z a-z 0-9 . + - _)")]
     AgentVersion,
+    // Without the text, for the same reason: a newline in it would forge a log line.
+    #[error("the release's URL is not a URL (1 to 2048 visible ASCII characters)")]
+    ArtifactUrl,
+    #[error("the release's SHA-256 is not 64 lowercase hex digits")]
+    ArtifactSha256,
 }
+
+/// The longest artifact URL an agent takes.
+const MAX_URL_LEN: usize = 2048;
 
 /// True for an agent version as the hub accepts one (such as `1.4.0` or `1.5.0-rc.1`).
 pub fn is_version(v: &str) -> bool {
@@ -71,6 +79,19 @@ impl DesiredState {
         if let Some(agent) = &self.agent {
             if !is_version(&agent.version) {
                 return Err(Invalid::AgentVersion);
+            }
+            if let Some(art) = &agent.artifact {
+                let url = &art.url;
+                if url.is_empty()
+                    || url.len() > MAX_URL_LEN
+                    || !url.bytes().all(|b| b.is_ascii_graphic())
+                {
+                    return Err(Invalid::ArtifactUrl);
+                }
+                let hex = |b: u8| b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
+                if art.sha256.len() != 64 || !art.sha256.bytes().all(hex) {
+                    return Err(Invalid::ArtifactSha256);
+                }
             }
         }
         Ok(())
@@ -163,6 +184,51 @@ mod tests {
         assert!(!d.runner.enabled);
         assert_eq!(d.runner.max_jobs, Some(3));
         assert_eq!(d.runner.max_jobs_per_owner, None);
+    }
+
+    #[test]
+    fn an_artifact_url_that_could_forge_a_log_line_is_refused() {
+        let with = |url: &str, sha256: &str| DesiredState {
+            agent: Some(DesiredAgent {
+                version: "1.2.0".into(),
+                artifact: Some(Artifact {
+                    url: url.into(),
+                    sha256: sha256.into(),
+                    size: 1,
+                    signature: String::new(),
+                }),
+                rollback: false,
+            }),
+            ..DesiredState::default()
+        };
+        let sha = "a".repeat(64);
+        assert_eq!(
+            with("/v1/releases/1.2.0/linux-x86_64", &sha).check(),
+            Ok(())
+        );
+        for bad in [
+            "/x\n2026-12-02T00:00:00Z  INFO forged",
+            "/a b",
+            "",
+            &"/".repeat(2049),
+        ] {
+            assert_eq!(
+                with(bad, &sha).check(),
+                Err(Invalid::ArtifactUrl),
+                "{bad:?}"
+            );
+        }
+        for bad in [
+            "A".repeat(64),
+            "a".repeat(63),
+            format!("{}\n", "a".repeat(63)),
+        ] {
+            assert_eq!(
+                with("/v1", &bad).check(),
+                Err(Invalid::ArtifactSha256),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

@@ -143,24 +143,6 @@ impl Drop for FullDisk {
     }
 }
 
-/// Writes to `path` until the file system has no room left at all.
-fn fill(path: &Path) {
-    let mut f = fs::File::create(path).expect("create filler");
-    for chunk in [1 << 20, 4096, 1] {
-        let buf = vec![0u8; chunk];
-        loop {
-            match f.write(&buf) {
-                Ok(n) if n == chunk => {}
-                Ok(_) => break,
-                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-                Err(e) => panic!("filling {}: {e}", path.display()),
-            }
-        }
-    }
-    // Already full: even one byte more is refused.
-    assert!(f.write(b"x").is_err(), "{} is not full", path.display());
-}
-
 fn state_of(v: &Value) -> &str {
     v["state"].as_str().unwrap_or("")
 }
@@ -306,4 +288,29 @@ fn job_ends_on_a_full_disk_are_held_shown_and_recorded_when_space_returns() {
         log.contains("every held job state change is now recorded"),
         "{log}"
     );
+}
+
+#[test]
+fn a_full_hub_disk_is_said_to_be_full_and_a_change_goes_through_once_there_is_room() {
+    let Some(disk) = Tmpfs::mount("16m", "0700") else {
+        return;
+    };
+    let hub = crate::hubs::TestHub::start(&disk.path.join("hub"), &[]);
+    let filler = disk.path.join("filler");
+    fill(&filler);
+    let out = hub.admin(&["desired", "set", "--fleet", "--max-jobs", "2"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("507") && err.contains("disk is full"), "{err}");
+    let (code, body) = hub.curl(
+        "PUT",
+        "/v1/admin/desired/fleet",
+        Some(&hub.admin_token()),
+        Some(r#"{"set": {"max_jobs": 2}}"#),
+    );
+    assert_eq!(code, 507, "{body}");
+    assert!(body.contains(r#""error""#), "{body}");
+    fs::remove_file(&filler).expect("free");
+    let shown = hub.admin_json(&["desired", "set", "--fleet", "--max-jobs", "2"]);
+    assert_eq!(shown["settings"]["max_jobs"], 2, "{shown}");
 }

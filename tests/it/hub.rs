@@ -767,3 +767,47 @@ fn headers_that_never_end_are_cut_off() {
     );
     assert!(!answer.contains("200 OK"), "{answer}");
 }
+
+#[test]
+fn a_path_that_does_not_decode_is_answered_in_the_apis_error_shape() {
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    let admin = hub.admin_token();
+    for path in [
+        "/v1/admin/agents/%ff",
+        "/v1/admin/jobs/%C0%80/output/stdout",
+    ] {
+        let (code, body) = hub.curl("GET", path, Some(&admin), None);
+        assert_eq!(code, 400, "{path}: {body}");
+        let v = json(&body);
+        assert!(
+            v["error"].as_str().unwrap_or("").contains("request path"),
+            "{path}: {body}"
+        );
+    }
+}
+
+#[test]
+fn release_uploads_a_killed_hub_left_are_swept_at_its_next_start() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("hub");
+    let hub = TestHub::start(&dir, &[]);
+    let releases = dir.join("releases");
+    std::fs::create_dir_all(&releases).expect("releases");
+    let left = [
+        releases.join(".upload-00ff00ff00ff00ff"),
+        releases.join(".abc.tmp.12.0"),
+    ];
+    let kept = releases.join("0".repeat(64));
+    for p in left.iter().chain([&kept]) {
+        std::fs::write(p, b"partial").expect("write");
+    }
+    let mut hub = hub;
+    hub.guard.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = hub.guard.wait_output(std::time::Duration::from_secs(10));
+    let _hub = TestHub::start(&dir, &[]);
+    for p in &left {
+        assert!(!p.exists(), "{} is left", p.display());
+    }
+    assert!(kept.exists(), "a stored binary is kept");
+}

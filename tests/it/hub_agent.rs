@@ -730,7 +730,11 @@ fn an_agent_ahead_of_its_hub_takes_the_hubs_state_and_a_renumbered_hub_is_follow
         .arg(&dir)
         .output()
         .expect("renumber");
-    assert_eq!(refused.status.code(), Some(2), "a serving hub holds the data dir");
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "a serving hub holds the data dir"
+    );
     assert!(hub.stop().status.success());
     let out = railgrid()
         .args(["hub", "store", "renumber", "--data-dir"])
@@ -741,7 +745,11 @@ fn an_agent_ahead_of_its_hub_takes_the_hubs_state_and_a_renumbered_hub_is_follow
     assert!(out.status.success(), "{out:?}");
     assert!(text.contains("was 9007199254740992 and is 1"), "{text}");
     let hub = TestHub::start_on(&dir, &listen, &[]);
-    h.wait_status("generation 1 applied", Duration::from_secs(90), connected_at(1));
+    h.wait_status(
+        "generation 1 applied",
+        Duration::from_secs(90),
+        connected_at(1),
+    );
     let shown = hub.admin_json(&["desired", "set", "--fleet", "--max-jobs", "3"]);
     assert_eq!(shown["generation"], 2, "{shown}");
     h.wait_status("generation 2 applied", APPLIED, connected_at(2));

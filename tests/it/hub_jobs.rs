@@ -324,20 +324,37 @@ fn a_spec_the_runner_refuses_ends_at_the_hub_as_rejected_with_the_runner_s_reaso
         "{stderr}"
     );
 
-    // A loader variable, past the CLI (which refuses it itself) through the admin API.
-    let body = r#"{"agent": "a1", "spec": {"id": "j-preload", "argv": ["true"], "env": {"LD_PRELOAD": "/tmp/x.so"}}}"#;
+    // What the runner would refuse without looking at its file system is refused at
+    // submission, past the CLI through the admin API: a loader variable, an owner with a
+    // control character (accepted before, and `rejected` only once the agent had it).
     let token = f.hub().admin_token();
-    let (status, _) = f
-        .hub()
-        .curl("POST", "/v1/admin/jobs", Some(&token), Some(body));
-    assert_eq!(status, 201);
-    let v = f.wait_done("j-preload");
-    assert_eq!(v["state"], "rejected");
-    assert!(
-        v["error"].as_str().unwrap_or("").contains("LD_PRELOAD"),
-        "{v}"
-    );
-    assert!(f.runner_job("j-preload").is_none());
+    for (id, spec, needle) in [
+        (
+            "j-preload",
+            r#""env": {"LD_PRELOAD": "/tmp/x.so"}"#,
+            "LD_PRELOAD",
+        ),
+        ("j-owner", r#""owner": "ci\u001b[2Jx""#, "owner"),
+    ] {
+        let body =
+            format!(r#"{{"agent": "a1", "spec": {{"id": "{id}", "argv": ["true"], {spec}}}}}"#);
+        let (status, text) = f
+            .hub()
+            .curl("POST", "/v1/admin/jobs", Some(&token), Some(&body));
+        assert_eq!(status, 400, "{text}");
+        assert!(
+            text.contains(needle) && text.contains(r#""error""#),
+            "{text}"
+        );
+        assert!(
+            !text.contains('\u{1b}'),
+            "the control character is not echoed: {text}"
+        );
+        let (status, _) = f
+            .hub()
+            .curl("GET", &format!("/v1/admin/jobs/{id}"), Some(&token), None);
+        assert_eq!(status, 404, "nothing was stored of {id}");
+    }
 }
 
 /// A job printing 200 000 numbers over a few seconds: its output is known exactly.
@@ -514,20 +531,35 @@ fn uploads_are_idempotent_by_offset_and_only_the_job_s_agent_may_make_them() {
 }
 
 #[test]
-fn a_job_of_a_revoked_agent_is_cancelled_at_the_hub() {
+fn the_jobs_of_a_revoked_agent_end_and_never_reach_an_agent_enrolled_again_under_its_id() {
     let mut f = Fleet::new(&[]);
     f.start_agent();
-    let id = f.submit(&[], &["sleep", "600"]);
-    f.wait_status(&id, "the job running", |v| v["state"] == "running");
+    let running = f.submit(&[], &["sleep", "600"]);
+    f.wait_status(&running, "the job running", |v| v["state"] == "running");
+    f.kill_agent();
+    // Submitted while the agent is away: never sent to it.
+    let waiting = f.submit(&[], &["true"]);
     f.hub().admin_ok(&["agent", "revoke", "a1"]);
-    let out = f.jobs(&["cancel", &id]);
-    assert!(out.status.success());
-    let v = f.status(&id);
-    assert_eq!(
-        (v["state"].as_str(), v["done"].as_bool()),
-        (Some("cancelled"), Some(true))
+    for (id, state) in [(&running, "lost"), (&waiting, "cancelled")] {
+        let v = f.status(id);
+        assert_eq!(
+            (v["state"].as_str(), v["done"].as_bool()),
+            (Some(state), Some(true)),
+            "{v}"
+        );
+        assert!(v["error"].as_str().unwrap_or("").contains("revoked"), "{v}");
+    }
+    // Enrolled again under the same id (another host, say): none of it is handed over.
+    let token = f.hub().enrol("a1");
+    let (code, body) = f
+        .hub()
+        .reconcile("a1", &read_lossy(&token).trim().to_owned(), 0);
+    assert_eq!(code, 200, "{body}");
+    let desired: Value = serde_json::from_str(&body).expect("json");
+    assert!(
+        desired["jobs"].as_array().is_none_or(|j| j.is_empty()),
+        "{desired}"
     );
-    assert!(v["error"].as_str().unwrap_or("").contains("revoked"), "{v}");
 }
 
 #[test]

@@ -386,3 +386,66 @@ pub fn unix_now() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
+
+/// A tmpfs of `size` mounted at a fresh directory for one test (root only: `None` and a
+/// note otherwise); unmounted when dropped, also when the test failed half-way.
+pub struct Tmpfs {
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    pub fn mount(size: &str, mode: &str) -> Option<Self> {
+        if !is_root() {
+            eprintln!("SKIPPED part: mounting a tmpfs needs root");
+            return None;
+        }
+        let dir = tempdir();
+        let path = dir.path().join("mnt");
+        fs::create_dir(&path).expect("mkdir");
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o"])
+            .arg(format!("size={size},mode={mode}"))
+            .arg("tmpfs")
+            .arg(&path)
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "mount -t tmpfs at {}: {status}",
+            path.display()
+        );
+        Some(Self { path, _dir: dir })
+    }
+
+    /// Bytes free, as statvfs says.
+    pub fn free(&self) -> u64 {
+        let s = nix::sys::statvfs::statvfs(&self.path).expect("statvfs");
+        s.blocks_available() as u64 * s.fragment_size() as u64
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// Writes to `path` until the file system has no room left at all.
+pub fn fill(path: &Path) {
+    use std::io::Write as _;
+    let mut f = fs::File::create(path).expect("create filler");
+    for chunk in [1 << 20, 4096, 1] {
+        let buf = vec![0u8; chunk];
+        loop {
+            match f.write(&buf) {
+                Ok(n) if n == chunk => {}
+                Ok(_) => break,
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("filling {}: {e}", path.display()),
+            }
+        }
+    }
+    // Already full: even one byte more is refused.
+    assert!(f.write(b"x").is_err(), "{} is not full", path.display());
+}

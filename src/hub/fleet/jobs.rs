@@ -275,6 +275,10 @@ impl<S: Store> Fleet<S> {
             ));
         }
         spec.id = Some(id.clone());
+        // The runner's own checks, at submission: a spec it would refuse (an owner with a
+        // control character, a loader variable, an argument past exec's bound) is the
+        // submitter's error now, not a `rejected` job later.
+        spec.validate().map_err(|e| bad("spec", e.to_string()))?;
         let _one = self.changes.lock().await;
         let open = util::lock(&entry.state).jobs.len();
         if open >= self.job_limits.max_open {
@@ -382,6 +386,45 @@ impl<S: Store> Fleet<S> {
             }
         }
         self.job(id).await
+    }
+
+    /// Ends every open job of `entry`, which was just revoked: none may wait for, or be
+    /// handed to, an agent enrolled later under the same id. A job never sent ends
+    /// `cancelled`; one that may have reached the agent ends `lost` (whether it ran, and
+    /// how it ended, is not known). Called with `changes` held.
+    pub(super) async fn end_jobs_of_revoked(&self, entry: &AgentEntry) -> Result<(), FleetError> {
+        let now = now_ms();
+        let updates: Vec<(String, JobProgress)> = {
+            let st = util::lock(&entry.state);
+            st.jobs
+                .values()
+                .filter(|j| !ended(&j.progress.state))
+                .map(|j| {
+                    let mut next = j.progress.clone();
+                    let (state, why) = if j.pending() && !j.offered {
+                        (
+                            JobState::Cancelled,
+                            format!("agent {} was revoked before it was sent the job", entry.id),
+                        )
+                    } else {
+                        (
+                            JobState::Lost,
+                            format!("agent {} was revoked: whether the job ran there, and how it ended, is not known", entry.id),
+                        )
+                    };
+                    next.state = state.as_str().into();
+                    next.error = Some(why);
+                    next.finished_ms = Some(now);
+                    next.done = true;
+                    (j.id.clone(), next)
+                })
+                .collect()
+        };
+        if updates.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(agent = %entry.id, jobs = updates.len(), "ended the open jobs of a revoked agent");
+        self.save_jobs(entry, updates, false).await
     }
 
     /// Records what changed about `updates`' jobs and applies it; `bump` gives the agent

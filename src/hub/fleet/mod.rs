@@ -625,6 +625,7 @@ impl<S: Store> Fleet<S> {
             st.own.generation = st.own.generation.max(generation);
         }
         entry.revoked.store(true, Ordering::Release);
+        self.end_jobs_of_revoked(&entry).await?;
         // Wakes its held polls, which see the flag.
         entry.generation.send_modify(|_| {});
         tracing::info!(agent = %id, "agent revoked");
@@ -653,11 +654,7 @@ impl<S: Store> Fleet<S> {
                 drop(_one);
                 return self.desired_view(agent);
             }
-            match self
-                .store
-                .set_scope(scope, &next, Some(&current))
-                .await?
-            {
+            match self.store.set_scope(scope, &next, Some(&current)).await? {
                 Ok(generation) => break (generation, next),
                 Err(stored) => current = stored,
             }

@@ -164,11 +164,7 @@ impl<S: Store> Fleet<S> {
     async fn bump_fleet(&self) -> Result<(), FleetError> {
         let mut settings = self.fleet_scope().settings;
         let generation = loop {
-            match self
-                .store
-                .set_scope("", &settings, Some(&settings))
-                .await?
-            {
+            match self.store.set_scope("", &settings, Some(&settings)).await? {
                 Ok(g) => break g,
                 Err(stored) => settings = stored,
             }

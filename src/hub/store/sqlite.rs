@@ -162,7 +162,9 @@ fn sql(path: &str) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
 
 fn next_generation(tx: &rusqlite::Transaction<'_>, path: &str) -> Result<u64, StoreError> {
     let g: Option<i64> = tx
-        .query_row(NEXT_GENERATION, params![MAX_GENERATION as i64], |r| r.get(0))
+        .query_row(NEXT_GENERATION, params![MAX_GENERATION as i64], |r| {
+            r.get(0)
+        })
         .optional()
         .map_err(sql(path))?;
     g.map(u64_of)
@@ -178,11 +180,7 @@ fn u64_of(n: i64) -> u64 {
 }
 
 /// Gives `scope` the next generation.
-fn bump_scope(
-    tx: &rusqlite::Transaction<'_>,
-    scope: &str,
-    path: &str,
-) -> Result<u64, StoreError> {
+fn bump_scope(tx: &rusqlite::Transaction<'_>, scope: &str, path: &str) -> Result<u64, StoreError> {
     let generation = next_generation(tx, path)?;
     tx.execute(
         "INSERT INTO desired (scope, generation, settings) VALUES (?1, ?2, '{}')
