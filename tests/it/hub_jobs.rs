@@ -551,9 +551,7 @@ fn the_jobs_of_a_revoked_agent_end_and_never_reach_an_agent_enrolled_again_under
     }
     // Enrolled again under the same id (another host, say): none of it is handed over.
     let token = f.hub().enrol("a1");
-    let (code, body) = f
-        .hub()
-        .reconcile("a1", &read_lossy(&token).trim().to_owned(), 0);
+    let (code, body) = f.hub().reconcile("a1", read_lossy(&token).trim(), 0);
     assert_eq!(code, 200, "{body}");
     let desired: Value = serde_json::from_str(&body).expect("json");
     assert!(
