@@ -304,9 +304,13 @@ pub fn plan(tier: Option<&CgroupTier>, id: &str, limits: &Limits, landlock: bool
 /// (denied), never the whole guard. Set-user-id programs no longer raise privileges
 /// (`no_new_privs`), and a job can no longer mount (so no nested sandboxes).
 ///
-/// The entries are opened once and reopened when one of the listed directories changes (an
-/// entry added or removed changes its mtime), checked at each job's start; each job's
-/// ruleset is then a few dozen `landlock_add_rule` calls.
+/// The entries are listed once and listed again when one of the listed directories changes
+/// (an entry added or removed changes its mtime), checked at each job's start. Each job's
+/// ruleset opens them (`O_PATH`), adds its few dozen rules and closes them again: between
+/// jobs the runner holds no descriptor beside its state dir, so a file system mounted next
+/// to one of those directories can be unmounted, and a file deleted there gives its space
+/// back. (A running job's Landlock domain keeps a reference to the inodes of its rules, not
+/// to their mounts, for that job's life.)
 #[cfg(target_os = "linux")]
 #[derive(Debug)]
 pub struct FsGuard {
@@ -315,12 +319,12 @@ pub struct FsGuard {
     current: Mutex<Option<Arc<Allowed>>>,
 }
 
-/// The entries beside the path to the hidden directory, open (`O_PATH`), and the
-/// directories they were listed from with their mtime then.
+/// The entries beside the path to the hidden directory, by name, and the directories they
+/// were listed from with their mtime then.
 #[cfg(target_os = "linux")]
 #[derive(Debug)]
 struct Allowed {
-    entries: Vec<(std::os::fd::OwnedFd, bool)>,
+    entries: Vec<PathBuf>,
     listed: Vec<(PathBuf, Option<SystemTime>)>,
     /// Set when a directory changed too shortly before it was listed for its mtime to
     /// tell a later change apart (timestamps are coarse): list again once this has passed.
@@ -393,10 +397,15 @@ impl FsGuard {
     ) -> io::Result<Ruleset> {
         let allowed = self.allowed()?;
         let mut ruleset = Ruleset::new(self.abi)?;
-        for (fd, is_dir) in &allowed.entries {
+        for entry in &allowed.entries {
             use std::os::fd::AsFd;
-            if let Err(e) = ruleset.allow(fd.as_fd(), *is_dir) {
-                tracing::debug!(error = %e, "an entry could not be added to a job's Landlock ruleset; jobs cannot use it");
+            // Left out (so denied) if it cannot be opened now: vanished, or unreadable.
+            // The descriptor is closed at the end of this step: the rule holds the inode,
+            // not the mount.
+            let added =
+                open_entry(entry).and_then(|(fd, is_dir)| ruleset.allow(fd.as_fd(), is_dir));
+            if let Err(e) = added {
+                tracing::debug!(entry = %entry.display(), error = %e, "an entry could not be added to a job's Landlock ruleset; jobs cannot use it");
             }
         }
         for dir in std::iter::once(workspace).chain(cwd) {
@@ -435,13 +444,13 @@ impl FsGuard {
                 continue;
             };
             for entry in list.flatten() {
-                let entry = entry.path();
-                if entry == toward {
+                // A symlink needs no rule: access is judged where it leads.
+                if entry.file_type().is_ok_and(|t| t.is_symlink()) {
                     continue;
                 }
-                // Left out (so denied) if it cannot be opened: vanished, or unreadable.
-                if let Ok(open) = open_entry(&entry) {
-                    entries.push(open);
+                let entry = entry.path();
+                if entry != toward {
+                    entries.push(entry);
                 }
             }
         }

@@ -50,7 +50,11 @@ fn chown_runner_dir(dir: &Path) {
 
 impl Runner {
     fn new() -> Self {
-        let dir = tempdir();
+        Self::in_dir(tempdir())
+    }
+
+    /// A runner's state dir in `dir` (which a test may have mounted something on).
+    fn in_dir(dir: tempfile::TempDir) -> Self {
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
         let runner_dir = dir.path().join("state/runner");
         fs::create_dir_all(&runner_dir).expect("mkdir");
@@ -969,6 +973,91 @@ fn a_restarted_runner_kills_what_a_killed_one_left_in_a_job_cgroup() {
     );
     assert!(!alive(escapee), "the escapee {escapee} survived");
     assert!(!cg.dir.join(format!("job-{id}")).exists());
+}
+
+/// Unmounts (lazily) when dropped: declared before the runner, so that it goes after it.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn mount_tmpfs(at: &Path, size: &str) {
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o"])
+        .arg(format!("size={size},mode=0755"))
+        .arg("tmpfs")
+        .arg(at)
+        .status()
+        .expect("mount");
+    assert!(ok.success(), "mount tmpfs at {}", at.display());
+}
+
+/// The runner's Landlock rules name the entries beside the path to its state dir; it once
+/// held a descriptor on each for its whole life, so a file system mounted beside them
+/// could not be unmounted ("target is busy") and a file deleted there kept its space.
+#[test]
+fn the_runner_pins_no_file_system_or_file_beside_its_state_dir() {
+    if !is_root() {
+        eprintln!("SKIPPED: mounting file systems needs root");
+        return;
+    }
+    let dir = tempdir();
+    mount_tmpfs(dir.path(), "64m");
+    let _outer = Unmount(dir.path().to_owned());
+    let sibling = dir.path().join("sibling");
+    fs::create_dir(&sibling).expect("mkdir");
+    mount_tmpfs(&sibling, "1m");
+    let _inner = Unmount(sibling.clone());
+    let big = dir.path().join("big");
+    fs::write(&big, vec![7u8; 32 << 20]).expect("big file");
+    let top = dir.path().to_owned();
+    let free = || {
+        let s = nix::sys::statvfs::statvfs(&top).expect("statvfs");
+        s.blocks_available() as u64 * s.fragment_size() as u64
+    };
+    let mut r = Runner::in_dir(dir);
+    r.start(&[]);
+    let health = get_json(&r.socket(), "/v1/health").expect("health");
+    if !health["isolation"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with("landlock")
+    {
+        eprintln!("SKIPPED: this kernel offers no Landlock (health: {health})");
+        return;
+    }
+    // A job: its ruleset is built from those entries.
+    let id = submit_ok(&r, json!({"argv": ["true"]}));
+    assert_eq!(r.wait(&id)["state"], "succeeded");
+
+    let out = Command::new("umount")
+        .arg(&sibling)
+        .output()
+        .expect("umount");
+    assert!(
+        out.status.success(),
+        "the sibling file system could not be unmounted while the runner runs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = free();
+    fs::remove_file(&big).expect("rm");
+    // The kernel frees an ended job's Landlock domain (which refers to the inode) a moment
+    // later, from a work queue.
+    wait_for(
+        Duration::from_secs(10),
+        "the deleted file's space back",
+        || (free() >= before + (30 << 20)).then_some(()),
+    );
+    // And jobs still run, kept out of the state dir as before.
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", "cat ../../api.token 2>/dev/null || echo denied"]}),
+    );
+    r.wait(&id);
+    assert_eq!(r.output(&id, "stdout"), "denied\n");
 }
 
 #[test]
