@@ -49,26 +49,6 @@ mod hub_dir;
 use hub_dir::HubDir as Hub;
 
 impl Hub {
-    async fn admin(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: serde_json::Value,
-    ) -> anyhow::Result<serde_json::Value> {
-        let resp = self
-            .http
-            .request(method, format!("{}{path}", self.url))
-            .bearer_auth(&self.admin)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(serde_json::to_vec(&body)?)
-            .send()
-            .await?;
-        let status = resp.status();
-        let text = String::from_utf8_lossy(&resp.bytes().await?).into_owned();
-        anyhow::ensure!(status.is_success(), "{path}: {status}: {text}");
-        Ok(serde_json::from_str(&text)?)
-    }
-
     async fn polls_held(&self) -> anyhow::Result<u64> {
         let bytes = self
             .http

@@ -39,4 +39,26 @@ impl HubDir {
             pid,
         })
     }
+
+    /// An admin request with a JSON body: the JSON answer, or the status and text.
+    #[allow(dead_code)]
+    pub(crate) async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
+        let resp = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.admin)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(serde_json::to_vec(&body)?)
+            .send()
+            .await?;
+        let status = resp.status();
+        let text = String::from_utf8_lossy(&resp.bytes().await?).into_owned();
+        anyhow::ensure!(status.is_success(), "{path}: {status}: {text}");
+        Ok(serde_json::from_str(&text)?)
+    }
 }

@@ -320,7 +320,10 @@ async fn admin_only<S: Store>(
     next: Next,
 ) -> Response {
     match bearer(req.headers()) {
-        Ok(t) if token::matches(t, &hub.admin_sha256) => next.run(req).await,
+        Ok(t) if token::matches(t, &hub.admin_sha256) => {
+            super::serve::proven();
+            next.run(req).await
+        }
         Ok(_) => {
             ApiError::new(StatusCode::UNAUTHORIZED, "not the hub's admin token").into_response()
         }
@@ -377,6 +380,7 @@ async fn reconcile<S: Store>(
     // The token before the body: an unauthenticated caller learns nothing from its
     // body's errors.
     let entry = hub.fleet.authorize(&id, t)?;
+    super::serve::proven();
     let Query(q) = query.map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,

@@ -237,6 +237,7 @@ pub(super) async fn upload<S: Store>(
     };
     // The token before the body, as for a reconcile.
     hub.fleet.authorize_upload(&upload, t).await?;
+    super::serve::proven();
     let data = read_body(body, MAX_UPLOAD).await?;
     match hub.fleet.upload(&upload, data).await? {
         Appended::Length(length) => Ok(Json(OutputAck { length }).into_response()),

@@ -366,6 +366,7 @@ pub(super) async fn download<S: Store>(
         )
     })?;
     hub.fleet.authorize(&q.agent, t)?;
+    super::serve::proven();
     version(&v)?;
     let (os, arch) = platform(&plat)?;
     let row = hub.fleet.release(&v, &os, &arch).ok_or_else(|| {

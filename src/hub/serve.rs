@@ -7,6 +7,16 @@
 //!   [`HANDSHAKE_TIMEOUT`] and [`HEADER_TIMEOUT`]: a client that opens connections and
 //!   sends nothing holds them that long, not forever.
 //! - Bodies are capped by the API ([`super::api::MAX_BODY_BYTES`]).
+//! - A connection's read buffer holds at most [`MAX_BUF_BYTES`]: a request line and
+//!   headers longer than that get 431, and nobody can make the hub keep hyper's default
+//!   buffer (about 400 KiB) per connection.
+//! - Connections that have not shown a valid token yet (agent or admin) are **unproven**:
+//!   at most [`MAX_UNPROVEN`] of them get a TLS handshake and buffers at once. Past that a
+//!   new connection waits, accepted but before its handshake (a socket and a parked task),
+//!   until one is proven or closed; after [`HANDSHAKE_TIMEOUT`] it is closed. So what all
+//!   clients without a token hold together is bounded (about [`MAX_UNPROVEN`] × 50 KiB),
+//!   and an honest client only sees a slower handshake. A request whose token a route
+//!   accepts calls [`proven`], which frees its connection's place for good.
 //!
 //! A held long poll is one connection task parked on its agent's watch channel.
 
@@ -23,6 +33,25 @@ use tokio_rustls::TlsAcceptor;
 
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection's read buffer, at most (hyper's least is 8 KiB): an agent's or an
+/// admin's request line and headers take under 2 KiB.
+pub(crate) const MAX_BUF_BYTES: usize = 16 * 1024;
+/// Connections without a proven token served at once (see the module's doc).
+pub(crate) const MAX_UNPROVEN: usize = 2048;
+
+tokio::task_local! {
+    /// The place of the connection whose request is being served, while it is unproven.
+    static UNPROVEN: Arc<Unproven>;
+}
+
+/// A connection's place among the unproven ones, given back once it is proven.
+struct Unproven(std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>);
+
+/// The request being served showed a valid token: its connection is no longer counted
+/// among the unproven ones. Called by every route that checks a token, once it passed.
+pub(crate) fn proven() {
+    let _ = UNPROVEN.try_with(|u| crate::util::lock(&u.0).take());
+}
 /// Connections past the cap that are answered 503 at once, at most.
 const OVERFLOW_ANSWERS: usize = 256;
 /// What a client over the cap is told to wait.
@@ -38,6 +67,7 @@ pub(crate) async fn accept_loop<W>(
 ) -> W {
     let acceptor = TlsAcceptor::from(tls);
     let permits = Arc::new(Semaphore::new(max_connections));
+    let unproven = Arc::new(Semaphore::new(MAX_UNPROVEN));
     let overflow = Arc::new(Semaphore::new(OVERFLOW_ANSWERS));
     let mut failing = false;
     tokio::pin!(stop);
@@ -66,9 +96,9 @@ pub(crate) async fn accept_loop<W>(
         let _ = tcp.set_nodelay(true);
         match permits.clone().try_acquire_owned() {
             Ok(permit) => {
-                let (acceptor, app) = (acceptor.clone(), app.clone());
+                let (acceptor, app, unproven) = (acceptor.clone(), app.clone(), unproven.clone());
                 tokio::spawn(async move {
-                    serve_one(tcp, acceptor, app).await;
+                    serve_one(tcp, acceptor, app, unproven).await;
                     drop(permit);
                 });
             }
@@ -86,14 +116,27 @@ pub(crate) async fn accept_loop<W>(
     }
 }
 
-async fn serve_one(tcp: TcpStream, acceptor: TlsAcceptor, app: Router) {
-    let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await else {
+async fn serve_one(tcp: TcpStream, acceptor: TlsAcceptor, app: Router, unproven: Arc<Semaphore>) {
+    // The place first, then the handshake, both within the handshake's time.
+    let handshake = async {
+        let place = unproven.acquire_owned().await.ok()?;
+        let tls = acceptor.accept(tcp).await.ok()?;
+        Some((place, tls))
+    };
+    let Ok(Some((place, tls))) = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await else {
         return;
     };
+    let place = Arc::new(Unproven(std::sync::Mutex::new(Some(place))));
+    let app = TowerToHyperService::new(app);
+    let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        use hyper::service::Service as _;
+        UNPROVEN.scope(place.clone(), app.call(req))
+    });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
-        .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app));
+        .max_buf_size(MAX_BUF_BYTES)
+        .serve_connection(TokioIo::new(tls), svc);
     let _ = conn.await;
 }
 
@@ -117,6 +160,7 @@ async fn refuse(tcp: TcpStream, acceptor: TlsAcceptor) {
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_BUF_BYTES)
         .keep_alive(false)
         .serve_connection(TokioIo::new(tls), svc);
     let _ = tokio::time::timeout(HEADER_TIMEOUT * 2, conn).await;

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# A flood of clients without a token (TLS completed, headers that never end) against one
+# reference hub, beside honest long-polling agents: hub memory before, at the peak and
+# after, and the honest agents' fleet-change latency and a new agent's first reconcile.
+#
+#   bash bench/hub_flood.sh [FLOOD_CONNECTIONS] [HONEST_AGENTS] [ROUNDS]
+#
+# RAILGRID_BIN=path runs another build of the hub (say, an older one) with the same client.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FLOOD=${1:-6000}
+HONEST=${2:-200}
+ROUNDS=${3:-5}
+cargo build --release --quiet --example hub_flood
+cargo build --release --quiet
+BIN=${RAILGRID_BIN:-./target/release/railgrid}
+WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-hubflood.XXXXXX")
+ulimit -n "$(ulimit -Hn)"
+"$BIN" hub serve --data-dir "$WORK/hub" --listen 127.0.0.1:0 --tls-self-signed \
+  --max-connections 20000 2>"$WORK/hub.log" &
+hub=$!
+trap 'kill -TERM $hub 2>/dev/null; wait $hub 2>/dev/null; rm -rf "$WORK"' EXIT
+for _ in $(seq 200); do [ -s "$WORK/hub/hub.json" ] && break; sleep 0.05; done
+echo "# railgrid hub flood benchmark: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $FLOOD flood connections, $HONEST honest agents, hub $("$BIN" version)"
+./target/release/examples/hub_flood "$WORK/hub" "$FLOOD" "$HONEST" "$ROUNDS"
