@@ -33,6 +33,7 @@ pub(crate) const LOG_MAX_FILES: &str = "RAILGRID_LOG_MAX_FILES";
 pub(crate) const UPGRADE_TRUSTED_KEYS: &str = "RAILGRID_UPGRADE_TRUSTED_KEYS";
 pub(crate) const UPGRADE_SETTLE: &str = "RAILGRID_UPGRADE_SETTLE";
 pub(crate) const UPGRADE_DEADLINE: &str = "RAILGRID_UPGRADE_DEADLINE";
+pub(crate) const UPGRADE_HUB_WAIT: &str = "RAILGRID_UPGRADE_HUB_WAIT";
 
 /// Where a non-root agent keeps its state by default (`$XDG_STATE_HOME/railgrid`, else
 /// `$HOME/.local/state/railgrid`) and looks for its configuration

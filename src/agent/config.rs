@@ -53,6 +53,7 @@ pub(crate) struct RawUpgrade {
     pub(crate) trusted_keys: Option<Vec<String>>,
     pub(crate) settle: Option<String>,
     pub(crate) deadline: Option<String>,
+    pub(crate) hub_wait: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -162,10 +163,14 @@ pub(crate) struct UpgradeSettings {
     /// How long after the switch the upgrade may take to commit before the watcher rolls
     /// it back.
     pub(crate) deadline: Duration,
+    /// How much longer than `deadline` a new agent that is healthy on its host may wait
+    /// for a hub it cannot reach, before the watcher rolls it back, blaming nothing.
+    pub(crate) hub_wait: Duration,
 }
 
 pub(crate) const DEFAULT_SETTLE: Duration = Duration::from_secs(30);
 pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_secs(120);
+pub(crate) const DEFAULT_HUB_WAIT: Duration = Duration::from_secs(3600);
 /// The deadline must leave room for the settle period, a runner start and a hub round
 /// trip.
 const MIN_DEADLINE_OVER_SETTLE: Duration = Duration::from_secs(5);
@@ -319,6 +324,7 @@ settings! {
     TrustedKeys: upgrade.trusted_keys, env UPGRADE_TRUSTED_KEYS, flag "--trusted-key" => trusted_keys;
     Settle: upgrade.settle, env UPGRADE_SETTLE;
     Deadline: upgrade.deadline, env UPGRADE_DEADLINE;
+    HubWait: upgrade.hub_wait, env UPGRADE_HUB_WAIT;
 }
 
 impl Key {
@@ -721,6 +727,7 @@ fn resolve(
     };
     let settle = src.duration(Key::Settle, DEFAULT_SETTLE)?;
     let deadline = src.duration(Key::Deadline, DEFAULT_DEADLINE)?;
+    let hub_wait = src.duration(Key::HubWait, DEFAULT_HUB_WAIT)?;
     if deadline < settle + MIN_DEADLINE_OVER_SETTLE {
         let origin = src
             .get(Key::Deadline)
@@ -749,6 +756,7 @@ fn resolve(
             trusted_keys,
             settle,
             deadline,
+            hub_wait,
         },
     })
 }
@@ -835,6 +843,7 @@ pub(crate) struct EffectiveUpgrade {
     pub(crate) trusted_keys: Vec<String>,
     pub(crate) settle: String,
     pub(crate) deadline: String,
+    pub(crate) hub_wait: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -906,6 +915,7 @@ impl AgentConfig {
                 trusted_keys: self.upgrade.trusted_keys.clone(),
                 settle: humantime::format_duration(self.upgrade.settle).to_string(),
                 deadline: humantime::format_duration(self.upgrade.deadline).to_string(),
+                hub_wait: humantime::format_duration(self.upgrade.hub_wait).to_string(),
             },
         }
     }

@@ -171,6 +171,34 @@ pub(crate) enum HubError {
     },
 }
 
+impl HubError {
+    /// The hub could not be reached, or said it cannot serve now: nothing this build
+    /// did. A TLS failure, a refused token or an answer this build cannot take is not
+    /// (a new build that broke its TLS or its reports must not look healthy).
+    pub(crate) fn is_away(&self) -> bool {
+        match self {
+            HubError::Timeout { .. } => true,
+            HubError::Status { status, .. } => *status >= 500 || *status == 429,
+            HubError::Request { source, .. } => {
+                let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source);
+                while let Some(e) = cause {
+                    // An io::Error's own `source` skips the error it wraps: look inside.
+                    let inner = e
+                        .downcast_ref::<std::io::Error>()
+                        .and_then(|io| io.get_ref())
+                        .map(|i| i as &(dyn std::error::Error + 'static));
+                    if e.is::<rustls::Error>() || inner.is_some_and(|i| i.is::<rustls::Error>()) {
+                        return false;
+                    }
+                    cause = e.source();
+                }
+                source.is_connect() || source.is_timeout()
+            }
+            _ => false,
+        }
+    }
+}
+
 /// What talking to one hub takes: its settings, an HTTPS client that trusts its CA, and
 /// the token, only as the header value that carries it.
 pub(crate) struct Connection {
@@ -506,7 +534,7 @@ impl HubHandle {
         reconciler: ReconcilerHandle,
         reporter: ReporterHandle,
         upgrade: watch::Receiver<Option<UpgradeReport>>,
-        reached: watch::Sender<u64>,
+        reached: watch::Sender<Contact>,
         links: watch::Sender<Option<super::upload::HubLink>>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -604,8 +632,18 @@ struct HubTask {
     /// The self-upgrade's state, reported with every reconcile.
     upgrade: watch::Receiver<Option<UpgradeReport>>,
     upgrade_open: bool,
-    /// Counts the reconciles the hub answered (an upgrade commits after one).
-    reached: watch::Sender<u64>,
+    /// How the link fares, for an upgrade's commit.
+    reached: watch::Sender<Contact>,
+}
+
+/// What an upgrade's commit needs to know of the link to the hub.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Contact {
+    /// Reconciles the hub answered since this process started (a commit needs one).
+    pub(crate) answered: u64,
+    /// The latest try did not get through for a reason that is no fault of this build:
+    /// no connection, a timeout, or the hub answering 5xx or 429.
+    pub(crate) away: bool,
 }
 
 /// The bucket that paces reconciles ([`BURST`], [`RATE`]).
@@ -841,7 +879,10 @@ impl HubTask {
         };
         self.tried = 0;
         self.reachable(&desired);
-        self.reached.send_modify(|n| *n += 1);
+        self.reached.send_modify(|c| {
+            c.answered += 1;
+            c.away = false;
+        });
         let applied = self.observed.borrow().desired.clone();
         let reset = self.reset && desired.generation < applied.generation;
         if desired.generation < applied.generation && !reset {
@@ -928,6 +969,9 @@ impl HubTask {
     }
 
     fn hub_failed(&mut self, e: &HubError) {
+        let away = e.is_away();
+        self.reached
+            .send_if_modified(|c| std::mem::replace(&mut c.away, away) != away);
         let message = crate::error_chain(e);
         if self.hub_failure.as_deref() != Some(message.as_str()) {
             tracing::warn!(error = %message, "hub reconcile failed; retrying with backoff (logged again when the failure changes)");

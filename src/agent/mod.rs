@@ -236,7 +236,7 @@ pub(crate) async fn run(
         reclaimed.into_iter().collect(),
     ));
     let (reconciler, mut task) = reconciler.spawn(reporter.clone()).await?;
-    let (reached_tx, reached) = tokio::sync::watch::channel(0u64);
+    let (reached_tx, reached) = tokio::sync::watch::channel(hub::Contact::default());
     let (links_tx, links) = tokio::sync::watch::channel(hub.as_ref().map(hub::Connection::link));
     let mut upgrade = UpgradeHandle::spawn(UpgradeCtx {
         cfg: cfg.clone(),

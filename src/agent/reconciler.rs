@@ -922,6 +922,7 @@ mod tests {
                 trusted_keys: Vec::new(),
                 settle: Duration::from_secs(30),
                 deadline: Duration::from_secs(120),
+                hub_wait: Duration::from_secs(3600),
             },
         }
     }

@@ -176,6 +176,8 @@ struct Up {
     agent: Option<Guard>,
     /// The agent's hub URL (the hub's own, or a proxy's).
     url: String,
+    /// More of the agent's environment, over the defaults below.
+    env: Vec<(&'static str, &'static str)>,
 }
 
 impl Up {
@@ -206,6 +208,7 @@ impl Up {
             token,
             agent: None,
             url,
+            env: Vec::new(),
         }
     }
 
@@ -252,6 +255,7 @@ impl Up {
         cmd.env("RAILGRID_UPGRADE_SETTLE", "1s")
             .env("RAILGRID_UPGRADE_DEADLINE", "10s")
             .env("RAILGRID_RUNNER_STOP_GRACE", "2s")
+            .envs(self.env.iter().copied())
             .stderr(err);
         self.agent = Some(Guard::new(cmd.spawn().expect("spawn agent")));
         self.wait_agent("the agent connected with its runner", |st| {
@@ -1213,9 +1217,9 @@ fn a_new_binary_changed_in_place_before_the_re_exec_is_never_run() {
     assert!(log.contains("changed after it was verified"), "{log}");
 }
 
-#[test]
-fn a_hub_down_after_the_switch_delays_the_commit_and_fails_nothing() {
-    let mut up = Up::new();
+/// Asks for V2, and stops the hub once the switch is under way: (its listen address,
+/// its data dir).
+fn hub_gone_after_the_switch(up: &mut Up) -> (String, PathBuf) {
     up.start_agent();
     up.release(V2, &builds().v2);
     up.want(V2);
@@ -1232,7 +1236,28 @@ fn a_hub_down_after_the_switch_delays_the_commit_and_fails_nothing() {
             && st["upgrade"]["state"] == "pending_commit"
             && st["hub"]["last_error"].is_string()
     });
-    assert_eq!(up.record()["upgrade"]["phase"], "pending");
+    (listen, dir)
+}
+
+#[test]
+fn a_hub_down_past_the_deadline_delays_the_commit_and_fails_nothing() {
+    let mut up = Up::new();
+    let (listen, dir) = hub_gone_after_the_switch(&mut up);
+    // Past the commit deadline (10 s here): healthy on the host, waiting for the hub.
+    let deadline = up.record()["upgrade"]["deadline"]
+        .as_u64()
+        .expect("deadline");
+    wait_for(Duration::from_secs(30), "the deadline passed", || {
+        (crate::support::unix_now() > deadline + 2).then_some(())
+    });
+    let rec = up.record();
+    assert_eq!(rec["upgrade"]["phase"], "pending", "{rec}");
+    assert!(rec["upgrade"]["healthy_at"].is_u64(), "{rec}");
+    assert!(
+        read_lossy(&up.host.path("logs/upgrade-watch.log"))
+            .contains("waiting for the hub past the deadline"),
+        "the watcher says why it waits"
+    );
     let back = crate::support::unix_now();
     up.hub = Some(TestHub::start_on(
         &dir,
@@ -1247,4 +1272,48 @@ fn a_hub_down_after_the_switch_delays_the_commit_and_fails_nothing() {
     );
     up.assert_running(V2);
     up.assert_clean_bin();
+    assert_eq!(up.releases()[0]["halted"], Value::Null);
+}
+
+#[test]
+fn a_hub_away_past_its_bound_rolls_back_without_blame_and_halts_nothing() {
+    let mut up = Up::new();
+    up.env.push(("RAILGRID_UPGRADE_HUB_WAIT", "3s"));
+    let (listen, dir) = hub_gone_after_the_switch(&mut up);
+    let rec = wait_for(LIMIT, "the upgrade ended", || {
+        let rec = up.record();
+        (rec["upgrade"]["phase"] != "pending").then_some(rec)
+    });
+    assert_eq!(rec["upgrade"]["phase"], "aborted", "{rec}");
+    assert!(
+        rec["upgrade"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("rolled back without blame"),
+        "{rec}"
+    );
+    up.assert_running(&builds().v1_version);
+    assert_eq!(sha256_hex(&up.exe()), sha256_hex(&builds().v1));
+    let rec = up.record();
+    assert_eq!(
+        rec["bad_versions"],
+        serde_json::json!([]),
+        "not remembered as bad: {rec}"
+    );
+    // The hub back: it hears of a failure, not of a rollback, and halts nothing.
+    up.hub = Some(TestHub::start_on(
+        &dir,
+        &listen,
+        &["--release-key", &path_str(&up.key.public)],
+    ));
+    // It hears of a failure, or already of the upgrade tried again, never of a rollback.
+    let seen = wait_for(LIMIT, "the agent's report at the hub", || {
+        let v = up.hub_agent();
+        v["connected"].as_bool()?.then_some(())?;
+        v["report"]["upgrade"]["state"].as_str().map(str::to_owned)
+    });
+    assert_ne!(seen, "rolled_back");
+    let rel = up.releases();
+    assert_eq!(rel[0]["version"], V2, "{rel}");
+    assert_eq!(rel[0]["halted"], Value::Null, "{rel}");
 }

@@ -62,6 +62,9 @@ const RETRY_MAX: Duration = Duration::from_secs(3600);
 const WATCHER_START: Duration = Duration::from_secs(10);
 /// How often a pending commit looks at the runner's health.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
+/// How often a new agent that is healthy but cannot reach its hub says so to the watcher
+/// (well within the watcher's freshness bound).
+const HUB_AWAY_EVERY: Duration = Duration::from_secs(5);
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Report states (the hub shows them as they are).
@@ -190,8 +193,8 @@ pub(super) struct UpgradeCtx {
     pub(super) observed: watch::Receiver<Observed>,
     /// The hub replica in use (the hub task moves it on a failover); `None` standalone.
     pub(super) link: watch::Receiver<Option<HubLink>>,
-    /// Moves on every reconcile the hub answered.
-    pub(super) reached: watch::Receiver<u64>,
+    /// Moves on every reconcile the hub answered, and says whether the hub is out of reach.
+    pub(super) reached: watch::Receiver<super::hub::Contact>,
     pub(super) reporter: ReporterHandle,
 }
 
@@ -510,6 +513,7 @@ impl UpgradeTask {
         let socket = crate::runner::Paths::new(&self.ctx.cfg.state_dir).socket;
         let mut client = None;
         let mut healthy_since: Option<Instant> = None;
+        let mut said_away: Option<Instant> = None;
         let needs_hub = self.ctx.link.borrow().is_some();
         tracing::info!(version = %u.to, settle = %humantime::format_duration(settle), attempts = u.attempts, "upgrade pending: committing once healthy");
         loop {
@@ -546,7 +550,21 @@ impl UpgradeTask {
             }
             let settled = healthy_since.is_some_and(|t| t.elapsed() >= settle);
             // Any answer since this process started: the hub round trip of this agent.
-            let reached = !needs_hub || *self.ctx.reached.borrow() > 0;
+            let contact = *self.ctx.reached.borrow();
+            let reached = !needs_hub || contact.answered > 0;
+            if settled
+                && !reached
+                && contact.away
+                && said_away.is_none_or(|t: Instant| t.elapsed() >= HUB_AWAY_EVERY)
+            {
+                // Healthy here, and only the hub is missing: the watcher waits for it
+                // (up to the record's hub_wait) instead of blaming this version.
+                if said_away.is_none() {
+                    tracing::info!(version = %u.to, "healthy on this host; the hub is out of reach: waiting for it to commit the upgrade");
+                }
+                said_away = Some(Instant::now());
+                self.say_hub_away(&u).await;
+            }
             if settled && reached {
                 match self.try_commit(&u).await {
                     Ok(true) => {
@@ -570,6 +588,34 @@ impl UpgradeTask {
                 () = tokio::time::sleep(HEALTH_EVERY) => {}
                 // Cancel-safe: a watch receiver keeps its seen-version between polls.
                 _ = self.stopping.changed() => return,
+            }
+        }
+    }
+
+    /// Tells the watcher, through the record, that this agent is healthy on its host and
+    /// cannot reach its hub.
+    async fn say_hub_away(&self, u: &Upgrade) {
+        let (dir, sha) = (self.ctx.cfg.state_dir.clone(), u.to_sha256.clone());
+        let said = tokio::task::spawn_blocking(move || {
+            record::try_update(&dir, |r| match r.upgrade.as_mut() {
+                Some(u) if u.to_sha256 == sha && u.phase == Phase::Pending => {
+                    let now = crate::util::unix_now();
+                    u.healthy_at.get_or_insert(now);
+                    u.hub_away_at = Some(now);
+                    (true, ())
+                }
+                _ => (false, ()),
+            })
+        })
+        .await;
+        match said {
+            // Said; or the lock was busy, and it is said again at the next turn.
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %crate::error_chain(&e), "could not tell the upgrade's watcher that the hub is out of reach")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not tell the upgrade's watcher that the hub is out of reach")
             }
         }
     }
@@ -914,6 +960,9 @@ impl UpgradeTask {
             watcher_pid: None,
             watcher_start_time: None,
             execed_at: None,
+            hub_wait: cfg.upgrade.hub_wait.as_secs(),
+            healthy_at: None,
+            hub_away_at: None,
             reason: None,
             finished_at: None,
         };

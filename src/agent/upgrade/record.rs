@@ -80,6 +80,20 @@ pub(crate) struct Upgrade {
     /// switch that got that far): from then on a failure is the new version's.
     #[serde(default)]
     pub(crate) execed_at: Option<u64>,
+    /// How much past `deadline` the watcher waits (seconds) while the new agent is
+    /// healthy on its host and only the hub cannot be reached; set by the old agent, so
+    /// the new binary cannot lengthen it. 0 in records of older builds: no wait.
+    #[serde(default)]
+    pub(crate) hub_wait: u64,
+    /// Unix seconds when the new agent's runner had served for the settle period: healthy
+    /// as far as the host can see.
+    #[serde(default)]
+    pub(crate) healthy_at: Option<u64>,
+    /// Unix seconds of the new agent's latest word that it is healthy and the hub cannot
+    /// be reached (a connection refused, a timeout, a 5xx or 429), renewed every few
+    /// seconds while that lasts.
+    #[serde(default)]
+    pub(crate) hub_away_at: Option<u64>,
     /// Why it was rolled back.
     #[serde(default)]
     pub(crate) reason: Option<String>,

@@ -12,6 +12,14 @@
 //! the previous binary already (checked by SHA-256), mark the record rolled back and the
 //! version bad (when the new version ran), then bring an agent back (restart the service,
 //! or start `agent run` again with its arguments).
+//!
+//! The deadline is judged on what the host can see. A new agent whose runner served for
+//! the settle period, and which says every few seconds that only the hub cannot be
+//! reached, is given up to the record's `hub_wait` more (the old agent set it: the new
+//! binary cannot lengthen it). Past that it is rolled back *without blame*: the record
+//! says `aborted`, the version is not remembered as bad, and no hub halts it (a hub
+//! outage during a fleet upgrade must not halt a good release everywhere); the upgrade is
+//! tried again later.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -33,6 +41,44 @@ const MAX_SERVICE_RESTARTS: usize = 3;
 const MAX_DOWN: Duration = Duration::from_secs(10);
 /// After SIGKILL, how long the agent may take to be gone.
 const KILL_WAIT: Duration = Duration::from_secs(5);
+/// How old the new agent's word that the hub is away may be and still count (it renews
+/// it every few seconds).
+const HUB_AWAY_FRESH: u64 = 15;
+
+/// Whether a rollback is the new version's fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Blame {
+    /// It crashed, never got healthy, or kept dying: remembered as bad, and halted by the
+    /// hub that sent it.
+    Version,
+    /// Healthy on the host, but the hub stayed out of reach: tried again later.
+    Nobody,
+}
+
+/// What the deadline means for `u` at `now`.
+#[derive(Debug, PartialEq, Eq)]
+enum AtDeadline {
+    /// Not reached yet, or healthy and waiting for an unreachable hub within its bound.
+    Wait,
+    /// Healthy, but the hub stayed away past the bound.
+    HubAway,
+    /// Not healthy (or not saying so) by the deadline.
+    Missed,
+}
+
+fn at_deadline(u: &record::Upgrade, now: u64) -> AtDeadline {
+    if now < u.deadline {
+        return AtDeadline::Wait;
+    }
+    let waiting_for_hub = u.healthy_at.is_some()
+        && u.hub_away_at
+            .is_some_and(|t| now.saturating_sub(t) <= HUB_AWAY_FRESH);
+    match (waiting_for_hub, now < u.deadline.saturating_add(u.hub_wait)) {
+        (true, true) => AtDeadline::Wait,
+        (true, false) => AtDeadline::HubAway,
+        (false, _) => AtDeadline::Missed,
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum WatchError {
@@ -106,6 +152,7 @@ fn watch_from(a: &WatchArgs) -> Result<Outcome, WatchError> {
     let mut seen_pids: BTreeSet<u32> = BTreeSet::new();
     let mut down_since: Option<Instant> = None;
     let mut unreadable: Option<Instant> = None;
+    let mut waiting_for_hub = false;
     loop {
         let rec = match record::peek(&a.state_dir) {
             Ok(r) => {
@@ -135,15 +182,33 @@ fn watch_from(a: &WatchArgs) -> Result<Outcome, WatchError> {
             }
             Phase::Switching | Phase::Pending => {}
         }
-        if crate::util::unix_now() >= u.deadline {
-            let why = format!(
-                "version {} did not commit by its deadline ({} after the switch began)",
-                u.to,
-                humantime::format_duration(Duration::from_secs(
-                    u.deadline.saturating_sub(u.started_at)
-                ))
-            );
-            return rollback(a, why);
+        let now = crate::util::unix_now();
+        let after = |t: u64| {
+            humantime::format_duration(Duration::from_secs(t.saturating_sub(u.started_at)))
+        };
+        match at_deadline(&u, now) {
+            AtDeadline::Wait => {
+                if now >= u.deadline && !waiting_for_hub {
+                    waiting_for_hub = true;
+                    tracing::warn!(version = %u.to, up_to = %after(u.deadline + u.hub_wait), "the new agent is healthy on this host but cannot reach its hub: waiting for the hub past the deadline");
+                }
+            }
+            AtDeadline::HubAway => {
+                let why = format!(
+                    "version {} was healthy on this host, but its hub could not be reached within {} after the switch began; rolled back without blame, to be tried again",
+                    u.to,
+                    after(u.deadline + u.hub_wait)
+                );
+                return rollback(a, why, Blame::Nobody);
+            }
+            AtDeadline::Missed => {
+                let why = format!(
+                    "version {} did not commit by its deadline ({} after the switch began)",
+                    u.to,
+                    after(u.deadline)
+                );
+                return rollback(a, why, Blame::Version);
+            }
         }
         match &a.service {
             Service::Standalone => {
@@ -154,12 +219,17 @@ fn watch_from(a: &WatchArgs) -> Result<Outcome, WatchError> {
                 });
                 if !alive {
                     if u.phase == Phase::Switching {
-                        return rollback(a, "the agent exited during the switch".into());
+                        return rollback(
+                            a,
+                            "the agent exited during the switch".into(),
+                            Blame::Version,
+                        );
                     }
                     if restarted {
                         return rollback(
                             a,
                             format!("the new agent ({}) exited before it committed, twice", u.to),
+                            Blame::Version,
                         );
                     }
                     restarted = true;
@@ -171,6 +241,7 @@ fn watch_from(a: &WatchArgs) -> Result<Outcome, WatchError> {
                                 "the new agent exited, and could not be started again: {}",
                                 crate::error_chain(&e)
                             ),
+                            Blame::Version,
                         );
                     }
                 }
@@ -191,6 +262,7 @@ fn watch_from(a: &WatchArgs) -> Result<Outcome, WatchError> {
                                     "the new agent ({}) is not running under its service",
                                     u.to
                                 ),
+                                Blame::Version,
                             );
                         }
                     }
@@ -203,6 +275,7 @@ fn watch_from(a: &WatchArgs) -> Result<Outcome, WatchError> {
                             "the new agent ({}) was restarted {restarts} times before it committed",
                             u.to
                         ),
+                        Blame::Version,
                     );
                 }
             }
@@ -352,7 +425,7 @@ fn force_rollback(
     Ok(Outcome::RolledBack(why))
 }
 
-fn rollback(a: &WatchArgs, why: String) -> Result<Outcome, WatchError> {
+fn rollback(a: &WatchArgs, why: String, blame: Blame) -> Result<Outcome, WatchError> {
     tracing::warn!(reason = %why, "rolling the upgrade back");
     let done = record::update(&a.state_dir, |r| {
         let Some(u) = r.upgrade.as_mut().filter(|u| u.to_sha256 == a.to_sha256) else {
@@ -379,9 +452,11 @@ fn rollback(a: &WatchArgs, why: String) -> Result<Outcome, WatchError> {
                 why = format!("{why}; {e}");
             }
         }
-        // The version is to blame only once it ran: the old agent re-executed into it,
-        // or a new agent counted a start.
-        let ran = u.phase == Phase::Pending && (u.execed_at.is_some() || u.attempts > 0);
+        // The version is to blame only once it ran (the old agent re-executed into it, or
+        // a new agent counted a start), and only for what it did.
+        let ran = blame == Blame::Version
+            && u.phase == Phase::Pending
+            && (u.execed_at.is_some() || u.attempts > 0);
         u.phase = if ran {
             Phase::RolledBack
         } else {
