@@ -1,7 +1,11 @@
 //! Delegating a cgroup v2 subtree to the runner, so that its jobs get the cgroup tier.
 //!
-//! The agent must itself run in a cgroup delegated to it (a systemd unit with
-//! `Delegate=yes`). Layout, with `U` the agent's cgroup:
+//! `U` is a cgroup the agent may manage: the one a service manager delegated to it (a
+//! systemd unit with `Delegate=yes`), or, for a root agent that no service manager placed
+//! anywhere (it runs in the hierarchy's root cgroup: started by hand, by an init script,
+//! by runit or s6), one it makes for itself, `<hierarchy>/railgrid-agent.<hash>`, named
+//! after its state directory so that a restarted agent finds it again. Such a subtree is
+//! removed when the agent stops. Layout:
 //!
 //! ```text
 //! U/agent            the agent (moved here: v2 keeps processes in leaves only)
@@ -22,13 +26,28 @@ use crate::sys::cgroup::Cgroup;
 
 const AGENT_LEAF: &str = "agent";
 const RUNNER_TREE: &str = "runner";
+/// The name of a subtree a root agent makes for itself (with the state dir's hash).
+const OWN_PREFIX: &str = "railgrid-agent.";
+
+/// How the runner's cgroup is asked for (`runner.delegate_cgroup`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// `true`: the agent's cgroup is delegated to it (or it makes its own, as root, in the
+    /// root cgroup); a failure is logged as such.
+    Delegated,
+    /// Unset: only where no service manager placed the agent and it is root (a cgroup
+    /// that a service manager did not delegate is never written).
+    Auto,
+}
 
 #[derive(Debug, Error)]
 pub(crate) enum CgroupError {
     #[error("no cgroup v2 hierarchy is mounted")]
     NoHierarchy,
-    #[error("the agent runs in the root cgroup; run it as a service with a delegated cgroup (systemd: Delegate=yes)")]
+    #[error("the agent runs in the root cgroup and is not root, so it cannot make a cgroup of its own; run it as a service with a delegated cgroup (systemd: Delegate=yes)")]
     RootCgroup,
+    #[error("the agent's cgroup {0} was not delegated to it (runner.delegate_cgroup = true says it was, as a systemd unit with Delegate=yes does)")]
+    NotDelegated(PathBuf),
     #[error("could not {what} {path}")]
     Io {
         what: &'static str,
@@ -39,7 +58,11 @@ pub(crate) enum CgroupError {
 }
 
 /// Sets up the layout above and returns the cgroup the runner must start in.
-pub(crate) fn delegate_to_runner(acct: &Account) -> Result<PathBuf, CgroupError> {
+pub(crate) fn delegate_to_runner(
+    acct: &Account,
+    ask: Ask,
+    state_dir: &Path,
+) -> Result<PathBuf, CgroupError> {
     let io = |what: &'static str, cg: &Cgroup| {
         let path = cg.path().to_owned();
         move |source| CgroupError::Io { what, path, source }
@@ -61,9 +84,29 @@ pub(crate) fn delegate_to_runner(acct: &Account) -> Result<PathBuf, CgroupError>
         }
         _ => own,
     };
-    if unit.parent().is_none_or(|p| !p.exists()) {
-        return Err(CgroupError::RootCgroup);
-    }
+    let unit = if unit.parent().is_none_or(|p| !p.exists()) {
+        // No service manager placed this agent: as root, it makes a subtree of its own.
+        if !crate::sys::is_root() {
+            return Err(CgroupError::RootCgroup);
+        }
+        let own = unit.child(&own_name(state_dir));
+        own.create().map_err(io("create", &own))?;
+        // Made under the agent's 077 umask: the runner's account must reach its tree.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(own.path(), std::fs::Permissions::from_mode(0o755))
+            .map_err(io("open to the runner's account", &own))?;
+        tracing::info!(cgroup = %own.path().display(), "no service manager placed the agent in a cgroup: made one of its own");
+        own
+    } else if ask == Ask::Auto
+        && !unit
+            .path()
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(OWN_PREFIX))
+    {
+        return Err(CgroupError::NotDelegated(unit.path().to_owned()));
+    } else {
+        unit
+    };
     let agent = unit.child(AGENT_LEAF);
     agent.create().map_err(io("create", &agent))?;
     agent
@@ -99,6 +142,52 @@ pub(crate) fn delegate_to_runner(acct: &Account) -> Result<PathBuf, CgroupError>
     }
     tracing::info!(cgroup = %tree.path().display(), user = %acct.name, "delegated a cgroup to the runner");
     Ok(leaf.path().to_owned())
+}
+
+/// `railgrid-agent.<16 hex digits of the SHA-256 of the state dir's path>`.
+fn own_name(state_dir: &Path) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(state_dir.as_os_str().as_encoded_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{OWN_PREFIX}{hex}")
+}
+
+/// At the agent's stop (not a re-exec): a subtree it made for itself is left and removed
+/// (the runner has stopped, so it is empty); a delegated one is the service manager's.
+pub(crate) fn release_own(state_dir: &Path) {
+    let Ok(Some(own)) = Cgroup::own() else {
+        return;
+    };
+    let Some(unit) = own.parent() else {
+        return;
+    };
+    let name = own_name(state_dir);
+    if own.path().file_name() != Some(std::ffi::OsStr::new(AGENT_LEAF))
+        || unit.path().file_name() != Some(std::ffi::OsStr::new(&name))
+    {
+        return;
+    }
+    let Some(top) = unit.parent() else {
+        return;
+    };
+    if let Err(e) = top.move_self() {
+        tracing::warn!(cgroup = %unit.path().display(), error = %e, "could not leave the agent's own cgroup; it is left in place");
+        return;
+    }
+    let tree = unit.child(RUNNER_TREE);
+    let mut dirs: Vec<Cgroup> = tree
+        .children()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| tree.child(c))
+        .collect();
+    dirs.extend([tree, own, unit]);
+    for cg in &dirs {
+        if let Err(e) = cg.remove() {
+            tracing::warn!(cgroup = %cg.path().display(), error = %e, "could not remove a cgroup of the agent's own");
+            return;
+        }
+    }
 }
 
 /// How long the runner's tree may take to empty after `cgroup.kill`.

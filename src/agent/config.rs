@@ -134,9 +134,10 @@ pub(crate) struct RunnerSettings {
     pub(crate) max_queued: Option<usize>,
     pub(crate) max_output_bytes: Option<u64>,
     /// Give the runner a cgroup of its own, delegated to its account, so that jobs get the
-    /// cgroup tier (Linux; the agent must run in a cgroup delegated to it, e.g. a systemd
-    /// unit with `Delegate=yes`).
-    pub(crate) delegate_cgroup: bool,
+    /// cgroup tier (Linux). `true`: the agent runs in a cgroup delegated to it (a systemd
+    /// unit with `Delegate=yes`). Unset: only where a root agent runs in the root cgroup
+    /// (no service manager), in a subtree it makes. `false`: never.
+    pub(crate) delegate_cgroup: Option<bool>,
     /// PATH of every job (a job's own `PATH` still wins); `None` keeps the baseline.
     pub(crate) job_path: Option<String>,
 }
@@ -627,9 +628,7 @@ fn resolve(
         max_jobs_per_owner: src.positive(Key::MaxJobsPerOwner)?,
         max_queued: src.optional(Key::MaxQueued, "a whole number of jobs")?,
         max_output_bytes: src.optional(Key::MaxOutputBytes, "a number of bytes")?,
-        delegate_cgroup: src
-            .optional(Key::DelegateCgroup, "true or false")?
-            .unwrap_or(false),
+        delegate_cgroup: src.optional(Key::DelegateCgroup, "true or false")?,
         job_path: match src.get(Key::JobPath) {
             Some((path, origin)) => {
                 Some(crate::env_policy::check_search_path(&path).map_err(|m| invalid(&origin, m))?)
@@ -856,7 +855,8 @@ pub(crate) struct EffectiveRunner {
     pub(crate) max_jobs_per_owner: Option<usize>,
     pub(crate) max_queued: Option<usize>,
     pub(crate) max_output_bytes: Option<u64>,
-    pub(crate) delegate_cgroup: bool,
+    /// `true`, `false`, or `auto` (unset: see [`RunnerSettings::delegate_cgroup`]).
+    pub(crate) delegate_cgroup: String,
     pub(crate) job_path: String,
 }
 
@@ -896,7 +896,10 @@ impl AgentConfig {
                 max_jobs_per_owner: self.runner.max_jobs_per_owner,
                 max_queued: self.runner.max_queued,
                 max_output_bytes: self.runner.max_output_bytes,
-                delegate_cgroup: self.runner.delegate_cgroup,
+                delegate_cgroup: self
+                    .runner
+                    .delegate_cgroup
+                    .map_or_else(|| "auto".to_owned(), |d| d.to_string()),
                 job_path: self.runner.job_path.clone().unwrap_or_else(|| {
                     format!("{} (the default)", crate::supervisor::DEFAULT_PATH)
                 }),

@@ -351,6 +351,13 @@ pub(crate) async fn run(
         })
         .await;
     }
+    #[cfg(target_os = "linux")]
+    if switch.is_none() {
+        // The runner has stopped: a cgroup subtree the agent made for itself goes too (a
+        // re-executed agent keeps it).
+        let dir = cfg.state_dir.clone();
+        let _ = tokio::task::spawn_blocking(move || cgroup::release_own(&dir)).await;
+    }
     reporter.finish().await;
     match &switch {
         Some(_) => tracing::info!("runner stopped: re-executing the agent"),

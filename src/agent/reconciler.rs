@@ -726,9 +726,9 @@ fn runner_config(
     c.max_log_bytes = cfg.runner.max_log_bytes;
     c.stop_grace = cfg.runner.stop_grace;
     c.initial_backoff = cfg.runner.initial_backoff;
-    if cfg.runner.delegate_cgroup {
+    if let Some(ask) = cgroup_ask(cfg) {
         let account = cfg.runner.user.clone().unwrap_or_else(Account::current);
-        c.cgroup = runner_cgroup(&account);
+        c.cgroup = runner_cgroup(&account, ask, &cfg.state_dir);
     }
     Ok(c)
 }
@@ -876,23 +876,44 @@ async fn finish_runner_stop(
     ended
 }
 
+/// Whether a cgroup is asked for the runner: `runner.delegate_cgroup`, or, unset, where a
+/// root agent may make one (Linux).
+#[cfg(target_os = "linux")]
+fn cgroup_ask(cfg: &AgentConfig) -> Option<cgroup::Ask> {
+    match cfg.runner.delegate_cgroup {
+        Some(true) => Some(cgroup::Ask::Delegated),
+        Some(false) => None,
+        None => Some(cgroup::Ask::Auto),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn cgroup_ask(cfg: &AgentConfig) -> Option<()> {
+    cfg.runner.delegate_cgroup.filter(|d| *d).map(|_| ())
+}
+
 /// The cgroup delegated to the runner, or `None` (logged) where the host cannot give one:
-/// its jobs then get process-group confinement.
-fn runner_cgroup(acct: &Account) -> Option<PathBuf> {
-    #[cfg(target_os = "linux")]
-    match cgroup::delegate_to_runner(acct) {
+/// its jobs then get process-group confinement, in which a process that calls setsid or
+/// setpgid leaves its job.
+#[cfg(target_os = "linux")]
+fn runner_cgroup(acct: &Account, ask: cgroup::Ask, state_dir: &std::path::Path) -> Option<PathBuf> {
+    match cgroup::delegate_to_runner(acct, ask, state_dir) {
         Ok(dir) => Some(dir),
+        Err(e) if ask == cgroup::Ask::Auto => {
+            tracing::info!(reason = %crate::error_chain(&e), "no cgroup for the runner: its jobs get process-group confinement, which a job that calls setsid or setpgid leaves");
+            None
+        }
         Err(e) => {
-            tracing::warn!(error = %crate::error_chain(&e), "runner.delegate_cgroup: no cgroup for the runner; its jobs get process-group confinement");
+            tracing::warn!(error = %crate::error_chain(&e), "runner.delegate_cgroup: no cgroup for the runner; its jobs get process-group confinement, which a job that calls setsid or setpgid leaves");
             None
         }
     }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = acct;
-        tracing::warn!("runner.delegate_cgroup needs Linux cgroup v2; ignored");
-        None
-    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn runner_cgroup(_acct: &Account, _ask: (), _state_dir: &std::path::Path) -> Option<PathBuf> {
+    tracing::warn!("runner.delegate_cgroup needs Linux cgroup v2; ignored");
+    None
 }
 
 #[cfg(test)]
@@ -913,7 +934,7 @@ mod tests {
                 max_jobs_per_owner: Some(2),
                 max_queued: None,
                 max_output_bytes: None,
-                delegate_cgroup: false,
+                delegate_cgroup: Some(false),
                 job_path: Some("/opt/bin:/usr/bin".into()),
             },
             hub: None,

@@ -23,6 +23,34 @@ pub struct Host {
     dir: tempfile::TempDir,
 }
 
+/// A root agent outside a service manager makes a cgroup of its own, named after its state
+/// dir, and removes it when it stops; one killed with -9 leaves it: the host removes it
+/// (whatever is left inside is killed).
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(own) = own_cgroup(&self.state()) {
+            if own.exists() {
+                let _ = fs::write(own.join("cgroup.kill"), "1");
+                remove_cgroup_tree(&own);
+            }
+        }
+    }
+}
+
+/// The cgroup a root agent on `state` makes for itself: `<v2 hierarchy>/railgrid-agent.<hash>`.
+pub fn own_cgroup(state: &Path) -> Option<PathBuf> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount = mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2")
+            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
+            .flatten()
+    })?;
+    let digest = sha2::Sha256::digest(state.as_os_str().as_encoded_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    Some(mount.join(format!("railgrid-agent.{hex}")))
+}
+
 impl Host {
     pub fn new() -> Self {
         let dir = tempdir();
@@ -680,6 +708,68 @@ fn a_delegated_agent_gives_its_runner_a_cgroup_and_jobs_get_the_cgroup_tier() {
     assert_eq!(cg.procs("runner/runner"), [again]);
     let health = get_json(&host.socket(), "/v1/health").expect("health");
     assert_eq!(health["confinement"], "cgroup", "{health}");
+}
+
+/// Outside a service manager (this test's process is in the hierarchy's root cgroup), a
+/// root agent makes a cgroup of its own: jobs get the cgroup tier, so a job's setsid and
+/// setpgid children end with it; the agent removes the cgroup when it stops.
+#[test]
+fn a_root_agent_without_a_service_manager_gives_its_jobs_a_cgroup_nothing_escapes() {
+    if !is_root() {
+        eprintln!("SKIPPED: a cgroup of the agent's own needs root");
+        return;
+    }
+    let in_root =
+        fs::read_to_string("/proc/self/cgroup").is_ok_and(|t| t.lines().any(|l| l == "0::/"));
+    let host = Host::new();
+    let Some(own) = own_cgroup(&host.state()).filter(|_| in_root) else {
+        eprintln!("SKIPPED: this test must run in the root cgroup of a cgroup v2 hierarchy");
+        return;
+    };
+    let mut agent = host.start_agent();
+    let runner = host.wait_runner("a runner", |_| true);
+    let health = get_json(&host.socket(), "/v1/health").expect("health");
+    assert_eq!(health["confinement"], "cgroup", "{health}");
+    assert!(own.join("runner/runner").exists(), "{}", own.display());
+    let procs = fs::read_to_string(own.join("runner/runner/cgroup.procs")).expect("procs");
+    assert_eq!(procs.trim(), runner.to_string());
+
+    // Children that leave the job's process group: a new session, a new group. Each
+    // prints its pid.
+    let script = "setsid sh -c 'echo $$; exec sleep 300' & \
+         perl -e 'setpgrp(0,0); $| = 1; print \"$$\\n\"; sleep 300' & \
+         sleep 300";
+    let body = serde_json::json!({"id": "escape", "argv": ["sh", "-c", script]}).to_string();
+    let (code, reply) = http(&host.socket(), "POST", "/v1/jobs", Some(&body)).expect("submit");
+    assert_eq!(code, 201, "{reply}");
+    let pids: Vec<i32> = wait_for(LIMIT, "both escapees running", || {
+        let (_, out) = get(&host.socket(), "/v1/jobs/escape/output/stdout")?;
+        let pids: Vec<i32> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        (pids.len() == 2).then_some(pids)
+    });
+    let job = get_json(&host.socket(), "/v1/jobs/escape").expect("job");
+    let leader = job["pid"].as_i64().expect("the job's pid") as i32;
+    for p in &pids {
+        let pgid = nix::unistd::getpgid(Some(Pid::from_raw(*p))).expect("pgid");
+        assert_ne!(pgid.as_raw(), leader, "{p} left the job's group {leader}");
+    }
+    http(&host.socket(), "POST", "/v1/jobs/escape/cancel", None).expect("cancel");
+    wait_for(LIMIT, "the escapees gone with their job", || {
+        pids.iter().all(|p| !alive(*p)).then_some(())
+    });
+
+    agent.signal(Signal::SIGTERM);
+    let out = agent.wait_output(LIMIT);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !own.exists(),
+        "the agent's own cgroup {} is removed",
+        own.display()
+    );
 }
 
 #[test]

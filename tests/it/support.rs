@@ -325,24 +325,29 @@ impl DelegatedCgroup {
 impl Drop for DelegatedCgroup {
     fn drop(&mut self) {
         let _ = fs::write(self.dir.join("cgroup.kill"), "1");
-        let mut dirs = vec![self.dir.clone()];
-        let mut i = 0;
-        while i < dirs.len() {
-            if let Ok(rd) = fs::read_dir(&dirs[i]) {
-                dirs.extend(rd.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()));
-            }
-            i += 1;
+        remove_cgroup_tree(&self.dir);
+    }
+}
+
+/// Waits (a while) for the cgroup `dir` to empty, then removes it with its children.
+pub fn remove_cgroup_tree(dir: &Path) {
+    let mut dirs = vec![dir.to_owned()];
+    let mut i = 0;
+    while i < dirs.len() {
+        if let Ok(rd) = fs::read_dir(&dirs[i]) {
+            dirs.extend(rd.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()));
         }
-        let populated = |d: &Path| {
-            fs::read_to_string(d.join("cgroup.events")).is_ok_and(|e| e.contains("populated 1"))
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while populated(&self.dir) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        for d in dirs.iter().rev() {
-            let _ = fs::remove_dir(d);
-        }
+        i += 1;
+    }
+    let populated = |d: &Path| {
+        fs::read_to_string(d.join("cgroup.events")).is_ok_and(|e| e.contains("populated 1"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while populated(dir) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for d in dirs.iter().rev() {
+        let _ = fs::remove_dir(d);
     }
 }
 
