@@ -5,7 +5,8 @@
 #
 #   bash bench/hub_flood.sh [FLOOD_CONNECTIONS] [HONEST_AGENTS] [ROUNDS]
 #
-# RAILGRID_BIN=path runs another build of the hub (say, an older one) with the same client.
+# RAILGRID_BIN=path runs another build of the hub (say, an older one) with the same client;
+# FLOOD_PAD_KIB (default 1024) is what each flood connection sends of its headers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FLOOD=${1:-6000}

@@ -27,6 +27,7 @@ mod shared;
 pub(crate) mod store;
 pub(crate) mod tls;
 mod token;
+mod unproven;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

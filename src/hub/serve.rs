@@ -11,12 +11,15 @@
 //!   headers longer than that get 431, and nobody can make the hub keep hyper's default
 //!   buffer (about 400 KiB) per connection.
 //! - Connections that have not shown a valid token yet (agent or admin) are **unproven**:
-//!   at most [`MAX_UNPROVEN`] of them get a TLS handshake and buffers at once. Past that a
-//!   new connection waits, accepted but before its handshake (a socket and a parked task),
-//!   until one is proven or closed; after [`HANDSHAKE_TIMEOUT`] it is closed. So what all
+//!   at most [`MAX_UNPROVEN`] of them get a TLS handshake and buffers at once
+//!   ([`super::unproven`]). A connection that comes when all places are taken closes the
+//!   oldest unproven one and takes its place, before its own handshake. So what all
 //!   clients without a token hold together is bounded (about [`MAX_UNPROVEN`] × 50 KiB),
-//!   and an honest client only sees a slower handshake. A request whose token a route
-//!   accepts calls [`proven`], which frees its connection's place for good.
+//!   and an honest client still gets in. A request whose token a route accepts calls
+//!   [`proven`], which frees its connection's place for good.
+//! - Once a burst of connections has closed (at least [`TRIM_AFTER`] fewer than the most
+//!   open since the last look, every [`TRIM_EVERY`]), the heap's free pages go back to the
+//!   kernel: a flood that has passed leaves the hub at its usual size, not at its peak.
 //!
 //! A held long poll is one connection task parked on its agent's watch channel.
 
@@ -31,6 +34,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
+use super::unproven::{Place, Places};
+
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection's read buffer, at most (hyper's least is 8 KiB): an agent's or an
@@ -38,19 +43,24 @@ pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const MAX_BUF_BYTES: usize = 16 * 1024;
 /// Connections without a proven token served at once (see the module's doc).
 pub(crate) const MAX_UNPROVEN: usize = 2048;
+/// TLS handshakes under way at once. A handshake is the costliest thing a client without a
+/// token can make the hub do; run thousands at once and the answers to agents already
+/// connected queue behind them on the runtime's two threads.
+const HANDSHAKES_AT_ONCE: usize = 32;
+/// How often the number of open connections is looked at, for a trim of the heap.
+const TRIM_EVERY: Duration = Duration::from_secs(5);
+/// How many connections must have closed since the most open, for a trim.
+const TRIM_AFTER: usize = 512;
 
 tokio::task_local! {
-    /// The place of the connection whose request is being served, while it is unproven.
-    static UNPROVEN: Arc<Unproven>;
+    /// The place of the connection whose request is being served.
+    static PLACE: Arc<Place>;
 }
-
-/// A connection's place among the unproven ones, given back once it is proven.
-struct Unproven(std::sync::Mutex<Option<tokio::sync::OwnedSemaphorePermit>>);
 
 /// The request being served showed a valid token: its connection is no longer counted
 /// among the unproven ones. Called by every route that checks a token, once it passed.
 pub(crate) fn proven() {
-    let _ = UNPROVEN.try_with(|u| crate::util::lock(&u.0).take());
+    let _ = PLACE.try_with(|p| p.proven());
 }
 /// Connections past the cap that are answered 503 at once, at most.
 const OVERFLOW_ANSWERS: usize = 256;
@@ -67,15 +77,28 @@ pub(crate) async fn accept_loop<W>(
 ) -> W {
     let acceptor = TlsAcceptor::from(tls);
     let permits = Arc::new(Semaphore::new(max_connections));
-    let unproven = Arc::new(Semaphore::new(MAX_UNPROVEN));
+    let places = Places::new(MAX_UNPROVEN);
+    let handshakes = Arc::new(Semaphore::new(HANDSHAKES_AT_ONCE));
     let overflow = Arc::new(Semaphore::new(OVERFLOW_ANSWERS));
     let mut failing = false;
+    let mut look = tokio::time::interval(TRIM_EVERY);
+    let mut most_open = 0;
     tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {
             // Cancel-safe: TcpListener::accept loses no connection when another arm wins.
             r = listener.accept() => r,
             why = &mut stop => return why,
+            // Cancel-safe: a missed tick is simply taken at the next poll.
+            _ = look.tick() => {
+                let open = max_connections - permits.available_permits();
+                most_open = most_open.max(open);
+                if most_open - open >= TRIM_AFTER {
+                    most_open = open;
+                    tokio::task::spawn_blocking(crate::sys::memory::trim_heap);
+                }
+                continue;
+            }
         };
         let tcp = match accepted {
             Ok((tcp, _)) => {
@@ -96,9 +119,10 @@ pub(crate) async fn accept_loop<W>(
         let _ = tcp.set_nodelay(true);
         match permits.clone().try_acquire_owned() {
             Ok(permit) => {
-                let (acceptor, app, unproven) = (acceptor.clone(), app.clone(), unproven.clone());
+                let (acceptor, app) = (acceptor.clone(), app.clone());
+                let (places, handshakes) = (places.clone(), handshakes.clone());
                 tokio::spawn(async move {
-                    serve_one(tcp, acceptor, app, unproven).await;
+                    serve_one(tcp, acceptor, app, places, handshakes).await;
                     drop(permit);
                 });
             }
@@ -116,28 +140,45 @@ pub(crate) async fn accept_loop<W>(
     }
 }
 
-async fn serve_one(tcp: TcpStream, acceptor: TlsAcceptor, app: Router, unproven: Arc<Semaphore>) {
+async fn serve_one(
+    tcp: TcpStream,
+    acceptor: TlsAcceptor,
+    app: Router,
+    places: Arc<Places>,
+    handshakes: Arc<Semaphore>,
+) {
     // The place first, then the handshake, both within the handshake's time.
     let handshake = async {
-        let place = unproven.acquire_owned().await.ok()?;
-        let tls = acceptor.accept(tcp).await.ok()?;
+        let place = places.take().await?;
+        let tls = tokio::select! {
+            tls = async {
+                let _turn = handshakes.acquire().await.ok()?;
+                acceptor.accept(tcp).await.ok()
+            } => tls?,
+            // Cancel-safe: an abandoned handshake just closes the connection.
+            () = place.evicted() => return None,
+        };
         Some((place, tls))
     };
     let Ok(Some((place, tls))) = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await else {
         return;
     };
-    let place = Arc::new(Unproven(std::sync::Mutex::new(Some(place))));
     let app = TowerToHyperService::new(app);
+    let served = place.clone();
     let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         use hyper::service::Service as _;
-        UNPROVEN.scope(place.clone(), app.call(req))
+        PLACE.scope(served.clone(), app.call(req))
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
         .max_buf_size(MAX_BUF_BYTES)
         .serve_connection(TokioIo::new(tls), svc);
-    let _ = conn.await;
+    tokio::select! {
+        _ = conn => {}
+        // Cancel-safe: dropping the connection closes it, which is the point.
+        () = place.evicted() => {}
+    }
 }
 
 /// One connection over the cap: a 503 that says when to come back, then closed.
