@@ -147,6 +147,37 @@ fn replicas_started_at_once_make_one_schema_and_share_the_ca_and_admin_token() {
     assert_eq!(applied(&b), before);
     let shown = b.admin_json(&["agent", "show", "web-1"]);
     assert_eq!(shown["id"], "web-1");
+
+    // The way back from a counter at its end, `hub store renumber`: refused while a
+    // replica is connected, done in one transaction once none is.
+    let renumber = || {
+        railgrid()
+            .args(["hub", "store", "renumber", "--store", &pg.url("fresh")])
+            .output()
+            .expect("renumber")
+    };
+    let out = renumber();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("hubs are connected"), "{err}");
+    b.stop();
+    let mut pair_a = pair.a;
+    pair_a.take().expect("replica a").stop();
+    let out = renumber();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("and is 1"),
+        "{out:?}"
+    );
+    assert_eq!(
+        pg.sql("fresh", "SELECT value FROM meta WHERE key = 'generation'"),
+        "1"
+    );
+    assert_eq!(
+        pg.sql("fresh", "SELECT DISTINCT observed_generation FROM agents"),
+        "9223372036854775807",
+        "every agent is marked to take the hub's state"
+    );
 }
 
 #[test]
