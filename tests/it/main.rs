@@ -16,6 +16,7 @@ mod install;
 mod jobs;
 mod lock;
 mod pg;
+mod prerequisites;
 mod readme;
 mod release;
 mod replicas;

@@ -55,19 +55,21 @@ fn postgres_ids() -> (u32, u32) {
 }
 
 impl Postgres {
-    /// A fresh cluster, running; `None` (with a message) where PostgreSQL is missing.
+    /// A fresh cluster, running; a test without PostgreSQL fails, naming what installs it.
+    /// (`None` is kept for the callers' shape: a host where it cannot run.)
     pub fn start() -> Option<Postgres> {
         Self::start_with(None)
     }
 
     /// With `tls`: (certificate PEM, key PEM) served on a loopback port too.
     pub fn start_with(tls: Option<(&str, &str)>) -> Option<Postgres> {
-        let Some(bin) = bin_dir() else {
-            eprintln!(
-                "SKIPPED: PostgreSQL is not installed (apt-get install postgresql); .ci/run installs it"
-            );
-            return None;
-        };
+        // A missing tool fails the test, as every missing test prerequisite does.
+        let bin = bin_dir().unwrap_or_else(|| {
+            panic!(
+                "PostgreSQL is not installed: run {} (Debian package postgresql)",
+                crate::prerequisites::INSTALL
+            )
+        });
         let dir = tempdir();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
             .expect("chmod");

@@ -1,11 +1,15 @@
 //! The README, followed as written: every shell block marked `<!-- readme-test … -->` is
-//! run in order, as a reader would run it, with `railgrid` on PATH (the built binary) and
-//! `/var/tmp/` moved into a directory of the test's own.
+//! run in order, as a reader would run it, with `/var/tmp/` moved into a directory of the
+//! test's own and the hub's port 7443 replaced by a free one (a reader's quick-start hub
+//! may still be running). `PATH` holds `~/.cargo/bin` and the system's directories only,
+//! and `railgrid` is in none of them until the block that installs it.
 //!
 //! Markers: `readme-test` (the block must exit 0), `readme-test: expect: TEXT` (and print
 //! TEXT), `readme-test: background; ready: CMD` (a long-running command, started in a
 //! process group of its own as a terminal would, until CMD succeeds; at the end it gets
-//! the Ctrl-C the README promises stops it, and must exit 0).
+//! the Ctrl-C the README promises stops it, and must exit 0), `readme-test: installs
+//! railgrid` (`cargo install`: not run, which would build the release again; the binary
+//! under test is put where it would put one, `~/.cargo/bin/railgrid`).
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -28,13 +32,14 @@ const MARKER: &str = "<!-- readme-test";
 const UNMARKED: &[&str] = &[
     "cargo build --release",
     "./target/release/railgrid agent install",
-    "cargo test",
+    "sudo bash scripts/install-test-prerequisites.sh",
 ];
 
 #[derive(Debug)]
 enum Mode {
     Run { expect: Option<String> },
     Background { ready: String },
+    Install,
 }
 
 #[derive(Debug)]
@@ -73,7 +78,9 @@ fn parse(readme: &str) -> Vec<Block> {
         let mut background = false;
         let mut ready = None;
         for part in spec.split("; ").map(str::trim).filter(|p| !p.is_empty()) {
-            if part == "background" {
+            if part == "installs railgrid" {
+                mode = Mode::Install;
+            } else if part == "background" {
                 background = true;
             } else if let Some(cmd) = part.strip_prefix("ready:") {
                 ready = Some(cmd.trim().to_owned());
@@ -115,7 +122,8 @@ fn parse(readme: &str) -> Vec<Block> {
     blocks
 }
 
-/// A reader's shell: `railgrid` and the usual tools on PATH, in the test's directory.
+/// A reader's shell, in the test's directory: `~/.cargo/bin` (where rustup's profile puts
+/// it) and the system's directories on PATH, nothing else.
 fn shell(dir: &Path, script: &str) -> Command {
     let mut cmd = Command::new("bash");
     cmd.arg("-ec")
@@ -124,7 +132,7 @@ fn shell(dir: &Path, script: &str) -> Command {
         .env_clear()
         .env(
             "PATH",
-            format!("{}:/usr/local/bin:/usr/bin:/bin", dir.join("bin").display()),
+            format!("{}:/usr/bin:/bin", dir.join("home/.cargo/bin").display()),
         )
         .env("HOME", dir.join("home"))
         .env("LANG", "C.UTF-8")
@@ -169,15 +177,32 @@ fn the_readme_works_as_written() {
     let root = dir.path();
     // The runner account must pass through it, as through /var/tmp.
     fs::set_permissions(root, fs::Permissions::from_mode(0o755)).expect("chmod");
-    fs::create_dir(root.join("bin")).expect("mkdir bin");
     fs::create_dir(root.join("home")).expect("mkdir home");
-    std::os::unix::fs::symlink(BIN, root.join("bin/railgrid")).expect("symlink railgrid");
     let var_tmp = format!("{}/", root.display());
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        l.local_addr().expect("addr").port()
+    };
+    let reader = |text: &str| {
+        text.replace("/var/tmp/", &var_tmp)
+            .replace("127.0.0.1:7443", &format!("127.0.0.1:{port}"))
+    };
 
     let mut background: Vec<Background> = Vec::new();
     for (n, block) in blocks.iter().enumerate() {
-        let script = block.body.replace("/var/tmp/", &var_tmp);
+        let script = reader(&block.body);
         match &block.mode {
+            Mode::Install => {
+                assert!(
+                    block.body.trim_start().starts_with("cargo install"),
+                    "README.md:{}: an install block runs cargo install",
+                    block.line
+                );
+                let bin = root.join("home/.cargo/bin");
+                fs::create_dir_all(&bin).expect("mkdir ~/.cargo/bin");
+                std::os::unix::fs::symlink(BIN, bin.join("railgrid")).expect("symlink");
+                eprintln!("README.md:{}: installed", block.line);
+            }
             Mode::Run { expect } => {
                 let mut guard = Guard::new(
                     shell(root, &script)
@@ -217,7 +242,7 @@ fn the_readme_works_as_written() {
                 let mut guard = Guard::new(child);
                 let pgid = guard.pid();
                 guard.own_group(pgid);
-                let ready = ready.replace("/var/tmp/", &var_tmp);
+                let ready = reader(ready);
                 let started = Background {
                     guard,
                     line: block.line,

@@ -35,7 +35,7 @@ fn minisign(args: &[&str]) -> Output {
     match out {
         Ok(o) => o,
         Err(e) => panic!(
-            "the interoperability tests need the minisign tool ({e}): apt-get install -y minisign (.ci/run does)"
+            "the interoperability tests need the minisign tool ({e}): run {} (Debian package minisign)", crate::prerequisites::INSTALL
         ),
     }
 }

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs every tool the test suite uses, by Debian package name (Debian 12, Ubuntu), and
+# only what is missing. Run it once as root before `cargo test`; `.ci/run` runs it too.
+#
+#   sudo bash scripts/install-test-prerequisites.sh
+#
+# Each `need TOOL PACKAGE…` line below is also read by the test suite
+# (tests/it/prerequisites.rs), which fails naming this script when a tool is missing: the
+# list here is the one list.
+set -euo pipefail
+
+missing=()
+need() {
+    local tool=$1
+    shift
+    if ! command -v "$tool" >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/"$tool" >/dev/null 2>&1; then
+        missing+=("$@")
+    fi
+}
+
+# The README's examples and the tests' HTTP client; a C compiler for them and for SQLite.
+need curl curl
+need cc gcc libc6-dev
+# Process tests: flock and setpriv (util-linux), a shell, perl for setpgrp in a job.
+need flock util-linux
+need setpriv util-linux
+need bash bash
+need perl perl-base
+# Release signing interoperates with the minisign tool.
+need minisign minisign
+# Upgrade tests strip the binary they copy and mount a small tmpfs.
+need strip binutils
+need mount mount
+# Install tests: the rendered unit (systemd-analyze), the runner's account in an image
+# (useradd), a mount namespace of their own (unshare).
+need systemd-analyze systemd
+need useradd passwd
+need unshare util-linux
+# Hub replica tests start a PostgreSQL cluster of their own (initdb, pg_ctl; psql).
+need initdb postgresql
+need psql postgresql-client
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    echo "every test prerequisite is installed"
+    exit 0
+fi
+# One package may be named by several tools.
+mapfile -t packages < <(printf '%s\n' "${missing[@]}" | sort -u)
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+    echo "missing test prerequisites: ${packages[*]}" >&2
+    echo "install them as root: apt-get install -y ${packages[*]}" >&2
+    exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${packages[@]}"
+echo "installed: ${packages[*]}"
