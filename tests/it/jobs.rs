@@ -869,6 +869,17 @@ fn start_runner_in(r: &mut Runner, cgroup: &Path) {
 const ESCAPE_SCRIPT: &str = r#"setsid sh -c 'trap "" TERM; echo $$ > escaped.pid; exec sleep 1000' &
     while [ ! -s escaped.pid ]; do sleep 0.01; done; echo ready; wait"#;
 
+/// The job's record once its start is in it. The runner records a start without waiting
+/// for the write (the job runs either way), so a job's process may be running a moment
+/// before its record says `running` with its confinement: on a loaded machine the escapee
+/// wrote its pid first, and a record read then had no confinement yet.
+fn started_record(r: &Runner, id: &str) -> Value {
+    wait_for(LIMIT, &format!("job {id}'s start recorded"), || {
+        let rec = r.job(id);
+        rec["confinement"].is_string().then_some(rec)
+    })
+}
+
 fn escaped_pid(r: &Runner, id: &str) -> i32 {
     let file = r.runner_dir().join("work").join(id).join("escaped.pid");
     wait_for(LIMIT, "the escapee to write its pid", || {
@@ -900,7 +911,7 @@ fn the_cgroup_tier_kills_processes_that_left_the_group() {
         members.lines().any(|l| l.trim() == escapee.to_string()),
         "{members}"
     );
-    let rec = r.job(&id);
+    let rec = started_record(&r, &id);
     assert!(
         rec["confinement"]
             .as_str()
@@ -930,7 +941,7 @@ fn the_cgroup_tier_kills_processes_that_left_the_group() {
             fs::read_to_string(job_cg.join("pids.max")).ok()
         });
         assert_eq!(max.trim(), "50");
-        assert!(r.job(&id)["confinement"]
+        assert!(started_record(&r, &id)["confinement"]
             .as_str()
             .expect("c")
             .contains("pids.max"));
