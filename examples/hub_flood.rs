@@ -268,29 +268,46 @@ async fn run(dir: &std::path::Path, flood: usize, n: usize, rounds: usize) -> an
             });
         })
     };
-    // The hub's peak while the flood builds up and holds.
+    // The hub's peak while the flood builds up and holds. The admin's connection is kept
+    // in use (the client drops one idle for 5 s): the changes below are then timed from a
+    // connection already open, as the honest agents' are; a new one's wait is timed apart.
     let mut rss_peak = rss_base;
+    let mut kept = Instant::now();
     while t.elapsed() < Duration::from_secs(8) {
         rss_peak = rss_peak.max(rss_kib(hub.pid)?);
+        if kept.elapsed() >= Duration::from_secs(1) {
+            hub.admin(
+                reqwest::Method::GET,
+                "/v1/admin/desired/fleet",
+                serde_json::json!({}),
+            )
+            .await?;
+            kept = Instant::now();
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let during = propagation(&hub, &mut rx, n, rounds, rounds).await?;
-    // A client of its own: a new connection, which must find a place among the unproven.
-    let fresh = reqwest::Client::builder()
-        .use_rustls_tls()
-        .add_root_certificate(reqwest::Certificate::from_pem(&ca)?)
-        .build()?;
-    let t_new = Instant::now();
-    let late_ok = reconcile(
-        &fresh,
-        &format!("{}/v1/agents/honest-{n}/reconcile", hub.url),
-        &hub_client::bearer(&late)?,
-        0,
-        0,
-    )
-    .await
-    .is_ok();
-    let new_conn = t_new.elapsed();
+    // New agents, each with a client of its own: a new connection, which must find a
+    // place among the unproven and a turn to shake hands. The slowest of five.
+    let mut new_conn = Duration::ZERO;
+    let mut late_ok = true;
+    for _ in 0..5 {
+        let fresh = reqwest::Client::builder()
+            .use_rustls_tls()
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca)?)
+            .build()?;
+        let t_new = Instant::now();
+        late_ok &= reconcile(
+            &fresh,
+            &format!("{}/v1/agents/honest-{n}/reconcile", hub.url),
+            &hub_client::bearer(&late)?,
+            0,
+            0,
+        )
+        .await
+        .is_ok();
+        new_conn = new_conn.max(t_new.elapsed());
+    }
     rss_peak = rss_peak.max(rss_kib(hub.pid)?);
     let shaken = handshaked.load(Ordering::Relaxed);
     stop_tx.send_replace(true);
@@ -310,7 +327,7 @@ async fn run(dir: &std::path::Path, flood: usize, n: usize, rounds: usize) -> an
         mib(rss_after)
     );
     println!(
-        "honest agents, fleet change -> all: calm p50 {:.1} ms p99 {:.1} ms; under the flood p50 {:.1} ms p99 {:.1} ms; a new agent's first reconcile {:.1} ms ({}); errors {}",
+        "honest agents, fleet change -> all: calm p50 {:.1} ms p99 {:.1} ms; under the flood p50 {:.1} ms p99 {:.1} ms; a new agent's first reconcile at most {:.1} ms of 5 ({}); errors {}",
         ms(percentile(&calm, 0.5)),
         ms(percentile(&calm, 0.99)),
         ms(percentile(&during, 0.5)),

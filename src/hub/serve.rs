@@ -18,8 +18,10 @@
 //!   and an honest client still gets in. A request whose token a route accepts calls
 //!   [`proven`], which frees its connection's place for good.
 //! - Once a burst of connections has closed (at least [`TRIM_AFTER`] fewer than the most
-//!   open since the last look, every [`TRIM_EVERY`]), the heap's free pages go back to the
-//!   kernel: a flood that has passed leaves the hub at its usual size, not at its peak.
+//!   open since the last look, every [`TRIM_EVERY`]) and no flood is under way (few
+//!   unproven places taken), the heap's free pages go back to the kernel: a flood that has
+//!   passed leaves the hub at its usual size, not at its peak. Never during one: a trim
+//!   holds the allocator's locks while it walks the heap, and every thread waits.
 //!
 //! A held long poll is one connection task parked on its agent's watch channel.
 
@@ -43,10 +45,6 @@ pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const MAX_BUF_BYTES: usize = 16 * 1024;
 /// Connections without a proven token served at once (see the module's doc).
 pub(crate) const MAX_UNPROVEN: usize = 2048;
-/// TLS handshakes under way at once. A handshake is the costliest thing a client without a
-/// token can make the hub do; run thousands at once and the answers to agents already
-/// connected queue behind them on the runtime's two threads.
-const HANDSHAKES_AT_ONCE: usize = 32;
 /// How often the number of open connections is looked at, for a trim of the heap.
 const TRIM_EVERY: Duration = Duration::from_secs(5);
 /// How many connections must have closed since the most open, for a trim.
@@ -60,7 +58,9 @@ tokio::task_local! {
 /// The request being served showed a valid token: its connection is no longer counted
 /// among the unproven ones. Called by every route that checks a token, once it passed.
 pub(crate) fn proven() {
-    let _ = PLACE.try_with(|p| p.proven());
+    if PLACE.try_with(|p| p.proven()).is_err() {
+        tracing::debug!("a token was proven outside any connection's scope");
+    }
 }
 /// Connections past the cap that are answered 503 at once, at most.
 const OVERFLOW_ANSWERS: usize = 256;
@@ -78,7 +78,6 @@ pub(crate) async fn accept_loop<W>(
     let acceptor = TlsAcceptor::from(tls);
     let permits = Arc::new(Semaphore::new(max_connections));
     let places = Places::new(MAX_UNPROVEN);
-    let handshakes = Arc::new(Semaphore::new(HANDSHAKES_AT_ONCE));
     let overflow = Arc::new(Semaphore::new(OVERFLOW_ANSWERS));
     let mut failing = false;
     let mut look = tokio::time::interval(TRIM_EVERY);
@@ -93,7 +92,7 @@ pub(crate) async fn accept_loop<W>(
             _ = look.tick() => {
                 let open = max_connections - permits.available_permits();
                 most_open = most_open.max(open);
-                if most_open - open >= TRIM_AFTER {
+                if most_open - open >= TRIM_AFTER && places.in_use() < MAX_UNPROVEN / 8 {
                     most_open = open;
                     tokio::task::spawn_blocking(crate::sys::memory::trim_heap);
                 }
@@ -119,10 +118,9 @@ pub(crate) async fn accept_loop<W>(
         let _ = tcp.set_nodelay(true);
         match permits.clone().try_acquire_owned() {
             Ok(permit) => {
-                let (acceptor, app) = (acceptor.clone(), app.clone());
-                let (places, handshakes) = (places.clone(), handshakes.clone());
+                let (acceptor, app, places) = (acceptor.clone(), app.clone(), places.clone());
                 tokio::spawn(async move {
-                    serve_one(tcp, acceptor, app, places, handshakes).await;
+                    serve_one(tcp, acceptor, app, places).await;
                     drop(permit);
                 });
             }
@@ -140,21 +138,12 @@ pub(crate) async fn accept_loop<W>(
     }
 }
 
-async fn serve_one(
-    tcp: TcpStream,
-    acceptor: TlsAcceptor,
-    app: Router,
-    places: Arc<Places>,
-    handshakes: Arc<Semaphore>,
-) {
+async fn serve_one(tcp: TcpStream, acceptor: TlsAcceptor, app: Router, places: Arc<Places>) {
     // The place first, then the handshake, both within the handshake's time.
     let handshake = async {
         let place = places.take().await?;
         let tls = tokio::select! {
-            tls = async {
-                let _turn = handshakes.acquire().await.ok()?;
-                acceptor.accept(tcp).await.ok()
-            } => tls?,
+            tls = acceptor.accept(tcp) => tls.ok()?,
             // Cancel-safe: an abandoned handshake just closes the connection.
             () = place.evicted() => return None,
         };

@@ -2,9 +2,9 @@
 //!
 //! Such a connection costs the hub a TLS session and a read buffer, and anyone may open
 //! one: at most [`Places::new`]'s number hold a place at once. A connection that comes when
-//! all are taken closes the *oldest* unproven one (an honest client shows its token within
-//! milliseconds of its handshake; one that holds a place for seconds without a token is
-//! the one to go), then waits for a place. So a flood of clients without a token costs a
+//! all are taken closes the *oldest* unproven one and takes its place at once (an honest
+//! client shows its token within milliseconds of its handshake; one that holds a place for
+//! seconds without a token is the one to go). Nobody queues behind a flood. So a flood of clients without a token costs a
 //! bounded amount of memory, and an honest client that arrives during it still gets in.
 //! A place is given back for good once its connection is proven ([`Place::proven`]), or
 //! when the connection closes.
@@ -43,10 +43,11 @@ impl Places {
     pub(crate) async fn take(&self) -> Option<Arc<Place>> {
         let permit = match self.free.clone().try_acquire_owned() {
             Ok(p) => p,
-            Err(_) => {
-                self.evict_oldest();
-                self.free.clone().acquire_owned().await.ok()?
-            }
+            Err(_) => match self.evict_oldest() {
+                Some(p) => p,
+                // Every place is in a handshake that has not registered yet: wait.
+                None => self.free.clone().acquire_owned().await.ok()?,
+            },
         };
         let place = Arc::new(Place {
             permit: Mutex::new(Some(permit)),
@@ -60,18 +61,26 @@ impl Places {
         Some(place)
     }
 
-    /// The oldest unproven connection loses its place (now) and is told to close.
-    fn evict_oldest(&self) {
+    /// Places taken now.
+    pub(crate) fn in_use(&self) -> usize {
+        self.max - self.free.available_permits()
+    }
+
+    /// The oldest unproven connection loses its place, which is returned, and is told to
+    /// close.
+    fn evict_oldest(&self) -> Option<OwnedSemaphorePermit> {
         let mut order = util::lock(&self.order);
         while let Some(w) = order.pop_front() {
             let Some(place) = w.upgrade() else { continue };
             // Taken under the place's lock: a connection proven meanwhile keeps its
             // place, one evicted is never counted as proven.
-            if util::lock(&place.permit).take().is_some() {
+            let taken = util::lock(&place.permit).take();
+            if taken.is_some() {
                 place.evict.notify_one();
-                return;
+                return taken;
             }
         }
+        None
     }
 }
 
