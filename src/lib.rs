@@ -1,6 +1,6 @@
 //! railgrid: a fleet agent that keeps one supervised runner alive on a host, the runner
 //! that executes jobs in confined process trees, and the reference hub they reconcile
-//! against — one binary. See DESIGN.md for the invariants each module upholds.
+//! against — one binary. See docs/design.md for the invariants each module upholds.
 
 pub(crate) mod agent;
 pub(crate) mod build_info;

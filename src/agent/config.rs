@@ -153,7 +153,7 @@ pub(crate) struct HubSettings {
     pub(crate) ca_file: Option<PathBuf>,
 }
 
-/// How the agent upgrades itself (DESIGN invariant 13).
+/// How the agent upgrades itself (docs/design.md, invariant 13).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct UpgradeSettings {
     /// minisign public key lines; a release must be signed by one of them. Empty: every

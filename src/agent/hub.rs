@@ -1,4 +1,4 @@
-//! The agent's side of the hub protocol (v1, DESIGN.md): a long-poll reconcile loop.
+//! The agent's side of the hub protocol (v1, docs/hub.md): a long-poll reconcile loop.
 //!
 //! Task: [`HubTask`], one per agent with a `[hub]`; callers hold a [`HubHandle`].
 //! - Out, to the hub: `POST {url}/v1/agents/{id}/reconcile?wait=30` with the agent's
@@ -18,7 +18,7 @@
 //! reconciler could not apply) is retried with capped, jittered exponential backoff
 //! ([`backoff_delay`]) and logged once per change of state, never once per retry. Nothing
 //! here stops the runner or ends the agent: without the hub the agent keeps the desired
-//! state it applied last (DESIGN invariant 12).
+//! state it applied last (docs/design.md, invariant 12).
 //!
 //! The token goes from its file (0600) into one `Authorization` value marked sensitive,
 //! and nowhere else: not into a log line, the status file, an error, or a child. A hub

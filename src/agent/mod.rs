@@ -649,7 +649,7 @@ fn check_reachable(path: &Path, acct: &Account) -> Result<(), AgentError> {
         })
 }
 
-/// The running executable, pinned (DESIGN invariant 14): runners are launched from its
+/// The running executable, pinned (docs/design.md, invariant 14): runners are launched from its
 /// bytes, never from what its path names later. Hashing it is blocking work.
 async fn pin_own_exe() -> Result<Arc<PinnedExe>, AgentError> {
     tokio::task::spawn_blocking(PinnedExe::current)

@@ -1,4 +1,4 @@
-//! The hub's HTTP API (hub protocol v1, DESIGN.md): the agents' reconcile, and the admin
+//! The hub's HTTP API (hub protocol v1, docs/hub.md): the agents' reconcile, and the admin
 //! routes under `/v1/admin` (admin token). Errors are `{"error": "..."}` with a fitting
 //! status, for every route and for routes and methods that do not exist.
 

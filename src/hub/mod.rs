@@ -1,5 +1,5 @@
 //! The reference hub: `railgrid hub serve`, the control plane agents reconcile against
-//! (hub protocol v1, DESIGN.md), and the client of its admin API (`railgrid hub …`).
+//! (hub protocol v1, docs/hub.md), and the client of its admin API (`railgrid hub …`).
 //!
 //! Tasks of `hub serve`:
 //! - the *accept loop* ([`serve::accept_loop`]): TLS connections, capped; one task per

@@ -1,5 +1,5 @@
 //! The desired state of one agent: what the hub answers to a reconcile (hub protocol v1,
-//! DESIGN.md), and what a standalone agent derives from its config file. The agent's
+//! docs/hub.md), and what a standalone agent derives from its config file. The agent's
 //! reconciler converges to it, whichever of the two it came from.
 //!
 //! Only what the hub may decide is here. What the host alone can decide (the runner's
@@ -145,7 +145,7 @@ pub struct DesiredRunner {
 }
 
 /// A desired state that says nothing of the runner still wants one: the embedded default
-/// is a standalone host that runs jobs (DESIGN invariant 12).
+/// is a standalone host that runs jobs (docs/design.md, invariant 12).
 fn enabled_by_default() -> bool {
     true
 }

@@ -1,4 +1,4 @@
-//! Jobs through the hub (hub protocol v1, DESIGN.md): what the desired state carries to
+//! Jobs through the hub (hub protocol v1, docs/hub.md): what the desired state carries to
 //! an agent ([`DesiredJob`]), what the agent reports of each ([`JobReport`]), the answer
 //! to an output upload ([`OutputAck`]), and the admin side ([`HubJobSubmit`],
 //! [`HubJobView`]).

@@ -1,5 +1,5 @@
 //! The agent's report: the body of `POST /v1/agents/{id}/reconcile` (hub protocol v1,
-//! DESIGN.md). What the agent observes on its host, sent with every reconcile; the hub
+//! docs/hub.md). What the agent observes on its host, sent with every reconcile; the hub
 //! keeps the latest one per agent and shows it in `hub agent list|show`.
 
 use serde::{Deserialize, Serialize};

@@ -15,7 +15,7 @@
 //! [`run_once`] runs a short task the same way (same checks, account and environment) to
 //! its end, with its output captured.
 //!
-//! What it promises (DESIGN.md invariants 1–5): never uid 0 for the child, decided when
+//! What it promises (docs/design.md, invariants 1–5): never uid 0 for the child, decided when
 //! the supervisor is constructed; an environment built from nothing; an owner-only log
 //! that never holds more than twice its cap; the child leads its own session and process
 //! group, and stop takes the whole group down (SIGTERM, grace, SIGKILL); restarts back off.

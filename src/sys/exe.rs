@@ -1,5 +1,5 @@
 //! The agent's own executable, pinned: the runner is launched from the bytes the agent
-//! was started from, never from whatever the path names later (DESIGN invariant 14).
+//! was started from, never from whatever the path names later (docs/design.md, invariant 14).
 //!
 //! Linux: the agent opens `/proc/self/exe` once at start, which is the inode it runs from
 //! even when the path has been replaced since, and keeps the descriptor. That keeps the

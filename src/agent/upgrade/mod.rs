@@ -1,4 +1,4 @@
-//! The agent's self-upgrade (DESIGN invariants 13 and 14).
+//! The agent's self-upgrade (docs/design.md, invariants 13 and 14).
 //!
 //! Task: [`UpgradeTask`], one per agent; the agent holds an [`UpgradeHandle`].
 //! - In: the desired state in force (the reconciler's [`Observed`]): its agent version

@@ -1,6 +1,6 @@
 //! `railgrid agent upgrade-watch`: the guard of one upgrade, run from the *previous*
 //! binary's bytes (`<exe>.prev`), outside the agent's process tree and service, so that
-//! a rollback never depends on a line of the new binary's code (DESIGN invariant 13).
+//! a rollback never depends on a line of the new binary's code (docs/design.md, invariant 13).
 //!
 //! It watches `<state>/upgrade.json` and the agent. It exits as soon as the upgrade it
 //! guards is committed (or is no longer the one in the record). It rolls back when the

@@ -838,7 +838,7 @@ impl<S: Store> Fleet<S> {
     }
 
     /// An agent rolled `version` back: no agent that has not started it is offered it
-    /// any more (DESIGN invariant 13, the fleet halt).
+    /// any more (docs/design.md, invariant 13, the fleet halt).
     async fn halt_on_rollback(
         &self,
         entry: &AgentEntry,
