@@ -96,18 +96,19 @@ pub enum ReleaseCommand {
 #[derive(Debug, Args)]
 pub struct HubArgs {
     /// The hub's data dir: `serve` keeps its database, tokens and CA there; the admin
-    /// commands on the hub's host read the URL, admin token and CA from it.
-    #[arg(long, value_name = "DIR", global = true)]
+    /// commands on the hub's host read the URL, admin token and CA from it. Default:
+    /// /var/lib/railgrid-hub as root, $XDG_STATE_HOME/railgrid-hub otherwise.
+    #[arg(long, value_name = "DIR", global = true, env = crate::env_vars::HUB_DATA_DIR)]
     pub data_dir: Option<PathBuf>,
     /// The hub's URL, for admin commands from another host (with --token-file).
-    #[arg(long = "hub", value_name = "URL", global = true)]
+    #[arg(long = "hub", value_name = "URL", global = true, env = crate::env_vars::HUB_ADMIN_URL)]
     pub url: Option<String>,
     /// File holding the admin token (mode 0600; default <data-dir>/admin.token).
-    #[arg(long, value_name = "FILE", global = true)]
+    #[arg(long, value_name = "FILE", global = true, env = crate::env_vars::HUB_ADMIN_TOKEN_FILE)]
     pub token_file: Option<PathBuf>,
     /// PEM file of the CA that signed the hub's certificate (default with --data-dir:
     /// <data-dir>/ca.pem when the hub made its own).
-    #[arg(long, value_name = "PEM", global = true)]
+    #[arg(long, value_name = "PEM", global = true, env = crate::env_vars::HUB_ADMIN_CA_FILE)]
     pub ca_file: Option<PathBuf>,
     /// Print JSON.
     #[arg(long, global = true)]
@@ -214,8 +215,14 @@ pub enum HubJobCommand {
     /// Show one job.
     Status { id: String },
     /// Print a job's output as the hub holds it (stdout unless --stderr).
+    /// A job's output as the hub holds it: stdout to stdout and stderr to stderr, both
+    /// unless one is picked.
     Logs {
         id: String,
+        /// Only the job's stdout.
+        #[arg(long, conflicts_with = "stderr")]
+        stdout: bool,
+        /// Only the job's stderr.
         #[arg(long)]
         stderr: bool,
         /// Keep printing as the output arrives, until the job is done.
@@ -248,6 +255,11 @@ pub struct HubJobSubmitArgs {
     /// Working directory, inside the runner's workspace root.
     #[arg(long, value_name = "DIR")]
     pub cwd: Option<String>,
+    /// Owner, for the runner's per-owner admission limits.
+    #[arg(long)]
+    pub owner: Option<String>,
+    #[command(flatten)]
+    pub limits: JobLimitArgs,
     /// Stream the job's output as it reaches the hub and exit with the job's exit code
     /// (128 + signal, 124 on timeout). Ctrl-C cancels the job; a second one detaches.
     #[arg(long)]
@@ -745,6 +757,16 @@ pub struct JobSubmitArgs {
     /// Print the job's id and return at once; the job runs on.
     #[arg(long)]
     pub detach: bool,
+    #[command(flatten)]
+    pub limits: JobLimitArgs,
+    /// The program and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "PROGRAM")]
+    pub command: Vec<String>,
+}
+
+/// A job's resource limits, for `job submit` and `hub job submit` alike.
+#[derive(Debug, Args)]
+pub struct JobLimitArgs {
     /// Memory limit in bytes (at least 8 MiB): memory.max in the cgroup tier, else RLIMIT_AS.
     #[arg(long, value_name = "BYTES")]
     pub memory_bytes: Option<u64>,
@@ -761,9 +783,6 @@ pub struct JobSubmitArgs {
     /// Open-file limit (RLIMIT_NOFILE, at least 16).
     #[arg(long, value_name = "N")]
     pub open_files: Option<u64>,
-    /// The program and its arguments, after `--`.
-    #[arg(last = true, required = true, value_name = "PROGRAM")]
-    pub command: Vec<String>,
 }
 
 #[cfg(test)]

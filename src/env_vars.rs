@@ -35,6 +35,15 @@ pub(crate) const UPGRADE_SETTLE: &str = "RAILGRID_UPGRADE_SETTLE";
 pub(crate) const UPGRADE_DEADLINE: &str = "RAILGRID_UPGRADE_DEADLINE";
 pub(crate) const UPGRADE_HUB_WAIT: &str = "RAILGRID_UPGRADE_HUB_WAIT";
 
+/// The hub's side (`railgrid hub …`): its data dir, and for admin commands from another
+/// host its URL, admin token file and CA. Named apart from the agent's `RAILGRID_HUB_*`,
+/// which name the agent's own hub link and token: a host that runs both must not hand the
+/// agent's token to an admin command.
+pub(crate) const HUB_DATA_DIR: &str = "RAILGRID_HUB_DATA_DIR";
+pub(crate) const HUB_ADMIN_URL: &str = "RAILGRID_HUB_ADMIN_URL";
+pub(crate) const HUB_ADMIN_TOKEN_FILE: &str = "RAILGRID_HUB_ADMIN_TOKEN_FILE";
+pub(crate) const HUB_ADMIN_CA_FILE: &str = "RAILGRID_HUB_ADMIN_CA_FILE";
+
 /// Where a non-root agent keeps its state by default (`$XDG_STATE_HOME/railgrid`, else
 /// `$HOME/.local/state/railgrid`) and looks for its configuration
 /// (`$XDG_CONFIG_HOME/railgrid/agent.toml`, else `$HOME/.config/…`).

@@ -54,6 +54,21 @@ pub(crate) fn acquire(state_dir: &Path, traversable: bool) -> Result<Instance, A
             fs::set_permissions(dir, fs::Permissions::from_mode(0o711)).map_err(dir_err(dir))?;
         }
     }
+    // Another account's state dir (a root quick start, then an ordinary user): say whose,
+    // instead of failing on its lock with "Permission denied".
+    let (ours, _) = crate::sys::current_ids();
+    if let Ok(meta) = fs::symlink_metadata(state_dir) {
+        use std::os::unix::fs::MetadataExt;
+        if ours != 0 && meta.uid() != ours {
+            return Err(AgentError::StateDirOwner {
+                path: state_dir.to_owned(),
+                owner: crate::supervisor::account::Account::by_uid(meta.uid())
+                    .map_or_else(|| format!("uid {}", meta.uid()), |a| a.name),
+                uid: meta.uid(),
+                ours,
+            });
+        }
+    }
     // A level someone else made between the caller's check and these mkdirs is theirs.
     super::check_trusted_parents(state_dir)?;
     match lock::acquire(&lock_path(state_dir)) {

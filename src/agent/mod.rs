@@ -94,6 +94,13 @@ pub(crate) const SERVICE_STOP_TIMEOUT: Duration =
 
 #[derive(Debug, Error)]
 pub(crate) enum AgentError {
+    #[error("the state directory {path} belongs to {owner} (uid {uid}), not to this account (uid {ours}): an agent of {owner} used it; remove it as {owner}, or give another --state-dir")]
+    StateDirOwner {
+        path: PathBuf,
+        owner: String,
+        uid: u32,
+        ours: u32,
+    },
     #[error("could not create directory {path}")]
     Dir {
         path: PathBuf,
@@ -167,6 +174,7 @@ impl AgentError {
         matches!(
             self,
             AgentError::Unreachable { .. }
+                | AgentError::StateDirOwner { .. }
                 | AgentError::UntrustedParent { .. }
                 | AgentError::RunnerDirOwner { .. }
                 | AgentError::AlreadyRunning { .. }

@@ -26,6 +26,11 @@ pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {
         json,
         command,
     } = args;
+    // Neither given: the hub on this host, at its default data dir.
+    let data_dir = match (&data_dir, &url) {
+        (None, None) => default_data_dir(),
+        _ => data_dir,
+    };
     let target = Target {
         data_dir,
         url,
@@ -58,6 +63,21 @@ fn store(target: Target, command: HubStoreCommand) -> anyhow::Result<ExitCode> {
         "renumbered {}: the generation counter was {} and is 1; each agent takes the hub's desired state at its next reconcile",
         done.store, done.was
     ))
+}
+
+/// `/var/lib/railgrid-hub` as root; `$XDG_STATE_HOME/railgrid-hub` (or
+/// `~/.local/state/railgrid-hub`) otherwise; `None` without a home.
+fn default_data_dir() -> Option<std::path::PathBuf> {
+    if crate::sys::is_root() {
+        return Some("/var/lib/railgrid-hub".into());
+    }
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    env(crate::env_vars::XDG_STATE_HOME)
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            env(crate::env_vars::HOME).map(|h| std::path::Path::new(&h).join(".local/state"))
+        })
+        .map(|base| base.join("railgrid-hub"))
 }
 
 fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
@@ -305,7 +325,15 @@ fn agent_table(agents: &[AgentView]) -> String {
                 r.map_or("-".into(), |r| clean(&r.version)),
                 r.filter(|r| !r.os.is_empty())
                     .map_or("-".into(), |r| clean(&format!("{}/{}", r.os, r.arch))),
-                r.map_or("-".into(), |r| clean(&r.runner.state)),
+                // What a disconnected agent last said is not what holds now: its age.
+                r.map_or("-".into(), |r| {
+                    let state = clean(&r.runner.state);
+                    if a.connected || a.revoked {
+                        state
+                    } else {
+                        format!("{state} ({})", ago(a.last_seen))
+                    }
+                }),
                 format!("{}/{}", a.observed_generation, a.desired_generation),
                 r.and_then(|r| r.upgrade.as_ref())
                     .map_or("-".into(), |u| clean(&u.state)),

@@ -42,14 +42,41 @@ async fn command(c: &AdminClient, cmd: HubJobCommand, json: bool) -> anyhow::Res
             }
             print_stdout(job_detail(&v).trim_end())
         }
-        HubJobCommand::Logs { id, stderr, follow } => {
-            let stream = if stderr { "stderr" } else { "stdout" };
-            if follow {
-                let mut out = tokio::io::stdout();
-                follow_stream(c, &id, stream, &mut out).await?;
-            } else {
-                print_all(c, &id, stream).await?;
-            }
+        HubJobCommand::Logs {
+            id,
+            stdout,
+            stderr,
+            follow,
+        } => {
+            let (want_out, want_err) = match (stdout, stderr) {
+                (false, false) => (true, true),
+                picked => picked,
+            };
+            let out = async {
+                if !want_out {
+                    return Ok(());
+                }
+                let mut w = tokio::io::stdout();
+                if follow {
+                    follow_stream(c, &id, "stdout", &mut w).await
+                } else {
+                    print_all(c, &id, "stdout", &mut w).await
+                }
+            };
+            let err = async {
+                if !want_err {
+                    return Ok(());
+                }
+                let mut w = tokio::io::stderr();
+                if follow {
+                    follow_stream(c, &id, "stderr", &mut w).await
+                } else {
+                    print_all(c, &id, "stderr", &mut w).await
+                }
+            };
+            let (a, b) = tokio::join!(out, err);
+            a?;
+            b?;
             Ok(ExitCode::SUCCESS)
         }
         HubJobCommand::Wait { id } => {
@@ -85,6 +112,8 @@ async fn submit(c: &AdminClient, a: HubJobSubmitArgs, json: bool) -> anyhow::Res
         cwd: a.cwd,
         env: a.env.into_iter().collect(),
         timeout_secs: a.timeout.map(|d| d.as_secs().max(1)),
+        owner: a.owner,
+        limits: super::job::limits_of(&a.limits),
         ..JobSpec::default()
     };
     // Before the submission: a Ctrl-C from then on cancels the job.
@@ -193,10 +222,14 @@ async fn follow_stream(
     }
 }
 
-/// Prints what the hub holds of a stream now.
-async fn print_all(c: &AdminClient, id: &str, stream: &str) -> Result<(), AdminError> {
+/// Writes what the hub holds of a stream now to `out`.
+async fn print_all(
+    c: &AdminClient,
+    id: &str,
+    stream: &str,
+    out: &mut (impl tokio::io::AsyncWrite + Unpin),
+) -> Result<(), AdminError> {
     use tokio::io::AsyncWriteExt;
-    let mut out = tokio::io::stdout();
     let mut offset = 0;
     loop {
         let slice = c.output(id, stream, offset).await?;
@@ -227,6 +260,9 @@ fn ended(v: &HubJobView) -> ExitCode {
         .map(|e| format!(": {}", clean(e)))
         .unwrap_or_default();
     let line = match state {
+        // A job whose program could not start (not found: 127, not executable: 126)
+        // carries the runner's reason, as `railgrid job` prints it.
+        Some(JobState::Failed) if v.error.is_some() => Some(format!("failed{why}")),
         Some(JobState::Succeeded | JobState::Failed) if v.exit_code.is_some() => None,
         Some(JobState::Succeeded | JobState::Failed) => match v.signal {
             Some(sig) => Some(format!("was killed by signal {sig}")),
@@ -260,9 +296,11 @@ fn job_table(jobs: &[HubJobView]) -> String {
         "ID", "AGENT", "STATE", "EXIT", "OUT/ERR BYTES", "SUBMITTED"
     );
     for j in jobs {
-        let exit = match (j.exit_code, j.signal) {
-            (Some(c), _) => c.to_string(),
-            (None, Some(s)) => format!("s{s}"),
+        // The code a shell shows (128 + signal, 124 on timeout), as `wait` exits with.
+        let exit = match j.job_state() {
+            Some(s) if s.is_terminal() && (j.exit_code.is_some() || j.signal.is_some()) => {
+                shell_exit_code(s, j.exit_code, j.signal).to_string()
+            }
             _ => "-".into(),
         };
         let state = if j.cancel_requested {
@@ -322,6 +360,21 @@ fn job_detail(j: &HubJobView) -> String {
     line("submitted", ago(Some(j.created_ms / 1000)));
     if let Some(f) = j.finished_ms {
         line("finished", ago(Some(f / 1000)));
+        line(
+            "took",
+            format!(
+                "{} from submission",
+                humantime::format_duration(std::time::Duration::from_millis(
+                    f.saturating_sub(j.created_ms) / 100 * 100
+                ))
+            ),
+        );
+    }
+    if let Some(s) = j.job_state().filter(|s| s.is_terminal()) {
+        line(
+            "exit (shell)",
+            shell_exit_code(s, j.exit_code, j.signal).to_string(),
+        );
     }
     line(
         "stdout",

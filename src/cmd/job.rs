@@ -123,18 +123,23 @@ fn api_err(e: ClientError) -> anyhow::Error {
     }
 }
 
+/// The limits the flags give, `None` for none.
+pub(super) fn limits_of(a: &crate::cli::JobLimitArgs) -> Option<Limits> {
+    let limits = Limits {
+        memory_bytes: a.memory_bytes,
+        cpu_secs: a.cpu_secs,
+        open_files: a.open_files,
+        processes: a.processes,
+        cpu_millis: a.cpu_millis,
+    };
+    (limits != Limits::default()).then_some(limits)
+}
+
 async fn submit(
     client: &Client,
     socket: &std::path::Path,
     args: JobSubmitArgs,
 ) -> anyhow::Result<ExitCode> {
-    let limits = Limits {
-        memory_bytes: args.memory_bytes,
-        cpu_secs: args.cpu_secs,
-        open_files: args.open_files,
-        processes: args.processes,
-        cpu_millis: args.cpu_millis,
-    };
     let spec = JobSpec {
         id: args.id,
         argv: args.command,
@@ -142,7 +147,7 @@ async fn submit(
         env: args.env.into_iter().collect(),
         timeout_secs: args.timeout.map(|d| d.as_secs().max(1)),
         owner: args.owner,
-        limits: (limits != Limits::default()).then_some(limits),
+        limits: limits_of(&args.limits),
         ..JobSpec::default()
     };
     // Before the submission: a Ctrl-C from then on is the job's to handle.

@@ -48,7 +48,11 @@ pub(super) fn run(args: SuperviseArgs) -> anyhow::Result<ExitCode> {
             }
         }
         let mut status = sup.subscribe();
-        sup.start().await?;
+        sup.start().await.map_err(|e| match e {
+            // A log file left by another account: the operator's to fix (exit 2).
+            e @ supervisor::Error::Log(supervisor::log::LogError::NotOurs { .. }) => usage(e),
+            e => e.into(),
+        })?;
         let mut started = false;
         let which = loop {
             // Cancel-safe: signal streams buffer deliveries between polls, and `wait_for`

@@ -55,6 +55,13 @@ pub enum LogError {
     },
     #[error("log path {path} is not a regular file")]
     NotAFile { path: PathBuf },
+    #[error("log file {path} belongs to {owner} (uid {uid}), and this account (uid {ours}) may not write it: remove it as {owner}, or give another --log")]
+    NotOurs {
+        path: PathBuf,
+        owner: String,
+        uid: u32,
+        ours: u32,
+    },
     #[error("could not restrict log file {path} to mode 0600")]
     Chmod {
         path: PathBuf,
@@ -319,9 +326,25 @@ fn open_private(path: &Path) -> Result<File, LogError> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .map_err(|source| LogError::Open {
-            path: path.to_owned(),
-            source,
+        .map_err(|source| {
+            // Left by another account (a root quick start, then an ordinary user): say
+            // whose it is, not only "Permission denied".
+            let (ours, _) = crate::sys::current_ids();
+            match fs::symlink_metadata(path) {
+                Ok(m) if source.kind() == io::ErrorKind::PermissionDenied && m.uid() != ours => {
+                    LogError::NotOurs {
+                        path: path.to_owned(),
+                        owner: super::account::Account::by_uid(m.uid())
+                            .map_or_else(|| format!("uid {}", m.uid()), |a| a.name),
+                        uid: m.uid(),
+                        ours,
+                    }
+                }
+                _ => LogError::Open {
+                    path: path.to_owned(),
+                    source,
+                },
+            }
         })?;
     let meta = file.metadata().map_err(|source| LogError::Open {
         path: path.to_owned(),

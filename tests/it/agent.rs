@@ -992,8 +992,11 @@ fn sigterm_ends_every_job_within_the_runner_stop_budget() {
 #[test]
 fn the_agent_reaps_the_jobs_of_a_runner_that_could_not_stop_them() {
     let host = Host::new();
+    // The process-group tier, whose only way to end such a job is the reap (in the cgroup
+    // tier, `cgroup.kill` ends it first: a_delegated_agent_empties_the_runners_cgroup_tree…).
     let mut agent = Guard::new(
         host.agent_cmd(&[])
+            .env("RAILGRID_RUNNER_DELEGATE_CGROUP", "false")
             .env("RAILGRID_RUNNER_STOP_GRACE", "1s")
             .spawn()
             .expect("spawn agent"),

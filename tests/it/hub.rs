@@ -195,7 +195,10 @@ fn a_change_wakes_the_held_polls_it_concerns_and_no_others() {
     let (code, body) = pb.answer(Duration::from_secs(10));
     assert_eq!(code, 200, "{body}");
     assert_eq!(json(&body)["runner"]["enabled"], false);
-    wait_for(Duration::from_secs(10), "b's poll released", || {
+    // Answered, not gone: an agent's next poll follows at once, and `connected` does not
+    // flicker to "no" in between (it did after every change or job for the agent).
+    assert!(connected(&hub, "b"), "connected flickered after an answer");
+    wait_for(Duration::from_secs(30), "b no longer connected", || {
         (!connected(&hub, "b")).then_some(())
     });
 }
@@ -578,7 +581,11 @@ fn held_polls_are_counted_while_held_only() {
     wait_for(Duration::from_secs(10), "no poll held", || {
         (held(&hub) == 0).then_some(())
     });
-    assert!(!connected(&hub, "count"));
+    // Connected a few seconds more (an answered poll is followed by the next at once, and
+    // `connected` must not flicker in between), then not.
+    wait_for(Duration::from_secs(30), "no longer connected", || {
+        (!connected(&hub, "count")).then_some(())
+    });
 }
 
 #[test]

@@ -606,3 +606,84 @@ fn the_hub_keeps_its_cap_of_a_stream_and_says_so() {
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("past the 1000 bytes"), "{body}");
 }
+
+#[test]
+fn hub_job_commands_say_what_the_local_ones_say() {
+    let mut f = Fleet::new(&[]);
+    f.start_agent();
+    // A program that is not there: the runner's reason, and 127, as `railgrid job` says.
+    let out = f.jobs(&["submit", "--agent", "a1", "--wait", "--", "nosuchprog"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), Some(127), "{err}");
+    assert!(
+        err.contains("nosuchprog") && err.contains("not found"),
+        "{err}"
+    );
+
+    // Both streams, each where it belongs; --owner and limits reach the runner.
+    let out = f.jobs(&[
+        "submit",
+        "--agent",
+        "a1",
+        "--id",
+        "both",
+        "--owner",
+        "ci",
+        "--open-files",
+        "64",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; ulimit -n; exit 3",
+    ]);
+    assert_eq!(
+        code(&out),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let logs = f.jobs(&["logs", "both"]);
+    assert_eq!(String::from_utf8_lossy(&logs.stdout), "out\n64\n");
+    assert_eq!(String::from_utf8_lossy(&logs.stderr), "err\n");
+    let only = f.jobs(&["logs", "both", "--stderr"]);
+    assert_eq!(
+        (
+            String::from_utf8_lossy(&only.stdout).as_ref(),
+            String::from_utf8_lossy(&only.stderr).as_ref()
+        ),
+        ("", "err\n")
+    );
+    let rec = f.runner_job("both").expect("the runner's record");
+    assert_eq!(rec["owner"], "ci", "{rec}");
+
+    // A cancelled job shows the code a shell shows (143), not the signal's number.
+    let id = f.submit(&["--id", "term"], &["sleep", "600"]);
+    f.wait_status(&id, "running", |v| v["state"] == "running");
+    assert!(f.jobs(&["cancel", &id]).status.success());
+    f.wait_done(&id);
+    let list = String::from_utf8_lossy(&f.jobs(&["list"]).stdout).into_owned();
+    let row = list
+        .lines()
+        .find(|l| l.starts_with("term "))
+        .expect("the row");
+    assert!(row.split_whitespace().any(|c| c == "143"), "{list}");
+    let status = String::from_utf8_lossy(&f.jobs(&["status", "term"]).stdout).into_owned();
+    assert!(
+        status.contains("exit (shell)     143") && status.contains("took"),
+        "{status}"
+    );
+
+    // The data dir from the environment: no --data-dir to type.
+    let out = railgrid()
+        .env("RAILGRID_HUB_DATA_DIR", &f.hub_dir)
+        .args(["hub", "job", "status", "both"])
+        .output()
+        .expect("status");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("both"));
+}

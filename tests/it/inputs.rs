@@ -153,3 +153,64 @@ fn hub_inputs_that_are_no_regular_small_files_exit_2_at_once() {
         );
     }
 }
+
+/// An ordinary user after root (the README's quick start run as root first): files root
+/// left where the user's commands go are named with their owner, exit 2, instead of a bare
+/// "Permission denied" and exit 1.
+#[test]
+fn what_another_account_left_is_named_with_its_owner_and_exits_2() {
+    use std::os::unix::process::CommandExt;
+    if !is_root() {
+        eprintln!("SKIPPED: another account's files need root to make");
+        return;
+    }
+    let dir = tempdir();
+    fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let log = dir.path().join("demo.log");
+    fs::write(&log, "root's\n").expect("log");
+    fs::set_permissions(&log, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
+    let state = dir.path().join("state");
+    fs::create_dir(&state).expect("state");
+    let config = dir.path().join("agent.toml");
+    fs::write(&config, "").expect("config");
+    fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .expect("chmod");
+    let nobody = uzers::get_user_by_name("nobody").expect("nobody");
+    let as_nobody = |args: &[&str]| {
+        let mut cmd = railgrid();
+        cmd.args(args)
+            .uid(nobody.uid())
+            .gid(nobody.primary_group_id())
+            .env("HOME", "/nonexistent");
+        cmd
+    };
+    let log_s = path_str(&log);
+    let err = fails_at_once(
+        "supervise --log of root's",
+        as_nobody(&["supervise", "--log", &log_s, "--", "/bin/true"]),
+    );
+    assert!(
+        err.contains(&log_s) && err.contains("belongs to root"),
+        "{err}"
+    );
+    let (state_s, config_s) = (path_str(&state), path_str(&config));
+    let err = fails_at_once(
+        "agent run --state-dir of root's",
+        as_nobody(&[
+            "agent",
+            "run",
+            "--config",
+            &config_s,
+            "--state-dir",
+            &state_s,
+        ]),
+    );
+    assert!(
+        err.contains(&state_s) && err.contains("belongs to root"),
+        "{err}"
+    );
+}

@@ -742,14 +742,20 @@ impl<S: Store> Fleet<S> {
         }
     }
 
-    /// Whether `entry` holds a poll here, or (replicas) reconciled recently enough to
-    /// hold one at another hub.
+    /// Whether `entry` holds a poll here, or reconciled a moment ago: an answered poll
+    /// (a change, a job for it) is followed by the agent's next at once, and `connected`
+    /// must not flicker in between. With replicas, recently enough to hold one at another
+    /// hub.
     fn connected(&self, entry: &AgentEntry, last_seen: Option<u64>) -> bool {
         if entry.polls.load(Ordering::Relaxed) > 0 {
             return true;
         }
-        let recent = self.max_wait.as_secs() + replicas::SEEN_MARGIN.as_secs();
-        self.replicated && last_seen.is_some_and(|t| t + recent >= now_secs())
+        let recent = if self.replicated {
+            self.max_wait.as_secs() + replicas::SEEN_MARGIN.as_secs()
+        } else {
+            replicas::SEEN_MARGIN.as_secs()
+        };
+        last_seen.is_some_and(|t| t + recent >= now_secs())
     }
 
     fn all(&self) -> Vec<Arc<AgentEntry>> {
