@@ -202,7 +202,7 @@ pub struct HubReleasePublishArgs {
 pub enum HubJobCommand {
     /// Submit a job for an agent: argv after `--`, never a shell string. It waits at the
     /// hub while the agent is away.
-    Submit(HubJobSubmitArgs),
+    Submit(Box<HubJobSubmitArgs>),
     /// List jobs, newest first.
     List {
         /// Only this agent's jobs.

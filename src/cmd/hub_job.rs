@@ -27,7 +27,7 @@ pub(super) fn run(target: &Target, cmd: HubJobCommand, json: bool) -> anyhow::Re
 
 async fn command(c: &AdminClient, cmd: HubJobCommand, json: bool) -> anyhow::Result<ExitCode> {
     match cmd {
-        HubJobCommand::Submit(a) => submit(c, a, json).await,
+        HubJobCommand::Submit(a) => submit(c, *a, json).await,
         HubJobCommand::List { agent, limit } => {
             let jobs = c.jobs(agent.as_deref(), limit).await?;
             if json {
