@@ -600,6 +600,10 @@ pub struct RunnerArgs {
     /// Total spool bytes of finished jobs kept.
     #[arg(long, value_name = "BYTES", default_value_t = 1024 * 1024 * 1024)]
     pub max_spool_bytes: u64,
+    /// Bytes finished jobs keep on disk, spools and workspaces together: beyond it the
+    /// oldest finished jobs go, never a running one's.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::runner::engine::DEFAULT_MAX_KEPT_BYTES)]
+    pub max_kept_bytes: u64,
     /// API connections served at once from accounts other than root; one more is answered
     /// 503 and closed.
     #[arg(long, value_name = "N", default_value_t = crate::runner::serve::MAX_CONNECTIONS)]
@@ -696,6 +700,16 @@ pub struct JobTarget {
 pub enum JobCommand {
     /// Submit a job: argv after `--`, never a shell string.
     Submit(JobSubmitArgs),
+    /// Delete finished jobs, oldest first: their records, output and workspaces. Running
+    /// and queued jobs are never touched.
+    Prune {
+        /// Finished jobs to keep, the newest (default: none).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        keep: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// List jobs, newest first.
     List {
         /// Only jobs in this state.

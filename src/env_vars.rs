@@ -25,6 +25,7 @@ pub(crate) const RUNNER_MAX_QUEUED: &str = "RAILGRID_RUNNER_MAX_QUEUED";
 pub(crate) const RUNNER_MAX_OUTPUT_BYTES: &str = "RAILGRID_RUNNER_MAX_OUTPUT_BYTES";
 pub(crate) const RUNNER_DELEGATE_CGROUP: &str = "RAILGRID_RUNNER_DELEGATE_CGROUP";
 pub(crate) const RUNNER_JOB_PATH: &str = "RAILGRID_RUNNER_JOB_PATH";
+pub(crate) const RUNNER_MAX_KEPT_BYTES: &str = "RAILGRID_RUNNER_MAX_KEPT_BYTES";
 pub(crate) const HUB_URL: &str = "RAILGRID_HUB_URL";
 pub(crate) const HUB_AGENT_ID: &str = "RAILGRID_HUB_AGENT_ID";
 pub(crate) const HUB_TOKEN_FILE: &str = "RAILGRID_HUB_TOKEN_FILE";

@@ -69,6 +69,7 @@ pub(crate) struct RawRunner {
     pub(crate) max_output_bytes: Option<u64>,
     pub(crate) delegate_cgroup: Option<bool>,
     pub(crate) job_path: Option<String>,
+    pub(crate) max_kept_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -140,6 +141,9 @@ pub(crate) struct RunnerSettings {
     pub(crate) delegate_cgroup: Option<bool>,
     /// PATH of every job (a job's own `PATH` still wins); `None` keeps the baseline.
     pub(crate) job_path: Option<String>,
+    /// Bytes finished jobs keep on disk (spools and workspaces); `None`: the runner's
+    /// default.
+    pub(crate) max_kept_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -317,6 +321,7 @@ settings! {
     MaxOutputBytes: runner.max_output_bytes, env RUNNER_MAX_OUTPUT_BYTES;
     DelegateCgroup: runner.delegate_cgroup, env RUNNER_DELEGATE_CGROUP;
     JobPath: runner.job_path, env RUNNER_JOB_PATH;
+    MaxKeptBytes: runner.max_kept_bytes, env RUNNER_MAX_KEPT_BYTES;
     HubUrl: hub.url, env HUB_URL, flag "--hub" => hub;
     AgentId: hub.agent_id, env HUB_AGENT_ID, flag "--agent-id" => agent_id;
     TokenFile: hub.token_file, env HUB_TOKEN_FILE, flag "--token-file" => token_file;
@@ -629,6 +634,7 @@ fn resolve(
         max_queued: src.optional(Key::MaxQueued, "a whole number of jobs")?,
         max_output_bytes: src.optional(Key::MaxOutputBytes, "a number of bytes")?,
         delegate_cgroup: src.optional(Key::DelegateCgroup, "true or false")?,
+        max_kept_bytes: src.optional(Key::MaxKeptBytes, "a number of bytes")?,
         job_path: match src.get(Key::JobPath) {
             Some((path, origin)) => {
                 Some(crate::env_policy::check_search_path(&path).map_err(|m| invalid(&origin, m))?)
@@ -858,6 +864,7 @@ pub(crate) struct EffectiveRunner {
     /// `true`, `false`, or `auto` (unset: see [`RunnerSettings::delegate_cgroup`]).
     pub(crate) delegate_cgroup: String,
     pub(crate) job_path: String,
+    pub(crate) max_kept_bytes: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -903,6 +910,10 @@ impl AgentConfig {
                 job_path: self.runner.job_path.clone().unwrap_or_else(|| {
                     format!("{} (the default)", crate::supervisor::DEFAULT_PATH)
                 }),
+                max_kept_bytes: self
+                    .runner
+                    .max_kept_bytes
+                    .unwrap_or(crate::runner::engine::DEFAULT_MAX_KEPT_BYTES),
             },
             hub: self.hub.as_ref().map(|h| EffectiveHub {
                 url: h.urls.clone(),
@@ -1307,7 +1318,16 @@ mod tests {
         for s in SETTINGS {
             assert!(consts.contains(&s.env), "{} is not in env_vars.rs", s.env);
         }
-        let not_settings = [env_vars::CONFIG, env_vars::LOG, env_vars::JOB_ID];
+        // The hub's own variables are `railgrid hub`'s, not the agent's.
+        let not_settings = [
+            env_vars::CONFIG,
+            env_vars::LOG,
+            env_vars::JOB_ID,
+            env_vars::HUB_DATA_DIR,
+            env_vars::HUB_ADMIN_URL,
+            env_vars::HUB_ADMIN_TOKEN_FILE,
+            env_vars::HUB_ADMIN_CA_FILE,
+        ];
         for c in consts.iter().filter(|c| c.starts_with("RAILGRID_")) {
             assert!(
                 not_settings.contains(c) || SETTINGS.iter().any(|s| s.env == *c),

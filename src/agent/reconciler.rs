@@ -172,6 +172,7 @@ fn restart_reasons(old: &RunnerSpec, new: &RunnerSpec) -> Vec<&'static str> {
         ("max_log_bytes", a.max_log_bytes != b.max_log_bytes),
         ("delegate_cgroup", a.delegate_cgroup != b.delegate_cgroup),
         ("job_path", a.job_path != b.job_path),
+        ("max_kept_bytes", a.max_kept_bytes != b.max_kept_bytes),
         (
             "max_output_bytes",
             da.max_output_bytes != db.max_output_bytes,
@@ -761,6 +762,10 @@ fn runner_run_args(cfg: &AgentConfig, desired: &DesiredRunner) -> Vec<OsString> 
             desired.max_output_bytes.map(|n| n.to_string()),
         ),
         ("--job-path", cfg.runner.job_path.clone()),
+        (
+            "--max-kept-bytes",
+            cfg.runner.max_kept_bytes.map(|n| n.to_string()),
+        ),
     ];
     for (flag, value) in limits {
         if let Some(v) = value {
@@ -936,6 +941,7 @@ mod tests {
                 max_output_bytes: None,
                 delegate_cgroup: Some(false),
                 job_path: Some("/opt/bin:/usr/bin".into()),
+                max_kept_bytes: None,
             },
             hub: None,
             log_max_files: 7,

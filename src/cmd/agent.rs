@@ -258,14 +258,31 @@ pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
     };
     let alive = status::agent_alive(&state_dir, &st);
     let last_line = last_log_line(&st.log_dir.join(crate::agent::RUNNER_LOG));
+    let kept = alive.then(|| runner_kept(&state_dir)).flatten();
     if args.json {
         let mut value = serde_json::to_value(&st)?;
         // The file says what the agent last wrote; whether it still runs is known here.
         value["running"] = alive.into();
         value["runner"]["last_log_line"] = last_line.into();
+        if let Some(h) = &kept {
+            value["runner"]["kept"] = serde_json::json!({
+                "finished_jobs": h.finished_jobs,
+                "bytes": h.kept_bytes,
+                "max_bytes": h.max_kept_bytes,
+            });
+        }
         print_stdout(&serde_json::to_string_pretty(&value)?)?;
     } else {
-        print_stdout(&render(&st, alive, last_line.as_deref()))?;
+        let mut text = render(&st, alive, last_line.as_deref());
+        if let Some(h) = &kept {
+            text.push_str(&format!(
+                "kept:       {} finished jobs, {} of {} (runner.max_kept_bytes; `railgrid job prune` deletes them)\n",
+                h.finished_jobs,
+                super::job::mib(h.kept_bytes),
+                super::job::mib(h.max_kept_bytes)
+            ));
+        }
+        print_stdout(&text)?;
     }
     if alive {
         Ok(ExitCode::SUCCESS)
@@ -275,6 +292,20 @@ pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(ExitCode::from(NOT_RUNNING))
     }
+}
+
+/// What the runner's finished jobs keep, from its health, where this account may reach its
+/// socket (root, or the runner's account) within a second; `None` otherwise.
+fn runner_kept(state_dir: &std::path::Path) -> Option<crate::proto::health::Health> {
+    let socket = crate::runner::Paths::new(state_dir).socket;
+    let rt = super::current_thread_runtime().ok()?;
+    rt.block_on(async {
+        let client = crate::runner::client::Client::new(&socket);
+        tokio::time::timeout(Duration::from_secs(1), client.health())
+            .await
+            .ok()?
+            .ok()
+    })
 }
 
 /// The last line of the runner's log, where this account may read it: the runner's own

@@ -102,6 +102,19 @@ pub(super) fn run(target: JobTarget, command: JobCommand) -> anyhow::Result<Exit
                 report_end(&rec);
                 Ok(ExitCode::from(exit_code(&rec)))
             }
+            JobCommand::Prune { keep, json } => {
+                let p = client.prune(keep).await.map_err(api_err)?;
+                if json {
+                    return print_stdout(&serde_json::to_string(&p)?);
+                }
+                print_stdout(&format!(
+                    "deleted {} finished jobs, {} freed; {} finished jobs keep {}",
+                    p.deleted,
+                    mib(p.freed_bytes),
+                    p.finished_jobs,
+                    mib(p.kept_bytes)
+                ))
+            }
             JobCommand::Cancel { id } => {
                 // Cancel returns at once; the group's grace may take a while: report the end.
                 client.cancel(&id).await.map_err(api_err)?;
@@ -110,6 +123,11 @@ pub(super) fn run(target: JobTarget, command: JobCommand) -> anyhow::Result<Exit
             }
         }
     })
+}
+
+/// Bytes as MiB with one decimal, for people.
+pub(super) fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
 /// Errors the runner refused as the client's fault become exit code 2.

@@ -23,6 +23,7 @@ pub(super) fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
         max_output_bytes: args.max_output_bytes,
         max_finished_jobs: args.max_finished_jobs,
         max_spool_bytes: args.max_spool_bytes,
+        max_kept_bytes: args.max_kept_bytes,
         job_path: args
             .job_path
             .map(|p| crate::env_policy::check_search_path(&p))

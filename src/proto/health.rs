@@ -35,4 +35,12 @@ pub struct Health {
     /// How jobs are started: `clone-vfork` (Linux 5.2+) or `fork`.
     #[serde(default)]
     pub launch: String,
+    /// Finished jobs kept (records, spools, workspaces) and the bytes they hold on disk.
+    #[serde(default)]
+    pub finished_jobs: u64,
+    #[serde(default)]
+    pub kept_bytes: u64,
+    /// The bound on `kept_bytes` (`--max-kept-bytes`).
+    #[serde(default)]
+    pub max_kept_bytes: u64,
 }

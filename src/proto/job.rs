@@ -154,3 +154,12 @@ pub struct Submitted {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
 }
+
+/// The answer to `POST /v1/prune`: what went, and what finished jobs still keep.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Pruned {
+    pub deleted: usize,
+    pub freed_bytes: u64,
+    pub finished_jobs: usize,
+    pub kept_bytes: u64,
+}

@@ -52,6 +52,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/jobs", post(submit).get(list))
         .route("/v1/jobs/{id}", get(status))
         .route("/v1/jobs/{id}/cancel", post(cancel))
+        .route("/v1/prune", post(prune))
         .route("/v1/jobs/{id}/wait", get(wait))
         .route("/v1/jobs/{id}/output/{stream}", get(output))
         // After the routes: it is given to each route registered before it.
@@ -264,6 +265,7 @@ where
 
 async fn health(State(api): State<Api>) -> Json<Health> {
     let (running, queued) = api.engine.job_counts();
+    let kept = api.engine.kept();
     Json(Health {
         version: build_info::VERSION.to_owned(),
         pid: std::process::id(),
@@ -276,6 +278,9 @@ async fn health(State(api): State<Api>) -> Json<Health> {
         reconciling: api.engine.reconciling() > 0,
         leftovers: api.engine.reconciling() as u64,
         launch: api.engine.launch_method().to_owned(),
+        finished_jobs: kept.count as u64,
+        kept_bytes: kept.kept,
+        max_kept_bytes: api.engine.max_kept_bytes(),
     })
 }
 
@@ -378,6 +383,28 @@ async fn status(State(api): State<Api>, Path(id): Path<String>) -> ApiResult<Jso
 async fn cancel(State(api): State<Api>, Path(id): Path<String>) -> ApiResult<Json<JobRecord>> {
     found(&api, &id).await?;
     Ok(Json(api.engine.cancel(&id).await?))
+}
+
+#[derive(Debug, Deserialize)]
+struct PruneQuery {
+    /// Finished jobs to keep, newest first (default 0: every finished job goes).
+    keep: Option<usize>,
+}
+
+/// `POST /v1/prune?keep=N`: deletes the oldest finished jobs (records, spools and
+/// workspaces) until `keep` are left; running and queued jobs are not touched.
+async fn prune(
+    State(api): State<Api>,
+    ApiQuery(q): ApiQuery<PruneQuery>,
+) -> ApiResult<Json<crate::proto::job::Pruned>> {
+    let (deleted, freed_bytes) = api.engine.prune(q.keep.unwrap_or(0)).await?;
+    let kept = api.engine.kept();
+    Ok(Json(crate::proto::job::Pruned {
+        deleted,
+        freed_bytes,
+        finished_jobs: kept.count,
+        kept_bytes: kept.kept,
+    }))
 }
 
 #[derive(Debug, Deserialize)]

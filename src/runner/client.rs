@@ -321,6 +321,14 @@ impl Client {
             .1)
     }
 
+    /// Deletes the oldest finished jobs until `keep` are left.
+    pub async fn prune(&self, keep: usize) -> Result<crate::proto::job::Pruned, ClientError> {
+        Ok(self
+            .json(Method::POST, &format!("/v1/prune?keep={keep}"), None)
+            .await?
+            .1)
+    }
+
     pub async fn cancel(&self, id: &str) -> Result<JobRecord, ClientError> {
         Ok(self
             .json(Method::POST, &format!("/v1/jobs/{id}/cancel"), None)

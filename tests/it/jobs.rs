@@ -2495,3 +2495,65 @@ fn the_client_reads_and_changes_the_admission_limits() {
     }
     assert_eq!(rt.block_on(client.admission()).expect("admission"), want);
 }
+
+/// Workspaces count: a build's checkout and artifacts stay in its workspace, and kept
+/// spools alone let a handful of builds fill a disk. Past `--max-kept-bytes` the oldest
+/// finished jobs go, never a running one; `job prune` deletes by hand.
+#[test]
+fn finished_jobs_keep_at_most_their_byte_budget_and_prune_deletes_them() {
+    let r = Runner::started(&["--max-kept-bytes", &(5u64 << 20).to_string()]);
+    // A running job whose workspace is larger than the budget on its own.
+    let running = submit_ok(
+        &r,
+        json!({"id": "running", "argv": ["sh", "-c", "head -c 6291456 /dev/zero > big; echo ready; sleep 1000"]}),
+    );
+    wait_for(LIMIT, "the running job's file", || {
+        r.output(&running, "stdout").contains("ready").then_some(())
+    });
+    for n in 0..4 {
+        let id = submit_ok(
+            &r,
+            json!({"id": format!("build-{n}"), "argv": ["sh", "-c", "head -c 2097152 /dev/zero > artifact"]}),
+        );
+        assert_eq!(r.wait(&id)["state"], "succeeded");
+    }
+    let health = wait_for(LIMIT, "retention within the budget", || {
+        let h = get_json(&r.socket(), "/v1/health")?;
+        (h["kept_bytes"].as_u64()? <= 5 << 20).then_some(h)
+    });
+    assert_eq!(health["max_kept_bytes"], 5u64 << 20, "{health}");
+    let work = r.runner_dir().join("work");
+    assert!(!work.join("build-0").exists(), "the oldest went");
+    assert!(
+        work.join("build-3").join("artifact").exists(),
+        "the newest stays"
+    );
+    assert!(
+        work.join("running").join("big").exists(),
+        "a running job's workspace stays"
+    );
+
+    let out = r
+        .cli()
+        .args(["prune", "--keep", "0"])
+        .output()
+        .expect("prune");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("deleted") && text.contains("freed"), "{text}");
+    assert!(!work.join("build-3").exists(), "pruned");
+    assert!(
+        work.join("running").join("big").exists(),
+        "never a running job's"
+    );
+    let health = get_json(&r.socket(), "/v1/health").expect("health");
+    assert_eq!(health["finished_jobs"], 0, "{health}");
+    http(
+        &r.socket(),
+        "POST",
+        &format!("/v1/jobs/{running}/cancel"),
+        None,
+    )
+    .expect("cancel");
+    r.wait(&running);
+}

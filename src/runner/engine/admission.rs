@@ -256,7 +256,7 @@ impl Engine {
                 .mark_finished(id, JobState::Cancelled, &outcome)
                 .await?;
             self.when_recorded(id, "cancelled", recorded);
-            self.count_finished(0);
+            self.count_finished(id, 0).await;
             self.bump();
         }
         self.get(id)

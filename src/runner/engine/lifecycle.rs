@@ -43,7 +43,7 @@ impl Engine {
                 },
             ),
         };
-        self.count_finished(outcome.spooled_bytes);
+        self.count_finished(&id, outcome.spooled_bytes).await;
         // Resolves after the first try: an end the disk could not take yet is held and
         // shown meanwhile, so the job leaves the scheduler either way.
         match self.inner.store.mark_finished(&id, state, &outcome).await {

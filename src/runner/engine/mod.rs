@@ -43,12 +43,15 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use self::admission::{Limits, Sched};
-use self::retention::Totals;
+pub use self::retention::Totals;
 use super::confine::{CgroupTier, FsGuard};
 use super::job::{self, JobError, JobPaths};
 use super::spec::SpecError;
 use super::store::{Store, StoreError};
 use crate::proto::job::JobSpec;
+
+/// What finished jobs may keep on disk by default, spools and workspaces together.
+pub const DEFAULT_MAX_KEPT_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 
 /// Limits of one runner. The admission limits (`max_jobs`, `max_jobs_per_owner`,
 /// `max_queued`) are those it starts with: [`Engine::set_admission`] changes them while it
@@ -63,6 +66,8 @@ pub struct EngineConfig {
     pub max_output_bytes: u64,
     pub max_finished_jobs: usize,
     pub max_spool_bytes: u64,
+    /// Spools and workspaces of finished jobs, together.
+    pub max_kept_bytes: u64,
     /// Every job's PATH unless its spec sets one; `None` is [`crate::supervisor::DEFAULT_PATH`].
     pub job_path: Option<String>,
     /// Start jobs with fork and exec even where `clone` with a pidfd works.
@@ -81,6 +86,7 @@ impl Default for EngineConfig {
             max_output_bytes: 64 * 1024 * 1024,
             max_finished_jobs: 1000,
             max_spool_bytes: 1024 * 1024 * 1024,
+            max_kept_bytes: DEFAULT_MAX_KEPT_BYTES,
             job_path: None,
             force_fork: false,
         }
@@ -236,6 +242,11 @@ impl Engine {
     /// `clone-vfork` or `fork`: how jobs are started (see `job::LaunchMethod`).
     pub fn launch_method(&self) -> &'static str {
         self.inner.launch.name()
+    }
+
+    /// The bound on what finished jobs keep on disk.
+    pub fn max_kept_bytes(&self) -> u64 {
+        self.inner.cfg.max_kept_bytes
     }
 
     /// Jobs starting or running, and jobs queued, counted at one instant (a job moving

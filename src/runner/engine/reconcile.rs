@@ -47,7 +47,15 @@ impl Engine {
             blocking(move || leftover::find(&inner.store, inner.cgroups.as_ref())).await??;
         let store = self.inner.store.clone();
         let (count, bytes) = blocking(move || store.finished_totals()).await??;
-        *self.totals() = Totals { count, bytes };
+        // Every workspace there is now is a finished job's (this runner runs none yet), or
+        // a dead runner's job's, which is about to be.
+        let work = self.inner.paths.work_root.clone();
+        let workspaces = blocking(move || super::retention::dir_size(&work)).await?;
+        *self.totals() = Totals {
+            count,
+            bytes,
+            kept: bytes + workspaces,
+        };
         let store = self.inner.store.clone();
         let queued = blocking(move || store.in_states(&[JobState::Queued])).await??;
         {
@@ -106,7 +114,7 @@ impl Engine {
         {
             Ok(recorded) => {
                 self.when_recorded(&id, "lost", recorded);
-                self.count_finished(outcome.spooled_bytes);
+                self.count_finished(&id, outcome.spooled_bytes).await;
                 tracing::warn!(job = %id, "marked lost");
             }
             Err(e) => {
