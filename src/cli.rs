@@ -215,8 +215,8 @@ pub enum HubJobCommand {
     /// Show one job.
     Status { id: String },
     /// Print a job's output as the hub holds it (stdout unless --stderr).
-    /// A job's output as the hub holds it: stdout to stdout and stderr to stderr, both
-    /// unless one is picked.
+    /// A job's output as the hub holds it: stdout to stdout and stderr to stderr; one
+    /// stream picked goes to stdout.
     Logs {
         id: String,
         /// Only the job's stdout.

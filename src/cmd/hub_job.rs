@@ -63,11 +63,17 @@ async fn command(c: &AdminClient, cmd: HubJobCommand, json: bool) -> anyhow::Res
                     print_all(c, &id, "stdout", &mut w).await
                 }
             };
+            // Both: each stream where it belongs. One picked: it goes to stdout, as the
+            // local `job logs --stderr` prints it, for a pipe to read.
             let err = async {
                 if !want_err {
                     return Ok(());
                 }
-                let mut w = tokio::io::stderr();
+                let mut w: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>> = if want_out {
+                    Box::pin(tokio::io::stderr())
+                } else {
+                    Box::pin(tokio::io::stdout())
+                };
                 if follow {
                     follow_stream(c, &id, "stderr", &mut w).await
                 } else {

@@ -652,7 +652,8 @@ fn hub_job_commands_say_what_the_local_ones_say() {
             String::from_utf8_lossy(&only.stdout).as_ref(),
             String::from_utf8_lossy(&only.stderr).as_ref()
         ),
-        ("", "err\n")
+        ("err\n", ""),
+        "one stream picked goes to stdout, as the local `job logs --stderr` prints it"
     );
     let rec = f.runner_job("both").expect("the runner's record");
     assert_eq!(rec["owner"], "ci", "{rec}");
