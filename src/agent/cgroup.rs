@@ -74,11 +74,14 @@ pub(crate) fn delegate_to_runner(
             source,
         })?
         .ok_or(CgroupError::NoHierarchy)?;
-    // Already moved (a re-executed agent in the same unit): the unit is the parent.
+    // Already moved (a re-executed agent in the same unit, or one in the subtree it
+    // made for itself): the unit is the parent.
     let unit = match own.parent() {
         Some(p)
             if own.path().file_name() == Some(std::ffi::OsStr::new(AGENT_LEAF))
-                && p.child(RUNNER_TREE).exists() =>
+                && (p.child(RUNNER_TREE).exists()
+                    || p.path().file_name()
+                        == Some(std::ffi::OsStr::new(&own_name(state_dir)))) =>
         {
             p
         }
@@ -150,6 +153,32 @@ fn own_name(state_dir: &Path) -> String {
     let digest = sha2::Sha256::digest(state_dir.as_os_str().as_encoded_bytes());
     let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
     format!("{OWN_PREFIX}{hex}")
+}
+
+/// The hierarchy's root, when this process runs in a subtree of its own (`<root>/
+/// railgrid-agent.*/agent`).
+fn own_subtree_root() -> Option<(Cgroup, Cgroup)> {
+    let own = Cgroup::own().ok()??;
+    let unit = own.parent()?;
+    let is_own = own.path().file_name() == Some(std::ffi::OsStr::new(AGENT_LEAF))
+        && unit
+            .path()
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(OWN_PREFIX));
+    let top = unit.parent()?;
+    is_own.then_some((top, unit))
+}
+
+/// Moves `pid` (the upgrade watcher, standalone) out of the agent's own subtree, to the
+/// hierarchy's root where the agent found itself: the watcher must outlive the agent's
+/// cgroup, which the agent removes when it stops, and an agent it brings back must not
+/// start inside the old agent's leaf.
+pub(crate) fn move_out_of_own(pid: u32) {
+    if let Some((top, _)) = own_subtree_root() {
+        if let Err(e) = top.write("cgroup.procs", &pid.to_string()) {
+            tracing::warn!(pid, cgroup = %top.path().display(), error = %e, "could not move the upgrade watcher out of the agent's cgroup");
+        }
+    }
 }
 
 /// At the agent's stop (not a re-exec): a subtree it made for itself is left and removed

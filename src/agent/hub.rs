@@ -192,7 +192,12 @@ impl HubError {
                     }
                     cause = e.source();
                 }
-                source.is_connect() || source.is_timeout()
+                // No connection, a timeout, or a connection the hub (a restart, its own
+                // bound on connections without a token, a balancer) closed or reset
+                // under the request: all the hub's side. What this build did wrong (a
+                // request it could not build, a redirect, an answer it cannot decode)
+                // is not.
+                !(source.is_builder() || source.is_redirect() || source.is_decode())
             }
             _ => false,
         }
@@ -444,7 +449,8 @@ pub(super) fn persist(state_dir: &Path, desired: &DesiredState) -> Result<(), Hu
 /// The desired state [`persist`] kept, if there is one. Blocking (a file read).
 pub(super) fn load_persisted(state_dir: &Path) -> Result<Option<DesiredState>, HubError> {
     let path = desired_path(state_dir);
-    let bytes = match crate::small_file::read(&path, crate::small_file::CONFIG_MAX) {
+    // Written pretty-printed from an answer of up to 1 MiB of compact JSON: room for that.
+    let bytes = match crate::small_file::read(&path, 8 * crate::small_file::CONFIG_MAX) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(HubError::PersistedRead { path, source }),

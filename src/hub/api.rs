@@ -166,7 +166,7 @@ impl From<FleetError> for ApiError {
             FleetError::JobToken(_) => StatusCode::UNAUTHORIZED,
             FleetError::NoSuchRelease(_) => StatusCode::NOT_FOUND,
             FleetError::NotHalted(_) => StatusCode::CONFLICT,
-            FleetError::StoreLost => StatusCode::SERVICE_UNAVAILABLE,
+            FleetError::StoreLost | FleetError::CatchingUp(_) => StatusCode::SERVICE_UNAVAILABLE,
             FleetError::AheadOfHub { .. } => StatusCode::BAD_REQUEST,
             FleetError::Store(s) if s.is_disk_full() => {
                 tracing::error!(error = %crate::error_chain(&e), "the hub's disk is full");

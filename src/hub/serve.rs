@@ -43,7 +43,8 @@ pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection's read buffer, at most (hyper's least is 8 KiB): an agent's or an
 /// admin's request line and headers take under 2 KiB.
 pub(crate) const MAX_BUF_BYTES: usize = 16 * 1024;
-/// Connections without a proven token served at once (see the module's doc).
+/// Connections without a proven token served at once (see the module's doc), or half of
+/// `--max-connections` when that is less.
 pub(crate) const MAX_UNPROVEN: usize = 2048;
 /// How often the number of open connections is looked at, for a trim of the heap.
 const TRIM_EVERY: Duration = Duration::from_secs(5);
@@ -77,7 +78,10 @@ pub(crate) async fn accept_loop<W>(
 ) -> W {
     let acceptor = TlsAcceptor::from(tls);
     let permits = Arc::new(Semaphore::new(max_connections));
-    let places = Places::new(MAX_UNPROVEN);
+    // Half the connections at most: a flood of them must leave room for proven ones, and
+    // must fill the places (so that newcomers evict) before it fills the connections.
+    let unproven_max = MAX_UNPROVEN.min((max_connections / 2).max(1));
+    let places = Places::new(unproven_max);
     let overflow = Arc::new(Semaphore::new(OVERFLOW_ANSWERS));
     let mut failing = false;
     let mut look = tokio::time::interval(TRIM_EVERY);
@@ -92,7 +96,7 @@ pub(crate) async fn accept_loop<W>(
             _ = look.tick() => {
                 let open = max_connections - permits.available_permits();
                 most_open = most_open.max(open);
-                if most_open - open >= TRIM_AFTER && places.in_use() < MAX_UNPROVEN / 8 {
+                if most_open - open >= TRIM_AFTER && places.in_use() < unproven_max / 8 {
                     most_open = open;
                     tokio::task::spawn_blocking(crate::sys::memory::trim_heap);
                 }

@@ -1300,7 +1300,13 @@ fn a_hub_away_past_its_bound_rolls_back_without_blame_and_halts_nothing() {
         serde_json::json!([]),
         "not remembered as bad: {rec}"
     );
-    // The hub back: it hears of a failure, not of a rollback, and halts nothing.
+    // The hub back once the restored agent's own proof window has passed (it gave the
+    // hub 15 s to answer it, which would have blamed the version after all).
+    let finished = rec["upgrade"]["finished_at"].as_u64().expect("finished_at");
+    wait_for(Duration::from_secs(30), "the proof window passed", || {
+        (crate::support::unix_now() > finished + 16).then_some(())
+    });
+    // It hears of a failure, not of a rollback, and halts nothing.
     up.hub = Some(TestHub::start_on(
         &dir,
         &listen,
@@ -1316,4 +1322,37 @@ fn a_hub_away_past_its_bound_rolls_back_without_blame_and_halts_nothing() {
     let rel = up.releases();
     assert_eq!(rel[0]["version"], V2, "{rel}");
     assert_eq!(rel[0]["halted"], Value::Null, "{rel}");
+}
+
+/// The other side of a rollback without blame: the restored, previous binary reaches the
+/// hub at once, so the hub was not what kept the new version from it. The version is
+/// blamed after all (remembered as bad, reported rolled back, halted), and not retried.
+#[test]
+fn a_rollback_without_blame_is_blamed_when_the_previous_binary_reaches_the_hub_at_once() {
+    let mut up = Up::new();
+    up.env.push(("RAILGRID_UPGRADE_HUB_WAIT", "3s"));
+    let (listen, dir) = hub_gone_after_the_switch(&mut up);
+    wait_for(LIMIT, "the rollback without blame", || {
+        (up.record()["upgrade"]["phase"] == "aborted").then_some(())
+    });
+    up.hub = Some(TestHub::start_on(
+        &dir,
+        &listen,
+        &["--release-key", &path_str(&up.key.public)],
+    ));
+    let u = up.wait_upgrade("rolled_back");
+    assert!(
+        u["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("was at fault"),
+        "{u}"
+    );
+    let rec = up.record();
+    assert_eq!(rec["upgrade"]["phase"], "rolled_back", "{rec}");
+    assert_eq!(rec["bad_versions"][0]["version"], V2, "{rec}");
+    up.hub_upgrade("rolled_back");
+    let rel = up.releases();
+    assert_eq!(rel[0]["halted"]["agent"], "a1", "{rel}");
+    up.assert_running(&builds().v1_version);
 }

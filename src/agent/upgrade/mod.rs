@@ -62,6 +62,9 @@ const RETRY_MAX: Duration = Duration::from_secs(3600);
 const WATCHER_START: Duration = Duration::from_secs(10);
 /// How often a pending commit looks at the runner's health.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
+/// How long the agent restored by a rollback without blame gives its hub to answer: one
+/// that answers within it was never away.
+const HUB_PROOF: Duration = Duration::from_secs(15);
 /// How often a new agent that is healthy but cannot reach its hub says so to the watcher
 /// (well within the watcher's freshness bound).
 const HUB_AWAY_EVERY: Duration = Duration::from_secs(5);
@@ -496,6 +499,9 @@ impl UpgradeTask {
             Found::Done(u) if u.phase == Phase::Aborted && u.from == build_info::VERSION => {
                 let reason = u.reason.clone().unwrap_or_default();
                 self.set(FAILED, Some(&u.to), Some(reason));
+                if u.blameless {
+                    self.blame_if_hub_answers(u).await;
+                }
             }
             Found::Done(u) if u.phase == Phase::Committed && u.to == build_info::VERSION => {
                 self.set(COMMITTED, Some(&u.to), None);
@@ -589,6 +595,59 @@ impl UpgradeTask {
                 // Cancel-safe: a watch receiver keeps its seen-version between polls.
                 _ = self.stopping.changed() => return,
             }
+        }
+    }
+
+    /// After a rollback without blame (the new version never reached its hub): if this,
+    /// the previous binary, reaches the hub within [`HUB_PROOF`], the hub was not away,
+    /// the new version's link to it was broken: it is blamed after all (remembered as bad,
+    /// reported `rolled_back`, so the hub halts it). Nothing is retried meanwhile.
+    async fn blame_if_hub_answers(&mut self, u: Upgrade) {
+        if self.ctx.link.borrow().is_none() {
+            return;
+        }
+        let mut reached = self.ctx.reached.clone();
+        let answered = tokio::select! {
+            // Cancel-safe: both only observe their channels.
+            r = tokio::time::timeout(HUB_PROOF, reached.wait_for(|c| c.answered > 0)) => {
+                r.is_ok_and(|r| r.is_ok())
+            }
+            _ = self.stopping.changed() => return,
+        };
+        if !answered {
+            return;
+        }
+        let why = format!(
+            "{}; but the previous version reached the hub at once, so version {} was at fault",
+            u.reason.clone().unwrap_or_default(),
+            u.to
+        );
+        let (dir, sha, reason) = (
+            self.ctx.cfg.state_dir.clone(),
+            u.to_sha256.clone(),
+            why.clone(),
+        );
+        let to = u.to.clone();
+        let blamed = tokio::task::spawn_blocking(move || {
+            record::update(&dir, |r| {
+                let Some(u) = r
+                    .upgrade
+                    .as_mut()
+                    .filter(|u| u.to_sha256 == sha && u.blameless)
+                else {
+                    return (false, false);
+                };
+                u.phase = Phase::RolledBack;
+                u.blameless = false;
+                u.reason = Some(reason.clone());
+                r.remember_bad(&to, &reason);
+                (true, true)
+            })
+        })
+        .await;
+        if matches!(blamed, Ok(Ok(true))) {
+            tracing::warn!(version = %u.to, "a rollback without blame is blamed on the version after all: this agent reached the hub at once");
+            self.set(ROLLED_BACK, Some(&u.to), Some(why));
         }
     }
 
@@ -963,6 +1022,7 @@ impl UpgradeTask {
             hub_wait: cfg.upgrade.hub_wait.as_secs(),
             healthy_at: None,
             hub_away_at: None,
+            blameless: false,
             reason: None,
             finished_at: None,
         };

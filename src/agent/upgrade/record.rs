@@ -94,6 +94,10 @@ pub(crate) struct Upgrade {
     /// seconds while that lasts.
     #[serde(default)]
     pub(crate) hub_away_at: Option<u64>,
+    /// Rolled back without blame (its hub stayed out of reach): the restored agent checks
+    /// whether *it* reaches the hub, and blames the version after all if it does.
+    #[serde(default)]
+    pub(crate) blameless: bool,
     /// Why it was rolled back.
     #[serde(default)]
     pub(crate) reason: Option<String>,

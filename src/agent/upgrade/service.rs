@@ -98,7 +98,14 @@ impl Service {
                 check(status, "launchctl submit")?;
                 Ok(None)
             }
-            Service::Standalone => spawn_detached(program, args, Some(log)),
+            Service::Standalone => {
+                let pid = spawn_detached(program, args, Some(log))?;
+                #[cfg(target_os = "linux")]
+                if let Some(pid) = pid {
+                    crate::agent::cgroup::move_out_of_own(pid);
+                }
+                Ok(pid)
+            }
         }
     }
 

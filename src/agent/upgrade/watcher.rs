@@ -153,6 +153,7 @@ fn watch_from(a: &WatchArgs) -> Result<Outcome, WatchError> {
     let mut down_since: Option<Instant> = None;
     let mut unreadable: Option<Instant> = None;
     let mut waiting_for_hub = false;
+    let mut bounds: Option<(u64, u64)> = None;
     loop {
         let rec = match record::peek(&a.state_dir) {
             Ok(r) => {
@@ -182,6 +183,14 @@ fn watch_from(a: &WatchArgs) -> Result<Outcome, WatchError> {
             }
             Phase::Switching | Phase::Pending => {}
         }
+        // The bounds only ever shrink (the old agent moves the deadline closer after the
+        // runner's stop); whatever the new binary writes into the record cannot lengthen
+        // them.
+        let mut u = u;
+        let (deadline, hub_wait) = bounds.get_or_insert((u.deadline, u.hub_wait));
+        *deadline = (*deadline).min(u.deadline);
+        *hub_wait = (*hub_wait).min(u.hub_wait);
+        (u.deadline, u.hub_wait) = (*deadline, *hub_wait);
         let now = crate::util::unix_now();
         let after = |t: u64| {
             humantime::format_duration(Duration::from_secs(t.saturating_sub(u.started_at)))
@@ -463,6 +472,7 @@ fn rollback(a: &WatchArgs, why: String, blame: Blame) -> Result<Outcome, WatchEr
             Phase::Aborted
         };
         u.reason = Some(why.clone());
+        u.blameless = blame == Blame::Nobody;
         u.finished_at = Some(crate::util::unix_now());
         let (to, exe) = (u.to.clone(), u.exe.clone());
         if ran {

@@ -398,9 +398,18 @@ impl<S: Store> Fleet<S> {
             let st = util::lock(&entry.state);
             st.jobs
                 .values()
-                .filter(|j| !ended(&j.progress.state))
                 .map(|j| {
                     let mut next = j.progress.clone();
+                    next.done = true;
+                    if ended(&j.progress.state) {
+                        // Ended on the agent, its output still on the way: it stays as it
+                        // ended, with what the hub holds, and says so.
+                        next.error = Some(match &j.progress.error {
+                            Some(e) => format!("{e}; agent {} was revoked before all of its output arrived", entry.id),
+                            None => format!("agent {} was revoked before all of its output arrived", entry.id),
+                        });
+                        return (j.id.clone(), next);
+                    }
                     let (state, why) = if j.pending() && !j.offered {
                         (
                             JobState::Cancelled,
@@ -415,7 +424,6 @@ impl<S: Store> Fleet<S> {
                     next.state = state.as_str().into();
                     next.error = Some(why);
                     next.finished_ms = Some(now);
-                    next.done = true;
                     (j.id.clone(), next)
                 })
                 .collect()

@@ -87,6 +87,8 @@ pub(crate) enum FleetError {
         "this hub replica has lost its database and may be behind the others: try another replica"
     )]
     StoreLost,
+    #[error("this hub replica is catching up with agent {0:?}'s state: retry in a moment")]
+    CatchingUp(String),
     /// Answered 400 naming `observed_generation`: the agent then reports 0 and takes the
     /// hub's own desired state as a reset (docs/hub.md, "Generations").
     #[error("observed_generation {observed} is ahead of this hub's generation {current} for agent {agent:?} (a hub restored from an older backup, or renumbered): report 0 and take this hub's desired state")]
@@ -346,13 +348,19 @@ impl<S: Store> Fleet<S> {
         let observed = report.observed_generation;
         let token = util::lock(&entry.state).token_sha256.clone();
         let mut rx = entry.generation.subscribe();
-        let mut current = *rx.borrow_and_update();
-        if observed > current && self.replicated && entry.may_catch_up() {
+        // A fleet change takes its generation before each agent's channel is told: what
+        // this agent may have been answered already counts too.
+        let mut current = (*rx.borrow_and_update()).max(self.effective(entry).0);
+        if observed > current && self.replicated {
             // An agent that moved here from another replica may be ahead of what this
             // one has followed so far: catch up before taking it for a restore (once a
-            // second per agent: a hostile report must not make every reconcile a load).
+            // second per agent: a hostile report must not make every reconcile a load;
+            // in between it is asked to come back, never reset to a lagging copy).
+            if !entry.may_catch_up() {
+                return Err(FleetError::CatchingUp(entry.id.clone()));
+            }
             self.catch_up(&entry.id).await?;
-            current = *rx.borrow_and_update();
+            current = (*rx.borrow_and_update()).max(self.effective(entry).0);
         }
         // After a renumbering the numbers an agent holds may name other states: until it
         // has reported 0 once, any other number is taken as ahead.
@@ -625,9 +633,9 @@ impl<S: Store> Fleet<S> {
             st.own.generation = st.own.generation.max(generation);
         }
         entry.revoked.store(true, Ordering::Release);
-        self.end_jobs_of_revoked(&entry).await?;
-        // Wakes its held polls, which see the flag.
+        // Wakes its held polls, which see the flag, before anything else can fail.
         entry.generation.send_modify(|_| {});
+        self.end_jobs_of_revoked(&entry).await?;
         tracing::info!(agent = %id, "agent revoked");
         Ok(self.view(&entry))
     }
@@ -737,7 +745,12 @@ impl<S: Store> Fleet<S> {
             last_seen: st.last_seen,
             connected: self.connected(entry, st.last_seen),
             desired_generation,
-            observed_generation: st.observed_generation,
+            // Marked to be reset by a renumbering: it has applied nothing of this hub's yet.
+            observed_generation: if st.observed_generation == MUST_RESET {
+                0
+            } else {
+                st.observed_generation
+            },
             report: st.report.clone(),
         }
     }

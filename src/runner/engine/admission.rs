@@ -21,6 +21,8 @@ pub(super) struct RunningJob {
     pub(super) cancel: watch::Sender<Option<JobState>>,
     pub(super) stdout: Option<Arc<SpoolStats>>,
     pub(super) stderr: Option<Arc<SpoolStats>>,
+    /// Another job's workspace its `cwd` is in (`../ID/…`): retention leaves it alone.
+    pub(super) uses: Option<String>,
 }
 
 /// A job waiting for admission.
@@ -326,6 +328,9 @@ impl Engine {
                         cancel,
                         stdout: None,
                         stderr: None,
+                        uses: spec
+                            .as_deref()
+                            .and_then(super::retention::foreign_workspace),
                     },
                 );
                 started.push((id, spec, cancel_rx, store::now_ms()));

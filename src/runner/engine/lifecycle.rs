@@ -43,7 +43,6 @@ impl Engine {
                 },
             ),
         };
-        self.count_finished(&id, outcome.spooled_bytes).await;
         // Resolves after the first try: an end the disk could not take yet is held and
         // shown meanwhile, so the job leaves the scheduler either way.
         match self.inner.store.mark_finished(&id, state, &outcome).await {
@@ -63,6 +62,9 @@ impl Engine {
         }
         self.bump();
         self.schedule();
+        // Measured once the end is recorded and the job's slot is free: a large workspace
+        // delays nobody.
+        self.count_finished(&id, outcome.spooled_bytes).await;
         if let Err(e) = self.retain().await {
             tracing::warn!(error = %crate::error_chain(&e), "retention failed");
         }
@@ -90,6 +92,11 @@ impl Engine {
                 Arc::new(rec.spec)
             }
         };
+        if let Some(uses) = super::retention::foreign_workspace(&spec) {
+            if let Some(run) = self.sched().running.get_mut(id) {
+                run.uses = Some(uses);
+            }
+        }
         // The workspace is made while the writer commits: two mkdirs, too short to be
         // worth a trip to the blocking pool.
         let workspace = job::prepare_workspace(&self.inner.paths, id, spec.cwd.as_deref(), false)

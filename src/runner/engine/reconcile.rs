@@ -47,15 +47,18 @@ impl Engine {
             blocking(move || leftover::find(&inner.store, inner.cgroups.as_ref())).await??;
         let store = self.inner.store.clone();
         let (count, bytes) = blocking(move || store.finished_totals()).await??;
-        // Every workspace there is now is a finished job's (this runner runs none yet), or
-        // a dead runner's job's, which is about to be.
-        let work = self.inner.paths.work_root.clone();
-        let workspaces = blocking(move || super::retention::dir_size(&work)).await?;
+        // Workspaces are measured in the background: a large work root delays nothing.
         *self.totals() = Totals {
             count,
             bytes,
-            kept: bytes + workspaces,
+            kept: bytes,
         };
+        let engine = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = engine.measure_kept().await {
+                tracing::warn!(error = %crate::error_chain(&e), "could not measure the finished jobs' workspaces");
+            }
+        });
         let store = self.inner.store.clone();
         let queued = blocking(move || store.in_states(&[JobState::Queued])).await??;
         {

@@ -1,9 +1,11 @@
 //! Retention: the oldest finished jobs, records and files together, are deleted once the
-//! runner keeps more of them, more spooled output, or more bytes in all (spools and
-//! workspaces: a build's workspace holds its checkout and its artifacts) than its limits
-//! allow; `railgrid job prune` deletes them by hand. A running or queued job's files are
-//! never touched. The totals are kept in memory, so that a job's end needs no count from
-//! the store; a workspace is measured once, when its job ends, and again when it goes.
+//! runner keeps more of them or more spooled output than its limits allow; beyond the
+//! bound on bytes kept in all (spools and workspaces: a build's workspace holds its
+//! checkout and its artifacts) the oldest workspaces go first. `railgrid job prune`
+//! deletes by hand. A running or queued job's files, or a workspace one works in, are
+//! never touched, nor the newest finished job's workspace. The totals are kept in memory,
+//! so that a job's end needs no count from the store; a workspace is measured once, when
+//! its job ends, and again when it goes.
 
 use std::path::Path;
 
@@ -58,6 +60,13 @@ pub(super) fn dir_size(root: &Path) -> u64 {
     total
 }
 
+/// The workspace of another job that `spec`'s `cwd` lies in (`../ID/…`), if any.
+pub(super) fn foreign_workspace(spec: &crate::proto::job::JobSpec) -> Option<String> {
+    let rest = spec.cwd.as_deref()?.strip_prefix("../")?;
+    let id = rest.split('/').next()?;
+    (!id.is_empty() && id != "." && id != "..").then(|| id.to_owned())
+}
+
 impl Engine {
     pub(super) fn totals(&self) -> std::sync::MutexGuard<'_, Totals> {
         crate::util::lock(&self.inner.totals)
@@ -78,8 +87,44 @@ impl Engine {
         t.kept += spooled + ws;
     }
 
-    /// Deletes the oldest finished jobs, records and files together, beyond the count,
-    /// spool-size and kept-bytes bounds.
+    /// At start, in the background: the workspaces of the finished jobs the store holds
+    /// (a shared checkout in the work root, no job's workspace, is not counted).
+    pub(super) async fn measure_kept(&self) -> Result<(), EngineError> {
+        let _pass = self.inner.retention.lock().await;
+        let store = self.inner.store.clone();
+        let finished = blocking(move || store.finished_oldest_first(u32::MAX)).await??;
+        let paths = self.inner.paths.clone();
+        let ws = blocking(move || {
+            finished
+                .iter()
+                .map(|(id, _)| dir_size(&paths.workspace(id)))
+                .sum::<u64>()
+        })
+        .await?;
+        self.totals().kept += ws;
+        Ok(())
+    }
+
+    /// Workspaces no retention may touch: those of running and queued jobs, and those
+    /// their `cwd` lies in.
+    fn workspaces_in_use(&self) -> std::collections::HashSet<String> {
+        let s = self.sched();
+        let mut used: std::collections::HashSet<String> = s.running.keys().cloned().collect();
+        used.extend(s.running.values().filter_map(|r| r.uses.clone()));
+        for q in &s.queue {
+            used.insert(q.id.clone());
+            if let Some(spec) = &q.spec {
+                used.extend(foreign_workspace(spec));
+            }
+        }
+        used
+    }
+
+    /// Keeps finished jobs within their bounds: beyond the count or the spool bound the
+    /// oldest go, record, output and workspace together; beyond the kept-bytes bound the
+    /// oldest workspaces go (their records and output stay, within the other bounds),
+    /// never the newest finished job's (its agent may not have reported it yet) nor one
+    /// a running or queued job uses.
     pub(super) async fn retain(&self) -> Result<(), EngineError> {
         let cfg = &self.inner.cfg;
         let (max_jobs, max_spool, max_kept) = (
@@ -87,9 +132,12 @@ impl Engine {
             cfg.max_spool_bytes,
             cfg.max_kept_bytes,
         );
-        self.delete_oldest(|t| t.count > max_jobs || t.bytes > max_spool || t.kept > max_kept)
-            .await
-            .map(drop)
+        self.delete_oldest(|t| t.count > max_jobs || t.bytes > max_spool)
+            .await?;
+        if self.totals().kept > max_kept {
+            self.free_workspaces(max_kept).await?;
+        }
+        Ok(())
     }
 
     /// `railgrid job prune`: deletes the oldest finished jobs until `keep` are left.
@@ -108,15 +156,23 @@ impl Engine {
     async fn delete_oldest(&self, over: impl Fn(&Totals) -> bool) -> Result<(), EngineError> {
         // One pass at a time: two passes would delete the same oldest jobs and count them twice.
         let _pass = self.inner.retention.lock().await;
+        let mut skipped = 0;
         while over(&self.totals()) {
             let store = self.inner.store.clone();
-            let finished = blocking(move || store.finished_oldest_first(RETAIN_BATCH)).await??;
-            if finished.is_empty() {
+            let batch = RETAIN_BATCH + skipped;
+            let finished = blocking(move || store.finished_oldest_first(batch)).await??;
+            if finished.len() <= skipped as usize {
                 break;
             }
-            for (id, spooled) in finished {
+            let in_use = self.workspaces_in_use();
+            for (id, spooled) in finished.into_iter().skip(skipped as usize) {
                 if !over(&self.totals()) {
                     return Ok(());
+                }
+                if in_use.contains(&id) {
+                    // A running job works in it: kept, record and all.
+                    skipped += 1;
+                    continue;
                 }
                 let paths = self.inner.paths.clone();
                 let rid = id.clone();
@@ -133,6 +189,39 @@ impl Engine {
                 t.bytes = t.bytes.saturating_sub(spooled);
                 t.kept = t.kept.saturating_sub(spooled + ws);
             }
+        }
+        Ok(())
+    }
+
+    /// Removes the oldest finished jobs' workspaces until what is kept fits `max_kept`.
+    async fn free_workspaces(&self, max_kept: u64) -> Result<(), EngineError> {
+        let _pass = self.inner.retention.lock().await;
+        let store = self.inner.store.clone();
+        let mut finished = blocking(move || store.finished_oldest_first(u32::MAX)).await??;
+        // The newest finished job's stays, whatever it holds.
+        finished.pop();
+        let in_use = self.workspaces_in_use();
+        for (id, _) in finished {
+            if self.totals().kept <= max_kept {
+                break;
+            }
+            if in_use.contains(&id) {
+                continue;
+            }
+            let path = self.inner.paths.workspace(&id);
+            let freed = blocking(move || {
+                let n = dir_size(&path);
+                if n > 0 {
+                    let _ = std::fs::remove_dir_all(&path);
+                }
+                n
+            })
+            .await?;
+            if freed > 0 {
+                tracing::info!(job = %id, bytes = freed, "removed a finished job's workspace: finished jobs keep more than max_kept_bytes");
+            }
+            let mut t = self.totals();
+            t.kept = t.kept.saturating_sub(freed);
         }
         Ok(())
     }
