@@ -118,7 +118,11 @@ impl HubError {
                 | HubError::HubsConnected { .. }
                 | HubError::NoStore { .. }
                 | HubError::NoTarget
-                | HubError::Store(StoreError::BadUrl { .. } | StoreError::DatabaseCa { .. })
+                | HubError::Store(
+                    StoreError::BadUrl { .. }
+                        | StoreError::DatabaseCa { .. }
+                        | StoreError::HubsRunning(_)
+                )
         )
     }
 }

@@ -33,7 +33,8 @@ pub(crate) async fn renumber(
 ) -> Result<Renumbered, HubError> {
     match (url, data_dir) {
         (Some(url), _) => {
-            let store = PgStore::connect_as(url, "railgrid-hub-renumber").await?;
+            let store =
+                PgStore::connect_as(url, super::store::postgres::RENUMBER_APPLICATION).await?;
             let hubs = store.hubs_connected().await?;
             if !hubs.is_empty() {
                 return Err(HubError::HubsConnected {

@@ -56,6 +56,8 @@ pub(crate) enum StoreError {
     },
     #[error("the hub database {0} has handed out every generation a hub may (up to {max}): no change can be made until the counter is renumbered; stop every hub on it and run `railgrid hub store renumber` (docs/hub.md, \"Generations\")", max = MAX_GENERATION)]
     GenerationsExhausted(String),
+    #[error("a hub is running on the database {0}: stop every hub on it first")]
+    HubsRunning(String),
     #[error("invalid --store {url}: {why}")]
     BadUrl { url: String, why: String },
     #[error("could not read {path}, the CA of the hub database {url}")]

@@ -68,6 +68,11 @@ const STATEMENT_TIMEOUT: &str = "30s";
 
 /// The name a hub's connections carry (`application_name`), unless its URL gives one.
 const HUB_APPLICATION: &str = "railgrid-hub";
+/// The name `hub store renumber` connects with: it holds no hub's lock.
+pub(crate) const RENUMBER_APPLICATION: &str = "railgrid-hub-renumber";
+/// The advisory lock every running hub holds shared (on its listening connection), and
+/// `hub store renumber` takes exclusively.
+const HUBS_LOCK: i64 = 0x7261_696c_6875_6273; // "railhubs"
 
 /// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
 const NEXT_GENERATION: &str =
@@ -463,7 +468,9 @@ impl PgStore {
             None => format!("-c statement_timeout={STATEMENT_TIMEOUT}"),
         };
         config.options(options);
-        if config.get_application_name().is_none() {
+        // Renumbering must never pass for a hub (it would hold the hubs' lock), whatever
+        // the URL names.
+        if config.get_application_name().is_none() || application == RENUMBER_APPLICATION {
             config.application_name(application);
         }
         if config.get_connect_timeout().is_none() {
@@ -880,6 +887,17 @@ impl Store for PgStore {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
+        let alone: bool = tx
+            .query_one(
+                &format!("SELECT pg_try_advisory_xact_lock({HUBS_LOCK})"),
+                &[],
+            )
+            .await
+            .map_err(&e)?
+            .get(0);
+        if !alone {
+            return Err(StoreError::HubsRunning(self.url.clone()));
+        }
         let was: i64 = tx
             .query_one(
                 "SELECT value FROM meta WHERE key = 'generation' FOR UPDATE",
@@ -1517,6 +1535,13 @@ impl Listener {
             }
         });
         let _abort = AbortOnDrop(driver);
+        // Held for the connection's life, by every hub: `hub store renumber` runs only
+        // when it can take the lock exclusively, so never beside a running hub.
+        if self.config.get_application_name() != Some(RENUMBER_APPLICATION) {
+            client
+                .batch_execute(&format!("SELECT pg_advisory_lock_shared({HUBS_LOCK})"))
+                .await?;
+        }
         client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
         *pause = Duration::from_millis(200);
         match listening.take() {
