@@ -364,16 +364,22 @@ fn job_detail(j: &HubJobView) -> String {
         line("error", clean(e));
     }
     line("submitted", ago(Some(j.created_ms / 1000)));
+    if let Some(s) = j.started_ms {
+        line("started", ago(Some(s / 1000)));
+    }
     if let Some(f) = j.finished_ms {
         line("finished", ago(Some(f / 1000)));
+        let took = |from: u64| {
+            humantime::format_duration(std::time::Duration::from_millis(
+                f.saturating_sub(from) / 100 * 100,
+            ))
+        };
         line(
             "took",
-            format!(
-                "{} from submission",
-                humantime::format_duration(std::time::Duration::from_millis(
-                    f.saturating_sub(j.created_ms) / 100 * 100
-                ))
-            ),
+            match j.started_ms {
+                Some(s) => format!("{} ({} from submission)", took(s), took(j.created_ms)),
+                None => format!("{} from submission", took(j.created_ms)),
+            },
         );
     }
     if let Some(s) = j.job_state().filter(|s| s.is_terminal()) {

@@ -84,6 +84,9 @@ pub struct HubJobView {
     pub error: Option<String>,
     /// Unix milliseconds.
     pub created_ms: u64,
+    /// When the hub first heard the job had reached its agent's runner (the hub's clock).
+    #[serde(default)]
+    pub started_ms: Option<u64>,
     #[serde(default)]
     pub finished_ms: Option<u64>,
     /// What the job printed (the runner's count, past its cap too).

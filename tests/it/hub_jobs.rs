@@ -671,7 +671,9 @@ fn hub_job_commands_say_what_the_local_ones_say() {
     assert!(row.split_whitespace().any(|c| c == "143"), "{list}");
     let status = String::from_utf8_lossy(&f.jobs(&["status", "term"]).stdout).into_owned();
     assert!(
-        status.contains("exit (shell)     143") && status.contains("took"),
+        status.contains("exit (shell)     143")
+            && status.contains("took")
+            && status.contains("started"),
         "{status}"
     );
 

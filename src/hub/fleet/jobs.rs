@@ -153,6 +153,9 @@ fn merged(prev: &JobProgress, r: &JobReport, now: u64) -> JobProgress {
         if r.state.is_terminal() {
             p.finished_ms = Some(now);
         }
+        if p.started_ms.is_none() {
+            p.started_ms = Some(now);
+        }
     }
     p.stdout_bytes = r.stdout_bytes;
     p.stderr_bytes = r.stderr_bytes;
@@ -201,6 +204,7 @@ fn view(row: JobRow, limits: &JobLimits) -> HubJobView {
         signal: p.signal,
         error: p.error,
         created_ms: row.created_ms,
+        started_ms: p.started_ms,
         finished_ms: p.finished_ms,
         stdout_bytes: p.stdout_bytes,
         stderr_bytes: p.stderr_bytes,

@@ -186,6 +186,8 @@ pub(crate) struct JobProgress {
     pub(crate) signal: Option<i32>,
     pub(crate) error: Option<String>,
     pub(crate) finished_ms: Option<u64>,
+    /// When the hub first heard the job had reached its agent's runner (hub clock).
+    pub(crate) started_ms: Option<u64>,
     pub(crate) stdout_bytes: u64,
     pub(crate) stderr_bytes: u64,
     pub(crate) runner_truncated: Option<Truncation>,

@@ -80,7 +80,7 @@ const NEXT_GENERATION: &str =
 
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
-    stdout_length, stderr_length, stdout_stored, stderr_stored";
+    stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms";
 
 /// The states of a job that has not ended (in the expressions' SQL form).
 const OPEN_STATES: &str = "'pending', 'queued', 'starting', 'running'";
@@ -357,6 +357,7 @@ fn job_row(url: &str, r: &Row) -> Result<JobRow, StoreError> {
             signal: r.get::<_, Option<i64>>(8).map(|s| s as i32),
             error: r.get(9),
             finished_ms: opt_u64(r.get(10)),
+            started_ms: opt_u64(r.get(19)),
             stdout_bytes: u64_of(r.get(11)),
             stderr_bytes: u64_of(r.get(12)),
             runner_truncated,
@@ -1056,7 +1057,8 @@ impl Store for PgStore {
                      finished_ms = CASE WHEN state IN ({OPEN}) THEN $7 ELSE finished_ms END,
                      stdout_bytes = GREATEST(stdout_bytes, $8),
                      stderr_bytes = GREATEST(stderr_bytes, $9),
-                     runner_truncated = COALESCE($10, runner_truncated), done = $11
+                     runner_truncated = COALESCE($10, runner_truncated), done = $11,
+                     started_ms = COALESCE(started_ms, $12)
                  WHERE id = $1 AND done = 0",
                 OPEN = OPEN_STATES
             ))
@@ -1085,6 +1087,7 @@ impl Store for PgStore {
                     &(p.stderr_bytes as i64),
                     &truncated,
                     &(p.done as i64),
+                    &p.started_ms.map(|m| m as i64),
                 ],
             )
             .await

@@ -91,6 +91,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
         reason TEXT NOT NULL,
         halted_at BIGINT NOT NULL
     );",
+    // 4: when the hub first heard a job had reached its agent's runner.
+    "ALTER TABLE jobs ADD COLUMN started_ms BIGINT;",
 ];
 
 /// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
@@ -193,7 +195,7 @@ fn bump_scope(tx: &rusqlite::Transaction<'_>, scope: &str, path: &str) -> Result
 
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
-    stdout_length, stderr_length, stdout_stored, stderr_stored";
+    stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms";
 
 /// The raw columns of a job row, parsed afterwards (outside rusqlite's row closure, so
 /// that a record that does not parse is an error that names it).
@@ -201,7 +203,7 @@ type RawJob = (
     (String, i64, String, String, i64, String, i64),
     (Option<i64>, Option<i64>, Option<String>, Option<i64>),
     (i64, i64, Option<String>, i64),
-    (i64, i64, i64, i64),
+    (i64, i64, i64, i64, Option<i64>),
 );
 
 fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
@@ -217,7 +219,7 @@ fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
         ),
         (r.get(7)?, r.get(8)?, r.get(9)?, r.get(10)?),
         (r.get(11)?, r.get(12)?, r.get(13)?, r.get(14)?),
-        (r.get(15)?, r.get(16)?, r.get(17)?, r.get(18)?),
+        (r.get(15)?, r.get(16)?, r.get(17)?, r.get(18)?, r.get(19)?),
     ))
 }
 
@@ -250,6 +252,7 @@ fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
             signal: signal.map(|s| s as i32),
             error,
             finished_ms: opt_u64(finished),
+            started_ms: opt_u64(lens.4),
             stdout_bytes: u64_of(stdout_bytes),
             stderr_bytes: u64_of(stderr_bytes),
             runner_truncated,
@@ -625,7 +628,8 @@ impl Store for SqliteStore {
                     .prepare_cached(
                         "UPDATE jobs SET state = ?2, cancel_requested = ?3, exit_code = ?4,
                              exit_signal = ?5, error = ?6, finished_ms = ?7, stdout_bytes = ?8,
-                             stderr_bytes = ?9, runner_truncated = ?10, done = ?11
+                             stderr_bytes = ?9, runner_truncated = ?10, done = ?11,
+                             started_ms = COALESCE(started_ms, ?12)
                          WHERE id = ?1",
                     )
                     .map_err(&e)?;
@@ -647,6 +651,7 @@ impl Store for SqliteStore {
                         p.stderr_bytes as i64,
                         truncated,
                         p.done as i64,
+                        p.started_ms.map(|m| m as i64),
                     ])
                     .map_err(&e)?;
                 }
