@@ -986,12 +986,14 @@ fn a_restarted_runner_kills_what_a_killed_one_left_in_a_job_cgroup() {
     assert!(!cg.dir.join(format!("job-{id}")).exists());
 }
 
-/// Unmounts (lazily) when dropped: declared before the runner, so that it goes after it.
+/// Unmounts (lazily) when dropped, then removes the mount point (a temp dir whose own
+/// removal failed while it was mounted): declared before the runner, so that it goes after.
 struct Unmount(PathBuf);
 
 impl Drop for Unmount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = fs::remove_dir_all(&self.0);
     }
 }
 

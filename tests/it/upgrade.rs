@@ -31,17 +31,43 @@ const V2: &str = "99.0.0";
 /// The binaries every test starts from: this build (stripped, so copies are cheap) and
 /// the second build.
 struct Builds {
-    _dir: tempfile::TempDir,
     v1: PathBuf,
     v1_version: String,
     v2: PathBuf,
 }
 
+/// `<target>/upgrade-fixtures/run-<pid>`: a static is never dropped, so a temp dir would
+/// outlive every run; this one is swept by the next run once its process is gone.
+fn fixture_dir(target: &Path) -> PathBuf {
+    let root = target.join("upgrade-fixtures");
+    if let Ok(entries) = fs::read_dir(&root) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name
+                .strip_prefix("run-")
+                .and_then(|p| p.parse::<i32>().ok());
+            let gone = pid.is_some_and(|p| p as u32 == std::process::id() || !alive(p));
+            if gone {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let dir = root.join(format!("run-{}", std::process::id()));
+    fs::create_dir_all(&dir).expect("the fixtures' directory");
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).expect("chmod");
+    dir
+}
+
 fn builds() -> &'static Builds {
     static BUILDS: OnceLock<Builds> = OnceLock::new();
     BUILDS.get_or_init(|| {
-        let dir = tempdir();
-        let v1 = dir.path().join("railgrid-v1");
+        let bin = Path::new(BIN);
+        let target = bin
+            .parent()
+            .and_then(Path::parent)
+            .expect("the binary is in <target>/<profile>/");
+        let dir = fixture_dir(target);
+        let v1 = dir.join("railgrid-v1");
         let stripped = Command::new("strip")
             .arg("-o")
             .arg(&v1)
@@ -54,11 +80,6 @@ fn builds() -> &'static Builds {
         let v1_version = version_of(&v1);
         // The same source, another version: cargo rebuilds only this crate for the
         // profile once its dependencies are there.
-        let bin = Path::new(BIN);
-        let target = bin
-            .parent()
-            .and_then(Path::parent)
-            .expect("the binary is in <target>/<profile>/");
         let out = Command::new(env!("CARGO"))
             .args([
                 "build",
@@ -81,15 +102,10 @@ fn builds() -> &'static Builds {
             "building the {V2} fixture failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let v2 = dir.path().join("railgrid-v2");
+        let v2 = dir.join("railgrid-v2");
         fs::copy(target.join("upgrade-fixture/railgrid"), &v2).expect("copy the second build");
         assert_eq!(version_of(&v2), V2);
-        Builds {
-            _dir: dir,
-            v1,
-            v1_version,
-            v2,
-        }
+        Builds { v1, v1_version, v2 }
     })
 }
 
