@@ -275,8 +275,11 @@ pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
     } else {
         let mut text = render(&st, alive, last_line.as_deref());
         if let Some(h) = &kept {
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
             text.push_str(&format!(
-                "kept:       {} finished jobs, {} of {} (runner.max_kept_bytes; `railgrid job prune` deletes them)\n",
+                "kept:       {} finished jobs, {} of {} (runner.max_kept_bytes; `railgrid job prune` deletes them)",
                 h.finished_jobs,
                 super::job::mib(h.kept_bytes),
                 super::job::mib(h.max_kept_bytes)

@@ -911,8 +911,15 @@ fn agent_status_shows_where_things_are_and_json_always_parses() {
     ] {
         assert!(text.contains(&want), "{want:?} in:\n{text}");
     }
+    // What finished jobs keep, from the runner, on a line of its own.
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("kept:       0 finished jobs")),
+        "{text}"
+    );
     let v: Value = serde_json::from_slice(&status(true).stdout).expect("json");
     assert_eq!(v["running"], true);
+    assert_eq!(v["runner"]["kept"]["finished_jobs"], 0, "{v}");
 
     agent.signal(Signal::SIGTERM);
     let _ = agent.wait_output(LIMIT);
