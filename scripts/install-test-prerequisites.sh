@@ -36,6 +36,11 @@ need mount mount
 need systemd-analyze systemd
 need useradd passwd
 need unshare util-linux
+# The tests under a real systemd boot a container (systemd-nspawn) of a Debian root file
+# system they build once (debootstrap).
+need systemd-nspawn systemd-container
+need debootstrap debootstrap
+need nsenter util-linux
 # Hub replica tests start a PostgreSQL cluster of their own (initdb, pg_ctl; psql).
 need initdb postgresql
 need psql postgresql-client

@@ -5,6 +5,8 @@
 //! One test binary (modules below) keeps link time down.
 
 mod agent;
+#[cfg(target_os = "linux")]
+mod container;
 mod disk;
 mod hub;
 mod hub_agent;
@@ -23,4 +25,6 @@ mod replicas;
 mod supervise;
 mod supervisor_api;
 mod support;
+#[cfg(target_os = "linux")]
+mod systemd;
 mod upgrade;

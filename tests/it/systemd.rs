@@ -1,0 +1,150 @@
+//! The agent's service under a real systemd 252, booted in a container for the test
+//! ([`Container`]): `agent install`, the runner as its account in the unit's delegated
+//! cgroup, jobs confined by cgroups of their own, a restart after kill -9, a stop with a
+//! job that ignores SIGTERM, and `agent uninstall --purge`.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::container::{Container, BUILT};
+
+const LIMIT: Duration = Duration::from_secs(60);
+const SOCKET: &str = "/var/lib/railgrid/runner/runner.sock";
+
+/// The runner's pid once the agent says it runs and its socket answers.
+fn runner_serving(c: &Container, what: &str) -> i64 {
+    let pid = c.wait(
+        what,
+        LIMIT,
+        "railgrid agent status --json 2>/dev/null",
+        |t| {
+            serde_json::from_str::<Value>(t)
+                .is_ok_and(|v| v["runner"]["state"] == "running" && v["runner"]["pid"].is_i64())
+        },
+    );
+    let v: Value = serde_json::from_str(&pid).expect("status");
+    c.wait(
+        "the runner's socket",
+        LIMIT,
+        &format!("curl -sf --unix-socket {SOCKET} http://x/v1/health"),
+        |t| t.contains("\"pid\""),
+    );
+    v["runner"]["pid"].as_i64().expect("runner pid")
+}
+
+fn show(c: &Container, prop: &str) -> String {
+    c.ok(&format!("systemctl show railgrid-agent -p {prop} --value"))
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn the_service_lives_its_whole_life_under_a_real_systemd() {
+    let Some(c) = Container::boot("life") else {
+        return;
+    };
+    let before = c.ok("ls /etc /usr/local/bin /var/lib /var/log | sort");
+
+    // Install: the unit is active, the runner runs as its account in the unit's cgroup.
+    let out = c.ok(&format!("{BUILT} agent install --runner-user nobody"));
+    assert!(out.contains("installed"), "{out}");
+    assert_eq!(show(&c, "ActiveState"), "active");
+    let runner = runner_serving(&c, "the runner serving");
+    assert_eq!(c.ok(&format!("ps -o user= -p {runner}")).trim(), "nobody");
+    let cgroup = c.ok(&format!("cat /proc/{runner}/cgroup"));
+    assert!(
+        cgroup
+            .lines()
+            .any(|l| l == "0::/system.slice/railgrid-agent.service/runner/runner"),
+        "{cgroup}"
+    );
+    let health = c.ok(&format!(
+        "curl -sf --unix-socket {SOCKET} http://x/v1/health"
+    ));
+    assert!(health.contains(r#""confinement":"cgroup""#), "{health}");
+
+    // A job in a cgroup of its own: its setsid and setpgid children end with its cancel.
+    c.ok("railgrid job submit --detach --id escape -- sh -c \
+          'setsid sh -c \"echo \\$\\$; exec sleep 301\" & \
+           perl -e \"setpgrp(0,0); \\$| = 1; print \\$\\$, qq(\\n); sleep 302\" & sleep 300'");
+    let pids = c.wait(
+        "both escapees running",
+        LIMIT,
+        "railgrid job logs escape",
+        |t| {
+            t.lines()
+                .filter(|l| l.trim().parse::<u32>().is_ok())
+                .count()
+                == 2
+        },
+    );
+    let pids: Vec<&str> = pids.lines().map(str::trim).collect();
+    for p in &pids {
+        let cg = c.ok(&format!("cat /proc/{p}/cgroup"));
+        assert!(cg.contains("/runner/job-escape"), "{p}: {cg}");
+    }
+    c.ok("railgrid job cancel escape");
+    let alive = format!(
+        "for p in {}; do kill -0 $p 2>/dev/null && echo $p; done; true",
+        pids.join(" ")
+    );
+    c.wait("no escapee left", LIMIT, &alive, str::is_empty);
+
+    // kill -9 of the agent: systemd restarts it, and there is one runner.
+    let main = show(&c, "MainPID");
+    c.ok("systemctl kill -s KILL --kill-whom=main railgrid-agent");
+    c.wait(
+        "the agent restarted",
+        LIMIT,
+        "systemctl show railgrid-agent -p NRestarts --value",
+        |t| t == "1",
+    );
+    runner_serving(&c, "a runner again");
+    assert_ne!(show(&c, "MainPID"), main);
+    c.wait(
+        "one runner",
+        LIMIT,
+        "ps -eo args= | grep -c '^/usr/local/bin/railgrid runner run'",
+        |t| t == "1",
+    );
+
+    // A stop with a job that ignores SIGTERM: done within TimeoutStopSec, nothing left.
+    c.ok("railgrid job submit --detach --id stubborn -- sh -c 'trap \"\" TERM; exec sleep 1000'");
+    c.wait(
+        "the stubborn job running",
+        LIMIT,
+        "pgrep -xc sleep || true",
+        |t| t == "1",
+    );
+    let timeout_us: u64 = show(&c, "TimeoutStopUSec")
+        .trim_end_matches('s')
+        .parse()
+        .map(|s: u64| s * 1_000_000)
+        .unwrap_or(90_000_000);
+    let started = Instant::now();
+    c.ok("systemctl stop railgrid-agent");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_micros(timeout_us),
+        "the stop took {took:?}"
+    );
+    assert_eq!(show(&c, "ActiveState"), "inactive");
+    assert_eq!(c.ok("pgrep -xc sleep || true").trim(), "0");
+    let left = c.ok(
+        "cat /sys/fs/cgroup/system.slice/railgrid-agent.service/cgroup.procs 2>/dev/null || true",
+    );
+    assert!(left.trim().is_empty(), "left in the unit's cgroup: {left}");
+    let log = c.ok("journalctl -b -u railgrid-agent --no-pager | tail -n 30");
+    assert!(!log.contains("Failed with result 'timeout'"), "{log}");
+
+    // Uninstall --purge: the container as it was.
+    c.ok("railgrid agent uninstall --purge --yes");
+    assert_eq!(
+        c.ok("ls /etc /usr/local/bin /var/lib /var/log | sort"),
+        before,
+        "{}",
+        c.console().len()
+    );
+    assert_eq!(show(&c, "LoadState"), "not-found");
+}
