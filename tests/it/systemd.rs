@@ -109,6 +109,43 @@ fn the_service_lives_its_whole_life_under_a_real_systemd() {
         |t| t == "1",
     );
 
+    // SIGHUP through `systemctl reload`: the agent takes the configuration again, in the
+    // same process, and the unit stays active.
+    let main = show(&c, "MainPID");
+    c.ok("systemctl reload railgrid-agent");
+    c.wait(
+        "the agent's reload",
+        LIMIT,
+        "journalctl -u railgrid-agent --no-pager -o cat",
+        |t| t.contains("SIGHUP:") && t.contains("Reloaded railgrid-agent.service"),
+    );
+    assert_eq!(show(&c, "ActiveState"), "active");
+    assert_eq!(show(&c, "MainPID"), main);
+
+    // A hung agent (SIGSTOP): the watchdog (4 s in a drop-in here) kills and restarts it.
+    c.ok("mkdir -p /etc/systemd/system/railgrid-agent.service.d && \
+          printf '[Service]\\nWatchdogSec=4s\\n' > /etc/systemd/system/railgrid-agent.service.d/watchdog.conf && \
+          systemctl daemon-reload && systemctl restart railgrid-agent");
+    runner_serving(&c, "a runner after the restart");
+    let restarts: u32 = show(&c, "NRestarts").parse().expect("NRestarts");
+    c.ok("kill -STOP $(systemctl show railgrid-agent -p MainPID --value)");
+    c.wait(
+        "the watchdog's restart",
+        LIMIT,
+        "systemctl show railgrid-agent -p NRestarts --value",
+        |t| t.parse::<u32>().is_ok_and(|n| n > restarts),
+    );
+    let journal = c.ok("journalctl -u railgrid-agent --no-pager -o cat");
+    assert!(journal.contains("Watchdog timeout"), "{journal}");
+    runner_serving(&c, "a runner after the watchdog");
+    c.wait(
+        "one runner",
+        LIMIT,
+        "ps -eo args= | grep -c '^/usr/local/bin/railgrid runner run'",
+        |t| t == "1",
+    );
+    c.ok("rm -r /etc/systemd/system/railgrid-agent.service.d && systemctl daemon-reload");
+
     // A stop with a job that ignores SIGTERM: done within TimeoutStopSec, nothing left.
     c.ok("railgrid job submit --detach --id stubborn -- sh -c 'trap \"\" TERM; exec sleep 1000'");
     c.wait(
