@@ -928,12 +928,14 @@ impl HubTask {
                 return Next::Pause(self.backoff.next());
             }
         }
-        self.reset = false;
+        // A reset was answered at once because generation 0 was reported, whatever the
+        // hub does with polls: poll again at once, with the generation now applied.
+        let was_reset = std::mem::replace(&mut self.reset, false);
         self.applied();
         // Something new is reported back at once, and a hub that held the poll is polled
         // again at once; one that answered "nothing new" without holding it (it does
         // not long-poll) is asked again after the interval it names.
-        if news || wait.is_zero() || sent.elapsed() >= HELD {
+        if news || was_reset || wait.is_zero() || sent.elapsed() >= HELD {
             return Next::Again;
         }
         let interval = desired

@@ -752,7 +752,15 @@ fn an_agent_ahead_of_its_hub_takes_the_hubs_state_and_a_renumbered_hub_is_follow
     );
     let shown = hub.admin_json(&["desired", "set", "--fleet", "--max-jobs", "3"]);
     assert_eq!(shown["generation"], 2, "{shown}");
+    // Within a long poll, not after one has timed out: the agent's reset must leave it
+    // polling at once (it once paused the 30 s a hub that does not hold polls asks for).
+    let changed = std::time::Instant::now();
     h.wait_status("generation 2 applied", APPLIED, connected_at(2));
+    assert!(
+        changed.elapsed() < Duration::from_secs(10),
+        "generation 2 took {:?}",
+        changed.elapsed()
+    );
     wait_for(APPLIED, "max_jobs 3 at the runner", || {
         (admission(&h)?["max_jobs"] == 3).then_some(())
     });
