@@ -177,6 +177,7 @@ pub(super) fn upgrade_guard(
     let started = watcher::revive(
         state_dir,
         "",
+        watcher::Renew::FromNow,
         std::time::Duration::from_secs(90),
         &service::log_path(log_dir),
         &[],

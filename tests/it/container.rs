@@ -11,8 +11,11 @@
 //!   own, so that nspawn makes its cgroups there and not at the host's roots
 //!   (../shared/notes of the project's machines; docs/operations.md, "Verified under a
 //!   real systemd").
+//! - A container that must survive a reboot ([`Options::persistent`]) boots from an
+//!   overlay of the cached tree that the harness mounts in the test's temp dir.
 //! - Dropping it powers the container off (SIGTERM to nspawn), kills its PID 1 if it is
-//!   still there after 15 s, and removes the test's cgroups, deepest first.
+//!   still there after 15 s, unmounts its overlay, and removes the test's cgroups,
+//!   deepest first.
 //!
 //! Root only: the tests say SKIPPED otherwise. The prerequisites script installs
 //! `systemd-container` and `debootstrap`.
@@ -98,12 +101,30 @@ fn hierarchies() -> Vec<PathBuf> {
         .collect()
 }
 
+/// How a container boots, beyond [`Container::boot`]'s defaults.
+#[derive(Default)]
+pub struct Options {
+    /// The binary bound in at [`BUILT`] (the test build when `None`).
+    pub binary: Option<PathBuf>,
+    /// More host paths bound in read-only: (host path, path in the container).
+    pub binds: Vec<(PathBuf, &'static str)>,
+    /// Keeps what the container writes across [`Container::reboot`]: an overlay of the
+    /// cached root file system that the harness mounts itself, instead of nspawn's
+    /// `--volatile=overlay`, which forgets everything at poweroff.
+    pub persistent: bool,
+}
+
 pub struct Container {
     pub name: String,
     nspawn: Option<Child>,
     pub pid1: i32,
     cgroups: Vec<PathBuf>,
     log: PathBuf,
+    /// The root nspawn boots: the cached tree (volatile) or the harness's overlay of it.
+    root: PathBuf,
+    /// The harness's overlay mount, when persistent.
+    overlay: Option<PathBuf>,
+    binds: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -111,27 +132,78 @@ impl Container {
     /// Boots a container until `systemctl is-system-running` says running (or degraded);
     /// `None`, saying SKIPPED, where the tests do not run as root.
     pub fn boot(name: &str) -> Option<Self> {
+        Self::boot_with(name, Options::default())
+    }
+
+    pub fn boot_with(name: &str, options: Options) -> Option<Self> {
         if !is_root() {
             eprintln!("SKIPPED: booting a systemd container needs root");
             return None;
         }
-        let root = rootfs();
+        let cached = rootfs();
         let dir = tempdir();
         let name = format!("rg-{name}-{}", std::process::id());
         let cgroups: Vec<PathBuf> = hierarchies().iter().map(|h| h.join(&name)).collect();
         for cg in &cgroups {
             fs::create_dir_all(cg).expect("the container's cgroup");
         }
-        let log = dir.path().join("nspawn.log");
+        let binary = options.binary.unwrap_or_else(|| PathBuf::from(BIN));
+        let mut binds = vec![format!("--bind-ro={}:{BUILT}", path_str(&binary))];
+        for (host, inside) in &options.binds {
+            binds.push(format!("--bind-ro={}:{inside}", path_str(host)));
+        }
+        let (root, overlay) = if options.persistent {
+            let merged = dir.path().join("root");
+            for d in ["upper", "work", "root"] {
+                fs::create_dir(dir.path().join(d)).expect("the overlay's directories");
+            }
+            let opts = format!(
+                "lowerdir={},upperdir={},workdir={}",
+                path_str(&cached),
+                path_str(&dir.path().join("upper")),
+                path_str(&dir.path().join("work"))
+            );
+            let st = Command::new("mount")
+                .args(["-t", "overlay", "overlay", "-o", &opts])
+                .arg(&merged)
+                .status()
+                .expect("mount");
+            assert!(st.success(), "mounting the overlay at {}", merged.display());
+            (merged.clone(), Some(merged))
+        } else {
+            binds.push("--volatile=overlay".into());
+            (cached, None)
+        };
+        let mut c = Self {
+            name,
+            nspawn: None,
+            pid1: 0,
+            cgroups,
+            log: dir.path().join("nspawn.log"),
+            root,
+            overlay,
+            binds,
+            _dir: dir,
+        };
+        c.start();
+        Some(c)
+    }
+
+    fn start(&mut self) {
         let script = format!(
             "for cg in {cgs}; do echo $$ > $cg/cgroup.procs || exit 1; done; exec \"$@\"",
-            cgs = cgroups
+            cgs = self
+                .cgroups
                 .iter()
                 .map(|c| path_str(c))
                 .collect::<Vec<_>>()
                 .join(" ")
         );
-        let out = fs::File::create(&log).expect("log");
+        let out = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log");
         let child = Command::new("sh")
             .args([
                 "-c",
@@ -142,9 +214,9 @@ impl Container {
                 "--register=no",
                 "--keep-unit",
             ])
-            .args(["--volatile=overlay", "--machine", &name, "-D"])
-            .arg(&root)
-            .arg(format!("--bind-ro={BIN}:{BUILT}"))
+            .args(["--machine", &self.name, "-D"])
+            .arg(&self.root)
+            .args(&self.binds)
             .env("SYSTEMD_NSPAWN_UNIFIED_HIERARCHY", "1")
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("dup"))
@@ -152,17 +224,10 @@ impl Container {
             .spawn()
             .expect("systemd-nspawn: run scripts/install-test-prerequisites.sh");
         let nspawn_pid = child.id() as i32;
-        let mut c = Self {
-            name,
-            nspawn: Some(child),
-            pid1: 0,
-            cgroups,
-            log,
-            _dir: dir,
-        };
+        self.nspawn = Some(child);
         // nspawn's first child forks the container's init and goes: the child that is
         // systemd is PID 1.
-        c.pid1 = wait_for(Duration::from_secs(30), "the container's PID 1", || {
+        self.pid1 = wait_for(Duration::from_secs(30), "the container's PID 1", || {
             let children =
                 fs::read_to_string(format!("/proc/{nspawn_pid}/task/{nspawn_pid}/children"))
                     .ok()?;
@@ -173,7 +238,7 @@ impl Container {
         });
         let until = Instant::now() + Duration::from_secs(60);
         loop {
-            let out = c.sh("systemctl is-system-running");
+            let out = self.sh("systemctl is-system-running");
             let state = String::from_utf8_lossy(&out.stdout).trim().to_owned();
             if matches!(state.as_str(), "running" | "degraded") {
                 break;
@@ -181,13 +246,41 @@ impl Container {
             assert!(
                 Instant::now() < until,
                 "{}: systemd did not come up (is-system-running: {state:?}, {}):\n{}",
-                c.name,
+                self.name,
                 String::from_utf8_lossy(&out.stderr),
-                c.console()
+                self.console()
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Some(c)
+    }
+
+    /// A clean poweroff (systemd stops every unit), then a boot of the same root file
+    /// system: a reboot. Needs [`Options::persistent`] to keep anything.
+    pub fn reboot(&mut self) {
+        assert!(self.overlay.is_some(), "a reboot of a volatile container");
+        self.poweroff();
+        self.start();
+    }
+
+    /// SIGTERM to nspawn (systemd in the container powers off); its PID 1 killed if it is
+    /// still there after 15 s.
+    fn poweroff(&mut self) {
+        let Some(mut nspawn) = self.nspawn.take() else {
+            return;
+        };
+        let _ = kill(Pid::from_raw(nspawn.id() as i32), Signal::SIGTERM);
+        let until = Instant::now() + Duration::from_secs(15);
+        while nspawn.try_wait().ok().flatten().is_none() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if nspawn.try_wait().ok().flatten().is_none() {
+            // Ends the container's whole PID namespace, then nspawn.
+            if self.pid1 > 1 {
+                let _ = kill(Pid::from_raw(self.pid1), Signal::SIGKILL);
+            }
+            let _ = nspawn.kill();
+            let _ = nspawn.wait();
+        }
     }
 
     /// `sh -c script` in every namespace of the container (its environment is the test's:
@@ -250,19 +343,11 @@ impl Container {
 
 impl Drop for Container {
     fn drop(&mut self) {
-        if let Some(mut nspawn) = self.nspawn.take() {
-            let _ = kill(Pid::from_raw(nspawn.id() as i32), Signal::SIGTERM);
-            let until = Instant::now() + Duration::from_secs(15);
-            while nspawn.try_wait().ok().flatten().is_none() && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            if nspawn.try_wait().ok().flatten().is_none() {
-                // Ends the container's whole PID namespace, then nspawn.
-                if self.pid1 > 1 {
-                    let _ = kill(Pid::from_raw(self.pid1), Signal::SIGKILL);
-                }
-                let _ = nspawn.kill();
-                let _ = nspawn.wait();
+        self.poweroff();
+        if let Some(root) = &self.overlay {
+            let unmounted = Command::new("umount").arg(root).status();
+            if !unmounted.is_ok_and(|s| s.success()) {
+                let _ = Command::new("umount").arg("-l").arg(root).status();
             }
         }
         for cg in &self.cgroups {

@@ -27,4 +27,6 @@ mod supervisor_api;
 mod support;
 #[cfg(target_os = "linux")]
 mod systemd;
+#[cfg(target_os = "linux")]
+mod systemd_upgrade;
 mod upgrade;

@@ -26,14 +26,14 @@ use super::support::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
 /// The version the second build reports.
-const V2: &str = "99.0.0";
+pub(super) const V2: &str = "99.0.0";
 
 /// The binaries every test starts from: this build (stripped, so copies are cheap) and
 /// the second build.
-struct Builds {
-    v1: PathBuf,
-    v1_version: String,
-    v2: PathBuf,
+pub(super) struct Builds {
+    pub(super) v1: PathBuf,
+    pub(super) v1_version: String,
+    pub(super) v2: PathBuf,
 }
 
 /// `<target>/upgrade-fixtures/run-<pid>`: a static is never dropped, so a temp dir would
@@ -58,7 +58,7 @@ fn fixture_dir(target: &Path) -> PathBuf {
     dir
 }
 
-fn builds() -> &'static Builds {
+pub(super) fn builds() -> &'static Builds {
     static BUILDS: OnceLock<Builds> = OnceLock::new();
     BUILDS.get_or_init(|| {
         let bin = Path::new(BIN);
@@ -118,7 +118,7 @@ fn version_of(bin: &Path) -> String {
     v["version"].as_str().expect("version").to_owned()
 }
 
-fn sha256_hex(path: &Path) -> String {
+pub(super) fn sha256_hex(path: &Path) -> String {
     use sha2::Digest;
     let bytes = fs::read(path).expect("read");
     sha2::Sha256::digest(&bytes)
@@ -128,13 +128,13 @@ fn sha256_hex(path: &Path) -> String {
 }
 
 /// A publisher's key pair.
-struct Key {
-    secret: PathBuf,
-    public: PathBuf,
-    line: String,
+pub(super) struct Key {
+    pub(super) secret: PathBuf,
+    pub(super) public: PathBuf,
+    pub(super) line: String,
 }
 
-fn keygen(dir: &Path, name: &str) -> Key {
+pub(super) fn keygen(dir: &Path, name: &str) -> Key {
     let secret = dir.join(format!("{name}.key"));
     let public = dir.join(format!("{name}.pub"));
     let out = railgrid()
@@ -163,7 +163,7 @@ fn keygen(dir: &Path, name: &str) -> Key {
 }
 
 /// Signs `file` as `version`; its `.minisig`.
-fn sign(key: &Key, file: &Path, version: &str) -> PathBuf {
+pub(super) fn sign(key: &Key, file: &Path, version: &str) -> PathBuf {
     let out = railgrid()
         .args(["release", "sign", "--secret-key"])
         .arg(&key.secret)
@@ -449,7 +449,7 @@ impl Drop for Up {
 
 /// A shell script that answers `version --json` as `version` and does `rest` for
 /// anything else.
-fn script(dir: &Path, name: &str, version: &str, rest: &str) -> PathBuf {
+pub(super) fn script(dir: &Path, name: &str, version: &str, rest: &str) -> PathBuf {
     let path = dir.join(name);
     fs::write(
         &path,

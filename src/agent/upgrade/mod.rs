@@ -691,6 +691,7 @@ impl UpgradeTask {
             watcher::revive(
                 &state_dir,
                 &to_sha,
+                watcher::Renew::Keep,
                 stop,
                 &log,
                 &std::env::args_os().skip(1).collect::<Vec<_>>(),

@@ -158,34 +158,98 @@ impl Service {
         }
     }
 
-    /// The agent's pid as the service manager sees it now (`None`: not running, or not
-    /// known standalone).
-    pub(crate) fn main_pid(&self) -> Option<u32> {
-        let out = match self {
-            Service::Systemd { unit } => Command::new("systemctl")
-                .args(["show", "--property=MainPID", "--value", unit])
-                .stdin(Stdio::null())
-                .stderr(Stdio::null())
-                .output()
-                .ok()?,
-            Service::Launchd { label } => Command::new("launchctl")
-                .args(["print", &format!("system/{label}")])
-                .stdin(Stdio::null())
-                .stderr(Stdio::null())
-                .output()
-                .ok()?,
-            Service::Standalone => return None,
-        };
-        let text = String::from_utf8_lossy(&out.stdout);
-        let pid = match self {
-            Service::Launchd { .. } => text
-                .lines()
-                .find_map(|l| l.trim().strip_prefix("pid = "))
-                .and_then(|p| p.trim().parse().ok()),
-            _ => text.trim().parse().ok(),
-        };
-        pid.filter(|p: &u32| *p > 1)
+    /// The agent as the service manager sees it now, and how many times the manager
+    /// restarted it by itself (systemd's `NRestarts`; `None` where it keeps no count).
+    pub(crate) fn agent_seen(&self) -> (Seen, Option<u64>) {
+        match self {
+            Service::Systemd { unit } => systemd_seen(unit),
+            Service::Launchd { label } => {
+                let out = Command::new("launchctl")
+                    .args(["print", &format!("system/{label}")])
+                    .stdin(Stdio::null())
+                    .stderr(Stdio::null())
+                    .output();
+                let text = out
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                let seen = text
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix("pid = "))
+                    .and_then(|p| p.trim().parse().ok())
+                    .filter(|p: &u32| *p > 1)
+                    .map_or(Seen::Down, Seen::Running);
+                (seen, None)
+            }
+            Service::Standalone => (Seen::Down, None),
+        }
     }
+}
+
+/// What a service manager says of the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Seen {
+    /// Running with this main pid.
+    Running(u32),
+    /// Not running: crashed, restarting, or failed for good.
+    Down,
+    /// Stopped on purpose (`systemctl stop`) while the host keeps running: the operator's
+    /// stop, not the new version's fault, and not to be undone by a restart.
+    Stopped,
+    /// The host is shutting down: what the unit does now says nothing of the version,
+    /// and the watcher is about to be stopped too (the unit's `ExecStartPre` guard starts
+    /// another at the next boot).
+    ShuttingDown,
+}
+
+fn systemd_seen(unit: &str) -> (Seen, Option<u64>) {
+    let Ok(out) = Command::new("systemctl")
+        .args([
+            "show",
+            "--property=MainPID,ActiveState,SubState,NRestarts",
+            unit,
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+    else {
+        return (Seen::Down, None);
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let prop = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_default()
+    };
+    let restarts = prop("NRestarts").trim().parse().ok();
+    if let Some(pid) = prop("MainPID")
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|p| *p > 1)
+    {
+        return (Seen::Running(pid), restarts);
+    }
+    if system_stopping() {
+        return (Seen::ShuttingDown, restarts);
+    }
+    let seen = match (prop("ActiveState"), prop("SubState")) {
+        // A unit that crashed shows `activating`/`auto-restart` until its restart, and
+        // `failed` once its restarts are used up; `inactive`/`dead` is a stop that was
+        // asked for.
+        ("inactive", "dead") => Seen::Stopped,
+        _ => Seen::Down,
+    };
+    (seen, restarts)
+}
+
+/// True while systemd takes the host down (or is rebooting it).
+fn system_stopping() -> bool {
+    Command::new("systemctl")
+        .arg("is-system-running")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "stopping")
 }
 
 fn check(status: std::process::ExitStatus, what: &str) -> std::io::Result<()> {

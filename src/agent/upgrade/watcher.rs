@@ -13,6 +13,14 @@
 //! version bad (when the new version ran), then bring an agent back (restart the service,
 //! or start `agent run` again with its arguments).
 //!
+//! Under a service manager, a service stopped on purpose after the re-exec (`systemctl
+//! stop`, not a shutdown) is the operator's word: the previous binary is put back, the
+//! version is not blamed, and the service is left stopped; the upgrade is tried again
+//! once it starts. While the host shuts down the watcher does nothing (it is stopped
+//! with it); at the next boot the unit's `ExecStartPre` guard starts another from
+//! `<exe>.prev`, with the commit window counted again from then, so that a slow reboot
+//! is not taken for a version that never got healthy.
+//!
 //! The deadline is judged on what the host can see. A new agent whose runner served for
 //! the settle period, and which says every few seconds that only the hub cannot be
 //! reached, is given up to the record's `hub_wait` more (the old agent set it: the new
@@ -27,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::record::{self, Phase, RecordError};
-use super::service::Service;
+use super::service::{Seen, Service};
 use crate::sys::exe::PinnedExe;
 use crate::sys::ProcessId;
 
@@ -39,6 +47,9 @@ const MAX_SERVICE_RESTARTS: usize = 3;
 /// How long the service may show no agent running before the watcher takes it as dead
 /// (longer than the unit's RestartSec).
 const MAX_DOWN: Duration = Duration::from_secs(10);
+/// How long the service must stay stopped on purpose before the watcher takes it as the
+/// operator's stop (a `systemctl restart` passes through `inactive` for a moment).
+const STOPPED_FOR: Duration = Duration::from_secs(2);
 /// After SIGKILL, how long the agent may take to be gone.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 /// How old the new agent's word that the hub is away may be and still count (it renews
@@ -53,6 +64,9 @@ enum Blame {
     Version,
     /// Healthy on the host, but the hub stayed out of reach: tried again later.
     Nobody,
+    /// The operator stopped the service in the commit window: the previous binary is put
+    /// back and the service left stopped; tried again when it starts.
+    Stopped,
 }
 
 /// What the deadline means for `u` at `now`.
@@ -151,6 +165,9 @@ fn watch_from(a: &WatchArgs) -> Result<Outcome, WatchError> {
     let mut restarted = false;
     let mut seen_pids: BTreeSet<u32> = BTreeSet::new();
     let mut down_since: Option<Instant> = None;
+    let mut stopped_since: Option<Instant> = None;
+    let mut restarts_at_start: Option<u64> = None;
+    let mut counted_restarts: u64 = 0;
     let mut unreadable: Option<Instant> = None;
     let mut waiting_for_hub = false;
     let mut bounds: Option<(u64, u64)> = None;
@@ -256,12 +273,34 @@ fn watch_from(a: &WatchArgs) -> Result<Outcome, WatchError> {
                 }
             }
             service => {
-                match service.main_pid() {
-                    Some(pid) => {
+                let (seen, counted) = service.agent_seen();
+                // A crash at start can come and go between two looks: the manager's own
+                // count sees every restart.
+                if let Some(n) = counted {
+                    let first = *restarts_at_start.get_or_insert(n);
+                    counted_restarts = n.saturating_sub(first);
+                }
+                if seen != Seen::Stopped {
+                    stopped_since = None;
+                }
+                match seen {
+                    Seen::Running(pid) => {
                         seen_pids.insert(pid);
                         down_since = None;
                     }
-                    None => {
+                    Seen::ShuttingDown => down_since = None,
+                    Seen::Stopped => {
+                        let since = *stopped_since.get_or_insert_with(Instant::now);
+                        // Before the re-exec the old agent undoes its own switch.
+                        if since.elapsed() >= STOPPED_FOR && u.execed_at.is_some() {
+                            let why = format!(
+                                "the agent's service was stopped before version {} committed; the previous binary is back",
+                                u.to
+                            );
+                            return rollback(a, why, Blame::Stopped);
+                        }
+                    }
+                    Seen::Down => {
                         // Not restarted (exit 2 is not, by the unit), or not coming up.
                         let since = *down_since.get_or_insert_with(Instant::now);
                         if since.elapsed() >= MAX_DOWN && u.execed_at.is_some() {
@@ -276,7 +315,10 @@ fn watch_from(a: &WatchArgs) -> Result<Outcome, WatchError> {
                         }
                     }
                 }
-                let restarts = seen_pids.len().saturating_sub(1);
+                let restarts = seen_pids
+                    .len()
+                    .saturating_sub(1)
+                    .max(usize::try_from(counted_restarts).unwrap_or(usize::MAX));
                 if restarts >= MAX_SERVICE_RESTARTS {
                     return rollback(
                         a,
@@ -339,6 +381,7 @@ fn watcher_alive(u: &super::record::Upgrade) -> bool {
 pub(crate) fn revive(
     state_dir: &Path,
     to_sha256: &str,
+    window: Renew,
     stop_timeout: Duration,
     log: &Path,
     agent_args: &[OsString],
@@ -359,6 +402,18 @@ pub(crate) fn revive(
         tracing::error!(prev = %prev.display(), "the upgrade's watcher is gone and the previous binary is not at .prev: no watcher can be started");
         return Ok(false);
     }
+    if window == Renew::FromNow {
+        let sha = u.to_sha256.clone();
+        record::update(state_dir, |r| match r.upgrade.as_mut() {
+            Some(u) if u.to_sha256 == sha => {
+                let deadline = renewed_deadline(u.started_at, u.deadline, crate::util::unix_now());
+                let changed = deadline != u.deadline;
+                u.deadline = deadline;
+                (changed, ())
+            }
+            _ => (false, ()),
+        })?;
+    }
     tracing::warn!(version = %u.to, "the upgrade's watcher is gone: starting another from the previous binary");
     launch(
         &prev,
@@ -374,6 +429,23 @@ pub(crate) fn revive(
         source,
     })?;
     Ok(true)
+}
+
+/// Whether a watcher started again gets its commit window counted again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renew {
+    /// The deadline stays: the new binary asks (it may not lengthen its own window).
+    Keep,
+    /// From now: the unit's guard asks, from the previous binary, before the agent
+    /// starts (after a reboot that may have taken longer than the window).
+    FromNow,
+}
+
+/// A switch's deadline counted again from `now`: as long a window as the switch first
+/// gave, never shorter than what is left.
+fn renewed_deadline(started_at: u64, deadline: u64, now: u64) -> u64 {
+    let window = deadline.saturating_sub(started_at);
+    deadline.max(now.saturating_add(window))
 }
 
 /// Standalone: starts the agent again from the binary now at `exe`, and records it.
@@ -487,6 +559,10 @@ fn rollback(a: &WatchArgs, why: String, blame: Blame) -> Result<Outcome, WatchEr
             _ => Outcome::NotGuarding,
         });
     };
+    if blame == Blame::Stopped {
+        tracing::info!(service = %a.service.to_arg(), "the service stays stopped, as it was asked");
+        return Ok(Outcome::RolledBack(why));
+    }
     a.service
         .restart_agent(&exe, &a.agent_args)
         .map_err(|source| WatchError::Restart {
@@ -568,4 +644,21 @@ fn restore(exe: &Path, from_sha256: &str) -> Result<bool, String> {
             )
         })?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_renewed_window_is_as_long_as_the_first_and_never_shorter_than_what_is_left() {
+        // A switch at 1000 with 150 s to commit, a reboot that took 10 min.
+        assert_eq!(renewed_deadline(1000, 1150, 1600), 1750);
+        // Back within the window: at least the whole window again.
+        assert_eq!(renewed_deadline(1000, 1150, 1010), 1160);
+        // A clock that went back never shortens it.
+        assert_eq!(renewed_deadline(1000, 1150, 900), 1150);
+        // A broken record (deadline before the start) gets no window of its own.
+        assert_eq!(renewed_deadline(1000, 990, 2000), 2000);
+    }
 }
