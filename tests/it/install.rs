@@ -1,7 +1,9 @@
-//! `railgrid agent install | uninstall`: into image directories (`--root`), the rendered
-//! unit checked by `systemd-analyze verify` and its `ExecStart` run for real (in a mount
-//! namespace of its own that shows the image's files at the host's paths), the account
-//! created with the real `useradd`, and the refusals.
+//! `railgrid agent install | uninstall` into image directories (`--root`): what an image
+//! alone can show. The files written and removed, byte for byte, the rendered unit
+//! checked by `systemd-analyze verify` for each prefix, the account created with the
+//! real `useradd`, and the refusals. What systemd does with the unit (the start, the
+//! order of stop and replace, restarts, the watchdog, uninstall) is tested against a
+//! real systemd in tests/it/systemd.rs and tests/it/systemd_upgrade.rs.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -9,10 +11,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
 
 use crate::agent::LIMIT;
-use crate::hubs::TestHub;
 use crate::support::*;
 
 fn install(args: &[&str]) -> Output {
@@ -474,129 +474,6 @@ fn the_rendered_unit_passes_systemd_analyze_verify() {
 }
 
 #[test]
-fn the_units_exec_start_runs_an_agent_with_the_written_config() {
-    if !is_root() {
-        eprintln!("skipped: mounting an image needs root");
-        return;
-    }
-    let dir = tempdir();
-    let hub = TestHub::start(&dir.path().join("hub"), &[]);
-    let token = hub.enrol("installed-1");
-    let root = image(dir.path());
-    ok(install(&[
-        "--root",
-        &path_str(&root),
-        "--hub",
-        &hub.url,
-        "--agent-id",
-        "installed-1",
-        "--token-file",
-        &path_str(&token),
-        "--ca-file",
-        &path_str(&hub.ca()),
-        "--runner-user",
-        "nobody",
-    ]));
-    let unit = read_lossy(&root.join("etc/systemd/system/railgrid-agent.service"));
-    let exec_start: Vec<String> = unit
-        .lines()
-        .find_map(|l| l.strip_prefix("ExecStart="))
-        .expect("ExecStart")
-        .split_whitespace()
-        .map(str::to_owned)
-        .collect();
-    let log = fs::File::create(dir.path().join("agent.stderr")).expect("log");
-    let mut agent = Guard::new(
-        in_image(&root, "exec \"$@\"", &exec_start)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn the unit's ExecStart"),
-    );
-    // The hub sees it, with its runner up: the config, token and CA written worked.
-    let shown = wait_for(LIMIT, "the installed agent at the hub", || {
-        let a = hub.admin_json(&["agent", "show", "installed-1"]);
-        (a["report"]["runner"]["state"] == "running").then_some(a)
-    });
-    assert_eq!(
-        shown["report"]["version"],
-        env!("CARGO_PKG_VERSION"),
-        "{shown:#}"
-    );
-    // It is the unit's command line, and its runner is the configured account.
-    let cmdline = read_lossy(Path::new(&format!("/proc/{}/cmdline", agent.pid())));
-    let argv: Vec<&str> = cmdline.trim_end_matches('\0').split('\0').collect();
-    assert_eq!(
-        argv,
-        exec_start.iter().map(String::as_str).collect::<Vec<_>>()
-    );
-    // Its state directory is the default one, seen inside its namespace.
-    let status_file = PathBuf::from(format!(
-        "/proc/{}/root/var/lib/railgrid/agent-status.json",
-        agent.pid()
-    ));
-    let status: serde_json::Value = wait_for(LIMIT, "the agent's status", || {
-        serde_json::from_str(&fs::read_to_string(&status_file).ok()?).ok()
-    });
-    let runner = status["runner"]["pid"].as_i64().expect("runner pid") as i32;
-    agent.own_group(runner);
-    let uid = fs::metadata(format!("/proc/{runner}"))
-        .expect("runner")
-        .uid();
-    assert_eq!(uid, 65534, "the runner runs as nobody");
-
-    agent.signal(nix::sys::signal::Signal::SIGTERM);
-    let out = agent.wait_output(Duration::from_secs(30));
-    assert!(
-        out.status.success(),
-        "{}",
-        read_lossy(&dir.path().join("agent.stderr"))
-    );
-    assert!(!alive(runner), "the runner went with its agent");
-}
-
-#[test]
-fn no_new_privileges_keeps_the_runner_and_its_jobs_on_their_account() {
-    if !is_root() {
-        eprintln!("skipped: switching to the runner's account needs root");
-        return;
-    }
-    // The unit sets NoNewPrivileges=yes: the agent is started here the same way.
-    let host = crate::agent::Host::new();
-    let inner = host.agent_cmd(&[]);
-    let mut cmd = Command::new("setpriv");
-    cmd.arg("--no-new-privs")
-        .arg(inner.get_program())
-        .args(inner.get_args());
-    for (k, v) in inner.get_envs() {
-        if let Some(v) = v {
-            cmd.env(k, v);
-        }
-    }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let _agent = Guard::new(cmd.spawn().expect("setpriv agent"));
-    let runner = host.wait_runner("a runner under no_new_privs", |_| true);
-    let status = read_lossy(Path::new(&format!("/proc/{runner}/status")));
-    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
-    assert!(
-        status
-            .lines()
-            .any(|l| l.starts_with("Uid:\t65534\t65534\t65534\t65534")),
-        "{status}"
-    );
-    let out = railgrid()
-        .args(["job", "--state-dir"])
-        .arg(host.state())
-        .args(["submit", "--wait", "--timeout", "30s", "--", "id", "-u"])
-        .output()
-        .expect("submit");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "65534\n", "{out:?}");
-}
-
-#[test]
 fn install_refuses_without_root_and_without_a_service_manager() {
     if !is_root() {
         let err = refused(install(&["--no-start"]));
@@ -804,163 +681,6 @@ fn uninstall_then_install_again_still_restores_the_image_on_purge() {
     assert!(!root.join("opt/rg/bin/railgrid").exists());
     ok(uninstall(&["--root", &r, "--purge", "--yes"]));
     assert_eq!(contents(&snapshot(&root)), before);
-}
-
-/// A stand-in for `systemctl` (PID 1 is not systemd where these tests run): it records
-/// every call and keeps the unit's active and enabled state in files, so that install
-/// sees what its earlier commands did.
-const FAKE_SYSTEMCTL: &str = r#"#!/bin/sh
-echo "$*" >> "$SYSTEMCTL_LOG"
-mkdir -p "$SYSTEMCTL_STATE"
-active=$(cat "$SYSTEMCTL_STATE/active" 2>/dev/null || echo inactive)
-case "$1" in
-    is-active) echo "$active"; [ "$active" = active ];;
-    is-enabled) if [ -f "$SYSTEMCTL_STATE/enabled" ]; then echo enabled; else echo disabled; exit 1; fi;;
-    show) echo no;;
-    enable) touch "$SYSTEMCTL_STATE/enabled";;
-    disable) rm -f "$SYSTEMCTL_STATE/enabled"; [ "$2" = --now ] && echo inactive > "$SYSTEMCTL_STATE/active";;
-    start|restart) echo active > "$SYSTEMCTL_STATE/active";;
-    stop) [ "$2" = railgrid-agent.service ] && echo inactive > "$SYSTEMCTL_STATE/active";;
-esac
-exit 0
-"#;
-
-#[test]
-fn on_a_systemd_host_install_drives_systemctl_in_order_and_converges() {
-    if !is_root() {
-        eprintln!("skipped: the namespace needs root");
-        return;
-    }
-    let dir = tempdir();
-    let t = dir.path();
-    fs::create_dir_all(t.join("fake")).expect("fake");
-    fs::create_dir_all(t.join("up")).expect("up");
-    let fake = t.join("fake/systemctl");
-    fs::write(&fake, FAKE_SYSTEMCTL).expect("fake systemctl");
-    fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).expect("chmod");
-    fs::write(t.join("token"), "host-token\n").expect("token");
-    // /etc and /usr/local get writable overlays on a tmpfs of the namespace, and /run a
-    // /run/systemd/system: the host's files are never written, and all of it goes when
-    // the namespace does.
-    let script = r#"
-set -e
-T=$1; B=$2
-mount -t tmpfs tmpfs "$T/up"
-mkdir -p "$T/up/etc" "$T/up/etc.w" "$T/up/usr" "$T/up/usr.w"
-mount -t overlay overlay -o "lowerdir=/etc,upperdir=$T/up/etc,workdir=$T/up/etc.w" /etc
-mount -t overlay overlay -o "lowerdir=/usr/local,upperdir=$T/up/usr,workdir=$T/up/usr.w" /usr/local
-mount -t tmpfs tmpfs /run
-mkdir -p /run/systemd/system
-export PATH="$T/fake:$PATH" SYSTEMCTL_LOG="$T/calls" SYSTEMCTL_STATE="$T/state"
-step() { name=$1; shift; echo "== $name" >> "$T/calls"; "$@" > "$T/$name.out" 2>&1 || echo "exit $?" >> "$T/$name.out"; }
-step first "$B" agent install --runner-user nobody
-step again "$B" agent install
-step hub "$B" agent install --hub https://hub.example --token-file "$T/token"
-printf x >> /usr/local/bin/railgrid
-step binary "$B" agent install
-step remove "$B" agent uninstall --purge --yes
-for f in /etc/railgrid /usr/local/bin/railgrid /etc/systemd/system/railgrid-agent.service; do
-    [ -e "$f" ] && echo "left $f" >> "$T/left"
-done
-true
-"#;
-    let out = in_namespace(script)
-        .arg(t)
-        .arg(BIN)
-        .output()
-        .expect("unshare");
-    assert!(out.status.success(), "{out:?}");
-    let said = |step: &str| read_lossy(&t.join(format!("{step}.out")));
-    // The calls that change something, per step (the state probes left out).
-    let calls = read_lossy(&t.join("calls"));
-    let mut by_step: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut current = String::new();
-    for line in calls.lines() {
-        if let Some(step) = line.strip_prefix("== ") {
-            current = step.to_owned();
-            by_step.entry(current.clone()).or_default();
-        } else if !["is-active ", "is-enabled ", "show "]
-            .iter()
-            .any(|p| line.starts_with(p))
-        {
-            by_step
-                .entry(current.clone())
-                .or_default()
-                .push(line.to_owned());
-        }
-    }
-    let unit = "railgrid-agent.service";
-    assert_eq!(
-        by_step["first"],
-        [
-            "daemon-reload".to_owned(),
-            format!("enable {unit}"),
-            format!("reset-failed {unit}"),
-            format!("start {unit}")
-        ],
-        "{}",
-        said("first")
-    );
-    assert!(by_step["again"].is_empty(), "{:?}", by_step["again"]);
-    assert!(
-        said("again").contains("nothing to change"),
-        "{}",
-        said("again")
-    );
-    // A hub added: a reload would not take it, so a restart.
-    assert_eq!(
-        by_step["hub"],
-        [
-            format!("stop {unit}"),
-            format!("reset-failed {unit}"),
-            format!("start {unit}")
-        ],
-        "{}",
-        said("hub")
-    );
-    assert!(
-        said("hub").contains("hub.url = \"https://hub.example\""),
-        "{}",
-        said("hub")
-    );
-    assert!(!said("hub").contains("host-token"), "{}", said("hub"));
-    // A new binary: the agent is stopped before the file is replaced.
-    assert_eq!(
-        by_step["binary"],
-        [
-            format!("stop {unit}"),
-            format!("reset-failed {unit}"),
-            format!("start {unit}")
-        ],
-        "{}",
-        said("binary")
-    );
-    let text = said("binary");
-    let stop = text
-        .find("run     systemctl stop")
-        .expect("the stop is shown");
-    let update = text
-        .find("update  /usr/local/bin/railgrid")
-        .expect("the update is shown");
-    assert!(stop < update, "{text}");
-    // Uninstall: the watcher, the service, then systemd forgets it.
-    assert_eq!(
-        by_step["remove"],
-        [
-            "stop railgrid-upgrade-watch-*".to_owned(),
-            format!("disable --now {unit}"),
-            "daemon-reload".to_owned(),
-            format!("reset-failed {unit}")
-        ],
-        "{}",
-        said("remove")
-    );
-    assert!(said("remove").contains("uninstalled"), "{}", said("remove"));
-    assert_eq!(
-        read_lossy(&t.join("left")),
-        "",
-        "uninstall --purge left files"
-    );
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! The agent's service under a real systemd 252, booted in a container for the test
 //! ([`Container`]): `agent install`, the runner as its account in the unit's delegated
-//! cgroup, jobs confined by cgroups of their own, a restart after kill -9, a stop with a
-//! job that ignores SIGTERM, and `agent uninstall --purge`.
+//! cgroup under `NoNewPrivileges=yes`, jobs confined by cgroups of their own, install
+//! again (nothing to change), a new build installed over it, a restart after kill -9, a
+//! reload, the watchdog, a stop with a job that ignores SIGTERM, a hub added, and
+//! `agent uninstall --purge` with an upgrade's watcher running.
 
 use std::time::{Duration, Instant};
 
@@ -63,6 +65,42 @@ fn the_service_lives_its_whole_life_under_a_real_systemd() {
         "curl -sf --unix-socket {SOCKET} http://x/v1/health"
     ));
     assert!(health.contains(r#""confinement":"cgroup""#), "{health}");
+    // The unit's NoNewPrivileges=yes keeps the runner and its jobs on their account.
+    let status = c.ok(&format!("cat /proc/{runner}/status"));
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    assert_eq!(
+        c.ok("railgrid job submit --wait --timeout 30s -- id -u")
+            .trim(),
+        "65534"
+    );
+
+    // Install again: nothing to change, and the agent is left alone.
+    let main = show(&c, "MainPID");
+    let again = c.ok(&format!("{BUILT} agent install"));
+    assert!(again.contains("nothing to change"), "{again}");
+    assert_eq!(show(&c, "MainPID"), main);
+
+    // A new build installed over it: the agent is stopped before its file is replaced,
+    // then runs the new file.
+    let next = c.ok(&format!(
+        "cp {BUILT} /root/railgrid-next && printf x >> /root/railgrid-next && \
+         /root/railgrid-next agent install"
+    ));
+    let stop = next
+        .find("run     systemctl stop")
+        .expect("the stop is shown");
+    let update = next
+        .find("update  /usr/local/bin/railgrid")
+        .expect("the update is shown");
+    assert!(stop < update, "{next}");
+    assert_ne!(show(&c, "MainPID"), main);
+    assert_eq!(show(&c, "ActiveState"), "active");
+    assert_eq!(
+        c.ok("cmp /root/railgrid-next /usr/local/bin/railgrid && echo same")
+            .trim(),
+        "same"
+    );
+    runner_serving(&c, "the runner of the new build");
 
     // A job in a cgroup of its own: its setsid and setpgid children end with its cancel.
     c.ok("railgrid job submit --detach --id escape -- sh -c \
@@ -175,8 +213,28 @@ fn the_service_lives_its_whole_life_under_a_real_systemd() {
     let log = c.ok("journalctl -b -u railgrid-agent --no-pager | tail -n 30");
     assert!(!log.contains("Failed with result 'timeout'"), "{log}");
 
-    // Uninstall --purge: the container as it was.
+    // A hub added: a reload would not take it, so a restart; the token is not shown.
+    c.ok("systemctl start railgrid-agent");
+    let main = show(&c, "MainPID");
+    c.ok("umask 077 && printf 'host-token\\n' > /root/token");
+    let hub = c.ok(&format!(
+        "{BUILT} agent install --hub https://hub.example --token-file /root/token"
+    ));
+    assert!(hub.contains("hub.url = \"https://hub.example\""), "{hub}");
+    assert!(!hub.contains("host-token"), "{hub}");
+    assert_ne!(show(&c, "MainPID"), main);
+    assert_eq!(show(&c, "ActiveState"), "active");
+
+    // Uninstall --purge, with a watcher of an upgrade running: the watcher and the
+    // service stopped, and the container as it was.
+    c.ok("systemd-run --unit=railgrid-upgrade-watch-test --service-type=exec sleep 1000");
     c.ok("railgrid agent uninstall --purge --yes");
+    assert_eq!(
+        c.ok("systemctl show railgrid-upgrade-watch-test -p ActiveState --value")
+            .trim(),
+        "inactive"
+    );
+    c.ok("rm /root/token /root/railgrid-next");
     assert_eq!(
         c.ok("ls /etc /usr/local/bin /var/lib /var/log | sort"),
         before,
