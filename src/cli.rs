@@ -391,12 +391,34 @@ pub struct HubDesiredSetArgs {
     pub clear: Vec<String>,
 }
 
+#[derive(Debug, Args)]
+pub struct AgentReloadArgs {
+    /// Config file naming the state directory.
+    #[arg(long, value_name = "FILE", conflicts_with = "state_dir")]
+    pub config: Option<PathBuf>,
+    /// State directory of the agent.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// The agent's pid as the service manager knows it (systemd's $MAINPID): refused when
+    /// the state directory names another.
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
+    /// How long to wait for the reload's end (a runner restart for new settings takes its
+    /// stop grace). Under systemd's default TimeoutStartSec (90s).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "85s")]
+    pub timeout: std::time::Duration,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum AgentCommand {
     /// Run the agent in the foreground until SIGTERM or SIGINT (SIGHUP reloads the config).
     Run(AgentArgs),
     /// Show what the running agent reports (exit 3 when no agent is running).
     Status(AgentStatusArgs),
+    /// Make the running agent read its configuration again (SIGHUP) and wait until it is
+    /// applied: exit 0 applied, 1 refused (the reason printed; the running configuration
+    /// stays) or no answer within --timeout, 3 no agent running. The unit's ExecReload.
+    Reload(AgentReloadArgs),
     /// Validate the configuration and print the effective settings (secrets redacted).
     CheckConfig(AgentArgs),
     /// Install this binary as the host's agent service (systemd or launchd): the binary,

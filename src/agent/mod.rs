@@ -282,15 +282,9 @@ pub(crate) async fn run(
                 switch = Some(s);
                 break "the upgrade";
             }
-            _ = hup.recv() => match reload() {
-                Ok(new) => {
-                    upgrade.reload(new.clone());
-                    desired = apply_reload(new, &hub, &reconciler, desired);
-                }
-                Err(e) => {
-                    tracing::error!(error = %crate::error_chain(&e), "SIGHUP: the new configuration is invalid; keeping the running one");
-                }
-            },
+            _ = hup.recv() => {
+                desired = on_sighup(&reload, &reporter, &upgrade, &hub, &reconciler, desired);
+            }
             // Cancel-safe: polling a JoinHandle by reference does not consume it. Ready
             // only when the reconciler gave up (a runner it could not start).
             res = task.failed() => return res.map(|()| None),
@@ -385,32 +379,70 @@ fn stopped_during_switch(to: String) -> crate::proto::report::UpgradeReport {
     }
 }
 
+/// SIGHUP: reads the configuration again and hands it to every task; the reporter counts
+/// the reload once the reconciler has applied (or refused) it. The desired state in force
+/// after it.
+fn on_sighup(
+    reload: &impl Fn() -> Result<AgentConfig, ConfigError>,
+    reporter: &ReporterHandle,
+    upgrade: &UpgradeHandle,
+    hub: &Option<HubHandle>,
+    reconciler: &reconciler::ReconcilerHandle,
+    desired: DesiredState,
+) -> DesiredState {
+    reporter.reload_begun();
+    match reload() {
+        Ok(new) => {
+            upgrade.reload(new.clone());
+            let (desired, applied) = apply_reload(new, hub, reconciler, desired);
+            let reporter = reporter.clone();
+            // Its own task: the loop goes on taking signals while the runner restarts
+            // for the new settings.
+            tokio::spawn(async move {
+                let outcome = applied.await.unwrap_or_else(|_| {
+                    Err("the agent ended before the new configuration was applied".to_owned())
+                });
+                reporter.reloaded(outcome);
+            });
+            desired
+        }
+        Err(e) => {
+            let why = crate::error_chain(&e);
+            tracing::error!(error = %why, "SIGHUP: the new configuration is invalid; keeping the running one");
+            reporter.reloaded(Err(why));
+            desired
+        }
+    }
+}
+
 /// Hands a re-read configuration to the hub task and the reconciler; the desired state in
-/// force after it (a standalone agent derives a new one from the file).
+/// force after it (a standalone agent derives a new one from the file), and the
+/// reconciler's word that it is applied.
 fn apply_reload(
     new: AgentConfig,
     hub: &Option<HubHandle>,
     reconciler: &reconciler::ReconcilerHandle,
     desired: DesiredState,
-) -> DesiredState {
+) -> (
+    DesiredState,
+    tokio::sync::oneshot::Receiver<Result<(), String>>,
+) {
     match (hub, new.hub.clone()) {
         (Some(hub), Some(settings)) => {
             hub.reload(settings);
-            reconciler.reload(new, None);
-            desired
+            (desired, reconciler.reload(new, None))
         }
         (Some(_), None) => {
             tracing::warn!("SIGHUP: removing the hub takes effect when the agent restarts; the hub's desired state stays in force");
-            reconciler.reload(new, None);
-            desired
+            (desired, reconciler.reload(new, None))
         }
         (None, added) => {
             if added.is_some() {
                 tracing::warn!("SIGHUP: a hub takes effect when the agent restarts; running standalone until then");
             }
             let desired = reconciler::standalone(&new, Some(&desired));
-            reconciler.reload(new, Some(desired.clone()));
-            desired
+            let applied = reconciler.reload(new, Some(desired.clone()));
+            (desired, applied)
         }
     }
 }
@@ -474,6 +506,7 @@ fn initial_status(
         exe: Some(status::ExeStatus::from(exe.identity())),
         runner_enabled: desired.runner.enabled,
         upgrade: None,
+        reloads: Some(status::Reloads::default()),
         hub: cfg.hub.as_ref().map(|h| HubStatus {
             url: h.urls[0].clone(),
             agent_id: h.agent_id.clone(),

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 #[cfg(target_os = "linux")]
 use super::cgroup;
@@ -237,6 +237,9 @@ enum Command {
     Reload {
         cfg: Box<AgentConfig>,
         desired: Option<Box<DesiredState>>,
+        /// Told once the reload is applied or refused (why); dropped unsent when the
+        /// reconciler ends first.
+        done: oneshot::Sender<Result<(), String>>,
     },
     /// A desired state from the hub; `reset`: applied even if older than the one in
     /// force (the hub refused that one's generation).
@@ -324,12 +327,20 @@ pub(super) struct ReconcilerHandle {
 
 impl ReconcilerHandle {
     /// Queues a re-read configuration and its desired state (`None`: keep the one in
-    /// force); applied after whatever is being applied now.
-    pub(super) fn reload(&self, cfg: AgentConfig, desired: Option<DesiredState>) {
+    /// force); applied after whatever is being applied now. The receiver says when it has
+    /// been (its runner restarted, when the change needs that), or why it was refused.
+    pub(super) fn reload(
+        &self,
+        cfg: AgentConfig,
+        desired: Option<DesiredState>,
+    ) -> oneshot::Receiver<Result<(), String>> {
+        let (done, applied) = oneshot::channel();
         let _ = self.tx.send(Command::Reload {
             cfg: Box::new(cfg),
             desired: desired.map(Box::new),
+            done,
         });
+        applied
     }
 
     /// Queues a desired state from the hub. [`Observed::handled`] moves on once it has
@@ -408,8 +419,16 @@ impl ReconcilerTask {
             tokio::select! {
                 // Cancel-safe: mpsc::recv loses no message when another arm wins.
                 cmd = self.rx.recv() => match cmd {
-                    Some(Command::Reload { cfg, desired }) => {
-                        self.reload(*cfg, desired.map(|d| *d)).await?
+                    Some(Command::Reload { cfg, desired, done }) => {
+                        let outcome = self.reload(*cfg, desired.map(|d| *d)).await?;
+                        self.runner_spawned().await;
+                        // The runner as it is now reaches the status file before the
+                        // reload's end does.
+                        self.report();
+                        let _ = done.send(match outcome {
+                            Outcome::Applied => Ok(()),
+                            Outcome::Refused(why) => Err(why),
+                        });
                     }
                     Some(Command::Desired { desired, reset }) => {
                         self.apply_hub(*desired, reset).await?;
@@ -432,7 +451,7 @@ impl ReconcilerTask {
         &mut self,
         mut cfg: AgentConfig,
         desired: Option<DesiredState>,
-    ) -> Result<(), AgentError> {
+    ) -> Result<Outcome, AgentError> {
         if cfg.state_dir != self.cfg.state_dir || cfg.log_dir != self.cfg.log_dir {
             tracing::warn!(
                 "SIGHUP: state_dir and log_dir changes take effect when the agent restarts"
@@ -441,7 +460,7 @@ impl ReconcilerTask {
             cfg.log_dir = self.cfg.log_dir.clone();
         }
         let desired = desired.unwrap_or_else(|| self.desired.clone());
-        self.apply("SIGHUP", cfg, desired, false).await.map(drop)
+        self.apply("SIGHUP", cfg, desired, false).await
     }
 
     /// A desired state from the hub: applied with the configuration in force, then kept
@@ -656,6 +675,16 @@ impl ReconcilerTask {
         sup.stop().await;
         let reaped = finish_runner_stop(&self.cfg, sup, &self.exe).await;
         self.reporter.reaped(reaped);
+    }
+
+    /// Until a runner just started has a process (or its start failed into a backoff),
+    /// within ADJUST_TIMEOUT: a reload ends with its runner there, not about to be.
+    async fn runner_spawned(&mut self) {
+        let (Some(changes), Some(_)) = (self.changes.as_mut(), self.running.as_ref()) else {
+            return;
+        };
+        let spawned = changes.wait_for(|s| s.state != State::Stopped);
+        let _ = tokio::time::timeout(ADJUST_TIMEOUT, spawned).await;
     }
 
     fn report(&self) {

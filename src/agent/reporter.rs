@@ -8,8 +8,10 @@
 //!   start of the agent's stop, and at last `finish`.
 //! - Out: the status file, written atomically (fsync of file and directory) on a blocking
 //!   thread, never on the runtime's; sd_notify `READY=1` (once, after the first status
-//!   that shows a runner, so the file names it by then), `STATUS=` (when its line changes)
-//!   and `STOPPING=1`.
+//!   that shows a runner, so the file names it by then), `STATUS=` (when its line changes),
+//!   `STOPPING=1`, and `RELOADING=1` … `READY=1` around a SIGHUP, the `READY=1` only once
+//!   the reload's end is in the file (what `agent reload`, the unit's `ExecReload`, waits
+//!   for).
 //!
 //! Updates coalesce: whatever arrived while a file was being written goes into one next
 //! write, so a flapping runner costs at most one write in flight and one pending.
@@ -37,6 +39,10 @@ enum Msg {
     Upgrade(Option<crate::proto::report::UpgradeReport>),
     Stopping,
     Reloading,
+    /// A SIGHUP arrived: the configuration is read again and applied.
+    ReloadBegun,
+    /// That reload is over: applied (`Ok`) or refused, with the reason.
+    Reloaded(Result<(), String>),
     /// The agent has stopped: write the last status (`running: false`) and end.
     Finish(oneshot::Sender<()>),
 }
@@ -60,6 +66,7 @@ impl ReporterHandle {
             notifier: Notifier::from_env(),
             wanted: true,
             ready: false,
+            reload_done: false,
             last_line: String::new(),
         };
         tokio::spawn(task.run());
@@ -91,6 +98,17 @@ impl ReporterHandle {
         self.send(Msg::Reloading);
     }
 
+    /// `RELOADING=1` at once (once the agent has said `READY=1`: a service manager ignores
+    /// it before).
+    pub(super) fn reload_begun(&self) {
+        self.send(Msg::ReloadBegun);
+    }
+
+    /// Counts the reload in the status file, then `READY=1`.
+    pub(super) fn reloaded(&self, outcome: Result<(), String>) {
+        self.send(Msg::Reloaded(outcome));
+    }
+
     /// `STOPPING=1`, at once.
     pub(super) fn stopping(&self) {
         self.send(Msg::Stopping);
@@ -116,6 +134,8 @@ struct ReporterTask {
     notifier: Option<Notifier>,
     wanted: bool,
     ready: bool,
+    /// A reload ended since the last write: `READY=1` once the file says so.
+    reload_done: bool,
     last_line: String,
 }
 
@@ -132,6 +152,9 @@ impl ReporterTask {
             if dirty {
                 self.write().await;
                 self.notify_status();
+            }
+            if std::mem::take(&mut self.reload_done) && self.ready {
+                self.notify("READY=1");
             }
             if let Some(done) = finish {
                 let _ = done.send(());
@@ -160,6 +183,21 @@ impl ReporterTask {
                     crate::sys::monotonic_usec()
                 ));
                 self.status.stopping = true;
+            }
+            Msg::ReloadBegun => {
+                if self.ready {
+                    self.notify(&format!(
+                        "RELOADING=1\nMONOTONIC_USEC={}",
+                        crate::sys::monotonic_usec()
+                    ));
+                }
+            }
+            Msg::Reloaded(outcome) => {
+                let reloads = self.status.reloads.get_or_insert_with(Default::default);
+                reloads.count += 1;
+                reloads.last_at = Some(crate::util::unix_now());
+                reloads.last_error = outcome.err();
+                self.reload_done = true;
             }
             Msg::Upgrade(u) => self.status.upgrade = u,
             Msg::Finish(done) => {
@@ -240,6 +278,7 @@ mod tests {
             runner_enabled: true,
             hub: None,
             upgrade: None,
+            reloads: None,
         }
     }
 

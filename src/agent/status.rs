@@ -53,6 +53,24 @@ pub(crate) struct AgentStatus {
     /// The self-upgrade's state (what the hub is told too).
     #[serde(default)]
     pub(crate) upgrade: Option<crate::proto::report::UpgradeReport>,
+    /// The SIGHUPs handled so far; `None` in files of agents that did not count them
+    /// (`agent reload` then cannot wait for the reload's end).
+    #[serde(default)]
+    pub(crate) reloads: Option<Reloads>,
+}
+
+/// The reloads (SIGHUP) an agent has handled: `agent reload` signals, then waits for
+/// `count` to pass the value it read, and tells the operator how the last one ended.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct Reloads {
+    pub(crate) count: u64,
+    /// Unix seconds of the end of the last reload.
+    #[serde(default)]
+    pub(crate) last_at: Option<u64>,
+    /// Why the last reload was refused (the new configuration, as the agent read it); the
+    /// running one stays in force. `None`: applied.
+    #[serde(default)]
+    pub(crate) last_error: Option<String>,
 }
 
 fn enabled() -> bool {

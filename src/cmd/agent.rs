@@ -189,7 +189,7 @@ pub(super) fn upgrade_guard(
 }
 
 /// The state directory a command names: `--state-dir`, or the one of the config file.
-fn state_dir_of(
+pub(super) fn state_dir_of(
     config_path: Option<std::path::PathBuf>,
     state_dir: Option<std::path::PathBuf>,
 ) -> anyhow::Result<std::path::PathBuf> {
@@ -208,7 +208,7 @@ fn state_dir_of(
 }
 
 /// Exit code when no agent is running.
-const NOT_RUNNING: u8 = 3;
+pub(super) const NOT_RUNNING: u8 = 3;
 
 pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
     // Only the state directory matters here; a config that lacks a runner user is still
@@ -423,6 +423,22 @@ fn render(st: &AgentStatus, alive: bool, last_line: Option<&str>) -> String {
                 u.bad_versions.join(", ")
             ));
         }
+    }
+    if let Some(r) = st.reloads.as_ref().filter(|r| r.count > 0) {
+        let when = r
+            .last_at
+            .map(|t| {
+                format!(
+                    " {} ago",
+                    ago(std::time::UNIX_EPOCH + Duration::from_secs(t))
+                )
+            })
+            .unwrap_or_default();
+        let how = match &r.last_error {
+            None => "applied".to_owned(),
+            Some(why) => format!("refused, the running configuration kept: {why}"),
+        };
+        out.push_str(&format!("reloads:    {}; the last{when}: {how}\n", r.count));
     }
     out.push_str(&format!("state dir:  {}\n", st.state_dir.display()));
     out.push_str(&format!("log dir:    {}\n", st.log_dir.display()));

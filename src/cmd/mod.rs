@@ -2,6 +2,7 @@
 //! async parts on an explicitly built runtime, and classifies errors into exit codes.
 
 mod agent;
+mod agent_reload;
 mod hub;
 mod hub_job;
 mod hub_release;
@@ -59,6 +60,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Command::Agent {
                     command: AgentCommand::Status(args),
                 } => agent::status(args),
+                Command::Agent {
+                    command: AgentCommand::Reload(args),
+                } => agent_reload::reload(args),
                 Command::Agent {
                     command: AgentCommand::CheckConfig(args),
                 } => agent::check_config(args),

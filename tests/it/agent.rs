@@ -509,8 +509,18 @@ fn configuration_errors_exit_2_naming_file_and_key() {
     }
 }
 
+/// `agent reload` (SIGHUP, then the agent's word in its status file): it returns once the
+/// reload is over, so what it says is already true when it returns.
+fn reload(host: &Host) -> std::process::Output {
+    railgrid()
+        .args(["agent", "reload", "--state-dir"])
+        .arg(host.state())
+        .output()
+        .expect("agent reload")
+}
+
 #[test]
-fn sighup_keeps_the_running_config_when_the_new_one_is_broken() {
+fn a_reload_keeps_the_running_config_when_the_new_one_is_broken() {
     let host = Host::new();
     let config = host.path("agent.toml");
     fs::write(&config, "[runner]\nstop_grace = \"3s\"\n").expect("write");
@@ -522,14 +532,15 @@ fn sighup_keeps_the_running_config_when_the_new_one_is_broken() {
         "[runner]\nstop_grace = \"3 fortnights and a bit\"\n",
     )
     .expect("write");
-    agent.signal(Signal::SIGHUP);
-    wait_for(LIMIT, "the reload error in the agent log", || {
-        host.agent_log()
-            .contains("keeping the running one")
-            .then_some(())
-    });
+    let out = reload(&host);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        host.agent_log().contains("runner.stop_grace"),
+        err.contains("refused the new configuration") && err.contains("runner.stop_grace"),
+        "{err}"
+    );
+    assert!(
+        host.agent_log().contains("keeping the running one"),
         "{}",
         host.agent_log()
     );
@@ -537,16 +548,39 @@ fn sighup_keeps_the_running_config_when_the_new_one_is_broken() {
         get_json(&host.socket(), "/v1/health").expect("health")["pid"],
         runner
     );
-    assert_eq!(host.status()["runner"]["starts"], 1);
+    let st = host.status();
+    assert_eq!(st["runner"]["starts"], 1);
+    assert_eq!(st["reloads"]["count"], 1, "{st}");
 
-    // A valid change of the runner's settings restarts it.
+    // A valid change of the runner's settings restarts it, before the reload returns.
     fs::write(&config, "[runner]\nstop_grace = \"4s\"\n").expect("write");
-    agent.signal(Signal::SIGHUP);
-    let second = host.wait_runner("a runner with the new settings", |st| {
-        st["runner"]["starts"] == 2
-    });
-    assert_ne!(second, runner);
+    let out = reload(&host);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let st = host.status();
+    assert_eq!(st["runner"]["starts"], 2, "{st}");
+    assert_eq!(st["reloads"]["count"], 2, "{st}");
+    assert_eq!(st["reloads"]["last_error"], serde_json::Value::Null, "{st}");
+    assert_ne!(st["runner"]["pid"], runner, "{st}");
     assert!(!alive(runner));
+
+    // No agent: exit 3, and a pid that is not the agent's is refused.
+    let out = railgrid()
+        .args(["agent", "reload", "--pid", "1", "--state-dir"])
+        .arg(host.state())
+        .output()
+        .expect("reload");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not signalling either"),
+        "{out:?}"
+    );
+    drop(agent);
+    let out = railgrid()
+        .args(["agent", "reload", "--state-dir"])
+        .arg(host.path("nowhere"))
+        .output()
+        .expect("reload");
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
 }
 
 #[test]
@@ -585,6 +619,25 @@ fn systemd_notifications_bracket_the_runner() {
     assert!(seen.iter().any(|m| m.starts_with("STATUS=")), "{seen:?}");
     // The main loop pings the watchdog at half of WATCHDOG_USEC.
     recv_until("WATCHDOG=1", &mut seen);
+
+    // A reload: RELOADING=1, then READY=1 again once it is over.
+    assert_eq!(reload(&host).status.code(), Some(0));
+    recv_until("RELOADING=1", &mut seen);
+    let reloading = seen
+        .iter()
+        .position(|m| m.contains("RELOADING=1"))
+        .expect("reloading");
+    assert!(seen[reloading].contains("MONOTONIC_USEC="), "{seen:?}");
+    wait_for(LIMIT, "READY=1 after the reload", || {
+        let mut buf = [0u8; 4096];
+        if let Ok(n) = sock.recv(&mut buf) {
+            seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        seen[reloading..]
+            .iter()
+            .any(|m| m.contains("READY=1"))
+            .then_some(())
+    });
 
     agent.signal(Signal::SIGTERM);
     recv_until("STOPPING=1", &mut seen);

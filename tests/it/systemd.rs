@@ -147,18 +147,44 @@ fn the_service_lives_its_whole_life_under_a_real_systemd() {
         |t| t == "1",
     );
 
-    // SIGHUP through `systemctl reload`: the agent takes the configuration again, in the
-    // same process, and the unit stays active.
+    // `systemctl reload` returns once the agent has applied the configuration: a changed
+    // runner setting has restarted the runner by then. A broken file fails the reload with
+    // the reason, and the agent keeps the running configuration, in the same process.
     let main = show(&c, "MainPID");
-    c.ok("systemctl reload railgrid-agent");
-    c.wait(
-        "the agent's reload",
-        LIMIT,
-        "journalctl -u railgrid-agent --no-pager -o cat",
-        |t| t.contains("SIGHUP:") && t.contains("Reloaded railgrid-agent.service"),
+    let old_runner = runner_serving(&c, "the runner before the reload");
+    c.ok(
+        "sed -i '/^\\[runner\\]/a stop_grace = \"3s\"' /etc/railgrid/agent.toml && \
+          systemctl reload railgrid-agent",
+    );
+    let st: Value = serde_json::from_str(&c.ok("railgrid agent status --json")).expect("status");
+    assert_eq!(st["reloads"]["count"], 1, "{st}");
+    assert_eq!(st["reloads"]["last_error"], Value::Null, "{st}");
+    assert_ne!(
+        st["runner"]["pid"], old_runner,
+        "the runner restarted within the reload: {st}"
+    );
+    assert_eq!(st["runner"]["state"], "running", "{st}");
+    let refused = c.sh(
+        "echo 'max_jobs = \"many\"' >> /etc/railgrid/agent.toml && systemctl reload railgrid-agent",
+    );
+    assert!(
+        !refused.status.success(),
+        "a refused configuration fails the reload: {refused:?}"
+    );
+    let journal = c.ok("journalctl -u railgrid-agent --no-pager -o cat");
+    assert!(
+        journal.contains("refused the new configuration and keeps the running one")
+            && journal.contains("max_jobs"),
+        "{journal}"
     );
     assert_eq!(show(&c, "ActiveState"), "active");
     assert_eq!(show(&c, "MainPID"), main);
+    // The file does not load, so its state directory is named.
+    let st: Value =
+        serde_json::from_str(&c.ok("railgrid agent status --json --state-dir /var/lib/railgrid"))
+            .expect("status");
+    assert_eq!(st["reloads"]["count"], 2, "{st}");
+    c.ok("sed -i '/^max_jobs = \"many\"$/d' /etc/railgrid/agent.toml");
 
     // A hung agent (SIGSTOP): the watchdog (4 s in a drop-in here) kills and restarts it.
     c.ok("mkdir -p /etc/systemd/system/railgrid-agent.service.d && \

@@ -65,9 +65,12 @@ pub(crate) fn binary_path(prefix: &Path) -> std::path::PathBuf {
 
 /// The upgrade guard's directories, as the template names them.
 const DEFAULT_GUARD_DIRS: &str = "--state-dir /var/lib/railgrid --log-dir /var/log/railgrid";
+/// `agent reload`'s state directory, likewise.
+const DEFAULT_RELOAD_DIR: &str = "agent reload --state-dir /var/lib/railgrid ";
 
 /// The unit for a binary under `prefix` (checked by [`check_prefix`]), whose agent keeps
-/// its state and logs in `dirs` (checked likewise): the upgrade guard must look there.
+/// its state and logs in `dirs` (checked likewise): the upgrade guard and `agent reload`
+/// must look there.
 pub(crate) fn unit(prefix: &Path, dirs: (&Path, &Path)) -> String {
     let bin = binary_path(prefix);
     let bin_dir = prefix.join("bin");
@@ -79,6 +82,10 @@ pub(crate) fn unit(prefix: &Path, dirs: (&Path, &Path)) -> String {
                 dirs.0.display(),
                 dirs.1.display()
             ),
+        )
+        .replace(
+            DEFAULT_RELOAD_DIR,
+            &format!("agent reload --state-dir {} ", dirs.0.display()),
         )
         .replace(
             DEFAULT_RW_PATHS,
@@ -132,6 +139,9 @@ mod tests {
         ));
         assert!(unit.contains(
             "\nExecStartPre=-/opt/rg/bin/railgrid.prev agent upgrade-guard --state-dir /srv/rg --log-dir /srv/rg-log\n"
+        ));
+        assert!(unit.contains(
+            "\nExecReload=/opt/rg/bin/railgrid agent reload --state-dir /srv/rg --pid $MAINPID\n"
         ));
         assert!(unit.contains("\nReadWritePaths=/opt/rg/bin\n"));
 
