@@ -40,8 +40,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::config::HubSettings;
+use super::desired::Observed;
 use super::jobs::JobsHandle;
-use super::reconciler::{Observed, ReconcilerHandle};
+use super::reconciler::ReconcilerHandle;
 use super::reporter::ReporterHandle;
 use super::status::HubStatus;
 use crate::build_info;
@@ -51,8 +52,6 @@ use crate::proto::hub::ErrorBody;
 use crate::proto::report::{AgentReport, JobsSummary, RunnerReport, UpgradeReport};
 use crate::supervisor::State;
 
-/// The desired state last applied from the hub, inside the state directory.
-pub(crate) const DESIRED_FILE: &str = "desired.json";
 /// How long the hub may hold a reconcile before it answers (the long poll).
 const WAIT: Duration = Duration::from_secs(30);
 /// A reconcile's whole time limit: the hub's hold and room for the exchange.
@@ -139,30 +138,6 @@ pub(crate) enum HubError {
     GenerationRefused { url: String, message: String },
     #[error("could not apply the hub's desired state of generation {generation}: {why}")]
     NotApplied { generation: u64, why: String },
-    #[error("could not write {path}")]
-    Persist {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("could not read {path}")]
-    PersistedRead {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path} is not a desired state")]
-    PersistedCorrupt {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("{path} holds a desired state no hub hands out")]
-    PersistedInvalid {
-        path: PathBuf,
-        #[source]
-        source: desired::Invalid,
-    },
     #[error("the agent's {what} failed")]
     Task {
         what: &'static str,
@@ -427,43 +402,6 @@ fn request_error(url: &str, e: reqwest::Error) -> HubError {
 /// a certificate) without contacting the hub: `agent check-config`.
 pub(crate) fn check(settings: &HubSettings) -> Result<(), HubError> {
     Connection::load(settings).map(drop)
-}
-
-pub(crate) fn desired_path(state_dir: &Path) -> PathBuf {
-    state_dir.join(DESIRED_FILE)
-}
-
-/// Keeps `desired` in `<state>/desired.json` (0600, replaced atomically): a start while
-/// the hub is unreachable begins from it. Blocking (fsync).
-pub(super) fn persist(state_dir: &Path, desired: &DesiredState) -> Result<(), HubError> {
-    let path = desired_path(state_dir);
-    let mut bytes = serde_json::to_vec_pretty(desired).map_err(|e| HubError::Persist {
-        path: path.clone(),
-        source: std::io::Error::other(e),
-    })?;
-    bytes.push(b'\n');
-    crate::util::write_atomic(&path, &bytes, 0o600)
-        .map_err(|source| HubError::Persist { path, source })
-}
-
-/// The desired state [`persist`] kept, if there is one. Blocking (a file read).
-pub(super) fn load_persisted(state_dir: &Path) -> Result<Option<DesiredState>, HubError> {
-    let path = desired_path(state_dir);
-    // Written pretty-printed from an answer of up to 1 MiB of compact JSON: room for that.
-    let bytes = match crate::small_file::read(&path, 8 * crate::small_file::CONFIG_MAX) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(HubError::PersistedRead { path, source }),
-    };
-    let desired: DesiredState =
-        serde_json::from_slice(&bytes).map_err(|source| HubError::PersistedCorrupt {
-            path: path.clone(),
-            source,
-        })?;
-    desired
-        .check()
-        .map_err(|source| HubError::PersistedInvalid { path, source })?;
-    Ok(Some(desired))
 }
 
 /// The pause before the `failures`-th retry in a row: 1 s, 2 s, 4 s … up to 60 s, each
@@ -1230,43 +1168,6 @@ mod tests {
             )
             .expect("at the bound");
         assert_eq!(ok.generation, desired::MAX_GENERATION);
-    }
-
-    #[test]
-    fn a_persisted_desired_state_beyond_the_bound_is_an_error() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(
-            desired_path(dir.path()),
-            r#"{"generation": 9007199254740993}"#,
-        )
-        .expect("write");
-        let err = load_persisted(dir.path()).expect_err("beyond");
-        assert!(matches!(err, HubError::PersistedInvalid { .. }), "{err}");
-    }
-
-    #[test]
-    fn the_persisted_desired_state_round_trips_and_a_corrupt_one_is_an_error() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().expect("tempdir");
-        assert!(load_persisted(dir.path()).expect("none").is_none());
-        let mut d = DesiredState {
-            generation: 4,
-            ..DesiredState::default()
-        };
-        d.runner.enabled = false;
-        persist(dir.path(), &d).expect("persist");
-        let mode = std::fs::metadata(desired_path(dir.path()))
-            .expect("file")
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o600);
-        assert_eq!(load_persisted(dir.path()).expect("read"), Some(d));
-        std::fs::write(desired_path(dir.path()), "{not json").expect("corrupt");
-        let err = load_persisted(dir.path()).expect_err("corrupt");
-        assert!(
-            err.to_string().contains(DESIRED_FILE),
-            "the error names the file: {err}"
-        );
     }
 
     #[test]

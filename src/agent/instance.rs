@@ -70,7 +70,7 @@ pub(crate) fn acquire(state_dir: &Path, traversable: bool) -> Result<Instance, A
         }
     }
     // A level someone else made between the caller's check and these mkdirs is theirs.
-    super::check_trusted_parents(state_dir)?;
+    super::dirs::check_trusted_parents(state_dir)?;
     match lock::acquire(&lock_path(state_dir)) {
         Ok(lock) => Ok(Instance { _lock: lock }),
         Err(LockError::Held { pid, .. }) => Err(AgentError::AlreadyRunning {

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, watch, Semaphore};
 
-use super::reconciler::Observed;
+use super::desired::Observed;
 use super::upload::{upload_stream, HubLink};
 use crate::proto::fleet_job::JobReport;
 use crate::proto::job::{JobRecord, JobSpec, JobState, Truncation};

@@ -36,6 +36,8 @@
 #[cfg(target_os = "linux")]
 pub(crate) mod cgroup;
 pub(crate) mod config;
+mod desired;
+pub(crate) mod dirs;
 pub(crate) mod hub;
 pub(crate) mod install;
 pub(crate) mod instance;
@@ -47,10 +49,8 @@ pub(crate) mod status;
 pub(crate) mod upgrade;
 mod upload;
 
-use std::fs;
 use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -60,13 +60,12 @@ use tokio::signal::unix::{signal, SignalKind};
 use self::config::{AgentConfig, ConfigError, MAX_STOP_GRACE};
 use self::hub::{HubError, HubHandle};
 use self::notify::Notifier;
-use self::reconciler::Reconciler;
+use self::reconciler::{Reconciler, REAP_TIMEOUT};
 use self::reporter::ReporterHandle;
 use self::status::{AgentStatus, HubStatus};
 use self::upgrade::{Switch, UpgradeCtx, UpgradeHandle};
 use crate::build_info;
 use crate::proto::desired::DesiredState;
-use crate::supervisor::account::Account;
 use crate::supervisor::lock::{self, LockError};
 use crate::supervisor::{self, State, Status};
 use crate::sys::exe::{ExeError, PinnedExe};
@@ -74,12 +73,6 @@ use crate::sys::{self, ProcessId};
 
 /// The capped log of the runner, inside the log directory.
 pub(crate) const RUNNER_LOG: &str = "runner.log";
-/// The grace `runner reap` gives each job a stopped runner left: the runner's own stop
-/// already had its budget for a gentle end.
-const REAP_GRACE: Duration = Duration::from_secs(2);
-/// Longest a `runner reap` may take (its grace, SIGKILL and reaping, the database) before
-/// the agent kills it.
-pub(crate) const REAP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Room for the rest of an agent stop: the supervisor's SIGKILL wait and log drain, the
 /// cgroup tree's kill, the status file.
 #[cfg_attr(not(test), allow(dead_code))]
@@ -215,7 +208,7 @@ pub(crate) async fn run(
         None => None,
     };
     let mut desired = match &hub {
-        Some(_) => initial_from_hub(&cfg).await,
+        Some(_) => desired::initial_from_hub(&cfg).await,
         None => reconciler::standalone(&cfg, None),
     };
     // Validates the runner before anything is touched (exit 2 for a refused account).
@@ -447,34 +440,6 @@ fn apply_reload(
     }
 }
 
-/// The desired state an agent with a hub starts from: the one it applied last, kept in
-/// `<state>/desired.json`, so that a host restarted while its hub is down comes back as
-/// it was last told; without one (or with one that cannot be read), the embedded
-/// default (runner enabled, the config file's limits) at generation 0, which any
-/// desired state of the hub supersedes.
-async fn initial_from_hub(cfg: &AgentConfig) -> DesiredState {
-    let state_dir = cfg.state_dir.clone();
-    let kept = tokio::task::spawn_blocking(move || hub::load_persisted(&state_dir))
-        .await
-        .unwrap_or_else(|source| {
-            Err(HubError::Task {
-                what: "desired state read",
-                source,
-            })
-        });
-    match kept {
-        Ok(Some(d)) => {
-            tracing::info!(generation = d.generation, runner_enabled = d.runner.enabled, path = %hub::desired_path(&cfg.state_dir).display(), "starting from the desired state the hub gave last");
-            d
-        }
-        Ok(None) => DesiredState::default(),
-        Err(e) => {
-            tracing::warn!(error = %crate::error_chain(&e), "ignoring the kept desired state; starting from the standalone default until the hub answers");
-            DesiredState::default()
-        }
-    }
-}
-
 /// The status file's first content: nothing has been started yet.
 fn initial_status(
     cfg: &AgentConfig,
@@ -541,153 +506,6 @@ impl Drop for WatchdogTask {
     fn drop(&mut self) {
         self.0.abort();
     }
-}
-
-/// Creates the log dir (0700), the state dir (0700, or 0711 when the runner runs as
-/// another account and must traverse it) and `<state>/runner` (0700, owned by the runner).
-fn prepare(cfg: &AgentConfig) -> Result<(), AgentError> {
-    let other = cfg.runner.user.as_ref();
-    make_dir(&cfg.log_dir, 0o700)?;
-    make_dir(&cfg.state_dir, if other.is_some() { 0o711 } else { 0o700 })?;
-    let runner_dir = cfg.runner_dir();
-    make_dir(&runner_dir, 0o700)?;
-    if let Some(acct) = other {
-        check_runner_dir_owner(&runner_dir, acct)?;
-        sys::chown(&runner_dir, acct.uid, acct.gid).map_err(|source| AgentError::Chown {
-            path: runner_dir.clone(),
-            uid: acct.uid,
-            gid: acct.gid,
-            source,
-        })?;
-        check_reachable(&runner_dir, acct)?;
-    }
-    Ok(())
-}
-
-/// Checks, before anything is created, what would make `prepare` refuse later: that the
-/// runner account can pass through every directory that exists above the state directory
-/// (the agent makes the rest). A refused start then leaves nothing behind.
-pub(crate) fn preflight(cfg: &AgentConfig) -> Result<(), AgentError> {
-    check_trusted_parents(&cfg.state_dir)?;
-    let Some(acct) = cfg.runner.user.as_ref() else {
-        return Ok(());
-    };
-    // The deepest path on the way whose parent exists: every directory above it does.
-    let Some(first) = cfg
-        .state_dir
-        .ancestors()
-        .find(|p| p.parent().is_some_and(Path::exists))
-    else {
-        return Ok(());
-    };
-    check_reachable(first, acct).map_err(|e| match e {
-        AgentError::Unreachable {
-            user,
-            dir,
-            mode,
-            owner,
-            ..
-        } => AgentError::Unreachable {
-            user,
-            path: cfg.runner_dir(),
-            dir,
-            mode,
-            owner,
-        },
-        other => other,
-    })
-}
-
-/// Every existing directory above `state_dir` (and it, once it exists) must belong to root
-/// or to this agent's account, and be writable by no one else unless it is sticky (as
-/// `/tmp` is: there only an entry's owner may rename or delete it, and the next level is
-/// checked in turn). Otherwise another account could swap the state directory, or a
-/// directory on the way to it, for one of its own, and a root agent would then create,
-/// chown and lock files where that account chose. Called before anything is created, and
-/// again once the state directory exists, so a directory someone made in between is seen.
-pub(crate) fn check_trusted_parents(state_dir: &Path) -> Result<(), AgentError> {
-    let me = sys::current_ids().0;
-    let mut dirs: Vec<&Path> = state_dir
-        .ancestors()
-        .filter(|p| !p.as_os_str().is_empty())
-        .collect();
-    dirs.reverse();
-    for dir in dirs {
-        let Ok(meta) = fs::metadata(dir) else {
-            // Not there yet: made by the agent, which checks again afterwards.
-            break;
-        };
-        let mode = meta.permissions().mode() & 0o7777;
-        let owner = meta.uid();
-        let why = if owner != 0 && owner != me {
-            "another account owns it"
-        } else if mode & 0o022 != 0 && mode & 0o1000 == 0 {
-            "others may write to it"
-        } else {
-            continue;
-        };
-        return Err(AgentError::UntrustedParent {
-            path: state_dir.to_owned(),
-            dir: dir.to_owned(),
-            why,
-            mode,
-            owner,
-        });
-    }
-    Ok(())
-}
-
-/// The runner's files (lock, socket, job records) belong to the account that ran it. A
-/// directory that already holds another account's files is refused rather than re-owned:
-/// chowning a tree another user controls is how root gets tricked through symlinks.
-fn check_runner_dir_owner(dir: &Path, acct: &Account) -> Result<(), AgentError> {
-    let err = |source| AgentError::Dir {
-        path: dir.to_owned(),
-        source,
-    };
-    let owner = fs::symlink_metadata(dir).map_err(err)?.uid();
-    if owner == acct.uid {
-        return Ok(());
-    }
-    let empty = fs::read_dir(dir).map_err(err)?.next().is_none();
-    if empty {
-        return Ok(());
-    }
-    Err(AgentError::RunnerDirOwner {
-        path: dir.to_owned(),
-        owner,
-        user: acct.name.clone(),
-        uid: acct.uid,
-    })
-}
-
-fn make_dir(path: &Path, mode: u32) -> Result<(), AgentError> {
-    let err = |source| AgentError::Dir {
-        path: path.to_owned(),
-        source,
-    };
-    fs::create_dir_all(path).map_err(err)?;
-    let meta = fs::metadata(path).map_err(err)?;
-    if meta.uid() == sys::current_ids().0 && meta.permissions().mode() & 0o777 != mode {
-        fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(err)?;
-    }
-    Ok(())
-}
-
-/// The runner account must be able to traverse every directory above its own.
-fn check_reachable(path: &Path, acct: &Account) -> Result<(), AgentError> {
-    let who = crate::supervisor::access::Who {
-        uid: acct.uid,
-        groups: sys::spawn::group_list(&acct.name, acct.gid).unwrap_or_else(|_| vec![acct.gid]),
-    };
-    who.can_reach(path, false)
-        .map_err(|d| AgentError::Unreachable {
-            user: acct.name.clone(),
-            path: path.to_owned(),
-            dir: d.at,
-            mode: d.mode,
-            owner: d.owner,
-        })
 }
 
 /// The running executable, pinned (docs/design.md, invariant 14): runners are launched from its

@@ -44,7 +44,7 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             anyhow::Error::new(e)
         }
     };
-    agent_mod::preflight(&cfg).map_err(to_exit)?;
+    agent_mod::dirs::preflight(&cfg).map_err(to_exit)?;
     let traversable = cfg.runner.user.is_some();
     let instance = crate::agent::instance::acquire(&cfg.state_dir, traversable).map_err(to_exit)?;
     std::fs::create_dir_all(&cfg.log_dir)

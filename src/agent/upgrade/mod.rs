@@ -41,7 +41,7 @@ use tokio::sync::{oneshot, watch};
 use self::record::{Kind, Phase, Record, RecordError, Upgrade};
 use self::service::Service;
 use super::config::AgentConfig;
-use super::reconciler::Observed;
+use super::desired::Observed;
 use super::reporter::ReporterHandle;
 use super::upload::HubLink;
 use crate::build_info;
