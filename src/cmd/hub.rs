@@ -3,16 +3,17 @@
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
 
+use super::admin::{admin, ago, clean};
 use super::{print_stdout, usage};
 use crate::cli::{
     DesiredScope, HubAgentCommand, HubArgs, HubCommand, HubDesiredCommand, HubDesiredSetArgs,
     HubServeArgs, HubStoreCommand,
 };
-use crate::hub::admin::{AdminClient, AdminError, Target};
+use crate::hub::admin::{AdminClient, Target};
 use crate::hub::tls::TlsSource;
 use crate::hub::{self, ServeOptions};
 use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView};
@@ -127,31 +128,6 @@ fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) if e.is_config() => Err(usage(e)),
         Err(e) => Err(e.into()),
-    }
-}
-
-/// Runs one admin call on a small runtime; a missing target or token is a usage error.
-pub(super) fn admin<F, Fut>(target: &Target, f: F) -> anyhow::Result<ExitCode>
-where
-    F: FnOnce(AdminClient) -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<String>>,
-{
-    let client = AdminClient::new(target).map_err(classify)?;
-    let rt = super::current_thread_runtime()?;
-    let text = rt
-        .block_on(f(client))
-        .map_err(|e| match e.downcast::<AdminError>() {
-            Ok(a) => classify(a),
-            Err(e) => e,
-        })?;
-    print_stdout(text.trim_end())
-}
-
-pub(super) fn classify(e: AdminError) -> anyhow::Error {
-    if e.is_usage() {
-        usage(e)
-    } else {
-        e.into()
     }
 }
 
@@ -280,28 +256,6 @@ fn write_token(mut f: std::fs::File, path: &Path, token: &str) -> anyhow::Result
                 path.display()
             )
         })
-}
-
-/// Text an agent reported, made safe for a terminal: control characters (escape
-/// sequences, newlines that would forge table rows) are shown as `?`.
-pub(super) fn clean(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
-}
-
-pub(super) fn ago(t: Option<u64>) -> String {
-    let Some(t) = t else {
-        return "never".into();
-    };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(t);
-    format!(
-        "{} ago",
-        humantime::format_duration(Duration::from_secs(now.saturating_sub(t)))
-    )
 }
 
 fn agent_table(agents: &[AgentView]) -> String {

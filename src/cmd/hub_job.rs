@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use super::hub::{ago, classify, clean};
+use super::admin::{ago, classify, clean};
 use super::job::{shell_exit_code, Interrupts, DETACHED};
 use super::print_stdout;
 use crate::cli::{HubJobCommand, HubJobSubmitArgs};

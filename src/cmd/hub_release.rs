@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use anyhow::Context;
 
-use super::hub::{ago, clean};
+use super::admin::{ago, clean};
 use super::usage;
 use crate::cli::HubReleaseCommand;
 use crate::hub::admin::AdminClient;

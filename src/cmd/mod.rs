@@ -1,6 +1,7 @@
 //! Glue between the command line and the library: builds configs from flags, runs the
 //! async parts on an explicitly built runtime, and classifies errors into exit codes.
 
+mod admin;
 mod agent;
 mod agent_reload;
 mod hub;

@@ -2,7 +2,20 @@
 //! (`launch`, the clone child; `spawn::job_exec`, the fork child). Each is plain system
 //! calls on data prepared before the child existed: no allocation, no lock.
 
-use super::spawn::Rlimits;
+/// Resource limits a job's processes get before exec; `None` leaves the runner's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rlimits {
+    pub address_space: Option<u64>,
+    pub cpu_secs: Option<u64>,
+    pub open_files: Option<u64>,
+    pub processes: Option<u64>,
+}
+
+impl Rlimits {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
 
 /// Every signal handler back to the default: the runner's handlers must never run in a
 /// job, and a job starts with standard dispositions (SIGPIPE included). On Linux the raw

@@ -19,7 +19,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 
-use super::spawn::Rlimits;
+use super::child::Rlimits;
 use super::ProcessId;
 
 /// What the child needs, all of it built before the clone.

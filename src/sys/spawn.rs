@@ -5,6 +5,8 @@ use std::process::Command;
 
 use nix::unistd::{setgid, setsid, setuid, Gid, Uid};
 
+pub use super::child::Rlimits;
+
 /// The account a child switches to before exec. Built before fork so that the
 /// `pre_exec` closure allocates nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,21 +119,6 @@ pub fn group_list(user: &str, gid: u32) -> std::io::Result<Vec<u32>> {
 #[cfg(target_vendor = "apple")]
 pub fn group_list(_user: &str, gid: u32) -> std::io::Result<Vec<u32>> {
     Ok(vec![gid])
-}
-
-/// Resource limits a job's processes get before exec; `None` leaves the runner's own.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Rlimits {
-    pub address_space: Option<u64>,
-    pub cpu_secs: Option<u64>,
-    pub open_files: Option<u64>,
-    pub processes: Option<u64>,
-}
-
-impl Rlimits {
-    pub fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
 }
 
 /// What a job's child does between fork and exec on the portable path (no `clone` with a

@@ -142,7 +142,7 @@ pub(crate) fn plan(
 /// Runs the commands of a [`AccountPlan::Create`].
 pub(crate) fn create(commands: &[Vec<String>]) -> Result<(), InstallError> {
     for argv in commands {
-        super::plan::run_command(argv)?;
+        super::command::run_command(argv)?;
     }
     Ok(())
 }
@@ -294,7 +294,7 @@ fn macos_group(name: &str) -> Option<u32> {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    super::plan::command_output(&argv)
+    super::command::command_output(&argv)
         .ok()?
         .split_whitespace()
         .last()?
@@ -310,7 +310,7 @@ fn free_macos_id() -> Result<u32, InstallError> {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        Ok(super::plan::command_output(&argv)?
+        Ok(super::command::command_output(&argv)?
             .lines()
             .filter_map(|l| l.split_whitespace().last()?.parse().ok())
             .collect())

@@ -7,10 +7,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::command::shell_words;
 use super::config_file::{self, Wanted};
 use super::manager::{Changes, Manager};
 use super::manifest::{self, Manifest};
-use super::plan::{shell_words, Action, Plan, Step, Verb};
+use super::plan::{Action, Plan, Step, Verb};
 use super::root::Root;
 use super::{
     account, default_runner_user, templates, InstallError, InstallOptions, CA_FILE, CONFIG_DIR,

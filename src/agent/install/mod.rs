@@ -9,6 +9,7 @@
 //! an installed host plans nothing but `keep`.
 
 mod account;
+mod command;
 mod config_file;
 mod converge;
 mod manager;

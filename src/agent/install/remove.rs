@@ -6,10 +6,11 @@
 
 use std::path::{Path, PathBuf};
 
+use super::command::shell_words;
 use super::converge::creatable_dirs;
 use super::manager::Manager;
 use super::manifest;
-use super::plan::{shell_words, Action, Plan, Step, Verb};
+use super::plan::{Action, Plan, Step, Verb};
 use super::root::{check_host_path, Root};
 use super::{config_file, templates, InstallError, UninstallOptions, CONFIG_DIR};
 use crate::agent::config::{RawConfig, ROOT_CONFIG};
