@@ -16,11 +16,9 @@
 //! `--tls-self-signed` `ca.pem` and `tls/ca.key` (0600).
 
 pub(crate) mod admin;
-mod api;
 pub(crate) mod config;
 pub(crate) mod fleet;
-mod jobs_api;
-mod releases_api;
+mod http;
 pub(crate) mod renumber;
 mod serve;
 mod shared;
@@ -43,8 +41,7 @@ use self::store::sqlite::SqliteStore;
 use self::store::{Store, StoreError};
 use self::tls::{TlsError, TlsSource};
 
-pub(crate) use releases_api::MAX_RELEASE;
-pub(crate) use releases_api::SIGNATURE_HEADER;
+pub(crate) use http::{MAX_RELEASE, SIGNATURE_HEADER};
 
 pub(crate) const ADMIN_TOKEN_FILE: &str = "admin.token";
 pub(crate) const HUB_FILE: &str = "hub.json";
@@ -229,7 +226,7 @@ async fn run<S: Store>(
 ) -> Result<(), HubError> {
     let fleet =
         Arc::new(Fleet::load(store, opts.poll_interval, opts.max_wait, opts.job_limits).await?);
-    let hub = Arc::new(api::Hub {
+    let hub = Arc::new(http::Hub {
         fleet: fleet.clone(),
         admin_sha256,
         max_wait: opts.max_wait,
@@ -294,7 +291,8 @@ async fn run<S: Store>(
             _ = int.recv() => "SIGINT",
         }
     };
-    let why = serve::accept_loop(listener, tls, api::router(hub), opts.max_connections, stop).await;
+    let why =
+        serve::accept_loop(listener, tls, http::router(hub), opts.max_connections, stop).await;
     tracing::info!("{why} received: stopping the hub");
     flusher.stop();
     if let Some(r) = replicas {

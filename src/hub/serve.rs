@@ -6,7 +6,7 @@
 //! - The TLS handshake and each request's headers must arrive within
 //!   [`HANDSHAKE_TIMEOUT`] and [`HEADER_TIMEOUT`]: a client that opens connections and
 //!   sends nothing holds them that long, not forever.
-//! - Bodies are capped by the API ([`super::api::MAX_BODY_BYTES`]).
+//! - Bodies are capped by the API (`http::MAX_BODY_BYTES`).
 //! - A connection's read buffer holds at most [`MAX_BUF_BYTES`]: a request line and
 //!   headers longer than that get 431, and nobody can make the hub keep hyper's default
 //!   buffer (about 400 KiB) per connection.
@@ -16,7 +16,7 @@
 //!   oldest unproven one and takes its place, before its own handshake. So what all
 //!   clients without a token hold together is bounded (about [`MAX_UNPROVEN`] × 50 KiB),
 //!   and an honest client still gets in. A request whose token a route accepts calls
-//!   [`proven`], which frees its connection's place for good.
+//!   [`super::unproven::proven`], which frees its connection's place for good.
 //! - Once a burst of connections has closed (at least [`TRIM_AFTER`] fewer than the most
 //!   open since the last look, every [`TRIM_EVERY`]) and no flood is under way (few
 //!   unproven places taken), the heap's free pages go back to the kernel: a flood that has
@@ -36,7 +36,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
-use super::unproven::{Place, Places};
+use super::unproven::{Places, PLACE};
 
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -51,18 +51,6 @@ const TRIM_EVERY: Duration = Duration::from_secs(5);
 /// How many connections must have closed since the most open, for a trim.
 const TRIM_AFTER: usize = 512;
 
-tokio::task_local! {
-    /// The place of the connection whose request is being served.
-    static PLACE: Arc<Place>;
-}
-
-/// The request being served showed a valid token: its connection is no longer counted
-/// among the unproven ones. Called by every route that checks a token, once it passed.
-pub(crate) fn proven() {
-    if PLACE.try_with(|p| p.proven()).is_err() {
-        tracing::debug!("a token was proven outside any connection's scope");
-    }
-}
 /// Connections past the cap that are answered 503 at once, at most.
 const OVERFLOW_ANSWERS: usize = 256;
 /// What a client over the cap is told to wait.

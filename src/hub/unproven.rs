@@ -16,6 +16,18 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::util;
 
+tokio::task_local! {
+    /// The place of the connection whose request is being served.
+    pub(crate) static PLACE: Arc<Place>;
+}
+
+/// The request being served showed a valid token: its connection is no longer counted
+/// among the unproven ones. Called by every route that checks a token, once it passed.
+pub(crate) fn proven() {
+    if PLACE.try_with(|p| p.proven()).is_err() {
+        tracing::debug!("a token was proven outside any connection's scope");
+    }
+}
 pub(crate) struct Places {
     free: Arc<Semaphore>,
     /// Oldest first; entries of connections proven or closed since are skipped.

@@ -3,7 +3,7 @@
 //! agent's latest report.
 //!
 //! [`Store`] is the narrow seam between the hub's logic and its database. The hub keeps
-//! its working set in memory ([`super::fleet`]) and comes here to load it at start, to
+//! its working set in memory (`hub::fleet`) and comes here to load it at start, to
 //! make a change durable before it is acted on, and to write reports in batches. The SQL
 //! is kept portable (no SQLite-only functions or upserts beyond `ON CONFLICT … DO UPDATE`),
 //! so that a PostgreSQL store is the same statements on another driver.

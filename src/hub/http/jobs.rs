@@ -13,9 +13,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::api::{bearer, parse, read_body, ApiError, ApiPath, ApiResult, Hub};
-use super::fleet::Upload;
-use super::store::{Appended, Store, Stream};
+use super::error::{ApiError, ApiResult};
+use super::extract::{bearer, parse, query, read_body, ApiPath};
+use super::state::Hub;
+use crate::hub::fleet::Upload;
+use crate::hub::store::{Appended, Store, Stream};
 use crate::proto::fleet_job::{HubJobSubmit, OutputAck};
 use crate::util::clip;
 
@@ -27,15 +29,6 @@ const DEFAULT_LIST: usize = 100;
 const MAX_LIST: usize = 1000;
 const DEFAULT_WAIT_SECS: u64 = 30;
 const MAX_WAIT_SECS: u64 = 300;
-
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> ApiResult<T> {
-    q.map(|Query(q)| q).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("invalid query: {}", e.body_text()),
-        )
-    })
-}
 
 /// Offsets are stored as signed 64-bit numbers.
 fn offset_of(offset: u64) -> ApiResult<u64> {
@@ -169,7 +162,7 @@ fn follow<S: Store>(
     hub: Arc<Hub<S>>,
     id: String,
     stream: Stream,
-    first: super::fleet::OutputSlice,
+    first: crate::hub::fleet::OutputSlice,
     mut activity: tokio::sync::watch::Receiver<u64>,
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
@@ -237,7 +230,7 @@ pub(super) async fn upload<S: Store>(
     };
     // The token before the body, as for a reconcile.
     hub.fleet.authorize_upload(&upload, t).await?;
-    super::serve::proven();
+    crate::hub::unproven::proven();
     let data = read_body(body, MAX_UPLOAD).await?;
     match hub.fleet.upload(&upload, data).await? {
         Appended::Length(length) => Ok(Json(OutputAck { length }).into_response()),

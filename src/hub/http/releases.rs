@@ -22,8 +22,10 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::api::{bearer, ApiError, ApiPath, ApiResult, Hub};
-use super::store::{ReleaseRow, Store};
+use super::error::{ApiError, ApiResult};
+use super::extract::{bearer, ApiPath};
+use super::state::Hub;
+use crate::hub::store::{ReleaseRow, Store};
 use crate::proto::desired::is_version;
 use crate::release::{self, SignatureError};
 use crate::util::clip;
@@ -366,7 +368,7 @@ pub(super) async fn download<S: Store>(
         )
     })?;
     hub.fleet.authorize(&q.agent, t)?;
-    super::serve::proven();
+    crate::hub::unproven::proven();
     version(&v)?;
     let (os, arch) = platform(&plat)?;
     let row = hub.fleet.release(&v, &os, &arch).ok_or_else(|| {

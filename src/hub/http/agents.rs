@@ -1,0 +1,159 @@
+//! The agents' routes: an agent's reconcile (its token), and the admin's enrolment, list,
+//! show, revoke and desired settings of the fleet and of each agent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+
+use super::error::{ApiError, ApiResult};
+use super::extract::{bearer, parse, parse_capped, read_body, ApiPath, MAX_BODY_BYTES};
+use super::state::Hub;
+use crate::hub::store::Store;
+use crate::hub::unproven::proven;
+use crate::proto::hub::{DesiredChange, EnrolRequest, Enrolled};
+use crate::proto::report::AgentReport;
+
+/// A report may carry up to a thousand jobs' states.
+const MAX_REPORT_BYTES: usize = 1024 * 1024;
+
+#[derive(Deserialize)]
+pub(super) struct ReconcileQuery {
+    /// Seconds to hold the request when nothing has changed for the agent.
+    #[serde(default)]
+    wait: Option<u64>,
+}
+
+pub(super) async fn reconcile<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    ApiPath(id): ApiPath<String>,
+    query: Result<Query<ReconcileQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let t = bearer(&headers).map_err(|why| ApiError::new(StatusCode::UNAUTHORIZED, why))?;
+    // The token before the body: an unauthenticated caller learns nothing from its
+    // body's errors.
+    let entry = hub.fleet.authorize(&id, t)?;
+    proven();
+    let q = super::extract::query(query)?;
+    let report: AgentReport = parse_capped(body, MAX_REPORT_BYTES).await?;
+    let wait = Duration::from_secs(q.wait.unwrap_or(0)).min(hub.max_wait);
+    let desired = hub.fleet.reconcile(&entry, report, wait).await?;
+    Ok(Json(desired).into_response())
+}
+
+pub(super) async fn enrol<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    body: Body,
+) -> ApiResult<Response> {
+    let req: EnrolRequest = parse(body).await?;
+    let token = hub.fleet.enrol(&req.id).await?;
+    Ok((StatusCode::CREATED, Json(Enrolled { id: req.id, token })).into_response())
+}
+
+pub(super) async fn list<S: Store>(State(hub): State<Arc<Hub<S>>>) -> ApiResult<Response> {
+    hub.fleet.adopt_reports().await?;
+    Ok(Json(hub.fleet.list()).into_response())
+}
+
+pub(super) async fn show<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<Response> {
+    hub.fleet.adopt_reports().await?;
+    Ok(Json(hub.fleet.view_of(&id)?).into_response())
+}
+
+pub(super) async fn revoke<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<Response> {
+    Ok(Json(hub.fleet.revoke(&id).await?).into_response())
+}
+
+pub(super) async fn fleet_desired<S: Store>(State(hub): State<Arc<Hub<S>>>) -> ApiResult<Response> {
+    Ok(Json(hub.fleet.desired_view(None)?).into_response())
+}
+
+pub(super) async fn set_fleet<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    body: Body,
+) -> ApiResult<Response> {
+    let change = parse_change(body).await?;
+    Ok(Json(hub.fleet.change(None, &change).await?).into_response())
+}
+
+pub(super) async fn agent_desired<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<Response> {
+    Ok(Json(hub.fleet.desired_view(Some(&id))?).into_response())
+}
+
+pub(super) async fn set_agent<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    ApiPath(id): ApiPath<String>,
+    body: Body,
+) -> ApiResult<Response> {
+    let change = parse_change(body).await?;
+    Ok(Json(hub.fleet.change(Some(&id), &change).await?).into_response())
+}
+/// A desired change with only the settings this hub knows: an admin's typo must not pass
+/// as "nothing to change" (agents' messages, unlike an admin's, may carry fields a newer
+/// peer added, and there unknown fields are ignored).
+fn strict_change(body: &Bytes) -> ApiResult<()> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+        )
+    })?;
+    let known = [
+        "runner_enabled",
+        "max_jobs",
+        "max_jobs_per_owner",
+        "version",
+        "rollback",
+    ];
+    let unknown = v
+        .get("set")
+        .and_then(|s| s.as_object())
+        .and_then(|o| o.keys().find(|k| !known.contains(&k.as_str())).cloned())
+        .or_else(|| {
+            v.as_object()?
+                .keys()
+                .find(|k| !["set", "clear"].contains(&k.as_str()))
+                .cloned()
+        });
+    match unknown {
+        Some(k) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("{k:?}: not a desired setting (runner_enabled, max_jobs, max_jobs_per_owner, version, rollback)"),
+        )),
+        None => Ok(()),
+    }
+}
+
+async fn parse_change(body: Body) -> ApiResult<DesiredChange> {
+    let bytes = read_body(body, MAX_BODY_BYTES).await?;
+    strict_change(&bytes)?;
+    let change: DesiredChange = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+        )
+    })?;
+    if change.set == crate::proto::hub::DesiredSettings::default() && change.clear.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "nothing to change: give `set` or `clear`",
+        ));
+    }
+    Ok(change)
+}
