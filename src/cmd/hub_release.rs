@@ -29,7 +29,7 @@ pub(super) async fn run(
                         format!("could not read the signature {}", a.signature.display())
                     })
                     .map_err(usage)?;
-            let binary = crate::small_file::read(&a.binary, crate::hub::MAX_RELEASE)
+            let binary = crate::small_file::read(&a.binary, crate::release::MAX_RELEASE)
                 .with_context(|| format!("could not read the binary {}", a.binary.display()))
                 .map_err(usage)?;
             let platform = format!("{}-{}", a.os, a.arch);

@@ -41,7 +41,7 @@ use self::store::sqlite::SqliteStore;
 use self::store::{Store, StoreError};
 use self::tls::{TlsError, TlsSource};
 
-pub(crate) use http::{MAX_RELEASE, SIGNATURE_HEADER};
+pub(crate) use http::SIGNATURE_HEADER;
 
 pub(crate) const ADMIN_TOKEN_FILE: &str = "admin.token";
 pub(crate) const HUB_FILE: &str = "hub.json";

@@ -21,6 +21,9 @@ use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 /// How long `FILE version --json` may take when `sign` asks a binary its version.
+/// The largest release binary: what a hub takes, and what `release sign` and `verify` read.
+pub(crate) const MAX_RELEASE: u64 = 512 * 1024 * 1024;
+
 const VERSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Error)]
@@ -82,7 +85,7 @@ impl ReleaseError {
 
 /// A file to sign or verify: a release binary, at most what a hub takes.
 fn read_binary(path: &Path) -> Result<Vec<u8>, ReleaseError> {
-    read(path, crate::hub::MAX_RELEASE)
+    read(path, MAX_RELEASE)
 }
 
 fn read(path: &Path, max: u64) -> Result<Vec<u8>, ReleaseError> {

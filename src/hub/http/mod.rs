@@ -24,7 +24,7 @@ use serde::Serialize;
 
 pub(crate) use self::error::ApiError;
 use self::extract::bearer;
-pub(crate) use self::releases::{MAX_RELEASE, SIGNATURE_HEADER};
+pub(crate) use self::releases::SIGNATURE_HEADER;
 pub(crate) use self::state::Hub;
 use crate::build_info;
 use crate::hub::store::Store;

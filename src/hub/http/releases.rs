@@ -27,14 +27,12 @@ use super::extract::{bearer, ApiPath};
 use super::state::Hub;
 use crate::hub::store::{ReleaseRow, Store};
 use crate::proto::desired::is_version;
-use crate::release::{self, SignatureError};
+use crate::release::{self, SignatureError, MAX_RELEASE};
 use crate::util::clip;
 
 /// The header that carries a publish's `.minisig` file, hex-encoded (a header holds one
 /// line; the file is several).
 pub(crate) const SIGNATURE_HEADER: &str = "x-railgrid-signature";
-/// The largest release binary the hub takes.
-pub(crate) const MAX_RELEASE: u64 = 512 * 1024 * 1024;
 /// The largest `.minisig` file.
 const MAX_SIGNATURE: usize = 4096;
 /// A download is sent in pieces of this.
