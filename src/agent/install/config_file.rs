@@ -253,7 +253,7 @@ mod tests {
         assert_eq!(raw.runner.user.as_deref(), Some("railgrid"));
         assert_eq!(raw.runner.delegate_cgroup, Some(true));
         assert!(
-            matches!(&raw.hub.url, Some(crate::agent::config::HubUrls::One(u)) if u == "https://hub.example:8443"),
+            matches!(&raw.hub.url, Some(crate::agent::config::raw::HubUrls::One(u)) if u == "https://hub.example:8443"),
             "{:?}",
             raw.hub.url
         );
@@ -275,7 +275,7 @@ mod tests {
         );
         let raw: RawConfig = toml::from_str(&c.text).unwrap();
         assert!(
-            matches!(&raw.hub.url, Some(crate::agent::config::HubUrls::Many(v)) if v.len() == 2)
+            matches!(&raw.hub.url, Some(crate::agent::config::raw::HubUrls::Many(v)) if v.len() == 2)
         );
         let again = converge(Some(&c.text), &w, false).unwrap();
         assert!(again.changes.is_empty(), "{:?}", again.changes);

@@ -1,0 +1,88 @@
+//! The sources as they come, before any check: the file as written and the flags as
+//! given.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// The file as written. Unknown keys are errors: a typo must not silently mean "default".
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    pub(crate) state_dir: Option<PathBuf>,
+    pub(crate) log_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub(crate) runner: RawRunner,
+    #[serde(default)]
+    pub(crate) hub: RawHub,
+    #[serde(default)]
+    pub(crate) log: RawLog,
+    #[serde(default)]
+    pub(crate) upgrade: RawUpgrade,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUpgrade {
+    /// minisign public key lines (`RW…`).
+    pub(crate) trusted_keys: Option<Vec<String>>,
+    pub(crate) settle: Option<String>,
+    pub(crate) deadline: Option<String>,
+    pub(crate) hub_wait: Option<String>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRunner {
+    pub(crate) user: Option<String>,
+    pub(crate) stop_grace: Option<String>,
+    pub(crate) initial_backoff: Option<String>,
+    pub(crate) max_log_bytes: Option<u64>,
+    pub(crate) max_jobs: Option<usize>,
+    pub(crate) max_jobs_per_owner: Option<usize>,
+    pub(crate) max_queued: Option<usize>,
+    pub(crate) max_output_bytes: Option<u64>,
+    pub(crate) delegate_cgroup: Option<bool>,
+    pub(crate) job_path: Option<String>,
+    pub(crate) max_kept_bytes: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHub {
+    /// One URL, or several: replicas of one hub, tried in turn.
+    pub(crate) url: Option<HubUrls>,
+    pub(crate) agent_id: Option<String>,
+    pub(crate) token_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLog {
+    pub(crate) max_files: Option<usize>,
+}
+
+/// `hub.url`: a string, or a list of replicas' URLs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum HubUrls {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Values given on the command line.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Flags {
+    pub(crate) config: Option<PathBuf>,
+    pub(crate) state_dir: Option<PathBuf>,
+    pub(crate) log_dir: Option<PathBuf>,
+    pub(crate) runner_user: Option<String>,
+    /// `--hub`, repeated; `None` when not given.
+    pub(crate) hub: Option<Vec<String>>,
+    pub(crate) agent_id: Option<String>,
+    pub(crate) token_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
+    /// `--trusted-key`, repeated; `None` when not given.
+    pub(crate) trusted_keys: Option<Vec<String>>,
+}
