@@ -7,6 +7,7 @@
 pub mod cgroup;
 mod child;
 pub mod dirfd;
+pub mod errno;
 pub mod exe;
 pub mod group;
 #[cfg(target_os = "linux")]

@@ -94,7 +94,7 @@ pub(super) async fn download(
             Err(Fetch::Disk(source)) => {
                 drop(file);
                 let _ = dir.remove_file(name);
-                if source.raw_os_error() == Some(libc::ENOSPC) {
+                if crate::sys::errno::is_no_space(&source) {
                     return Err(UpgradeError::NoSpace {
                         dir: dir_path.to_owned(),
                         need: art.size - have,

@@ -121,10 +121,7 @@ impl EngineError {
     pub fn is_disk_full(&self) -> bool {
         match self {
             EngineError::Store(e) => e.is_disk_full(),
-            EngineError::Job(JobError::Io { source, .. }) => {
-                source.raw_os_error() == Some(libc::ENOSPC)
-                    || source.kind() == std::io::ErrorKind::StorageFull
-            }
+            EngineError::Job(JobError::Io { source, .. }) => crate::sys::errno::is_no_space(source),
             _ => false,
         }
     }
