@@ -315,8 +315,8 @@ pub(crate) struct ReportRow {
 }
 
 /// The hub's database. Every method is one transaction; a method that returns has made
-/// its change durable.
-pub(crate) trait Store: Send + Sync + 'static {
+/// its change durable. The jobs' part of it is [`JobStore`].
+pub(crate) trait Store: JobStore + Send + Sync + 'static {
     fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send;
 
     /// Enrols `id`, or re-enrols a revoked one with a new token; the agent's own scope
@@ -355,62 +355,6 @@ pub(crate) trait Store: Send + Sync + 'static {
         &self,
         batch: Vec<ReportRow>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Adds a job (its `seq` is assigned here) and gives its agent's scope the next
-    /// generation. Returns (seq, generation), or `None` when the id is taken.
-    fn insert_job(
-        &self,
-        job: &JobRow,
-    ) -> impl Future<Output = Result<Option<(u64, u64)>, StoreError>> + Send;
-
-    /// Records what changed about some of `agent`'s jobs, in one transaction; with `bump`
-    /// the agent's scope gets the next generation, which is returned.
-    fn update_jobs(
-        &self,
-        agent: &str,
-        jobs: Vec<(String, JobProgress)>,
-        bump: bool,
-    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
-
-    /// Appends to a stream what of `data` (uploaded at `offset`) lies past the length
-    /// acknowledged, keeping at most `cap` bytes of the stream.
-    fn append_output(
-        &self,
-        job: &str,
-        stream: Stream,
-        offset: u64,
-        data: bytes::Bytes,
-        cap: u64,
-    ) -> impl Future<Output = Result<Appended, StoreError>> + Send;
-
-    /// Up to `limit` bytes of what the hub keeps of a stream, from `offset`.
-    fn read_output(
-        &self,
-        job: &str,
-        stream: Stream,
-        offset: u64,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<u8>, StoreError>> + Send;
-
-    fn get_job(&self, id: &str) -> impl Future<Output = Result<Option<JobRow>, StoreError>> + Send;
-
-    /// The agent of a job, without the rest of it.
-    fn job_agent(
-        &self,
-        id: &str,
-    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
-
-    /// Jobs newest first: of one agent or all, below `before` (a seq), at most `limit`.
-    fn list_jobs(
-        &self,
-        agent: Option<&str>,
-        before: Option<u64>,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<JobRow>, StoreError>> + Send;
-
-    /// Deletes the oldest done jobs and their output beyond the newest `keep`; returns
-    /// how many went.
-    fn retain_jobs(&self, keep: usize) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
     /// Adds a release artifact, or replaces one with the same version and platform (a
     /// re-publish with a new signature, say), and gives the fleet's scope the next
@@ -509,6 +453,66 @@ pub(crate) trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + Send {
         async { Ok(None) }
     }
+}
+
+/// The jobs through the hub and their output, as the hub's database keeps them; the same
+/// rules as [`Store`].
+pub(crate) trait JobStore: Send + Sync + 'static {
+    /// Adds a job (its `seq` is assigned here) and gives its agent's scope the next
+    /// generation. Returns (seq, generation), or `None` when the id is taken.
+    fn insert_job(
+        &self,
+        job: &JobRow,
+    ) -> impl Future<Output = Result<Option<(u64, u64)>, StoreError>> + Send;
+
+    /// Records what changed about some of `agent`'s jobs, in one transaction; with `bump`
+    /// the agent's scope gets the next generation, which is returned.
+    fn update_jobs(
+        &self,
+        agent: &str,
+        jobs: Vec<(String, JobProgress)>,
+        bump: bool,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+
+    /// Appends to a stream what of `data` (uploaded at `offset`) lies past the length
+    /// acknowledged, keeping at most `cap` bytes of the stream.
+    fn append_output(
+        &self,
+        job: &str,
+        stream: Stream,
+        offset: u64,
+        data: bytes::Bytes,
+        cap: u64,
+    ) -> impl Future<Output = Result<Appended, StoreError>> + Send;
+
+    /// Up to `limit` bytes of what the hub keeps of a stream, from `offset`.
+    fn read_output(
+        &self,
+        job: &str,
+        stream: Stream,
+        offset: u64,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<u8>, StoreError>> + Send;
+
+    fn get_job(&self, id: &str) -> impl Future<Output = Result<Option<JobRow>, StoreError>> + Send;
+
+    /// The agent of a job, without the rest of it.
+    fn job_agent(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
+
+    /// Jobs newest first: of one agent or all, below `before` (a seq), at most `limit`.
+    fn list_jobs(
+        &self,
+        agent: Option<&str>,
+        before: Option<u64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<JobRow>, StoreError>> + Send;
+
+    /// Deletes the oldest done jobs and their output beyond the newest `keep`; returns
+    /// how many went.
+    fn retain_jobs(&self, keep: usize) -> impl Future<Output = Result<usize, StoreError>> + Send;
 }
 
 #[cfg(test)]

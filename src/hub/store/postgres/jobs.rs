@@ -1,0 +1,306 @@
+//! The jobs through the hub and their output, in PostgreSQL.
+
+use super::*;
+
+impl JobStore for PgStore {
+    async fn insert_job(&self, job: &JobRow) -> Result<Option<(u64, u64)>, StoreError> {
+        let spec = encode(&self.url, "a job spec to store", &job.spec)?;
+        let e = self.err();
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(&e)?;
+        let generation = bump_scope(&tx, &job.agent, &self.url).await?;
+        let seq: i64 = tx
+            .query_one(
+                "UPDATE meta SET value = value + 1 WHERE key = 'job_seq' RETURNING value",
+                &[],
+            )
+            .await
+            .map_err(&e)?
+            .get(0);
+        let n = tx
+            .execute(
+                "INSERT INTO jobs (id, seq, agent, spec, created_ms, state)
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+                &[
+                    &job.id,
+                    &seq,
+                    &job.agent,
+                    &spec,
+                    &(job.created_ms as i64),
+                    &job.progress.state,
+                ],
+            )
+            .await
+            .map_err(&e)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        notify(&tx, &self.payload('a', generation, &job.agent))
+            .await
+            .map_err(&e)?;
+        tx.commit().await.map_err(&e)?;
+        self.took(generation);
+        Ok(Some((u64_of(seq), generation)))
+    }
+
+    async fn update_jobs(
+        &self,
+        agent: &str,
+        jobs: Vec<(String, JobProgress)>,
+        bump: bool,
+    ) -> Result<Option<u64>, StoreError> {
+        let e = self.err();
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(&e)?;
+        let generation = if bump {
+            Some(bump_scope(&tx, agent, &self.url).await?)
+        } else {
+            None
+        };
+        // Each replica writes from its own copy of the job: the statement keeps what
+        // another may have written meanwhile. A cancel asked stays asked, an ended job's
+        // outcome stays as it ended, and a done job is not touched.
+        let stmt = tx
+            .prepare_cached(&format!(
+                "UPDATE jobs SET
+                     cancel_requested = GREATEST(cancel_requested, $3),
+                     state = CASE WHEN state IN ({OPEN}) THEN $2 ELSE state END,
+                     exit_code = CASE WHEN state IN ({OPEN}) THEN $4 ELSE exit_code END,
+                     exit_signal = CASE WHEN state IN ({OPEN}) THEN $5 ELSE exit_signal END,
+                     error = CASE WHEN state IN ({OPEN}) THEN $6 ELSE error END,
+                     finished_ms = CASE WHEN state IN ({OPEN}) THEN $7 ELSE finished_ms END,
+                     stdout_bytes = GREATEST(stdout_bytes, $8),
+                     stderr_bytes = GREATEST(stderr_bytes, $9),
+                     runner_truncated = COALESCE($10, runner_truncated), done = $11,
+                     started_ms = COALESCE(started_ms, $12)
+                 WHERE id = $1 AND done = 0",
+                OPEN = OPEN_STATES
+            ))
+            .await
+            .map_err(&e)?;
+        // In id order, as every replica locks them.
+        let mut jobs = jobs;
+        jobs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (id, p) in &jobs {
+            let truncated = p
+                .runner_truncated
+                .as_ref()
+                .map(|t| encode(&self.url, "a truncation to store", t))
+                .transpose()?;
+            tx.execute(
+                &stmt,
+                &[
+                    id,
+                    &p.state,
+                    &(p.cancel_requested as i64),
+                    &p.exit_code.map(i64::from),
+                    &p.signal.map(i64::from),
+                    &p.error,
+                    &p.finished_ms.map(|m| m as i64),
+                    &(p.stdout_bytes as i64),
+                    &(p.stderr_bytes as i64),
+                    &truncated,
+                    &(p.done as i64),
+                    &p.started_ms.map(|m| m as i64),
+                ],
+            )
+            .await
+            .map_err(&e)?;
+        }
+        notify(&tx, &self.payload('a', generation.unwrap_or(0), agent))
+            .await
+            .map_err(&e)?;
+        tx.commit().await.map_err(&e)?;
+        if let Some(g) = generation {
+            self.took(g);
+        }
+        Ok(generation)
+    }
+
+    async fn append_output(
+        &self,
+        job: &str,
+        stream: Stream,
+        offset: u64,
+        data: bytes::Bytes,
+        cap: u64,
+    ) -> Result<Appended, StoreError> {
+        let e = self.err();
+        let s = stream.name();
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(&e)?;
+        // The job's row locked: an upload through another replica (an agent that moved
+        // mid-upload, its first request still in flight) waits, then sees this length.
+        let lens = tx
+            .query_opt(
+                &format!("SELECT {s}_length, {s}_stored, done FROM jobs WHERE id = $1 FOR UPDATE"),
+                &[&job],
+            )
+            .await
+            .map_err(&e)?;
+        let Some(row) = lens else {
+            return Ok(Appended::NoJob);
+        };
+        let stored = u64_of(row.get(1));
+        let done = row.get::<_, i64>(2) != 0;
+        let (skip, keep, length) =
+            match plan_append(u64_of(row.get(0)), stored, done, offset, data.len(), cap) {
+                AppendPlan::Answer(a) => return Ok(a),
+                AppendPlan::Take { skip, keep, length } => (skip, keep, length),
+            };
+        if keep > 0 {
+            tx.execute(
+                "INSERT INTO job_output (job, stream, start, data) VALUES ($1, $2, $3, $4)",
+                &[&job, &s, &(stored as i64), &&data[skip..skip + keep]],
+            )
+            .await
+            .map_err(&e)?;
+        }
+        tx.execute(
+            &format!("UPDATE jobs SET {s}_length = $2, {s}_stored = $3 WHERE id = $1"),
+            &[&job, &(length as i64), &((stored + keep as u64) as i64)],
+        )
+        .await
+        .map_err(&e)?;
+        notify(&tx, &self.payload('o', 0, job)).await.map_err(&e)?;
+        tx.commit().await.map_err(&e)?;
+        Ok(Appended::Length(length))
+    }
+
+    async fn read_output(
+        &self,
+        job: &str,
+        stream: Stream,
+        offset: u64,
+        limit: usize,
+    ) -> Result<Vec<u8>, StoreError> {
+        let conn = self.conn().await?;
+        let offset = offset.min(i64::MAX as u64);
+        let stmt = conn
+            .prepare_cached(
+                "SELECT start, data FROM job_output
+                 WHERE job = $1 AND stream = $2 AND start >= COALESCE(
+                     (SELECT MAX(start) FROM job_output
+                      WHERE job = $1 AND stream = $2 AND start <= $3), 0)
+                 ORDER BY start",
+            )
+            .await
+            .map_err(self.err())?;
+        let rows = conn
+            .query(&stmt, &[&job, &stream.name(), &(offset as i64)])
+            .await
+            .map_err(self.err())?;
+        let mut out = Vec::new();
+        for row in rows {
+            let start = u64_of(row.get(0));
+            let data: &[u8] = row.get(1);
+            let from = offset.saturating_sub(start).min(data.len() as u64) as usize;
+            let take = (data.len() - from).min(limit - out.len());
+            out.extend_from_slice(&data[from..from + take]);
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn get_job(&self, id: &str) -> Result<Option<JobRow>, StoreError> {
+        let conn = self.conn().await?;
+        let mut rows = self
+            .select_jobs(
+                &conn,
+                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"),
+                &[&id],
+            )
+            .await?;
+        Ok(rows.pop())
+    }
+
+    async fn job_agent(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let conn = self.conn().await?;
+        let row = conn
+            .query_opt("SELECT agent FROM jobs WHERE id = $1", &[&id])
+            .await
+            .map_err(self.err())?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn list_jobs(
+        &self,
+        agent: Option<&str>,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<JobRow>, StoreError> {
+        let conn = self.conn().await?;
+        let before = before.map_or(i64::MAX, |b| b.min(i64::MAX as u64) as i64);
+        let limit = limit as i64;
+        match agent {
+            Some(a) => {
+                self.select_jobs(
+                    &conn,
+                    &format!(
+                        "SELECT {JOB_COLUMNS} FROM jobs WHERE agent = $1 AND seq < $2
+                         ORDER BY seq DESC LIMIT $3"
+                    ),
+                    &[&a, &before, &limit],
+                )
+                .await
+            }
+            None => {
+                self.select_jobs(
+                    &conn,
+                    &format!(
+                        "SELECT {JOB_COLUMNS} FROM jobs WHERE seq < $1 ORDER BY seq DESC LIMIT $2"
+                    ),
+                    &[&before, &limit],
+                )
+                .await
+            }
+        }
+    }
+
+    async fn retain_jobs(&self, keep: usize) -> Result<usize, StoreError> {
+        let e = self.err();
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(&e)?;
+        // Every replica retains: one at a time, the others skip this round.
+        let got: bool = tx
+            .query_one(
+                "SELECT pg_try_advisory_xact_lock($1)",
+                &[&(MIGRATION_LOCK + 1)],
+            )
+            .await
+            .map_err(&e)?
+            .get(0);
+        if !got {
+            return Ok(0);
+        }
+        let done: i64 = tx
+            .query_one("SELECT COUNT(*) FROM jobs WHERE done = 1", &[])
+            .await
+            .map_err(&e)?
+            .get(0);
+        let over = (u64_of(done) as usize).saturating_sub(keep);
+        if over == 0 {
+            return Ok(0);
+        }
+        let ids: Vec<String> = tx
+            .query(
+                "SELECT id FROM jobs WHERE done = 1 ORDER BY seq LIMIT $1",
+                &[&(over as i64)],
+            )
+            .await
+            .map_err(&e)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        tx.execute("DELETE FROM job_output WHERE job = ANY($1)", &[&ids])
+            .await
+            .map_err(&e)?;
+        tx.execute("DELETE FROM jobs WHERE id = ANY($1)", &[&ids])
+            .await
+            .map_err(&e)?;
+        tx.commit().await.map_err(&e)?;
+        Ok(ids.len())
+    }
+}

@@ -1,0 +1,286 @@
+//! The jobs through the hub and their output, in SQLite.
+
+use super::*;
+
+impl JobStore for SqliteStore {
+    async fn insert_job(&self, job: &JobRow) -> Result<Option<(u64, u64)>, StoreError> {
+        let job = job.clone();
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let spec = encode(path, "a job spec to store", &job.spec)?;
+            let tx = conn.transaction().map_err(&e)?;
+            let taken: Option<i64> = tx
+                .query_row("SELECT seq FROM jobs WHERE id = ?1", params![job.id], |r| {
+                    r.get(0)
+                })
+                .optional()
+                .map_err(&e)?;
+            if taken.is_some() {
+                return Ok(None);
+            }
+            let seq: i64 = tx
+                .query_row(
+                    "UPDATE meta SET value = value + 1 WHERE key = 'job_seq' RETURNING value",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(&e)?;
+            tx.execute(
+                "INSERT INTO jobs (id, seq, agent, spec, created_ms, state)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    job.id,
+                    seq,
+                    job.agent,
+                    spec,
+                    job.created_ms as i64,
+                    job.progress.state
+                ],
+            )
+            .map_err(&e)?;
+            let generation = bump_scope(&tx, &job.agent, path)?;
+            tx.commit().map_err(&e)?;
+            Ok(Some((u64_of(seq), generation)))
+        })
+        .await
+    }
+
+    async fn update_jobs(
+        &self,
+        agent: &str,
+        jobs: Vec<(String, JobProgress)>,
+        bump: bool,
+    ) -> Result<Option<u64>, StoreError> {
+        let agent = agent.to_owned();
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "UPDATE jobs SET state = ?2, cancel_requested = ?3, exit_code = ?4,
+                             exit_signal = ?5, error = ?6, finished_ms = ?7, stdout_bytes = ?8,
+                             stderr_bytes = ?9, runner_truncated = ?10, done = ?11,
+                             started_ms = COALESCE(started_ms, ?12)
+                         WHERE id = ?1",
+                    )
+                    .map_err(&e)?;
+                for (id, p) in &jobs {
+                    let truncated = p
+                        .runner_truncated
+                        .as_ref()
+                        .map(|t| encode(path, "a truncation to store", t))
+                        .transpose()?;
+                    stmt.execute(params![
+                        id,
+                        p.state,
+                        p.cancel_requested as i64,
+                        p.exit_code.map(i64::from),
+                        p.signal.map(i64::from),
+                        p.error,
+                        p.finished_ms.map(|m| m as i64),
+                        p.stdout_bytes as i64,
+                        p.stderr_bytes as i64,
+                        truncated,
+                        p.done as i64,
+                        p.started_ms.map(|m| m as i64),
+                    ])
+                    .map_err(&e)?;
+                }
+            }
+            let generation = if bump {
+                Some(bump_scope(&tx, &agent, path)?)
+            } else {
+                None
+            };
+            tx.commit().map_err(&e)?;
+            Ok(generation)
+        })
+        .await
+    }
+
+    async fn append_output(
+        &self,
+        job: &str,
+        stream: Stream,
+        offset: u64,
+        data: bytes::Bytes,
+        cap: u64,
+    ) -> Result<Appended, StoreError> {
+        let job = job.to_owned();
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let s = stream.name();
+            let tx = conn.transaction().map_err(&e)?;
+            let lens: Option<(i64, i64, i64)> = tx
+                .query_row(
+                    &format!("SELECT {s}_length, {s}_stored, done FROM jobs WHERE id = ?1"),
+                    params![job],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .optional()
+                .map_err(&e)?;
+            let Some((length, stored, done)) = lens else {
+                return Ok(Appended::NoJob);
+            };
+            let stored = u64_of(stored);
+            let (skip, keep, length) =
+                match plan_append(u64_of(length), stored, done != 0, offset, data.len(), cap) {
+                    AppendPlan::Answer(a) => return Ok(a),
+                    AppendPlan::Take { skip, keep, length } => (skip, keep, length),
+                };
+            if keep > 0 {
+                tx.execute(
+                    "INSERT INTO job_output (job, stream, start, data) VALUES (?1, ?2, ?3, ?4)",
+                    params![job, s, stored as i64, &data[skip..skip + keep]],
+                )
+                .map_err(&e)?;
+            }
+            tx.execute(
+                &format!("UPDATE jobs SET {s}_length = ?2, {s}_stored = ?3 WHERE id = ?1"),
+                params![job, length as i64, (stored + keep as u64) as i64],
+            )
+            .map_err(&e)?;
+            tx.commit().map_err(&e)?;
+            Ok(Appended::Length(length))
+        })
+        .await
+    }
+
+    async fn read_output(
+        &self,
+        job: &str,
+        stream: Stream,
+        offset: u64,
+        limit: usize,
+    ) -> Result<Vec<u8>, StoreError> {
+        let job = job.to_owned();
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let mut stmt = conn
+                .prepare_cached(
+                    // From the chunk that holds `offset` (the last one starting at or
+                    // before it), by the primary key: no scan of the chunks before.
+                    "SELECT start, data FROM job_output
+                     WHERE job = ?1 AND stream = ?2 AND start >= COALESCE(
+                         (SELECT MAX(start) FROM job_output
+                          WHERE job = ?1 AND stream = ?2 AND start <= ?3), 0)
+                     ORDER BY start",
+                )
+                .map_err(&e)?;
+            let offset = offset.min(i64::MAX as u64);
+            let mut rows = stmt
+                .query(params![job, stream.name(), offset as i64])
+                .map_err(&e)?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next().map_err(&e)? {
+                let start = u64_of(row.get(0).map_err(&e)?);
+                let data = row.get_ref(1).map_err(&e)?.as_blob().map_err(|err| {
+                    e(rusqlite::Error::FromSqlConversionFailure(
+                        1,
+                        rusqlite::types::Type::Blob,
+                        Box::new(err),
+                    ))
+                })?;
+                let from = offset.saturating_sub(start).min(data.len() as u64) as usize;
+                let take = (data.len() - from).min(limit - out.len());
+                out.extend_from_slice(&data[from..from + take]);
+                if out.len() >= limit {
+                    break;
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn get_job(&self, id: &str) -> Result<Option<JobRow>, StoreError> {
+        let id = id.to_owned();
+        self.with(move |conn, path| {
+            let mut rows = select_jobs(
+                conn,
+                path,
+                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"),
+                params![id],
+            )?;
+            Ok(rows.pop())
+        })
+        .await
+    }
+
+    async fn job_agent(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let id = id.to_owned();
+        self.with(move |conn, path| {
+            conn.prepare_cached("SELECT agent FROM jobs WHERE id = ?1")
+                .and_then(|mut stmt| stmt.query_row(params![id], |r| r.get(0)).optional())
+                .map_err(sql(path))
+        })
+        .await
+    }
+
+    async fn list_jobs(
+        &self,
+        agent: Option<&str>,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<JobRow>, StoreError> {
+        let agent = agent.map(str::to_owned);
+        self.with(move |conn, path| {
+            let before = before.map_or(i64::MAX, |b| b.min(i64::MAX as u64) as i64);
+            match agent {
+                Some(a) => select_jobs(
+                    conn,
+                    path,
+                    &format!(
+                        "SELECT {JOB_COLUMNS} FROM jobs WHERE agent = ?1 AND seq < ?2
+                         ORDER BY seq DESC LIMIT ?3"
+                    ),
+                    params![a, before, limit as i64],
+                ),
+                None => select_jobs(
+                    conn,
+                    path,
+                    &format!(
+                        "SELECT {JOB_COLUMNS} FROM jobs WHERE seq < ?1 ORDER BY seq DESC LIMIT ?2"
+                    ),
+                    params![before, limit as i64],
+                ),
+            }
+        })
+        .await
+    }
+
+    async fn retain_jobs(&self, keep: usize) -> Result<usize, StoreError> {
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            let done: i64 = tx
+                .query_row("SELECT COUNT(*) FROM jobs WHERE done = 1", [], |r| r.get(0))
+                .map_err(&e)?;
+            let over = (u64_of(done) as usize).saturating_sub(keep);
+            if over == 0 {
+                return Ok(0);
+            }
+            let ids: Vec<String> = {
+                let mut stmt = tx
+                    .prepare_cached("SELECT id FROM jobs WHERE done = 1 ORDER BY seq LIMIT ?1")
+                    .map_err(&e)?;
+                let ids = stmt
+                    .query_map(params![over as i64], |r| r.get(0))
+                    .map_err(&e)?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(&e)?;
+                ids
+            };
+            for id in &ids {
+                tx.execute("DELETE FROM job_output WHERE job = ?1", params![id])
+                    .map_err(&e)?;
+                tx.execute("DELETE FROM jobs WHERE id = ?1", params![id])
+                    .map_err(&e)?;
+            }
+            tx.commit().map_err(&e)?;
+            Ok(ids.len())
+        })
+        .await
+    }
+}
