@@ -32,9 +32,6 @@ pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
 /// Longest client-supplied value an error message repeats, in characters.
 pub(crate) const ECHO_CHARS: usize = 128;
 
-/// `s` as an error message may repeat it: at most [`ECHO_CHARS`] characters, and '…' when
-/// cut. A value a client sent may be megabytes; the message it gets back (and the log
-/// line) must not be.
 /// Seconds since the Unix epoch (0 before it).
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -42,6 +39,16 @@ pub(crate) fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Milliseconds since the Unix epoch (0 before it).
+pub(crate) fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `s` as an error message may repeat it: at most [`ECHO_CHARS`] characters, and '…' when
+/// cut. A value a client sent may be megabytes; the message it gets back (and the log
+/// line) must not be.
 pub(crate) fn clip(s: &str) -> std::borrow::Cow<'_, str> {
     clip_to(s, ECHO_CHARS)
 }
@@ -51,6 +58,26 @@ pub(crate) fn clip_to(s: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
     match s.char_indices().nth(max_chars) {
         None => s.into(),
         Some((end, _)) => format!("{}…", &s[..end]).into(),
+    }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary:
+/// for bounds counted in bytes (what a peer stores), where [`clip_to`] counts characters
+/// (what a person reads).
+pub(crate) fn prefix_bytes(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// Cuts `s` to [`prefix_bytes`] of `max`, with `…` after it when something was cut.
+pub(crate) fn cut_bytes(s: &mut String, max: usize) {
+    if s.len() > max {
+        let end = prefix_bytes(s, max).len();
+        s.truncate(end);
+        s.push('…');
     }
 }
 

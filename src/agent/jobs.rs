@@ -252,11 +252,7 @@ impl JobsTask {
 
 /// At most `max` bytes of `s`, cut on a character boundary.
 fn cut(s: &str, max: usize) -> String {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
+    crate::util::prefix_bytes(s, max).to_owned()
 }
 
 fn report_of(rec: &JobRecord, output_done: bool) -> JobReport {

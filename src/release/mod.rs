@@ -299,9 +299,7 @@ pub(crate) fn sign(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let timestamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let timestamp = crate::util::unix_now();
     let trusted = format!(
         "version:{version}\tfile:{name}\tsha256:{}\ttimestamp:{timestamp}",
         sha256_hex(&data)

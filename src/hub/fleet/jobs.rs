@@ -131,14 +131,8 @@ pub(super) fn desired(
 
 fn cut(s: &str, max: usize) -> String {
     let mut s = s.to_owned();
-    super::cut(&mut s, max);
+    crate::util::cut_bytes(&mut s, max);
     s
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// `prev` with the agent's report taken in. An ended job's state is final: a report
@@ -299,7 +293,7 @@ impl<S: Store> Fleet<S> {
             seq: 0,
             agent: agent.clone(),
             spec,
-            created_ms: now_ms(),
+            created_ms: crate::util::unix_now_ms(),
             progress: JobProgress {
                 state: PENDING.into(),
                 ..JobProgress::default()
@@ -370,7 +364,7 @@ impl<S: Store> Fleet<S> {
                     if let Some(why) = at_hub {
                         next.state = JobState::Cancelled.as_str().into();
                         next.error = Some(why);
-                        next.finished_ms = Some(now_ms());
+                        next.finished_ms = Some(crate::util::unix_now_ms());
                         next.done = true;
                     }
                     // At once, before the store has it: no answer computed meanwhile may
@@ -397,7 +391,7 @@ impl<S: Store> Fleet<S> {
     /// `cancelled`; one that may have reached the agent ends `lost` (whether it ran, and
     /// how it ended, is not known). Called with `changes` held.
     pub(super) async fn end_jobs_of_revoked(&self, entry: &AgentEntry) -> Result<(), FleetError> {
-        let now = now_ms();
+        let now = crate::util::unix_now_ms();
         let updates: Vec<(String, JobProgress)> = {
             let st = util::lock(&entry.state);
             st.jobs
@@ -494,7 +488,7 @@ impl<S: Store> Fleet<S> {
         // One at a time with other changes: two reconciles of one agent (a poll it
         // abandoned, still held here, and its next) must not interleave.
         let _one = self.changes.lock().await;
-        let now = now_ms();
+        let now = crate::util::unix_now_ms();
         let (updates, bump) = {
             let st = util::lock(&entry.state);
             let mut updates = Vec::new();

@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use rusqlite::{params, Connection, ErrorCode};
 use thiserror::Error;
@@ -207,11 +207,9 @@ impl<T> std::future::Future for Pending<T> {
     }
 }
 
+/// Milliseconds since the Unix epoch, as the database keeps them.
 pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    crate::util::unix_now_ms() as i64
 }
 
 impl Store {

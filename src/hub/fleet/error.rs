@@ -1,0 +1,51 @@
+//! What the fleet's operations can run into; the HTTP layer maps each to a status.
+
+use thiserror::Error;
+
+use crate::hub::store::StoreError;
+
+#[derive(Debug, Error)]
+pub(crate) enum FleetError {
+    #[error("unknown agent {0:?}")]
+    NoSuchAgent(String),
+    #[error("the token is not valid for agent {0:?}")]
+    BadToken(String),
+    #[error("agent {0:?} was revoked; enrol it again with `railgrid hub agent add {0}`")]
+    Revoked(String),
+    #[error("agent {0:?} is already enrolled; revoke it first to give it a new token")]
+    Exists(String),
+    #[error("invalid agent id {id:?}: {why}")]
+    BadId { id: String, why: &'static str },
+    #[error("{field}: {why}")]
+    BadSetting { field: String, why: String },
+    #[error("no job {0:?}")]
+    NoSuchJob(String),
+    #[error("job {0:?} exists already; give another --id")]
+    JobExists(String),
+    #[error("agent {agent:?} has {max} jobs not done yet, the most it may have waiting (hub serve --max-open-jobs): wait for some to finish, or cancel some")]
+    TooManyJobs { agent: String, max: usize },
+    #[error("the token is not valid for job {0:?}")]
+    JobToken(String),
+    #[error("agent {0:?} is revoked: it takes no jobs until it is enrolled again")]
+    RevokedAgent(String),
+    #[error("no release {0:?} is published")]
+    NoSuchRelease(String),
+    #[error("release {0:?} is not halted")]
+    NotHalted(String),
+    #[error(
+        "this hub replica has lost its database and may be behind the others: try another replica"
+    )]
+    StoreLost,
+    #[error("this hub replica is catching up with agent {0:?}'s state: retry in a moment")]
+    CatchingUp(String),
+    /// Answered 400 naming `observed_generation`: the agent then reports 0 and takes the
+    /// hub's own desired state as a reset (docs/hub.md, "Generations").
+    #[error("observed_generation {observed} is ahead of this hub's generation {current} for agent {agent:?} (a hub restored from an older backup, or renumbered): report 0 and take this hub's desired state")]
+    AheadOfHub {
+        agent: String,
+        observed: u64,
+        current: u64,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
