@@ -902,10 +902,18 @@ fn an_image_cannot_point_roots_writes_elsewhere_or_race_them() {
             .spawn()
             .expect("flock"),
     );
-    let err = wait_for(LIMIT, "install refused while the root is locked", || {
-        let out = install(&["--root", &r, "--dry-run"]);
-        (out.status.code() == Some(2)).then(|| String::from_utf8_lossy(&out.stderr).into_owned())
+    wait_for(LIMIT, "the root locked by flock", || {
+        let probe = Command::new("flock")
+            .args(["--exclusive", "--nonblock"])
+            .arg(&root)
+            .arg("true")
+            .status()
+            .expect("flock probe");
+        (!probe.success()).then_some(())
     });
+    let out = install(&["--root", &r, "--dry-run"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(
         err.contains("another railgrid agent install or uninstall is running"),
         "{err}"

@@ -197,7 +197,9 @@ pub(super) fn creatable_dirs(manager: Manager, prefix: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Plans `agent install`.
+/// Plans `agent install`: reads and checks what the flags name, then plans, in order, the
+/// directories and the manifest, the account, the binary, what earlier prefixes left,
+/// the config and its secrets, the service file, and the service manager's commands.
 pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
     let manager = Manager::host();
     let root = Root::new(o.root.clone())?;
@@ -215,41 +217,8 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
         .map(|t| toml::from_str(t).expect("checked by read_existing"))
         .unwrap_or_default();
     let old_manifest = manifest::read(&root.at(manifest::PATH)?)?;
-    let token = match &o.token_file {
-        Some(path) => {
-            let bytes = read_small(path, "--token-file")?;
-            check_token(&bytes, path)?;
-            Some(bytes)
-        }
-        None => None,
-    };
-    let ca = match &o.ca_file {
-        Some(path) => {
-            let bytes = read_small(path, "--ca-file")?;
-            check_ca(&bytes, path)?;
-            Some(bytes)
-        }
-        None => None,
-    };
-    let runner_user = match (&o.runner_user, &existing_raw.runner.user) {
-        (Some(name), _) => Some(name.clone()),
-        (None, Some(_)) => None,
-        (None, None) => Some(default_runner_user().to_owned()),
-    };
-    let mut keys: Vec<String> = Vec::new();
-    for k in &o.trusted_keys {
-        if !keys.contains(k) {
-            keys.push(k.clone());
-        }
-    }
-    let wanted = Wanted {
-        runner_user,
-        hub_urls: o.hub.clone(),
-        agent_id: o.agent_id.clone(),
-        token_file: token.as_ref().map(|_| PathBuf::from(TOKEN_FILE)),
-        ca_file: ca.as_ref().map(|_| PathBuf::from(CA_FILE)),
-        trusted_keys: (!keys.is_empty()).then_some(keys),
-    };
+    let (token, ca) = read_secrets(o)?;
+    let wanted = wanted_of(o, &existing_raw, token.is_some(), ca.is_some());
     let converged =
         config_file::converge(existing.as_deref(), &wanted, manager == Manager::Systemd)?;
     // What is written loads as the agent will load it: a config it refuses would leave
@@ -267,7 +236,151 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
         .clone()
         .unwrap_or_else(|| default_runner_user().to_owned());
     let (state_dir, log_dir) = super::agent_dirs(&existing_raw);
-    for dir in [&state_dir, &log_dir] {
+    check_agent_dirs(&config_path, [&state_dir, &log_dir], &o.prefix)?;
+    let account = account::plan(&user, o.root.as_deref(), &account::home(&state_dir))?;
+
+    let mut created_dirs = old_manifest
+        .as_ref()
+        .map(|m| m.created_dirs.clone())
+        .unwrap_or_default();
+    let previous = previous_prefixes(old_manifest.as_ref(), &o.prefix);
+    let dir_steps = dir_steps(&root, manager, &o.prefix, &mut created_dirs)?;
+    let config_dir = root.at(CONFIG_DIR)?;
+    let (mut steps, later): (Vec<Step>, Vec<Step>) = dir_steps.into_iter().partition(
+        |s| matches!(&s.action, Action::Dir { path, .. } if config_dir.starts_with(path)),
+    );
+
+    let created_account = matches!(account, account::AccountPlan::Create { .. })
+        || old_manifest
+            .as_ref()
+            .is_some_and(|m| m.created_account && m.runner_user.as_deref() == Some(user.as_str()));
+    let manifest_path = root.at(manifest::PATH)?;
+    let manifest_of = |previous: Vec<PathBuf>| Manifest {
+        service: manager.name().to_owned(),
+        prefix: o.prefix.clone(),
+        previous_prefixes: previous,
+        created_dirs: created_dirs.clone(),
+        runner_user: Some(user.clone()),
+        created_account,
+        installed_by: crate::build_info::VERSION.to_owned(),
+    };
+    // The manifest goes first, naming everything this install may create and every old
+    // prefix still to clear: an install that fails midway can be finished or undone.
+    steps.push(manifest_step(
+        &manifest_path,
+        &manifest_of(previous.clone()),
+        old_manifest.as_ref(),
+    )?);
+    steps.extend(later);
+    steps.push(account_step(account, &user));
+
+    let bin = templates::binary_path(&o.prefix);
+    let binary_changed = binary_steps(&root.at(&bin)?, &mut steps)?;
+    steps.extend(old_prefix_steps(
+        &root,
+        manager,
+        &o.prefix,
+        &previous,
+        &created_dirs,
+    )?);
+
+    for file in [TOKEN_FILE, CA_FILE, ROOT_CONFIG, manifest::PATH] {
+        steps.extend(stale_temporaries(&root.at(file)?)?);
+    }
+    steps.extend(stale_temporaries(&root.at(manager.service_file())?)?);
+    // What the running agent reads again on SIGHUP.
+    let config_steps = config_steps(&root, token, ca, &config_path, &converged)?;
+    let config_changed = config_steps.iter().any(|s| s.verb != Verb::Keep);
+    steps.extend(config_steps);
+
+    let service_step = service_step(&root, manager, &o.prefix, (&state_dir, &log_dir), &bin)?;
+    let file_changed = service_step.verb != Verb::Keep;
+    steps.push(service_step);
+    if !previous.is_empty() {
+        // Every old prefix is cleared: the manifest says so last.
+        steps.push(file_step(
+            manifest_path,
+            0o600,
+            manifest_of(Vec::new()).to_bytes(),
+            false,
+            "the old prefixes are cleared",
+        )?);
+    }
+
+    let changes = Changes {
+        service_file: file_changed,
+        config: config_changed,
+        restart: binary_changed || converged.has_hub != existing_raw.hub.url.is_some(),
+    };
+    let notes = service_commands(&root, manager, changes, o.no_start, &mut steps);
+    Ok(Plan {
+        title: format!(
+            "railgrid agent install: {}, prefix {}, runner account {user}",
+            manager.name(),
+            o.prefix.display()
+        ),
+        steps,
+        notes,
+        _lock: lock,
+    })
+}
+
+/// A file's bytes, when the flag that names it was given.
+type Secret = Option<Vec<u8>>;
+
+/// The token and CA the flags name, read and checked.
+fn read_secrets(o: &InstallOptions) -> Result<(Secret, Secret), InstallError> {
+    let token = match &o.token_file {
+        Some(path) => {
+            let bytes = read_small(path, "--token-file")?;
+            check_token(&bytes, path)?;
+            Some(bytes)
+        }
+        None => None,
+    };
+    let ca = match &o.ca_file {
+        Some(path) => {
+            let bytes = read_small(path, "--ca-file")?;
+            check_ca(&bytes, path)?;
+            Some(bytes)
+        }
+        None => None,
+    };
+    Ok((token, ca))
+}
+
+/// What the flags ask of the config file; the runner account defaults only for a file
+/// that names none.
+fn wanted_of(o: &InstallOptions, existing: &RawConfig, token: bool, ca: bool) -> Wanted {
+    let runner_user = match (&o.runner_user, &existing.runner.user) {
+        (Some(name), _) => Some(name.clone()),
+        (None, Some(_)) => None,
+        (None, None) => Some(default_runner_user().to_owned()),
+    };
+    let mut keys: Vec<String> = Vec::new();
+    for k in &o.trusted_keys {
+        if !keys.contains(k) {
+            keys.push(k.clone());
+        }
+    }
+    Wanted {
+        runner_user,
+        hub_urls: o.hub.clone(),
+        agent_id: o.agent_id.clone(),
+        token_file: token.then(|| PathBuf::from(TOKEN_FILE)),
+        ca_file: ca.then(|| PathBuf::from(CA_FILE)),
+        trusted_keys: (!keys.is_empty()).then_some(keys),
+    }
+}
+
+/// The state and log directories go into the unit unquoted, and `--purge` removes them:
+/// plain paths, and the binary not inside either.
+fn check_agent_dirs(
+    config_path: &Path,
+    dirs: [&PathBuf; 2],
+    prefix: &Path,
+) -> Result<(), InstallError> {
+    for dir in dirs {
         if templates::check_plain(dir).is_err() {
             return Err(InstallError::Invalid(format!(
                 "{}: state_dir and log_dir must be plain absolute paths (letters, digits and / . _ - +) for the unit to name them, not {}",
@@ -275,34 +388,42 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
                 dir.display()
             )));
         }
-        if o.prefix.starts_with(dir) {
+        if prefix.starts_with(dir) {
             return Err(InstallError::Invalid(format!(
                 "--prefix {}: not inside {}, which uninstall --purge removes",
-                o.prefix.display(),
+                prefix.display(),
                 dir.display()
             )));
         }
     }
-    let account = account::plan(&user, o.root.as_deref(), &account::home(&state_dir))?;
+    Ok(())
+}
 
-    // Directories: the config's first (the manifest goes there), then the others. Each
-    // one that exists must be a directory root owns and no one else may write.
-    let mut created_dirs = old_manifest
-        .as_ref()
-        .map(|m| m.created_dirs.clone())
-        .unwrap_or_default();
-    let mut previous: Vec<PathBuf> = old_manifest
-        .as_ref()
+/// The prefixes of earlier installs still to clear, without this one.
+fn previous_prefixes(old: Option<&Manifest>, prefix: &Path) -> Vec<PathBuf> {
+    let mut previous: Vec<PathBuf> = old
         .map(|m| {
             let mut p = m.previous_prefixes.clone();
             p.push(m.prefix.clone());
             p
         })
         .unwrap_or_default();
-    previous.retain(|p| *p != o.prefix);
+    previous.retain(|p| p != prefix);
     previous.dedup();
+    previous
+}
+
+/// The directories to make or tighten: the config's first (the manifest goes there),
+/// then the others. Each one that exists must be a directory root owns and no one else
+/// may write. Those made are added to `created_dirs`.
+fn dir_steps(
+    root: &Root,
+    manager: Manager,
+    prefix: &Path,
+    created_dirs: &mut Vec<PathBuf>,
+) -> Result<Vec<Step>, InstallError> {
     let mut dir_steps = Vec::new();
-    for (dir, mode) in install_dirs(manager, &o.prefix) {
+    for (dir, mode) in install_dirs(manager, prefix) {
         let missing = root.missing_dirs(&dir)?;
         let existing_top = match missing.first() {
             Some(first) => first.parent().map(Path::to_owned),
@@ -355,54 +476,40 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
             }
         }
     }
-    let config_dir = root.at(CONFIG_DIR)?;
-    let (mut steps, later): (Vec<Step>, Vec<Step>) = dir_steps.into_iter().partition(
-        |s| matches!(&s.action, Action::Dir { path, .. } if config_dir.starts_with(path)),
-    );
+    Ok(dir_steps)
+}
 
-    let created_account = matches!(account, account::AccountPlan::Create { .. })
-        || old_manifest
-            .as_ref()
-            .is_some_and(|m| m.created_account && m.runner_user.as_deref() == Some(user.as_str()));
-    let manifest_path = root.at(manifest::PATH)?;
-    let manifest_of = |previous: Vec<PathBuf>| Manifest {
-        service: manager.name().to_owned(),
-        prefix: o.prefix.clone(),
-        previous_prefixes: previous,
-        created_dirs: created_dirs.clone(),
-        runner_user: Some(user.clone()),
-        created_account,
-        installed_by: crate::build_info::VERSION.to_owned(),
-    };
-    // The manifest goes first, naming everything this install may create and every old
-    // prefix still to clear: an install that fails midway can be finished or undone.
-    let first = manifest_of(previous.clone());
-    let last = manifest_of(Vec::new());
+/// The manifest written first, unless the one on disk says the same (by another build).
+fn manifest_step(
+    path: &Path,
+    first: &Manifest,
+    old: Option<&Manifest>,
+) -> Result<Step, InstallError> {
     let same = |a: &Manifest, b: &Manifest| {
         Manifest {
             installed_by: b.installed_by.clone(),
             ..a.clone()
         } == *b
     };
-    if old_manifest.as_ref().is_some_and(|m| same(&first, m)) {
-        steps.push(Step::new(
+    if old.is_some_and(|m| same(first, m)) {
+        return Ok(Step::new(
             Verb::Keep,
-            manifest_path.display().to_string(),
+            path.display().to_string(),
             "unchanged",
             Action::None,
         ));
-    } else {
-        steps.push(file_step(
-            manifest_path.clone(),
-            0o600,
-            first.to_bytes(),
-            false,
-            "what uninstall removes",
-        )?);
     }
-    steps.extend(later);
+    file_step(
+        path.to_owned(),
+        0o600,
+        first.to_bytes(),
+        false,
+        "what uninstall removes",
+    )
+}
 
-    steps.push(match account {
+fn account_step(account: account::AccountPlan, user: &str) -> Step {
+    match account {
         account::AccountPlan::Exists { uid } => Step::new(
             Verb::Keep,
             format!("account {user}"),
@@ -421,18 +528,20 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
         account::AccountPlan::Skip { reason } => {
             Step::new(Verb::Skip, format!("account {user}"), reason, Action::None)
         }
-    });
+    }
+}
 
+/// This build at `target` (after what an interrupted install left beside it); whether
+/// it changes the file there.
+fn binary_steps(target: &Path, steps: &mut Vec<Step>) -> Result<bool, InstallError> {
     let exe = Arc::new(PinnedExe::current()?);
-    let bin = templates::binary_path(&o.prefix);
-    let target = root.at(&bin)?;
-    steps.extend(stale_temporaries(&target)?);
+    steps.extend(stale_temporaries(target)?);
     let prev = target.with_file_name("railgrid.prev");
     if std::fs::symlink_metadata(&prev).is_ok() {
         // Run as root by the unit's ExecStartPre and by a rollback.
         super::root::check_meta(&prev, false)?;
     }
-    let binary_changed = match binary_step(&exe, &target)? {
+    Ok(match binary_step(&exe, target)? {
         Some(step) => {
             steps.push(step);
             true
@@ -449,10 +558,20 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
             ));
             false
         }
-    };
-    // Earlier prefixes: their binaries and the directories made for them (when empty).
-    let now_dirs = creatable_dirs(manager, &o.prefix);
-    for old in &previous {
+    })
+}
+
+/// Earlier prefixes: their binaries, and the directories made for them (when empty).
+fn old_prefix_steps(
+    root: &Root,
+    manager: Manager,
+    prefix: &Path,
+    previous: &[PathBuf],
+    created_dirs: &[PathBuf],
+) -> Result<Vec<Step>, InstallError> {
+    let mut steps = Vec::new();
+    let now_dirs = creatable_dirs(manager, prefix);
+    for old in previous {
         let old_bin = root.at(templates::binary_path(old))?;
         for path in [old_bin.clone(), old_bin.with_file_name("railgrid.prev")] {
             if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
@@ -481,15 +600,20 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
             }
         }
     }
+    Ok(steps)
+}
 
-    for file in [TOKEN_FILE, CA_FILE, ROOT_CONFIG, manifest::PATH] {
-        steps.extend(stale_temporaries(&root.at(file)?)?);
-    }
-    steps.extend(stale_temporaries(&root.at(manager.service_file())?)?);
-    // What the running agent reads again on SIGHUP.
-    let mut config_steps = Vec::new();
+/// The token, the CA and the config file.
+fn config_steps(
+    root: &Root,
+    token: Option<Vec<u8>>,
+    ca: Option<Vec<u8>>,
+    config_path: &Path,
+    converged: &config_file::Converged,
+) -> Result<Vec<Step>, InstallError> {
+    let mut steps = Vec::new();
     if let Some(token) = token {
-        config_steps.push(file_step(
+        steps.push(file_step(
             root.at(TOKEN_FILE)?,
             0o600,
             token,
@@ -498,7 +622,7 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
         )?);
     }
     if let Some(ca) = ca {
-        config_steps.push(file_step(
+        steps.push(file_step(
             root.at(CA_FILE)?,
             0o644,
             ca,
@@ -511,23 +635,31 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
     } else {
         converged.changes.join(", ")
     };
-    config_steps.push(file_step(
-        config_path.clone(),
+    steps.push(file_step(
+        config_path.to_owned(),
         0o600,
         converged.text.clone().into_bytes(),
         false,
         &what,
     )?);
-    let config_changed = config_steps.iter().any(|s| s.verb != Verb::Keep);
-    steps.extend(config_steps);
+    Ok(steps)
+}
 
+/// The unit or plist for the binary at `bin`; a masked unit is refused.
+fn service_step(
+    root: &Root,
+    manager: Manager,
+    prefix: &Path,
+    dirs: (&Path, &Path),
+    bin: &Path,
+) -> Result<Step, InstallError> {
     let service_file = manager.service_file();
     let what = match manager {
         Manager::Systemd => format!("the unit, for {}", bin.display()),
         Manager::Launchd => format!("the daemon's plist, for {}", bin.display()),
     };
     // The upgrade guard looks where the agent keeps its state.
-    let rendered = manager.render(&o.prefix, (&state_dir, &log_dir));
+    let rendered = manager.render(prefix, dirs);
     let naive = match &root.0 {
         Some(r) => r.join(service_file.strip_prefix("/").unwrap_or(&service_file)),
         None => service_file.clone(),
@@ -539,80 +671,65 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
             templates::UNIT_NAME
         )));
     }
-    let service_step = file_step(
+    file_step(
         root.at(&service_file)?,
         0o644,
         rendered.into_bytes(),
         false,
         &what,
-    )?;
-    let file_changed = service_step.verb != Verb::Keep;
-    steps.push(service_step);
-    if !previous.is_empty() {
-        // Every old prefix is cleared: the manifest says so last.
-        steps.push(file_step(
-            manifest_path,
-            0o600,
-            last.to_bytes(),
-            false,
-            "the old prefixes are cleared",
-        )?);
-    }
+    )
+}
 
+/// On the host, the service manager's commands: a stop before the binary is replaced
+/// when a restart is due, and the enable, start, reload or restart after. The notes
+/// for the operator.
+fn service_commands(
+    root: &Root,
+    manager: Manager,
+    changes: Changes,
+    no_start: bool,
+    steps: &mut Vec<Step>,
+) -> Vec<String> {
     let mut notes = Vec::new();
-    if root.on_host() {
-        let now = manager.state();
-        let changes = Changes {
-            service_file: file_changed,
-            config: config_changed,
-            restart: binary_changed || converged.has_hub != existing_raw.hub.url.is_some(),
-        };
-        // The running agent is stopped before its binary is replaced: its own lockstep
-        // would otherwise take the file while the restart below stops it mid-switch.
-        let first = manager.stop_first(now, changes);
-        let at = steps
-            .iter()
-            .position(|s| matches!(s.action, Action::Binary { .. }))
-            .unwrap_or(steps.len());
-        for (i, c) in first.into_iter().enumerate() {
-            steps.insert(
-                at + i,
-                Step::new(
-                    Verb::Run,
-                    shell_words(&c.argv),
-                    "the new binary or hub needs a restart",
-                    Action::Command(c),
-                ),
-            );
-        }
-        for c in manager.install_commands(now, changes, !o.no_start) {
-            steps.push(Step::new(
-                Verb::Run,
-                shell_words(&c.argv),
-                "",
-                Action::Command(c),
-            ));
-        }
-        if o.no_start && !now.running {
-            notes.push("not started (--no-start): the service starts at the next boot".into());
-        }
-    } else {
+    if !root.on_host() {
         notes.push(format!(
             "nothing was started or enabled (--root): {} starts the agent from {} once the image boots",
             manager.name(),
-            service_file.display()
+            manager.service_file().display()
+        ));
+        return notes;
+    }
+    let now = manager.state();
+    // The running agent is stopped before its binary is replaced: its own lockstep
+    // would otherwise take the file while the restart below stops it mid-switch.
+    let first = manager.stop_first(now, changes);
+    let at = steps
+        .iter()
+        .position(|s| matches!(s.action, Action::Binary { .. }))
+        .unwrap_or(steps.len());
+    for (i, c) in first.into_iter().enumerate() {
+        steps.insert(
+            at + i,
+            Step::new(
+                Verb::Run,
+                shell_words(&c.argv),
+                "the new binary or hub needs a restart",
+                Action::Command(c),
+            ),
+        );
+    }
+    for c in manager.install_commands(now, changes, !no_start) {
+        steps.push(Step::new(
+            Verb::Run,
+            shell_words(&c.argv),
+            "",
+            Action::Command(c),
         ));
     }
-    Ok(Plan {
-        title: format!(
-            "railgrid agent install: {}, prefix {}, runner account {user}",
-            manager.name(),
-            o.prefix.display()
-        ),
-        steps,
-        notes,
-        _lock: lock,
-    })
+    if no_start && !now.running {
+        notes.push("not started (--no-start): the service starts at the next boot".into());
+    }
+    notes
 }
 
 /// Refuses a directory root keeps secrets in that another account owns (its mode is

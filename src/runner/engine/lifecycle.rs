@@ -77,6 +77,81 @@ impl Engine {
         cancel: &mut watch::Receiver<Option<JobState>>,
         admitted_ms: i64,
     ) -> Result<(JobState, Outcome), EngineError> {
+        let (spec, mut started) = match self.launch(id, spec, cancel, admitted_ms).await? {
+            Launched::Cancelled(state, outcome) => return Ok((state, outcome)),
+            Launched::Running(spec, started) => (spec, started),
+        };
+        let pid = started.child.pid();
+        let asked_grace = Duration::from_secs(spec.kill_grace_secs());
+        let timeout = Some(Duration::from_secs(spec.timeout_secs()));
+        let name = format!("job {id}");
+        let ended_by = tokio::select! {
+            // Cancel-safe: `Child::wait` may be dropped and called again.
+            _ = started.child.wait() => None,
+            // Cancel-safe: sleeping holds no state.
+            _ = async { match timeout { Some(t) => tokio::time::sleep(t).await, None => std::future::pending().await } } => Some(JobState::TimedOut),
+            // Cancel-safe: `changed` only observes the channel.
+            _ = cancel.changed() => Some((*cancel.borrow()).unwrap_or(JobState::Cancelled)),
+        };
+        #[cfg(target_os = "linux")]
+        let cgroup = started.cgroup.take();
+        #[cfg(not(target_os = "linux"))]
+        let cgroup: Option<()> = None;
+        // Fitted when the stop begins: a stop that began before the runner's own is cut
+        // short below when the runner's deadline passes.
+        let (grace, grace_cut) = self.fit_grace(id, asked_grace);
+        if let Some(g) = pid.and_then(|pgid| job_group(&name, pgid)) {
+            #[cfg(target_os = "linux")]
+            let g = match &cgroup {
+                Some(cg) => g.with_cgroup(cg.clone()),
+                None => g,
+            };
+            let stop = Stop {
+                id,
+                name: &name,
+                pgid: pid.map_or(0, ProcessId::get),
+                in_cgroup: cgroup.is_some(),
+                grace,
+                // A stop that began before the runner's own is cut short when the
+                // runner's deadline passes: SIGKILL at once.
+                hurry: Some(self.inner.stop_deadline.subscribe()),
+            };
+            stop.run(&g, ended_by, &mut started.child).await;
+        }
+        let status = started.child.wait().await.ok();
+        #[cfg(target_os = "linux")]
+        if let Some(cg) = &cgroup {
+            if let Err(e) = cg.remove() {
+                tracing::warn!(job = %id, cgroup = %cg.path().display(), error = %e, "could not remove the job's cgroup");
+            }
+        }
+        last_output(id, &mut started).await;
+        let error = match ended_by {
+            Some(JobState::TimedOut) => Some(format!(
+                "timed out after {}s",
+                timeout.map(|t| t.as_secs()).unwrap_or(0)
+            )),
+            Some(JobState::Cancelled) => Some(self.cancel_reason(asked_grace, grace, grace_cut)),
+            _ => None,
+        };
+        let outcome = outcome_of(status, error, &started);
+        let state = match ended_by {
+            Some(s) => s,
+            None if outcome.exit_code == Some(0) => JobState::Succeeded,
+            None => JobState::Failed,
+        };
+        Ok((state, outcome))
+    }
+
+    /// Records `starting`, makes the workspace and launches the job, unless a cancel came
+    /// first; then records `running` (not awaited: the writer keeps the order).
+    async fn launch(
+        &self,
+        id: &str,
+        spec: Option<Arc<JobSpec>>,
+        cancel: &mut watch::Receiver<Option<JobState>>,
+        admitted_ms: i64,
+    ) -> Result<Launched, EngineError> {
         // Committed before the job is launched: a runner killed after the launch leaves a
         // `starting` record for the next one to reconcile, never a `queued` one it would
         // run a second time.
@@ -124,9 +199,9 @@ impl Engine {
                 error: Some("cancelled before it started".into()),
                 ..Outcome::default()
             };
-            return Ok((state, outcome));
+            return Ok(Launched::Cancelled(state, outcome));
         }
-        let mut started = job::start(
+        let started = job::start(
             &self.inner.paths,
             id,
             &spec,
@@ -176,137 +251,136 @@ impl Engine {
         let argv = crate::util::clip_to(&argv, LOG_ARGV_CHARS);
         tracing::info!(job = %id, pid = started.pid, %argv, "job running");
 
-        let asked_grace = Duration::from_secs(spec.kill_grace_secs());
-        let timeout = Some(Duration::from_secs(spec.timeout_secs()));
-        let name = format!("job {id}");
-        let ended_by = tokio::select! {
-            // Cancel-safe: `Child::wait` may be dropped and called again.
-            _ = started.child.wait() => None,
-            // Cancel-safe: sleeping holds no state.
-            _ = async { match timeout { Some(t) => tokio::time::sleep(t).await, None => std::future::pending().await } } => Some(JobState::TimedOut),
-            // Cancel-safe: `changed` only observes the channel.
-            _ = cancel.changed() => Some((*cancel.borrow()).unwrap_or(JobState::Cancelled)),
-        };
-        #[cfg(target_os = "linux")]
-        let cgroup = started.cgroup.take();
-        #[cfg(not(target_os = "linux"))]
-        let cgroup: Option<()> = None;
-        // Fitted when the stop begins: a stop that began before the runner's own is cut
-        // short below when the runner's deadline passes.
-        let (grace, grace_cut) = self.fit_grace(id, asked_grace);
-        // A stop that began before the runner's own is cut short when the runner's
-        // deadline passes: SIGKILL at once.
-        let hurry = Some(self.inner.stop_deadline.subscribe());
-        if let Some(g) = pid.and_then(|pgid| job_group(&name, pgid)) {
-            #[cfg(target_os = "linux")]
-            let g = match &cgroup {
-                Some(cg) => g.with_cgroup(cg.clone()),
-                None => g,
-            };
-            let in_cgroup = cgroup.is_some();
-            let pgid = pid.map_or(0, ProcessId::get);
-            let on_kill = |cut_short: bool| {
-                if cut_short {
-                    tracing::warn!(job = %id, "the runner's stop budget is spent: SIGKILL");
-                } else if in_cgroup {
-                    tracing::warn!(child = %name, "grace period over: cgroup.kill");
-                } else {
-                    tracing::warn!(child = %name, pid = pgid, "grace period over: SIGKILL to the process group");
-                }
-            };
-            let out = match ended_by {
-                Some(_) => {
-                    if in_cgroup {
-                        tracing::info!(child = %name, pid = pgid, grace = ?grace, "stopping: SIGTERM to the process group and the cgroup");
-                    } else {
-                        tracing::info!(child = %name, pid = pgid, grace = ?grace, "stopping: SIGTERM to the process group");
-                    }
-                    g.stop_leader(&mut started.child, grace, hurry, on_kill)
-                        .await
-                }
-                // The leader is gone; nothing it left in its group or cgroup outlives it.
-                None if g.alive() => {
-                    if in_cgroup {
-                        tracing::warn!(child = %name, "the job left processes in its cgroup: SIGTERM");
-                    } else {
-                        tracing::warn!(child = %name, pgid, "the child left processes in its group: SIGTERM");
-                    }
-                    g.terminate(grace, hurry, on_kill).await
-                }
-                None => proc_tree::Outcome::default(),
-            };
-            if let (Some(status), false) = (out.leader, in_cgroup) {
-                tracing::info!(child = %name, pid = pgid, "exited: {}", supervisor::describe(status));
+        Ok(Launched::Running(spec, started))
+    }
+
+    /// Why a cancelled job ended, as its record says it.
+    fn cancel_reason(&self, asked: Duration, grace: Duration, cut: bool) -> String {
+        let shutting_down = self.inner.shutting_down.load(Ordering::Relaxed);
+        match (shutting_down, cut) {
+            (true, true) => format!(
+                "cancelled: the runner is shutting down; its kill grace was cut from {} to {} to fit the runner's stop budget",
+                humantime::format_duration(asked),
+                humantime::format_duration(Duration::from_millis(grace.as_millis() as u64))
+            ),
+            (true, false) => "cancelled: the runner is shutting down".into(),
+            (false, _) => "cancelled".into(),
+        }
+    }
+}
+
+/// What `launch` came to.
+enum Launched {
+    /// A cancel arrived while the job was starting: none of its code ran.
+    Cancelled(JobState, Outcome),
+    Running(Arc<JobSpec>, job::Started),
+}
+
+/// Ending what is left of one job: its leader (when it was stopped), or what the leader
+/// left in its group or cgroup.
+struct Stop<'a> {
+    id: &'a str,
+    name: &'a str,
+    pgid: i32,
+    in_cgroup: bool,
+    grace: Duration,
+    hurry: Option<proc_tree::StopDeadline>,
+}
+
+impl Stop<'_> {
+    async fn run(
+        self,
+        g: &proc_tree::Group,
+        ended_by: Option<JobState>,
+        leader: &mut impl Reapable,
+    ) {
+        let Stop {
+            id,
+            name,
+            pgid,
+            in_cgroup,
+            grace,
+            hurry,
+        } = self;
+        let on_kill = |cut_short: bool| {
+            if cut_short {
+                tracing::warn!(job = %id, "the runner's stop budget is spent: SIGKILL");
+            } else if in_cgroup {
+                tracing::warn!(child = %name, "grace period over: cgroup.kill");
+            } else {
+                tracing::warn!(child = %name, pid = pgid, "grace period over: SIGKILL to the process group");
             }
-            if out.survivors {
+        };
+        let out = match ended_by {
+            Some(_) => {
                 if in_cgroup {
-                    tracing::error!(child = %name, "the job's cgroup still has live processes after cgroup.kill");
-                } else if ended_by.is_some() {
-                    tracing::error!(child = %name, pgid, "process group still has live members after SIGKILL");
+                    tracing::info!(child = %name, pid = pgid, grace = ?grace, "stopping: SIGTERM to the process group and the cgroup");
+                } else {
+                    tracing::info!(child = %name, pid = pgid, grace = ?grace, "stopping: SIGTERM to the process group");
                 }
+                g.stop_leader(leader, grace, hurry, on_kill).await
+            }
+            // The leader is gone; nothing it left in its group or cgroup outlives it.
+            None if g.alive() => {
+                if in_cgroup {
+                    tracing::warn!(child = %name, "the job left processes in its cgroup: SIGTERM");
+                } else {
+                    tracing::warn!(child = %name, pgid, "the child left processes in its group: SIGTERM");
+                }
+                g.terminate(grace, hurry, on_kill).await
+            }
+            None => proc_tree::Outcome::default(),
+        };
+        if let (Some(status), false) = (out.leader, in_cgroup) {
+            tracing::info!(child = %name, pid = pgid, "exited: {}", supervisor::describe(status));
+        }
+        if out.survivors {
+            if in_cgroup {
+                tracing::error!(child = %name, "the job's cgroup still has live processes after cgroup.kill");
+            } else if ended_by.is_some() {
+                tracing::error!(child = %name, pgid, "process group still has live members after SIGKILL");
             }
         }
-        let status = started.child.wait().await.ok();
-        #[cfg(target_os = "linux")]
-        if let Some(cg) = &cgroup {
-            if let Err(e) = cg.remove() {
-                tracing::warn!(job = %id, cgroup = %cg.path().display(), error = %e, "could not remove the job's cgroup");
-            }
+    }
+}
+
+/// The group is gone, so all it wrote is in the pipes: the spoolers take that and end,
+/// without waiting for a process that left the group and holds the pipes.
+async fn last_output(id: &str, started: &mut job::Started) {
+    started.stdout.drain();
+    started.stderr.drain();
+    let spoolers = std::mem::take(&mut started.spoolers);
+    let joined = async {
+        for h in spoolers {
+            let _ = h.await;
         }
-        // The group is gone, so all it wrote is in the pipes: the spoolers take that and
-        // end, without waiting for a process that left the group and holds the pipes.
-        started.stdout.drain();
-        started.stderr.drain();
-        let spoolers = std::mem::take(&mut started.spoolers);
-        let joined = async {
-            for h in spoolers {
-                let _ = h.await;
-            }
-        };
-        if tokio::time::timeout(Duration::from_secs(5), joined)
-            .await
-            .is_err()
-        {
-            tracing::warn!(job = %id, "the job's last output could not be spooled in time (a stalled disk?)");
-        }
-        use std::os::unix::process::ExitStatusExt;
-        let outcome = Outcome {
-            exit_code: status.and_then(|s| s.code()),
-            signal: status.and_then(|s| s.signal()),
-            error: match ended_by {
-                Some(JobState::TimedOut) => Some(format!(
-                    "timed out after {}s",
-                    timeout.map(|t| t.as_secs()).unwrap_or(0)
-                )),
-                Some(JobState::Cancelled)
-                    if self.inner.shutting_down.load(Ordering::Relaxed) && grace_cut =>
-                {
-                    Some(format!(
-                        "cancelled: the runner is shutting down; its kill grace was cut from {} to {} to fit the runner's stop budget",
-                        humantime::format_duration(asked_grace),
-                        humantime::format_duration(Duration::from_millis(grace.as_millis() as u64))
-                    ))
-                }
-                Some(JobState::Cancelled) if self.inner.shutting_down.load(Ordering::Relaxed) => {
-                    Some("cancelled: the runner is shutting down".into())
-                }
-                Some(JobState::Cancelled) => Some("cancelled".into()),
-                _ => None,
-            },
-            stdout_bytes: started.stdout.produced.load(Ordering::Relaxed),
-            stderr_bytes: started.stderr.produced.load(Ordering::Relaxed),
-            spooled_bytes: started.stdout.written.load(Ordering::Relaxed)
-                + started.stderr.written.load(Ordering::Relaxed),
-            stdout_truncated: started.stdout.truncated.load(Ordering::Relaxed),
-            stderr_truncated: started.stderr.truncated.load(Ordering::Relaxed),
-            output_truncated: job::truncation(&started.stdout, &started.stderr),
-        };
-        let state = match ended_by {
-            Some(s) => s,
-            None if outcome.exit_code == Some(0) => JobState::Succeeded,
-            None => JobState::Failed,
-        };
-        Ok((state, outcome))
+    };
+    if tokio::time::timeout(Duration::from_secs(5), joined)
+        .await
+        .is_err()
+    {
+        tracing::warn!(job = %id, "the job's last output could not be spooled in time (a stalled disk?)");
+    }
+}
+
+/// The job's recorded end: its exit, `error`, and what its streams produced and kept.
+fn outcome_of(
+    status: Option<std::process::ExitStatus>,
+    error: Option<String>,
+    started: &job::Started,
+) -> Outcome {
+    use std::os::unix::process::ExitStatusExt;
+    Outcome {
+        exit_code: status.and_then(|s| s.code()),
+        signal: status.and_then(|s| s.signal()),
+        error,
+        stdout_bytes: started.stdout.produced.load(Ordering::Relaxed),
+        stderr_bytes: started.stderr.produced.load(Ordering::Relaxed),
+        spooled_bytes: started.stdout.written.load(Ordering::Relaxed)
+            + started.stderr.written.load(Ordering::Relaxed),
+        stdout_truncated: started.stdout.truncated.load(Ordering::Relaxed),
+        stderr_truncated: started.stderr.truncated.load(Ordering::Relaxed),
+        output_truncated: job::truncation(&started.stdout, &started.stderr),
     }
 }
 
