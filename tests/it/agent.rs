@@ -300,9 +300,8 @@ fn sigterm_stops_the_runner_and_exits_zero() {
 
 #[test]
 fn agent_secrets_never_reach_the_runner() {
-    if !is_root() {
-        // The runner is non-dumpable: only root may read its environment.
-        eprintln!("SKIPPED: reading the runner's /proc/<pid>/environ needs root");
+    // The runner is non-dumpable: only root may read its environment.
+    if !requires_root("reading the runner's /proc/<pid>/environ needs root") {
         return;
     }
     let host = Host::new();
@@ -397,8 +396,7 @@ fn a_second_runner_on_a_held_lock_fails_naming_the_holder() {
 
 #[test]
 fn the_runner_refuses_root() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root");
+    if !requires_root("needs root") {
         return;
     }
     let host = Host::new();
@@ -768,8 +766,7 @@ fn a_delegated_agent_gives_its_runner_a_cgroup_and_jobs_get_the_cgroup_tier() {
 /// setpgid children end with it; the agent removes the cgroup when it stops.
 #[test]
 fn a_root_agent_without_a_service_manager_gives_its_jobs_a_cgroup_nothing_escapes() {
-    if !is_root() {
-        eprintln!("SKIPPED: a cgroup of the agent's own needs root");
+    if !requires_root("a cgroup of the agent's own needs root") {
         return;
     }
     let in_root =
@@ -911,8 +908,7 @@ fn agent_status_believes_only_the_holder_of_the_agent_lock() {
 
 #[test]
 fn a_start_the_runner_account_could_not_reach_is_refused_before_anything_is_made() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root (a runner account other than the agent's)");
+    if !requires_root("needs root (a runner account other than the agent's)") {
         return;
     }
     let host = Host::new();

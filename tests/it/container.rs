@@ -136,8 +136,7 @@ impl Container {
     }
 
     pub fn boot_with(name: &str, options: Options) -> Option<Self> {
-        if !is_root() {
-            eprintln!("SKIPPED: booting a systemd container needs root");
+        if !requires_root("booting a systemd container needs root") {
             return None;
         }
         let cached = rootfs();

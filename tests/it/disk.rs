@@ -148,8 +148,7 @@ fn state_of(v: &Value) -> &str {
 
 #[test]
 fn job_ends_on_a_full_disk_are_held_shown_and_recorded_when_space_returns() {
-    if !is_root() {
-        eprintln!("SKIPPED: mounting a tmpfs to fill needs root");
+    if !requires_root("mounting a tmpfs to fill needs root") {
         return;
     }
     let mut disk = FullDisk::mount();

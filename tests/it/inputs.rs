@@ -160,8 +160,7 @@ fn hub_inputs_that_are_no_regular_small_files_exit_2_at_once() {
 #[test]
 fn what_another_account_left_is_named_with_its_owner_and_exits_2() {
     use std::os::unix::process::CommandExt;
-    if !is_root() {
-        eprintln!("SKIPPED: another account's files need root to make");
+    if !requires_root("another account's files need root to make") {
         return;
     }
     let dir = tempdir();

@@ -190,8 +190,7 @@ fn lock_files_are_private() {
 
 #[test]
 fn a_holder_running_as_another_user_than_the_lock_owner_is_never_signalled() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root to give the lock file to another account");
+    if !requires_root("needs root to give the lock file to another account") {
         return;
     }
     let dir = tempdir();

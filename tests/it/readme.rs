@@ -163,8 +163,7 @@ fn the_readme_works_as_written() {
         "only {} readme-test blocks found in README.md",
         blocks.len()
     );
-    if !is_root() {
-        eprintln!("SKIPPED: the README is followed as root (it runs the runner as nobody)");
+    if !requires_root("the README is followed as root (it runs the runner as nobody)") {
         return;
     }
     for tool in ["bash", "curl", "cc"] {

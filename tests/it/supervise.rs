@@ -55,8 +55,7 @@ fn child_environment_is_built_from_scratch() {
 
 #[test]
 fn as_root_the_child_runs_as_nobody_without_root_groups() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root to switch users (CI runs as root)");
+    if !requires_root("needs root to switch users (CI runs as root)") {
         return;
     }
     let dir = tempdir();
@@ -409,8 +408,7 @@ fn version_reports_json() {
 
 #[test]
 fn paths_the_child_account_cannot_reach_are_refused_up_front() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root to judge another account's access");
+    if !requires_root("needs root to judge another account's access") {
         return;
     }
     let dir = tempdir();

@@ -23,6 +23,15 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
+/// True as root; otherwise says `SKIPPED: {why}` and is false. CI runs as root, so there
+/// nothing is skipped.
+pub fn requires_root(why: &str) -> bool {
+    if !is_root() {
+        eprintln!("SKIPPED: {why}");
+    }
+    is_root()
+}
+
 /// The flags that give a child an account: `--user nobody` as root, nothing otherwise.
 pub fn user_flags() -> Vec<&'static str> {
     if is_root() {

@@ -34,8 +34,7 @@ struct Fleet {
 impl Fleet {
     /// `settle`: the agent's settle period (the commit window the test acts in).
     fn up(name: &str, settle: &str, persistent: bool) -> Option<Self> {
-        if !is_root() {
-            eprintln!("SKIPPED: booting a systemd container needs root");
+        if !requires_root("booting a systemd container needs root") {
             return None;
         }
         let dir = tempdir();
