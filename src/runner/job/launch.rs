@@ -77,22 +77,31 @@ pub(super) struct Launch<'a> {
 impl Launch<'_> {
     /// Starts the process the way the runner chose at start.
     pub(super) fn run(self, method: LaunchMethod) -> Result<JobProcess, JobError> {
+        let strings = ExecStrings::new(self.spec, self.env)?;
         match method {
             #[cfg(target_os = "linux")]
-            LaunchMethod::CloneVfork => clone_vfork(self),
-            _ => fork_exec(self),
+            LaunchMethod::CloneVfork => clone_vfork(self, strings),
+            _ => fork_exec(self, strings),
         }
+    }
+}
+
+/// A failure to start `program`, as the job's record names it.
+fn spawn_error(program: &str) -> impl Fn(io::Error) -> JobError + '_ {
+    move |source| JobError::Spawn {
+        program: program.to_owned(),
+        source,
     }
 }
 
 /// Launches without fork (see `sys::launch`): setsid, join the job's cgroup, rlimits,
 /// stdio, chdir, exec.
 #[cfg(target_os = "linux")]
-fn clone_vfork(l: Launch<'_>) -> Result<JobProcess, JobError> {
+fn clone_vfork(l: Launch<'_>, strings: ExecStrings) -> Result<JobProcess, JobError> {
     use crate::sys::launch::{self, LaunchSpec};
     let Launch {
         spec,
-        env,
+        env: _,
         cwd,
         stdio,
         limits,
@@ -101,16 +110,13 @@ fn clone_vfork(l: Launch<'_>) -> Result<JobProcess, JobError> {
     } = l;
 
     let program = &spec.argv[0];
-    let spawn_err = |source: io::Error| JobError::Spawn {
-        program: program.clone(),
-        source,
-    };
+    let spawn_err = spawn_error(program);
     let ExecStrings {
         programs,
         argv,
         env: c_env,
         search,
-    } = ExecStrings::new(spec, env)?;
+    } = strings;
     let launched = launch::launch(&LaunchSpec {
         programs: &programs,
         argv: &argv,
@@ -214,10 +220,10 @@ fn program_candidates(program: &str, search: &str) -> Vec<PathBuf> {
 /// The portable path: std's fork, then the same preparation as `launch` in `pre_exec`
 /// (see `sys::spawn::job_exec`), which also does the exec, trying each PATH entry as the
 /// job itself would.
-fn fork_exec(l: Launch<'_>) -> Result<JobProcess, JobError> {
+fn fork_exec(l: Launch<'_>, strings: ExecStrings) -> Result<JobProcess, JobError> {
     let Launch {
         spec,
-        env,
+        env: _,
         cwd,
         stdio,
         limits,
@@ -225,17 +231,14 @@ fn fork_exec(l: Launch<'_>) -> Result<JobProcess, JobError> {
         landlock,
     } = l;
     let program = &spec.argv[0];
-    let spawn_err = |source: io::Error| JobError::Spawn {
-        program: program.clone(),
-        source,
-    };
+    let spawn_err = spawn_error(program);
     let ExecStrings {
         programs,
         argv,
         env: c_env,
         search,
-    } = ExecStrings::new(spec, env)?;
-    let dup = |fd: BorrowedFd<'_>| fd.try_clone_to_owned().map_err(spawn_err);
+    } = strings;
+    let dup = |fd: BorrowedFd<'_>| fd.try_clone_to_owned().map_err(&spawn_err);
     let exec = spawn::JobExec {
         cwd: dup(cwd.as_fd())?,
         cgroup_procs: cgroup_procs.map(dup).transpose()?,
