@@ -21,6 +21,30 @@ pub(crate) const KEY_MAX: u64 = 64 << 10;
 /// Configuration files, certificates and CA bundles.
 pub(crate) const CONFIG_MAX: u64 = 1 << 20;
 
+/// Why a file that holds a secret is not private to this process's account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exposed {
+    /// Owned by another account (uid), which could read or replace it.
+    Owner(u32),
+    /// Open to group or others (its mode).
+    Mode(u32),
+}
+
+/// The one check of a secret's file: owned by this account or root, and closed to group
+/// and others. Each caller says it in its own words (what the secret is, what to run).
+pub(crate) fn private(meta: &Metadata) -> Result<(), Exposed> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (euid, _) = crate::sys::current_ids();
+    if meta.uid() != euid && meta.uid() != 0 {
+        return Err(Exposed::Owner(meta.uid()));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(Exposed::Mode(mode));
+    }
+    Ok(())
+}
+
 /// An open regular file and what `fstat` said of it.
 #[derive(Debug)]
 pub(crate) struct SmallFile {

@@ -81,6 +81,39 @@ pub(crate) fn cut_bytes(s: &mut String, max: usize) {
     }
 }
 
+/// A pause that doubles from `first` up to `max` while failures follow each other, and
+/// starts over after a success: the one retry rhythm of every loop that waits for a peer
+/// (a hub, a database, a runner, a disk).
+#[derive(Debug, Clone)]
+pub(crate) struct Doubling {
+    first: std::time::Duration,
+    max: std::time::Duration,
+    next: std::time::Duration,
+}
+
+impl Doubling {
+    pub(crate) fn new(first: std::time::Duration, max: std::time::Duration) -> Self {
+        let first = first.min(max);
+        Self {
+            first,
+            max,
+            next: first,
+        }
+    }
+
+    /// The pause before the next try; the one after it is twice as long, up to `max`.
+    pub(crate) fn next(&mut self) -> std::time::Duration {
+        let pause = self.next;
+        self.next = self.next.saturating_mul(2).min(self.max);
+        pause
+    }
+
+    /// After a success: the next pause is `first` again.
+    pub(crate) fn reset(&mut self) {
+        self.next = self.first;
+    }
+}
+
 /// Locks `m`, recovering the guard if another thread panicked while holding it. Every
 /// mutex in railgrid guards state that stays consistent between statements (a log file
 /// handle, a queue, a connection), so a panic elsewhere must not wedge the process.
@@ -181,6 +214,18 @@ pub(crate) fn release_startup_code() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_doubling_pause_is_capped_and_starts_over() {
+        use std::time::Duration;
+        let ms = Duration::from_millis;
+        let mut d = Doubling::new(ms(100), ms(500));
+        let seen: Vec<Duration> = (0..5).map(|_| d.next()).collect();
+        assert_eq!(seen, [ms(100), ms(200), ms(400), ms(500), ms(500)]);
+        d.reset();
+        assert_eq!(d.next(), ms(100));
+        assert_eq!(Doubling::new(ms(900), ms(500)).next(), ms(500));
+    }
 
     #[test]
     fn percent_encoding_keeps_a_value_in_its_place() {

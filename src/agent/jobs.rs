@@ -359,7 +359,7 @@ impl Job {
     /// submitted if it comes with its spec, and not cancelled meanwhile. `None` when it
     /// ended without running, reported so.
     async fn start(&mut self) -> Option<(JobRecord, bool)> {
-        let mut pause = RETRY_FIRST;
+        let mut pause = crate::util::Doubling::new(RETRY_FIRST, RETRY_MAX);
         let mut created = false;
         loop {
             let cancelled = *self.cancel.borrow();
@@ -383,8 +383,7 @@ impl Job {
                     }
                     Err(e) => {
                         self.failed("submitting it to the runner", &e);
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(RETRY_MAX);
+                        tokio::time::sleep(pause.next()).await;
                         continue;
                     }
                 }
@@ -409,8 +408,7 @@ impl Job {
                 }
                 Err(e) => {
                     self.failed("reading it from the runner", &e);
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(RETRY_MAX);
+                    tokio::time::sleep(pause.next()).await;
                 }
             }
         }
@@ -435,7 +433,7 @@ impl Job {
     /// Follows the job's state until its end is recorded, cancelling it when asked;
     /// every change is reported.
     async fn track(&mut self, mut rec: JobRecord, mut cancel_sent: bool) -> JobReport {
-        let mut pause = RETRY_FIRST;
+        let mut pause = crate::util::Doubling::new(RETRY_FIRST, RETRY_MAX);
         loop {
             if rec.state.is_terminal() && !rec.commit_pending {
                 return report_of(&rec, false);
@@ -449,8 +447,7 @@ impl Job {
                     }
                     None => {
                         // Tried again soon, not after a long wait on the runner.
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(RETRY_MAX);
+                        tokio::time::sleep(pause.next()).await;
                         continue;
                     }
                 }
@@ -464,7 +461,7 @@ impl Job {
             tokio::select! {
                 r = runner.wait_for(&self.id, until, WAIT_SECS) => match r {
                     Ok(r) => {
-                        pause = RETRY_FIRST;
+                        pause.reset();
                         rec = r;
                         self.reports.set(report_of(&rec, false));
                     }
@@ -473,8 +470,7 @@ impl Job {
                     }
                     Err(e) => {
                         self.failed("following it", &e);
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(RETRY_MAX);
+                        tokio::time::sleep(pause.next()).await;
                     }
                 },
                 // Cancel-safe: `changed` only observes; the wait is asked again after.

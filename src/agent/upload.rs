@@ -88,20 +88,19 @@ impl HubLink {
 }
 
 /// Grows from [`RETRY_FIRST`] to [`RETRY_MAX`] while failures follow each other.
-struct Retry(Duration);
+struct Retry(crate::util::Doubling);
 
 impl Retry {
     fn new() -> Self {
-        Self(RETRY_FIRST)
+        Self(crate::util::Doubling::new(RETRY_FIRST, RETRY_MAX))
     }
 
     async fn pause(&mut self) {
-        tokio::time::sleep(self.0).await;
-        self.0 = (self.0 * 2).min(RETRY_MAX);
+        tokio::time::sleep(self.0.next()).await;
     }
 
     fn reset(&mut self) {
-        self.0 = RETRY_FIRST;
+        self.0.reset();
     }
 }
 

@@ -2,7 +2,6 @@
 //! own host from its data dir (`admin.token`, `ca.pem`, `hub.json`), or from anywhere with
 //! `--hub URL --token-file F [--ca-file PEM]`.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -164,8 +163,8 @@ impl AdminClient {
             source,
         };
         let file = crate::small_file::SmallFile::open(&token_file).map_err(read_err)?;
-        let mode = file.meta().permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
+        if let Err(crate::small_file::Exposed::Mode(mode)) = crate::small_file::private(file.meta())
+        {
             return Err(AdminError::OpenToken {
                 path: token_file,
                 mode,

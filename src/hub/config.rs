@@ -82,17 +82,15 @@ fn read(path: &Path) -> anyhow::Result<Option<String>> {
             path.display()
         );
     };
-    if super::store::postgres::redact(&store.url) != store.url {
+    let has_password = super::store::postgres::redact(&store.url) != store.url;
+    if has_password && crate::small_file::private(&meta).is_err() {
         let mode = meta.permissions().mode() & 0o777;
-        let (euid, _) = crate::sys::current_ids();
-        if mode & 0o077 != 0 || (meta.uid() != euid && meta.uid() != 0) {
-            anyhow::bail!(
-                "the hub config {} holds the database password but is mode {mode:04o}, owner uid {}: make it the hub's own and chmod 600 {}",
-                path.display(),
-                meta.uid(),
-                path.display()
-            );
-        }
+        anyhow::bail!(
+            "the hub config {} holds the database password but is mode {mode:04o}, owner uid {}: make it the hub's own and chmod 600 {}",
+            path.display(),
+            meta.uid(),
+            path.display()
+        );
     }
     Ok(Some(store.url))
 }

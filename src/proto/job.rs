@@ -163,3 +163,27 @@ pub struct Pruned {
     pub finished_jobs: usize,
     pub kept_bytes: u64,
 }
+
+/// A job's output stream, as the runner spools it, the hub keeps it and URLs name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "stdout" => Some(Stream::Stdout),
+            "stderr" => Some(Stream::Stderr),
+            _ => None,
+        }
+    }
+}

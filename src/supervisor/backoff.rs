@@ -9,31 +9,24 @@ use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct Backoff {
-    initial: Duration,
-    max: Duration,
+    pause: crate::util::Doubling,
     stable: Duration,
-    next: Duration,
 }
 
 impl Backoff {
     pub fn new(initial: Duration, max: Duration, stable: Duration) -> Self {
-        let initial = initial.min(max);
         Self {
-            initial,
-            max,
+            pause: crate::util::Doubling::new(initial, max),
             stable,
-            next: initial,
         }
     }
 
     /// The pause before the next start, given how long the child that just exited ran.
     pub fn after_exit(&mut self, ran_for: Duration) -> Duration {
         if ran_for >= self.stable {
-            self.next = self.initial;
+            self.pause.reset();
         }
-        let delay = self.next;
-        self.next = self.next.saturating_mul(2).min(self.max);
-        delay
+        self.pause.next()
     }
 }
 

@@ -894,9 +894,11 @@ fn an_image_cannot_point_roots_writes_elsewhere_or_race_them() {
     assert_eq!(fs::metadata(&unit).expect("unit").uid(), 0);
 
     // One install or uninstall at a time per root.
+    // The holder waits for the lock rather than giving up: the probe below takes it for a
+    // moment, and a holder that tried then with --nonblock would exit, leaving it free.
     let mut holder = Guard::new(
         Command::new("flock")
-            .args(["--exclusive", "--nonblock", "--no-fork"])
+            .args(["--exclusive", "--no-fork"])
             .arg(&root)
             .args(["sleep", "60"])
             .spawn()

@@ -23,6 +23,24 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
+/// Runs `start` (a spawn of a binary this test process wrote) again while the kernel says
+/// the file is busy: a child another test thread forked meanwhile holds the write
+/// descriptor until its own exec closes it, a moment later. Within 10 s.
+pub fn fresh<T>(mut start: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match start() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ExecutableFileBusy
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// True as root; otherwise says `SKIPPED: {why}` and is false. CI runs as root, so there
 /// nothing is skipped.
 pub fn requires_root(why: &str) -> bool {

@@ -110,10 +110,8 @@ pub(super) fn builds() -> &'static Builds {
 }
 
 fn version_of(bin: &Path) -> String {
-    let out = Command::new(bin)
-        .args(["version", "--json"])
-        .output()
-        .expect("version --json");
+    let out =
+        fresh(|| Command::new(bin).args(["version", "--json"]).output()).expect("version --json");
     let v: Value = serde_json::from_slice(&out.stdout).expect("version JSON");
     v["version"].as_str().expect("version").to_owned()
 }
@@ -273,7 +271,7 @@ impl Up {
             .env("RAILGRID_RUNNER_STOP_GRACE", "2s")
             .envs(self.env.iter().copied())
             .stderr(err);
-        self.agent = Some(Guard::new(cmd.spawn().expect("spawn agent")));
+        self.agent = Some(Guard::new(fresh(|| cmd.spawn()).expect("spawn agent")));
         self.wait_agent("the agent connected with its runner", |st| {
             st["hub"]["connected"] == true && st["runner"]["state"] == "running"
         });

@@ -9,7 +9,7 @@
 //! lookup in every source, the precedence and the origin named in errors all come from
 //! that list; `load_with` only parses and checks the winning text.
 
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -388,23 +388,23 @@ fn default_agent_id() -> Result<String, ConfigError> {
 fn check_secret_file(path: &Path) -> Result<(), String> {
     let file = crate::small_file::SmallFile::open(path)
         .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;
-    let meta = file.meta();
-    let (euid, _) = crate::sys::current_ids();
-    if meta.uid() != euid && meta.uid() != 0 {
-        return Err(format!(
-            "token file {} is owned by uid {}, not by the agent (uid {euid}) or root: another account could read or replace it",
-            path.display(),
-            meta.uid()
-        ));
-    }
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(format!(
-            "token file {} is readable by group or others (mode {mode:04o}, owner uid {}): run chmod 600 {}",
-            path.display(),
-            meta.uid(),
-            path.display()
-        ));
+    match crate::small_file::private(file.meta()) {
+        Ok(()) => {}
+        Err(crate::small_file::Exposed::Owner(uid)) => {
+            let (euid, _) = crate::sys::current_ids();
+            return Err(format!(
+                "token file {} is owned by uid {uid}, not by the agent (uid {euid}) or root: another account could read or replace it",
+                path.display()
+            ));
+        }
+        Err(crate::small_file::Exposed::Mode(mode)) => {
+            return Err(format!(
+                "token file {} is readable by group or others (mode {mode:04o}, owner uid {}): run chmod 600 {}",
+                path.display(),
+                file.meta().uid(),
+                path.display()
+            ));
+        }
     }
     Ok(())
 }

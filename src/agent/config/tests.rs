@@ -2,6 +2,7 @@ use super::sources::SETTINGS;
 use super::*;
 use std::collections::HashMap;
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 
 fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
     let map: HashMap<String, String> = pairs

@@ -152,29 +152,7 @@ pub(crate) struct ScopeRow {
     pub(crate) settings: DesiredSettings,
 }
 
-/// A job's output stream, as the hub keeps it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stream {
-    Stdout,
-    Stderr,
-}
-
-impl Stream {
-    pub(crate) fn parse(s: &str) -> Option<Self> {
-        match s {
-            "stdout" => Some(Self::Stdout),
-            "stderr" => Some(Self::Stderr),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Self::Stdout => "stdout",
-            Self::Stderr => "stderr",
-        }
-    }
-}
+pub(crate) use crate::proto::job::Stream;
 
 /// What changes about a hub job as its agent reports it (or as it is cancelled).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -83,28 +83,7 @@ impl JobPaths {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
-    Stdout,
-    Stderr,
-}
-
-impl Stream {
-    pub fn name(self) -> &'static str {
-        match self {
-            Stream::Stdout => "stdout",
-            Stream::Stderr => "stderr",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "stdout" => Some(Stream::Stdout),
-            "stderr" => Some(Stream::Stderr),
-            _ => None,
-        }
-    }
-}
+pub use crate::proto::job::Stream;
 
 #[derive(Debug, Error)]
 pub enum JobError {

@@ -31,7 +31,9 @@ mod writer;
 
 use schema::{connect, get_on, migrate, query_on, sql};
 pub use writer::MAX_HELD;
-use writer::{in_savepoint, Change, Held, Lost, Msg, Transition, Write, Writer, FIRST_RETRY};
+use writer::{
+    in_savepoint, Change, Held, Lost, Msg, Transition, Write, Writer, FIRST_RETRY, MAX_RETRY,
+};
 
 /// How a job ended, as recorded.
 #[derive(Debug, Clone, Default)]
@@ -234,7 +236,7 @@ impl Store {
             held: held.clone(),
             unsaved: VecDeque::new(),
             retry_at: Instant::now(),
-            backoff: FIRST_RETRY,
+            backoff: crate::util::Doubling::new(FIRST_RETRY, MAX_RETRY),
             #[cfg(test)]
             faults: faults.clone(),
         };

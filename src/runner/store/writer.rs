@@ -275,7 +275,7 @@ pub(super) struct Writer {
     /// Changes not committed yet, oldest first; `held` shows the same to reads.
     pub(super) unsaved: VecDeque<Unsaved>,
     pub(super) retry_at: Instant,
-    pub(super) backoff: Duration,
+    pub(super) backoff: crate::util::Doubling,
     #[cfg(test)]
     pub(super) faults: Arc<std::sync::atomic::AtomicU32>,
 }
@@ -449,13 +449,12 @@ impl Writer {
             if episode {
                 tracing::info!(db = %self.path.display(), "every held job state change is now recorded");
             }
-            self.backoff = FIRST_RETRY;
+            self.backoff.reset();
         } else if (retry || attempted) && (refused || !committed) {
             if !episode {
                 tracing::warn!(db = %self.path.display(), held = self.unsaved.len(), "could not record job state changes (is the disk full?): holding them in memory and trying again until they are");
             }
-            self.retry_at = now + self.backoff;
-            self.backoff = (self.backoff * 2).min(MAX_RETRY);
+            self.retry_at = now + self.backoff.next();
         } else if committed && (applied || writes) {
             // Something was just written: there is room again, so the held go next.
             self.retry_at = now;

@@ -80,7 +80,7 @@ pub(super) struct Listener {
 impl Listener {
     pub(super) async fn run(self, listening: tokio::sync::oneshot::Sender<()>) {
         let mut listening = Some(listening);
-        let mut pause = Duration::from_millis(200);
+        let mut pause = crate::util::Doubling::new(Duration::from_millis(200), LISTEN_BACKOFF_MAX);
         loop {
             match self.listen(&mut listening, &mut pause).await {
                 Ok(()) => return,
@@ -88,8 +88,7 @@ impl Listener {
                     tracing::warn!(database = %self.url, error = %crate::util::error_chain(&e), "lost the hub database's notifications; listening again (everything is loaded again once it is back)");
                 }
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(LISTEN_BACKOFF_MAX);
+            tokio::time::sleep(pause.next()).await;
         }
     }
 
@@ -99,7 +98,7 @@ impl Listener {
     async fn listen(
         &self,
         listening: &mut Option<tokio::sync::oneshot::Sender<()>>,
-        pause: &mut Duration,
+        pause: &mut crate::util::Doubling,
     ) -> Result<(), ListenError> {
         use futures_util::StreamExt;
         let (client, mut connection) = self.config.connect(self.tls.clone()).await?;
@@ -130,7 +129,7 @@ impl Listener {
                 .await?;
         }
         client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
-        *pause = Duration::from_millis(200);
+        pause.reset();
         match listening.take() {
             Some(tx) => {
                 let _ = tx.send(());
