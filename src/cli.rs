@@ -391,14 +391,21 @@ pub struct HubDesiredSetArgs {
     pub clear: Vec<String>,
 }
 
+/// The running agent a command is about: its state directory, or the config naming it.
 #[derive(Debug, Args)]
-pub struct AgentReloadArgs {
+pub struct AgentTarget {
     /// Config file naming the state directory.
     #[arg(long, value_name = "FILE", conflicts_with = "state_dir")]
     pub config: Option<PathBuf>,
     /// State directory of the agent.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentReloadArgs {
+    #[command(flatten)]
+    pub target: AgentTarget,
     /// The agent's pid as the service manager knows it (systemd's $MAINPID): refused when
     /// the state directory names another.
     #[arg(long, value_name = "PID")]
@@ -448,23 +455,10 @@ pub enum AgentCommand {
 
 #[derive(Debug, Args)]
 pub struct AgentInstallArgs {
-    /// Hub URL (https://...), written as hub.url; repeat it for the replicas of one hub.
-    #[arg(long, value_name = "URL")]
-    pub hub: Vec<String>,
-    /// This agent's id at the hub (default: the host name).
-    #[arg(long, value_name = "ID")]
-    pub agent_id: Option<String>,
-    /// File holding the agent's hub token: copied to /etc/railgrid/token (mode 0600).
-    #[arg(long, value_name = "FILE")]
-    pub token_file: Option<PathBuf>,
-    /// PEM file of the CA that signed the hub's certificate: copied to
-    /// /etc/railgrid/hub-ca.pem.
-    #[arg(long, value_name = "PEM")]
-    pub ca_file: Option<PathBuf>,
-    /// A minisign public key line (RW…) releases must be signed with (repeatable;
-    /// replaces upgrade.trusted_keys).
-    #[arg(long, value_name = "RW…")]
-    pub trusted_key: Vec<String>,
+    // Written to the config; the token copied to /etc/railgrid/token (0600), the CA to
+    // /etc/railgrid/hub-ca.pem.
+    #[command(flatten)]
+    pub link: HubFlags,
     /// The runner's account, created when missing (default: the config's, else
     /// `railgrid`; `_railgrid` on macOS).
     #[arg(long, value_name = "NAME")]
@@ -505,12 +499,8 @@ pub struct AgentUpgradeArgs {
     /// Forget the versions remembered as bad.
     #[arg(long)]
     pub clear_bad: bool,
-    /// Config file naming the state directory.
-    #[arg(long, value_name = "FILE", conflicts_with = "state_dir")]
-    pub config: Option<PathBuf>,
-    /// State directory of the agent.
-    #[arg(long, value_name = "DIR")]
-    pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub target: AgentTarget,
 }
 
 #[derive(Debug, Args)]
@@ -546,6 +536,14 @@ pub struct AgentArgs {
     /// Account the runner runs as (required as root; never root).
     #[arg(long, value_name = "NAME")]
     pub runner_user: Option<String>,
+    #[command(flatten)]
+    pub link: HubFlags,
+}
+
+/// How an agent reaches its hub and which releases it takes: the same flags for `agent
+/// run`, `check-config` and `install`.
+#[derive(Debug, Clone, Args)]
+pub struct HubFlags {
     /// Hub URL (https://...); repeat it for the replicas of one hub, tried in turn.
     #[arg(long, value_name = "URL")]
     pub hub: Vec<String>,
@@ -566,12 +564,8 @@ pub struct AgentArgs {
 
 #[derive(Debug, Args)]
 pub struct AgentStatusArgs {
-    /// Config file naming the state directory.
-    #[arg(long, value_name = "FILE", conflicts_with = "state_dir")]
-    pub config: Option<PathBuf>,
-    /// State directory of the agent.
-    #[arg(long, value_name = "DIR")]
-    pub state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub target: AgentTarget,
     /// Print the status file as JSON.
     #[arg(long)]
     pub json: bool,

@@ -17,11 +17,11 @@ fn flags(args: &AgentArgs) -> Flags {
         state_dir: args.state_dir.clone(),
         log_dir: args.log_dir.clone(),
         runner_user: args.runner_user.clone(),
-        hub: (!args.hub.is_empty()).then(|| args.hub.clone()),
-        agent_id: args.agent_id.clone(),
-        token_file: args.token_file.clone(),
-        ca_file: args.ca_file.clone(),
-        trusted_keys: (!args.trusted_key.is_empty()).then(|| args.trusted_key.clone()),
+        hub: (!args.link.hub.is_empty()).then(|| args.link.hub.clone()),
+        agent_id: args.link.agent_id.clone(),
+        token_file: args.link.token_file.clone(),
+        ca_file: args.link.ca_file.clone(),
+        trusted_keys: (!args.link.trusted_key.is_empty()).then(|| args.link.trusted_key.clone()),
     }
 }
 
@@ -121,7 +121,7 @@ pub(super) fn upgrade(args: crate::cli::AgentUpgradeArgs) -> anyhow::Result<Exit
             "nothing to do: give --clear-bad (the hub decides upgrades; see railgrid hub desired set --version)"
         )));
     }
-    let state_dir = state_dir_of(args.config.clone(), args.state_dir.clone())?;
+    let state_dir = state_dir_of(args.target.config.clone(), args.target.state_dir.clone())?;
     if !state_dir.is_dir() {
         return Err(usage(anyhow::anyhow!(
             "no agent state directory at {}: give the agent's --state-dir or --config",
@@ -213,7 +213,7 @@ pub(super) const NOT_RUNNING: u8 = 3;
 pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
     // Only the state directory matters here; a config that lacks a runner user is still
     // good enough to find it.
-    let state_dir = state_dir_of(args.config.clone(), args.state_dir.clone())?;
+    let state_dir = state_dir_of(args.target.config.clone(), args.target.state_dir.clone())?;
     let read = status::read(&state_dir);
     // An agent that holds the state directory but has not written its status yet (it is
     // reclaiming an orphan, or starting its runner) is starting, not absent.

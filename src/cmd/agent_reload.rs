@@ -17,7 +17,7 @@ use crate::sys::ProcessId;
 const POLL: Duration = Duration::from_millis(50);
 
 pub(super) fn reload(args: AgentReloadArgs) -> anyhow::Result<ExitCode> {
-    let state_dir = state_dir_of(args.config, args.state_dir)?;
+    let state_dir = state_dir_of(args.target.config, args.target.state_dir)?;
     let st = match status::read(&state_dir) {
         Ok(st) => st,
         Err(ReadError::Missing { path }) => {

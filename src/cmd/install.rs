@@ -14,11 +14,11 @@ fn to_exit(e: InstallError) -> anyhow::Error {
 
 pub(super) fn install(args: AgentInstallArgs) -> anyhow::Result<ExitCode> {
     let opts = InstallOptions {
-        hub: (!args.hub.is_empty()).then_some(args.hub),
-        agent_id: args.agent_id,
-        token_file: args.token_file,
-        ca_file: args.ca_file,
-        trusted_keys: args.trusted_key,
+        hub: (!args.link.hub.is_empty()).then_some(args.link.hub),
+        agent_id: args.link.agent_id,
+        token_file: args.link.token_file,
+        ca_file: args.link.ca_file,
+        trusted_keys: args.link.trusted_key,
         runner_user: args.runner_user,
         prefix: args.prefix,
         root: args.root,
