@@ -99,46 +99,33 @@ fn spawn_error(program: &str) -> impl Fn(io::Error) -> JobError + '_ {
 #[cfg(target_os = "linux")]
 fn clone_vfork(l: Launch<'_>, strings: ExecStrings) -> Result<JobProcess, JobError> {
     use crate::sys::launch::{self, LaunchSpec};
-    let Launch {
-        spec,
-        env: _,
-        cwd,
-        stdio,
-        limits,
-        cgroup_procs,
-        landlock,
-    } = l;
-
-    let program = &spec.argv[0];
+    let program = &l.spec.argv[0];
     let spawn_err = spawn_error(program);
-    let ExecStrings {
-        programs,
-        argv,
-        env: c_env,
-        search,
-    } = strings;
     let launched = launch::launch(&LaunchSpec {
-        programs: &programs,
-        argv: &argv,
-        env: &c_env,
-        cwd: cwd.as_fd(),
-        stdin: stdio.stdin.as_fd(),
-        stdout: stdio.stdout.as_fd(),
-        stderr: stdio.stderr.as_fd(),
-        limits,
-        cgroup_procs,
-        landlock,
+        programs: &strings.programs,
+        argv: &strings.argv,
+        env: &strings.env,
+        cwd: l.cwd.as_fd(),
+        stdin: l.stdio.stdin.as_fd(),
+        stdout: l.stdio.stdout.as_fd(),
+        stderr: l.stdio.stderr.as_fd(),
+        limits: l.limits,
+        cgroup_procs: l.cgroup_procs,
+        landlock: l.landlock,
     })
-    .map_err(
-        |e| match (e.step, not_found_in_path(program, &search, &e.source)) {
+    .map_err(|e| {
+        match (
+            e.step,
+            not_found_in_path(program, &strings.search, &e.source),
+        ) {
             (launch::Step::Exec, Some(said)) => spawn_err(said),
             _ => JobError::Launch {
                 program: program.clone(),
                 step: e.step,
                 source: e.source,
             },
-        },
-    )?;
+        }
+    })?;
     JobProcess::from_launched(launched).map_err(spawn_err)
 }
 
@@ -221,16 +208,7 @@ fn program_candidates(program: &str, search: &str) -> Vec<PathBuf> {
 /// (see `sys::spawn::job_exec`), which also does the exec, trying each PATH entry as the
 /// job itself would.
 fn fork_exec(l: Launch<'_>, strings: ExecStrings) -> Result<JobProcess, JobError> {
-    let Launch {
-        spec,
-        env: _,
-        cwd,
-        stdio,
-        limits,
-        cgroup_procs,
-        landlock,
-    } = l;
-    let program = &spec.argv[0];
+    let (program, stdio) = (&l.spec.argv[0], l.stdio);
     let spawn_err = spawn_error(program);
     let ExecStrings {
         programs,
@@ -240,10 +218,10 @@ fn fork_exec(l: Launch<'_>, strings: ExecStrings) -> Result<JobProcess, JobError
     } = strings;
     let dup = |fd: BorrowedFd<'_>| fd.try_clone_to_owned().map_err(&spawn_err);
     let exec = spawn::JobExec {
-        cwd: dup(cwd.as_fd())?,
-        cgroup_procs: cgroup_procs.map(dup).transpose()?,
-        limits,
-        landlock: landlock.map(dup).transpose()?,
+        cwd: dup(l.cwd.as_fd())?,
+        cgroup_procs: l.cgroup_procs.map(dup).transpose()?,
+        limits: l.limits,
+        landlock: l.landlock.map(dup).transpose()?,
         programs,
         argv,
         env: c_env,
