@@ -78,6 +78,17 @@ pub(super) fn reload(args: AgentReloadArgs) -> anyhow::Result<ExitCode> {
                 }
             });
         }
+        // The same process re-executed (an upgrade's switch): the new agent read the
+        // configuration when it started, after this command began.
+        if let Some(n) = now.as_ref().filter(|n| n.pid == st.pid).filter(|n| {
+            n.started_at > st.started_at || n.reloads.as_ref().is_some_and(|r| r.count < before)
+        }) {
+            eprintln!(
+                "railgrid: the agent (pid {pid}) started again as version {} and read its configuration then",
+                n.version
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
         let gone = now
             .as_ref()
             .is_some_and(|n| n.pid != st.pid || !status::agent_alive(&state_dir, n));
