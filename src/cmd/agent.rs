@@ -107,7 +107,7 @@ pub(super) fn check_config(args: AgentArgs) -> anyhow::Result<ExitCode> {
     if let Some(hub) = &cfg.hub {
         crate::agent::hub::check(hub).map_err(usage)?;
     }
-    let text = toml::to_string(&cfg.effective()).context("could not render the configuration")?;
+    let text = cfg.effective().to_string();
     print_stdout(&format!(
         "# railgrid agent: effective configuration (valid)\n{}",
         text.trim_end()

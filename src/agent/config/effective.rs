@@ -1,114 +1,93 @@
 //! The effective configuration as `check-config` prints it: every setting with the value
-//! in force, the token redacted.
+//! in force, under its file key, in the order of the `settings!` list. It holds no
+//! secret: the token stays in its file.
+//!
+//! Built from [`SETTINGS`] rather than restated as structs, so a new setting cannot be
+//! left out: [`AgentConfig::shown`] must say what each [`Key`] holds.
 
-use std::path::PathBuf;
+use std::path::Path;
+use std::time::Duration;
 
-use serde::Serialize;
+use toml_edit::{value, DocumentMut, Value};
 
 use super::settings::AgentConfig;
+use super::sources::{Key, SETTINGS};
 use crate::supervisor::account::Account;
 
-/// The effective configuration as `check-config` prints it. It holds no secret: the
-/// token stays in its file.
-#[derive(Debug, Serialize)]
-pub(crate) struct Effective {
-    pub(crate) config_file: String,
-    pub(crate) state_dir: PathBuf,
-    pub(crate) log_dir: PathBuf,
-    pub(crate) runner: EffectiveRunner,
-    pub(crate) hub: Option<EffectiveHub>,
-    pub(crate) log: EffectiveLog,
-    pub(crate) upgrade: EffectiveUpgrade,
-}
-
-#[derive(Debug, Serialize)]
-pub(crate) struct EffectiveUpgrade {
-    pub(crate) trusted_keys: Vec<String>,
-    pub(crate) settle: String,
-    pub(crate) deadline: String,
-    pub(crate) hub_wait: String,
-}
-
-#[derive(Debug, Serialize)]
-pub(crate) struct EffectiveRunner {
-    pub(crate) user: String,
-    pub(crate) stop_grace: String,
-    pub(crate) initial_backoff: String,
-    pub(crate) max_log_bytes: u64,
-    pub(crate) max_jobs: Option<usize>,
-    pub(crate) max_jobs_per_owner: Option<usize>,
-    pub(crate) max_queued: Option<usize>,
-    pub(crate) max_output_bytes: Option<u64>,
-    /// `true`, `false`, or `auto` (unset: see [`RunnerSettings::delegate_cgroup`]).
-    pub(crate) delegate_cgroup: String,
-    pub(crate) job_path: String,
-    pub(crate) max_kept_bytes: u64,
-}
-
-#[derive(Debug, Serialize)]
-pub(crate) struct EffectiveHub {
-    pub(crate) url: Vec<String>,
-    pub(crate) agent_id: String,
-    pub(crate) token_file: PathBuf,
-    pub(crate) token: &'static str,
-    pub(crate) ca_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Serialize)]
-pub(crate) struct EffectiveLog {
-    pub(crate) max_files: usize,
-}
-
 impl AgentConfig {
-    pub(crate) fn effective(&self) -> Effective {
-        Effective {
-            config_file: self.config_path.as_ref().map_or_else(
-                || "(none: defaults)".to_owned(),
-                |p| p.display().to_string(),
-            ),
-            state_dir: self.state_dir.clone(),
-            log_dir: self.log_dir.clone(),
-            runner: EffectiveRunner {
-                user: self.runner.user.as_ref().map_or_else(
-                    || format!("{} (the agent's own account)", Account::current().name),
-                    |a| a.name.clone(),
-                ),
-                stop_grace: humantime::format_duration(self.runner.stop_grace).to_string(),
-                initial_backoff: humantime::format_duration(self.runner.initial_backoff)
-                    .to_string(),
-                max_log_bytes: self.runner.max_log_bytes,
-                max_jobs: self.runner.max_jobs,
-                max_jobs_per_owner: self.runner.max_jobs_per_owner,
-                max_queued: self.runner.max_queued,
-                max_output_bytes: self.runner.max_output_bytes,
-                delegate_cgroup: self
-                    .runner
-                    .delegate_cgroup
-                    .map_or_else(|| "auto".to_owned(), |d| d.to_string()),
-                job_path: self.runner.job_path.clone().unwrap_or_else(|| {
-                    format!("{} (the default)", crate::supervisor::DEFAULT_PATH)
-                }),
-                max_kept_bytes: self
-                    .runner
-                    .max_kept_bytes
-                    .unwrap_or(crate::runner::engine::DEFAULT_MAX_KEPT_BYTES),
-            },
-            hub: self.hub.as_ref().map(|h| EffectiveHub {
-                url: h.urls.clone(),
-                agent_id: h.agent_id.clone(),
-                token_file: h.token_file.clone(),
-                token: "<redacted>",
-                ca_file: h.ca_file.clone(),
-            }),
-            log: EffectiveLog {
-                max_files: self.log_max_files,
-            },
-            upgrade: EffectiveUpgrade {
-                trusted_keys: self.upgrade.trusted_keys.clone(),
-                settle: humantime::format_duration(self.upgrade.settle).to_string(),
-                deadline: humantime::format_duration(self.upgrade.deadline).to_string(),
-                hub_wait: humantime::format_duration(self.upgrade.hub_wait).to_string(),
-            },
+    pub(crate) fn effective(&self) -> DocumentMut {
+        let mut doc = DocumentMut::new();
+        let config_file = self.config_path.as_ref().map_or_else(
+            || "(none: defaults)".to_owned(),
+            |p| p.display().to_string(),
+        );
+        doc["config_file"] = value(config_file);
+        for s in SETTINGS {
+            let Some(v) = self.shown(s.key) else {
+                continue;
+            };
+            match s.toml.split_once('.') {
+                Some((table, key)) => {
+                    if !doc.contains_key(table) {
+                        doc[table] = toml_edit::table();
+                    }
+                    doc[table][key] = value(v);
+                }
+                None => doc[s.toml] = value(v),
+            }
         }
+        if self.hub.is_some() {
+            doc["hub"]["token"] = value("<redacted>");
+        }
+        doc
+    }
+
+    /// The value of `key` in force, as `check-config` shows it; `None` where it is unset
+    /// and has no default (a hub setting without a hub).
+    fn shown(&self, key: Key) -> Option<Value> {
+        let duration = |d: Duration| Value::from(humantime::format_duration(d).to_string());
+        let path = |p: &Path| Value::from(p.display().to_string());
+        let number = |n: u64| Value::from(i64::try_from(n).unwrap_or(i64::MAX));
+        let count = |n: usize| number(n as u64);
+        let list = |v: &[String]| Value::Array(v.iter().collect());
+        let (r, u) = (&self.runner, &self.upgrade);
+        Some(match key {
+            Key::StateDir => path(&self.state_dir),
+            Key::LogDir => path(&self.log_dir),
+            Key::RunnerUser => Value::from(r.user.as_ref().map_or_else(
+                || format!("{} (the agent's own account)", Account::current().name),
+                |a| a.name.clone(),
+            )),
+            Key::StopGrace => duration(r.stop_grace),
+            Key::InitialBackoff => duration(r.initial_backoff),
+            Key::MaxLogBytes => number(r.max_log_bytes),
+            Key::MaxJobs => count(r.max_jobs?),
+            Key::MaxJobsPerOwner => count(r.max_jobs_per_owner?),
+            Key::MaxQueued => count(r.max_queued?),
+            Key::MaxOutputBytes => number(r.max_output_bytes?),
+            // `auto` where unset: see [`RunnerSettings::delegate_cgroup`].
+            Key::DelegateCgroup => Value::from(
+                r.delegate_cgroup
+                    .map_or_else(|| "auto".into(), |d| d.to_string()),
+            ),
+            Key::JobPath => {
+                Value::from(r.job_path.clone().unwrap_or_else(|| {
+                    format!("{} (the default)", crate::supervisor::DEFAULT_PATH)
+                }))
+            }
+            Key::MaxKeptBytes => number(
+                r.max_kept_bytes
+                    .unwrap_or(crate::runner::engine::DEFAULT_MAX_KEPT_BYTES),
+            ),
+            Key::HubUrl => list(&self.hub.as_ref()?.urls),
+            Key::AgentId => Value::from(&self.hub.as_ref()?.agent_id),
+            Key::TokenFile => path(&self.hub.as_ref()?.token_file),
+            Key::CaFile => path(self.hub.as_ref()?.ca_file.as_ref()?),
+            Key::LogMaxFiles => count(self.log_max_files),
+            Key::TrustedKeys => list(&u.trusted_keys),
+            Key::Settle => duration(u.settle),
+            Key::Deadline => duration(u.deadline),
+            Key::HubWait => duration(u.hub_wait),
+        })
     }
 }

@@ -18,17 +18,40 @@ fn write(dir: &Path, text: &str) -> PathBuf {
     p
 }
 
-#[test]
-fn flags_beat_environment_beat_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(
-        dir.path(),
-        "state_dir = \"from-file\"\nlog_dir = \"/logs\"\n[runner]\nstop_grace = \"3s\"\n",
-    );
+/// Flags that name a file holding `text` as the configuration, and the file.
+fn file_flags(dir: &Path, text: &str) -> (Flags, PathBuf) {
+    let path = write(dir, text);
     let flags = Flags {
         config: Some(path.clone()),
         ..Flags::default()
     };
+    (flags, path)
+}
+
+/// An owner-only token file in `dir`.
+fn token_file(dir: &Path) -> PathBuf {
+    let token = dir.join("token");
+    fs::write(&token, "secret").unwrap();
+    fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
+    token
+}
+
+/// The message of a refused configuration, checked to hold every one of `parts`.
+fn refused(flags: &Flags, env: &dyn Fn(&str) -> Option<String>, parts: &[&str]) -> String {
+    let err = load_with(flags, false, env).unwrap_err().to_string();
+    for part in parts {
+        assert!(err.contains(part), "{part:?} not in: {err}");
+    }
+    err
+}
+
+#[test]
+fn flags_beat_environment_beat_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (flags, _) = file_flags(
+        dir.path(),
+        "state_dir = \"from-file\"\nlog_dir = \"/logs\"\n[runner]\nstop_grace = \"3s\"\n",
+    );
     let env = env_of(&[
         ("RAILGRID_LOG_DIR", "/env-logs"),
         ("RAILGRID_RUNNER_STOP_GRACE", "4s"),
@@ -54,29 +77,12 @@ fn flags_beat_environment_beat_file() {
 #[test]
 fn errors_name_the_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "[runner]\nstop_grace = \"soon\"\n");
-    let flags = Flags {
-        config: Some(path.clone()),
-        ..Flags::default()
-    };
-    let err = load_with(&flags, false, &env_of(&[("HOME", "/h")]))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains(&path.display().to_string())
-            && err.contains("runner.stop_grace")
-            && err.contains("250ms"),
-        "{err}"
-    );
-
-    let path = write(dir.path(), "[runner]\nuser = \"nobody\"\nbogus = 1\n");
-    let err = load_with(&flags, false, &env_of(&[]))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("bogus") && err.contains(&path.display().to_string()),
-        "{err}"
-    );
+    let (flags, path) = file_flags(dir.path(), "[runner]\nstop_grace = \"soon\"\n");
+    let shown = path.display().to_string();
+    let env = env_of(&[("HOME", "/h")]);
+    refused(&flags, &env, &[&shown, "runner.stop_grace", "250ms"]);
+    write(dir.path(), "[runner]\nuser = \"nobody\"\nbogus = 1\n");
+    refused(&flags, &env_of(&[]), &["bogus", &shown]);
 }
 
 #[test]
@@ -85,37 +91,28 @@ fn job_limits_pass_through_and_zero_is_refused() {
     let c = load_with(&Flags::default(), false, &env).unwrap();
     assert_eq!((c.runner.max_jobs, c.runner.max_queued), (Some(3), None));
     let env = env_of(&[("HOME", "/h"), ("RAILGRID_RUNNER_MAX_JOBS", "0")]);
-    let err = load_with(&Flags::default(), false, &env)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("RAILGRID_RUNNER_MAX_JOBS") && err.contains("at least 1"),
-        "{err}"
+    refused(
+        &Flags::default(),
+        &env,
+        &["RAILGRID_RUNNER_MAX_JOBS", "at least 1"],
     );
 }
 
 #[test]
 fn stop_grace_is_bounded() {
     let env = env_of(&[("HOME", "/h"), ("RAILGRID_RUNNER_STOP_GRACE", "1h")]);
-    let err = load_with(&Flags::default(), false, &env)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("RAILGRID_RUNNER_STOP_GRACE") && err.contains("1m"),
-        "{err}"
+    refused(
+        &Flags::default(),
+        &env,
+        &["RAILGRID_RUNNER_STOP_GRACE", "1m"],
     );
     let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "[runner]\nstop_grace = \"61s\"\n");
-    let flags = Flags {
-        config: Some(path.clone()),
-        ..Flags::default()
-    };
-    let err = load_with(&flags, false, &env_of(&[("HOME", "/h")]))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("runner.stop_grace") && err.contains(&path.display().to_string()),
-        "{err}"
+    let (flags, path) = file_flags(dir.path(), "[runner]\nstop_grace = \"61s\"\n");
+    let shown = path.display().to_string();
+    refused(
+        &flags,
+        &env_of(&[("HOME", "/h")]),
+        &["runner.stop_grace", &shown],
     );
     let env = env_of(&[("HOME", "/h"), ("RAILGRID_RUNNER_STOP_GRACE", "1m")]);
     let c = load_with(&Flags::default(), false, &env).unwrap();
@@ -137,9 +134,8 @@ fn root_needs_a_runner_user() {
     };
     // With no file at the root default path this machine may or may not have one; name an empty one.
     let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "");
     let flags = Flags {
-        config: Some(path),
+        config: Some(write(dir.path(), "")),
         ..flags
     };
     let err = load_with(&flags, true, &env_of(&[])).unwrap_err();
@@ -161,13 +157,7 @@ fn a_token_file_open_to_others_is_refused() {
         config: Some(write(dir.path(), "")),
         ..Flags::default()
     };
-    let err = load_with(&flags, false, &env_of(&[]))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("--token-file") && err.contains("chmod 600"),
-        "{err}"
-    );
+    refused(&flags, &env_of(&[]), &["--token-file", "chmod 600"]);
     fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
     assert!(load_with(&flags, false, &env_of(&[]))
         .unwrap()
@@ -178,9 +168,7 @@ fn a_token_file_open_to_others_is_refused() {
 #[test]
 fn the_replicas_of_a_hub_come_as_a_list_from_every_source() {
     let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("token");
-    fs::write(&token, "secret").unwrap();
-    fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
+    let token = token_file(dir.path());
     let file = write(
         dir.path(),
         "[hub]\nurl = [\"https://a:8443/\", \"https://b:8443\", \"https://a:8443\"]\nagent_id = \"x\"\n",
@@ -218,19 +206,13 @@ fn the_replicas_of_a_hub_come_as_a_list_from_every_source() {
         hub: Some(vec!["https://e".into(), "http://plain".into()]),
         ..flags
     };
-    let err = load_with(&bad, false, &env).unwrap_err().to_string();
-    assert!(
-        err.contains("http://plain") && err.contains("https://"),
-        "{err}"
-    );
+    refused(&bad, &env, &["http://plain", "https://"]);
 }
 
 #[test]
 fn the_agent_id_defaults_to_the_host_name_and_must_fit_a_url() {
     let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("token");
-    fs::write(&token, "secret").unwrap();
-    fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
+    let token = token_file(dir.path());
     let flags = Flags {
         config: Some(write(dir.path(), "[hub]\nurl = \"https://hub.example/\"\n")),
         token_file: Some(token),
@@ -257,20 +239,13 @@ fn the_agent_id_defaults_to_the_host_name_and_must_fit_a_url() {
             agent_id: Some(bad.into()),
             ..flags.clone()
         };
-        let err = load_with(&flags, false, &env).unwrap_err().to_string();
-        assert!(
-            err.contains("--agent-id") && err.contains("invalid agent id"),
-            "{bad:?}: {err}"
-        );
+        refused(&flags, &env, &["--agent-id", "invalid agent id"]);
     }
     let no_hub = Flags {
         agent_id: Some("a1".into()),
         ..Flags::default()
     };
-    let err = load_with(&no_hub, false, &env_of(&[("HOME", "/h")]))
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("without a hub URL"), "{err}");
+    refused(&no_hub, &env_of(&[("HOME", "/h")]), &["without a hub URL"]);
 }
 
 #[test]
@@ -483,9 +458,7 @@ fn the_documented_settings_match() {
 #[test]
 fn the_effective_configuration_names_every_setting() {
     let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("token");
-    fs::write(&token, "secret").unwrap();
-    fs::set_permissions(&token, fs::Permissions::from_mode(0o600)).unwrap();
+    let token = token_file(dir.path());
     // A CA file is read when the configuration is loaded: a real one.
     let ca = dir.path().join("ca.pem");
     let cert = rcgen::generate_simple_self_signed(vec!["hub.example".into()]).unwrap();
@@ -505,7 +478,7 @@ fn the_effective_configuration_names_every_setting() {
         ("RAILGRID_RUNNER_MAX_OUTPUT_BYTES", "2"),
     ]);
     let c = load_with(&flags, false, &env).unwrap();
-    let text = toml::to_string(&c.effective()).unwrap();
+    let text = c.effective().to_string();
     let mut keys = Vec::new();
     toml_keys(&toml::from_str(&text).unwrap(), "", &mut keys);
     keys.retain(|k| k != "config_file" && k != "hub.token");
