@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use super::admin::{ago, classify, clean};
-use super::job::{shell_exit_code, Interrupts, DETACHED};
+use super::interrupts::{follow_or_cancel, Interrupts, DETACHED};
+use super::job::shell_exit_code;
 use super::print_stdout;
 use crate::cli::{HubJobCommand, HubJobSubmitArgs};
 use crate::hub::admin::{AdminClient, AdminError, Target};
@@ -151,23 +152,19 @@ async fn submit(c: &AdminClient, a: HubJobSubmitArgs, json: bool) -> anyhow::Res
         b?;
         Ok::<_, anyhow::Error>(c.wait_job(&id).await?)
     };
-    tokio::pin!(follow);
-    let mut cancelling = false;
-    let v = loop {
-        tokio::select! {
-            // Cancel-safe: the future is pinned outside the loop and polled by reference.
-            v = &mut follow => break v?,
-            // Cancel-safe: the signal streams buffer deliveries.
-            sig = signals.next() => {
-                if cancelling {
-                    eprintln!("railgrid: {sig}: detached from job {id}, which is being cancelled; follow it with: railgrid hub job logs --follow {id}");
-                    return Ok(ExitCode::from(DETACHED));
-                }
-                cancelling = true;
-                eprintln!("railgrid: {sig}: cancelling job {id} through the hub; {sig} again to detach");
-                c.cancel_job(&id).await?;
-            }
-        }
+    let detach = format!("railgrid hub job logs --follow {id}");
+    let cancel = || async { c.cancel_job(&id).await.map_err(anyhow::Error::from) };
+    let Some(v) = follow_or_cancel(
+        &mut signals,
+        follow,
+        &id,
+        "through the hub",
+        &detach,
+        cancel,
+    )
+    .await?
+    else {
+        return Ok(ExitCode::from(DETACHED));
     };
     Ok(ended(&v))
 }

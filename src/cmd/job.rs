@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
+use super::interrupts::{follow_or_cancel, Interrupts, DETACHED};
 use super::{print_stdout, usage};
 use crate::agent::config::{self, Flags};
 use crate::cli::{JobCommand, JobSubmitArgs, JobTarget};
@@ -193,62 +194,19 @@ async fn submit(
         b.context("streaming stderr")?;
         client.wait(&sub.id).await.map_err(api_err)
     };
-    tokio::pin!(follow);
-    let mut cancelling = false;
-    let rec = loop {
-        tokio::select! {
-            // Cancel-safe: the future is pinned outside the loop and polled by reference.
-            rec = &mut follow => break rec?,
-            // Cancel-safe: the signal streams buffer deliveries.
-            sig = signals.next() => {
-                if cancelling {
-                    eprintln!(
-                        "railgrid: {sig}: detached from job {id}, which is being cancelled; follow it with: railgrid job --socket {socket} logs --follow {id}",
-                        id = sub.id,
-                        socket = socket.display(),
-                    );
-                    return Ok(ExitCode::from(DETACHED));
-                }
-                cancelling = true;
-                eprintln!(
-                    "railgrid: {sig}: cancelling job {} (SIGTERM to its process group, SIGKILL after its grace); {sig} again to detach",
-                    sub.id
-                );
-                client.cancel(&sub.id).await.map_err(api_err)?;
-            }
-        }
+    let detach = format!(
+        "railgrid job --socket {} logs --follow {}",
+        socket.display(),
+        sub.id
+    );
+    let how = "(SIGTERM to its process group, SIGKILL after its grace)";
+    let cancel = || async { client.cancel(&sub.id).await.map_err(api_err) };
+    let Some(rec) = follow_or_cancel(&mut signals, follow, &sub.id, how, &detach, cancel).await?
+    else {
+        return Ok(ExitCode::from(DETACHED));
     };
     report_end(&rec);
     Ok(ExitCode::from(exit_code(&rec)))
-}
-
-/// What `submit` exits with when a second Ctrl-C detaches it: 128 + SIGINT, as a shell
-/// reports a command interrupted from the terminal.
-pub(super) const DETACHED: u8 = 130;
-
-/// SIGINT and SIGTERM to the client, while it follows a job it submitted.
-pub(super) struct Interrupts {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-}
-
-impl Interrupts {
-    pub(super) fn new() -> anyhow::Result<Self> {
-        use tokio::signal::unix::{signal, SignalKind};
-        Ok(Self {
-            int: signal(SignalKind::interrupt()).context("could not handle SIGINT")?,
-            term: signal(SignalKind::terminate()).context("could not handle SIGTERM")?,
-        })
-    }
-
-    /// The next one, by the name a user knows it by.
-    pub(super) async fn next(&mut self) -> &'static str {
-        tokio::select! {
-            // Cancel-safe (both arms): `recv` on a signal stream loses nothing.
-            _ = self.int.recv() => "Ctrl-C",
-            _ = self.term.recv() => "SIGTERM",
-        }
-    }
 }
 
 /// True for a job whose process never ran: it could not be started.

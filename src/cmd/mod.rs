@@ -8,6 +8,7 @@ mod hub;
 mod hub_job;
 mod hub_release;
 mod install;
+mod interrupts;
 mod job;
 mod release;
 mod runner;
