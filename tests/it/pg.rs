@@ -2,15 +2,18 @@
 //! into a temporary directory, run as the `postgres` account when the tests run as root,
 //! serving on a Unix socket in that directory only (plus, when asked, TLS on a loopback
 //! port). Stopped and removed when dropped.
+//!
+//! Also the library's: the store conformance suite (src/hub/store/conformance.rs) runs
+//! its cases against a cluster started by this same file.
 
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::support::{is_root, path_str, tempdir};
+use super::support::{is_root, path_str, tempdir, INSTALL};
 
 pub struct Postgres {
     dir: tempfile::TempDir,
@@ -65,10 +68,7 @@ impl Postgres {
     pub fn start_with(tls: Option<(&str, &str)>) -> Option<Postgres> {
         // A missing tool fails the test, as every missing test prerequisite does.
         let bin = bin_dir().unwrap_or_else(|| {
-            panic!(
-                "PostgreSQL is not installed: run {} (Debian package postgresql)",
-                crate::prerequisites::INSTALL
-            )
+            panic!("PostgreSQL is not installed: run {INSTALL} (Debian package postgresql)")
         });
         let dir = tempdir();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))

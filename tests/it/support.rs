@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
+pub use super::prerequisites::INSTALL;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_railgrid");
 
 pub fn railgrid() -> Command {

@@ -8,6 +8,8 @@
 //! is kept portable (no SQLite-only functions or upserts beyond `ON CONFLICT … DO UPDATE`),
 //! so that a PostgreSQL store is the same statements on another driver.
 
+#[cfg(test)]
+mod conformance;
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
 

@@ -35,11 +35,7 @@ impl JobStore for PgStore {
         if n == 0 {
             return Ok(None);
         }
-        notify(&tx, &self.payload('a', generation, &job.agent))
-            .await
-            .map_err(&e)?;
-        tx.commit().await.map_err(&e)?;
-        self.took(generation);
+        self.commit_change(tx, &job.agent, Some(generation)).await?;
         Ok(Some((u64_of(seq), generation)))
     }
 
@@ -107,13 +103,7 @@ impl JobStore for PgStore {
             .await
             .map_err(&e)?;
         }
-        notify(&tx, &self.payload('a', generation.unwrap_or(0), agent))
-            .await
-            .map_err(&e)?;
-        tx.commit().await.map_err(&e)?;
-        if let Some(g) = generation {
-            self.took(g);
-        }
+        self.commit_change(tx, agent, generation).await?;
         Ok(generation)
     }
 

@@ -328,6 +328,27 @@ impl PgStore {
     fn took(&self, generation: u64) {
         crate::util::lock(&self.seen).add(generation);
     }
+
+    /// The end of every change to a scope (`""`: the fleet): the other hubs are told (a
+    /// NOTIFY is delivered at commit, so never of a change that did not commit), the
+    /// transaction commits, and the generation it took, if any, counts as this hub's own.
+    async fn commit_change(
+        &self,
+        tx: deadpool_postgres::Transaction<'_>,
+        scope: &str,
+        generation: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let e = self.err();
+        let kind = if scope.is_empty() { 'f' } else { 'a' };
+        notify(&tx, &self.payload(kind, generation.unwrap_or(0), scope))
+            .await
+            .map_err(&e)?;
+        tx.commit().await.map_err(&e)?;
+        if let Some(g) = generation {
+            self.took(g);
+        }
+        Ok(())
+    }
 }
 
 /// A read-only transaction that sees one snapshot; rolled back if dropped (a pooled
@@ -551,11 +572,7 @@ impl Store for PgStore {
             return Ok(None);
         }
         let generation = bump_scope(&tx, id, &self.url).await?;
-        notify(&tx, &self.payload('a', generation, id))
-            .await
-            .map_err(&e)?;
-        tx.commit().await.map_err(&e)?;
-        self.took(generation);
+        self.commit_change(tx, id, Some(generation)).await?;
         Ok(Some(generation))
     }
 
@@ -574,11 +591,7 @@ impl Store for PgStore {
             return Ok(None);
         }
         let generation = bump_scope(&tx, id, &self.url).await?;
-        notify(&tx, &self.payload('a', generation, id))
-            .await
-            .map_err(&e)?;
-        tx.commit().await.map_err(&e)?;
-        self.took(generation);
+        self.commit_change(tx, id, Some(generation)).await?;
         Ok(Some(generation))
     }
 
@@ -647,14 +660,7 @@ impl Store for PgStore {
         )
         .await
         .map_err(&e)?;
-        let payload = if scope.is_empty() {
-            self.payload('f', generation, "")
-        } else {
-            self.payload('a', generation, scope)
-        };
-        notify(&tx, &payload).await.map_err(&e)?;
-        tx.commit().await.map_err(&e)?;
-        self.took(generation);
+        self.commit_change(tx, scope, Some(generation)).await?;
         Ok(Ok(generation))
     }
 
@@ -711,11 +717,7 @@ impl Store for PgStore {
         )
         .await
         .map_err(&e)?;
-        notify(&tx, &self.payload('f', generation, ""))
-            .await
-            .map_err(&e)?;
-        tx.commit().await.map_err(&e)?;
-        self.took(generation);
+        self.commit_change(tx, "", Some(generation)).await?;
         Ok(generation)
     }
 
@@ -740,11 +742,7 @@ impl Store for PgStore {
             }
         }
         .map_err(&e)?;
-        notify(&tx, &self.payload('f', generation, ""))
-            .await
-            .map_err(&e)?;
-        tx.commit().await.map_err(&e)?;
-        self.took(generation);
+        self.commit_change(tx, "", Some(generation)).await?;
         Ok(generation)
     }
 

@@ -1,0 +1,385 @@
+//! One suite for every store: each case runs against SQLite and against a real
+//! PostgreSQL (started by tests/it/pg.rs, as the integration tests start theirs), so that
+//! the two backends cannot drift apart in what [`Store`] and [`JobStore`] promise.
+
+use std::future::Future;
+
+use super::postgres::PgStore;
+use super::sqlite::SqliteStore;
+use super::*;
+use crate::proto::job::Stream;
+
+#[path = "../../../tests/it/pg.rs"]
+mod pg;
+
+/// What tests/it/pg.rs takes from the integration tests' support module.
+mod support {
+    pub(super) const INSTALL: &str = "sudo bash scripts/install-test-prerequisites.sh";
+
+    pub(super) fn is_root() -> bool {
+        nix::unistd::geteuid().is_root()
+    }
+
+    pub(super) fn tempdir() -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix("railgrid-test")
+            .tempdir()
+            .expect("tempdir")
+    }
+
+    pub(super) fn path_str(p: &std::path::Path) -> String {
+        p.to_str().expect("utf-8 path").to_owned()
+    }
+}
+
+/// A database under test, empty at first.
+trait Backend {
+    type Store: Store;
+
+    /// A handle to it; a second one sees what the first made durable.
+    fn open(&self) -> impl Future<Output = Self::Store>;
+
+    /// A handle as an offline command takes it (`hub store renumber`), with every other
+    /// handle dropped.
+    fn open_alone(&self) -> impl Future<Output = Self::Store> {
+        self.open()
+    }
+
+    /// Sets the generation counter, as a long-lived hub would have moved it.
+    fn set_generation(&self, n: u64);
+}
+
+struct Sqlite(tempfile::TempDir);
+
+impl Backend for Sqlite {
+    type Store = SqliteStore;
+
+    async fn open(&self) -> SqliteStore {
+        SqliteStore::open(&self.0.path().join("hub.db")).expect("open the SQLite store")
+    }
+
+    fn set_generation(&self, n: u64) {
+        let conn = rusqlite::Connection::open(self.0.path().join("hub.db")).expect("open");
+        conn.execute(
+            "UPDATE meta SET value = ?1 WHERE key = 'generation'",
+            [n as i64],
+        )
+        .expect("set the generation");
+    }
+}
+
+struct Postgres<'a> {
+    pg: &'a pg::Postgres,
+    db: String,
+}
+
+impl Backend for Postgres<'_> {
+    type Store = PgStore;
+
+    async fn open(&self) -> PgStore {
+        PgStore::connect(&self.pg.url(&self.db))
+            .await
+            .expect("connect to PostgreSQL")
+    }
+
+    async fn open_alone(&self) -> PgStore {
+        let url = self.pg.url(&self.db);
+        PgStore::connect_as(&url, super::postgres::RENUMBER_APPLICATION)
+            .await
+            .expect("connect to PostgreSQL")
+    }
+
+    fn set_generation(&self, n: u64) {
+        self.pg.sql(
+            &self.db,
+            &format!("UPDATE meta SET value = {n} WHERE key = 'generation'"),
+        );
+    }
+}
+
+#[tokio::test]
+async fn sqlite_keeps_every_promise() {
+    let mut n = 0;
+    every_case(|| {
+        n += 1;
+        Sqlite(tempfile::tempdir().expect("tempdir"))
+    })
+    .await;
+    assert_eq!(n, CASES);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_every_promise() {
+    let pg = pg::Postgres::start().expect("PostgreSQL");
+    let mut n = 0;
+    every_case(|| {
+        n += 1;
+        let db = format!("case{n}");
+        pg.create_db(&db);
+        Postgres { pg: &pg, db }
+    })
+    .await;
+    assert_eq!(n, CASES);
+}
+
+const CASES: usize = 6;
+
+/// Runs each case on a fresh database from `fresh`.
+async fn every_case<B: Backend>(mut fresh: impl FnMut() -> B) {
+    what_is_stored_is_loaded_again(&fresh()).await;
+    no_generation_past_the_protocols_bound_is_handed_out(&fresh()).await;
+    a_change_from_a_stale_copy_is_refused_with_the_stored_settings(&fresh()).await;
+    output_is_taken_once_by_offset_capped_and_read_back_from_any_offset(&fresh()).await;
+    jobs_are_listed_newest_first_and_only_done_ones_are_pruned(&fresh()).await;
+    releases_halts_and_renumbering_move_the_fleets_generation(&fresh()).await;
+}
+
+fn settings(max_jobs: usize) -> DesiredSettings {
+    DesiredSettings {
+        max_jobs: Some(max_jobs),
+        ..DesiredSettings::default()
+    }
+}
+
+async fn what_is_stored_is_loaded_again(b: &impl Backend) {
+    let store = b.open().await;
+    let g1 = store.enrol("a", "hash-a", 100).await.expect("enrol");
+    assert_eq!(g1, Some(1));
+    assert_eq!(store.enrol("a", "other", 101).await.expect("again"), None);
+    let g2 = store
+        .set_scope("", &settings(4), None)
+        .await
+        .expect("fleet");
+    assert_eq!(g2, Ok(2));
+    let g3 = store
+        .set_scope("a", &settings(1), None)
+        .await
+        .expect("agent");
+    assert_eq!(g3, Ok(3));
+    store
+        .record_reports(vec![ReportRow {
+            id: "a".into(),
+            seen_at: 200,
+            observed_generation: 3,
+            report: "{}".into(),
+        }])
+        .await
+        .expect("reports");
+    assert_eq!(store.revoke("a", 300).await.expect("revoke"), Some(4));
+    assert_eq!(store.revoke("nobody", 300).await.expect("revoke"), None);
+    drop(store);
+
+    let store = b.open().await;
+    let snap = store.load().await.expect("load");
+    assert_eq!(snap.generation, 4);
+    assert_eq!(snap.agents.len(), 1);
+    let a = &snap.agents[0];
+    assert_eq!(
+        (a.revoked_at, a.last_seen, a.observed_generation),
+        (Some(300), Some(200), 3)
+    );
+    assert_eq!(a.token_sha256, "hash-a");
+    assert_eq!(snap.scopes.len(), 2);
+    assert_eq!(snap.scopes[0].scope, "");
+    assert_eq!(snap.scopes[0].settings, settings(4));
+    assert_eq!(snap.scopes[1].generation, 4);
+    // A revoked agent re-enrols with a new token and a new generation.
+    let g = store.enrol("a", "hash-b", 400).await.expect("re-enrol");
+    assert_eq!(g, Some(5));
+}
+
+async fn no_generation_past_the_protocols_bound_is_handed_out(b: &impl Backend) {
+    let store = b.open().await;
+    b.set_generation(MAX_GENERATION - 1);
+    let last = store.set_scope("", &settings(1), None).await.expect("last");
+    assert_eq!(last, Ok(MAX_GENERATION));
+    let e = store
+        .set_scope("", &settings(2), None)
+        .await
+        .expect_err("exhausted");
+    assert!(matches!(e, StoreError::GenerationsExhausted(_)), "{e}");
+    assert!(e.to_string().contains("hub store renumber"), "{e}");
+    let snap = store.load().await.expect("load");
+    assert_eq!(snap.generation, MAX_GENERATION, "nothing moved");
+    assert_eq!(snap.scopes[0].settings, settings(1), "nothing changed");
+}
+
+async fn a_change_from_a_stale_copy_is_refused_with_the_stored_settings(b: &impl Backend) {
+    let store = b.open().await;
+    // A scope never set counts as the default.
+    let unset = DesiredSettings::default();
+    let g = store.set_scope("", &settings(2), Some(&unset)).await;
+    assert_eq!(g.expect("set"), Ok(1));
+    let stale = store.set_scope("", &settings(3), Some(&unset)).await;
+    assert_eq!(
+        stale.expect("compare"),
+        Err(settings(2)),
+        "the stored settings come back"
+    );
+    let snap = store.load().await.expect("load");
+    assert_eq!(snap.generation, 1, "a refused change takes no generation");
+    assert_eq!(snap.scopes[0].settings, settings(2));
+}
+
+fn job(id: &str) -> JobRow {
+    JobRow {
+        id: id.into(),
+        seq: 0,
+        agent: "a".into(),
+        spec: crate::proto::job::JobSpec::from_argv(["true"]),
+        created_ms: 1,
+        progress: JobProgress {
+            state: "pending".into(),
+            ..JobProgress::default()
+        },
+        stdout_length: 0,
+        stderr_length: 0,
+        stdout_stored: 0,
+        stderr_stored: 0,
+    }
+}
+
+async fn output_is_taken_once_by_offset_capped_and_read_back_from_any_offset(b: &impl Backend) {
+    let store = b.open().await;
+    store.enrol("a", "h", 1).await.expect("enrol");
+    let (seq, _) = store
+        .insert_job(&job("j"))
+        .await
+        .expect("insert")
+        .expect("new");
+    assert_eq!(seq, 1);
+    assert_eq!(store.insert_job(&job("j")).await.expect("again"), None);
+    let put = |offset: u64, data: &'static [u8]| {
+        store.append_output(
+            "j",
+            Stream::Stdout,
+            offset,
+            bytes::Bytes::from_static(data),
+            8,
+        )
+    };
+    assert_eq!(put(0, b"abc").await.expect("put"), Appended::Length(3));
+    assert_eq!(put(0, b"abc").await.expect("again"), Appended::Length(3));
+    assert_eq!(put(2, b"cdef").await.expect("overlap"), Appended::Length(6));
+    assert_eq!(put(9, b"x").await.expect("gap"), Appended::Gap(6));
+    // Past the cap (8): counted, not kept.
+    assert_eq!(put(6, b"ghijk").await.expect("cap"), Appended::Length(11));
+    let row = store.get_job("j").await.expect("get").expect("row");
+    assert_eq!((row.stdout_length, row.stdout_stored), (11, 8));
+    for (offset, limit, want) in [
+        (0, 100, &b"abcdefgh"[..]),
+        (4, 100, b"efgh"),
+        (3, 2, b"de"),
+        (8, 100, b""),
+        (u64::MAX, 100, b""),
+    ] {
+        let got = store
+            .read_output("j", Stream::Stdout, offset, limit)
+            .await
+            .expect("read");
+        assert_eq!(got, want, "from {offset}, {limit}");
+    }
+    let nothing = bytes::Bytes::new();
+    let no_job = store.append_output("nope", Stream::Stdout, 0, nothing, 8);
+    assert_eq!(no_job.await.expect("no job"), Appended::NoJob);
+    assert_eq!(store.job_agent("j").await.expect("agent"), Some("a".into()));
+}
+
+async fn jobs_are_listed_newest_first_and_only_done_ones_are_pruned(b: &impl Backend) {
+    let store = b.open().await;
+    store.enrol("a", "h", 1).await.expect("enrol");
+    for id in ["j1", "j2", "j3"] {
+        store.insert_job(&job(id)).await.expect("insert");
+    }
+    let other = JobRow {
+        agent: "b".into(),
+        ..job("k")
+    };
+    store.insert_job(&other).await.expect("insert");
+    let ids = |rows: Vec<JobRow>| rows.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    let all = store.list_jobs(None, None, 10).await.expect("list");
+    assert_eq!(ids(all), ["k", "j3", "j2", "j1"]);
+    let a = store.list_jobs(Some("a"), Some(3), 1).await.expect("page");
+    assert_eq!(ids(a), ["j2"], "below seq 3, one");
+
+    let done = JobProgress {
+        state: "succeeded".into(),
+        exit_code: Some(0),
+        finished_ms: Some(5),
+        stdout_bytes: 2,
+        done: true,
+        ..JobProgress::default()
+    };
+    let put = |offset: u64, data: &'static str| {
+        store.append_output("j1", Stream::Stdout, offset, data.into(), 8)
+    };
+    assert_eq!(put(0, "ok").await.expect("put"), Appended::Length(2));
+    let g = store
+        .update_jobs("a", vec![("j1".into(), done.clone())], true)
+        .await
+        .expect("update");
+    assert_eq!(g, Some(6), "enrol, four jobs, this change");
+    assert_eq!(put(2, "late").await.expect("put"), Appended::Length(2));
+    let quiet = store.update_jobs("a", vec![("j2".into(), done.clone())], false);
+    assert_eq!(quiet.await.expect("update"), None, "no generation taken");
+    let j1 = store.get_job("j1").await.expect("get").expect("row");
+    assert_eq!(j1.progress, done, "the progress is stored as given");
+
+    let open = store.load().await.expect("load").open_jobs;
+    assert_eq!(ids(open), ["j3", "k"], "done jobs are not loaded as open");
+    assert_eq!(store.retain_jobs(1).await.expect("retain"), 1, "j1 goes");
+    assert_eq!(store.get_job("j1").await.expect("get"), None);
+    let output = store.read_output("j1", Stream::Stdout, 0, 10).await;
+    assert!(output.expect("read").is_empty(), "its output went with it");
+    assert!(store.get_job("j2").await.expect("get").is_some(), "kept");
+    assert_eq!(store.retain_jobs(0).await.expect("retain"), 1, "j2 goes");
+    assert_eq!(
+        ids(store.list_jobs(None, None, 10).await.expect("list")),
+        ["k", "j3"]
+    );
+}
+
+async fn releases_halts_and_renumbering_move_the_fleets_generation(b: &impl Backend) {
+    let store = b.open().await;
+    store.enrol("a", "h", 1).await.expect("enrol");
+    let release = ReleaseRow {
+        version: "1.2.3".into(),
+        os: "linux".into(),
+        arch: "x86_64".into(),
+        size: 10,
+        sha256: "ab".repeat(32),
+        signature: "sig".into(),
+        key_id: "k1".into(),
+        published_at: 7,
+    };
+    assert_eq!(store.put_release(&release).await.expect("release"), 2);
+    let again = ReleaseRow {
+        signature: "sig2".into(),
+        ..release.clone()
+    };
+    assert_eq!(store.put_release(&again).await.expect("re-publish"), 3);
+    let halt = HaltRow {
+        version: "1.2.3".into(),
+        agent: "a".into(),
+        reason: "crashed".into(),
+        halted_at: 9,
+    };
+    assert_eq!(store.set_halt("1.2.3", Some(&halt)).await.expect("halt"), 4);
+    let snap = store.load().await.expect("load");
+    assert_eq!(
+        snap.releases,
+        [again],
+        "one artifact per version and platform"
+    );
+    assert_eq!(snap.halts, [halt]);
+    assert_eq!(store.set_halt("1.2.3", None).await.expect("lift"), 5);
+    assert!(store.load().await.expect("load").halts.is_empty());
+
+    drop(store);
+    let store = b.open_alone().await;
+    assert_eq!(store.renumber().await.expect("renumber"), 5, "as it was");
+    let snap = store.load().await.expect("load");
+    assert_eq!(snap.generation, 1);
+    assert!(snap.scopes.iter().all(|s| s.generation == 1));
+    assert_eq!(snap.agents[0].observed_generation, MUST_RESET);
+}
