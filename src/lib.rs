@@ -8,6 +8,7 @@ pub mod cli;
 pub mod cmd;
 pub mod env_policy;
 pub(crate) mod env_vars;
+pub(crate) mod file_error;
 pub(crate) mod hub;
 pub mod hub_client;
 pub(crate) mod proc_tree;

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use super::{print_stdout, usage};
 use crate::cli::ReleaseCommand;
+use crate::file_error::FileError;
 use crate::release::{self, ReleaseError};
 
 fn classify(e: ReleaseError) -> anyhow::Error {
@@ -66,10 +67,7 @@ fn release_command(command: ReleaseCommand) -> Result<String, ReleaseError> {
             file,
         } => {
             let text = crate::small_file::read_string(&public_key, crate::small_file::TOKEN_MAX)
-                .map_err(|source| ReleaseError::Read {
-                    path: public_key.clone(),
-                    source,
-                })?;
+                .map_err(FileError::read(&public_key))?;
             let key = release::public_key(&text, &public_key)?;
             let v = release::verify(&key, &file, signature.as_deref())?;
             Ok(format!(

@@ -13,6 +13,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use thiserror::Error;
 
+use crate::file_error::FileError;
+
 /// The CA's certificate, for agents to pin (`--ca-file`).
 pub(crate) const CA_FILE: &str = "ca.pem";
 const TLS_DIR: &str = "tls";
@@ -28,12 +30,8 @@ pub(crate) enum TlsError {
         #[source]
         source: std::io::Error,
     },
-    #[error("could not write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("{path} holds no usable {what}")]
     Pem {
         what: &'static str,
@@ -79,17 +77,15 @@ pub(crate) fn new_ca() -> Result<(String, String), TlsError> {
 /// it: every replica then serves a certificate from the one CA agents pin.
 pub(crate) fn adopt_ca(data_dir: &Path, cert: &str, key: &str) -> Result<(), TlsError> {
     let tls_dir = data_dir.join(TLS_DIR);
-    let write_err = |path: &Path| {
-        let path = path.to_owned();
-        move |source| TlsError::Write { path, source }
-    };
     crate::sys::dirfd::Dir::open(data_dir)
         .and_then(|d| d.make_child(TLS_DIR, 0o700))
-        .map_err(write_err(&tls_dir))?;
+        .map_err(FileError::write(&tls_dir))?;
     let key_file = tls_dir.join(CA_KEY);
-    crate::util::write_atomic(&key_file, key.as_bytes(), 0o600).map_err(write_err(&key_file))?;
+    crate::util::write_atomic(&key_file, key.as_bytes(), 0o600)
+        .map_err(FileError::write(&key_file))?;
     let ca_file = data_dir.join(CA_FILE);
-    crate::util::write_atomic(&ca_file, cert.as_bytes(), 0o644).map_err(write_err(&ca_file))?;
+    crate::util::write_atomic(&ca_file, cert.as_bytes(), 0o644)
+        .map_err(FileError::write(&ca_file))?;
     Ok(())
 }
 
@@ -182,15 +178,11 @@ fn self_signed(
         });
     } else {
         let key = KeyPair::generate().map_err(TlsError::Generate)?;
-        let write_err = |path: &Path| {
-            let path = path.to_owned();
-            move |source| TlsError::Write { path, source }
-        };
         crate::sys::dirfd::Dir::open(data_dir)
             .and_then(|d| d.make_child(TLS_DIR, 0o700))
-            .map_err(write_err(&tls_dir))?;
+            .map_err(FileError::write(&tls_dir))?;
         crate::util::write_atomic(&key_file, key.serialize_pem().as_bytes(), 0o600)
-            .map_err(write_err(&key_file))?;
+            .map_err(FileError::write(&key_file))?;
         tracing::info!(ca = %ca_file.display(), "made the hub's own CA (--tls-self-signed): agents pin this file");
         key
     };
@@ -198,12 +190,8 @@ fn self_signed(
         .self_signed(&ca_key)
         .map_err(TlsError::Generate)?;
     if !ca_file.exists() {
-        crate::util::write_atomic(&ca_file, ca.pem().as_bytes(), 0o644).map_err(|source| {
-            TlsError::Write {
-                path: ca_file.clone(),
-                source,
-            }
-        })?;
+        crate::util::write_atomic(&ca_file, ca.pem().as_bytes(), 0o644)
+            .map_err(FileError::write(&ca_file))?;
     }
     let mut sans: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
     for n in names {

@@ -20,6 +20,8 @@ use minisign::{KeyPair, PublicKey, PublicKeyBox, SecretKey, SecretKeyBox, Signat
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
+use crate::file_error::FileError;
+
 /// How long `FILE version --json` may take when `sign` asks a binary its version.
 /// The largest release binary: what a hub takes, and what `release sign` and `verify` read.
 pub(crate) const MAX_RELEASE: u64 = 512 * 1024 * 1024;
@@ -30,18 +32,8 @@ const VERSION_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) enum ReleaseError {
     #[error("{path} exists already: keys are never overwritten (remove it first, or choose another path)")]
     Exists { path: PathBuf },
-    #[error("could not read {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("could not write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("the password file {path} is empty")]
     EmptyPassword { path: PathBuf },
     #[error("{path} is not a minisign {what}: {why}")]
@@ -89,10 +81,7 @@ fn read_binary(path: &Path) -> Result<Vec<u8>, ReleaseError> {
 }
 
 fn read(path: &Path, max: u64) -> Result<Vec<u8>, ReleaseError> {
-    crate::small_file::read(path, max).map_err(|source| ReleaseError::Read {
-        path: path.to_owned(),
-        source,
-    })
+    Ok(crate::small_file::read(path, max).map_err(FileError::read(path))?)
 }
 
 fn read_text(path: &Path) -> Result<String, ReleaseError> {
@@ -127,17 +116,12 @@ fn create(path: &Path, mode: u32, text: &str) -> Result<(), ReleaseError> {
             std::io::ErrorKind::AlreadyExists => ReleaseError::Exists {
                 path: path.to_owned(),
             },
-            _ => ReleaseError::Write {
-                path: path.to_owned(),
-                source,
-            },
+            _ => FileError::write(path)(source).into(),
         })?;
     f.write_all(text.as_bytes())
         .and_then(|()| f.sync_all())
-        .map_err(|source| ReleaseError::Write {
-            path: path.to_owned(),
-            source,
-        })
+        .map_err(FileError::write(path))?;
+    Ok(())
 }
 
 /// A key id as minisign shows it: 16 hex digits.
@@ -324,10 +308,7 @@ pub(crate) fn sign(
     let tmp = out.with_extension("minisig.tmp");
     let _ = std::fs::remove_file(&tmp);
     create(&tmp, 0o644, &sig.into_string())?;
-    std::fs::rename(&tmp, &out).map_err(|source| ReleaseError::Write {
-        path: out.clone(),
-        source,
-    })?;
+    std::fs::rename(&tmp, &out).map_err(FileError::write(&out))?;
     Ok((out, trusted))
 }
 

@@ -18,6 +18,7 @@ use super::{
     MAX_SECRET_BYTES, TOKEN_FILE,
 };
 use crate::agent::config::{RawConfig, ROOT_CONFIG, ROOT_LOG_DIR, ROOT_STATE_DIR};
+use crate::file_error::FileError;
 use crate::sys::exe::PinnedExe;
 
 /// Reads a small file named by `flag` (a token, a CA).
@@ -736,10 +737,7 @@ fn service_commands(
 /// then made right by the plan).
 fn check_owner_only(path: &Path) -> Result<(), InstallError> {
     use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::symlink_metadata(path).map_err(|source| InstallError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
+    let meta = std::fs::symlink_metadata(path).map_err(FileError::read(path))?;
     let (euid, _) = crate::sys::current_ids();
     if meta.uid() != 0 && meta.uid() != euid {
         return Err(InstallError::Invalid(format!(

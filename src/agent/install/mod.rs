@@ -27,6 +27,7 @@ pub(crate) use self::converge::plan_install;
 pub(crate) use self::plan::Plan;
 pub(crate) use self::remove::plan_uninstall;
 use self::root::Root;
+use crate::file_error::FileError;
 use crate::sys::exe::ExeError;
 
 /// The directory of the config, token and CA.
@@ -64,24 +65,8 @@ pub(crate) enum InstallError {
     AgentRunning { pid: i32, dir: PathBuf },
     #[error("{path} may be read by root only: run this with sudo")]
     NoAccess { path: PathBuf },
-    #[error("could not read {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("could not write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("could not remove {path}")]
-    Remove {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
     #[error("could not run {command}")]
     Spawn {
         command: String,

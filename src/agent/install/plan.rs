@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::command::run_command;
 use super::manager::Cmd;
 use super::{account, InstallError};
+use crate::file_error::FileError;
 use crate::sys::exe::PinnedExe;
 
 /// What a step does to the host.
@@ -185,31 +186,20 @@ fn apply_step(action: &Action) -> Result<(), InstallError> {
             })
             // The umask narrowed what `mode` asked for.
             .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(*mode)))
-            .map_err(|source| InstallError::Write {
-                path: path.clone(),
-                source,
-            })
+            .map_err(FileError::write(path))?;
+            Ok(())
         }
         Action::File {
             path, mode, bytes, ..
-        } => crate::util::write_atomic(path, bytes, *mode).map_err(|source| InstallError::Write {
-            path: path.clone(),
-            source,
-        }),
+        } => Ok(crate::util::write_atomic(path, bytes, *mode).map_err(FileError::write(path))?),
         Action::Binary { path, exe } => {
             // Read through the pinned descriptor: the bytes installed are the bytes
             // running, whatever the path it was started from names now.
             let mut bytes = Vec::with_capacity(exe.identity().size as usize);
             exe.reader()
                 .and_then(|mut f| std::io::Read::read_to_end(&mut f, &mut bytes))
-                .map_err(|source| InstallError::Read {
-                    path: exe.path().to_owned(),
-                    source,
-                })?;
-            crate::util::write_atomic(path, &bytes, 0o755).map_err(|source| InstallError::Write {
-                path: path.clone(),
-                source,
-            })
+                .map_err(FileError::read(exe.path()))?;
+            Ok(crate::util::write_atomic(path, &bytes, 0o755).map_err(FileError::write(path))?)
         }
         Action::Account { commands } => account::create(commands),
         Action::Command(cmd) => {
@@ -231,17 +221,15 @@ fn apply_step(action: &Action) -> Result<(), InstallError> {
                 Ok(e) => e,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
                 Err(source) => {
-                    return Err(InstallError::Read {
-                        path: path.clone(),
+                    return Err(FileError::Read {
+                        path: path.to_owned(),
                         source,
-                    })
+                    }
+                    .into())
                 }
             };
             for entry in entries {
-                let entry = entry.map_err(|source| InstallError::Read {
-                    path: path.clone(),
-                    source,
-                })?;
+                let entry = entry.map_err(FileError::read(path))?;
                 if entry.file_name() == *keep {
                     continue;
                 }
@@ -250,7 +238,7 @@ fn apply_step(action: &Action) -> Result<(), InstallError> {
                     Ok(t) if t.is_dir() => std::fs::remove_dir_all(&p),
                     _ => std::fs::remove_file(&p),
                 };
-                gone.map_err(|source| InstallError::Remove { path: p, source })?;
+                gone.map_err(FileError::remove(p))?;
             }
             Ok(())
         }
@@ -264,10 +252,11 @@ fn apply_step(action: &Action) -> Result<(), InstallError> {
             }
         }
         Action::RemoveFile { path } => match std::fs::remove_file(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(InstallError::Remove {
-                path: path.clone(),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(FileError::Remove {
+                path: path.to_owned(),
                 source: e,
-            }),
+            }
+            .into()),
             _ => Ok(()),
         },
         Action::RemoveEmptyDir { path } => match std::fs::remove_dir(path) {
@@ -278,17 +267,19 @@ fn apply_step(action: &Action) -> Result<(), InstallError> {
             {
                 Ok(())
             }
-            Err(e) => Err(InstallError::Remove {
-                path: path.clone(),
+            Err(e) => Err(FileError::Remove {
+                path: path.to_owned(),
                 source: e,
-            }),
+            }
+            .into()),
             Ok(()) => Ok(()),
         },
         Action::RemoveTree { path } => match std::fs::remove_dir_all(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(InstallError::Remove {
-                path: path.clone(),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(FileError::Remove {
+                path: path.to_owned(),
                 source: e,
-            }),
+            }
+            .into()),
             _ => Ok(()),
         },
     }

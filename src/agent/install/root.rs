@@ -9,6 +9,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use super::InstallError;
+use crate::file_error::FileError;
 
 pub(super) struct Root(pub(super) Option<PathBuf>);
 
@@ -46,17 +47,14 @@ impl Root {
     /// installs or uninstalls at once on one host or image would interleave their steps.
     pub(super) fn lock(&self) -> Result<std::fs::File, InstallError> {
         let dir = self.0.clone().unwrap_or_else(|| PathBuf::from("/"));
-        let file = std::fs::File::open(&dir).map_err(|source| InstallError::Read {
-            path: dir.clone(),
-            source,
-        })?;
+        let file = std::fs::File::open(&dir).map_err(FileError::read(&dir))?;
         match fs4::FileExt::try_lock(&file) {
             Ok(()) => Ok(file),
             Err(fs4::TryLockError::WouldBlock) => Err(InstallError::Invalid(format!(
                 "another railgrid agent install or uninstall is running on {}: wait for it, then run this again",
                 dir.display()
             ))),
-            Err(fs4::TryLockError::Error(source)) => Err(InstallError::Read { path: dir, source }),
+            Err(fs4::TryLockError::Error(source)) => Err(FileError::Read { path: dir, source }.into()),
         }
     }
 
@@ -169,10 +167,11 @@ pub(super) fn read_regular(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, Ins
             })
         }
         Err(source) => {
-            return Err(InstallError::Read {
+            return Err(FileError::Read {
                 path: path.to_owned(),
                 source,
-            })
+            }
+            .into())
         }
     };
     if !meta.is_file() || meta.len() > cap {
@@ -198,10 +197,11 @@ pub(super) fn read_regular(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, Ins
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => Err(InstallError::NoAccess {
             path: path.to_owned(),
         }),
-        Err(source) => Err(InstallError::Read {
+        Err(source) => Err(FileError::Read {
             path: path.to_owned(),
             source,
-        }),
+        }
+        .into()),
     }
 }
 
