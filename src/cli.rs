@@ -242,31 +242,12 @@ pub struct HubJobSubmitArgs {
     /// The agent that runs it.
     #[arg(long, value_name = "ID")]
     pub agent: String,
-    /// The job's id, at the hub and on the runner (default: a random one).
-    #[arg(long)]
-    pub id: Option<String>,
-    /// Wall-clock limit, then SIGTERM, grace, SIGKILL to the group.
-    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
-    pub timeout: Option<Duration>,
-    /// Add K=V to the job's environment (repeatable). Loader variables are refused by
-    /// the runner.
-    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
-    pub env: Vec<(String, String)>,
-    /// Working directory, inside the runner's workspace root.
-    #[arg(long, value_name = "DIR")]
-    pub cwd: Option<String>,
-    /// Owner, for the runner's per-owner admission limits.
-    #[arg(long)]
-    pub owner: Option<String>,
     #[command(flatten)]
-    pub limits: JobLimitArgs,
+    pub job: JobSpecArgs,
     /// Stream the job's output as it reaches the hub and exit with the job's exit code
     /// (128 + signal, 124 on timeout). Ctrl-C cancels the job; a second one detaches.
     #[arg(long)]
     pub wait: bool,
-    /// The program and its arguments, after `--`.
-    #[arg(last = true, required = true, value_name = "PROGRAM")]
-    pub command: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -765,21 +746,8 @@ pub enum JobCommand {
 
 #[derive(Debug, Args)]
 pub struct JobSubmitArgs {
-    /// Client-chosen id: resubmitting the same id and spec is idempotent.
-    #[arg(long)]
-    pub id: Option<String>,
-    /// Working directory, inside the runner's workspace root.
-    #[arg(long, value_name = "DIR")]
-    pub cwd: Option<String>,
-    /// Add K=V to the job's environment (repeatable). Loader variables are refused.
-    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
-    pub env: Vec<(String, String)>,
-    /// Wall-clock limit, then SIGTERM, grace, SIGKILL to the group.
-    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
-    pub timeout: Option<Duration>,
-    /// Owner, for per-owner admission limits.
-    #[arg(long)]
-    pub owner: Option<String>,
+    #[command(flatten)]
+    pub job: JobSpecArgs,
     /// Stream the job's output and exit with its exit code (the default). The first Ctrl-C
     /// (or SIGTERM) cancels the job and waits for its end; a second one detaches.
     #[arg(long, conflicts_with = "detach")]
@@ -787,6 +755,28 @@ pub struct JobSubmitArgs {
     /// Print the job's id and return at once; the job runs on.
     #[arg(long)]
     pub detach: bool,
+}
+
+/// A job as `job submit` and `hub job submit` alike describe it.
+#[derive(Debug, Args)]
+pub struct JobSpecArgs {
+    /// The job's id (default: a random one). The runner takes the same id and spec again
+    /// as the one job (a retried submission); the hub refuses an id it has.
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Working directory, inside the runner's workspace root.
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Add K=V to the job's environment (repeatable). Loader variables are refused by
+    /// the runner.
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Wall-clock limit, then SIGTERM, grace, SIGKILL to the group.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Owner, for the runner's per-owner admission limits.
+    #[arg(long)]
+    pub owner: Option<String>,
     #[command(flatten)]
     pub limits: JobLimitArgs,
     /// The program and its arguments, after `--`.

@@ -11,7 +11,7 @@ use super::print_stdout;
 use crate::cli::{HubJobCommand, HubJobSubmitArgs};
 use crate::hub::admin::{AdminClient, AdminError, Target};
 use crate::proto::fleet_job::{HubJobSubmit, HubJobView};
-use crate::proto::job::{JobSpec, JobState};
+use crate::proto::job::JobState;
 
 /// How long a follower waits before it asks a hub that went away again.
 const RECONNECT: Duration = Duration::from_secs(1);
@@ -113,16 +113,7 @@ async fn command(c: &AdminClient, cmd: HubJobCommand, json: bool) -> anyhow::Res
 }
 
 async fn submit(c: &AdminClient, a: HubJobSubmitArgs, json: bool) -> anyhow::Result<ExitCode> {
-    let spec = JobSpec {
-        id: a.id,
-        argv: a.command,
-        cwd: a.cwd,
-        env: a.env.into_iter().collect(),
-        timeout_secs: a.timeout.map(|d| d.as_secs().max(1)),
-        owner: a.owner,
-        limits: super::job::limits_of(&a.limits),
-        ..JobSpec::default()
-    };
+    let spec = super::job::spec_of(a.job);
     // Before the submission: a Ctrl-C from then on cancels the job.
     let signals = if a.wait {
         Some(Interrupts::new()?)

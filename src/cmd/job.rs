@@ -142,8 +142,22 @@ fn api_err(e: ClientError) -> anyhow::Error {
     }
 }
 
+/// The job the flags describe.
+pub(super) fn spec_of(a: crate::cli::JobSpecArgs) -> JobSpec {
+    JobSpec {
+        id: a.id,
+        argv: a.command,
+        cwd: a.cwd,
+        env: a.env.into_iter().collect(),
+        timeout_secs: a.timeout.map(|d| d.as_secs().max(1)),
+        owner: a.owner,
+        limits: limits_of(&a.limits),
+        ..JobSpec::default()
+    }
+}
+
 /// The limits the flags give, `None` for none.
-pub(super) fn limits_of(a: &crate::cli::JobLimitArgs) -> Option<Limits> {
+fn limits_of(a: &crate::cli::JobLimitArgs) -> Option<Limits> {
     let limits = Limits {
         memory_bytes: a.memory_bytes,
         cpu_secs: a.cpu_secs,
@@ -159,16 +173,7 @@ async fn submit(
     socket: &std::path::Path,
     args: JobSubmitArgs,
 ) -> anyhow::Result<ExitCode> {
-    let spec = JobSpec {
-        id: args.id,
-        argv: args.command,
-        cwd: args.cwd,
-        env: args.env.into_iter().collect(),
-        timeout_secs: args.timeout.map(|d| d.as_secs().max(1)),
-        owner: args.owner,
-        limits: limits_of(&args.limits),
-        ..JobSpec::default()
-    };
+    let spec = spec_of(args.job);
     // Before the submission: a Ctrl-C from then on is the job's to handle.
     let signals = if args.detach {
         None

@@ -346,21 +346,14 @@ fn open_private(path: &Path) -> Result<File, LogError> {
                 },
             }
         })?;
-    let meta = file.metadata().map_err(|source| LogError::Open {
-        path: path.to_owned(),
-        source,
-    })?;
-    if !meta.is_file() {
-        return Err(LogError::NotAFile {
-            path: path.to_owned(),
-        });
-    }
+    let meta = regular_file(path, file.metadata())?;
     tighten_open(&file, path, meta.mode())?;
     Ok(file)
 }
 
-fn tighten(path: &Path) -> Result<(), LogError> {
-    let meta = fs::symlink_metadata(path).map_err(|source| LogError::Open {
+/// `meta`, of the log at `path`, if it is a regular file's.
+fn regular_file(path: &Path, meta: io::Result<fs::Metadata>) -> Result<fs::Metadata, LogError> {
+    let meta = meta.map_err(|source| LogError::Open {
         path: path.to_owned(),
         source,
     })?;
@@ -369,6 +362,11 @@ fn tighten(path: &Path) -> Result<(), LogError> {
             path: path.to_owned(),
         });
     }
+    Ok(meta)
+}
+
+fn tighten(path: &Path) -> Result<(), LogError> {
+    let meta = regular_file(path, fs::symlink_metadata(path))?;
     if meta.mode() & 0o077 != 0 {
         fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(|source| {
             LogError::Chmod {

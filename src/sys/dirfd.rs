@@ -161,69 +161,49 @@ impl Dir {
     /// `O_NONBLOCK`: a FIFO planted under that name must not hang the opener, and is then
     /// refused with anything else that is not a regular file.
     pub fn append_file(&self, name: &str, mode: u32) -> io::Result<File> {
-        single_component(name)?;
-        let fd = fcntl::openat(
-            self.0.as_fd(),
-            name,
-            OFlag::O_WRONLY
-                | OFlag::O_APPEND
-                | OFlag::O_CREAT
-                | OFlag::O_NOFOLLOW
-                | OFlag::O_NONBLOCK
-                | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(mode as libc::mode_t),
-        )?;
-        if stat::fstat(fd.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{name} is not a regular file"),
-            ));
-        }
-        Ok(File::from(fd))
+        let flags = OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_NONBLOCK;
+        self.open_regular(name, flags, mode)
     }
 
     /// Creates `name` in this directory (which must not exist yet), for writing.
     pub fn create_new_file(&self, name: &str, mode: u32) -> io::Result<File> {
-        single_component(name)?;
-        let fd = fcntl::openat(
-            self.0.as_fd(),
+        Ok(File::from(self.open_child(
             name,
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(mode as libc::mode_t),
-        )?;
-        Ok(File::from(fd))
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+            mode,
+        )?))
     }
 
     /// Opens the regular file `name` in this directory for reading, not following a
     /// symlink.
     pub fn open_file(&self, name: &str) -> io::Result<File> {
-        single_component(name)?;
-        let fd = fcntl::openat(
-            self.0.as_fd(),
-            name,
-            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )?;
-        regular(&fd, name)?;
-        Ok(File::from(fd))
+        self.open_regular(name, OFlag::O_RDONLY | OFlag::O_NONBLOCK, 0)
     }
 
     /// Opens the regular file `name` for writing (not appending: the caller positions
     /// its writes), creating it with `mode` when missing; a symlink is refused.
     pub fn write_file(&self, name: &str, mode: u32) -> io::Result<File> {
-        single_component(name)?;
-        let fd = fcntl::openat(
-            self.0.as_fd(),
-            name,
-            OFlag::O_WRONLY
-                | OFlag::O_CREAT
-                | OFlag::O_NOFOLLOW
-                | OFlag::O_NONBLOCK
-                | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(mode as libc::mode_t),
-        )?;
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK;
+        self.open_regular(name, flags, mode)
+    }
+
+    /// [`Self::open_child`], refused unless it is a regular file.
+    fn open_regular(&self, name: &str, flags: OFlag, mode: u32) -> io::Result<File> {
+        let fd = self.open_child(name, flags, mode)?;
         regular(&fd, name)?;
         Ok(File::from(fd))
+    }
+
+    /// Opens the entry `name` of this directory with `flags`, never through a symlink
+    /// and never inherited by a child.
+    fn open_child(&self, name: &str, flags: OFlag, mode: u32) -> io::Result<OwnedFd> {
+        single_component(name)?;
+        Ok(fcntl::openat(
+            self.0.as_fd(),
+            name,
+            flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(mode as libc::mode_t),
+        )?)
     }
 
     /// A second name `to` for the file `from`, both in this directory (a hard link).

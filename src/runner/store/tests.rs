@@ -5,20 +5,28 @@ fn spec(argv: &[&str]) -> JobSpec {
     JobSpec::from_argv(argv.iter().copied())
 }
 
-#[test]
-fn insert_is_idempotent_by_id_and_spec() {
+/// A store in a new directory, kept while the store is in use.
+fn fresh() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+    (dir, store)
+}
+
+/// Inserts job `id` running `argv`, once committed.
+fn insert(store: &Store, id: &str, argv: &[&str]) -> Inserted {
+    store.insert(id, &spec(argv)).wait().unwrap()
+}
+
+#[test]
+fn insert_is_idempotent_by_id_and_spec() {
+    let (_dir, store) = fresh();
+    assert!(matches!(insert(&store, "a", &["true"]), Inserted::New(_)));
     assert!(matches!(
-        store.insert("a", &spec(&["true"])).wait().unwrap(),
-        Inserted::New(_)
-    ));
-    assert!(matches!(
-        store.insert("a", &spec(&["true"])).wait().unwrap(),
+        insert(&store, "a", &["true"]),
         Inserted::Existing(_)
     ));
     assert!(matches!(
-        store.insert("a", &spec(&["false"])).wait().unwrap(),
+        insert(&store, "a", &["false"]),
         Inserted::Conflict(_)
     ));
 }
@@ -29,7 +37,7 @@ fn transitions_are_recorded_and_survive_reopen() {
     let path = dir.path().join("jobs.db");
     {
         let store = Store::open(&path).unwrap();
-        store.insert("a", &spec(&["true"])).wait().unwrap();
+        insert(&store, "a", &["true"]);
         store.mark_starting("a", now_ms()).wait().unwrap();
         store
             .mark_running("a", 1234, Some(99), "rlimits")
@@ -78,8 +86,7 @@ fn hold_writer(store: &Store) -> (std::sync::mpsc::Sender<()>, Pending<()>) {
 
 #[test]
 fn a_failing_write_does_not_undo_the_others_committed_with_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+    let (dir, store) = fresh();
     let (go, held) = hold_writer(&store);
     let b = store.insert("b", &spec(&["true"]));
     // Half done, then failing: its first half must not be committed.
@@ -105,8 +112,7 @@ fn a_failing_write_does_not_undo_the_others_committed_with_it() {
 
 #[test]
 fn writes_after_a_rolled_back_transaction_fail_rather_than_commit_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+    let (_dir, store) = fresh();
     let (go, held) = hold_writer(&store);
     let a = store.insert("a", &spec(&["true"]));
     // What SQLITE_FULL does to a transaction, on purpose.
@@ -126,10 +132,7 @@ fn writes_after_a_rolled_back_transaction_fail_rather_than_commit_alone() {
     assert!(store.get("a").unwrap().is_none());
     assert!(store.get("c").unwrap().is_none());
     // The writer goes on.
-    assert!(matches!(
-        store.insert("d", &spec(&["true"])).wait().unwrap(),
-        Inserted::New(_)
-    ));
+    assert!(matches!(insert(&store, "d", &["true"]), Inserted::New(_)));
 }
 
 #[test]
@@ -169,9 +172,8 @@ fn finished(code: i32) -> Outcome {
 
 #[test]
 fn a_refused_change_is_held_shown_and_committed_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("jobs.db")).unwrap();
-    store.insert("a", &spec(&["true"])).wait().unwrap();
+    let (_dir, store) = fresh();
+    insert(&store, "a", &["true"]);
     // Refused on the first try and on two retries.
     fill(&store, 3);
     let starting = held(store.mark_starting("a", 7).wait().unwrap());
@@ -222,8 +224,7 @@ fn a_refused_change_is_held_shown_and_committed_in_order() {
 
 #[test]
 fn filters_of_a_list_see_held_states() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+    let (_dir, store) = fresh();
     for id in ["a", "b", "c"] {
         store.insert(id, &spec(&["true"])).wait().unwrap();
     }
@@ -251,7 +252,7 @@ fn new_jobs_are_refused_while_too_many_changes_are_held() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Store::open(&dir.path().join("jobs.db")).unwrap();
     store.max_held = 2;
-    store.insert("a", &spec(&["true"])).wait().unwrap();
+    insert(&store, "a", &["true"]);
     fill(&store, u32::MAX);
     let _s = held(store.mark_starting("a", 1).wait().unwrap());
     let r = held(store.mark_running("a", 2, None, "none").wait().unwrap());
@@ -264,16 +265,15 @@ fn new_jobs_are_refused_while_too_many_changes_are_held() {
     // Space returns: the held changes land at the next try, and jobs are taken again.
     fill(&store, 0);
     r.wait().unwrap();
-    store.insert("c", &spec(&["true"])).wait().unwrap();
+    insert(&store, "c", &["true"]);
     let rec = store.get("a").unwrap().unwrap();
     assert_eq!(rec.state, JobState::Running, "{rec:?}");
 }
 
 #[test]
 fn a_change_rolled_back_with_its_batch_is_retried() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("jobs.db")).unwrap();
-    store.insert("a", &spec(&["true"])).wait().unwrap();
+    let (_dir, store) = fresh();
+    insert(&store, "a", &["true"]);
     let (go, hold) = hold_writer(&store);
     let starting = store.mark_starting("a", 1);
     // What SQLITE_FULL does to a transaction, after the change ran in it.
@@ -302,8 +302,7 @@ fn no_more_pages(store: &Store) {
 
 #[test]
 fn a_real_full_database_refuses_inserts_as_disk_full() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+    let (_dir, store) = fresh();
     no_more_pages(&store);
     let mut big = spec(&["cat"]);
     big.stdin = Some("x".repeat(256 * 1024));
@@ -318,8 +317,7 @@ fn a_real_full_database_refuses_inserts_as_disk_full() {
 
 #[test]
 fn the_writes_after_one_that_found_the_disk_full_fail_as_disk_full_too() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("jobs.db")).unwrap();
+    let (_dir, store) = fresh();
     no_more_pages(&store);
     let mut big = spec(&["cat"]);
     big.stdin = Some("x".repeat(256 * 1024));
@@ -341,9 +339,8 @@ fn the_writes_after_one_that_found_the_disk_full_fail_as_disk_full_too() {
 
 #[test]
 fn a_store_dropped_with_held_changes_stops() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("jobs.db")).unwrap();
-    store.insert("a", &spec(&["true"])).wait().unwrap();
+    let (_dir, store) = fresh();
+    insert(&store, "a", &["true"]);
     fill(&store, u32::MAX);
     let later = held(store.mark_starting("a", 1).wait().unwrap());
     drop(store);
@@ -409,7 +406,7 @@ fn records_from_before_produced_counts_keep_their_spooled_size() {
     }
     let store = Store::open(&path).unwrap();
     assert_eq!(store.finished_totals().unwrap(), (1, 10));
-    store.insert("new", &spec(&["true"])).wait().unwrap();
+    insert(&store, "new", &["true"]);
     let o = Outcome {
         stdout_bytes: 5_000,
         spooled_bytes: 1_024,
