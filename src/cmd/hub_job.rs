@@ -179,7 +179,6 @@ async fn follow_stream(
     stream: &str,
     out: &mut (impl tokio::io::AsyncWrite + Unpin),
 ) -> Result<(), AdminError> {
-    use tokio::io::AsyncWriteExt;
     let mut offset = 0;
     let mut lost = false;
     loop {
@@ -190,14 +189,7 @@ async fn follow_stream(
         };
         match step.await {
             Ok(slice) => {
-                if !slice.bytes.is_empty() {
-                    out.write_all(&slice.bytes)
-                        .await
-                        .map_err(AdminError::Output)?;
-                    offset = slice.next;
-                }
-                if slice.complete {
-                    let _ = out.flush().await;
+                if write_slice(out, &slice, &mut offset).await? {
                     return Ok(());
                 }
             }
@@ -223,23 +215,34 @@ async fn print_all(
     stream: &str,
     out: &mut (impl tokio::io::AsyncWrite + Unpin),
 ) -> Result<(), AdminError> {
-    use tokio::io::AsyncWriteExt;
     let mut offset = 0;
     loop {
         let slice = c.output(id, stream, offset).await?;
-        if slice.bytes.is_empty() {
-            break;
+        if slice.bytes.is_empty() || write_slice(out, &slice, &mut offset).await? {
+            let _ = tokio::io::AsyncWriteExt::flush(out).await;
+            return Ok(());
         }
+    }
+}
+
+/// Writes `slice` to `out` and moves `offset` past it; true once the stream is complete
+/// (then flushed).
+async fn write_slice(
+    out: &mut (impl tokio::io::AsyncWrite + Unpin),
+    slice: &crate::hub::admin::Output,
+    offset: &mut u64,
+) -> Result<bool, AdminError> {
+    use tokio::io::AsyncWriteExt;
+    if !slice.bytes.is_empty() {
         out.write_all(&slice.bytes)
             .await
             .map_err(AdminError::Output)?;
-        offset = slice.next;
-        if slice.complete {
-            break;
-        }
+        *offset = slice.next;
     }
-    let _ = out.flush().await;
-    Ok(())
+    if slice.complete {
+        let _ = out.flush().await;
+    }
+    Ok(slice.complete)
 }
 
 /// Says on stderr how a done job ended when its own exit does not say it, and what of
