@@ -1,9 +1,11 @@
 //! Jobs through the hub, on the agent's side.
 //!
-//! Task: [`JobsTask`], one per agent with a hub; the hub task holds its [`JobsHandle`].
+//! Task: [`JobsTask`], one per agent with a hub; the agent's main loop holds its
+//! [`JobsHandle`], the hub task a [`JobReports`] to read.
 //! - In: the desired state the reconciler applied ([`Observed`]): its `jobs` and
 //!   `cancel_jobs`. Each listed job gets a follower; a job the hub no longer lists is
-//!   done at the hub, and its follower goes.
+//!   done at the hub, and its follower goes. The link to the hub the hub task publishes
+//!   (a SIGHUP's new token, another replica), for the uploads.
 //! - Out, to the runner: each job that comes with its spec, submitted with the hub's id
 //!   (idempotent: the runner answers 200 for a job it has, and starts nothing), in the
 //!   hub's order; cancels.
@@ -22,7 +24,8 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch, Semaphore};
 
 use super::desired::Observed;
-use super::upload::{upload_stream, HubLink};
+use super::runner_link::RunnerLink;
+use super::upload::{upload_stream, Links};
 use crate::proto::fleet_job::JobReport;
 use crate::proto::job::{JobRecord, JobSpec, JobState, Truncation};
 use crate::runner::client::{Client, ClientError};
@@ -70,20 +73,34 @@ impl Reports {
 
 /// The way to the jobs task.
 pub(super) struct JobsHandle {
-    link: watch::Sender<HubLink>,
-    reports: Arc<Reports>,
+    reports: JobReports,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
 
+/// The followed jobs' latest reports, for the hub task to send with each reconcile.
+#[derive(Clone)]
+pub(super) struct JobReports(Arc<Reports>);
+
+impl JobReports {
+    /// Every followed job's latest report, in no order.
+    pub(super) fn reports(&self) -> Vec<JobReport> {
+        crate::util::lock(&self.0.map).values().cloned().collect()
+    }
+
+    /// Moves whenever a report changes.
+    pub(super) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.moved.subscribe()
+    }
+}
+
 impl JobsHandle {
-    /// Starts the task; `socket` is the runner's.
+    /// Starts the task.
     pub(super) fn spawn(
         observed: watch::Receiver<Observed>,
-        socket: std::path::PathBuf,
-        link: HubLink,
+        runner: RunnerLink,
+        link: Links,
     ) -> Self {
-        let (link, link_rx) = watch::channel(link);
         let reports = Arc::new(Reports {
             map: Mutex::new(HashMap::new()),
             moved: watch::Sender::new(0),
@@ -92,9 +109,9 @@ impl JobsHandle {
         let task = JobsTask {
             observed,
             stop: stop_rx,
-            socket,
-            runner: None,
-            link: link_rx,
+            runner,
+            client: None,
+            link,
             reports: reports.clone(),
             followers: HashMap::new(),
             generation: None,
@@ -102,29 +119,14 @@ impl JobsHandle {
             slots: Arc::new(Semaphore::new(FOLLOWED)),
         };
         Self {
-            link,
-            reports,
+            reports: JobReports(reports),
             stop: Some(stop),
             task: tokio::spawn(task.run()),
         }
     }
 
-    /// New hub settings (SIGHUP): uploads from now on use them.
-    pub(super) fn set_link(&self, link: HubLink) {
-        self.link.send_replace(link);
-    }
-
-    /// Every followed job's latest report, in no order.
-    pub(super) fn reports(&self) -> Vec<JobReport> {
-        crate::util::lock(&self.reports.map)
-            .values()
-            .cloned()
-            .collect()
-    }
-
-    /// Moves whenever a report changes.
-    pub(super) fn subscribe(&self) -> watch::Receiver<u64> {
-        self.reports.moved.subscribe()
+    pub(super) fn reports(&self) -> JobReports {
+        self.reports.clone()
     }
 
     /// Ends every follower (the runner's jobs go on; a restarted agent follows them again
@@ -147,10 +149,10 @@ struct Follower {
 struct JobsTask {
     observed: watch::Receiver<Observed>,
     stop: oneshot::Receiver<()>,
-    socket: std::path::PathBuf,
-    /// The runner's API client, made when the first job comes.
-    runner: Option<Arc<Client>>,
-    link: watch::Receiver<HubLink>,
+    runner: RunnerLink,
+    /// The runner's API client, taken when the first job comes.
+    client: Option<Arc<Client>>,
+    link: Links,
     reports: Arc<Reports>,
     followers: HashMap<String, Follower>,
     /// The generation of the desired state converged to last.
@@ -189,18 +191,14 @@ impl JobsTask {
             (d.generation, d.jobs.clone(), d.cancel_jobs.clone())
         };
         self.generation = Some(generation);
-        let runner = match &self.runner {
+        let runner = match &self.client {
             Some(r) => r.clone(),
             None if jobs.is_empty() => return,
             None => {
-                // Reads the API token beside the socket: a small blocking read.
-                let socket = self.socket.clone();
-                let Ok(client) = tokio::task::spawn_blocking(move || Client::new(&socket)).await
-                else {
+                let Ok(client) = self.runner.client().await else {
                     return;
                 };
-                let client = Arc::new(client);
-                self.runner = Some(client.clone());
+                self.client = Some(client.clone());
                 client
             }
         };
@@ -295,7 +293,7 @@ struct Job {
     turn: Option<oneshot::Receiver<()>>,
     submitted: Option<oneshot::Sender<()>>,
     runner: Arc<Client>,
-    link: watch::Receiver<HubLink>,
+    link: Links,
     reports: Arc<Reports>,
     /// The failure being retried, logged once.
     failing: Option<String>,

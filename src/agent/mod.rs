@@ -12,8 +12,14 @@
 //!   what it applied and observes to the hub task.
 //! - the *hub task* ([`hub`], with a `[hub]` only): the long-poll reconcile with the hub.
 //!   In: desired states from the hub, what the reconciler applied and observes, new hub
-//!   settings on SIGHUP. Out: reports to the hub, desired states to the reconciler, the
-//!   link's state to the reporter.
+//!   settings on SIGHUP, the followed jobs' reports. Out: reports to the hub, desired
+//!   states to the reconciler, the link's state to the reporter, the link in use (for
+//!   uploads and downloads).
+//! - the *jobs task* ([`jobs`], with a `[hub]` only), the main loop's like the others: the
+//!   hub's jobs on this host. In: the desired state in force (its jobs and cancels), the
+//!   link in use. Out: submissions, cancels and output uploads; each job's report for the
+//!   hub task. The reconciler, the hub task, the jobs task and the upgrade reach the
+//!   runner's API through one shared [`RunnerLink`](runner_link::RunnerLink).
 //! - the *status reporter* ([`reporter`]): `<state>/agent-status.json` (written on a
 //!   blocking thread, updates coalesced) and sd_notify READY/STATUS/STOPPING.
 //! - the *watchdog task* (`WatchdogTask`): `WATCHDOG=1` at half systemd's interval, on its
@@ -45,6 +51,7 @@ mod jobs;
 pub(crate) mod notify;
 mod reconciler;
 mod reporter;
+mod runner_link;
 pub(crate) mod status;
 pub(crate) mod upgrade;
 mod upload;
@@ -59,9 +66,11 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use self::config::{AgentConfig, ConfigError, MAX_STOP_GRACE};
 use self::hub::{HubError, HubHandle};
+use self::jobs::JobsHandle;
 use self::notify::Notifier;
 use self::reconciler::{Reconciler, REAP_TIMEOUT};
 use self::reporter::ReporterHandle;
+use self::runner_link::RunnerLink;
 use self::status::{AgentStatus, HubStatus};
 use self::upgrade::{Switch, UpgradeCtx, UpgradeHandle};
 use crate::build_info;
@@ -211,8 +220,10 @@ pub(crate) async fn run(
         Some(_) => desired::initial_from_hub(&cfg).await,
         None => reconciler::standalone(&cfg, None),
     };
+    let runner = RunnerLink::new(&cfg.state_dir);
     // Validates the runner before anything is touched (exit 2 for a refused account).
-    let reconciler = Reconciler::new(cfg.clone(), desired.clone(), exe.clone()).await?;
+    let reconciler =
+        Reconciler::new(cfg.clone(), desired.clone(), exe.clone(), runner.clone()).await?;
 
     // Only before the first start, and only because this agent holds the state dir's
     // instance lock: a runner lock held now belongs to an orphan of a killed agent.
@@ -246,18 +257,27 @@ pub(crate) async fn run(
         link: links,
         reached,
         reporter: reporter.clone(),
+        runner: runner.clone(),
     });
-    let hub = hub.map(|conn| {
-        HubHandle::spawn(
-            conn,
-            &cfg.state_dir,
-            reconciler.clone(),
-            reporter.clone(),
-            upgrade.report(),
-            reached_tx,
-            links_tx,
-        )
-    });
+    // The hub's jobs on this host, followed from the desired state in force, are this
+    // loop's; the hub task reads their reports and publishes the link their uploads take.
+    let (hub, jobs) = match hub {
+        Some(conn) => {
+            let jobs =
+                JobsHandle::spawn(reconciler.observed(), runner.clone(), links_tx.subscribe());
+            let ctx = hub::HubCtx {
+                runner: runner.clone(),
+                jobs: jobs.reports(),
+                reconciler: reconciler.clone(),
+                reporter: reporter.clone(),
+                upgrade: upgrade.report(),
+                reached: reached_tx,
+                links: links_tx,
+            };
+            (Some(HubHandle::spawn(conn, ctx)), Some(jobs))
+        }
+        None => (None, None),
+    };
     // Its own task, so the pings go on while the reconciler waits out a runner stop (a
     // reload's, which may take the whole stop grace and the reap): a hung agent stops
     // pinging, a busy one does not.
@@ -295,9 +315,14 @@ pub(crate) async fn run(
             reporter.stopping();
         }
     }
-    // First, so that no desired state arrives while the runner stops.
+    // First, so that no desired state arrives while the runner stops. The followers go
+    // too: the runner's jobs go on, and a restarted agent follows them again from what the
+    // hub holds.
     if let Some(hub) = hub {
         hub.shutdown().await;
+    }
+    if let Some(jobs) = jobs {
+        jobs.shutdown().await;
     }
     let undone = match &switch {
         Some(_) => {

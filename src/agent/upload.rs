@@ -32,6 +32,10 @@ const PUT_TIMEOUT: Duration = Duration::from_secs(30);
 const RETRY_FIRST: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(10);
 
+/// The link in use, as the hub task publishes it (`None`: no hub); read anew at each
+/// request, so a SIGHUP's new token or another replica applies to the next one.
+pub(super) type Links = tokio::sync::watch::Receiver<Option<HubLink>>;
+
 /// How the agent reaches the hub for uploads: its client, its URL and the agent's
 /// token (as the sensitive header that carries it, nowhere else).
 #[derive(Clone)]
@@ -112,7 +116,7 @@ pub(super) async fn upload_stream(
     job: &str,
     stream: Stream,
     runner: &Client,
-    link: &tokio::sync::watch::Receiver<HubLink>,
+    link: &Links,
     known: Option<u64>,
 ) {
     let mut retry = Retry::new();
@@ -126,7 +130,10 @@ pub(super) async fn upload_stream(
     // What the hub holds: where the next try starts.
     let mut acked: Option<u64> = known;
     loop {
-        let hub = link.borrow().clone();
+        // None: the agent has no hub, and nothing to send it to.
+        let Some(hub) = link.borrow().clone() else {
+            return;
+        };
         let offset = match acked {
             Some(a) => a,
             None => match hub.put(job, stream, 0, Bytes::new()).await {
@@ -188,7 +195,9 @@ pub(super) async fn upload_stream(
             }
             let n = buf.len().min(PIECE);
             let piece = buf.split_to(n).freeze();
-            let hub = link.borrow().clone();
+            let Some(hub) = link.borrow().clone() else {
+                return;
+            };
             match hub.put(job, stream, pos, piece).await {
                 Ok(length) if length == pos + n as u64 => {
                     pos = length;

@@ -35,7 +35,6 @@ mod connection;
 mod error;
 mod pace;
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
@@ -47,9 +46,10 @@ pub(crate) use self::error::HubError;
 use self::pace::{Backoff, Pace};
 use super::config::HubSettings;
 use super::desired::Observed;
-use super::jobs::JobsHandle;
+use super::jobs::JobReports;
 use super::reconciler::ReconcilerHandle;
 use super::reporter::ReporterHandle;
+use super::runner_link::RunnerLink;
 use super::status::HubStatus;
 use crate::build_info;
 use crate::proto::desired::DesiredState;
@@ -92,18 +92,33 @@ pub(super) struct HubHandle {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// What the agent's task set-up hands the hub task besides its connection.
+pub(super) struct HubCtx {
+    /// For the runner's job counts, in each report that finds it running.
+    pub(super) runner: RunnerLink,
+    /// The hub's jobs on this host; their reports go with every reconcile.
+    pub(super) jobs: JobReports,
+    pub(super) reconciler: ReconcilerHandle,
+    pub(super) reporter: ReporterHandle,
+    pub(super) upgrade: watch::Receiver<Option<UpgradeReport>>,
+    /// Moved on every answered reconcile, for an upgrade's commit.
+    pub(super) reached: watch::Sender<Contact>,
+    /// The replica in use, for the uploads and downloads.
+    pub(super) links: watch::Sender<Option<super::upload::HubLink>>,
+}
+
 impl HubHandle {
-    /// Starts the reconcile loop. `state_dir` locates the runner's socket (for its job
-    /// counts).
-    pub(super) fn spawn(
-        conn: Connection,
-        state_dir: &Path,
-        reconciler: ReconcilerHandle,
-        reporter: ReporterHandle,
-        upgrade: watch::Receiver<Option<UpgradeReport>>,
-        reached: watch::Sender<Contact>,
-        links: watch::Sender<Option<super::upload::HubLink>>,
-    ) -> Self {
+    /// Starts the reconcile loop.
+    pub(super) fn spawn(conn: Connection, ctx: HubCtx) -> Self {
+        let HubCtx {
+            runner,
+            jobs,
+            reconciler,
+            reporter,
+            upgrade,
+            reached,
+            links,
+        } = ctx;
         let (tx, rx) = mpsc::unbounded_channel();
         let observed = reconciler.observed();
         let generation = observed.borrow().desired.generation;
@@ -116,8 +131,6 @@ impl HubHandle {
             generation,
             desired_version: None,
         };
-        let socket = crate::runner::Paths::new(state_dir).socket;
-        let jobs = JobsHandle::spawn(reconciler.observed(), socket.clone(), conn.link());
         let jobs_moved = jobs.subscribe();
         let task = HubTask {
             rx,
@@ -128,8 +141,7 @@ impl HubHandle {
             reconciler,
             observed,
             reporter,
-            socket,
-            runner: None,
+            runner,
             hostname: crate::sys::hostname().unwrap_or_default(),
             status,
             hub_failure: None,
@@ -170,15 +182,14 @@ struct HubTask {
     /// The replica in use, for the upgrader's downloads.
     links: watch::Sender<Option<super::upload::HubLink>>,
     /// The hub's jobs on this host; their reports go with every reconcile.
-    jobs: JobsHandle,
+    jobs: JobReports,
     jobs_moved: watch::Receiver<u64>,
     conn: Connection,
     reconciler: ReconcilerHandle,
     observed: watch::Receiver<Observed>,
     reporter: ReporterHandle,
-    socket: PathBuf,
-    /// The runner's API client, made at the first report that finds a runner running.
-    runner: Option<crate::runner::client::Client>,
+    /// For the runner's job counts, in each report that finds it running.
+    runner: RunnerLink,
     hostname: String,
     /// What the status file says of the link; sent to the reporter on every change.
     status: HubStatus,
@@ -276,7 +287,6 @@ impl HubTask {
                 Next::Stop => break,
             }
         }
-        self.jobs.shutdown().await;
         tracing::debug!("hub task stopped");
     }
 
@@ -360,16 +370,7 @@ impl HubTask {
 
     /// The runner's job counts, when it answers in time.
     async fn jobs(&mut self) -> Option<JobsSummary> {
-        if self.runner.is_none() {
-            // Reads the API token beside the socket: a small blocking read.
-            let socket = self.socket.clone();
-            let client =
-                tokio::task::spawn_blocking(move || crate::runner::client::Client::new(&socket))
-                    .await
-                    .ok()?;
-            self.runner = Some(client);
-        }
-        let client = self.runner.as_ref()?;
+        let client = self.runner.client().await.ok()?;
         match tokio::time::timeout(HEALTH_TIMEOUT, client.health()).await {
             Ok(Ok(health)) => Some(JobsSummary {
                 running: health.jobs_running,
@@ -508,9 +509,7 @@ impl HubTask {
 
     /// Uploads and downloads go where reconciles go.
     fn relink(&self) {
-        let link = self.conn.link();
-        self.links.send_replace(Some(link.clone()));
-        self.jobs.set_link(link);
+        self.links.send_replace(Some(self.conn.link()));
     }
 
     fn hub_failed(&mut self, e: &HubError) {

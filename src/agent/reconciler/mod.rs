@@ -33,10 +33,10 @@ use self::decide::{admission_names, decide, RunnerSpec, Step};
 use super::config::AgentConfig;
 use super::desired::{self, Observed};
 use super::reporter::ReporterHandle;
+use super::runner_link::RunnerLink;
 use super::AgentError;
 use crate::proto::admission::{Admission, AdmissionChange};
 use crate::proto::desired::DesiredState;
-use crate::runner::client::Client;
 use crate::supervisor::{State, Status, Supervisor};
 use crate::sys::exe::PinnedExe;
 
@@ -81,6 +81,7 @@ pub(super) struct Reconciler {
     cfg: AgentConfig,
     desired: DesiredState,
     exe: Arc<PinnedExe>,
+    runner: RunnerLink,
     first: Supervisor,
 }
 
@@ -91,6 +92,7 @@ impl Reconciler {
         cfg: AgentConfig,
         desired: DesiredState,
         exe: Arc<PinnedExe>,
+        runner: RunnerLink,
     ) -> Result<Self, AgentError> {
         let spec = RunnerSpec::new(&cfg, &desired);
         let first = build(&cfg, &spec.desired, &exe).await?;
@@ -98,6 +100,7 @@ impl Reconciler {
             cfg,
             desired,
             exe,
+            runner,
             first,
         })
     }
@@ -119,6 +122,7 @@ impl Reconciler {
             cfg: self.cfg,
             desired: self.desired,
             exe: self.exe,
+            runner: self.runner,
             sup: None,
             running: None,
             changes: None,
@@ -228,6 +232,7 @@ struct ReconcilerTask {
     /// The desired state applied last.
     desired: DesiredState,
     exe: Arc<PinnedExe>,
+    runner: RunnerLink,
     sup: Option<Supervisor>,
     /// The spec the runner runs with (built from, or since adjusted to), while started.
     running: Option<RunnerSpec>,
@@ -410,11 +415,12 @@ impl ReconcilerTask {
     /// serves: one started moments ago (the agent's start, then the hub's first answer)
     /// is waited for, within ADJUST_TIMEOUT, rather than restarted.
     async fn adjust(&self, change: &AdmissionChange) -> Result<Admission, AgentError> {
-        let socket = crate::runner::Paths::new(&self.cfg.state_dir).socket;
-        let path = socket.clone();
-        // Reads the API token beside the socket: a small blocking read. A runner that
-        // has not written its token yet is no problem: a refused request reads it again.
-        let client = tokio::task::spawn_blocking(move || Client::new(&path))
+        let socket = self.runner.socket().to_owned();
+        // A runner that has not written its token yet is no problem: a refused request
+        // reads it again.
+        let client = self
+            .runner
+            .client()
             .await
             .map_err(|source| AgentError::Task {
                 what: "runner client",

@@ -14,8 +14,6 @@ impl UpgradeTask {
     pub(super) async fn commit(&mut self, u: Upgrade) {
         self.set(PENDING_COMMIT, Some(&u.to), None);
         let settle = self.ctx.cfg.upgrade.settle;
-        let socket = crate::runner::Paths::new(&self.ctx.cfg.state_dir).socket;
-        let mut client = None;
         let mut healthy_since: Option<Instant> = None;
         let mut said_away: Option<Instant> = None;
         let needs_hub = self.ctx.link.borrow().is_some();
@@ -28,19 +26,12 @@ impl UpgradeTask {
             let healthy = if !enabled {
                 true
             } else if running {
-                if client.is_none() {
-                    let s = socket.clone();
-                    client =
-                        tokio::task::spawn_blocking(move || crate::runner::client::Client::new(&s))
-                            .await
-                            .ok();
-                }
-                match &client {
-                    Some(c) => matches!(
+                match self.ctx.runner.client().await {
+                    Ok(c) => matches!(
                         tokio::time::timeout(HEALTH_TIMEOUT, c.health()).await,
                         Ok(Ok(_))
                     ),
-                    None => false,
+                    Err(_) => false,
                 }
             } else {
                 false
@@ -50,7 +41,6 @@ impl UpgradeTask {
                 healthy_since.get_or_insert_with(Instant::now);
             } else {
                 healthy_since = None;
-                client = None;
             }
             let settled = healthy_since.is_some_and(|t| t.elapsed() >= settle);
             // Any answer since this process started: the hub round trip of this agent.

@@ -105,6 +105,8 @@ pub(super) struct UpgradeCtx {
     /// Moves on every reconcile the hub answered, and says whether the hub is out of reach.
     pub(super) reached: watch::Receiver<super::hub::Contact>,
     pub(super) reporter: ReporterHandle,
+    /// For the runner's health before a commit.
+    pub(super) runner: super::runner_link::RunnerLink,
 }
 
 pub(super) struct UpgradeHandle {
