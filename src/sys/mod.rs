@@ -20,6 +20,7 @@ pub mod pipe;
 #[cfg(target_os = "linux")]
 pub mod procfs;
 pub mod spawn;
+pub mod start;
 
 use std::fmt;
 

@@ -123,18 +123,18 @@ pub fn group_list(_user: &str, gid: u32) -> std::io::Result<Vec<u32>> {
 
 /// What a job's child does between fork and exec on the portable path (no `clone` with a
 /// pidfd): the same steps as `sys::launch`, in the same order, all prepared before fork.
-pub struct JobExec {
+pub(super) struct JobExec {
     /// The working directory, open: entered with `fchdir`.
-    pub cwd: std::os::fd::OwnedFd,
+    pub(super) cwd: std::os::fd::OwnedFd,
     /// An open `cgroup.procs` to join first.
-    pub cgroup_procs: Option<std::os::fd::OwnedFd>,
-    pub limits: Rlimits,
+    pub(super) cgroup_procs: Option<std::os::fd::OwnedFd>,
+    pub(super) limits: Rlimits,
     /// A Landlock ruleset to restrict the child to, last before exec (Linux).
-    pub landlock: Option<std::os::fd::OwnedFd>,
+    pub(super) landlock: Option<std::os::fd::OwnedFd>,
     /// The paths to try, in order, as execvp tries PATH.
-    pub programs: Vec<std::ffi::CString>,
-    pub argv: Vec<std::ffi::CString>,
-    pub env: Vec<std::ffi::CString>,
+    pub(super) programs: Vec<std::ffi::CString>,
+    pub(super) argv: Vec<std::ffi::CString>,
+    pub(super) env: Vec<std::ffi::CString>,
 }
 
 /// Pointer arrays into a [`JobExec`]'s strings, made before fork so the child allocates
@@ -158,7 +158,7 @@ unsafe impl Sync for ExecArrays {}
 /// inside the closure, so the PATH lookup is the job's own, under its Landlock ruleset;
 /// if every candidate fails, the closure returns the errno execvp would report and std
 /// reports it from `spawn`.
-pub fn job_exec(cmd: &mut Command, exec: JobExec) {
+pub(super) fn job_exec(cmd: &mut Command, exec: JobExec) {
     let ptrs = |v: &[std::ffi::CString]| -> Vec<*const libc::c_char> {
         v.iter()
             .map(|s| s.as_ptr())

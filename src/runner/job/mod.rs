@@ -116,7 +116,7 @@ pub enum JobError {
     #[error("could not start {}: {step} failed", clip(.program))]
     Launch {
         program: String,
-        step: crate::sys::launch::Step,
+        step: crate::sys::start::Step,
         #[source]
         source: io::Error,
     },
@@ -142,7 +142,7 @@ impl JobError {
         let source = match self {
             JobError::Spawn { source, .. } => source,
             JobError::Launch {
-                step: crate::sys::launch::Step::Exec,
+                step: crate::sys::start::Step::Exec,
                 source,
                 ..
             } => source,
