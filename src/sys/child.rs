@@ -96,3 +96,51 @@ pub(super) unsafe fn set_rlimits(l: Rlimits) -> bool {
     }
     true
 }
+
+/// The step of the launch that failed, so that an error says "chdir" rather than only the
+/// errno.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Clone,
+    Setsid,
+    JoinCgroup,
+    Setrlimit,
+    Stdio,
+    Chdir,
+    Landlock,
+    Exec,
+}
+
+impl Step {
+    pub(super) fn code(self) -> i32 {
+        self as i32 + 1
+    }
+
+    pub(super) fn from_code(code: i32) -> Self {
+        match code {
+            2 => Step::Setsid,
+            3 => Step::JoinCgroup,
+            4 => Step::Setrlimit,
+            5 => Step::Stdio,
+            6 => Step::Chdir,
+            7 => Step::Landlock,
+            8 => Step::Exec,
+            _ => Step::Clone,
+        }
+    }
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Step::Clone => "clone",
+            Step::Setsid => "setsid",
+            Step::JoinCgroup => "join its cgroup",
+            Step::Setrlimit => "setrlimit",
+            Step::Stdio => "set up stdin/stdout/stderr",
+            Step::Chdir => "chdir to its working directory",
+            Step::Landlock => "restrict itself to its Landlock ruleset",
+            Step::Exec => "execve",
+        })
+    }
+}

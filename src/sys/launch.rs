@@ -20,7 +20,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use super::child::Rlimits;
-use super::start::Step;
+use super::child::Step;
 use super::ProcessId;
 
 /// What the child needs, all of it built before the clone.
