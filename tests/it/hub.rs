@@ -116,16 +116,7 @@ fn an_enrolled_agent_is_listed_and_sent_its_merged_desired_state() {
         "--version",
         "9.9.9",
     ]);
-    hub.admin_ok(&[
-        "desired",
-        "set",
-        "--agent",
-        "web-1",
-        "--runner-enabled",
-        "false",
-        "--max-jobs",
-        "2",
-    ]);
+    hub.set_desired("web-1", &["--runner-enabled", "false", "--max-jobs", "2"]);
     let g = first["generation"].as_u64().expect("generation");
     let (code, body) = hub.reconcile("web-1", &web, g);
     assert_eq!(code, 200, "{body}");
@@ -139,7 +130,7 @@ fn an_enrolled_agent_is_listed_and_sent_its_merged_desired_state() {
     );
 
     // Clearing the agent's own setting falls back to the fleet's.
-    hub.admin_ok(&["desired", "set", "--agent", "web-1", "--clear", "max_jobs"]);
+    hub.set_desired("web-1", &["--clear", "max_jobs"]);
     let shown = hub.admin_json(&["desired", "show", "--agent", "web-1"]);
     assert_eq!(shown["effective"]["runner"]["max_jobs"], 4);
 
@@ -181,7 +172,7 @@ fn a_change_wakes_the_held_polls_it_concerns_and_no_others() {
     });
 
     let changed = Instant::now();
-    hub.admin_ok(&["desired", "set", "--agent", "a", "--max-jobs", "3"]);
+    hub.set_desired("a", &["--max-jobs", "3"]);
     let (code, body) = pa.answer(Duration::from_secs(10));
     let took = changed.elapsed();
     assert_eq!(code, 200, "{body}");
@@ -223,7 +214,7 @@ fn a_restarted_hub_keeps_its_agents_tokens_desired_state_and_ca() {
     let dir = tmp.path().join("hub");
     let hub = TestHub::start(&dir, &[]);
     let t = token(&hub.enrol("keep"));
-    hub.admin_ok(&["desired", "set", "--agent", "keep", "--max-jobs", "5"]);
+    hub.set_desired("keep", &["--max-jobs", "5"]);
     let (code, body) = hub.reconcile("keep", &t, 0);
     assert_eq!(code, 200, "{body}");
     let before = json(&body);

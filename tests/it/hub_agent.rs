@@ -924,14 +924,7 @@ fn the_hubs_desired_state_stops_and_starts_the_runner() {
     );
 
     let changed = std::time::Instant::now();
-    hub.admin_ok(&[
-        "desired",
-        "set",
-        "--agent",
-        "a1",
-        "--runner-enabled",
-        "false",
-    ]);
+    hub.set_desired("a1", &["--runner-enabled", "false"]);
     let off = hub_generation(&hub, "a1");
     assert!(off > g);
     let st = h.wait_status("the runner stopped by the hub", APPLIED, |st| {
@@ -962,14 +955,7 @@ fn the_hubs_desired_state_stops_and_starts_the_runner() {
     assert_eq!(shown["report"]["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(shown["report"]["os"], std::env::consts::OS);
 
-    hub.admin_ok(&[
-        "desired",
-        "set",
-        "--agent",
-        "a1",
-        "--runner-enabled",
-        "true",
-    ]);
+    hub.set_desired("a1", &["--runner-enabled", "true"]);
     let on = hub_generation(&hub, "a1");
     let second = h.host.wait_runner("a runner started by the hub", |st| {
         st["hub"]["generation"].as_u64() == Some(on) && st["runner"]["starts"] == 2
@@ -978,7 +964,7 @@ fn the_hubs_desired_state_stops_and_starts_the_runner() {
 
     // A desired agent version, without trusted keys: shown, refused, and the runner is
     // left alone.
-    hub.admin_ok(&["desired", "set", "--agent", "a1", "--version", "9.9.9"]);
+    hub.set_desired("a1", &["--version", "9.9.9"]);
     let v = hub_generation(&hub, "a1");
     let st = h.wait_status("the desired version", APPLIED, connected_at(v));
     assert_eq!(st["hub"]["desired_version"], "9.9.9", "{st:#}");
@@ -1039,14 +1025,7 @@ fn a_restarted_hub_keeps_the_agent_and_its_desired_state() {
         h.host.agent_log()
     );
     assert_eq!(h.host.status()["runner"]["starts"], 1);
-    hub.admin_ok(&[
-        "desired",
-        "set",
-        "--agent",
-        "a1",
-        "--runner-enabled",
-        "true",
-    ]);
+    hub.set_desired("a1", &["--runner-enabled", "true"]);
     h.host
         .wait_runner("a runner started after the hub's restart", |st| {
             st["runner"]["starts"] == 2
@@ -1118,7 +1097,7 @@ fn admission_limits_from_the_hub_reach_the_running_runner_and_survive_its_restar
     h.wait_status("connected", LIMIT, connected_at(g));
     assert_eq!(admission(&h).expect("admission")["max_queued"], 7);
 
-    hub.admin_ok(&["desired", "set", "--agent", "a1", "--max-jobs", "3"]);
+    hub.set_desired("a1", &["--max-jobs", "3"]);
     let three = hub_generation(&hub, "a1");
     h.wait_status("max_jobs applied", APPLIED, connected_at(three));
     let limits = admission(&h).expect("admission");
@@ -1160,7 +1139,7 @@ fn admission_limits_from_the_hub_reach_the_running_runner_and_survive_its_restar
     // The hub stops setting the limit: the running runner goes back to its default in
     // place (a restart would end its jobs).
     let runner = h.host.status()["runner"]["pid"].clone();
-    hub.admin_ok(&["desired", "set", "--agent", "a1", "--clear", "max_jobs"]);
+    hub.set_desired("a1", &["--clear", "max_jobs"]);
     let cleared = hub_generation(&hub, "a1");
     h.wait_status("the cleared limit applied", APPLIED, connected_at(cleared));
     let limits = admission(&h).expect("admission");
@@ -1197,14 +1176,7 @@ fn sighup_with_a_hub_keeps_the_hubs_desired_state() {
     assert_eq!(st["hub"]["generation"], off);
 
     // Enabled again, the runner comes with the reloaded settings.
-    hub.admin_ok(&[
-        "desired",
-        "set",
-        "--agent",
-        "a1",
-        "--runner-enabled",
-        "true",
-    ]);
+    hub.set_desired("a1", &["--runner-enabled", "true"]);
     h.host.wait_runner("a runner started by the hub", |st| {
         st["runner"]["starts"] == 2
     });
@@ -1228,7 +1200,7 @@ fn sighup_with_a_hub_keeps_the_hubs_desired_state() {
 fn admission_limits_set_before_the_agent_starts_need_no_runner_restart() {
     let tmp = tempdir();
     let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
-    hub.admin_ok(&["desired", "set", "--agent", "a1", "--max-jobs", "13"]);
+    hub.set_desired("a1", &["--max-jobs", "13"]);
     let g = hub_generation(&hub, "a1");
     // The runner starts from the standalone default; the hub's first answer comes while
     // it may not serve yet, and its limit is still taken live.
@@ -1269,7 +1241,7 @@ fn an_agent_started_while_its_hub_is_down_says_connected_when_it_first_answers()
 /// Disables agent `id`'s runner at the hub, waits until the agent has stopped it, and
 /// returns the generation that did it.
 fn disable_runner(h: &HubHost, hub: &TestHub, id: &str) -> u64 {
-    hub.admin_ok(&["desired", "set", "--agent", id, "--runner-enabled", "false"]);
+    hub.set_desired(id, &["--runner-enabled", "false"]);
     let off = hub_generation(hub, id);
     h.wait_status("the runner stopped by the hub", APPLIED, |st| {
         connected_at(off)(st) && st["runner"]["state"] == "stopped"

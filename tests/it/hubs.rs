@@ -89,6 +89,13 @@ impl TestHub {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `hub desired set --agent AGENT ARGS…`, which must succeed.
+    pub fn set_desired(&self, agent: &str, args: &[&str]) -> String {
+        let mut all = vec!["desired", "set", "--agent", agent];
+        all.extend_from_slice(args);
+        self.admin_ok(&all)
+    }
+
     pub fn admin_json(&self, args: &[&str]) -> serde_json::Value {
         let mut all = args.to_vec();
         all.push("--json");

@@ -424,8 +424,7 @@ fn in_image(root: &Path, script: &str, args: &[String]) -> Command {
 
 #[test]
 fn the_rendered_unit_passes_systemd_analyze_verify() {
-    if !is_root() {
-        eprintln!("skipped: mounting an image needs root");
+    if !requires_root("mounting an image needs root") {
         return;
     }
     // The image's /usr/local or /opt lies over the host's: both exist on Debian.
@@ -541,8 +540,7 @@ fn seed_accounts(root: &Path) {
 
 #[test]
 fn the_runner_account_is_created_once_as_a_system_account() {
-    if !is_root() {
-        eprintln!("skipped: useradd needs root");
+    if !requires_root("useradd needs root") {
         return;
     }
     let dir = tempdir();
@@ -685,8 +683,7 @@ fn uninstall_then_install_again_still_restores_the_image_on_purge() {
 
 #[test]
 fn files_other_accounts_own_are_refused_or_made_roots_again() {
-    if !is_root() {
-        eprintln!("skipped: chown needs root");
+    if !requires_root("chown needs root") {
         return;
     }
     let dir = tempdir();
@@ -791,8 +788,7 @@ fn odd_files_in_the_image_are_refused_without_reading_them() {
 
 #[test]
 fn an_install_cut_short_while_moving_the_prefix_is_finished_by_uninstall() {
-    if !is_root() {
-        eprintln!("skipped: mounting a tmpfs needs root");
+    if !requires_root("mounting a tmpfs needs root") {
         return;
     }
     // An image on a tmpfs with room for one copy of the binary, not two: the second
@@ -847,8 +843,7 @@ exit 0
 
 #[test]
 fn an_image_cannot_point_roots_writes_elsewhere_or_race_them() {
-    if !is_root() {
-        eprintln!("skipped: chown and useradd need root");
+    if !requires_root("chown and useradd need root") {
         return;
     }
     let dir = tempdir();

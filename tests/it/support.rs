@@ -282,6 +282,20 @@ pub fn get(socket: &Path, path: &str) -> Option<(u16, String)> {
     http(socket, "GET", path, None)
 }
 
+/// Asserts that the job record `rec` ended in `state` with an error that says `part`.
+pub fn assert_ended(rec: &serde_json::Value, state: &str, part: &str) {
+    assert_eq!(rec["state"], state, "{rec}");
+    assert_error(rec, part);
+}
+
+/// Asserts that the job record `rec` has an error that says `part`.
+pub fn assert_error(rec: &serde_json::Value, part: &str) {
+    let error = rec["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error: {rec}"));
+    assert!(error.contains(part), "{part:?} not in: {rec}");
+}
+
 pub fn get_json(socket: &Path, path: &str) -> Option<serde_json::Value> {
     let (status, body) = get(socket, path)?;
     (status == 200)

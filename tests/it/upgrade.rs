@@ -959,8 +959,7 @@ fn an_agent_killed_between_the_rename_and_the_re_exec_still_ends_on_a_verified_b
 
 #[test]
 fn a_full_disk_refuses_the_download_early_and_leaves_nothing() {
-    if !is_root() {
-        eprintln!("skipped: mounting a small tmpfs needs root");
+    if !requires_root("mounting a small tmpfs needs root") {
         return;
     }
     let mut up = Up::new();
@@ -1018,8 +1017,7 @@ impl Drop for SmallDisk {
 
 #[test]
 fn a_disk_that_fills_during_the_download_loses_the_download_and_nothing_else() {
-    if !is_root() {
-        eprintln!("skipped: mounting a small tmpfs needs root");
+    if !requires_root("mounting a small tmpfs needs root") {
         return;
     }
     let mut up = Up::new();

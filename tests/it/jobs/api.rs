@@ -5,8 +5,7 @@ use super::*;
 #[cfg(target_os = "linux")]
 #[test]
 fn the_runner_cannot_be_inspected_by_its_own_account() {
-    if !is_root() {
-        eprintln!("skipped: needs root, to run the runner as another account");
+    if !requires_root("needs root, to run the runner as another account") {
         return;
     }
     let r = Runner::started(&[]);
@@ -154,8 +153,7 @@ fn a_client_follows_the_token_of_a_restarted_runner() {
 
 #[test]
 fn a_client_over_the_connection_limit_is_told_why_and_root_still_gets_in() {
-    if !is_root() {
-        eprintln!("skipped: needs root, to run clients as the runner's account and as root");
+    if !requires_root("needs root, to run clients as the runner's account and as root") {
         return;
     }
     let r = Runner::started(&["--max-api-connections", "1"]);

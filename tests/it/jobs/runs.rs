@@ -193,14 +193,7 @@ fn a_killed_runner_leaves_a_lost_job_and_its_output() {
     r.start(&[]);
     // Ended in the background: the runner serves first.
     let rec = r.wait(&id);
-    assert_eq!(rec["state"], "lost", "{rec}");
-    assert!(
-        rec["error"]
-            .as_str()
-            .expect("error")
-            .contains("process group was killed"),
-        "{rec}"
-    );
+    assert_ended(&rec, "lost", "process group was killed");
     assert!(
         live_in_group(pid).is_empty(),
         "the orphaned job group survived"
@@ -237,13 +230,7 @@ fn a_recycled_pid_is_never_signalled() {
     r.start(&[]);
     let rec = r.wait("recycled");
     assert_eq!(rec["state"], "lost");
-    assert!(
-        rec["error"]
-            .as_str()
-            .expect("error")
-            .contains("already gone"),
-        "{rec}"
-    );
+    assert_error(&rec, "already gone");
     assert!(
         alive(bystander.pid()),
         "a process with a recycled pid was signalled"
@@ -423,13 +410,7 @@ fn runner_shutdown_stops_running_jobs_and_keeps_queued_ones() {
     r.start(&["--max-jobs", "1"]);
     let rec = r.job("long");
     assert_eq!(rec["state"], "cancelled");
-    assert!(
-        rec["error"]
-            .as_str()
-            .expect("error")
-            .contains("shutting down"),
-        "{rec}"
-    );
+    assert_error(&rec, "shutting down");
     r.wait("waiting");
     assert_eq!(r.output("waiting", "stdout"), "ran-after-restart\n");
 }
