@@ -19,4 +19,6 @@ pub mod fleet_job;
 pub mod health;
 pub mod hub;
 pub mod job;
+pub mod labels;
 pub mod report;
+pub mod selector;
