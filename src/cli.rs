@@ -541,6 +541,10 @@ pub struct HubFlags {
     /// carry (repeatable, for rotation; replaces upgrade.trusted_keys).
     #[arg(long, value_name = "RW…")]
     pub trusted_key: Vec<String>,
+    /// A label that routes jobs to this host (repeatable; replaces agent.labels). os,
+    /// arch and hostname are set by the agent itself.
+    #[arg(long, value_name = "K=V")]
+    pub label: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -32,6 +32,8 @@ pub(crate) const HUB_TOKEN_FILE: &str = "RAILGRID_HUB_TOKEN_FILE";
 pub(crate) const HUB_CA_FILE: &str = "RAILGRID_HUB_CA_FILE";
 pub(crate) const LOG_MAX_FILES: &str = "RAILGRID_LOG_MAX_FILES";
 pub(crate) const UPGRADE_TRUSTED_KEYS: &str = "RAILGRID_UPGRADE_TRUSTED_KEYS";
+/// `agent.labels`, as `k=v,k2=v2`.
+pub(crate) const AGENT_LABELS: &str = "RAILGRID_AGENT_LABELS";
 pub(crate) const UPGRADE_SETTLE: &str = "RAILGRID_UPGRADE_SETTLE";
 pub(crate) const UPGRADE_DEADLINE: &str = "RAILGRID_UPGRADE_DEADLINE";
 pub(crate) const UPGRADE_HUB_WAIT: &str = "RAILGRID_UPGRADE_HUB_WAIT";

@@ -268,6 +268,7 @@ pub(crate) async fn run(
             let ctx = hub::HubCtx {
                 runner: runner.clone(),
                 jobs: jobs.reports(),
+                labels: cfg.labels.clone(),
                 reconciler: reconciler.clone(),
                 reporter: reporter.clone(),
                 upgrade: upgrade.report(),
@@ -447,7 +448,7 @@ fn apply_reload(
 ) {
     match (hub, new.hub.clone()) {
         (Some(hub), Some(settings)) => {
-            hub.reload(settings);
+            hub.reload(settings, new.labels.clone());
             (desired, reconciler.reload(new, None))
         }
         (Some(_), None) => {

@@ -22,6 +22,7 @@ fn flags(args: &AgentArgs) -> Flags {
         token_file: args.link.token_file.clone(),
         ca_file: args.link.ca_file.clone(),
         trusted_keys: (!args.link.trusted_key.is_empty()).then(|| args.link.trusted_key.clone()),
+        labels: (!args.link.label.is_empty()).then(|| args.link.label.clone()),
     }
 }
 

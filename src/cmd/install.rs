@@ -19,6 +19,7 @@ pub(super) fn install(args: AgentInstallArgs) -> anyhow::Result<ExitCode> {
         token_file: args.link.token_file,
         ca_file: args.link.ca_file,
         trusted_keys: args.link.trusted_key,
+        labels: args.link.label,
         runner_user: args.runner_user,
         prefix: args.prefix,
         root: args.root,

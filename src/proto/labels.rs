@@ -20,7 +20,10 @@ pub const MAX_LABELS: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LabelError {
     Key(String),
-    Value { key: String, value: String },
+    Value {
+        key: String,
+        value: String,
+    },
     /// `k=v` was expected.
     Pair(String),
     Automatic(String),
@@ -146,7 +149,17 @@ mod tests {
         for good in ["queue", "a", "k8s.io/zone", "gpu-count", "x_1", "0"] {
             assert_eq!(check_key(good), Ok(()), "{good}");
         }
-        for bad in ["", "Queue", "-x", ".x", "a b", "a=b", "a,b", "é", &"k".repeat(64)] {
+        for bad in [
+            "",
+            "Queue",
+            "-x",
+            ".x",
+            "a b",
+            "a=b",
+            "a,b",
+            "é",
+            &"k".repeat(64),
+        ] {
             assert!(check_key(bad).is_err(), "{bad:?}");
         }
         for good in ["", "build", "A100", "1.2.3", "a_b-c"] {
@@ -176,9 +189,6 @@ mod tests {
         assert_eq!(check(&host, false), Ok(()), "the hub may set any key");
         let host = parse_list("queue=build,tier=dev").expect("host");
         let hub = parse_list("tier=prod").expect("hub");
-        assert_eq!(
-            to_list(&effective(&host, &hub)),
-            "queue=build,tier=prod"
-        );
+        assert_eq!(to_list(&effective(&host, &hub)), "queue=build,tier=prod");
     }
 }

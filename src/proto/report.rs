@@ -17,6 +17,10 @@ pub struct AgentReport {
     pub arch: String,
     #[serde(default)]
     pub hostname: String,
+    /// The host's labels with the ones the agent sets itself (`os`, `arch`, `hostname`);
+    /// the hub's own labels go over them.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: super::labels::Labels,
     /// The generation of the desired state this agent applied last (0: none yet).
     pub observed_generation: u64,
     #[serde(default)]

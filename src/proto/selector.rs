@@ -296,7 +296,10 @@ mod tests {
     #[test]
     fn every_kind_of_requirement_matches_as_in_kubernetes() {
         let host = "queue=build,os=linux,gpu=a100,tier=dev,zone=b";
-        assert!(matches("queue=build,os=linux,gpu,tier!=prod,zone in (a,b)", host));
+        assert!(matches(
+            "queue=build,os=linux,gpu,tier!=prod,zone in (a,b)",
+            host
+        ));
         assert!(matches("queue==build", host));
         assert!(!matches("queue=test", host));
         assert!(matches("!spot", host));
@@ -339,7 +342,8 @@ mod tests {
         }
         let e = Selector::parse("queue=build,tier!").expect_err("bad");
         assert!(
-            e.to_string().contains("at character 17 ('!', after \"queue=build,tier\")"),
+            e.to_string()
+                .contains("at character 17 ('!', after \"queue=build,tier\")"),
             "{e}"
         );
     }

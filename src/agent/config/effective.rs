@@ -88,6 +88,12 @@ impl AgentConfig {
             Key::Settle => duration(u.settle),
             Key::Deadline => duration(u.deadline),
             Key::HubWait => duration(u.hub_wait),
+            Key::Labels => Value::InlineTable(
+                self.labels
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), Value::from(v)))
+                    .collect(),
+            ),
         })
     }
 }

@@ -26,6 +26,7 @@ pub(crate) use self::raw::{Flags, RawConfig};
 pub(crate) use self::settings::{AgentConfig, HubSettings, RunnerSettings, UpgradeSettings};
 use self::sources::{invalid, Key, Origin, Sources};
 use crate::env_vars;
+use crate::proto::labels::{self, Labels};
 
 use crate::supervisor::account::Account;
 use crate::supervisor::{self, DEFAULT_MAX_LOG_BYTES, DEFAULT_STOP_GRACE, MIN_LOG_BYTES};
@@ -222,59 +223,7 @@ fn resolve(
         },
     };
 
-    let hub = match (src.get(Key::HubUrl), src.path_from(Key::TokenFile)) {
-        (None, None) => None,
-        (Some((text, origin)), token) => {
-            let mut urls: Vec<String> = Vec::new();
-            for url in text.split(',').map(str::trim).filter(|u| !u.is_empty()) {
-                if !url.starts_with("https://") {
-                    return Err(invalid(
-                        &origin,
-                        format!("hub URL {url:?} must start with https://"),
-                    ));
-                }
-                let url = url.trim_end_matches('/').to_owned();
-                if !urls.contains(&url) {
-                    urls.push(url);
-                }
-            }
-            if urls.is_empty() {
-                return Err(invalid(&origin, "no hub URL given".into()));
-            }
-            let Some((token_file, token_origin)) = token else {
-                return Err(invalid(
-                    &origin,
-                    "a hub needs a token file: set hub.token_file (or --token-file)".into(),
-                ));
-            };
-            if host {
-                check_secret_file(&token_file).map_err(|m| invalid(&token_origin, m))?;
-            }
-            let agent_id = match src.get(Key::AgentId) {
-                Some((id, origin)) => check_agent_id(&id).map_err(|m| invalid(&origin, m))?,
-                None => default_agent_id()?,
-            };
-            let ca_file = src.path(Key::CaFile);
-            if let (true, Some(ca), Some((_, origin))) = (host, &ca_file, src.get(Key::CaFile)) {
-                // Read now: a CA file that cannot serve is a configuration error (exit
-                // 2) before a runner starts, not a retry loop later.
-                crate::hub_client::read_ca(ca)
-                    .map_err(|e| invalid(&origin, crate::error_chain(&e)))?;
-            }
-            Some(HubSettings {
-                urls,
-                agent_id,
-                token_file,
-                ca_file,
-            })
-        }
-        (None, Some((_, origin))) => {
-            return Err(invalid(
-                &origin,
-                "a token file without a hub URL: set hub.url (or --hub)".into(),
-            ));
-        }
-    };
+    let hub = hub_settings(&src, host)?;
     if let (None, Some((_, origin))) = (&hub, src.get(Key::AgentId)) {
         return Err(invalid(
             &origin,
@@ -335,6 +284,7 @@ fn resolve(
         log_dir,
         runner,
         hub,
+        labels: host_labels(&src)?,
         log_max_files: log_max_files.max(1),
         upgrade: UpgradeSettings {
             trusted_keys,
@@ -343,6 +293,77 @@ fn resolve(
             hub_wait,
         },
     })
+}
+
+/// The hub settings, when a hub is named; `host`: check the token and CA files too.
+fn hub_settings(src: &Sources<'_>, host: bool) -> Result<Option<HubSettings>, ConfigError> {
+    Ok(
+        match (src.get(Key::HubUrl), src.path_from(Key::TokenFile)) {
+            (None, None) => None,
+            (Some((text, origin)), token) => {
+                let mut urls: Vec<String> = Vec::new();
+                for url in text.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+                    if !url.starts_with("https://") {
+                        return Err(invalid(
+                            &origin,
+                            format!("hub URL {url:?} must start with https://"),
+                        ));
+                    }
+                    let url = url.trim_end_matches('/').to_owned();
+                    if !urls.contains(&url) {
+                        urls.push(url);
+                    }
+                }
+                if urls.is_empty() {
+                    return Err(invalid(&origin, "no hub URL given".into()));
+                }
+                let Some((token_file, token_origin)) = token else {
+                    return Err(invalid(
+                        &origin,
+                        "a hub needs a token file: set hub.token_file (or --token-file)".into(),
+                    ));
+                };
+                if host {
+                    check_secret_file(&token_file).map_err(|m| invalid(&token_origin, m))?;
+                }
+                let agent_id = match src.get(Key::AgentId) {
+                    Some((id, origin)) => check_agent_id(&id).map_err(|m| invalid(&origin, m))?,
+                    None => default_agent_id()?,
+                };
+                let ca_file = src.path(Key::CaFile);
+                if let (true, Some(ca), Some((_, origin))) = (host, &ca_file, src.get(Key::CaFile))
+                {
+                    // Read now: a CA file that cannot serve is a configuration error (exit
+                    // 2) before a runner starts, not a retry loop later.
+                    crate::hub_client::read_ca(ca)
+                        .map_err(|e| invalid(&origin, crate::error_chain(&e)))?;
+                }
+                Some(HubSettings {
+                    urls,
+                    agent_id,
+                    token_file,
+                    ca_file,
+                })
+            }
+            (None, Some((_, origin))) => {
+                return Err(invalid(
+                    &origin,
+                    "a token file without a hub URL: set hub.url (or --hub)".into(),
+                ));
+            }
+        },
+    )
+}
+
+/// The labels the host declares (`agent.labels`): checked, and none of the automatic
+/// ones, which the agent sets itself.
+fn host_labels(src: &Sources<'_>) -> Result<Labels, ConfigError> {
+    let Some((text, origin)) = src.get(Key::Labels) else {
+        return Ok(Labels::new());
+    };
+    let labels = labels::parse_list(&text).map_err(|e| invalid(&origin, e.to_string()))?;
+    labels::check(&labels, true).map_err(|e| invalid(&origin, e.to_string()))?;
+    Ok(labels)
 }
 
 fn read_file(path: &Path) -> Result<RawConfig, ConfigError> {

@@ -19,6 +19,15 @@ pub(crate) struct RawConfig {
     pub(crate) log: RawLog,
     #[serde(default)]
     pub(crate) upgrade: RawUpgrade,
+    #[serde(default)]
+    pub(crate) agent: RawAgent,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAgent {
+    /// `{queue = "build"}`: the labels that route jobs to this host.
+    pub(crate) labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -85,4 +94,6 @@ pub(crate) struct Flags {
     pub(crate) ca_file: Option<PathBuf>,
     /// `--trusted-key`, repeated; `None` when not given.
     pub(crate) trusted_keys: Option<Vec<String>>,
+    /// `--label K=V`, repeated; `None` when not given.
+    pub(crate) labels: Option<Vec<String>>,
 }

@@ -66,6 +66,8 @@ pub(crate) struct AgentConfig {
     pub(crate) log_dir: PathBuf,
     pub(crate) runner: RunnerSettings,
     pub(crate) hub: Option<HubSettings>,
+    /// The labels the host declares (`agent.labels`), without the automatic ones.
+    pub(crate) labels: crate::proto::labels::Labels,
     pub(crate) log_max_files: usize,
     pub(crate) upgrade: UpgradeSettings,
 }

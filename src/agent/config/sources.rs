@@ -38,6 +38,13 @@ macro_rules! as_text_by_display {
 }
 as_text_by_display!(u64, usize, bool);
 
+/// Labels, as their variable gives them: `k=v,k2=v2`.
+impl AsText for std::collections::BTreeMap<String, String> {
+    fn as_text(&self) -> String {
+        crate::proto::labels::to_list(self)
+    }
+}
+
 /// A list, as its variable gives it: comma-separated.
 impl AsText for Vec<String> {
     fn as_text(&self) -> String {
@@ -125,6 +132,7 @@ settings! {
     Settle: upgrade.settle, env UPGRADE_SETTLE;
     Deadline: upgrade.deadline, env UPGRADE_DEADLINE;
     HubWait: upgrade.hub_wait, env UPGRADE_HUB_WAIT;
+    Labels: agent.labels, env AGENT_LABELS, flag "--label" => labels;
 }
 
 impl Key {

@@ -286,12 +286,15 @@ fn example_with_every_key() -> String {
         .join("\n")
 }
 
-/// The dotted keys of a TOML document's values.
+/// The dotted keys of a TOML document's values; a setting whose value is a table
+/// (`agent.labels`) is one key.
 fn toml_keys(table: &toml::Table, prefix: &str, out: &mut Vec<String>) {
     for (k, v) in table {
         let key = format!("{prefix}{k}");
         match v {
-            toml::Value::Table(t) => toml_keys(t, &format!("{key}."), out),
+            toml::Value::Table(t) if !SETTINGS.iter().any(|s| s.toml == key) => {
+                toml_keys(t, &format!("{key}."), out)
+            }
             _ => out.push(key),
         }
     }
@@ -383,6 +386,7 @@ fn every_setting_takes_flag_then_environment_then_file() {
         token_file: Some("/flag".into()),
         ca_file: Some("/flag".into()),
         trusted_keys: Some(vec!["flag".into()]),
+        labels: Some(vec!["flag=flag".into()]),
     };
     let no_flags = Flags::default();
     let env = |k: &str| k.starts_with("RAILGRID_").then(|| "env".to_owned());
@@ -486,4 +490,47 @@ fn the_effective_configuration_names_every_setting() {
     let mut expected: Vec<String> = SETTINGS.iter().map(|s| s.toml.to_owned()).collect();
     expected.sort();
     assert_eq!(keys, expected);
+}
+
+#[test]
+fn labels_come_from_every_source_and_a_bad_one_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (flags, path) = file_flags(dir.path(), "[agent]\nlabels = { queue = \"build\" }\n");
+    let env = env_of(&[("HOME", "/h")]);
+    let c = load_with(&flags, false, &env).unwrap();
+    assert_eq!(crate::proto::labels::to_list(&c.labels), "queue=build");
+    let env = env_of(&[
+        ("HOME", "/h"),
+        ("RAILGRID_AGENT_LABELS", "gpu=a100, queue=test"),
+    ]);
+    let c = load_with(&flags, false, &env).unwrap();
+    assert_eq!(
+        crate::proto::labels::to_list(&c.labels),
+        "gpu=a100,queue=test"
+    );
+    let with_flag = Flags {
+        labels: Some(vec!["zone=b".into()]),
+        ..flags.clone()
+    };
+    let c = load_with(&with_flag, false, &env).unwrap();
+    assert_eq!(crate::proto::labels::to_list(&c.labels), "zone=b");
+
+    let bad = Flags {
+        labels: Some(vec!["os=plan9".into()]),
+        ..flags.clone()
+    };
+    refused(&bad, &env, &["flag --label", "os, arch and hostname"]);
+    let env = env_of(&[("HOME", "/h"), ("RAILGRID_AGENT_LABELS", "queue")]);
+    refused(
+        &flags,
+        &env,
+        &["RAILGRID_AGENT_LABELS", "\"queue\"", "KEY=VALUE"],
+    );
+    write(dir.path(), "[agent]\nlabels = { Queue = \"x y\" }\n");
+    let shown = path.display().to_string();
+    refused(
+        &flags,
+        &env_of(&[("HOME", "/h")]),
+        &[&shown, "agent.labels", "\"Queue\""],
+    );
 }

@@ -53,6 +53,7 @@ use super::runner_link::RunnerLink;
 use super::status::HubStatus;
 use crate::build_info;
 use crate::proto::desired::DesiredState;
+use crate::proto::labels::Labels;
 use crate::proto::report::{AgentReport, JobsSummary, RunnerReport, UpgradeReport};
 use crate::supervisor::State;
 
@@ -82,7 +83,8 @@ fn runner_report(o: &Observed) -> RunnerReport {
 }
 
 enum Msg {
-    Reload(Box<HubSettings>),
+    /// New hub settings, and the host's labels.
+    Reload(Box<(HubSettings, Labels)>),
     Shutdown,
 }
 
@@ -98,6 +100,8 @@ pub(super) struct HubCtx {
     pub(super) runner: RunnerLink,
     /// The hub's jobs on this host; their reports go with every reconcile.
     pub(super) jobs: JobReports,
+    /// The labels the host declares (`agent.labels`).
+    pub(super) labels: Labels,
     pub(super) reconciler: ReconcilerHandle,
     pub(super) reporter: ReporterHandle,
     pub(super) upgrade: watch::Receiver<Option<UpgradeReport>>,
@@ -113,6 +117,7 @@ impl HubHandle {
         let HubCtx {
             runner,
             jobs,
+            labels,
             reconciler,
             reporter,
             upgrade,
@@ -137,6 +142,7 @@ impl HubHandle {
             links,
             jobs,
             jobs_moved,
+            labels,
             conn,
             reconciler,
             observed,
@@ -164,8 +170,9 @@ impl HubHandle {
     /// New hub settings (SIGHUP): the token and CA files are read again, and the next
     /// reconcile goes out at once. Settings that cannot be used are logged and the ones in
     /// use kept.
-    pub(super) fn reload(&self, settings: HubSettings) {
-        let _ = self.tx.send(Msg::Reload(Box::new(settings)));
+    /// The host's labels go with the next report, whatever becomes of the settings.
+    pub(super) fn reload(&self, settings: HubSettings, labels: Labels) {
+        let _ = self.tx.send(Msg::Reload(Box::new((settings, labels))));
     }
 
     /// Ends the loop (a reconcile in flight is dropped) and waits for it.
@@ -184,6 +191,8 @@ struct HubTask {
     /// The hub's jobs on this host; their reports go with every reconcile.
     jobs: JobReports,
     jobs_moved: watch::Receiver<u64>,
+    /// The labels the host declares, as the last configuration read says.
+    labels: Labels,
     conn: Connection,
     reconciler: ReconcilerHandle,
     observed: watch::Receiver<Observed>,
@@ -308,10 +317,14 @@ impl HubTask {
     }
 
     async fn control(&mut self, msg: Option<Msg>) -> Next {
-        let settings = match msg {
-            Some(Msg::Reload(settings)) => *settings,
+        let (settings, labels) = match msg {
+            Some(Msg::Reload(reload)) => *reload,
             Some(Msg::Shutdown) | None => return Next::Stop,
         };
+        if labels != self.labels {
+            tracing::info!(labels = %crate::proto::labels::to_list(&labels), "SIGHUP: new labels, for the next report");
+            self.labels = labels;
+        }
         let load = settings.clone();
         let loaded = tokio::task::spawn_blocking(move || Connection::load(&load))
             .await
@@ -341,6 +354,22 @@ impl HubTask {
         }
     }
 
+    /// The host's labels with the ones the agent sets itself.
+    fn reported_labels(&self) -> Labels {
+        let mut labels = self.labels.clone();
+        for (k, v) in [
+            ("os", std::env::consts::OS),
+            ("arch", std::env::consts::ARCH),
+            ("hostname", self.hostname.as_str()),
+        ] {
+            // A host name outside the value grammar is left out rather than sent.
+            if crate::proto::labels::check_value(k, v).is_ok() {
+                labels.insert(k.to_owned(), v.to_owned());
+            }
+        }
+        labels
+    }
+
     /// The report for the next reconcile, from what the reconciler observes now.
     async fn report(&mut self) -> AgentReport {
         let observed = self.observed.borrow_and_update().clone();
@@ -356,6 +385,7 @@ impl HubTask {
             os: std::env::consts::OS.to_owned(),
             arch: std::env::consts::ARCH.to_owned(),
             hostname: self.hostname.clone(),
+            labels: self.reported_labels(),
             observed_generation: if self.reset {
                 0
             } else {

@@ -19,6 +19,8 @@ pub(crate) struct Wanted {
     pub(crate) token_file: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
     pub(crate) trusted_keys: Option<Vec<String>>,
+    /// Replaces `agent.labels`.
+    pub(crate) labels: Option<crate::proto::labels::Labels>,
 }
 
 /// The file to write, and what changed in it (empty: it is kept as it is).
@@ -172,6 +174,34 @@ pub(crate) fn converge(
             ));
         }
     }
+    if let Some(labels) = &wanted.labels {
+        let current = doc
+            .get("agent")
+            .and_then(Item::as_table_like)
+            .and_then(|t| t.get("labels"))
+            .and_then(Item::as_table_like)
+            .map(|t| {
+                t.iter()
+                    .filter_map(|(k, v)| Some((k.to_owned(), v.as_str()?.to_owned())))
+                    .collect::<crate::proto::labels::Labels>()
+            });
+        if current.as_ref() != Some(labels) {
+            let table: toml_edit::InlineTable = labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), toml_edit::Value::from(v)))
+                .collect();
+            set_value(
+                table_mut(&mut doc, "agent"),
+                "labels",
+                toml_edit::Value::InlineTable(table),
+            );
+            changes.push(format!(
+                "agent.labels = {}{}",
+                crate::proto::labels::to_list(labels),
+                if current.is_some() { " (replaced)" } else { "" }
+            ));
+        }
+    }
     if fresh && delegate_cgroup {
         // The unit delegates the agent's cgroup: jobs get their own cgroups from the start.
         table_mut(&mut doc, "runner").insert("delegate_cgroup", toml_edit::value(true));
@@ -243,6 +273,7 @@ mod tests {
             token_file: Some("/etc/railgrid/token".into()),
             ca_file: None,
             trusted_keys: Some(vec!["RWQkey".into()]),
+            labels: Some(crate::proto::labels::parse_list("queue=build").unwrap()),
         }
     }
 
@@ -258,8 +289,13 @@ mod tests {
             raw.hub.url
         );
         assert_eq!(raw.upgrade.trusted_keys, Some(vec!["RWQkey".to_owned()]));
+        let labels = raw.agent.labels.as_ref().map(crate::proto::labels::to_list);
+        assert_eq!(labels.as_deref(), Some("queue=build"));
         assert!(c.text.starts_with("# railgrid agent configuration"));
-        assert_eq!(c.changes.len(), 6, "{:?}", c.changes);
+        assert_eq!(c.changes.len(), 7, "{:?}", c.changes);
+        // Converged again: nothing changes.
+        let again = converge(Some(&c.text), &wanted(), false).unwrap();
+        assert!(again.changes.is_empty(), "{:?}", again.changes);
     }
 
     #[test]

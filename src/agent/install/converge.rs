@@ -19,6 +19,7 @@ use super::{
 };
 use crate::agent::config::{RawConfig, ROOT_CONFIG, ROOT_LOG_DIR, ROOT_STATE_DIR};
 use crate::file_error::FileError;
+use crate::proto::labels::{self, Labels};
 use crate::sys::exe::PinnedExe;
 
 /// Reads a small file named by `flag` (a token, a CA).
@@ -85,6 +86,7 @@ fn check_flags(o: &InstallOptions) -> Result<(), InstallError> {
             ))
         })?;
     }
+    install_labels(o)?;
     templates::check_prefix(&o.prefix).map_err(InstallError::Invalid)?;
     for inside in [CONFIG_DIR, ROOT_STATE_DIR, ROOT_LOG_DIR] {
         if o.prefix.starts_with(inside) {
@@ -350,6 +352,17 @@ fn read_secrets(o: &InstallOptions) -> Result<(Secret, Secret), InstallError> {
     Ok((token, ca))
 }
 
+/// The labels `--label` gives, checked as the agent checks them; `None` without one.
+fn install_labels(o: &InstallOptions) -> Result<Option<Labels>, InstallError> {
+    if o.labels.is_empty() {
+        return Ok(None);
+    }
+    let labels = labels::parse_list(&o.labels.join(","))
+        .and_then(|l| labels::check(&l, true).map(|()| l))
+        .map_err(|e| InstallError::Invalid(format!("--label: {e}")))?;
+    Ok(Some(labels))
+}
+
 /// What the flags ask of the config file; the runner account defaults only for a file
 /// that names none.
 fn wanted_of(o: &InstallOptions, existing: &RawConfig, token: bool, ca: bool) -> Wanted {
@@ -371,6 +384,7 @@ fn wanted_of(o: &InstallOptions, existing: &RawConfig, token: bool, ca: bool) ->
         token_file: token.then(|| PathBuf::from(TOKEN_FILE)),
         ca_file: ca.then(|| PathBuf::from(CA_FILE)),
         trusted_keys: (!keys.is_empty()).then_some(keys),
+        labels: install_labels(o).ok().flatten(),
     }
 }
 

@@ -92,6 +92,8 @@ pub(crate) struct InstallOptions {
     pub(crate) token_file: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
     pub(crate) trusted_keys: Vec<String>,
+    /// `--label K=V`, repeated: replaces `agent.labels` when given.
+    pub(crate) labels: Vec<String>,
     pub(crate) runner_user: Option<String>,
     pub(crate) prefix: PathBuf,
     pub(crate) root: Option<PathBuf>,

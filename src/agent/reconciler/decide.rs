@@ -193,6 +193,7 @@ mod tests {
                 max_kept_bytes: None,
             },
             hub: None,
+            labels: Default::default(),
             log_max_files: 7,
             upgrade: crate::agent::config::UpgradeSettings {
                 trusted_keys: Vec::new(),

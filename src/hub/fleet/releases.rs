@@ -197,6 +197,7 @@ mod tests {
             os: "linux".into(),
             arch: "x86_64".into(),
             hostname: String::new(),
+            labels: Default::default(),
             observed_generation: 0,
             runner: Default::default(),
             upgrade: upgrade.map(|(state, target)| UpgradeReport {
