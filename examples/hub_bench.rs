@@ -68,6 +68,7 @@ fn report(generation: u64) -> AgentReport {
         os: "linux".into(),
         arch: "x86_64".into(),
         hostname: "bench".into(),
+        labels: Default::default(),
         observed_generation: generation,
         runner: Default::default(),
         upgrade: None,

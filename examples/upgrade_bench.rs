@@ -60,6 +60,7 @@ fn report(version: &str, generation: u64, committed: bool) -> AgentReport {
         os: std::env::consts::OS.into(),
         arch: std::env::consts::ARCH.into(),
         hostname: "bench".into(),
+        labels: Default::default(),
         observed_generation: generation,
         runner: Default::default(),
         upgrade: committed.then(|| UpgradeReport {
