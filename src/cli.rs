@@ -323,6 +323,21 @@ pub enum HubAgentCommand {
     Show { id: String },
     /// Refuse the agent's token from now on (its held poll is answered 401 at once).
     Revoke { id: String },
+    /// Set labels on an agent (K=V…) or remove them (--remove K); the hub's labels win
+    /// over the ones its host declares, and route jobs (`hub job submit --select`).
+    Label {
+        id: String,
+        /// Labels to set.
+        #[arg(value_name = "K=V", value_parser = parse_label)]
+        set: Vec<(String, String)>,
+        /// A label to remove (repeatable).
+        #[arg(long, value_name = "K")]
+        remove: Vec<String>,
+    },
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    crate::proto::labels::parse_pair(s).map_err(|e| e.to_string())
 }
 
 /// The fleet, or one agent.

@@ -16,7 +16,7 @@ use crate::cli::{
 use crate::hub::admin::{AdminClient, Target};
 use crate::hub::tls::TlsSource;
 use crate::hub::{self, ServeOptions};
-use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView};
+use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView, LabelChange};
 
 pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {
     let HubArgs {
@@ -180,6 +180,27 @@ async fn agent(c: AdminClient, cmd: HubAgentCommand, json: bool) -> anyhow::Resu
             }
             Ok(agent_detail(&a))
         }
+        HubAgentCommand::Label { id, set, remove } => {
+            if set.is_empty() && remove.is_empty() {
+                return Err(usage(anyhow::anyhow!(
+                    "give labels to set (K=V) or --remove K"
+                )));
+            }
+            let change = LabelChange {
+                set: set.into_iter().collect(),
+                remove,
+            };
+            let a = c.labels(&id, &change).await?;
+            if json {
+                return Ok(serde_json::to_string(&a)?);
+            }
+            Ok(format!(
+                "agent {}: hub labels {}; labels in force {}",
+                a.id,
+                shown_labels(&a.hub_labels),
+                shown_labels(&a.labels)
+            ))
+        }
         HubAgentCommand::Revoke { id } => {
             let a = c.revoke(&id).await?;
             if json {
@@ -258,11 +279,20 @@ fn write_token(mut f: std::fs::File, path: &Path, token: &str) -> anyhow::Result
         })
 }
 
+/// Labels less `os`, `arch` and `hostname`, which the table shows in their own columns.
+fn without_automatic(labels: &crate::proto::labels::Labels) -> crate::proto::labels::Labels {
+    let mut rest = labels.clone();
+    for k in crate::proto::labels::AUTOMATIC {
+        rest.remove(k);
+    }
+    rest
+}
+
 fn agent_table(agents: &[AgentView]) -> String {
     if agents.is_empty() {
         return "no agents enrolled (railgrid hub agent add ID)".into();
     }
-    let rows: Vec<[String; 8]> = agents
+    let rows: Vec<[String; 9]> = agents
         .iter()
         .map(|a| {
             let r = a.report.as_ref();
@@ -291,6 +321,7 @@ fn agent_table(agents: &[AgentView]) -> String {
                 format!("{}/{}", a.observed_generation, a.desired_generation),
                 r.and_then(|r| r.upgrade.as_ref())
                     .map_or("-".into(), |u| clean(&u.state)),
+                shown_labels(&without_automatic(&a.labels)),
             ]
         })
         .collect();
@@ -303,6 +334,7 @@ fn agent_table(agents: &[AgentView]) -> String {
         "RUNNER",
         "GENERATION",
         "UPGRADE",
+        "LABELS",
     ];
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in &rows {
@@ -329,6 +361,14 @@ fn agent_table(agents: &[AgentView]) -> String {
     out
 }
 
+/// Labels as `k=v,k2=v2`, or `-` for none.
+fn shown_labels(labels: &crate::proto::labels::Labels) -> String {
+    if labels.is_empty() {
+        return "-".into();
+    }
+    clean(&crate::proto::labels::to_list(labels))
+}
+
 fn agent_detail(a: &AgentView) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "agent:       {}", a.id);
@@ -346,6 +386,10 @@ fn agent_detail(a: &AgentView) -> String {
             " (converging)"
         }
     );
+    let _ = writeln!(out, "labels:      {}", shown_labels(&a.labels));
+    if !a.hub_labels.is_empty() {
+        let _ = writeln!(out, "  by hub:    {}", shown_labels(&a.hub_labels));
+    }
     if let Some(r) = &a.report {
         let _ = writeln!(out, "version:     {}", clean(&r.version));
         let _ = writeln!(

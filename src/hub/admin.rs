@@ -13,7 +13,9 @@ use thiserror::Error;
 use super::{HubFile, ADMIN_TOKEN_FILE, HUB_FILE};
 use crate::hub_client::{self, HubClientError};
 use crate::proto::fleet_job::{HubJobSubmit, HubJobView};
-use crate::proto::hub::{AgentView, DesiredChange, DesiredView, EnrolRequest, Enrolled, ErrorBody};
+use crate::proto::hub::{
+    AgentView, DesiredChange, DesiredView, EnrolRequest, Enrolled, ErrorBody, LabelChange,
+};
 
 /// An admin answer larger than this is refused (a list of 10 000 agents fits).
 const MAX_ANSWER: usize = 64 * 1024 * 1024;
@@ -282,6 +284,18 @@ impl AdminClient {
             crate::util::percent_encode(id)
         );
         self.call(Method::POST, &path, None::<&()>).await
+    }
+
+    pub(crate) async fn labels(
+        &self,
+        id: &str,
+        change: &LabelChange,
+    ) -> Result<AgentView, AdminError> {
+        let path = format!(
+            "/v1/admin/agents/{}/labels",
+            crate::util::percent_encode(id)
+        );
+        self.call(Method::POST, &path, Some(change)).await
     }
 
     pub(crate) async fn desired(&self, agent: Option<&str>) -> Result<DesiredView, AdminError> {

@@ -42,6 +42,22 @@ pub struct AgentView {
     /// Its latest report.
     #[serde(default)]
     pub report: Option<AgentReport>,
+    /// The labels in force: the reported ones (the host's, `os`, `arch`, `hostname`),
+    /// the hub's over them.
+    #[serde(default)]
+    pub labels: crate::proto::labels::Labels,
+    /// The labels the hub set (`hub agent label`).
+    #[serde(default)]
+    pub hub_labels: crate::proto::labels::Labels,
+}
+
+/// `POST /v1/admin/agents/{id}/labels`: the hub's labels to set and to remove.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabelChange {
+    #[serde(default)]
+    pub set: crate::proto::labels::Labels,
+    #[serde(default)]
+    pub remove: Vec<String>,
 }
 
 /// Desired settings of one scope (the fleet, or one agent's overrides). A field left out

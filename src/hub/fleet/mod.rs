@@ -22,6 +22,7 @@
 
 mod error;
 mod jobs;
+mod labels;
 mod reconcile;
 mod releases;
 mod replicas;
@@ -33,7 +34,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::store::{HaltRow, ReleaseRow, ReportRow, Snapshot, Store, MUST_RESET};
+use super::store::{HaltRow, Labels, ReleaseRow, ReportRow, Snapshot, Store, MUST_RESET};
 use super::token;
 use crate::proto::desired::{self, DesiredRunner, DesiredState};
 use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView, ReleaseView};
@@ -43,6 +44,7 @@ use crate::util;
 pub(crate) use self::error::FleetError;
 use self::jobs::OpenJob;
 pub(crate) use self::jobs::{JobLimits, OutputSlice, Upload};
+use self::labels::stored_labels;
 use self::reconcile::changed;
 pub(crate) use self::reconcile::ReportFlusher;
 use self::releases::Releases;
@@ -75,12 +77,39 @@ struct AgentState {
     last_seen: Option<u64>,
     observed_generation: u64,
     report: Option<AgentReport>,
+    /// The labels the hub set on it, over the ones its report carries.
+    hub_labels: Labels,
     /// Its jobs that are not done, by id.
     jobs: HashMap<String, OpenJob>,
     /// When a report ahead of the hub was last logged.
     ahead_logged_at: Option<u64>,
     /// When a report ahead of this replica last made it load the agent from the store.
     caught_up_at: Option<std::time::Instant>,
+}
+
+impl AgentState {
+    /// An agent enrolled at `enrolled_at` that has not reported yet.
+    fn new(token_sha256: String, enrolled_at: u64, own: Scope) -> Self {
+        Self {
+            token_sha256,
+            enrolled_at,
+            own,
+            last_seen: None,
+            observed_generation: 0,
+            report: None,
+            hub_labels: Labels::new(),
+            jobs: HashMap::new(),
+            ahead_logged_at: None,
+            caught_up_at: None,
+        }
+    }
+
+    /// The labels in force: the reported ones (the host's and the automatic), the hub's
+    /// over them.
+    fn labels(&self) -> Labels {
+        let reported = self.report.as_ref().map(|r| &r.labels);
+        crate::proto::labels::effective(reported.unwrap_or(&Labels::new()), &self.hub_labels)
+    }
 }
 
 pub(crate) struct AgentEntry {
@@ -215,17 +244,14 @@ impl<S: Store> Fleet<S> {
             let own = own.remove(&a.id).unwrap_or_default();
             let generation = own.generation.max(fleet.generation);
             // A report that no longer parses is dropped: the agent sends a new one.
+            let hub_labels = stored_labels(&a);
             let report = a.report.and_then(|r| serde_json::from_str(&r).ok());
             let state = AgentState {
-                token_sha256: a.token_sha256,
-                enrolled_at: a.enrolled_at,
-                own,
                 last_seen: a.last_seen,
                 observed_generation: a.observed_generation,
                 report,
-                jobs: HashMap::new(),
-                ahead_logged_at: None,
-                caught_up_at: None,
+                hub_labels,
+                ..AgentState::new(a.token_sha256, a.enrolled_at, own)
             };
             let entry = AgentEntry::new(a.id.clone(), state, a.revoked_at.is_some(), generation);
             map.insert(a.id, entry);
@@ -362,6 +388,8 @@ impl<S: Store> Fleet<S> {
                     st.enrolled_at = now;
                     st.own.generation = generation;
                     st.observed_generation = 0;
+                    // A new agent under the id: what the hub said of the old one goes.
+                    st.hub_labels.clear();
                 }
                 entry.revoked.store(false, Ordering::Release);
                 self.announce(&entry);
@@ -372,17 +400,7 @@ impl<S: Store> Fleet<S> {
                     settings: DesiredSettings::default(),
                 };
                 let fleet_gen = self.fleet_scope().generation;
-                let state = AgentState {
-                    token_sha256: hash,
-                    enrolled_at: now,
-                    own,
-                    last_seen: None,
-                    observed_generation: 0,
-                    report: None,
-                    jobs: HashMap::new(),
-                    ahead_logged_at: None,
-                    caught_up_at: None,
-                };
+                let state = AgentState::new(hash, now, own);
                 let entry = AgentEntry::new(id.to_owned(), state, false, generation.max(fleet_gen));
                 util::write(&self.agents).insert(id.to_owned(), entry);
             }
@@ -521,6 +539,8 @@ impl<S: Store> Fleet<S> {
                 st.observed_generation
             },
             report: st.report.clone(),
+            labels: st.labels(),
+            hub_labels: st.hub_labels.clone(),
         }
     }
 

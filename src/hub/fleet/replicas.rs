@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{AgentEntry, AgentState, Fleet, FleetError, Releases, Scope};
+use super::{stored_labels, AgentEntry, AgentState, Fleet, FleetError, Releases, Scope};
 use crate::hub::store::{AgentRow, AgentSnapshot, Event, FleetSnapshot, Snapshot, Store};
 use crate::util;
 
@@ -284,15 +284,8 @@ impl<S: Store> Fleet<S> {
         let Some(entry) = existing else {
             let generation = own.generation.max(util::read(&self.fleet).generation);
             let mut state = AgentState {
-                token_sha256: agent.token_sha256.clone(),
-                enrolled_at: agent.enrolled_at,
-                own,
-                last_seen: None,
-                observed_generation: 0,
-                report: None,
-                jobs: HashMap::new(),
-                ahead_logged_at: None,
-                caught_up_at: None,
+                hub_labels: stored_labels(&agent),
+                ..AgentState::new(agent.token_sha256.clone(), agent.enrolled_at, own)
             };
             adopt_report(&mut state, &agent);
             let entry = AgentEntry::new(agent.id.clone(), state, revoked, generation);
@@ -314,6 +307,7 @@ impl<S: Store> Fleet<S> {
             token_changed = st.token_sha256 != agent.token_sha256;
             st.token_sha256 = agent.token_sha256.clone();
             st.enrolled_at = agent.enrolled_at;
+            st.hub_labels = stored_labels(&agent);
             if own.generation > st.own.generation {
                 moved |= own.settings != st.own.settings;
                 st.own = own;

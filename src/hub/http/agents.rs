@@ -1,5 +1,5 @@
 //! The agents' routes: an agent's reconcile (its token), and the admin's enrolment, list,
-//! show, revoke and desired settings of the fleet and of each agent.
+//! show, revoke, labels and desired settings of the fleet and of each agent.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use super::extract::{bearer, parse, parse_capped, read_body, ApiPath, MAX_BODY_B
 use super::state::Hub;
 use crate::hub::store::Store;
 use crate::hub::unproven::proven;
-use crate::proto::hub::{DesiredChange, EnrolRequest, Enrolled};
+use crate::proto::hub::{DesiredChange, EnrolRequest, Enrolled, LabelChange};
 use crate::proto::report::AgentReport;
 
 /// A report may carry up to a thousand jobs' states.
@@ -75,6 +75,19 @@ pub(super) async fn revoke<S: Store>(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     Ok(Json(hub.fleet.revoke(&id).await?).into_response())
+}
+
+pub(super) async fn labels<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    ApiPath(id): ApiPath<String>,
+    body: Body,
+) -> ApiResult<Response> {
+    let change: LabelChange = parse(body).await?;
+    let view = hub
+        .fleet
+        .change_labels(&id, &change.set, &change.remove)
+        .await?;
+    Ok(Json(view).into_response())
 }
 
 pub(super) async fn fleet_desired<S: Store>(State(hub): State<Arc<Hub<S>>>) -> ApiResult<Response> {

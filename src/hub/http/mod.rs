@@ -36,6 +36,7 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
         .route("/agents", post(agents::enrol::<S>).get(agents::list::<S>))
         .route("/agents/{id}", get(agents::show::<S>))
         .route("/agents/{id}/revoke", post(agents::revoke::<S>))
+        .route("/agents/{id}/labels", post(agents::labels::<S>))
         .route(
             "/desired/fleet",
             get(agents::fleet_desired::<S>).put(agents::set_fleet::<S>),

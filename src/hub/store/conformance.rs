@@ -122,7 +122,7 @@ async fn postgres_keeps_every_promise() {
     assert_eq!(n, CASES);
 }
 
-const CASES: usize = 6;
+const CASES: usize = 7;
 
 /// Runs each case on a fresh database from `fresh`.
 async fn every_case<B: Backend>(mut fresh: impl FnMut() -> B) {
@@ -132,6 +132,7 @@ async fn every_case<B: Backend>(mut fresh: impl FnMut() -> B) {
     output_is_taken_once_by_offset_capped_and_read_back_from_any_offset(&fresh()).await;
     jobs_are_listed_newest_first_and_only_done_ones_are_pruned(&fresh()).await;
     releases_halts_and_renumbering_move_the_fleets_generation(&fresh()).await;
+    the_hubs_labels_merge_and_go_with_a_revoked_agent(&fresh()).await;
 }
 
 fn settings(max_jobs: usize) -> DesiredSettings {
@@ -382,4 +383,39 @@ async fn releases_halts_and_renumbering_move_the_fleets_generation(b: &impl Back
     assert_eq!(snap.generation, 1);
     assert!(snap.scopes.iter().all(|s| s.generation == 1));
     assert_eq!(snap.agents[0].observed_generation, MUST_RESET);
+}
+
+async fn the_hubs_labels_merge_and_go_with_a_revoked_agent(b: &impl Backend) {
+    let store = b.open().await;
+    let labels = |text: &str| crate::proto::labels::parse_list(text).expect("labels");
+    store.enrol("a", "h", 1).await.expect("enrol");
+    let none = store.change_labels("nobody", &labels("x=1"), &[]).await;
+    assert_eq!(none.expect("unknown"), None);
+    let set = store
+        .change_labels("a", &labels("tier=prod,zone=a"), &[])
+        .await;
+    assert_eq!(set.expect("set"), Some((2, labels("tier=prod,zone=a"))));
+    let remove = ["zone".to_owned(), "never-set".to_owned()];
+    let merged = store.change_labels("a", &labels("gpu=a100"), &remove).await;
+    assert_eq!(
+        merged.expect("merge"),
+        Some((3, labels("gpu=a100,tier=prod")))
+    );
+    drop(store);
+    let store = b.open().await;
+    let agents = store.load().await.expect("load").agents;
+    assert_eq!(agents[0].labels, r#"{"gpu":"a100","tier":"prod"}"#);
+    store.revoke("a", 5).await.expect("revoke");
+    let revoked = store.change_labels("a", &labels("x=1"), &[]).await;
+    assert_eq!(
+        revoked.expect("revoked"),
+        None,
+        "a revoked agent takes no labels"
+    );
+    store.enrol("a", "h2", 6).await.expect("re-enrol");
+    let agents = store.load().await.expect("load").agents;
+    assert_eq!(
+        agents[0].labels, "{}",
+        "a new agent under the id starts without"
+    );
 }

@@ -20,6 +20,7 @@ use thiserror::Error;
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
 use crate::proto::job::{JobSpec, Truncation};
+pub(crate) use crate::proto::labels::Labels;
 
 #[derive(Debug, Error)]
 pub(crate) enum StoreError {
@@ -144,6 +145,8 @@ pub(crate) struct AgentRow {
     pub(crate) observed_generation: u64,
     /// The latest report, as the agent sent it (JSON).
     pub(crate) report: Option<String>,
+    /// The labels the hub set on it (a JSON object), over the ones its host reports.
+    pub(crate) labels: String,
 }
 
 /// The desired settings of one scope: `""` is the fleet, otherwise an agent's id.
@@ -246,6 +249,37 @@ pub(crate) fn plan_append(
     }
 }
 
+/// The hub's labels of agent `id` as stored (`stored`, JSON) with `set` merged in and
+/// `remove` taken out: the labels and their JSON. One rule for every store.
+pub(super) fn merge_labels(
+    place: &str,
+    id: &str,
+    stored: &str,
+    set: &Labels,
+    remove: &[String],
+) -> Result<(Labels, String), StoreError> {
+    let mut labels = parse_labels(place, id, stored)?;
+    for k in remove {
+        labels.remove(k);
+    }
+    labels.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let json = serde_json::to_string(&labels).map_err(|source| StoreError::Corrupt {
+        path: place.to_owned(),
+        what: format!("the labels of agent {id:?}"),
+        source,
+    })?;
+    Ok((labels, json))
+}
+
+/// The hub's labels of agent `id`, from their stored JSON.
+pub(crate) fn parse_labels(place: &str, id: &str, stored: &str) -> Result<Labels, StoreError> {
+    serde_json::from_str(stored).map_err(|source| StoreError::Corrupt {
+        path: place.to_owned(),
+        what: format!("the labels of agent {id:?}"),
+        source,
+    })
+}
+
 /// Everything the hub loads at start.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Snapshot {
@@ -341,6 +375,17 @@ pub(crate) trait Store: JobStore + Send + Sync + 'static {
     /// generation, which is returned: agents waiting for it are sent its artifact.
     fn put_release(&self, row: &ReleaseRow)
         -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Sets the hub's labels `set` on `id` and removes `remove`, in one transaction (a
+    /// change another replica made meanwhile is kept), and gives the agent's scope the
+    /// next generation, so that the other replicas load it. Returns that generation and
+    /// the hub's labels now; `None` for an agent that is not enrolled, or revoked.
+    fn change_labels(
+        &self,
+        id: &str,
+        set: &Labels,
+        remove: &[String],
+    ) -> impl Future<Output = Result<Option<(u64, Labels)>, StoreError>> + Send;
 
     /// Halts a version (`Some`) or lifts its halt (`None`), and gives the fleet's scope
     /// the next generation, which is returned: every agent's desired state may change.

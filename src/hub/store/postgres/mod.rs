@@ -36,8 +36,9 @@ pub(crate) use self::tls::redact;
 use self::tls::{split_root_cert, tls_config, Tls};
 use super::sqlite::{parse_settings, MIGRATIONS};
 use super::{
-    plan_append, AgentRow, AgentSnapshot, AppendPlan, Appended, Event, FleetSnapshot, HaltRow,
-    JobProgress, JobRow, JobStore, ReleaseRow, ReportRow, Snapshot, Store, StoreError, Stream,
+    merge_labels, plan_append, AgentRow, AgentSnapshot, AppendPlan, Appended, Event, FleetSnapshot,
+    HaltRow, JobProgress, JobRow, JobStore, Labels, ReleaseRow, ReportRow, Snapshot, Store,
+    StoreError, Stream,
 };
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
@@ -91,7 +92,7 @@ const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_reque
 const OPEN_STATES: &str = "'pending', 'queued', 'starting', 'running'";
 
 const AGENT_COLUMNS: &str =
-    "id, token_sha256, enrolled_at, revoked_at, last_seen, observed_generation, report";
+    "id, token_sha256, enrolled_at, revoked_at, last_seen, observed_generation, report, labels";
 
 pub(crate) struct PgStore {
     /// The URL without its password, for messages.
@@ -562,7 +563,7 @@ impl Store for PgStore {
                 "INSERT INTO agents (id, token_sha256, enrolled_at, observed_generation)
                  VALUES ($1, $2, $3, 0)
                  ON CONFLICT (id) DO UPDATE SET token_sha256 = excluded.token_sha256,
-                     enrolled_at = excluded.enrolled_at, revoked_at = NULL
+                     enrolled_at = excluded.enrolled_at, revoked_at = NULL, labels = '{}'
                  WHERE agents.revoked_at IS NOT NULL",
                 &[&id, &token_sha256, &(now as i64)],
             )
@@ -719,6 +720,37 @@ impl Store for PgStore {
         .map_err(&e)?;
         self.commit_change(tx, "", Some(generation)).await?;
         Ok(generation)
+    }
+
+    async fn change_labels(
+        &self,
+        id: &str,
+        set: &Labels,
+        remove: &[String],
+    ) -> Result<Option<(u64, Labels)>, StoreError> {
+        let e = self.err();
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(&e)?;
+        // The row locked: another replica's change to these labels waits, then merges
+        // into this one's result.
+        let Some(row) = tx
+            .query_opt(
+                "SELECT labels FROM agents WHERE id = $1 AND revoked_at IS NULL FOR UPDATE",
+                &[&id],
+            )
+            .await
+            .map_err(&e)?
+        else {
+            return Ok(None);
+        };
+        let stored: String = row.get(0);
+        let (labels, json) = merge_labels(&self.url, id, &stored, set, remove)?;
+        tx.execute("UPDATE agents SET labels = $2 WHERE id = $1", &[&id, &json])
+            .await
+            .map_err(&e)?;
+        let generation = bump_scope(&tx, id, &self.url).await?;
+        self.commit_change(tx, id, Some(generation)).await?;
+        Ok(Some((generation, labels)))
     }
 
     async fn set_halt(&self, version: &str, halt: Option<&HaltRow>) -> Result<u64, StoreError> {

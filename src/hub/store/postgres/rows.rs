@@ -34,6 +34,7 @@ pub(super) fn agent_row(r: &Row) -> AgentRow {
         last_seen: opt_u64(r.get(4)),
         observed_generation: u64_of(r.get(5)),
         report: r.get(6),
+        labels: r.get(7),
     }
 }
 

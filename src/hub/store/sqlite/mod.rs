@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    plan_append, AgentRow, AppendPlan, Appended, HaltRow, JobProgress, JobRow, JobStore,
-    ReleaseRow, ReportRow, ScopeRow, Snapshot, Store, StoreError, Stream,
+    merge_labels, plan_append, AgentRow, AppendPlan, Appended, HaltRow, JobProgress, JobRow,
+    JobStore, Labels, ReleaseRow, ReportRow, ScopeRow, Snapshot, Store, StoreError, Stream,
 };
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
@@ -95,6 +95,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     );",
     // 4: when the hub first heard a job had reached its agent's runner.
     "ALTER TABLE jobs ADD COLUMN started_ms BIGINT;",
+    // 5: the labels the hub sets on an agent (JSON), over the ones its host reports.
+    "ALTER TABLE agents ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';",
 ];
 
 /// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
@@ -318,7 +320,8 @@ impl Store for SqliteStore {
                 .map_err(&e)?;
             let mut stmt = conn
                 .prepare(
-                    "SELECT id, token_sha256, enrolled_at, revoked_at, last_seen, observed_generation, report
+                    "SELECT id, token_sha256, enrolled_at, revoked_at, last_seen, observed_generation, report,
+                         labels
                      FROM agents ORDER BY id",
                 )
                 .map_err(&e)?;
@@ -332,6 +335,7 @@ impl Store for SqliteStore {
                         last_seen: opt_u64(r.get(4)?),
                         observed_generation: r.get::<_, i64>(5)?.max(0) as u64,
                         report: r.get(6)?,
+                        labels: r.get(7)?,
                     })
                 })
                 .map_err(&e)?
@@ -444,7 +448,7 @@ impl Store for SqliteStore {
                 "INSERT INTO agents (id, token_sha256, enrolled_at, observed_generation)
                  VALUES (?1, ?2, ?3, 0)
                  ON CONFLICT (id) DO UPDATE SET token_sha256 = excluded.token_sha256,
-                     enrolled_at = excluded.enrolled_at, revoked_at = NULL",
+                     enrolled_at = excluded.enrolled_at, revoked_at = NULL, labels = '{}'",
                 params![id, hash, now as i64],
             )
             .map_err(&e)?;
@@ -593,6 +597,40 @@ impl Store for SqliteStore {
             let generation = bump_scope(&tx, "", path)?;
             tx.commit().map_err(&e)?;
             Ok(generation)
+        })
+        .await
+    }
+
+    async fn change_labels(
+        &self,
+        id: &str,
+        set: &Labels,
+        remove: &[String],
+    ) -> Result<Option<(u64, Labels)>, StoreError> {
+        let (id, set, remove) = (id.to_owned(), set.clone(), remove.to_vec());
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            let stored: Option<String> = tx
+                .query_row(
+                    "SELECT labels FROM agents WHERE id = ?1 AND revoked_at IS NULL",
+                    params![id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(&e)?;
+            let Some(stored) = stored else {
+                return Ok(None);
+            };
+            let (labels, json) = merge_labels(path, &id, &stored, &set, &remove)?;
+            tx.execute(
+                "UPDATE agents SET labels = ?2 WHERE id = ?1",
+                params![id, json],
+            )
+            .map_err(&e)?;
+            let generation = bump_scope(&tx, &id, path)?;
+            tx.commit().map_err(&e)?;
+            Ok(Some((generation, labels)))
         })
         .await
     }

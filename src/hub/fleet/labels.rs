@@ -1,0 +1,53 @@
+//! The labels the hub sets on an agent (`hub agent label`), over the ones its host
+//! reports: stored first, then taken in, as every change of the fleet is.
+
+use std::sync::atomic::Ordering;
+
+use super::{Fleet, FleetError};
+use crate::hub::store::{parse_labels, AgentRow, Labels, Store};
+use crate::proto::hub::AgentView;
+use crate::proto::labels;
+use crate::util;
+
+/// The hub's labels of a stored agent; ones that no longer parse are left out (and
+/// said), so that one bad row does not keep the hub from starting.
+pub(super) fn stored_labels(row: &AgentRow) -> Labels {
+    parse_labels("the hub database", &row.id, &row.labels).unwrap_or_else(|e| {
+        tracing::error!(agent = %row.id, error = %crate::error_chain(&e), "the hub's labels of this agent do not parse; it has none until they are set again");
+        Labels::new()
+    })
+}
+
+impl<S: Store> Fleet<S> {
+    /// Sets `set` on agent `id` and removes `remove` (the hub's labels only: a label its
+    /// host reports stays, under the hub's if both name a key).
+    pub(crate) async fn change_labels(
+        &self,
+        id: &str,
+        set: &Labels,
+        remove: &[String],
+    ) -> Result<AgentView, FleetError> {
+        let bad = |e: labels::LabelError| FleetError::BadSetting {
+            field: "labels".into(),
+            why: e.to_string(),
+        };
+        labels::check(set, false).map_err(bad)?;
+        for k in remove {
+            labels::check_key(k).map_err(bad)?;
+        }
+        let entry = self.entry(id)?;
+        let _one = self.changes.lock().await;
+        let Some((generation, now)) = self.store.change_labels(id, set, remove).await? else {
+            return Err(FleetError::Revoked(id.to_owned()));
+        };
+        self.newest.fetch_max(generation, Ordering::AcqRel);
+        {
+            let mut st = util::lock(&entry.state);
+            st.hub_labels = now;
+            st.own.generation = st.own.generation.max(generation);
+        }
+        self.announce(&entry);
+        tracing::info!(agent = %id, labels = %labels::to_list(&util::lock(&entry.state).hub_labels), "the hub's labels of an agent changed");
+        Ok(self.view(&entry))
+    }
+}
