@@ -1248,3 +1248,83 @@ fn disable_runner(h: &HubHost, hub: &TestHub, id: &str) -> u64 {
     });
     off
 }
+
+#[test]
+fn the_hosts_labels_and_the_hubs_reach_agent_list_and_a_sighup_changes_the_hosts() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    let config = h.host.path("agent.toml");
+    fs::write(
+        &config,
+        "[agent]\nlabels = { queue = \"build\", tier = \"dev\" }\n",
+    )
+    .expect("config");
+    let agent = h.start_agent(&hub.url);
+    let labels_at_hub = |what: &str, accept: &dyn Fn(&Value) -> bool| {
+        wait_for(LIMIT, what, || {
+            let a = hub.admin_json(&["agent", "show", "a1"]);
+            accept(&a["labels"]).then_some(a)
+        })
+    };
+    let shown = labels_at_hub("the host's labels at the hub", &|l| l["queue"] == "build");
+    assert_eq!(shown["labels"]["tier"], "dev", "{shown:#}");
+    assert_eq!(
+        shown["labels"]["os"],
+        std::env::consts::OS,
+        "added by the agent"
+    );
+    assert_eq!(shown["labels"]["arch"], std::env::consts::ARCH);
+    assert!(shown["labels"]["hostname"].is_string(), "{shown:#}");
+
+    // The hub's label wins over the host's, and both show in the list.
+    let set: Value = serde_json::from_str(&hub.admin_ok(&[
+        "agent",
+        "label",
+        "a1",
+        "tier=prod",
+        "zone=b",
+        "--json",
+    ]))
+    .expect("json");
+    assert_eq!(set["labels"]["tier"], "prod", "{set:#}");
+    assert_eq!(
+        set["hub_labels"],
+        serde_json::json!({"tier": "prod", "zone": "b"})
+    );
+    let table = hub.admin_ok(&["agent", "list"]);
+    assert!(table.contains("queue=build,tier=prod,zone=b"), "{table}");
+    let detail = hub.admin_ok(&["agent", "show", "a1"]);
+    assert!(detail.contains("by hub:    tier=prod,zone=b"), "{detail}");
+
+    // A SIGHUP sends the host's new labels; the hub's stay over them.
+    fs::write(
+        &config,
+        "[agent]\nlabels = { queue = \"test\", tier = \"dev\" }\n",
+    )
+    .expect("config");
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    let shown = labels_at_hub("the new host labels", &|l| l["queue"] == "test");
+    assert_eq!(shown["labels"]["tier"], "prod", "{shown:#}");
+    // Removing the hub's label shows the host's again.
+    hub.admin_ok(&["agent", "label", "a1", "--remove", "tier"]);
+    labels_at_hub("the host's tier again", &|l| l["tier"] == "dev");
+
+    // Bad input is refused, naming it, and changes nothing.
+    for (args, code, says) in [
+        (vec!["agent", "label", "a1", "Tier=x"], 2, "\"Tier\""),
+        (vec!["agent", "label", "a1", "tier"], 2, "KEY=VALUE"),
+        (vec!["agent", "label", "a1"], 2, "--remove"),
+        (vec!["agent", "label", "nobody", "x=1"], 1, "unknown agent"),
+    ] {
+        let out = hub.admin(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let kept = hub.admin_json(&["agent", "show", "a1"]);
+    assert_eq!(
+        kept["hub_labels"],
+        serde_json::json!({"zone": "b"}),
+        "{kept:#}"
+    );
+}
