@@ -43,4 +43,7 @@ pub struct Health {
     /// The bound on `kept_bytes` (`--max-kept-bytes`).
     #[serde(default)]
     pub max_kept_bytes: u64,
+    /// Jobs it runs at once, at most (its admission limit now); 0 from an older runner.
+    #[serde(default)]
+    pub max_jobs: u64,
 }

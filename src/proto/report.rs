@@ -74,6 +74,10 @@ pub struct JobsSummary {
     pub running: u64,
     #[serde(default)]
     pub queued: u64,
+    /// The runner's admission limit (0: not known): the most of the fleet's queue the hub
+    /// gives this agent at once.
+    #[serde(default)]
+    pub max_jobs: u64,
 }
 
 #[cfg(test)]

@@ -281,6 +281,7 @@ async fn health(State(api): State<Api>) -> Json<Health> {
         finished_jobs: kept.count as u64,
         kept_bytes: kept.kept,
         max_kept_bytes: api.engine.max_kept_bytes(),
+        max_jobs: api.engine.admission().max_jobs as u64,
     })
 }
 

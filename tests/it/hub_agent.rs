@@ -1295,6 +1295,14 @@ fn the_hosts_labels_and_the_hubs_reach_agent_list_and_a_sighup_changes_the_hosts
     assert!(table.contains("queue=build,tier=prod,zone=b"), "{table}");
     let detail = hub.admin_ok(&["agent", "show", "a1"]);
     assert!(detail.contains("by hub:    tier=prod,zone=b"), "{detail}");
+    // The report that follows (the change answered the held poll) says how many jobs
+    // the runner runs at once.
+    h.host.wait_runner("a runner", |_| true);
+    hub.admin_ok(&["agent", "label", "a1", "zone=c"]);
+    wait_for(LIMIT, "the runner's admission limit in the report", || {
+        let a = hub.admin_json(&["agent", "show", "a1"]);
+        (a["report"]["jobs_summary"]["max_jobs"].as_u64() >= Some(1)).then_some(())
+    });
 
     // A SIGHUP sends the host's new labels; the hub's stay over them.
     fs::write(
@@ -1324,7 +1332,7 @@ fn the_hosts_labels_and_the_hubs_reach_agent_list_and_a_sighup_changes_the_hosts
     let kept = hub.admin_json(&["agent", "show", "a1"]);
     assert_eq!(
         kept["hub_labels"],
-        serde_json::json!({"zone": "b"}),
+        serde_json::json!({"zone": "c"}),
         "{kept:#}"
     );
 }

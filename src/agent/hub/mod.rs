@@ -405,6 +405,7 @@ impl HubTask {
             Ok(Ok(health)) => Some(JobsSummary {
                 running: health.jobs_running,
                 queued: health.jobs_queued,
+                max_jobs: health.max_jobs,
             }),
             Ok(Err(e)) => {
                 tracing::debug!(error = %crate::error_chain(&e), "no job counts for the hub report");
