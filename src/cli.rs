@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::proto::selector::Selector;
 use crate::supervisor;
 
 #[derive(Debug, Parser)]
@@ -200,14 +201,18 @@ pub struct HubReleasePublishArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum HubJobCommand {
-    /// Submit a job for an agent: argv after `--`, never a shell string. It waits at the
-    /// hub while the agent is away.
+    /// Submit a job for an agent (--agent), or for any agent whose labels match
+    /// (--select): argv after `--`, never a shell string. It waits at the hub while its
+    /// agent is away, or in the fleet's queue until a matching agent has room.
     Submit(Box<HubJobSubmitArgs>),
     /// List jobs, newest first.
     List {
         /// Only this agent's jobs.
         #[arg(long, value_name = "ID")]
         agent: Option<String>,
+        /// Only jobs submitted with this selector (in any spelling of it).
+        #[arg(long, value_name = "SEL", value_parser = parse_selector)]
+        select: Option<Selector>,
         /// At most this many (1–1000).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1000))]
         limit: u64,
@@ -238,10 +243,21 @@ pub enum HubJobCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("route").required(true).args(["agent", "select"])))]
 pub struct HubJobSubmitArgs {
     /// The agent that runs it.
     #[arg(long, value_name = "ID")]
-    pub agent: String,
+    pub agent: Option<String>,
+    /// Any agent whose labels match runs it: `queue=build,os=linux,gpu,tier!=prod,zone
+    /// in (a,b)` (docs/hub.md, "Routing jobs"). The least loaded one with room gets it.
+    #[arg(long, value_name = "SEL", value_parser = parse_selector)]
+    pub select: Option<Selector>,
+    /// 0–100, higher first (default 50); then submission order.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub priority: Option<u8>,
+    /// End the job as `expired` if no agent took it within DUR (with --select).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, requires = "select")]
+    pub queue_timeout: Option<Duration>,
     #[command(flatten)]
     pub job: JobSpecArgs,
     /// Stream the job's output as it reaches the hub and exit with the job's exit code
@@ -334,6 +350,10 @@ pub enum HubAgentCommand {
         #[arg(long, value_name = "K")]
         remove: Vec<String>,
     },
+}
+
+fn parse_selector(s: &str) -> Result<Selector, String> {
+    Selector::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {

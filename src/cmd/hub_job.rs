@@ -29,8 +29,13 @@ pub(super) fn run(target: &Target, cmd: HubJobCommand, json: bool) -> anyhow::Re
 async fn command(c: &AdminClient, cmd: HubJobCommand, json: bool) -> anyhow::Result<ExitCode> {
     match cmd {
         HubJobCommand::Submit(a) => submit(c, *a, json).await,
-        HubJobCommand::List { agent, limit } => {
-            let jobs = c.jobs(agent.as_deref(), limit).await?;
+        HubJobCommand::List {
+            agent,
+            select,
+            limit,
+        } => {
+            let select = select.map(|s| s.to_string());
+            let jobs = c.jobs(agent.as_deref(), select.as_deref(), limit).await?;
             if json {
                 return print_stdout(&serde_json::to_string_pretty(&jobs)?);
             }
@@ -123,6 +128,12 @@ async fn submit(c: &AdminClient, a: HubJobSubmitArgs, json: bool) -> anyhow::Res
     let v = c
         .submit_job(&HubJobSubmit {
             agent: a.agent,
+            selector: a.select.map(|s| s.to_string()),
+            priority: a.priority,
+            // Whole seconds, at least one: what the hub takes.
+            queue_timeout_secs: a
+                .queue_timeout
+                .map(|d| d.as_secs_f64().ceil().max(1.0) as u64),
             spec,
         })
         .await?;
@@ -305,11 +316,12 @@ fn job_table(jobs: &[HubJobView]) -> String {
         } else {
             j.state.clone()
         };
+        let agent = if j.agent.is_empty() { "-" } else { &j.agent };
         let _ = writeln!(
             out,
             "{:<24} {:<20} {:<10} {:>4} {:>14} {:<18} {}",
             j.id,
-            j.agent,
+            agent,
             state,
             exit,
             format!("{}/{}", j.stdout_stored, j.stderr_stored),
@@ -326,7 +338,34 @@ fn job_detail(j: &HubJobView) -> String {
         let _ = writeln!(out, "{k:<16} {v}");
     };
     line("id", j.id.clone());
-    line("agent", j.agent.clone());
+    line(
+        "agent",
+        if j.agent.is_empty() {
+            "- (none yet)".into()
+        } else {
+            j.agent.clone()
+        },
+    );
+    if let Some(s) = &j.selector {
+        line("selector", clean(s));
+    }
+    line("priority", j.priority.to_string());
+    if j.attempt > 1 {
+        line("attempt", j.attempt.to_string());
+    }
+    if let (Some(d), false) = (j.queue_deadline_ms, j.done) {
+        if j.agent.is_empty() {
+            line(
+                "expires",
+                format!(
+                    "in {} unless an agent takes it",
+                    humantime::format_duration(Duration::from_secs(
+                        d.saturating_sub(crate::util::unix_now_ms()) / 1000
+                    ))
+                ),
+            );
+        }
+    }
     line("command", clean(&j.spec.argv.join(" ")));
     let state = if j.cancel_requested {
         format!("{} (cancel requested)", j.state)

@@ -375,11 +375,15 @@ impl AdminClient {
     pub(crate) async fn jobs(
         &self,
         agent: Option<&str>,
+        selector: Option<&str>,
         limit: u64,
     ) -> Result<Vec<HubJobView>, AdminError> {
         let mut path = format!("/v1/admin/jobs?limit={limit}");
         if let Some(a) = agent {
             path.push_str(&format!("&agent={}", crate::util::percent_encode(a)));
+        }
+        if let Some(s) = selector {
+            path.push_str(&format!("&selector={}", crate::util::percent_encode(s)));
         }
         self.call(Method::GET, &path, None::<&()>).await
     }

@@ -7,6 +7,8 @@
 //!   on its agent's watch channel ([`fleet`]).
 //! - the *report flusher* ([`fleet::ReportFlusher`]): writes agents' reports to the store
 //!   in batches.
+//! - the *dispatcher* ([`fleet::Dispatcher`]): hands the fleet's queued jobs to agents
+//!   with room.
 //!
 //! In: agents' reconciles (report in, desired state out), admin requests. Out: the
 //! store ([`store`]), which holds everything that must survive a restart.
@@ -35,7 +37,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use self::fleet::{Fleet, FleetError, ReplicaSync, ReportFlusher};
+use self::fleet::{Dispatcher, Fleet, FleetError, ReplicaSync, ReportFlusher};
 use self::store::postgres::PgStore;
 use self::store::sqlite::SqliteStore;
 use self::store::{Store, StoreError};
@@ -283,6 +285,7 @@ async fn run<S: Store>(
     tracing::info!(%url, listen = %local, agents, data_dir = %opts.data_dir.display(), "hub serving");
 
     let flusher = ReportFlusher::spawn(fleet.clone());
+    let dispatcher = Dispatcher::spawn(fleet.clone());
     let replicas = ReplicaSync::spawn(fleet.clone());
     let stop = async {
         tokio::select! {
@@ -295,6 +298,7 @@ async fn run<S: Store>(
         serve::accept_loop(listener, tls, http::router(hub), opts.max_connections, stop).await;
     tracing::info!("{why} received: stopping the hub");
     flusher.stop();
+    dispatcher.stop();
     if let Some(r) = replicas {
         r.stop();
     }

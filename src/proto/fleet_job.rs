@@ -54,22 +54,53 @@ pub struct OutputAck {
     pub length: u64,
 }
 
-/// `POST /v1/admin/jobs` body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `POST /v1/admin/jobs` body: the job for one agent (`agent`), or for any agent whose
+/// labels match `selector` (then it waits in the fleet's queue until one has room).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct HubJobSubmit {
-    pub agent: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    /// A label selector (`queue=build,os=linux`, docs/hub.md, "Routing jobs").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// 0–100, default [`DEFAULT_PRIORITY`]: higher first, then submission order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
+    /// A selected job no agent took within this ends `expired`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_timeout_secs: Option<u64>,
     pub spec: JobSpec,
 }
 
-/// The state of a job at the hub: `pending` until its agent reports it, then the
-/// runner's state.
+/// The state of a job at the hub: `queued` while a selected job waits for an agent,
+/// `pending` once it has one (or named one) until the agent reports it, then the
+/// runner's state; `expired` for a selected job no agent took in time.
 pub const PENDING: &str = "pending";
+/// A selected job in the fleet's queue (its `agent` is empty). The runner's own
+/// `queued` (admitted, waiting for a slot on its host) always has an agent.
+pub const QUEUED: &str = "queued";
+/// A selected job no agent took within its queue timeout: final.
+pub const EXPIRED: &str = "expired";
+pub const DEFAULT_PRIORITY: u8 = 50;
+pub const MAX_PRIORITY: u8 = 100;
 
 /// One job as the hub shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HubJobView {
     pub id: String,
+    /// The agent that has it; empty while a selected job is queued.
     pub agent: String,
+    /// The selector it was submitted with, for a job routed by labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    #[serde(default = "default_priority")]
+    pub priority: u8,
+    /// Which run of the job this is (1: the first).
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    /// Unix milliseconds after which a queued job ends `expired`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_deadline_ms: Option<u64>,
     pub spec: JobSpec,
     /// `pending`, or one of the runner's states.
     pub state: String,
@@ -106,10 +137,19 @@ pub struct HubJobView {
     /// The job has ended and all of its output the hub will ever hold is there.
     #[serde(default)]
     pub done: bool,
-    /// What a pending job waits for, as the hub sees it (its agent away, its runner not
-    /// running, the agent not yet having taken it).
+    /// What a queued or pending job waits for, as the hub sees it (no agent matching its
+    /// selector, all of them full, its agent away, its runner not running, the agent not
+    /// yet having taken it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+}
+
+fn default_priority() -> u8 {
+    DEFAULT_PRIORITY
+}
+
+fn first_attempt() -> u32 {
+    1
 }
 
 impl HubJobView {

@@ -24,6 +24,8 @@ pub(crate) enum FleetError {
     JobExists(String),
     #[error("agent {agent:?} has {max} jobs not done yet, the most it may have waiting (hub serve --max-open-jobs): wait for some to finish, or cancel some")]
     TooManyJobs { agent: String, max: usize },
+    #[error("the fleet's queue holds {0} jobs, the most it may: wait for some to be taken, or cancel some")]
+    QueueFull(usize),
     #[error("the token is not valid for job {0:?}")]
     JobToken(String),
     #[error("agent {0:?} is revoked: it takes no jobs until it is enrolled again")]

@@ -21,9 +21,13 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{AgentEntry, Fleet, FleetError};
-use crate::hub::store::{Appended, JobProgress, JobRow, Store, Stream};
-use crate::proto::fleet_job::{DesiredJob, HubJobSubmit, HubJobView, JobReport, PENDING};
+use crate::hub::store::{Appended, JobFilter, JobProgress, JobRow, Store, Stream};
+use crate::proto::fleet_job::{
+    DesiredJob, HubJobSubmit, HubJobView, JobReport, DEFAULT_PRIORITY, MAX_PRIORITY, PENDING,
+    QUEUED,
+};
 use crate::proto::job::{JobSpec, JobState, Truncation};
+use crate::proto::selector::Selector;
 use crate::util;
 
 /// Specs put into one answer, at most (the rest follow in later answers): far under
@@ -60,6 +64,7 @@ impl Default for JobLimits {
 pub(super) struct OpenJob {
     pub(super) id: String,
     seq: u64,
+    priority: u8,
     /// Kept while the job is pending: once reported, it is never sent again.
     spec: Option<Arc<JobSpec>>,
     spec_len: usize,
@@ -76,10 +81,21 @@ impl OpenJob {
         Self {
             id: row.id,
             seq: row.seq,
+            priority: row.priority,
             spec: (row.progress.state == PENDING).then(|| Arc::new(row.spec)),
             spec_len,
             progress: row.progress,
             offered: true,
+        }
+    }
+
+    /// A job given to its agent now. With replicas the agent's poll may be held by
+    /// another hub, which sends the job without this one knowing: it counts as offered,
+    /// and is cancelled through the agent.
+    pub(super) fn given(row: JobRow, replicated: bool) -> Self {
+        Self {
+            offered: replicated,
+            ..Self::loaded(row)
         }
     }
 
@@ -98,7 +114,7 @@ pub(super) fn desired(
     offer: bool,
 ) -> (Vec<DesiredJob>, Vec<String>) {
     let mut open: Vec<&mut OpenJob> = jobs.values_mut().collect();
-    open.sort_unstable_by_key(|j| j.seq);
+    open.sort_unstable_by_key(|j| (std::cmp::Reverse(j.priority), j.seq));
     let (mut out, mut cancel) = (Vec::with_capacity(open.len()), Vec::new());
     let mut budget = SPEC_BUDGET;
     for j in open {
@@ -107,8 +123,8 @@ pub(super) fn desired(
         }
         let spec = match &j.spec {
             Some(spec) if j.pending() && !j.progress.cancel_requested => {
-                // In submission order: a job that does not fit waits, and so do those
-                // after it.
+                // By priority, then in submission order: a job that does not fit
+                // waits, and so do those after it.
                 if j.spec_len > budget {
                     budget = 0;
                     continue;
@@ -127,6 +143,56 @@ pub(super) fn desired(
         });
     }
     (out, cancel)
+}
+
+/// Where a submitted job goes.
+enum Route {
+    Agent(String),
+    Select {
+        selector: Selector,
+        /// Seconds in the queue before it expires.
+        timeout: Option<u64>,
+    },
+}
+
+/// The route a submission names: exactly one of an agent and a selector.
+fn route_of(
+    agent: Option<String>,
+    selector: Option<String>,
+    queue_timeout_secs: Option<u64>,
+) -> Result<Route, FleetError> {
+    let bad = |field: &str, why: String| FleetError::BadSetting {
+        field: field.into(),
+        why,
+    };
+    match (agent, selector) {
+        (Some(_), Some(_)) => Err(bad(
+            "selector",
+            "give either agent (one host) or selector (any matching host), not both".into(),
+        )),
+        (None, None) => Err(bad(
+            "agent",
+            "give the agent that runs the job, or a selector for any matching agent".into(),
+        )),
+        (Some(_), None) if queue_timeout_secs.is_some() => Err(bad(
+            "queue_timeout_secs",
+            "only a job routed by selector waits in the fleet's queue".into(),
+        )),
+        (Some(agent), None) => Ok(Route::Agent(agent)),
+        (None, Some(text)) => {
+            let selector = Selector::parse(&text).map_err(|e| bad("selector", e.to_string()))?;
+            if queue_timeout_secs == Some(0) {
+                return Err(bad(
+                    "queue_timeout_secs",
+                    "0: give at least 1 second, or none to wait until an agent takes it".into(),
+                ));
+            }
+            Ok(Route::Select {
+                selector,
+                timeout: queue_timeout_secs,
+            })
+        }
+    }
 }
 
 fn cut(s: &str, max: usize) -> String {
@@ -191,6 +257,10 @@ fn view(row: JobRow, limits: &JobLimits) -> HubJobView {
     HubJobView {
         id: row.id,
         agent: row.agent,
+        selector: row.selector,
+        priority: row.priority,
+        attempt: 1,
+        queue_deadline_ms: row.queue_deadline_ms,
         spec: row.spec,
         state: p.state,
         cancel_requested: p.cancel_requested && !p.done,
@@ -238,16 +308,37 @@ impl<S: Store> Fleet<S> {
         self.job_activity.subscribe()
     }
 
-    /// Takes a job for `req.agent`; it waits at the hub until the agent takes it.
+    /// Takes a job for `req.agent`, where it waits until the agent takes it, or for any
+    /// agent matching `req.selector`, in the fleet's queue until one has room.
     pub(crate) async fn submit_job(&self, req: HubJobSubmit) -> Result<HubJobView, FleetError> {
-        let HubJobSubmit { agent, mut spec } = req;
-        let entry = self.entry(&agent)?;
-        if entry.is_revoked() {
-            return Err(FleetError::RevokedAgent(agent));
-        }
+        let HubJobSubmit {
+            agent,
+            selector,
+            priority,
+            queue_timeout_secs,
+            mut spec,
+        } = req;
         let bad = |field: &str, why: String| FleetError::BadSetting {
             field: field.into(),
             why,
+        };
+        let route = route_of(agent, selector, queue_timeout_secs)?;
+        let priority = priority.unwrap_or(DEFAULT_PRIORITY);
+        if priority > MAX_PRIORITY {
+            return Err(bad(
+                "priority",
+                format!("{priority} is out of range (0 to {MAX_PRIORITY})"),
+            ));
+        }
+        let entry = match &route {
+            Route::Agent(agent) => {
+                let entry = self.entry(agent)?;
+                if entry.is_revoked() {
+                    return Err(FleetError::RevokedAgent(agent.clone()));
+                }
+                Some(entry)
+            }
+            Route::Select { .. } => None,
         };
         match spec.argv.first() {
             None => return Err(bad("spec.argv", "empty: give the program to run".into())),
@@ -278,26 +369,47 @@ impl<S: Store> Fleet<S> {
         // submitter's error now, not a `rejected` job later.
         spec.validate().map_err(|e| bad("spec", e.to_string()))?;
         let _one = self.changes.lock().await;
-        let open = util::lock(&entry.state).jobs.len();
-        if open >= self.job_limits.max_open {
-            return Err(FleetError::TooManyJobs {
-                agent,
-                max: self.job_limits.max_open,
-            });
+        match &entry {
+            Some(entry) => {
+                if util::lock(&entry.state).jobs.len() >= self.job_limits.max_open {
+                    return Err(FleetError::TooManyJobs {
+                        agent: entry.id.clone(),
+                        max: self.job_limits.max_open,
+                    });
+                }
+            }
+            None => {
+                if self.queued_len() >= super::queue::MAX_QUEUED {
+                    return Err(FleetError::QueueFull(super::queue::MAX_QUEUED));
+                }
+            }
         }
         if self.job_entry(&id).is_some() {
             return Err(FleetError::JobExists(id));
         }
+        let created_ms = crate::util::unix_now_ms();
+        let (agent, state, selector, queue_deadline_ms) = match route {
+            Route::Agent(agent) => (agent, PENDING, None, None),
+            Route::Select { selector, timeout } => (
+                String::new(),
+                QUEUED,
+                Some(selector.to_string()),
+                timeout.map(|t| created_ms.saturating_add(t.saturating_mul(1000))),
+            ),
+        };
         let mut row = JobRow {
             id: id.clone(),
             seq: 0,
-            agent: agent.clone(),
+            agent,
             spec,
-            created_ms: crate::util::unix_now_ms(),
+            created_ms,
             progress: JobProgress {
-                state: PENDING.into(),
+                state: state.into(),
                 ..JobProgress::default()
             },
+            selector,
+            priority,
+            queue_deadline_ms,
             stdout_length: 0,
             stderr_length: 0,
             stdout_stored: 0,
@@ -307,11 +419,14 @@ impl<S: Store> Fleet<S> {
             return Err(FleetError::JobExists(id));
         };
         row.seq = seq;
-        let mut job = OpenJob::loaded(row.clone());
-        // With replicas the agent's poll may be held by another hub, which sends the
-        // job without this one knowing: it counts as offered, and is cancelled through
-        // the agent.
-        job.offered = self.replicated;
+        let (Some(entry), Some(generation)) = (entry, generation) else {
+            tracing::info!(job = %id, selector = row.selector.as_deref().unwrap_or(""), priority, "job queued");
+            self.enqueue(row.clone());
+            self.job_moved();
+            return Ok(self.shown(row));
+        };
+        let agent = entry.id.clone();
+        let job = OpenJob::given(row.clone(), self.replicated);
         {
             let mut st = util::lock(&entry.state);
             st.jobs.insert(id.clone(), job);
@@ -333,7 +448,18 @@ impl<S: Store> Fleet<S> {
             // Taken by another replica a moment ago: follow it first.
             if let Some(agent) = self.store.job_agent(id).await? {
                 let _one = self.changes.lock().await;
-                self.follow_agent(&agent).await?;
+                if agent.is_empty() {
+                    self.follow_queued(id).await?;
+                } else {
+                    self.follow_agent(&agent).await?;
+                }
+            }
+        }
+        {
+            let _one = self.changes.lock().await;
+            if self.cancel_queued(id).await? {
+                drop(_one);
+                return self.job(id).await;
             }
         }
         if let Some(entry) = self.job_entry(id) {
@@ -469,6 +595,9 @@ impl<S: Store> Fleet<S> {
                 index.remove(id);
             }
             self.jobs_done.fetch_add(done.len(), Ordering::Relaxed);
+            drop(index);
+            // Room opened on the agent.
+            self.kick();
         }
         if let Some(g) = generation {
             self.newest.fetch_max(g, Ordering::AcqRel);
@@ -531,11 +660,15 @@ impl<S: Store> Fleet<S> {
         Ok(self.shown(row))
     }
 
-    /// A job's view, with what a pending one waits for.
+    /// A job's view, with what a queued or pending one waits for.
     fn shown(&self, row: JobRow) -> HubJobView {
+        let queued = row.agent.is_empty() && !row.progress.done;
+        let waiting = queued.then(|| self.queue_waiting(&row));
         let mut v = view(row, &self.job_limits);
         if v.state == PENDING && !v.done {
             v.waiting = self.job_entry(&v.id).map(|e| self.waiting_for(&e, &v.id));
+        } else {
+            v.waiting = waiting;
         }
         v
     }
@@ -571,11 +704,11 @@ impl<S: Store> Fleet<S> {
 
     pub(crate) async fn jobs(
         &self,
-        agent: Option<&str>,
+        filter: JobFilter<'_>,
         before: Option<u64>,
         limit: usize,
     ) -> Result<Vec<HubJobView>, FleetError> {
-        let rows = self.store.list_jobs(agent, before, limit).await?;
+        let rows = self.store.list_jobs(filter, before, limit).await?;
         Ok(rows.into_iter().map(|r| self.shown(r)).collect())
     }
 
@@ -718,10 +851,13 @@ impl<S: Store> Fleet<S> {
         }
         {
             let mut index = util::write(&self.job_index);
+            let mut queue = util::lock(&self.queue);
             for id in &gone {
                 index.remove(id);
             }
             for id in added {
+                // Assigned to it by another replica.
+                queue.remove(&id);
                 index.insert(id, entry.clone());
             }
         }
@@ -752,6 +888,7 @@ mod tests {
         OpenJob {
             id: format!("j{seq}"),
             seq,
+            priority: DEFAULT_PRIORITY,
             spec: Some(Arc::new(JobSpec {
                 id: Some(format!("j{seq}")),
                 argv: vec!["true".into()],

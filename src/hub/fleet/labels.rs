@@ -41,13 +41,15 @@ impl<S: Store> Fleet<S> {
             return Err(FleetError::Revoked(id.to_owned()));
         };
         self.newest.fetch_max(generation, Ordering::AcqRel);
+        let shown = labels::to_list(&now);
         {
             let mut st = util::lock(&entry.state);
             st.hub_labels = now;
             st.own.generation = st.own.generation.max(generation);
         }
         self.announce(&entry);
-        tracing::info!(agent = %id, labels = %labels::to_list(&util::lock(&entry.state).hub_labels), "the hub's labels of an agent changed");
+        tracing::info!(agent = %id, labels = %shown, "the hub's labels of an agent changed");
+        self.kick();
         Ok(self.view(&entry))
     }
 }

@@ -23,6 +23,7 @@
 mod error;
 mod jobs;
 mod labels;
+mod queue;
 mod reconcile;
 mod releases;
 mod replicas;
@@ -45,6 +46,8 @@ pub(crate) use self::error::FleetError;
 use self::jobs::OpenJob;
 pub(crate) use self::jobs::{JobLimits, OutputSlice, Upload};
 use self::labels::stored_labels;
+pub(crate) use self::queue::Dispatcher;
+use self::queue::Queue;
 use self::reconcile::changed;
 pub(crate) use self::reconcile::ReportFlusher;
 use self::releases::Releases;
@@ -81,6 +84,8 @@ struct AgentState {
     hub_labels: Labels,
     /// Its jobs that are not done, by id.
     jobs: HashMap<String, OpenJob>,
+    /// When the fleet's queue last gave it a job (0: never), for the least-loaded choice.
+    last_assigned_ms: u64,
     /// When a report ahead of the hub was last logged.
     ahead_logged_at: Option<u64>,
     /// When a report ahead of this replica last made it load the agent from the store.
@@ -99,6 +104,7 @@ impl AgentState {
             report: None,
             hub_labels: Labels::new(),
             jobs: HashMap::new(),
+            last_assigned_ms: 0,
             ahead_logged_at: None,
             caught_up_at: None,
         }
@@ -192,6 +198,10 @@ pub(crate) struct Fleet<S: Store> {
     poll_interval: Duration,
     /// The agent of each open job.
     job_index: RwLock<HashMap<String, Arc<AgentEntry>>>,
+    /// Selected jobs no agent has yet ([`queue`]).
+    queue: Mutex<Queue>,
+    /// Wakes the [`Dispatcher`].
+    dispatch_kick: tokio::sync::Notify,
     /// Moves on every change to any job (its state, its output): what `job wait` and
     /// `job logs --follow` wait on.
     job_activity: watch::Sender<u64>,
@@ -257,7 +267,12 @@ impl<S: Store> Fleet<S> {
             map.insert(a.id, entry);
         }
         let mut job_index = HashMap::with_capacity(open_jobs.len());
+        let mut queued = Vec::new();
         for row in open_jobs {
+            if row.agent.is_empty() {
+                queued.push(row);
+                continue;
+            }
             let Some(entry) = map.get(&row.agent) else {
                 continue;
             };
@@ -265,7 +280,7 @@ impl<S: Store> Fleet<S> {
             let job = OpenJob::loaded(row);
             util::lock(&entry.state).jobs.insert(job.id.clone(), job);
         }
-        Ok(Self {
+        let loaded = Self {
             fleet: RwLock::new(fleet),
             agents: RwLock::new(map),
             changes: tokio::sync::Mutex::new(()),
@@ -274,6 +289,8 @@ impl<S: Store> Fleet<S> {
             newest: AtomicU64::new(generation),
             poll_interval,
             job_index: RwLock::new(job_index),
+            queue: Mutex::new(Queue::default()),
+            dispatch_kick: tokio::sync::Notify::new(),
             job_activity: watch::Sender::new(0),
             job_limits,
             jobs_done: AtomicUsize::new(0),
@@ -282,7 +299,11 @@ impl<S: Store> Fleet<S> {
             store_lost: AtomicBool::new(false),
             max_wait,
             store,
-        })
+        };
+        for row in queued {
+            loaded.enqueue(row);
+        }
+        Ok(loaded)
     }
 
     fn entry(&self, id: &str) -> Result<Arc<AgentEntry>, FleetError> {
@@ -406,6 +427,7 @@ impl<S: Store> Fleet<S> {
             }
         }
         tracing::info!(agent = %id, "agent enrolled");
+        self.kick();
         Ok(token)
     }
 
@@ -474,6 +496,7 @@ impl<S: Store> Fleet<S> {
                     agents = all.len(),
                     "fleet desired state changed"
                 );
+                self.kick();
             }
             Some(e) => {
                 {
@@ -487,6 +510,7 @@ impl<S: Store> Fleet<S> {
                 }
                 self.announce(e);
                 tracing::info!(agent = %e.id, generation, "agent desired state changed");
+                self.kick();
             }
         }
         self.desired_view(agent)

@@ -87,6 +87,7 @@ impl<S: Store> Fleet<S> {
             self.halt_on_rollback(entry, &version, reason).await?;
         }
         self.queue_report(entry, report);
+        self.kick_if_room(entry);
         if !wait.is_zero() && *rx.borrow() <= observed {
             let _held = Held::new(&entry.polls, &self.held);
             // Either way the answer is computed below from what holds now.

@@ -106,6 +106,10 @@ impl<S: Store> Fleet<S> {
                 self.follow_fleet().await?;
             }
             Event::Output(_) => self.job_moved(),
+            Event::Queued(id) => {
+                let _one = self.changes.lock().await;
+                self.follow_queued(&id).await?;
+            }
             Event::Resync => self.reload().await?,
         }
         Ok(())
@@ -217,6 +221,7 @@ impl<S: Store> Fleet<S> {
         for j in open_jobs {
             jobs.entry(j.agent.clone()).or_default().push(j);
         }
+        self.adopt_queue(jobs.remove("").unwrap_or_default());
         if self.adopt_fleet(FleetSnapshot {
             scope: fleet,
             generation,

@@ -52,7 +52,9 @@ impl From<FleetError> for ApiError {
             FleetError::BadId { .. } | FleetError::BadSetting { .. } => StatusCode::BAD_REQUEST,
             FleetError::NoSuchJob(_) => StatusCode::NOT_FOUND,
             FleetError::JobExists(_) | FleetError::RevokedAgent(_) => StatusCode::CONFLICT,
-            FleetError::TooManyJobs { .. } => StatusCode::TOO_MANY_REQUESTS,
+            FleetError::TooManyJobs { .. } | FleetError::QueueFull(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             FleetError::JobToken(_) => StatusCode::UNAUTHORIZED,
             FleetError::NoSuchRelease(_) => StatusCode::NOT_FOUND,
             FleetError::NotHalted(_) => StatusCode::CONFLICT,

@@ -17,8 +17,9 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{bearer, parse, query, read_body, ApiPath};
 use super::state::Hub;
 use crate::hub::fleet::Upload;
-use crate::hub::store::{Appended, Store, Stream};
+use crate::hub::store::{Appended, JobFilter, Store, Stream};
 use crate::proto::fleet_job::{HubJobSubmit, OutputAck};
+use crate::proto::selector::Selector;
 use crate::util::clip;
 
 /// The largest upload: an agent sends its output in pieces of at most this.
@@ -62,6 +63,8 @@ pub(super) async fn submit<S: Store>(
 #[derive(Deserialize)]
 pub(super) struct ListQuery {
     agent: Option<String>,
+    /// Jobs routed by this selector (any spelling of it).
+    selector: Option<String>,
     /// A `seq`-ordered page: jobs submitted before the job at this position.
     before: Option<u64>,
     limit: Option<usize>,
@@ -79,7 +82,20 @@ pub(super) async fn list<S: Store>(
             format!("limit={limit} is out of range (1 to {MAX_LIST})"),
         ));
     }
-    let jobs = hub.fleet.jobs(q.agent.as_deref(), q.before, limit).await?;
+    let selector = q
+        .selector
+        .as_deref()
+        .map(|s| {
+            Selector::parse(s)
+                .map(|s| s.to_string())
+                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("selector: {e}")))
+        })
+        .transpose()?;
+    let filter = JobFilter {
+        agent: q.agent.as_deref(),
+        selector: selector.as_deref(),
+    };
+    let jobs = hub.fleet.jobs(filter, q.before, limit).await?;
     Ok(Json(jobs).into_response())
 }
 

@@ -122,7 +122,7 @@ async fn postgres_keeps_every_promise() {
     assert_eq!(n, CASES);
 }
 
-const CASES: usize = 7;
+const CASES: usize = 8;
 
 /// Runs each case on a fresh database from `fresh`.
 async fn every_case<B: Backend>(mut fresh: impl FnMut() -> B) {
@@ -133,6 +133,7 @@ async fn every_case<B: Backend>(mut fresh: impl FnMut() -> B) {
     jobs_are_listed_newest_first_and_only_done_ones_are_pruned(&fresh()).await;
     releases_halts_and_renumbering_move_the_fleets_generation(&fresh()).await;
     the_hubs_labels_merge_and_go_with_a_revoked_agent(&fresh()).await;
+    a_queued_job_is_assigned_once_within_the_agents_room(&fresh()).await;
 }
 
 fn settings(max_jobs: usize) -> DesiredSettings {
@@ -233,6 +234,9 @@ fn job(id: &str) -> JobRow {
             state: "pending".into(),
             ..JobProgress::default()
         },
+        selector: None,
+        priority: 50,
+        queue_deadline_ms: None,
         stdout_length: 0,
         stderr_length: 0,
         stdout_stored: 0,
@@ -298,9 +302,13 @@ async fn jobs_are_listed_newest_first_and_only_done_ones_are_pruned(b: &impl Bac
     };
     store.insert_job(&other).await.expect("insert");
     let ids = |rows: Vec<JobRow>| rows.into_iter().map(|r| r.id).collect::<Vec<_>>();
-    let all = store.list_jobs(None, None, 10).await.expect("list");
-    assert_eq!(ids(all), ["k", "j3", "j2", "j1"]);
-    let a = store.list_jobs(Some("a"), Some(3), 1).await.expect("page");
+    let all = store.list_jobs(JobFilter::default(), None, 10).await;
+    assert_eq!(ids(all.expect("list")), ["k", "j3", "j2", "j1"]);
+    let of_a = JobFilter {
+        agent: Some("a"),
+        ..JobFilter::default()
+    };
+    let a = store.list_jobs(of_a, Some(3), 1).await.expect("page");
     assert_eq!(ids(a), ["j2"], "below seq 3, one");
 
     let done = JobProgress {
@@ -334,9 +342,98 @@ async fn jobs_are_listed_newest_first_and_only_done_ones_are_pruned(b: &impl Bac
     assert!(output.expect("read").is_empty(), "its output went with it");
     assert!(store.get_job("j2").await.expect("get").is_some(), "kept");
     assert_eq!(store.retain_jobs(0).await.expect("retain"), 1, "j2 goes");
+    let all = store.list_jobs(JobFilter::default(), None, 10).await;
+    assert_eq!(ids(all.expect("list")), ["k", "j3"]);
+}
+
+async fn a_queued_job_is_assigned_once_within_the_agents_room(b: &impl Backend) {
+    let store = b.open().await;
+    store.enrol("a", "h", 1).await.expect("enrol");
+    store.enrol("b", "h", 1).await.expect("enrol");
+    let queued = |id: &str| JobRow {
+        agent: String::new(),
+        progress: JobProgress {
+            state: "queued".into(),
+            ..JobProgress::default()
+        },
+        selector: Some("queue=build".into()),
+        priority: 90,
+        queue_deadline_ms: Some(99),
+        ..job(id)
+    };
+    let (_, generation) = store
+        .insert_job(&queued("q1"))
+        .await
+        .expect("insert")
+        .expect("new");
+    assert_eq!(generation, None, "a queued job moves no agent's scope");
+    store.insert_job(&queued("q2")).await.expect("insert");
+    store.insert_job(&queued("q3")).await.expect("insert");
+    let q1 = store.get_job("q1").await.expect("get").expect("row");
     assert_eq!(
-        ids(store.list_jobs(None, None, 10).await.expect("list")),
-        ["k", "j3"]
+        (
+            q1.agent.as_str(),
+            q1.selector.as_deref(),
+            q1.priority,
+            q1.queue_deadline_ms
+        ),
+        ("", Some("queue=build"), 90, Some(99))
+    );
+    assert_eq!(
+        store.assign_job("q1", "a", 1).await.expect("assign"),
+        Assigned::To(3)
+    );
+    assert_eq!(
+        store.assign_job("q1", "b", 1).await.expect("again"),
+        Assigned::Gone,
+        "assigned once"
+    );
+    assert_eq!(
+        store.assign_job("q2", "a", 1).await.expect("full"),
+        Assigned::Full,
+        "a holds its one job"
+    );
+    let q1 = store.get_job("q1").await.expect("get").expect("row");
+    assert_eq!(
+        (q1.agent.as_str(), q1.progress.state.as_str()),
+        ("a", "pending")
+    );
+    let expired = JobProgress {
+        state: "expired".into(),
+        error: Some("no agent took it".into()),
+        finished_ms: Some(100),
+        done: true,
+        ..JobProgress::default()
+    };
+    assert!(store.end_queued("q2", &expired).await.expect("expire"));
+    assert!(
+        !store.end_queued("q2", &expired).await.expect("again"),
+        "once"
+    );
+    assert!(
+        !store.end_queued("q1", &expired).await.expect("assigned"),
+        "q1 has an agent"
+    );
+    assert_eq!(
+        store.assign_job("q2", "b", 1).await.expect("ended"),
+        Assigned::Gone
+    );
+    let of = |selector| JobFilter {
+        selector: Some(selector),
+        ..JobFilter::default()
+    };
+    let routed = store.list_jobs(of("queue=build"), None, 10).await;
+    let routed: Vec<_> = routed.expect("list").into_iter().map(|r| r.id).collect();
+    assert_eq!(routed, ["q3", "q2", "q1"]);
+    let open = store.load().await.expect("load").open_jobs;
+    let open: Vec<_> = open
+        .iter()
+        .map(|r| (r.id.as_str(), r.agent.as_str()))
+        .collect();
+    assert_eq!(
+        open,
+        [("q1", "a"), ("q3", "")],
+        "the queue survives a restart"
     );
 }
 

@@ -110,6 +110,8 @@ pub(crate) enum Event {
     Fleet,
     /// Output of a job was taken.
     Output(String),
+    /// A queued job: submitted, or ended while queued.
+    Queued(String),
     /// Notifications may have been missed (the listening connection was lost): load
     /// everything again.
     Resync,
@@ -184,10 +186,16 @@ pub(crate) struct JobRow {
     pub(crate) id: String,
     /// Submission order, over the whole hub.
     pub(crate) seq: u64,
+    /// Empty while a selected job waits in the fleet's queue.
     pub(crate) agent: String,
     pub(crate) spec: JobSpec,
     pub(crate) created_ms: u64,
     pub(crate) progress: JobProgress,
+    /// The selector it was routed by (canonical text), for a selected job.
+    pub(crate) selector: Option<String>,
+    pub(crate) priority: u8,
+    /// When a queued job nobody took ends `expired` (Unix ms).
+    pub(crate) queue_deadline_ms: Option<u64>,
     /// How much of each stream the hub has acknowledged, and how much of it it keeps
     /// (less, past its cap).
     pub(crate) stdout_length: u64,
@@ -480,15 +488,53 @@ pub(crate) trait Store: JobStore + Send + Sync + 'static {
     }
 }
 
+/// What [`JobStore::assign_job`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Assigned {
+    /// The job is the agent's now; its scope took this generation.
+    To(u64),
+    /// The job is no longer queued (another hub assigned it, or it ended): nothing changed.
+    Gone,
+    /// The agent has as many open jobs as it may: nothing changed.
+    Full,
+}
+
+/// Which jobs a listing shows.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct JobFilter<'a> {
+    pub(crate) agent: Option<&'a str>,
+    /// Jobs routed by this selector (canonical text).
+    pub(crate) selector: Option<&'a str>,
+}
+
 /// The jobs through the hub and their output, as the hub's database keeps them; the same
 /// rules as [`Store`].
 pub(crate) trait JobStore: Send + Sync + 'static {
-    /// Adds a job (its `seq` is assigned here) and gives its agent's scope the next
-    /// generation. Returns (seq, generation), or `None` when the id is taken.
+    /// Adds a job (its `seq` is assigned here). A job for an agent gives the agent's
+    /// scope the next generation; a queued one (no agent yet) bumps nothing, and tells
+    /// the other hubs. Returns (seq, generation), or `None` when the id is taken.
     fn insert_job(
         &self,
         job: &JobRow,
-    ) -> impl Future<Output = Result<Option<(u64, u64)>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<(u64, Option<u64>)>, StoreError>> + Send;
+
+    /// Gives the queued job `id` to `agent` if it is still queued and the agent has
+    /// fewer than `max_open` jobs not done: the store decides, so that two hubs never
+    /// hand one job out twice, nor one agent more than it may take.
+    fn assign_job(
+        &self,
+        id: &str,
+        agent: &str,
+        max_open: usize,
+    ) -> impl Future<Output = Result<Assigned, StoreError>> + Send;
+
+    /// Ends the queued job `id` as `progress` says (cancelled, expired), if it is still
+    /// queued; false when it is not (assigned meanwhile, or ended).
+    fn end_queued(
+        &self,
+        id: &str,
+        progress: &JobProgress,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Records what changed about some of `agent`'s jobs, in one transaction; with `bump`
     /// the agent's scope gets the next generation, which is returned.
@@ -527,10 +573,10 @@ pub(crate) trait JobStore: Send + Sync + 'static {
         id: &str,
     ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
 
-    /// Jobs newest first: of one agent or all, below `before` (a seq), at most `limit`.
+    /// Jobs newest first, as `filter` picks them, below `before` (a seq), at most `limit`.
     fn list_jobs(
         &self,
-        agent: Option<&str>,
+        filter: JobFilter<'_>,
         before: Option<u64>,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<JobRow>, StoreError>> + Send;

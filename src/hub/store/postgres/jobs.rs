@@ -3,12 +3,17 @@
 use super::*;
 
 impl JobStore for PgStore {
-    async fn insert_job(&self, job: &JobRow) -> Result<Option<(u64, u64)>, StoreError> {
+    async fn insert_job(&self, job: &JobRow) -> Result<Option<(u64, Option<u64>)>, StoreError> {
         let spec = encode(&self.url, "a job spec to store", &job.spec)?;
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
-        let generation = bump_scope(&tx, &job.agent, &self.url).await?;
+        let queued = job.agent.is_empty();
+        let generation = if queued {
+            None
+        } else {
+            Some(bump_scope(&tx, &job.agent, &self.url).await?)
+        };
         let seq: i64 = tx
             .query_one(
                 "UPDATE meta SET value = value + 1 WHERE key = 'job_seq' RETURNING value",
@@ -19,8 +24,9 @@ impl JobStore for PgStore {
             .get(0);
         let n = tx
             .execute(
-                "INSERT INTO jobs (id, seq, agent, spec, created_ms, state)
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+                "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,
+                     queue_deadline_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
                 &[
                     &job.id,
                     &seq,
@@ -28,6 +34,9 @@ impl JobStore for PgStore {
                     &spec,
                     &(job.created_ms as i64),
                     &job.progress.state,
+                    &job.selector,
+                    &i64::from(job.priority),
+                    &job.queue_deadline_ms.map(|m| m as i64),
                 ],
             )
             .await
@@ -35,8 +44,80 @@ impl JobStore for PgStore {
         if n == 0 {
             return Ok(None);
         }
-        self.commit_change(tx, &job.agent, Some(generation)).await?;
+        if queued {
+            self.commit_queued(tx, &job.id).await?;
+        } else {
+            self.commit_change(tx, &job.agent, generation).await?;
+        }
         Ok(Some((u64_of(seq), generation)))
+    }
+
+    async fn assign_job(
+        &self,
+        id: &str,
+        agent: &str,
+        max_open: usize,
+    ) -> Result<Assigned, StoreError> {
+        let e = self.err();
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(&e)?;
+        // The generation first, as every change takes it: its row lock orders this
+        // assignment after every other change in flight (another replica's assignment
+        // to the same agent included), so the count below is the count at commit.
+        let generation = bump_scope(&tx, agent, &self.url).await?;
+        let open: i64 = tx
+            .query_one(
+                "SELECT COUNT(*) FROM jobs WHERE agent = $1 AND done = 0",
+                &[&agent],
+            )
+            .await
+            .map_err(&e)?
+            .get(0);
+        if u64_of(open) >= max_open as u64 {
+            return Ok(Assigned::Full);
+        }
+        // A row another replica assigned meanwhile no longer has `agent = ''` when this
+        // statement gets its lock: nothing changes.
+        let n = tx
+            .execute(
+                "UPDATE jobs SET agent = $2, state = 'pending'
+                 WHERE id = $1 AND agent = '' AND done = 0",
+                &[&id, &agent],
+            )
+            .await
+            .map_err(&e)?;
+        if n == 0 {
+            return Ok(Assigned::Gone);
+        }
+        self.commit_change(tx, agent, Some(generation)).await?;
+        Ok(Assigned::To(generation))
+    }
+
+    async fn end_queued(&self, id: &str, p: &JobProgress) -> Result<bool, StoreError> {
+        let e = self.err();
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(&e)?;
+        let n = tx
+            .execute(
+                "UPDATE jobs SET state = $2, cancel_requested = $3, error = $4,
+                     finished_ms = $5, done = $6
+                 WHERE id = $1 AND agent = '' AND done = 0",
+                &[
+                    &id,
+                    &p.state,
+                    &(p.cancel_requested as i64),
+                    &p.error,
+                    &p.finished_ms.map(|m| m as i64),
+                    &(p.done as i64),
+                ],
+            )
+            .await
+            .map_err(&e)?;
+        if n == 0 {
+            return Ok(false);
+        }
+        self.commit_queued(tx, id).await?;
+        Ok(true)
     }
 
     async fn update_jobs(
@@ -217,36 +298,24 @@ impl JobStore for PgStore {
 
     async fn list_jobs(
         &self,
-        agent: Option<&str>,
+        filter: JobFilter<'_>,
         before: Option<u64>,
         limit: usize,
     ) -> Result<Vec<JobRow>, StoreError> {
         let conn = self.conn().await?;
         let before = before.map_or(i64::MAX, |b| b.min(i64::MAX as u64) as i64);
         let limit = limit as i64;
-        match agent {
-            Some(a) => {
-                self.select_jobs(
-                    &conn,
-                    &format!(
-                        "SELECT {JOB_COLUMNS} FROM jobs WHERE agent = $1 AND seq < $2
-                         ORDER BY seq DESC LIMIT $3"
-                    ),
-                    &[&a, &before, &limit],
-                )
-                .await
-            }
-            None => {
-                self.select_jobs(
-                    &conn,
-                    &format!(
-                        "SELECT {JOB_COLUMNS} FROM jobs WHERE seq < $1 ORDER BY seq DESC LIMIT $2"
-                    ),
-                    &[&before, &limit],
-                )
-                .await
-            }
-        }
+        self.select_jobs(
+            &conn,
+            &format!(
+                "SELECT {JOB_COLUMNS} FROM jobs
+                 WHERE ($1::TEXT IS NULL OR agent = $1) AND ($2::TEXT IS NULL OR selector = $2)
+                     AND seq < $3
+                 ORDER BY seq DESC LIMIT $4"
+            ),
+            &[&filter.agent, &filter.selector, &before, &limit],
+        )
+        .await
     }
 
     async fn retain_jobs(&self, keep: usize) -> Result<usize, StoreError> {

@@ -209,6 +209,7 @@ pub(super) fn parse(payload: &str, own: &str) -> Option<(u64, Option<Event>)> {
         "a" => Event::Agent(key.to_owned()),
         "f" => Event::Fleet,
         "o" => Event::Output(key.to_owned()),
+        "q" => Event::Queued(key.to_owned()),
         _ => return None,
     };
     Some((generation, Some(event)))
@@ -227,6 +228,10 @@ mod tests {
         assert_eq!(
             parse("ab o 0 j1", "cd"),
             Some((0, Some(Event::Output("j1".into()))))
+        );
+        assert_eq!(
+            parse("ab q 0 j2", "cd"),
+            Some((0, Some(Event::Queued("j2".into()))))
         );
         assert_eq!(parse("cd a 9 web-1", "cd"), Some((9, None)));
         assert_eq!(parse("ab z 1 x", "cd"), None);

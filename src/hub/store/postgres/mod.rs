@@ -36,9 +36,9 @@ pub(crate) use self::tls::redact;
 use self::tls::{split_root_cert, tls_config, Tls};
 use super::sqlite::{parse_settings, MIGRATIONS};
 use super::{
-    merge_labels, plan_append, AgentRow, AgentSnapshot, AppendPlan, Appended, Event, FleetSnapshot,
-    HaltRow, JobProgress, JobRow, JobStore, Labels, ReleaseRow, ReportRow, Snapshot, Store,
-    StoreError, Stream,
+    merge_labels, plan_append, AgentRow, AgentSnapshot, AppendPlan, Appended, Assigned, Event,
+    FleetSnapshot, HaltRow, JobFilter, JobProgress, JobRow, JobStore, Labels, ReleaseRow,
+    ReportRow, Snapshot, Store, StoreError, Stream,
 };
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
@@ -86,7 +86,8 @@ const NEXT_GENERATION: &str =
 
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
-    stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms";
+    stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
+    queue_deadline_ms";
 
 /// The states of a job that has not ended (in the expressions' SQL form).
 const OPEN_STATES: &str = "'pending', 'queued', 'starting', 'running'";
@@ -349,6 +350,18 @@ impl PgStore {
             self.took(g);
         }
         Ok(())
+    }
+
+    /// The end of a change to a queued job (no agent's scope moves): the other hubs are
+    /// told which job, at commit.
+    async fn commit_queued(
+        &self,
+        tx: deadpool_postgres::Transaction<'_>,
+        id: &str,
+    ) -> Result<(), StoreError> {
+        let e = self.err();
+        notify(&tx, &self.payload('q', 0, id)).await.map_err(&e)?;
+        tx.commit().await.map_err(&e)
     }
 }
 

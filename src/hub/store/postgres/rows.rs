@@ -70,6 +70,9 @@ pub(super) fn job_row(url: &str, r: &Row) -> Result<JobRow, StoreError> {
         stderr_length: u64_of(r.get(16)),
         stdout_stored: u64_of(r.get(17)),
         stderr_stored: u64_of(r.get(18)),
+        selector: r.get(20),
+        priority: r.get::<_, i64>(21).clamp(0, i64::from(u8::MAX)) as u8,
+        queue_deadline_ms: opt_u64(r.get(22)),
         id,
     })
 }

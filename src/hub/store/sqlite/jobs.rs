@@ -3,7 +3,7 @@
 use super::*;
 
 impl JobStore for SqliteStore {
-    async fn insert_job(&self, job: &JobRow) -> Result<Option<(u64, u64)>, StoreError> {
+    async fn insert_job(&self, job: &JobRow) -> Result<Option<(u64, Option<u64>)>, StoreError> {
         let job = job.clone();
         self.with(move |conn, path| {
             let e = sql(path);
@@ -26,19 +26,27 @@ impl JobStore for SqliteStore {
                 )
                 .map_err(&e)?;
             tx.execute(
-                "INSERT INTO jobs (id, seq, agent, spec, created_ms, state)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,
+                     queue_deadline_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
                     job.id,
                     seq,
                     job.agent,
                     spec,
                     job.created_ms as i64,
-                    job.progress.state
+                    job.progress.state,
+                    job.selector,
+                    i64::from(job.priority),
+                    job.queue_deadline_ms.map(|m| m as i64),
                 ],
             )
             .map_err(&e)?;
-            let generation = bump_scope(&tx, &job.agent, path)?;
+            let generation = if job.agent.is_empty() {
+                None
+            } else {
+                Some(bump_scope(&tx, &job.agent, path)?)
+            };
             tx.commit().map_err(&e)?;
             Ok(Some((u64_of(seq), generation)))
         })
@@ -95,6 +103,67 @@ impl JobStore for SqliteStore {
             };
             tx.commit().map_err(&e)?;
             Ok(generation)
+        })
+        .await
+    }
+
+    async fn assign_job(
+        &self,
+        id: &str,
+        agent: &str,
+        max_open: usize,
+    ) -> Result<Assigned, StoreError> {
+        let (id, agent) = (id.to_owned(), agent.to_owned());
+        self.with(move |conn, path| {
+            let e = sql(path);
+            // One writer at a time: the count and the change see the same rows.
+            let tx = conn.transaction().map_err(&e)?;
+            let open: i64 = tx
+                .query_row(
+                    "SELECT COUNT(*) FROM jobs WHERE agent = ?1 AND done = 0",
+                    params![agent],
+                    |r| r.get(0),
+                )
+                .map_err(&e)?;
+            if u64_of(open) >= max_open as u64 {
+                return Ok(Assigned::Full);
+            }
+            let n = tx
+                .execute(
+                    "UPDATE jobs SET agent = ?2, state = 'pending'
+                     WHERE id = ?1 AND agent = '' AND done = 0",
+                    params![id, agent],
+                )
+                .map_err(&e)?;
+            if n == 0 {
+                return Ok(Assigned::Gone);
+            }
+            let generation = bump_scope(&tx, &agent, path)?;
+            tx.commit().map_err(&e)?;
+            Ok(Assigned::To(generation))
+        })
+        .await
+    }
+
+    async fn end_queued(&self, id: &str, p: &JobProgress) -> Result<bool, StoreError> {
+        let (id, p) = (id.to_owned(), p.clone());
+        self.with(move |conn, path| {
+            let n = conn
+                .execute(
+                    "UPDATE jobs SET state = ?2, cancel_requested = ?3, error = ?4,
+                         finished_ms = ?5, done = ?6
+                     WHERE id = ?1 AND agent = '' AND done = 0",
+                    params![
+                        id,
+                        p.state,
+                        p.cancel_requested as i64,
+                        p.error,
+                        p.finished_ms.map(|m| m as i64),
+                        p.done as i64,
+                    ],
+                )
+                .map_err(sql(path))?;
+            Ok(n > 0)
         })
         .await
     }
@@ -220,32 +289,25 @@ impl JobStore for SqliteStore {
 
     async fn list_jobs(
         &self,
-        agent: Option<&str>,
+        filter: JobFilter<'_>,
         before: Option<u64>,
         limit: usize,
     ) -> Result<Vec<JobRow>, StoreError> {
-        let agent = agent.map(str::to_owned);
+        let agent = filter.agent.map(str::to_owned);
+        let selector = filter.selector.map(str::to_owned);
         self.with(move |conn, path| {
             let before = before.map_or(i64::MAX, |b| b.min(i64::MAX as u64) as i64);
-            match agent {
-                Some(a) => select_jobs(
-                    conn,
-                    path,
-                    &format!(
-                        "SELECT {JOB_COLUMNS} FROM jobs WHERE agent = ?1 AND seq < ?2
-                         ORDER BY seq DESC LIMIT ?3"
-                    ),
-                    params![a, before, limit as i64],
+            select_jobs(
+                conn,
+                path,
+                &format!(
+                    "SELECT {JOB_COLUMNS} FROM jobs
+                     WHERE (?1 IS NULL OR agent = ?1) AND (?2 IS NULL OR selector = ?2)
+                         AND seq < ?3
+                     ORDER BY seq DESC LIMIT ?4"
                 ),
-                None => select_jobs(
-                    conn,
-                    path,
-                    &format!(
-                        "SELECT {JOB_COLUMNS} FROM jobs WHERE seq < ?1 ORDER BY seq DESC LIMIT ?2"
-                    ),
-                    params![before, limit as i64],
-                ),
-            }
+                params![agent, selector, before, limit as i64],
+            )
         })
         .await
     }

@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    merge_labels, plan_append, AgentRow, AppendPlan, Appended, HaltRow, JobProgress, JobRow,
-    JobStore, Labels, ReleaseRow, ReportRow, ScopeRow, Snapshot, Store, StoreError, Stream,
+    merge_labels, plan_append, AgentRow, AppendPlan, Appended, Assigned, HaltRow, JobFilter,
+    JobProgress, JobRow, JobStore, Labels, ReleaseRow, ReportRow, ScopeRow, Snapshot, Store,
+    StoreError, Stream,
 };
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
@@ -97,6 +98,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     "ALTER TABLE jobs ADD COLUMN started_ms BIGINT;",
     // 5: the labels the hub sets on an agent (JSON), over the ones its host reports.
     "ALTER TABLE agents ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';",
+    // 6: jobs routed by labels: their selector, priority and queue deadline. A queued
+    // job has no agent yet (`agent = ''`).
+    "ALTER TABLE jobs ADD COLUMN selector TEXT;
+    ALTER TABLE jobs ADD COLUMN priority BIGINT NOT NULL DEFAULT 50;
+    ALTER TABLE jobs ADD COLUMN queue_deadline_ms BIGINT;",
 ];
 
 /// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
@@ -199,7 +205,8 @@ fn bump_scope(tx: &rusqlite::Transaction<'_>, scope: &str, path: &str) -> Result
 
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
-    stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms";
+    stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
+    queue_deadline_ms";
 
 /// The raw columns of a job row, parsed afterwards (outside rusqlite's row closure, so
 /// that a record that does not parse is an error that names it).
@@ -208,6 +215,7 @@ type RawJob = (
     (Option<i64>, Option<i64>, Option<String>, Option<i64>),
     (i64, i64, Option<String>, i64),
     (i64, i64, i64, i64, Option<i64>),
+    (Option<String>, i64, Option<i64>),
 );
 
 fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
@@ -224,6 +232,7 @@ fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
         (r.get(7)?, r.get(8)?, r.get(9)?, r.get(10)?),
         (r.get(11)?, r.get(12)?, r.get(13)?, r.get(14)?),
         (r.get(15)?, r.get(16)?, r.get(17)?, r.get(18)?, r.get(19)?),
+        (r.get(20)?, r.get(21)?, r.get(22)?),
     ))
 }
 
@@ -233,6 +242,7 @@ fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
         (code, signal, error, finished),
         rest,
         lens,
+        (selector, priority, queue_deadline),
     ) = raw;
     let corrupt = |what: String| {
         let path = path.to_owned();
@@ -266,6 +276,9 @@ fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
         stderr_length: u64_of(lens.1),
         stdout_stored: u64_of(lens.2),
         stderr_stored: u64_of(lens.3),
+        selector,
+        priority: priority.clamp(0, i64::from(u8::MAX)) as u8,
+        queue_deadline_ms: opt_u64(queue_deadline),
         id,
     })
 }

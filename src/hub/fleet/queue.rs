@@ -1,0 +1,638 @@
+//! The fleet's queue: jobs submitted with a selector instead of an agent wait here until
+//! an eligible agent has room (docs/hub.md, "Routing jobs").
+//!
+//! Jobs are kept in one lane per distinct selector, each ordered by priority (higher
+//! first) then submission order. A dispatch round ([`Fleet::dispatch`]) takes a look at
+//! the fleet once, not once per job: which agents may take work now and how much, and,
+//! per lane, which of them match. It then hands out the best head of all lanes, again
+//! and again, each to the least-loaded matching agent (open jobs / its `max_jobs`, then
+//! the one that got a job longest ago), until no lane has an agent with room.
+//!
+//! The store decides every assignment ([`JobStore::assign_job`]): the job must still be
+//! queued and the agent below its `max_jobs`, so two replicas never hand out one job
+//! twice. Once assigned, the job is in the agent's desired state like a job submitted
+//! for it, and at-most-once is the per-agent path's. The assignment is stored before
+//! the agent's poll is woken.
+//!
+//! Task: [`Dispatcher`] runs a round when a job is queued, room may have opened (a job
+//! done, an agent reconciling with room, labels or settings changed) and every second
+//! (agents that connected or went away, queue timeouts).
+
+use std::cmp::{Ordering as Order, Reverse};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::jobs::OpenJob;
+use super::{AgentEntry, Fleet, FleetError};
+use crate::hub::store::{Assigned, JobProgress, JobRow, Store};
+use crate::proto::fleet_job::EXPIRED;
+use crate::proto::job::JobState;
+use crate::proto::labels::Labels;
+use crate::proto::selector::Selector;
+use crate::util;
+
+/// Jobs queued at once, at most: past it, a submission is refused.
+pub(super) const MAX_QUEUED: usize = 100_000;
+/// Assignments per round: the round holds the fleet's change lock, and submissions
+/// and reports must not wait behind a long one. The next round follows at once.
+const ROUND: usize = 256;
+/// How often a round runs without a reason.
+const TICK: Duration = Duration::from_secs(1);
+/// When an agent's report does not say how many jobs its runner admits.
+const UNKNOWN_MAX_JOBS: usize = 1;
+
+/// Priority first (higher), then submission order.
+type Key = (Reverse<u8>, u64);
+
+/// A job in the queue.
+#[derive(Debug)]
+pub(super) struct Queued {
+    row: JobRow,
+}
+
+impl Queued {
+    fn key(&self) -> Key {
+        (Reverse(self.row.priority), self.row.seq)
+    }
+}
+
+struct Lane {
+    selector: Selector,
+    jobs: BTreeMap<Key, Queued>,
+}
+
+/// The queued jobs, by selector.
+#[derive(Default)]
+pub(super) struct Queue {
+    lanes: HashMap<String, Lane>,
+    /// Each job's lane and key.
+    index: HashMap<String, (String, Key)>,
+    deadlines: BTreeSet<(u64, String)>,
+}
+
+impl Queue {
+    pub(super) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Takes in a queued job; false (and left out) when its selector no longer parses.
+    pub(super) fn insert(&mut self, row: JobRow) -> bool {
+        let Some(text) = row.selector.clone() else {
+            return false;
+        };
+        if self.index.contains_key(&row.id) {
+            return true;
+        }
+        let lane = match self.lanes.entry(text.clone()) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => match Selector::parse(&text) {
+                Ok(selector) => v.insert(Lane {
+                    selector,
+                    jobs: BTreeMap::new(),
+                }),
+                Err(_) => return false,
+            },
+        };
+        let q = Queued { row };
+        let key = q.key();
+        if let Some(d) = q.row.queue_deadline_ms {
+            self.deadlines.insert((d, q.row.id.clone()));
+        }
+        self.index.insert(q.row.id.clone(), (text, key));
+        lane.jobs.insert(key, q);
+        true
+    }
+
+    pub(super) fn remove(&mut self, id: &str) -> Option<JobRow> {
+        let (text, key) = self.index.remove(id)?;
+        let lane = self.lanes.get_mut(&text)?;
+        let q = lane.jobs.remove(&key)?;
+        if lane.jobs.is_empty() {
+            self.lanes.remove(&text);
+        }
+        if let Some(d) = q.row.queue_deadline_ms {
+            self.deadlines.remove(&(d, q.row.id.clone()));
+        }
+        Some(q.row)
+    }
+
+    /// Every queued job's id (for a replica that loads the queue again).
+    fn ids(&self) -> Vec<String> {
+        self.index.keys().cloned().collect()
+    }
+
+    /// The jobs whose deadline is at or before `now`.
+    fn due(&self, now: u64) -> Vec<String> {
+        self.deadlines
+            .range(..=(now, String::from('\u{10ffff}')))
+            .map(|(_, id)| id.clone())
+            .collect()
+    }
+
+    fn head(&self, lane: &str) -> Option<(Key, String)> {
+        let (k, q) = self.lanes.get(lane)?.jobs.first_key_value()?;
+        Some((*k, q.row.id.clone()))
+    }
+
+    fn selector(&self, lane: &str) -> Option<Selector> {
+        self.lanes.get(lane).map(|l| l.selector.clone())
+    }
+
+    /// How many jobs of its lane go before `id`.
+    fn ahead(&self, id: &str) -> usize {
+        let Some((text, key)) = self.index.get(id) else {
+            return 0;
+        };
+        self.lanes
+            .get(text)
+            .map_or(0, |l| l.jobs.range(..*key).count())
+    }
+}
+
+/// An agent that may take work now, as one round sees it.
+struct Slot {
+    entry: Arc<AgentEntry>,
+    labels: Labels,
+    open: usize,
+    max: usize,
+    last_assigned_ms: u64,
+}
+
+impl Slot {
+    fn has_room(&self) -> bool {
+        self.open < self.max
+    }
+
+    /// Less loaded first (open / max, compared without division), then the one that
+    /// got a job longest ago, then by id (a stable order).
+    fn before(&self, other: &Slot) -> Order {
+        (self.open * other.max)
+            .cmp(&(other.open * self.max))
+            .then(self.last_assigned_ms.cmp(&other.last_assigned_ms))
+            .then_with(|| self.entry.id.cmp(&other.entry.id))
+    }
+}
+
+/// How an agent stands for the queue.
+enum Standing {
+    Revoked,
+    Away,
+    NotServing,
+    Full,
+    Room(Slot),
+}
+
+/// What matching agents there are for a queued job, counted.
+#[derive(Default)]
+struct Census {
+    matching: usize,
+    connected: usize,
+    serving: usize,
+    room: usize,
+}
+
+impl<S: Store> Fleet<S> {
+    /// Wakes the dispatcher: a job was queued, or room may have opened.
+    pub(super) fn kick(&self) {
+        if util::lock(&self.queue).len() > 0 {
+            self.dispatch_kick.notify_one();
+        }
+    }
+
+    /// Whether `entry` may take a queued job now (it holds fewer jobs than it may).
+    pub(super) fn kick_if_room(&self, entry: &Arc<AgentEntry>) {
+        if util::lock(&self.queue).len() > 0 && matches!(self.standing(entry), Standing::Room(_)) {
+            self.dispatch_kick.notify_one();
+        }
+    }
+
+    fn standing(&self, entry: &Arc<AgentEntry>) -> Standing {
+        if entry.is_revoked() {
+            return Standing::Revoked;
+        }
+        let enabled = self.effective(entry).1.runner_enabled.unwrap_or(true);
+        let st = util::lock(&entry.state);
+        if !self.connected(entry, st.last_seen) {
+            return Standing::Away;
+        }
+        let Some(report) = st.report.as_ref().filter(|r| r.runner.state == "running") else {
+            return Standing::NotServing;
+        };
+        if !enabled {
+            return Standing::NotServing;
+        }
+        let max = report
+            .jobs_summary
+            .map(|j| j.max_jobs as usize)
+            .filter(|m| *m > 0)
+            .unwrap_or(UNKNOWN_MAX_JOBS);
+        let open = st.jobs.len();
+        if open >= max {
+            return Standing::Full;
+        }
+        Standing::Room(Slot {
+            entry: entry.clone(),
+            labels: st.labels(),
+            open,
+            max,
+            last_assigned_ms: st.last_assigned_ms,
+        })
+    }
+
+    /// Queues a selected job the store holds now.
+    pub(super) fn enqueue(&self, row: JobRow) {
+        let id = row.id.clone();
+        if !util::lock(&self.queue).insert(row) {
+            tracing::error!(job = %id, "a queued job's selector does not parse; it stays queued at the hub until cancelled");
+        }
+        self.kick();
+    }
+
+    pub(super) fn queued_len(&self) -> usize {
+        util::lock(&self.queue).len()
+    }
+
+    /// One dispatch round; how many jobs it handed out. Takes the change lock.
+    pub(super) async fn dispatch(&self) -> Result<usize, FleetError> {
+        if self.queued_len() == 0 {
+            return Ok(0);
+        }
+        let _one = self.changes.lock().await;
+        let mut slots: Vec<Slot> = self
+            .all()
+            .iter()
+            .filter_map(|e| match self.standing(e) {
+                Standing::Room(s) => Some(s),
+                _ => None,
+            })
+            .collect();
+        if slots.is_empty() {
+            return Ok(0);
+        }
+        let mut heads = BinaryHeap::new();
+        {
+            let q = util::lock(&self.queue);
+            for lane in q.lanes.keys() {
+                if let Some((key, _)) = q.head(lane) {
+                    heads.push(Reverse((key, lane.clone())));
+                }
+            }
+        }
+        // Per lane, the slots whose labels match, found once per round.
+        let mut matching: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut given = 0;
+        while let Some(Reverse((_, lane))) = heads.pop() {
+            if given == ROUND {
+                self.dispatch_kick.notify_one();
+                break;
+            }
+            let fits = match matching.get(&lane) {
+                Some(f) => f,
+                None => {
+                    let Some(selector) = util::lock(&self.queue).selector(&lane) else {
+                        continue;
+                    };
+                    let f = (0..slots.len())
+                        .filter(|&i| selector.matches(&slots[i].labels))
+                        .collect();
+                    matching.entry(lane.clone()).or_insert(f)
+                }
+            };
+            let Some(best) = fits
+                .iter()
+                .copied()
+                .filter(|&i| slots[i].has_room())
+                .min_by(|&a, &b| slots[a].before(&slots[b]))
+            else {
+                // No room for this lane this round: its jobs wait.
+                continue;
+            };
+            let Some((_, id)) = util::lock(&self.queue).head(&lane) else {
+                continue;
+            };
+            let slot = &mut slots[best];
+            match self.assign(&id, slot).await? {
+                Assigned::To(_) => {
+                    given += 1;
+                    slot.open += 1;
+                    slot.last_assigned_ms = util::unix_now_ms();
+                }
+                Assigned::Full => slot.open = slot.max,
+                Assigned::Gone => {}
+            }
+            if let Some((key, _)) = util::lock(&self.queue).head(&lane) {
+                heads.push(Reverse((key, lane)));
+            }
+        }
+        Ok(given)
+    }
+
+    /// Hands queued job `id` to `slot`'s agent, in the store first. Called with
+    /// `changes` held.
+    async fn assign(&self, id: &str, slot: &Slot) -> Result<Assigned, FleetError> {
+        let entry = &slot.entry;
+        let got = self.store.assign_job(id, &entry.id, slot.max).await?;
+        match got {
+            Assigned::To(generation) => {
+                let Some(mut row) = util::lock(&self.queue).remove(id) else {
+                    return Ok(got);
+                };
+                row.agent = entry.id.clone();
+                row.progress.state = crate::proto::fleet_job::PENDING.into();
+                let job = OpenJob::given(row, self.replicated);
+                {
+                    let mut st = util::lock(&entry.state);
+                    st.jobs.insert(id.to_owned(), job);
+                    st.own.generation = st.own.generation.max(generation);
+                    st.last_assigned_ms = util::unix_now_ms();
+                }
+                util::write(&self.job_index).insert(id.to_owned(), entry.clone());
+                self.newest.fetch_max(generation, Ordering::AcqRel);
+                self.announce(entry);
+                self.job_moved();
+                tracing::info!(job = %id, agent = %entry.id, generation, "queued job assigned");
+            }
+            Assigned::Gone => {
+                // Another replica assigned it (its change reaches this hub as that
+                // agent's), or it ended there.
+                util::lock(&self.queue).remove(id);
+            }
+            Assigned::Full => {}
+        }
+        Ok(got)
+    }
+
+    /// Ends the queued jobs past their queue timeout as `expired`. Takes the change lock.
+    pub(super) async fn expire(&self) -> Result<(), FleetError> {
+        let now = util::unix_now_ms();
+        if util::lock(&self.queue).due(now).is_empty() {
+            return Ok(());
+        }
+        let _one = self.changes.lock().await;
+        let due = util::lock(&self.queue).due(now);
+        for id in due {
+            let Some(row) = util::lock(&self.queue).remove(&id) else {
+                continue;
+            };
+            let timeout = row
+                .queue_deadline_ms
+                .unwrap_or(now)
+                .saturating_sub(row.created_ms);
+            let why = format!(
+                "no agent took it within its queue timeout of {}: {}",
+                humantime::format_duration(Duration::from_secs(timeout / 1000)),
+                self.queue_waiting(&row)
+            );
+            if self
+                .end_queued_row(&row, EXPIRED, why.clone(), false)
+                .await?
+            {
+                tracing::info!(job = %id, reason = %why, "queued job expired");
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a queued job, as stored; false when it was no longer queued there. Called
+    /// with `changes` held, the job out of the queue.
+    async fn end_queued_row(
+        &self,
+        row: &JobRow,
+        state: &str,
+        why: String,
+        cancel: bool,
+    ) -> Result<bool, FleetError> {
+        let p = JobProgress {
+            state: state.into(),
+            cancel_requested: cancel,
+            error: Some(why),
+            finished_ms: Some(util::unix_now_ms()),
+            done: true,
+            ..row.progress.clone()
+        };
+        let ended = self.store.end_queued(&row.id, &p).await?;
+        if ended {
+            self.jobs_done.fetch_add(1, Ordering::Relaxed);
+        }
+        self.job_moved();
+        Ok(ended)
+    }
+
+    /// Cancels a queued job at the hub: no agent was given it. Called with `changes`
+    /// held; false when it is not queued here.
+    pub(super) async fn cancel_queued(&self, id: &str) -> Result<bool, FleetError> {
+        let Some(row) = util::lock(&self.queue).remove(id) else {
+            return Ok(false);
+        };
+        let why = "cancelled at the hub while queued: no agent was given it".to_owned();
+        match self
+            .end_queued_row(&row, JobState::Cancelled.as_str(), why, true)
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(job = %id, "queued job cancelled");
+                Ok(true)
+            }
+            Err(e) => {
+                util::lock(&self.queue).insert(row);
+                Err(e)
+            }
+        }
+    }
+
+    /// Why a queued job waits, as the fleet stands now.
+    pub(super) fn queue_waiting(&self, row: &JobRow) -> String {
+        let Some(text) = row.selector.as_deref() else {
+            return "queued".into();
+        };
+        let Ok(selector) = Selector::parse(text) else {
+            return format!("its selector {text:?} does not parse: cancel it");
+        };
+        let mut c = Census::default();
+        for e in self.all() {
+            if e.is_revoked() || !selector.matches(&util::lock(&e.state).labels()) {
+                continue;
+            }
+            c.matching += 1;
+            match self.standing(&e) {
+                Standing::Revoked | Standing::Away => continue,
+                Standing::NotServing => {}
+                Standing::Full => c.serving += 1,
+                Standing::Room(_) => {
+                    c.serving += 1;
+                    c.room += 1;
+                }
+            }
+            c.connected += 1;
+        }
+        let agents = |n: usize| if n == 1 { "agent" } else { "agents" };
+        let ahead = util::lock(&self.queue).ahead(&row.id);
+        if c.matching == 0 {
+            format!("no agent matches {text}: it waits for one that does (a host enrolled with these labels, or labelled with `railgrid hub agent label`)")
+        } else if c.connected == 0 {
+            format!(
+                "no connected agent matches {text} ({} {} match, none connected)",
+                c.matching,
+                agents(c.matching)
+            )
+        } else if c.serving == 0 {
+            format!(
+                "{} connected {} match {text}, none with its runner serving (disabled, or not running)",
+                c.connected,
+                agents(c.connected)
+            )
+        } else if c.room == 0 {
+            format!("{} {} match, all full", c.serving, agents(c.serving))
+        } else if ahead > 0 {
+            format!(
+                "{ahead} {} ahead of it for {text}",
+                if ahead == 1 { "job" } else { "jobs" }
+            )
+        } else {
+            format!(
+                "{} {} match with room: being assigned",
+                c.room,
+                agents(c.room)
+            )
+        }
+    }
+
+    /// Takes in a job another replica queued or ended while queued (its row now).
+    /// Called with `changes` held.
+    pub(super) async fn follow_queued(&self, id: &str) -> Result<(), FleetError> {
+        match self.store.get_job(id).await? {
+            Some(row) if row.agent.is_empty() && !row.progress.done => self.enqueue(row),
+            _ => {
+                util::lock(&self.queue).remove(id);
+            }
+        }
+        self.job_moved();
+        Ok(())
+    }
+
+    /// The queue as the store holds it now (a replica's reload). Called with `changes`
+    /// held.
+    pub(super) fn adopt_queue(&self, rows: Vec<JobRow>) {
+        let open: std::collections::HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        {
+            let mut q = util::lock(&self.queue);
+            for id in q.ids() {
+                if !open.contains(id.as_str()) {
+                    q.remove(&id);
+                }
+            }
+        }
+        for row in rows {
+            self.enqueue(row);
+        }
+    }
+}
+
+/// Runs dispatch rounds; a handle that stops the task.
+pub(crate) struct Dispatcher(tokio::task::JoinHandle<()>);
+
+impl Dispatcher {
+    pub(crate) fn spawn<S: Store>(fleet: Arc<Fleet<S>>) -> Self {
+        Self(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failing = false;
+            loop {
+                tokio::select! {
+                    // Cancel-safe: a `notify_one` while another arm wins is kept as a
+                    // permit for the next `notified`.
+                    () = fleet.dispatch_kick.notified() => {}
+                    _ = tick.tick() => {}
+                }
+                let r = match fleet.expire().await {
+                    Ok(()) => fleet.dispatch().await.map(drop),
+                    Err(e) => Err(e),
+                };
+                match r {
+                    Ok(()) if failing => {
+                        failing = false;
+                        tracing::info!("the fleet's queue is dispatched again");
+                    }
+                    Ok(()) => {}
+                    Err(e) => {
+                        if !failing {
+                            tracing::error!(error = %util::error_chain(&e), "could not dispatch the fleet's queue (tried again every second)");
+                        }
+                        failing = true;
+                    }
+                }
+            }
+        }))
+    }
+
+    pub(crate) fn stop(self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::fleet_job::QUEUED;
+    use crate::proto::job::JobSpec;
+
+    fn row(id: &str, seq: u64, priority: u8, selector: &str, deadline: Option<u64>) -> JobRow {
+        JobRow {
+            id: id.into(),
+            seq,
+            agent: String::new(),
+            spec: JobSpec::default(),
+            created_ms: 0,
+            progress: JobProgress {
+                state: QUEUED.into(),
+                ..JobProgress::default()
+            },
+            selector: Some(selector.into()),
+            priority,
+            queue_deadline_ms: deadline,
+            stdout_length: 0,
+            stderr_length: 0,
+            stdout_stored: 0,
+            stderr_stored: 0,
+        }
+    }
+
+    #[test]
+    fn a_lane_serves_priority_then_submission_order() {
+        let mut q = Queue::default();
+        assert!(q.insert(row("low", 1, 10, "queue=build", None)));
+        assert!(q.insert(row("first", 2, 50, "queue=build", Some(5))));
+        assert!(q.insert(row("high", 3, 90, "queue=build", None)));
+        assert!(q.insert(row("second", 4, 50, "queue=build", None)));
+        assert!(q.insert(row("gpu", 5, 50, "queue=gpu", Some(9))));
+        assert!(!q.insert(row("bad", 6, 50, "a in (", None)));
+        let mut order = Vec::new();
+        while let Some((_, id)) = q.head("queue=build") {
+            order.push(id.clone());
+            q.remove(&id);
+        }
+        assert_eq!(order, ["high", "first", "second", "low"]);
+        assert_eq!(q.len(), 1);
+        assert_eq!(
+            q.due(8),
+            Vec::<String>::new(),
+            "first's deadline left with it"
+        );
+        assert_eq!(q.due(9), ["gpu"]);
+    }
+
+    #[test]
+    fn jobs_ahead_are_counted_in_their_lane_only() {
+        let mut q = Queue::default();
+        q.insert(row("a", 1, 50, "x", None));
+        q.insert(row("b", 2, 50, "y", None));
+        q.insert(row("c", 3, 50, "x", None));
+        q.insert(row("d", 4, 60, "x", None));
+        assert_eq!(
+            (q.ahead("d"), q.ahead("a"), q.ahead("c"), q.ahead("b")),
+            (0, 1, 2, 0)
+        );
+    }
+}
