@@ -256,7 +256,7 @@ pub struct HubJobSubmitArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(0..=100))]
     pub priority: Option<u8>,
     /// End the job as `expired` if no agent took it within DUR (with --select).
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, requires = "select")]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with = "agent")]
     pub queue_timeout: Option<Duration>,
     #[command(flatten)]
     pub job: JobSpecArgs,

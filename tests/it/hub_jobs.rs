@@ -146,7 +146,7 @@ impl Fleet {
 }
 
 /// A directory every account may write: where jobs leave marks a test counts.
-fn marks_dir(host: &Host) -> PathBuf {
+pub(crate) fn marks_dir(host: &Host) -> PathBuf {
     let d = host.path("marks");
     fs::create_dir_all(&d).expect("marks dir");
     fs::set_permissions(&d, fs::Permissions::from_mode(0o777)).expect("chmod");

@@ -22,6 +22,7 @@ mod prerequisites;
 mod readme;
 mod release;
 mod replicas;
+mod routing;
 mod supervise;
 mod supervisor_api;
 mod support;

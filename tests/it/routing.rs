@@ -1,0 +1,266 @@
+//! Jobs routed by labels: a real hub over TLS with three real agents of different
+//! labels, selected jobs taken from the fleet's queue, priority, expiry and a hub
+//! killed under a queue.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use super::agent::Host;
+use super::hub_jobs::marks_dir;
+use super::hubs::TestHub;
+use super::support::*;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// One enrolled host and its running agent.
+struct Member {
+    id: &'static str,
+    host: Host,
+    _agent: Guard,
+}
+
+fn start_member(hub: &TestHub, id: &'static str, queue: &str) -> Member {
+    let host = Host::new();
+    let token = path_str(&hub.enrol(id));
+    let (url, ca) = (hub.url.clone(), path_str(&hub.ca()));
+    let label = format!("queue={queue}");
+    let mut cmd = host.agent_cmd(&[
+        "--hub",
+        &url,
+        "--agent-id",
+        id,
+        "--token-file",
+        &token,
+        "--ca-file",
+        &ca,
+        "--label",
+        &label,
+    ]);
+    cmd.stderr(std::process::Stdio::null());
+    let agent = Guard::new(cmd.spawn().expect("spawn agent"));
+    Member {
+        id,
+        host,
+        _agent: agent,
+    }
+}
+
+/// Every agent connected, its runner serving and admitting one job at a time.
+fn wait_ready(hub: &TestHub, ids: &[&str]) {
+    wait_for(
+        LIMIT,
+        "every agent connected with a runner of one slot",
+        || {
+            let list = hub.admin_json(&["agent", "list"]);
+            let ready = |a: &Value| {
+                a["connected"] == true
+                    && a["report"]["runner"]["state"] == "running"
+                    && a["report"]["jobs_summary"]["max_jobs"] == 1
+            };
+            let all = list.as_array()?;
+            ids.iter()
+                .all(|id| all.iter().any(|a| a["id"] == *id && ready(a)))
+                .then_some(())
+        },
+    );
+}
+
+fn submit(hub: &TestHub, args: &[&str]) -> Output {
+    let mut all = vec!["job", "submit"];
+    all.extend_from_slice(args);
+    hub.admin(&all)
+}
+
+/// A selected job that marks its run, then waits for its own gate file.
+fn submit_gated(hub: &TestHub, marks: &Path, id: &str, flags: &[&str]) {
+    let script = format!(
+        "echo {id} >> {m}/ran; while [ ! -e {m}/go-{id} ]; do sleep 0.05; done",
+        m = marks.display()
+    );
+    let mut args = vec!["--id", id, "--select", "queue=build"];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["--", "sh", "-c", &script]);
+    let out = submit(hub, &args);
+    assert!(
+        out.status.success(),
+        "submit {id}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn status(hub: &TestHub, id: &str) -> Value {
+    hub.admin_json(&["job", "status", id])
+}
+
+fn wait_job(hub: &TestHub, id: &str, what: &str, accept: impl Fn(&Value) -> bool) -> Value {
+    wait_for(LIMIT, &format!("job {id}: {what}"), || {
+        let v = status(hub, id);
+        accept(&v).then_some(v)
+    })
+}
+
+fn running(v: &Value) -> bool {
+    v["state"] == "running"
+}
+
+/// Opens job `id`'s gate and waits until it is done at the hub.
+fn release(hub: &TestHub, marks: &Path, id: &str) {
+    let gate = marks.join(format!("go-{id}"));
+    fs::write(&gate, "").expect("gate");
+    wait_job(hub, id, "done", |v| v["done"] == true);
+}
+
+/// The open jobs per agent never pass the one slot each agent has.
+fn assert_within_room(hub: &TestHub) {
+    let jobs = hub.admin_json(&["job", "list"]);
+    for agent in ["b1", "b2", "g1"] {
+        let open = jobs
+            .as_array()
+            .expect("list")
+            .iter()
+            .filter(|j| j["agent"] == agent && j["done"] == false)
+            .count();
+        assert!(open <= 1, "agent {agent} holds {open} jobs: {jobs:#}");
+    }
+}
+
+#[test]
+fn selected_jobs_reach_only_matching_agents_with_room_in_priority_order_and_survive_a_hub_kill() {
+    let dir = tempdir();
+    let hub_dir: PathBuf = dir.path().join("hub");
+    let mut hub = TestHub::start(&hub_dir, &[]);
+    hub.admin_ok(&["desired", "set", "--fleet", "--max-jobs", "1"]);
+    let members = [
+        start_member(&hub, "b1", "build"),
+        start_member(&hub, "b2", "build"),
+        start_member(&hub, "g1", "gpu"),
+    ];
+    let ids: Vec<&str> = members.iter().map(|m| m.id).collect();
+    wait_ready(&hub, &ids);
+    let marks = marks_dir(&members[0].host);
+
+    // Two build agents, one slot each: two of three run, on both, the third waits.
+    for id in ["s1", "s2", "s3"] {
+        submit_gated(&hub, &marks, id, &[]);
+    }
+    let s1 = wait_job(&hub, "s1", "running", running);
+    let s2 = wait_job(&hub, "s2", "running", running);
+    let mut on = [s1["agent"].as_str(), s2["agent"].as_str()];
+    on.sort_unstable();
+    assert_eq!(on, [Some("b1"), Some("b2")], "spread over both");
+    let s3 = status(&hub, "s3");
+    assert_eq!(
+        (s3["state"].as_str(), s3["agent"].as_str()),
+        (Some("queued"), Some(""))
+    );
+    assert_eq!(s3["selector"], "queue=build");
+    assert_eq!(s3["waiting"], "2 agents match, all full", "{s3:#}");
+    assert_within_room(&hub);
+
+    // With one slot free, the highest priority goes first, then submission order.
+    submit_gated(&hub, &marks, "lo", &["--priority", "10"]);
+    submit_gated(&hub, &marks, "hi", &["--priority", "90"]);
+    release(&hub, &marks, "s1");
+    let hi = wait_job(&hub, "hi", "running", running);
+    assert_eq!(hi["priority"], 90);
+    assert_eq!(status(&hub, "s3")["state"], "queued", "behind hi");
+    assert_within_room(&hub);
+    release(&hub, &marks, "s2");
+    wait_job(&hub, "s3", "running", running);
+    let lo = status(&hub, "lo");
+    assert_eq!(lo["state"], "queued", "{lo:#}");
+    assert_eq!(lo["waiting"], "2 agents match, all full");
+
+    // A selector nothing matches is taken, says so, and expires.
+    let out = submit(
+        &hub,
+        &[
+            "--id",
+            "x",
+            "--select",
+            "queue=nowhere",
+            "--queue-timeout",
+            "1s",
+            "--",
+            "true",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let x = status(&hub, "x");
+    assert!(
+        x["waiting"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("no agent matches queue=nowhere")),
+        "{x:#}"
+    );
+    let waited = hub.admin(&["job", "wait", "x"]);
+    let err = String::from_utf8_lossy(&waited.stderr);
+    assert_eq!(waited.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("expired: no agent took it within its queue timeout"),
+        "{err}"
+    );
+    assert_eq!(status(&hub, "x")["state"], "expired");
+
+    // The hub killed under a queue: the queue is in the store, and no job runs twice.
+    let listen = hub.listen.clone();
+    hub.guard.signal(Signal::SIGKILL);
+    hub.guard.wait_output(LIMIT);
+    hub = TestHub::start_on(&hub_dir, &listen, &[]);
+    assert_eq!(status(&hub, "lo")["state"], "queued");
+    wait_ready(&hub, &ids);
+    for id in ["hi", "s3"] {
+        release(&hub, &marks, id);
+    }
+    let lo = wait_job(&hub, "lo", "running", running);
+    assert_ne!(lo["agent"], "g1");
+    release(&hub, &marks, "lo");
+    let mut ran: Vec<String> = read_lossy(&marks.join("ran"))
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    ran.sort();
+    assert_eq!(ran, ["hi", "lo", "s1", "s2", "s3"], "each once");
+    let listed = hub.admin_json(&["job", "list", "--select", "queue = build"]);
+    assert_eq!(listed.as_array().map(Vec::len), Some(5), "{listed:#}");
+    assert!(
+        listed
+            .as_array()
+            .expect("list")
+            .iter()
+            .all(|j| j["agent"] != "g1"),
+        "{listed:#}"
+    );
+
+    // Bad input: refused before anything is sent, naming what is wrong.
+    for (args, says) in [
+        (vec!["--select", "zone in (a", "--", "true"], "zone in (a"),
+        (
+            vec!["--select", "a=1", "--priority", "101", "--", "true"],
+            "101",
+        ),
+        (
+            vec!["--agent", "b1", "--select", "a=1", "--", "true"],
+            "cannot be used",
+        ),
+        (
+            vec!["--agent", "b1", "--queue-timeout", "1s", "--", "true"],
+            "cannot be used",
+        ),
+        (vec!["--", "true"], "--agent"),
+    ] {
+        let out = submit(&hub, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
