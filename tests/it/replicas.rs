@@ -545,3 +545,104 @@ fn replicas_without_their_database_refuse_agents_who_keep_their_runner_until_it_
         "the runner was never restarted"
     );
 }
+
+/// An agent labelled `queue=build`, enrolled as `id`, given `first`'s URL then `second`'s.
+fn start_builder(host: &Host, id: &str, first: &TestHub, second: &TestHub) -> Guard {
+    let token = first.enrol(id);
+    let mut cmd = host.agent_cmd(&[
+        "--hub",
+        &first.url,
+        "--hub",
+        &second.url,
+        "--agent-id",
+        id,
+        "--token-file",
+        &path_str(&token),
+        "--ca-file",
+        &path_str(&first.ca()),
+        "--label",
+        "queue=build",
+    ]);
+    cmd.stderr(Stdio::null());
+    Guard::new(cmd.spawn().expect("spawn agent"))
+}
+
+#[test]
+fn two_replicas_dispatch_one_queue_and_no_job_is_assigned_or_run_twice() {
+    const JOBS: usize = 500;
+    let Some(pg) = Postgres::start() else { return };
+    let pair = Pair::start(&pg, "queue");
+    pair.a()
+        .admin_ok(&["desired", "set", "--fleet", "--max-jobs", "4"]);
+    let (h1, h2) = (Host::new(), Host::new());
+    let _q1 = start_builder(&h1, "q1", pair.a(), &pair.b);
+    let _q2 = start_builder(&h2, "q2", &pair.b, pair.a());
+    wait_for(LIMIT, "both agents serving four slots", || {
+        let list = pair.a().admin_json(&["agent", "list"]);
+        let ready = list.as_array()?.iter().filter(|a| {
+            a["connected"] == true
+                && a["report"]["runner"]["state"] == "running"
+                && a["report"]["jobs_summary"]["max_jobs"] == 4
+        });
+        (ready.count() == 2).then_some(())
+    });
+    let marks = super::hub_jobs::marks_dir(&h1);
+    let ran = marks.join("ran");
+    let script = format!("echo $0 >> {}", ran.display());
+    // Submitted at once through both replicas, so that both dispatch from one queue.
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (pair, script) = (&pair, &script);
+            s.spawn(move || {
+                let hub = if t % 2 == 0 { pair.a() } else { &pair.b };
+                for n in (t..JOBS).step_by(8) {
+                    let id = format!("r{n}");
+                    let out = hub.admin(&[
+                        "job",
+                        "submit",
+                        "--id",
+                        &id,
+                        "--select",
+                        "queue=build",
+                        "--",
+                        "sh",
+                        "-c",
+                        script,
+                        &id,
+                    ]);
+                    assert!(
+                        out.status.success(),
+                        "{id}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            });
+        }
+    });
+    let jobs = wait_for(Duration::from_secs(180), "every job done", || {
+        let jobs = pair.b.admin_json(&["job", "list", "--limit", "1000"]);
+        let all = jobs.as_array()?.clone();
+        (all.len() == JOBS && all.iter().all(|j| j["done"] == true)).then_some(all)
+    });
+    let mut per_agent = std::collections::BTreeMap::new();
+    for j in &jobs {
+        assert_eq!(j["state"], "succeeded", "{j:#}");
+        *per_agent
+            .entry(j["agent"].as_str().expect("agent").to_owned())
+            .or_insert(0) += 1;
+    }
+    assert_eq!(
+        per_agent.keys().collect::<Vec<_>>(),
+        ["q1", "q2"],
+        "{per_agent:?}"
+    );
+    let mut lines: Vec<String> = read_lossy(&ran).lines().map(str::to_owned).collect();
+    lines.sort();
+    let runs = lines.len();
+    lines.dedup();
+    assert_eq!((runs, lines.len()), (JOBS, JOBS), "every job ran, once");
+    // Both replicas handed jobs out.
+    for hub in [pair.a(), &pair.b] {
+        assert!(hub.log().contains("queued job assigned"), "{}", hub.log());
+    }
+}
