@@ -64,6 +64,10 @@ const HELD: Duration = Duration::from_millis(500);
 const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
 /// How long a report waits for the runner's job counts.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+/// After a report that found the runner running but could not count its jobs (its
+/// socket not answering yet), the next goes out this soon, then twice as late each time
+/// up to a held poll: the hub routes queued jobs by the runner's admission limit.
+const SUMMARY_RETRY: Duration = Duration::from_secs(1);
 
 /// The runner's state as a report names it: a runner the desired state disables is
 /// `disabled`, not `stopped`.
@@ -153,6 +157,7 @@ impl HubHandle {
             hub_failure: None,
             apply_failure: None,
             ever_connected: false,
+            summary_retry: SUMMARY_RETRY,
             tried: 0,
             reset: false,
             backoff: Backoff::default(),
@@ -208,6 +213,8 @@ struct HubTask {
     /// The failure to apply the hub's desired state being reported.
     apply_failure: Option<String>,
     ever_connected: bool,
+    /// When to report again after one without the runner's job counts.
+    summary_retry: Duration,
     /// Replicas that failed since the last answer.
     tried: usize,
     /// The hub refused the generation reported: generation 0 is reported until its
@@ -254,6 +261,7 @@ impl HubTask {
             }
             let started = Instant::now();
             let report = self.report().await;
+            let recount = self.recount_after(&report);
             // The first answer at once: a new agent (an upgraded one, waiting to commit)
             // learns that its hub answers without waiting out a held poll.
             let wait = if self.ever_connected {
@@ -270,6 +278,8 @@ impl HubTask {
                 // Cancel-safe: a watch receiver keeps its seen-version between polls. The
                 // runner changed under a held poll: report it now, not in 30 s.
                 () = runner_moved(&mut self.observed, &report) => Next::Again,
+                // Cancel-safe: a sleep.
+                () = recount_in(recount) => Next::Again,
                 // Cancel-safe, as above. A job changed: the hub hears of it now.
                 r = self.jobs_moved.changed() => match r {
                     Ok(()) => Next::Again,
@@ -368,6 +378,17 @@ impl HubTask {
             }
         }
         labels
+    }
+
+    /// How soon to report again for want of the runner's job counts (`None`: no need).
+    fn recount_after(&mut self, report: &AgentReport) -> Option<Duration> {
+        if report.runner.state != "running" || report.jobs_summary.is_some() {
+            self.summary_retry = SUMMARY_RETRY;
+            return None;
+        }
+        let after = self.summary_retry;
+        self.summary_retry = (after * 2).min(WAIT);
+        Some(after)
     }
 
     /// The report for the next reconcile, from what the reconciler observes now.
@@ -608,6 +629,13 @@ impl HubTask {
 /// Resolves once what the reconciler observes differs from what `sent` reported: the
 /// runner's state or pid, or the generation applied. Pending for ever once the
 /// reconciler is gone.
+async fn recount_in(after: Option<Duration>) {
+    match after {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn runner_moved(observed: &mut watch::Receiver<Observed>, sent: &AgentReport) {
     loop {
         if observed.changed().await.is_err() {
