@@ -213,6 +213,9 @@ pub enum HubJobCommand {
         /// Only jobs submitted with this selector (in any spelling of it).
         #[arg(long, value_name = "SEL", value_parser = parse_selector)]
         select: Option<Selector>,
+        /// Only the members of this fan-out (`submit --each`).
+        #[arg(long, value_name = "GROUP")]
+        group: Option<String>,
         /// At most this many (1–1000).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1000))]
         limit: u64,
@@ -235,11 +238,25 @@ pub enum HubJobCommand {
         follow: bool,
     },
     /// Wait until a job is done (ended, all its output at the hub); the exit code is the
-    /// job's.
-    Wait { id: String },
+    /// job's. With --group: every member's output, each line prefixed by its agent, a
+    /// table at the end, and exit 0 only if every member succeeded (else the first
+    /// failing member's code).
+    Wait {
+        #[arg(required_unless_present = "group")]
+        id: Option<String>,
+        /// Every member of this fan-out.
+        #[arg(long, value_name = "GROUP", conflicts_with = "id")]
+        group: Option<String>,
+    },
     /// Cancel a job: at once if its agent never got it, else through the agent (SIGTERM
     /// to its process group, grace, SIGKILL).
-    Cancel { id: String },
+    Cancel {
+        #[arg(required_unless_present = "group")]
+        id: Option<String>,
+        /// Every member of this fan-out not done yet.
+        #[arg(long, value_name = "GROUP", conflicts_with = "id")]
+        group: Option<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -258,6 +275,13 @@ pub struct HubJobSubmitArgs {
     /// End the job as `expired` if no agent took it within DUR (with --select).
     #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with = "agent")]
     pub queue_timeout: Option<Duration>,
+    /// Fan-out: one job per agent matching --select, as one group (--id names the
+    /// group; members are GROUP.AGENT). Agents away get theirs when they return.
+    #[arg(long, conflicts_with_all = ["agent", "queue_timeout"])]
+    pub each: bool,
+    /// With --each: only the agents connected now.
+    #[arg(long)]
+    pub connected_only: bool,
     #[command(flatten)]
     pub job: JobSpecArgs,
     /// Stream the job's output as it reaches the hub and exit with the job's exit code

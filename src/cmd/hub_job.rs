@@ -8,6 +8,8 @@ use super::admin::{ago, classify, clean};
 use super::interrupts::{follow_or_cancel, Interrupts, DETACHED};
 use super::job::shell_exit_code;
 use super::print_stdout;
+
+mod group;
 use crate::cli::{HubJobCommand, HubJobSubmitArgs};
 use crate::hub::admin::{AdminClient, AdminError, Target};
 use crate::proto::fleet_job::{HubJobSubmit, HubJobView};
@@ -32,10 +34,16 @@ async fn command(c: &AdminClient, cmd: HubJobCommand, json: bool) -> anyhow::Res
         HubJobCommand::List {
             agent,
             select,
+            group,
             limit,
         } => {
             let select = select.map(|s| s.to_string());
-            let jobs = c.jobs(agent.as_deref(), select.as_deref(), limit).await?;
+            let filter = [
+                ("agent", agent.as_deref()),
+                ("selector", select.as_deref()),
+                ("group", group.as_deref()),
+            ];
+            let jobs = c.jobs(&filter, limit).await?;
             if json {
                 return print_stdout(&serde_json::to_string_pretty(&jobs)?);
             }
@@ -91,11 +99,20 @@ async fn command(c: &AdminClient, cmd: HubJobCommand, json: bool) -> anyhow::Res
             b?;
             Ok(ExitCode::SUCCESS)
         }
-        HubJobCommand::Wait { id } => {
-            let v = c.wait_job(&id).await?;
-            Ok(ended(&v))
-        }
-        HubJobCommand::Cancel { id } => {
+        HubJobCommand::Wait { id, group } => match (id, group) {
+            (_, Some(group)) => group::wait(c, &group).await,
+            (Some(id), None) => {
+                let v = c.wait_job(&id).await?;
+                Ok(ended(&v))
+            }
+            (None, None) => unreachable!("clap requires an id or --group"),
+        },
+        HubJobCommand::Cancel {
+            id: None,
+            group: Some(group),
+        } => group::cancel(c, &group, json).await,
+        HubJobCommand::Cancel { id, .. } => {
+            let id = id.unwrap_or_default();
             let v = c.cancel_job(&id).await?;
             if json {
                 return print_stdout(&serde_json::to_string_pretty(&v)?);
@@ -118,6 +135,14 @@ async fn command(c: &AdminClient, cmd: HubJobCommand, json: bool) -> anyhow::Res
 }
 
 async fn submit(c: &AdminClient, a: HubJobSubmitArgs, json: bool) -> anyhow::Result<ExitCode> {
+    if a.connected_only && !a.each {
+        return Err(super::usage(anyhow::anyhow!(
+            "--connected-only goes with --each (a fan-out)"
+        )));
+    }
+    if a.each {
+        return group::submit(c, a, json).await;
+    }
     let spec = super::job::spec_of(a.job);
     // Before the submission: a Ctrl-C from then on cancels the job.
     let signals = if a.wait {
@@ -171,6 +196,17 @@ async fn submit(c: &AdminClient, a: HubJobSubmitArgs, json: bool) -> anyhow::Res
     Ok(ended(&v))
 }
 
+/// The job's line in a table, and the exit code a shell shows for it ("-" before it
+/// ends), as `wait` exits with.
+fn shell_exit(j: &HubJobView) -> String {
+    match j.job_state() {
+        Some(s) if s.is_terminal() && (j.exit_code.is_some() || j.signal.is_some()) => {
+            shell_exit_code(s, j.exit_code, j.signal).to_string()
+        }
+        _ => "-".into(),
+    }
+}
+
 /// True for failures a follower rides out: the hub unreachable, restarting, or busy.
 fn transient(e: &AdminError) -> bool {
     match e {
@@ -184,7 +220,7 @@ fn transient(e: &AdminError) -> bool {
 
 /// Copies a stream to `out` as it reaches the hub, until the job is done and all of it
 /// is out; a hub that goes away meanwhile is asked again, from the offset reached.
-async fn follow_stream(
+pub(super) async fn follow_stream(
     c: &AdminClient,
     id: &str,
     stream: &str,
@@ -258,7 +294,7 @@ async fn write_slice(
 
 /// Says on stderr how a done job ended when its own exit does not say it, and what of
 /// its output was cut; the exit code a shell would show for it.
-fn ended(v: &HubJobView) -> ExitCode {
+pub(super) fn ended(v: &HubJobView) -> ExitCode {
     let state = v.job_state();
     // "cancelled: cancelled" says nothing twice.
     let why = v
@@ -304,13 +340,7 @@ fn job_table(jobs: &[HubJobView]) -> String {
         "ID", "AGENT", "STATE", "EXIT", "OUT/ERR BYTES", "SUBMITTED"
     );
     for j in jobs {
-        // The code a shell shows (128 + signal, 124 on timeout), as `wait` exits with.
-        let exit = match j.job_state() {
-            Some(s) if s.is_terminal() && (j.exit_code.is_some() || j.signal.is_some()) => {
-                shell_exit_code(s, j.exit_code, j.signal).to_string()
-            }
-            _ => "-".into(),
-        };
+        let exit = shell_exit(j);
         let state = if j.cancel_requested {
             format!("{}*", j.state)
         } else {

@@ -12,7 +12,7 @@ use thiserror::Error;
 
 use super::{HubFile, ADMIN_TOKEN_FILE, HUB_FILE};
 use crate::hub_client::{self, HubClientError};
-use crate::proto::fleet_job::{HubJobSubmit, HubJobView};
+use crate::proto::fleet_job::{HubGroupSubmit, HubGroupView, HubJobSubmit, HubJobView};
 use crate::proto::hub::{
     AgentView, DesiredChange, DesiredView, EnrolRequest, Enrolled, ErrorBody, LabelChange,
 };
@@ -372,18 +372,24 @@ impl AdminClient {
         self.call(Method::POST, "/v1/admin/jobs", Some(req)).await
     }
 
+    pub(crate) async fn submit_group(
+        &self,
+        req: &HubGroupSubmit,
+    ) -> Result<HubGroupView, AdminError> {
+        self.call(Method::POST, "/v1/admin/groups", Some(req)).await
+    }
+
+    /// Jobs newest first, of one agent, selector or group (each `(name, value)` given).
     pub(crate) async fn jobs(
         &self,
-        agent: Option<&str>,
-        selector: Option<&str>,
+        filter: &[(&str, Option<&str>)],
         limit: u64,
     ) -> Result<Vec<HubJobView>, AdminError> {
         let mut path = format!("/v1/admin/jobs?limit={limit}");
-        if let Some(a) = agent {
-            path.push_str(&format!("&agent={}", crate::util::percent_encode(a)));
-        }
-        if let Some(s) = selector {
-            path.push_str(&format!("&selector={}", crate::util::percent_encode(s)));
+        for (name, value) in filter {
+            if let Some(v) = value {
+                path.push_str(&format!("&{name}={}", crate::util::percent_encode(v)));
+            }
         }
         self.call(Method::GET, &path, None::<&()>).await
     }

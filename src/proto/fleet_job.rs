@@ -72,6 +72,27 @@ pub struct HubJobSubmit {
     pub spec: JobSpec,
 }
 
+/// `POST /v1/admin/groups` body: a fan-out, one job per agent matching `selector` now
+/// (each pinned to its agent, as if submitted with `agent`), as one group. Agents that
+/// are not connected get their member when they return, unless `connected_only`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct HubGroupSubmit {
+    pub selector: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
+    #[serde(default)]
+    pub connected_only: bool,
+    /// `spec.id`, when given, is the group's id; each member is `GROUP.AGENT`.
+    pub spec: JobSpec,
+}
+
+/// A fan-out's members.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HubGroupView {
+    pub group: String,
+    pub jobs: Vec<HubJobView>,
+}
+
 /// The state of a job at the hub: `queued` while a selected job waits for an agent,
 /// `pending` once it has one (or named one) until the agent reports it, then the
 /// runner's state; `expired` for a selected job no agent took in time.
@@ -98,6 +119,9 @@ pub struct HubJobView {
     /// Which run of the job this is (1: the first).
     #[serde(default = "first_attempt")]
     pub attempt: u32,
+    /// The fan-out it is a member of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     /// Unix milliseconds after which a queued job ends `expired`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_deadline_ms: Option<u64>,

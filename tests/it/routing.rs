@@ -241,6 +241,48 @@ fn selected_jobs_reach_only_matching_agents_with_room_in_priority_order_and_surv
         "{listed:#}"
     );
 
+    // Fan-out: one member per build agent, as a group; the failing member's code wins.
+    let b2 = path_str(&members[1].host.state());
+    let script = format!("echo hello; case \"$PWD\" in {b2}*) echo bad >&2; exit 3;; esac");
+    let fan = submit(
+        &hub,
+        &[
+            "--id",
+            "fan",
+            "--select",
+            "queue=build",
+            "--each",
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    );
+    let (out, err) = (
+        String::from_utf8_lossy(&fan.stdout),
+        String::from_utf8_lossy(&fan.stderr),
+    );
+    assert_eq!(fan.status.code(), Some(3), "{out}{err}");
+    assert!(
+        out.contains("[b1] hello\n") && out.contains("[b2] hello\n"),
+        "{out}"
+    );
+    assert!(err.contains("[b2] bad\n"), "{err}");
+    assert!(err.contains("1 of 2 members succeeded"), "{err}");
+    let group = hub.admin_json(&["job", "list", "--group", "fan"]);
+    let mut agents: Vec<&str> = group
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|j| j["agent"].as_str().expect("agent"))
+        .collect();
+    agents.sort_unstable();
+    assert_eq!(agents, ["b1", "b2"], "{group:#}");
+    assert_eq!(group[0]["group"], "fan");
+    let again = hub.admin(&["job", "wait", "--group", "fan"]);
+    assert_eq!(again.status.code(), Some(3));
+
     // Bad input: refused before anything is sent, naming what is wrong.
     for (args, says) in [
         (vec!["--select", "zone in (a", "--", "true"], "zone in (a"),
@@ -257,6 +299,15 @@ fn selected_jobs_reach_only_matching_agents_with_room_in_priority_order_and_surv
             "cannot be used",
         ),
         (vec!["--", "true"], "--agent"),
+        (
+            vec!["--each", "--agent", "b1", "--", "true"],
+            "cannot be used",
+        ),
+        (vec!["--each", "--", "true"], "--select"),
+        (
+            vec!["--select", "a=1", "--connected-only", "--", "true"],
+            "--each",
+        ),
     ] {
         let out = submit(&hub, &args);
         let err = String::from_utf8_lossy(&out.stderr);

@@ -261,6 +261,7 @@ fn view(row: JobRow, limits: &JobLimits) -> HubJobView {
         priority: row.priority,
         attempt: 1,
         queue_deadline_ms: row.queue_deadline_ms,
+        group: row.group,
         spec: row.spec,
         state: p.state,
         cancel_requested: p.cancel_requested && !p.done,
@@ -311,6 +312,15 @@ impl<S: Store> Fleet<S> {
     /// Takes a job for `req.agent`, where it waits until the agent takes it, or for any
     /// agent matching `req.selector`, in the fleet's queue until one has room.
     pub(crate) async fn submit_job(&self, req: HubJobSubmit) -> Result<HubJobView, FleetError> {
+        self.submit(req, None).await
+    }
+
+    /// [`Self::submit_job`], the job a member of fan-out `group`.
+    pub(super) async fn submit(
+        &self,
+        req: HubJobSubmit,
+        group: Option<&str>,
+    ) -> Result<HubJobView, FleetError> {
         let HubJobSubmit {
             agent,
             selector,
@@ -410,6 +420,7 @@ impl<S: Store> Fleet<S> {
             selector,
             priority,
             queue_deadline_ms,
+            group: group.map(str::to_owned),
             stdout_length: 0,
             stderr_length: 0,
             stdout_stored: 0,

@@ -21,6 +21,7 @@
 //! lost to a crash costs a `last_seen` a second old, never a decision).
 
 mod error;
+mod groups;
 mod jobs;
 mod labels;
 mod queue;

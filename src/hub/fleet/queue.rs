@@ -592,6 +592,7 @@ mod tests {
             selector: Some(selector.into()),
             priority,
             queue_deadline_ms: deadline,
+            group: None,
             stdout_length: 0,
             stderr_length: 0,
             stdout_stored: 0,

@@ -18,7 +18,7 @@ use super::extract::{bearer, parse, query, read_body, ApiPath};
 use super::state::Hub;
 use crate::hub::fleet::Upload;
 use crate::hub::store::{Appended, JobFilter, Store, Stream};
-use crate::proto::fleet_job::{HubJobSubmit, OutputAck};
+use crate::proto::fleet_job::{HubGroupSubmit, HubJobSubmit, OutputAck};
 use crate::proto::selector::Selector;
 use crate::util::clip;
 
@@ -60,11 +60,23 @@ pub(super) async fn submit<S: Store>(
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
 
+/// A fan-out: one job per matching agent, as a group.
+pub(super) async fn submit_group<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    body: Body,
+) -> ApiResult<Response> {
+    let req: HubGroupSubmit = parse(body).await?;
+    let view = hub.fleet.submit_group(req).await?;
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
 #[derive(Deserialize)]
 pub(super) struct ListQuery {
     agent: Option<String>,
     /// Jobs routed by this selector (any spelling of it).
     selector: Option<String>,
+    /// The members of one fan-out.
+    group: Option<String>,
     /// A `seq`-ordered page: jobs submitted before the job at this position.
     before: Option<u64>,
     limit: Option<usize>,
@@ -94,6 +106,7 @@ pub(super) async fn list<S: Store>(
     let filter = JobFilter {
         agent: q.agent.as_deref(),
         selector: selector.as_deref(),
+        group: q.group.as_deref(),
     };
     let jobs = hub.fleet.jobs(filter, q.before, limit).await?;
     Ok(Json(jobs).into_response())

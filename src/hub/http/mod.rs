@@ -46,6 +46,7 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
             get(agents::agent_desired::<S>).put(agents::set_agent::<S>),
         )
         .route("/jobs", post(jobs::submit::<S>).get(jobs::list::<S>))
+        .route("/groups", post(jobs::submit_group::<S>))
         .route("/jobs/{id}", get(jobs::status::<S>))
         .route("/jobs/{id}/wait", get(jobs::wait::<S>))
         .route("/jobs/{id}/cancel", post(jobs::cancel::<S>))

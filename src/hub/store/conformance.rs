@@ -133,7 +133,7 @@ async fn every_case<B: Backend>(mut fresh: impl FnMut() -> B) {
     jobs_are_listed_newest_first_and_only_done_ones_are_pruned(&fresh()).await;
     releases_halts_and_renumbering_move_the_fleets_generation(&fresh()).await;
     the_hubs_labels_merge_and_go_with_a_revoked_agent(&fresh()).await;
-    a_queued_job_is_assigned_once_within_the_agents_room(&fresh()).await;
+    a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_listed(&fresh()).await;
 }
 
 fn settings(max_jobs: usize) -> DesiredSettings {
@@ -237,6 +237,7 @@ fn job(id: &str) -> JobRow {
         selector: None,
         priority: 50,
         queue_deadline_ms: None,
+        group: None,
         stdout_length: 0,
         stderr_length: 0,
         stdout_stored: 0,
@@ -346,7 +347,9 @@ async fn jobs_are_listed_newest_first_and_only_done_ones_are_pruned(b: &impl Bac
     assert_eq!(ids(all.expect("list")), ["k", "j3"]);
 }
 
-async fn a_queued_job_is_assigned_once_within_the_agents_room(b: &impl Backend) {
+async fn a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_listed(
+    b: &impl Backend,
+) {
     let store = b.open().await;
     store.enrol("a", "h", 1).await.expect("enrol");
     store.enrol("b", "h", 1).await.expect("enrol");
@@ -425,6 +428,22 @@ async fn a_queued_job_is_assigned_once_within_the_agents_room(b: &impl Backend) 
     let routed = store.list_jobs(of("queue=build"), None, 10).await;
     let routed: Vec<_> = routed.expect("list").into_iter().map(|r| r.id).collect();
     assert_eq!(routed, ["q3", "q2", "q1"]);
+    let member = JobRow {
+        group: Some("g".into()),
+        ..job("g.a")
+    };
+    store.insert_job(&member).await.expect("insert");
+    let of_group = JobFilter {
+        group: Some("g"),
+        ..JobFilter::default()
+    };
+    let members = store.list_jobs(of_group, None, 10).await.expect("list");
+    assert_eq!(members.len(), 1);
+    assert_eq!(members[0].group.as_deref(), Some("g"));
+    store
+        .update_jobs("a", vec![("g.a".into(), expired.clone())], false)
+        .await
+        .expect("end");
     let open = store.load().await.expect("load").open_jobs;
     let open: Vec<_> = open
         .iter()

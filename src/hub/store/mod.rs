@@ -196,6 +196,8 @@ pub(crate) struct JobRow {
     pub(crate) priority: u8,
     /// When a queued job nobody took ends `expired` (Unix ms).
     pub(crate) queue_deadline_ms: Option<u64>,
+    /// The fan-out it is a member of.
+    pub(crate) group: Option<String>,
     /// How much of each stream the hub has acknowledged, and how much of it it keeps
     /// (less, past its cap).
     pub(crate) stdout_length: u64,
@@ -505,6 +507,8 @@ pub(crate) struct JobFilter<'a> {
     pub(crate) agent: Option<&'a str>,
     /// Jobs routed by this selector (canonical text).
     pub(crate) selector: Option<&'a str>,
+    /// The members of one fan-out.
+    pub(crate) group: Option<&'a str>,
 }
 
 /// The jobs through the hub and their output, as the hub's database keeps them; the same

@@ -25,8 +25,8 @@ impl JobStore for PgStore {
         let n = tx
             .execute(
                 "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,
-                     queue_deadline_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
+                     queue_deadline_ms, job_group)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (id) DO NOTHING",
                 &[
                     &job.id,
                     &seq,
@@ -37,6 +37,7 @@ impl JobStore for PgStore {
                     &job.selector,
                     &i64::from(job.priority),
                     &job.queue_deadline_ms.map(|m| m as i64),
+                    &job.group,
                 ],
             )
             .await
@@ -310,10 +311,16 @@ impl JobStore for PgStore {
             &format!(
                 "SELECT {JOB_COLUMNS} FROM jobs
                  WHERE ($1::TEXT IS NULL OR agent = $1) AND ($2::TEXT IS NULL OR selector = $2)
-                     AND seq < $3
-                 ORDER BY seq DESC LIMIT $4"
+                     AND ($3::TEXT IS NULL OR job_group = $3) AND seq < $4
+                 ORDER BY seq DESC LIMIT $5"
             ),
-            &[&filter.agent, &filter.selector, &before, &limit],
+            &[
+                &filter.agent,
+                &filter.selector,
+                &filter.group,
+                &before,
+                &limit,
+            ],
         )
         .await
     }

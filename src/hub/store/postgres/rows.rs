@@ -73,6 +73,7 @@ pub(super) fn job_row(url: &str, r: &Row) -> Result<JobRow, StoreError> {
         selector: r.get(20),
         priority: r.get::<_, i64>(21).clamp(0, i64::from(u8::MAX)) as u8,
         queue_deadline_ms: opt_u64(r.get(22)),
+        group: r.get(23),
         id,
     })
 }

@@ -27,8 +27,8 @@ impl JobStore for SqliteStore {
                 .map_err(&e)?;
             tx.execute(
                 "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,
-                     queue_deadline_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                     queue_deadline_ms, job_group)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                 params![
                     job.id,
                     seq,
@@ -39,6 +39,7 @@ impl JobStore for SqliteStore {
                     job.selector,
                     i64::from(job.priority),
                     job.queue_deadline_ms.map(|m| m as i64),
+                    job.group,
                 ],
             )
             .map_err(&e)?;
@@ -295,6 +296,7 @@ impl JobStore for SqliteStore {
     ) -> Result<Vec<JobRow>, StoreError> {
         let agent = filter.agent.map(str::to_owned);
         let selector = filter.selector.map(str::to_owned);
+        let group = filter.group.map(str::to_owned);
         self.with(move |conn, path| {
             let before = before.map_or(i64::MAX, |b| b.min(i64::MAX as u64) as i64);
             select_jobs(
@@ -303,10 +305,10 @@ impl JobStore for SqliteStore {
                 &format!(
                     "SELECT {JOB_COLUMNS} FROM jobs
                      WHERE (?1 IS NULL OR agent = ?1) AND (?2 IS NULL OR selector = ?2)
-                         AND seq < ?3
-                     ORDER BY seq DESC LIMIT ?4"
+                         AND (?3 IS NULL OR job_group = ?3) AND seq < ?4
+                     ORDER BY seq DESC LIMIT ?5"
                 ),
-                params![agent, selector, before, limit as i64],
+                params![agent, selector, group, before, limit as i64],
             )
         })
         .await

@@ -103,6 +103,9 @@ pub(super) const MIGRATIONS: &[&str] = &[
     "ALTER TABLE jobs ADD COLUMN selector TEXT;
     ALTER TABLE jobs ADD COLUMN priority BIGINT NOT NULL DEFAULT 50;
     ALTER TABLE jobs ADD COLUMN queue_deadline_ms BIGINT;",
+    // 7: fan-out: the group a job is a member of (one job per matching agent).
+    "ALTER TABLE jobs ADD COLUMN job_group TEXT;
+    CREATE INDEX jobs_by_group ON jobs (job_group, seq);",
 ];
 
 /// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
@@ -206,7 +209,7 @@ fn bump_scope(tx: &rusqlite::Transaction<'_>, scope: &str, path: &str) -> Result
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
     stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
-    queue_deadline_ms";
+    queue_deadline_ms, job_group";
 
 /// The raw columns of a job row, parsed afterwards (outside rusqlite's row closure, so
 /// that a record that does not parse is an error that names it).
@@ -215,7 +218,7 @@ type RawJob = (
     (Option<i64>, Option<i64>, Option<String>, Option<i64>),
     (i64, i64, Option<String>, i64),
     (i64, i64, i64, i64, Option<i64>),
-    (Option<String>, i64, Option<i64>),
+    (Option<String>, i64, Option<i64>, Option<String>),
 );
 
 fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
@@ -232,7 +235,7 @@ fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
         (r.get(7)?, r.get(8)?, r.get(9)?, r.get(10)?),
         (r.get(11)?, r.get(12)?, r.get(13)?, r.get(14)?),
         (r.get(15)?, r.get(16)?, r.get(17)?, r.get(18)?, r.get(19)?),
-        (r.get(20)?, r.get(21)?, r.get(22)?),
+        (r.get(20)?, r.get(21)?, r.get(22)?, r.get(23)?),
     ))
 }
 
@@ -242,7 +245,7 @@ fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
         (code, signal, error, finished),
         rest,
         lens,
-        (selector, priority, queue_deadline),
+        (selector, priority, queue_deadline, group),
     ) = raw;
     let corrupt = |what: String| {
         let path = path.to_owned();
@@ -279,6 +282,7 @@ fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
         selector,
         priority: priority.clamp(0, i64::from(u8::MAX)) as u8,
         queue_deadline_ms: opt_u64(queue_deadline),
+        group,
         id,
     })
 }
