@@ -275,9 +275,14 @@ pub struct HubJobSubmitArgs {
     /// End the job as `expired` if no agent took it within DUR (with --select).
     #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with = "agent")]
     pub queue_timeout: Option<Duration>,
+    /// Run the job again (as ID.2, ID.3 …, on another matching agent when there is one)
+    /// if it ends `lost`, up to N times (0–10, with --select). A job that may have run to
+    /// an end of its own is never retried.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(0..=10), conflicts_with = "agent")]
+    pub retry: Option<u8>,
     /// Fan-out: one job per agent matching --select, as one group (--id names the
     /// group; members are GROUP.AGENT). Agents away get theirs when they return.
-    #[arg(long, conflicts_with_all = ["agent", "queue_timeout"])]
+    #[arg(long, conflicts_with_all = ["agent", "queue_timeout", "retry"])]
     pub each: bool,
     /// With --each: only the agents connected now.
     #[arg(long)]

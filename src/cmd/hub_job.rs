@@ -159,6 +159,7 @@ async fn submit(c: &AdminClient, a: HubJobSubmitArgs, json: bool) -> anyhow::Res
             queue_timeout_secs: a
                 .queue_timeout
                 .map(|d| d.as_secs_f64().ceil().max(1.0) as u64),
+            retries: a.retry,
             spec,
         })
         .await?;
@@ -380,8 +381,11 @@ fn job_detail(j: &HubJobView) -> String {
         line("selector", clean(s));
     }
     line("priority", j.priority.to_string());
-    if j.attempt > 1 {
-        line("attempt", j.attempt.to_string());
+    if j.attempt > 1 || j.retries > 0 {
+        line(
+            "attempt",
+            format!("{} ({} retries left if it is lost)", j.attempt, j.retries),
+        );
     }
     if let (Some(d), false) = (j.queue_deadline_ms, j.done) {
         if j.agent.is_empty() {

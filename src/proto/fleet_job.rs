@@ -69,6 +69,10 @@ pub struct HubJobSubmit {
     /// A selected job no agent took within this ends `expired`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_timeout_secs: Option<u64>,
+    /// A selected job that ends `lost` is queued again as `ID.2`, `ID.3` … up to this
+    /// many times (at most [`MAX_RETRIES`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u8>,
     pub spec: JobSpec,
 }
 
@@ -103,6 +107,7 @@ pub const QUEUED: &str = "queued";
 /// A selected job no agent took within its queue timeout: final.
 pub const EXPIRED: &str = "expired";
 pub const DEFAULT_PRIORITY: u8 = 50;
+pub const MAX_RETRIES: u8 = 10;
 pub const MAX_PRIORITY: u8 = 100;
 
 /// One job as the hub shows it.
@@ -116,9 +121,13 @@ pub struct HubJobView {
     pub selector: Option<String>,
     #[serde(default = "default_priority")]
     pub priority: u8,
-    /// Which run of the job this is (1: the first).
+    /// Which run of the job this is (1: the first; `n` for `ID.n`, the retry of a lost
+    /// attempt).
     #[serde(default = "first_attempt")]
     pub attempt: u32,
+    /// Retries left, should this attempt end `lost`.
+    #[serde(default)]
+    pub retries: u8,
     /// The fan-out it is a member of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,

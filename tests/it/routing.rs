@@ -283,6 +283,29 @@ fn selected_jobs_reach_only_matching_agents_with_room_in_priority_order_and_surv
     let again = hub.admin(&["job", "wait", "--group", "fan"]);
     assert_eq!(again.status.code(), Some(3));
 
+    // A retry: lost with its revoked agent, the job runs again as rt.2 on the other.
+    submit_gated(&hub, &marks, "rt", &["--retry", "1"]);
+    let rt = wait_job(&hub, "rt", "running", running);
+    let lost_on = rt["agent"].as_str().expect("agent").to_owned();
+    assert_eq!(rt["retries"], 1);
+    hub.admin_ok(&["agent", "revoke", &lost_on]);
+    let rt = wait_job(&hub, "rt", "lost", |v| v["state"] == "lost");
+    assert!(
+        rt["error"].as_str().is_some_and(|e| e.contains("revoked")),
+        "{rt:#}"
+    );
+    let retry = wait_job(&hub, "rt.2", "the retry running", running);
+    assert_eq!(
+        (retry["attempt"].as_u64(), retry["retries"].as_u64()),
+        (Some(2), Some(0))
+    );
+    assert_ne!(retry["agent"], lost_on.as_str(), "{retry:#}");
+    assert_ne!(retry["agent"], "g1");
+    // The same spec: it waits for rt's gate.
+    fs::write(marks.join("go-rt"), "").expect("gate");
+    let retry = wait_job(&hub, "rt.2", "done", |v| v["done"] == true);
+    assert_eq!(retry["state"], "succeeded", "{retry:#}");
+
     // Bad input: refused before anything is sent, naming what is wrong.
     for (args, says) in [
         (vec!["--select", "zone in (a", "--", "true"], "zone in (a"),
@@ -304,6 +327,11 @@ fn selected_jobs_reach_only_matching_agents_with_room_in_priority_order_and_surv
             "cannot be used",
         ),
         (vec!["--each", "--", "true"], "--select"),
+        (vec!["--select", "a=1", "--retry", "11", "--", "true"], "11"),
+        (
+            vec!["--agent", "b1", "--retry", "1", "--", "true"],
+            "cannot be used",
+        ),
         (
             vec!["--select", "a=1", "--connected-only", "--", "true"],
             "--each",

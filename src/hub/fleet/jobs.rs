@@ -23,8 +23,8 @@ use bytes::Bytes;
 use super::{AgentEntry, Fleet, FleetError};
 use crate::hub::store::{Appended, JobFilter, JobProgress, JobRow, Store, Stream};
 use crate::proto::fleet_job::{
-    DesiredJob, HubJobSubmit, HubJobView, JobReport, DEFAULT_PRIORITY, MAX_PRIORITY, PENDING,
-    QUEUED,
+    DesiredJob, HubJobSubmit, HubJobView, JobReport, DEFAULT_PRIORITY, MAX_PRIORITY, MAX_RETRIES,
+    PENDING, QUEUED,
 };
 use crate::proto::job::{JobSpec, JobState, Truncation};
 use crate::proto::selector::Selector;
@@ -259,7 +259,8 @@ fn view(row: JobRow, limits: &JobLimits) -> HubJobView {
         agent: row.agent,
         selector: row.selector,
         priority: row.priority,
-        attempt: 1,
+        attempt: row.attempt,
+        retries: row.retries,
         queue_deadline_ms: row.queue_deadline_ms,
         group: row.group,
         spec: row.spec,
@@ -326,12 +327,26 @@ impl<S: Store> Fleet<S> {
             selector,
             priority,
             queue_timeout_secs,
+            retries,
             mut spec,
         } = req;
         let bad = |field: &str, why: String| FleetError::BadSetting {
             field: field.into(),
             why,
         };
+        let retries = retries.unwrap_or(0);
+        if retries > MAX_RETRIES {
+            return Err(bad(
+                "retries",
+                format!("{retries} is out of range (0 to {MAX_RETRIES})"),
+            ));
+        }
+        if retries > 0 && agent.is_some() {
+            return Err(bad(
+                "retries",
+                "only a job routed by selector is retried (on another matching agent)".into(),
+            ));
+        }
         let route = route_of(agent, selector, queue_timeout_secs)?;
         let priority = priority.unwrap_or(DEFAULT_PRIORITY);
         if priority > MAX_PRIORITY {
@@ -421,6 +436,9 @@ impl<S: Store> Fleet<S> {
             priority,
             queue_deadline_ms,
             group: group.map(str::to_owned),
+            attempt: 1,
+            retries,
+            avoid: None,
             stdout_length: 0,
             stderr_length: 0,
             stdout_stored: 0,
@@ -583,9 +601,14 @@ impl<S: Store> Fleet<S> {
             .update_jobs(&entry.id, updates.clone(), bump)
             .await?;
         let mut done = Vec::new();
+        let mut lost = Vec::new();
         {
             let mut st = util::lock(&entry.state);
             for (id, p) in updates {
+                let was_open = st.jobs.get(&id).is_some_and(|j| !ended(&j.progress.state));
+                if was_open && p.state == JobState::Lost.as_str() {
+                    lost.push(id.clone());
+                }
                 if p.done {
                     st.jobs.remove(&id);
                     done.push(id);
@@ -615,6 +638,9 @@ impl<S: Store> Fleet<S> {
             self.announce(entry);
         }
         self.job_moved();
+        for id in lost {
+            self.retry_lost(entry, &id).await?;
+        }
         Ok(())
     }
 

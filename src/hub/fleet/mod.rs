@@ -28,6 +28,7 @@ mod queue;
 mod reconcile;
 mod releases;
 mod replicas;
+mod retry;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

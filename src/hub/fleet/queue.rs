@@ -136,6 +136,12 @@ impl Queue {
         Some((*k, q.row.id.clone()))
     }
 
+    /// The agent the head of `lane` was lost on last, if it is a retry.
+    fn head_avoids(&self, lane: &str) -> Option<String> {
+        let (_, q) = self.lanes.get(lane)?.jobs.first_key_value()?;
+        q.row.avoid.clone()
+    }
+
     fn selector(&self, lane: &str) -> Option<Selector> {
         self.lanes.get(lane).map(|l| l.selector.clone())
     }
@@ -300,11 +306,18 @@ impl<S: Store> Fleet<S> {
                     matching.entry(lane.clone()).or_insert(f)
                 }
             };
+            // A retry goes to another agent than the one it was lost on, when one has room.
+            let avoid = util::lock(&self.queue).head_avoids(&lane);
+            let avoided = |i: usize| Some(&slots[i].entry.id) == avoid.as_ref();
             let Some(best) = fits
                 .iter()
                 .copied()
                 .filter(|&i| slots[i].has_room())
-                .min_by(|&a, &b| slots[a].before(&slots[b]))
+                .min_by(|&a, &b| {
+                    avoided(a)
+                        .cmp(&avoided(b))
+                        .then_with(|| slots[a].before(&slots[b]))
+                })
             else {
                 // No room for this lane this round: its jobs wait.
                 continue;
@@ -575,28 +588,14 @@ impl Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::fleet_job::QUEUED;
-    use crate::proto::job::JobSpec;
 
     fn row(id: &str, seq: u64, priority: u8, selector: &str, deadline: Option<u64>) -> JobRow {
         JobRow {
-            id: id.into(),
             seq,
-            agent: String::new(),
-            spec: JobSpec::default(),
-            created_ms: 0,
-            progress: JobProgress {
-                state: QUEUED.into(),
-                ..JobProgress::default()
-            },
             selector: Some(selector.into()),
             priority,
             queue_deadline_ms: deadline,
-            group: None,
-            stdout_length: 0,
-            stderr_length: 0,
-            stdout_stored: 0,
-            stderr_stored: 0,
+            ..JobRow::queued_for_tests(id)
         }
     }
 

@@ -225,23 +225,13 @@ async fn a_change_from_a_stale_copy_is_refused_with_the_stored_settings(b: &impl
 
 fn job(id: &str) -> JobRow {
     JobRow {
-        id: id.into(),
-        seq: 0,
         agent: "a".into(),
-        spec: crate::proto::job::JobSpec::from_argv(["true"]),
         created_ms: 1,
         progress: JobProgress {
             state: "pending".into(),
             ..JobProgress::default()
         },
-        selector: None,
-        priority: 50,
-        queue_deadline_ms: None,
-        group: None,
-        stdout_length: 0,
-        stderr_length: 0,
-        stdout_stored: 0,
-        stderr_stored: 0,
+        ..JobRow::queued_for_tests(id)
     }
 }
 
@@ -362,6 +352,9 @@ async fn a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_lis
         selector: Some("queue=build".into()),
         priority: 90,
         queue_deadline_ms: Some(99),
+        attempt: 2,
+        retries: 3,
+        avoid: Some("b".into()),
         ..job(id)
     };
     let (_, generation) = store
@@ -381,6 +374,10 @@ async fn a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_lis
             q1.queue_deadline_ms
         ),
         ("", Some("queue=build"), 90, Some(99))
+    );
+    assert_eq!(
+        (q1.attempt, q1.retries, q1.avoid.as_deref()),
+        (2, 3, Some("b"))
     );
     assert_eq!(
         store.assign_job("q1", "a", 1).await.expect("assign"),

@@ -198,12 +198,47 @@ pub(crate) struct JobRow {
     pub(crate) queue_deadline_ms: Option<u64>,
     /// The fan-out it is a member of.
     pub(crate) group: Option<String>,
+    /// 1 for a job as submitted; `n` for `ID.n`, its retry after attempt `n - 1` was lost.
+    pub(crate) attempt: u32,
+    /// Retries left, should this attempt end `lost`.
+    pub(crate) retries: u8,
+    /// The agent the previous attempt was lost on: another one is preferred.
+    pub(crate) avoid: Option<String>,
     /// How much of each stream the hub has acknowledged, and how much of it it keeps
     /// (less, past its cap).
     pub(crate) stdout_length: u64,
     pub(crate) stderr_length: u64,
     pub(crate) stdout_stored: u64,
     pub(crate) stderr_stored: u64,
+}
+
+#[cfg(test)]
+impl JobRow {
+    /// A queued job running `true`, every other field at its default.
+    pub(crate) fn queued_for_tests(id: &str) -> Self {
+        Self {
+            id: id.into(),
+            seq: 0,
+            agent: String::new(),
+            spec: JobSpec::from_argv(["true"]),
+            created_ms: 0,
+            progress: JobProgress {
+                state: crate::proto::fleet_job::QUEUED.into(),
+                ..JobProgress::default()
+            },
+            selector: None,
+            priority: crate::proto::fleet_job::DEFAULT_PRIORITY,
+            queue_deadline_ms: None,
+            group: None,
+            attempt: 1,
+            retries: 0,
+            avoid: None,
+            stdout_length: 0,
+            stderr_length: 0,
+            stdout_stored: 0,
+            stderr_stored: 0,
+        }
+    }
 }
 
 /// The outcome of an output upload.

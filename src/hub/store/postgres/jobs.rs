@@ -25,8 +25,9 @@ impl JobStore for PgStore {
         let n = tx
             .execute(
                 "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,
-                     queue_deadline_ms, job_group)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (id) DO NOTHING",
+                     queue_deadline_ms, job_group, attempt, retries, avoid)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                 ON CONFLICT (id) DO NOTHING",
                 &[
                     &job.id,
                     &seq,
@@ -38,6 +39,9 @@ impl JobStore for PgStore {
                     &i64::from(job.priority),
                     &job.queue_deadline_ms.map(|m| m as i64),
                     &job.group,
+                    &i64::from(job.attempt),
+                    &i64::from(job.retries),
+                    &job.avoid,
                 ],
             )
             .await

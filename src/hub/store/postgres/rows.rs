@@ -74,6 +74,9 @@ pub(super) fn job_row(url: &str, r: &Row) -> Result<JobRow, StoreError> {
         priority: r.get::<_, i64>(21).clamp(0, i64::from(u8::MAX)) as u8,
         queue_deadline_ms: opt_u64(r.get(22)),
         group: r.get(23),
+        attempt: r.get::<_, i64>(24).clamp(1, i64::from(u32::MAX)) as u32,
+        retries: r.get::<_, i64>(25).clamp(0, i64::from(u8::MAX)) as u8,
+        avoid: r.get(26),
         id,
     })
 }

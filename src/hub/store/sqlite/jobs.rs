@@ -27,8 +27,8 @@ impl JobStore for SqliteStore {
                 .map_err(&e)?;
             tx.execute(
                 "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,
-                     queue_deadline_ms, job_group)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                     queue_deadline_ms, job_group, attempt, retries, avoid)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 params![
                     job.id,
                     seq,
@@ -40,6 +40,9 @@ impl JobStore for SqliteStore {
                     i64::from(job.priority),
                     job.queue_deadline_ms.map(|m| m as i64),
                     job.group,
+                    i64::from(job.attempt),
+                    i64::from(job.retries),
+                    job.avoid,
                 ],
             )
             .map_err(&e)?;

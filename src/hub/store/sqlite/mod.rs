@@ -106,6 +106,11 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // 7: fan-out: the group a job is a member of (one job per matching agent).
     "ALTER TABLE jobs ADD COLUMN job_group TEXT;
     CREATE INDEX jobs_by_group ON jobs (job_group, seq);",
+    // 8: retries of a selected job lost with its agent: which attempt a job is, how
+    // many more it may have, and the agent the last one was lost on.
+    "ALTER TABLE jobs ADD COLUMN attempt BIGINT NOT NULL DEFAULT 1;
+    ALTER TABLE jobs ADD COLUMN retries BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN avoid TEXT;",
 ];
 
 /// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
@@ -209,7 +214,7 @@ fn bump_scope(tx: &rusqlite::Transaction<'_>, scope: &str, path: &str) -> Result
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
     stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
-    queue_deadline_ms, job_group";
+    queue_deadline_ms, job_group, attempt, retries, avoid";
 
 /// The raw columns of a job row, parsed afterwards (outside rusqlite's row closure, so
 /// that a record that does not parse is an error that names it).
@@ -219,6 +224,7 @@ type RawJob = (
     (i64, i64, Option<String>, i64),
     (i64, i64, i64, i64, Option<i64>),
     (Option<String>, i64, Option<i64>, Option<String>),
+    (i64, i64, Option<String>),
 );
 
 fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
@@ -236,6 +242,7 @@ fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
         (r.get(11)?, r.get(12)?, r.get(13)?, r.get(14)?),
         (r.get(15)?, r.get(16)?, r.get(17)?, r.get(18)?, r.get(19)?),
         (r.get(20)?, r.get(21)?, r.get(22)?, r.get(23)?),
+        (r.get(24)?, r.get(25)?, r.get(26)?),
     ))
 }
 
@@ -246,6 +253,7 @@ fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
         rest,
         lens,
         (selector, priority, queue_deadline, group),
+        (attempt, retries, avoid),
     ) = raw;
     let corrupt = |what: String| {
         let path = path.to_owned();
@@ -283,6 +291,9 @@ fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
         priority: priority.clamp(0, i64::from(u8::MAX)) as u8,
         queue_deadline_ms: opt_u64(queue_deadline),
         group,
+        attempt: attempt.clamp(1, i64::from(u32::MAX)) as u32,
+        retries: retries.clamp(0, i64::from(u8::MAX)) as u8,
+        avoid,
         id,
     })
 }
