@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use super::jobs::OpenJob;
 use super::{AgentEntry, Fleet, FleetError};
-use crate::hub::store::{Assigned, JobProgress, JobRow, Store};
+use crate::hub::store::{Assigned, Assignment, JobProgress, JobRow, Store};
 use crate::proto::fleet_job::EXPIRED;
 use crate::proto::job::JobState;
 use crate::proto::labels::Labels;
@@ -131,19 +131,10 @@ impl Queue {
             .collect()
     }
 
+    #[cfg(test)]
     fn head(&self, lane: &str) -> Option<(Key, String)> {
         let (k, q) = self.lanes.get(lane)?.jobs.first_key_value()?;
         Some((*k, q.row.id.clone()))
-    }
-
-    /// The agent the head of `lane` was lost on last, if it is a retry.
-    fn head_avoids(&self, lane: &str) -> Option<String> {
-        let (_, q) = self.lanes.get(lane)?.jobs.first_key_value()?;
-        q.row.avoid.clone()
-    }
-
-    fn selector(&self, lane: &str) -> Option<Selector> {
-        self.lanes.get(lane).map(|l| l.selector.clone())
     }
 
     /// How many jobs of its lane go before `id`.
@@ -277,38 +268,85 @@ impl<S: Store> Fleet<S> {
         if slots.is_empty() {
             return Ok(0);
         }
-        let mut heads = BinaryHeap::new();
-        {
-            let q = util::lock(&self.queue);
-            for lane in q.lanes.keys() {
-                if let Some((key, _)) = q.head(lane) {
-                    heads.push(Reverse((key, lane.clone())));
+        let plan = self.plan(&mut slots);
+        if plan.is_empty() {
+            return Ok(0);
+        }
+        if plan.len() == ROUND {
+            // More may fit: the next round follows at once.
+            self.dispatch_kick.notify_one();
+        }
+        let batch: Vec<Assignment> = plan
+            .iter()
+            .map(|&(ref job, slot)| Assignment {
+                job: job.clone(),
+                agent: slots[slot].entry.id.clone(),
+                max_open: slots[slot].max,
+            })
+            .collect();
+        let outcomes = self.store.assign_jobs(&batch).await?;
+        let mut given = 0;
+        let now = util::unix_now_ms();
+        let mut woken = Vec::new();
+        for ((job, slot), outcome) in plan.into_iter().zip(outcomes) {
+            let entry = &slots[slot].entry;
+            match outcome {
+                Assigned::To(generation) => {
+                    given += 1;
+                    self.assigned(&job, entry, generation, now);
+                    if !woken.contains(&slot) {
+                        woken.push(slot);
+                    }
                 }
+                // Another replica assigned it (its change reaches this hub as that
+                // agent's), or it ended there.
+                Assigned::Gone => drop(util::lock(&self.queue).remove(&job)),
+                // Fuller than this hub knew (another replica's assignments): the job
+                // waits for the next round.
+                Assigned::Full => {}
             }
         }
-        // Per lane, the slots whose labels match, found once per round.
-        let mut matching: HashMap<String, Vec<usize>> = HashMap::new();
-        let mut given = 0;
-        while let Some(Reverse((_, lane))) = heads.pop() {
-            if given == ROUND {
-                self.dispatch_kick.notify_one();
+        // Stored, then woken.
+        for slot in woken {
+            self.announce(&slots[slot].entry);
+        }
+        if given > 0 {
+            self.job_moved();
+        }
+        Ok(given)
+    }
+
+    /// Which queued jobs go to which slot this round, best first: the best head of all
+    /// lanes again and again, each to the least-loaded matching slot with room, until no
+    /// lane has one or [`ROUND`] are planned. The slots count what they were given.
+    fn plan(&self, slots: &mut [Slot]) -> Vec<(String, usize)> {
+        let q = util::lock(&self.queue);
+        // Per lane: the slots whose labels match (found once), and how far into the
+        // lane this round has got.
+        let mut lanes: HashMap<&str, (Vec<usize>, usize)> = HashMap::new();
+        let mut heads = BinaryHeap::new();
+        for (text, lane) in &q.lanes {
+            let fits = (0..slots.len())
+                .filter(|&i| lane.selector.matches(&slots[i].labels))
+                .collect();
+            lanes.insert(text.as_str(), (fits, 0));
+            if let Some(key) = lane.jobs.keys().next() {
+                heads.push(Reverse((*key, text.as_str())));
+            }
+        }
+        let now = util::unix_now_ms();
+        let mut plan = Vec::new();
+        while let Some(Reverse((_, text))) = heads.pop() {
+            if plan.len() == ROUND {
                 break;
             }
-            let fits = match matching.get(&lane) {
-                Some(f) => f,
-                None => {
-                    let Some(selector) = util::lock(&self.queue).selector(&lane) else {
-                        continue;
-                    };
-                    let f = (0..slots.len())
-                        .filter(|&i| selector.matches(&slots[i].labels))
-                        .collect();
-                    matching.entry(lane.clone()).or_insert(f)
-                }
+            let Some((fits, taken)) = lanes.get_mut(text) else {
+                continue;
             };
+            let mut jobs = q.lanes[text].jobs.values().skip(*taken);
+            let Some(job) = jobs.next() else { continue };
             // A retry goes to another agent than the one it was lost on, when one has room.
-            let avoid = util::lock(&self.queue).head_avoids(&lane);
-            let avoided = |i: usize| Some(&slots[i].entry.id) == avoid.as_ref();
+            let avoided = |i: usize| Some(&slots[i].entry.id) == job.row.avoid.as_ref();
             let Some(best) = fits
                 .iter()
                 .copied()
@@ -322,59 +360,35 @@ impl<S: Store> Fleet<S> {
                 // No room for this lane this round: its jobs wait.
                 continue;
             };
-            let Some((_, id)) = util::lock(&self.queue).head(&lane) else {
-                continue;
-            };
-            let slot = &mut slots[best];
-            match self.assign(&id, slot).await? {
-                Assigned::To(_) => {
-                    given += 1;
-                    slot.open += 1;
-                    slot.last_assigned_ms = util::unix_now_ms();
-                }
-                Assigned::Full => slot.open = slot.max,
-                Assigned::Gone => {}
-            }
-            if let Some((key, _)) = util::lock(&self.queue).head(&lane) {
-                heads.push(Reverse((key, lane)));
+            plan.push((job.row.id.clone(), best));
+            slots[best].open += 1;
+            slots[best].last_assigned_ms = now;
+            *taken += 1;
+            if let Some(next) = jobs.next() {
+                heads.push(Reverse((next.key(), text)));
             }
         }
-        Ok(given)
+        plan
     }
 
-    /// Hands queued job `id` to `slot`'s agent, in the store first. Called with
-    /// `changes` held.
-    async fn assign(&self, id: &str, slot: &Slot) -> Result<Assigned, FleetError> {
-        let entry = &slot.entry;
-        let got = self.store.assign_job(id, &entry.id, slot.max).await?;
-        match got {
-            Assigned::To(generation) => {
-                let Some(mut row) = util::lock(&self.queue).remove(id) else {
-                    return Ok(got);
-                };
-                row.agent = entry.id.clone();
-                row.progress.state = crate::proto::fleet_job::PENDING.into();
-                let job = OpenJob::given(row, self.replicated);
-                {
-                    let mut st = util::lock(&entry.state);
-                    st.jobs.insert(id.to_owned(), job);
-                    st.own.generation = st.own.generation.max(generation);
-                    st.last_assigned_ms = util::unix_now_ms();
-                }
-                util::write(&self.job_index).insert(id.to_owned(), entry.clone());
-                self.newest.fetch_max(generation, Ordering::AcqRel);
-                self.announce(entry);
-                self.job_moved();
-                tracing::info!(job = %id, agent = %entry.id, generation, "queued job assigned");
-            }
-            Assigned::Gone => {
-                // Another replica assigned it (its change reaches this hub as that
-                // agent's), or it ended there.
-                util::lock(&self.queue).remove(id);
-            }
-            Assigned::Full => {}
+    /// Queued job `id` is `entry`'s now, as stored: out of the queue, into the agent's
+    /// desired state. Its poll is woken by the caller.
+    fn assigned(&self, id: &str, entry: &Arc<AgentEntry>, generation: u64, now: u64) {
+        let Some(mut row) = util::lock(&self.queue).remove(id) else {
+            return;
+        };
+        row.agent = entry.id.clone();
+        row.progress.state = crate::proto::fleet_job::PENDING.into();
+        let job = OpenJob::given(row, self.replicated);
+        {
+            let mut st = util::lock(&entry.state);
+            st.jobs.insert(id.to_owned(), job);
+            st.own.generation = st.own.generation.max(generation);
+            st.last_assigned_ms = now;
         }
-        Ok(got)
+        util::write(&self.job_index).insert(id.to_owned(), entry.clone());
+        self.newest.fetch_max(generation, Ordering::AcqRel);
+        tracing::info!(job = %id, agent = %entry.id, generation, "queued job assigned");
     }
 
     /// Ends the queued jobs past their queue timeout as `expired`. Takes the change lock.

@@ -223,6 +223,16 @@ async fn a_change_from_a_stale_copy_is_refused_with_the_stored_settings(b: &impl
     assert_eq!(snap.scopes[0].settings, settings(2));
 }
 
+/// One assignment, alone in its batch.
+async fn assign(store: &impl JobStore, job: &str, agent: &str, max_open: usize) -> Assigned {
+    let batch = [Assignment {
+        job: job.into(),
+        agent: agent.into(),
+        max_open,
+    }];
+    store.assign_jobs(&batch).await.expect("assign")[0]
+}
+
 fn job(id: &str) -> JobRow {
     JobRow {
         agent: "a".into(),
@@ -379,17 +389,14 @@ async fn a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_lis
         (q1.attempt, q1.retries, q1.avoid.as_deref()),
         (2, 3, Some("b"))
     );
+    assert_eq!(assign(&store, "q1", "a", 1).await, Assigned::To(3));
     assert_eq!(
-        store.assign_job("q1", "a", 1).await.expect("assign"),
-        Assigned::To(3)
-    );
-    assert_eq!(
-        store.assign_job("q1", "b", 1).await.expect("again"),
+        assign(&store, "q1", "b", 1).await,
         Assigned::Gone,
         "assigned once"
     );
     assert_eq!(
-        store.assign_job("q2", "a", 1).await.expect("full"),
+        assign(&store, "q2", "a", 1).await,
         Assigned::Full,
         "a holds its one job"
     );
@@ -414,9 +421,20 @@ async fn a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_lis
         !store.end_queued("q1", &expired).await.expect("assigned"),
         "q1 has an agent"
     );
-    assert_eq!(
-        store.assign_job("q2", "b", 1).await.expect("ended"),
-        Assigned::Gone
+    assert_eq!(assign(&store, "q2", "b", 1).await, Assigned::Gone);
+    // One batch counts its own: b takes one of two, and a third job is not there.
+    store.insert_job(&queued("q4")).await.expect("insert");
+    store.insert_job(&queued("q5")).await.expect("insert");
+    let to_b = |job: &str| Assignment {
+        job: job.into(),
+        agent: "b".into(),
+        max_open: 1,
+    };
+    let batch = [to_b("q4"), to_b("q5"), to_b("nope")];
+    let got = store.assign_jobs(&batch).await.expect("batch");
+    assert!(
+        matches!(got[..], [Assigned::To(_), Assigned::Full, Assigned::Full]),
+        "{got:?}"
     );
     let of = |selector| JobFilter {
         selector: Some(selector),
@@ -424,7 +442,7 @@ async fn a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_lis
     };
     let routed = store.list_jobs(of("queue=build"), None, 10).await;
     let routed: Vec<_> = routed.expect("list").into_iter().map(|r| r.id).collect();
-    assert_eq!(routed, ["q3", "q2", "q1"]);
+    assert_eq!(routed, ["q5", "q4", "q3", "q2", "q1"]);
     let member = JobRow {
         group: Some("g".into()),
         ..job("g.a")
@@ -448,7 +466,7 @@ async fn a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_lis
         .collect();
     assert_eq!(
         open,
-        [("q1", "a"), ("q3", "")],
+        [("q1", "a"), ("q3", ""), ("q4", "b"), ("q5", "")],
         "the queue survives a restart"
     );
 }

@@ -536,6 +536,15 @@ pub(crate) enum Assigned {
     Full,
 }
 
+/// One assignment of a dispatch round: queued job `job` to `agent`, if the agent has
+/// fewer than `max_open` jobs not done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Assignment {
+    pub(crate) job: String,
+    pub(crate) agent: String,
+    pub(crate) max_open: usize,
+}
+
 /// Which jobs a listing shows.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct JobFilter<'a> {
@@ -557,15 +566,15 @@ pub(crate) trait JobStore: Send + Sync + 'static {
         job: &JobRow,
     ) -> impl Future<Output = Result<Option<(u64, Option<u64>)>, StoreError>> + Send;
 
-    /// Gives the queued job `id` to `agent` if it is still queued and the agent has
-    /// fewer than `max_open` jobs not done: the store decides, so that two hubs never
-    /// hand one job out twice, nor one agent more than it may take.
-    fn assign_job(
+    /// Gives each queued job of `batch` to its agent if the job is still queued and the
+    /// agent has fewer than its `max_open` jobs not done (counting the batch's own), in
+    /// one transaction: the store decides, so that two hubs never hand one job out twice,
+    /// nor one agent more than it may take. Each agent given a job gets the next
+    /// generation. One outcome per assignment, in order.
+    fn assign_jobs(
         &self,
-        id: &str,
-        agent: &str,
-        max_open: usize,
-    ) -> impl Future<Output = Result<Assigned, StoreError>> + Send;
+        batch: &[Assignment],
+    ) -> impl Future<Output = Result<Vec<Assigned>, StoreError>> + Send;
 
     /// Ends the queued job `id` as `progress` says (cancelled, expired), if it is still
     /// queued; false when it is not (assigned meanwhile, or ended).

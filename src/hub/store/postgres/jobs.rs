@@ -1,5 +1,7 @@
 //! The jobs through the hub and their output, in PostgreSQL.
 
+use std::collections::HashMap;
+
 use super::*;
 
 impl JobStore for PgStore {
@@ -57,45 +59,62 @@ impl JobStore for PgStore {
         Ok(Some((u64_of(seq), generation)))
     }
 
-    async fn assign_job(
-        &self,
-        id: &str,
-        agent: &str,
-        max_open: usize,
-    ) -> Result<Assigned, StoreError> {
+    async fn assign_jobs(&self, batch: &[Assignment]) -> Result<Vec<Assigned>, StoreError> {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
-        // The generation first, as every change takes it: its row lock orders this
-        // assignment after every other change in flight (another replica's assignment
-        // to the same agent included), so the count below is the count at commit.
-        let generation = bump_scope(&tx, agent, &self.url).await?;
-        let open: i64 = tx
-            .query_one(
-                "SELECT COUNT(*) FROM jobs WHERE agent = $1 AND done = 0",
-                &[&agent],
-            )
+        // The generation counter's row first, as every change takes it: its lock orders
+        // this round after every other change in flight (another replica's assignments
+        // to the same agents included), so the counts below are the counts at commit.
+        tx.execute(
+            "SELECT value FROM meta WHERE key = 'generation' FOR UPDATE",
+            &[],
+        )
+        .await
+        .map_err(&e)?;
+        let count = tx
+            .prepare_cached("SELECT COUNT(*) FROM jobs WHERE agent = $1 AND done = 0")
             .await
-            .map_err(&e)?
-            .get(0);
-        if u64_of(open) >= max_open as u64 {
-            return Ok(Assigned::Full);
-        }
+            .map_err(&e)?;
         // A row another replica assigned meanwhile no longer has `agent = ''` when this
         // statement gets its lock: nothing changes.
-        let n = tx
-            .execute(
+        let assign = tx
+            .prepare_cached(
                 "UPDATE jobs SET agent = $2, state = 'pending'
                  WHERE id = $1 AND agent = '' AND done = 0",
-                &[&id, &agent],
             )
             .await
             .map_err(&e)?;
-        if n == 0 {
-            return Ok(Assigned::Gone);
+        let mut open: HashMap<&str, u64> = HashMap::new();
+        let mut given: Vec<(&str, u64)> = Vec::new();
+        let mut out = Vec::with_capacity(batch.len());
+        for a in batch {
+            let n = match open.get(a.agent.as_str()) {
+                Some(n) => *n,
+                None => u64_of(tx.query_one(&count, &[&a.agent]).await.map_err(&e)?.get(0)),
+            };
+            open.insert(&a.agent, n);
+            if n >= a.max_open as u64 {
+                out.push(Assigned::Full);
+                continue;
+            }
+            if tx.execute(&assign, &[&a.job, &a.agent]).await.map_err(&e)? == 0 {
+                out.push(Assigned::Gone);
+                continue;
+            }
+            open.insert(&a.agent, n + 1);
+            let generation = match given.iter().find(|(g, _)| *g == a.agent) {
+                Some((_, g)) => *g,
+                None => {
+                    let g = bump_scope(&tx, &a.agent, &self.url).await?;
+                    given.push((&a.agent, g));
+                    g
+                }
+            };
+            out.push(Assigned::To(generation));
         }
-        self.commit_change(tx, agent, Some(generation)).await?;
-        Ok(Assigned::To(generation))
+        self.commit_changes(tx, &given).await?;
+        Ok(out)
     }
 
     async fn end_queued(&self, id: &str, p: &JobProgress) -> Result<bool, StoreError> {

@@ -36,8 +36,8 @@ pub(crate) use self::tls::redact;
 use self::tls::{split_root_cert, tls_config, Tls};
 use super::sqlite::{parse_settings, MIGRATIONS};
 use super::{
-    merge_labels, plan_append, AgentRow, AgentSnapshot, AppendPlan, Appended, Assigned, Event,
-    FleetSnapshot, HaltRow, JobFilter, JobProgress, JobRow, JobStore, Labels, ReleaseRow,
+    merge_labels, plan_append, AgentRow, AgentSnapshot, AppendPlan, Appended, Assigned, Assignment,
+    Event, FleetSnapshot, HaltRow, JobFilter, JobProgress, JobRow, JobStore, Labels, ReleaseRow,
     ReportRow, Snapshot, Store, StoreError, Stream,
 };
 use crate::proto::desired::MAX_GENERATION;
@@ -348,6 +348,26 @@ impl PgStore {
         tx.commit().await.map_err(&e)?;
         if let Some(g) = generation {
             self.took(g);
+        }
+        Ok(())
+    }
+
+    /// [`Self::commit_change`] for several agents' scopes, each with the generation it
+    /// took.
+    async fn commit_changes(
+        &self,
+        tx: deadpool_postgres::Transaction<'_>,
+        scopes: &[(&str, u64)],
+    ) -> Result<(), StoreError> {
+        let e = self.err();
+        for (scope, generation) in scopes {
+            notify(&tx, &self.payload('a', *generation, scope))
+                .await
+                .map_err(&e)?;
+        }
+        tx.commit().await.map_err(&e)?;
+        for (_, generation) in scopes {
+            self.took(*generation);
         }
         Ok(())
     }

@@ -1,5 +1,7 @@
 //! The jobs through the hub and their output, in SQLite.
 
+use std::collections::HashMap;
+
 use super::*;
 
 impl JobStore for SqliteStore {
@@ -111,40 +113,54 @@ impl JobStore for SqliteStore {
         .await
     }
 
-    async fn assign_job(
-        &self,
-        id: &str,
-        agent: &str,
-        max_open: usize,
-    ) -> Result<Assigned, StoreError> {
-        let (id, agent) = (id.to_owned(), agent.to_owned());
+    async fn assign_jobs(&self, batch: &[Assignment]) -> Result<Vec<Assigned>, StoreError> {
+        let batch = batch.to_vec();
         self.with(move |conn, path| {
             let e = sql(path);
-            // One writer at a time: the count and the change see the same rows.
+            // One writer at a time: the counts and the changes see the same rows.
             let tx = conn.transaction().map_err(&e)?;
-            let open: i64 = tx
-                .query_row(
-                    "SELECT COUNT(*) FROM jobs WHERE agent = ?1 AND done = 0",
-                    params![agent],
-                    |r| r.get(0),
-                )
-                .map_err(&e)?;
-            if u64_of(open) >= max_open as u64 {
-                return Ok(Assigned::Full);
+            let mut open: HashMap<&str, u64> = HashMap::new();
+            let mut given: HashMap<&str, u64> = HashMap::new();
+            let mut out = Vec::with_capacity(batch.len());
+            for a in &batch {
+                let count = match open.get(a.agent.as_str()) {
+                    Some(n) => *n,
+                    None => {
+                        let n: i64 = tx
+                            .prepare_cached(
+                                "SELECT COUNT(*) FROM jobs WHERE agent = ?1 AND done = 0",
+                            )
+                            .and_then(|mut s| s.query_row(params![a.agent], |r| r.get(0)))
+                            .map_err(&e)?;
+                        u64_of(n)
+                    }
+                };
+                open.insert(&a.agent, count);
+                if count >= a.max_open as u64 {
+                    out.push(Assigned::Full);
+                    continue;
+                }
+                let n = tx
+                    .prepare_cached(
+                        "UPDATE jobs SET agent = ?2, state = 'pending'
+                         WHERE id = ?1 AND agent = '' AND done = 0",
+                    )
+                    .and_then(|mut s| s.execute(params![a.job, a.agent]))
+                    .map_err(&e)?;
+                if n == 0 {
+                    out.push(Assigned::Gone);
+                    continue;
+                }
+                open.insert(&a.agent, count + 1);
+                let generation = match given.get(a.agent.as_str()) {
+                    Some(g) => *g,
+                    None => bump_scope(&tx, &a.agent, path)?,
+                };
+                given.insert(&a.agent, generation);
+                out.push(Assigned::To(generation));
             }
-            let n = tx
-                .execute(
-                    "UPDATE jobs SET agent = ?2, state = 'pending'
-                     WHERE id = ?1 AND agent = '' AND done = 0",
-                    params![id, agent],
-                )
-                .map_err(&e)?;
-            if n == 0 {
-                return Ok(Assigned::Gone);
-            }
-            let generation = bump_scope(&tx, &agent, path)?;
             tx.commit().map_err(&e)?;
-            Ok(Assigned::To(generation))
+            Ok(out)
         })
         .await
     }

@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    merge_labels, plan_append, AgentRow, AppendPlan, Appended, Assigned, HaltRow, JobFilter,
-    JobProgress, JobRow, JobStore, Labels, ReleaseRow, ReportRow, ScopeRow, Snapshot, Store,
-    StoreError, Stream,
+    merge_labels, plan_append, AgentRow, AppendPlan, Appended, Assigned, Assignment, HaltRow,
+    JobFilter, JobProgress, JobRow, JobStore, Labels, ReleaseRow, ReportRow, ScopeRow, Snapshot,
+    Store, StoreError, Stream,
 };
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
