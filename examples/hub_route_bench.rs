@@ -7,8 +7,9 @@
 //!   hub_route_bench DATA_DIR AGENTS JOBS [MAX_JOBS] [LABEL_SETS]
 //!
 //! Measured: submit → the agent has the spec (p50/p99) on an idle fleet, one job at a
-//! time; jobs handed out per second with JOBS submitted at once; and the spread (the
-//! most jobs one agent got, over its fair share).
+//! time; jobs started per second with JOBS submitted at once (16 at a time), and the
+//! spread (the most jobs one agent got, over its fair share); and the dispatch rate
+//! alone: JOBS queued while every runner is stopped, then all runners started.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -54,6 +55,7 @@ async fn agent(
     labels: railgrid::proto::labels::Labels,
     max_jobs: u64,
     started: mpsc::UnboundedSender<Started>,
+    mut serving: tokio::sync::watch::Receiver<bool>,
 ) {
     let url = format!("{}/v1/agents/{id}/reconcile", hub.url);
     let auth = hub_client::bearer(&token).expect("header");
@@ -68,7 +70,12 @@ async fn agent(
             labels: labels.clone(),
             observed_generation: generation,
             runner: RunnerReport {
-                state: "running".into(),
+                state: if *serving.borrow_and_update() {
+                    "running"
+                } else {
+                    "stopped"
+                }
+                .into(),
                 ..RunnerReport::default()
             },
             upgrade: None,
@@ -100,8 +107,12 @@ async fn agent(
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(serde_json::to_vec(&report).expect("json"))
             .timeout(Duration::from_secs(60))
-            .send()
-            .await;
+            .send();
+        // The runner stopped or started under a held poll: report it now, as an agent does.
+        let sent = tokio::select! {
+            r = sent => r,
+            _ = serving.changed() => continue,
+        };
         let desired: DesiredState = match sent {
             Ok(r) if r.status().is_success() => {
                 match r.bytes().await.map(|b| serde_json::from_slice(&b)) {
@@ -128,6 +139,8 @@ async fn agent(
 
 struct Bench {
     hub: Arc<Hub>,
+    /// Whether the simulated runners serve (a stopped one gets no queued job).
+    serving: tokio::sync::watch::Sender<bool>,
     agents: Vec<String>,
     sets: usize,
     started: mpsc::UnboundedReceiver<Started>,
@@ -185,6 +198,43 @@ impl Bench {
         }
         lat.sort();
         Ok((ms(percentile(&lat, 0.5)), ms(percentile(&lat, 0.99))))
+    }
+
+    /// Sets every runner serving or stopped, and waits until the hub shows it.
+    async fn serve(&self, on: bool) -> anyhow::Result<()> {
+        self.serving.send_replace(on);
+        let want = if on { "running" } else { "stopped" };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let list = self
+                .hub
+                .admin(reqwest::Method::GET, "/v1/admin/agents", json!({}))
+                .await?;
+            let all = list.as_array().context("agents")?;
+            if all.iter().all(|a| a["report"]["runner"]["state"] == want) {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "runners not {want} after 2 minutes"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `jobs` selected jobs queued while no runner serves, then every runner started:
+    /// jobs handed out per second from then until all have started.
+    async fn drain_queue(&mut self, jobs: usize) -> anyhow::Result<f64> {
+        self.serve(false).await?;
+        for n in 0..jobs {
+            self.submit(n, "queued", false).await?;
+        }
+        let t = Instant::now();
+        self.serving.send_replace(true);
+        self.starts(jobs).await?;
+        let took = t.elapsed();
+        eprintln!("queue of {jobs}: all handed out {took:.1?} after the runners started");
+        Ok(jobs as f64 / took.as_secs_f64())
     }
 
     /// `jobs` submitted at once: (jobs started per second, most on one agent / fair share).
@@ -270,6 +320,7 @@ async fn run(
     enrolled.sort();
     eprintln!("enrolled {n} agents in {:.1?}", t.elapsed());
     let (tx, rx) = mpsc::unbounded_channel();
+    let (serving, serving_rx) = tokio::sync::watch::channel(true);
     for (k, (i, id, token)) in enrolled.iter().enumerate() {
         let labels = [("queue".to_owned(), format!("q{}", i % sets))].into();
         tokio::spawn(agent(
@@ -280,6 +331,7 @@ async fn run(
             labels,
             max_jobs,
             tx.clone(),
+            serving_rx.clone(),
         ));
         if k % 100 == 99 {
             // Spread like a real fleet's jittered reconnects, not ten thousand handshakes.
@@ -306,6 +358,7 @@ async fn run(
     }
     let mut b = Bench {
         hub,
+        serving,
         agents: enrolled.iter().map(|(_, id, _)| id.clone()).collect(),
         sets,
         started: rx,
@@ -316,6 +369,7 @@ async fn run(
     eprintln!("idle fleet, submit -> agent has it: selected p50 {sel_p50:.1} ms p99 {sel_p99:.1} ms; pinned p50 {pin_p50:.1} ms p99 {pin_p99:.1} ms");
     let (sel_rate, sel_spread) = b.bulk(jobs, "bulk-sel", false).await?;
     let (pin_rate, pin_spread) = b.bulk(jobs, "bulk-pin", true).await?;
+    let dispatch_rate = b.drain_queue(jobs).await?;
     println!(
         "{}",
         json!({
@@ -331,6 +385,7 @@ async fn run(
             "selected_jobs_per_s": sel_rate.round(),
             "pinned_jobs_per_s": pin_rate.round(),
             "selected_spread": (sel_spread * 100.0).round() / 100.0,
+            "dispatch_jobs_per_s": dispatch_rate.round(),
             "pinned_spread": (pin_spread * 100.0).round() / 100.0,
         })
     );
