@@ -189,29 +189,7 @@ async fn run(
     let (rss0, _) = usage_all(&hubs)?;
 
     let t = Instant::now();
-    let mut tokens = Vec::with_capacity(n);
-    let mut set = tokio::task::JoinSet::new();
-    for chunk in (0..n).collect::<Vec<_>>().chunks(n.div_ceil(32).max(1)) {
-        let (hub, chunk) = (hub.clone(), chunk.to_vec());
-        set.spawn(async move {
-            let mut out = Vec::new();
-            for i in chunk {
-                let id = format!("bench-{i}");
-                let v = hub
-                    .admin(
-                        reqwest::Method::POST,
-                        "/v1/admin/agents",
-                        serde_json::json!({"id": id}),
-                    )
-                    .await?;
-                out.push((id, v["token"].as_str().context("token")?.to_owned()));
-            }
-            anyhow::Ok(out)
-        });
-    }
-    while let Some(r) = set.join_next().await {
-        tokens.extend(r??);
-    }
+    let tokens = hub.enrol_many("bench", n).await?;
     eprintln!("enrolled {n} agents in {:.1?}", t.elapsed());
 
     let (tx, mut rx) = mpsc::unbounded_channel();

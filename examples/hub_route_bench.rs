@@ -45,18 +45,30 @@ fn ms(d: Duration) -> f64 {
 /// A job reached an agent: (job id, agent index, when).
 type Started = (String, usize, Instant);
 
-/// One simulated agent: reports its labels and a running runner, takes each job whose
-/// spec it is sent (telling `started`), and reports it `succeeded` with all its output.
-async fn agent(
-    hub: Arc<Hub>,
+/// Who a simulated agent is.
+struct Sim {
     i: usize,
     id: String,
     token: String,
     labels: railgrid::proto::labels::Labels,
     max_jobs: u64,
+}
+
+/// One simulated agent: reports its labels and a running runner, takes each job whose
+/// spec it is sent (telling `started`), and reports it `succeeded` with all its output.
+async fn agent(
+    hub: Arc<Hub>,
+    sim: Sim,
     started: mpsc::UnboundedSender<Started>,
     mut serving: tokio::sync::watch::Receiver<bool>,
 ) {
+    let Sim {
+        i,
+        id,
+        token,
+        labels,
+        max_jobs,
+    } = sim;
     let url = format!("{}/v1/agents/{id}/reconcile", hub.url);
     let auth = hub_client::bearer(&token).expect("header");
     let mut generation = 0;
@@ -298,41 +310,26 @@ async fn run(
 ) -> anyhow::Result<()> {
     let hub = Arc::new(Hub::open(&dir)?);
     let t = Instant::now();
-    let mut enrolled = Vec::with_capacity(n);
-    let mut set = tokio::task::JoinSet::new();
-    for chunk in (0..n).collect::<Vec<_>>().chunks(n.div_ceil(32).max(1)) {
-        let (hub, chunk) = (hub.clone(), chunk.to_vec());
-        set.spawn(async move {
-            let mut out = Vec::new();
-            for i in chunk {
-                let id = format!("route-{i}");
-                let v = hub
-                    .admin(reqwest::Method::POST, "/v1/admin/agents", json!({"id": id}))
-                    .await?;
-                out.push((i, id, v["token"].as_str().context("token")?.to_owned()));
-            }
-            anyhow::Ok(out)
-        });
-    }
-    while let Some(r) = set.join_next().await {
-        enrolled.extend(r??);
-    }
-    enrolled.sort();
+    let enrolled: Vec<(usize, String, String)> = hub
+        .enrol_many("route", n)
+        .await?
+        .into_iter()
+        .enumerate()
+        .map(|(i, (id, token))| (i, id, token))
+        .collect();
     eprintln!("enrolled {n} agents in {:.1?}", t.elapsed());
     let (tx, rx) = mpsc::unbounded_channel();
     let (serving, serving_rx) = tokio::sync::watch::channel(true);
     for (k, (i, id, token)) in enrolled.iter().enumerate() {
         let labels = [("queue".to_owned(), format!("q{}", i % sets))].into();
-        tokio::spawn(agent(
-            hub.clone(),
-            *i,
-            id.clone(),
-            token.clone(),
+        let sim = Sim {
+            i: *i,
+            id: id.clone(),
+            token: token.clone(),
             labels,
             max_jobs,
-            tx.clone(),
-            serving_rx.clone(),
-        ));
+        };
+        tokio::spawn(agent(hub.clone(), sim, tx.clone(), serving_rx.clone()));
         if k % 100 == 99 {
             // Spread like a real fleet's jittered reconnects, not ten thousand handshakes.
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -40,6 +40,41 @@ impl HubDir {
         })
     }
 
+    /// Enrols `PREFIX-0` … `PREFIX-{n-1}`, 32 requests at a time: (id, token), in order.
+    #[allow(dead_code)]
+    pub(crate) async fn enrol_many(
+        self: &std::sync::Arc<Self>,
+        prefix: &str,
+        n: usize,
+    ) -> anyhow::Result<Vec<(String, String)>> {
+        let mut set = tokio::task::JoinSet::new();
+        for chunk in (0..n).collect::<Vec<_>>().chunks(n.div_ceil(32).max(1)) {
+            let (hub, chunk, prefix) = (self.clone(), chunk.to_vec(), prefix.to_owned());
+            set.spawn(async move {
+                let mut out = Vec::new();
+                for i in chunk {
+                    let id = format!("{prefix}-{i}");
+                    let v = hub
+                        .admin(
+                            reqwest::Method::POST,
+                            "/v1/admin/agents",
+                            serde_json::json!({"id": id}),
+                        )
+                        .await?;
+                    let token = v["token"].as_str().context("token")?.to_owned();
+                    out.push((i, id, token));
+                }
+                anyhow::Ok(out)
+            });
+        }
+        let mut all = Vec::with_capacity(n);
+        while let Some(r) = set.join_next().await {
+            all.extend(r??);
+        }
+        all.sort();
+        Ok(all.into_iter().map(|(_, id, token)| (id, token)).collect())
+    }
+
     /// An admin request with a JSON body: the JSON answer, or the status and text.
     #[allow(dead_code)]
     pub(crate) async fn admin(
