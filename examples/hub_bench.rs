@@ -72,6 +72,7 @@ fn report(generation: u64) -> AgentReport {
         observed_generation: generation,
         runner: Default::default(),
         upgrade: None,
+        drain: None,
         jobs_summary: None,
         jobs: Vec::new(),
     }

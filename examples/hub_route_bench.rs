@@ -91,6 +91,7 @@ async fn agent(
                 ..RunnerReport::default()
             },
             upgrade: None,
+            drain: None,
             jobs_summary: Some(JobsSummary {
                 running: 0,
                 queued: 0,

@@ -379,6 +379,37 @@ pub enum HubAgentCommand {
         #[arg(long, value_name = "K")]
         remove: Vec<String>,
     },
+    /// Send an agent no new job while its running jobs finish (pinned jobs wait at the
+    /// hub, selected ones go to other agents). With --wait: exit 0 once every agent
+    /// drained is idle, 1 when the deadline cancelled jobs (they are listed).
+    Drain(HubDrainArgs),
+    /// End the hub's drain of an agent (a drain its host keeps stays: `agent resume`
+    /// there).
+    Resume(HubAgentsArgs),
+}
+
+/// One agent, or every agent whose labels match.
+#[derive(Debug, Args)]
+#[group(id = "agents", required = true, multiple = false)]
+pub struct HubAgentsArgs {
+    pub id: Option<String>,
+    /// Every agent (not revoked) whose labels match SEL now.
+    #[arg(long, value_name = "SEL", value_parser = parse_selector)]
+    pub select: Option<Selector>,
+}
+
+#[derive(Debug, Args)]
+pub struct HubDrainArgs {
+    #[command(flatten)]
+    pub agents: HubAgentsArgs,
+    /// Cancel what still runs this long after now (reason `drain deadline`); default:
+    /// wait for every job, however long (a drain in force keeps its deadline).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub deadline: Option<std::time::Duration>,
+    /// Return once every agent drained is idle (exit 0), or after the deadline with what
+    /// it cancelled (exit 1).
+    #[arg(long)]
+    pub wait: bool,
 }
 
 fn parse_selector(s: &str) -> Result<Selector, String> {
@@ -414,9 +445,14 @@ pub enum HubDesiredCommand {
 pub struct HubDesiredSetArgs {
     #[command(flatten)]
     pub scope: DesiredScope,
-    /// Whether the host runs a runner.
+    /// Whether the host runs a runner. `false` drains it first: its jobs finish (none is
+    /// taken meanwhile), then it stops.
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
     pub runner_enabled: Option<bool>,
+    /// With --runner-enabled false: stop the runner at once, its jobs getting the stop
+    /// budget, instead of draining it first.
+    #[arg(long, requires = "runner_enabled")]
+    pub force: bool,
     /// Jobs running at once.
     #[arg(long, value_name = "N")]
     pub max_jobs: Option<usize>,
@@ -461,6 +497,26 @@ pub struct AgentReloadArgs {
     pub timeout: std::time::Duration,
 }
 
+#[derive(Debug, Args)]
+pub struct AgentDrainArgs {
+    #[command(flatten)]
+    pub target: AgentTarget,
+    /// Cancel what still runs this long after now (default: wait for every job, however
+    /// long it takes; a drain already in force keeps its deadline).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub deadline: Option<std::time::Duration>,
+    /// Return once no job is left on the host (exit 0), or once the deadline has
+    /// cancelled what was left (exit 1).
+    #[arg(long)]
+    pub wait: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentResumeArgs {
+    #[command(flatten)]
+    pub target: AgentTarget,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum AgentCommand {
     /// Run the agent in the foreground until SIGTERM or SIGINT (SIGHUP reloads the config).
@@ -471,6 +527,15 @@ pub enum AgentCommand {
     /// applied: exit 0 applied, 1 refused (the reason printed; the running configuration
     /// stays) or no answer within --timeout, 3 no agent running. The unit's ExecReload.
     Reload(AgentReloadArgs),
+    /// Take no new job on this host while its jobs finish (before a reboot or
+    /// maintenance): refused local submissions, no hub job routed here. Kept across agent
+    /// restarts until `agent resume`. Exit 0 once the agent holds the drain (with --wait:
+    /// once no job is left), 1 when --deadline cancelled jobs or the agent did not answer,
+    /// 3 when no agent runs (the drain is kept for its next start).
+    Drain(AgentDrainArgs),
+    /// End this host's drain (`agent drain`); a drain the hub asked for stays until
+    /// `hub agent resume`.
+    Resume(AgentResumeArgs),
     /// Validate the configuration and print the effective settings (secrets redacted).
     CheckConfig(AgentArgs),
     /// Install this binary as the host's agent service (systemd or launchd): the binary,

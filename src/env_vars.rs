@@ -37,6 +37,7 @@ pub(crate) const AGENT_LABELS: &str = "RAILGRID_AGENT_LABELS";
 pub(crate) const UPGRADE_SETTLE: &str = "RAILGRID_UPGRADE_SETTLE";
 pub(crate) const UPGRADE_DEADLINE: &str = "RAILGRID_UPGRADE_DEADLINE";
 pub(crate) const UPGRADE_HUB_WAIT: &str = "RAILGRID_UPGRADE_HUB_WAIT";
+pub(crate) const UPGRADE_DRAIN_DEADLINE: &str = "RAILGRID_UPGRADE_DRAIN_DEADLINE";
 
 /// The hub's side (`railgrid hub …`): its data dir, and for admin commands from another
 /// host its URL, admin token file and CA. Named apart from the agent's `RAILGRID_HUB_*`,

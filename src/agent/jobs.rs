@@ -26,6 +26,7 @@ use tokio::sync::{oneshot, watch, Semaphore};
 use super::desired::Observed;
 use super::runner_link::RunnerLink;
 use super::upload::{upload_stream, Links};
+use crate::proto::drain::DrainReport;
 use crate::proto::fleet_job::JobReport;
 use crate::proto::job::{JobRecord, JobSpec, JobState, Truncation};
 use crate::runner::client::{Client, ClientError};
@@ -100,6 +101,7 @@ impl JobsHandle {
         observed: watch::Receiver<Observed>,
         runner: RunnerLink,
         link: Links,
+        drain: watch::Receiver<Option<DrainReport>>,
     ) -> Self {
         let reports = Arc::new(Reports {
             map: Mutex::new(HashMap::new()),
@@ -112,6 +114,7 @@ impl JobsHandle {
             runner,
             client: None,
             link,
+            drain,
             reports: reports.clone(),
             followers: HashMap::new(),
             generation: None,
@@ -153,6 +156,8 @@ struct JobsTask {
     /// The runner's API client, taken when the first job comes.
     client: Option<Arc<Client>>,
     link: Links,
+    /// The drain in force on the host: a job the runner refuses for it waits for its end.
+    drain: watch::Receiver<Option<DrainReport>>,
     reports: Arc<Reports>,
     followers: HashMap<String, Follower>,
     /// The generation of the desired state converged to last.
@@ -232,6 +237,7 @@ impl JobsTask {
                 submitted: Some(submitted),
                 runner: runner.clone(),
                 link: self.link.clone(),
+                drain: self.drain.clone(),
                 reports: self.reports.clone(),
                 failing: None,
             };
@@ -294,6 +300,7 @@ struct Job {
     submitted: Option<oneshot::Sender<()>>,
     runner: Arc<Client>,
     link: Links,
+    drain: watch::Receiver<Option<DrainReport>>,
     reports: Arc<Reports>,
     /// The failure being retried, logged once.
     failing: Option<String>,
@@ -369,6 +376,16 @@ impl Job {
                             tracing::info!(job = %self.id, state = sub.state.as_str(), "hub job submitted to the runner");
                         }
                     }
+                    // Not taken while the host drains: it waits for the drain's end (or
+                    // its cancel), and the hub shows it waiting for this agent.
+                    Err(ClientError::Api {
+                        status: 503, code, ..
+                    }) if code == "draining" => {
+                        self.wait_out_drain().await;
+                        // Paced: the runner may still be told the drain's end.
+                        tokio::time::sleep(pause.next()).await;
+                        continue;
+                    }
                     Err(ClientError::Api {
                         status: 400 | 409 | 413 | 422,
                         message,
@@ -409,6 +426,20 @@ impl Job {
                     tokio::time::sleep(pause.next()).await;
                 }
             }
+        }
+    }
+
+    /// Waits until the host no longer drains, the job is cancelled, or the drain's watch
+    /// is gone (the agent is stopping).
+    async fn wait_out_drain(&mut self) {
+        if self.failing.as_deref() != Some("draining") {
+            tracing::info!(job = %self.id, "the host is draining: the hub's job waits for the drain's end");
+            self.failing = Some("draining".into());
+        }
+        tokio::select! {
+            // Cancel-safe: `wait_for` only observes the channel.
+            _ = self.drain.wait_for(|d| d.is_none()) => {}
+            _ = self.cancel.wait_for(|c| *c) => {}
         }
     }
 

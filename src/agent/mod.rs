@@ -44,6 +44,7 @@ pub(crate) mod cgroup;
 pub(crate) mod config;
 mod desired;
 pub(crate) mod dirs;
+pub(crate) mod drain;
 pub(crate) mod hub;
 pub(crate) mod install;
 pub(crate) mod instance;
@@ -65,6 +66,7 @@ use thiserror::Error;
 use tokio::signal::unix::{signal, SignalKind};
 
 use self::config::{AgentConfig, ConfigError, MAX_STOP_GRACE};
+use self::drain::DrainHandle;
 use self::hub::{HubError, HubHandle};
 use self::jobs::JobsHandle;
 use self::notify::Notifier;
@@ -247,7 +249,16 @@ pub(crate) async fn run(
         &desired,
         reclaimed.into_iter().collect(),
     ));
-    let (reconciler, mut task) = reconciler.spawn(reporter.clone()).await?;
+    let (drain_tx, drain_rx) = tokio::sync::watch::channel(None);
+    let (reconciler, mut task) = reconciler.spawn(reporter.clone(), drain_rx).await?;
+    let drain = DrainHandle::spawn(
+        reconciler.observed(),
+        runner.clone(),
+        drain::Kept::read(&cfg.state_dir).await,
+        cfg.state_dir.clone(),
+        reporter.clone(),
+        drain_tx,
+    );
     let (reached_tx, reached) = tokio::sync::watch::channel(hub::Contact::default());
     let (links_tx, links) = tokio::sync::watch::channel(hub.as_ref().map(hub::Connection::link));
     let mut upgrade = UpgradeHandle::spawn(UpgradeCtx {
@@ -258,13 +269,18 @@ pub(crate) async fn run(
         reached,
         reporter: reporter.clone(),
         runner: runner.clone(),
+        drain: drain.for_upgrade(),
     });
     // The hub's jobs on this host, followed from the desired state in force, are this
     // loop's; the hub task reads their reports and publishes the link their uploads take.
     let (hub, jobs) = match hub {
         Some(conn) => {
-            let jobs =
-                JobsHandle::spawn(reconciler.observed(), runner.clone(), links_tx.subscribe());
+            let jobs = JobsHandle::spawn(
+                reconciler.observed(),
+                runner.clone(),
+                links_tx.subscribe(),
+                drain.report(),
+            );
             let ctx = hub::HubCtx {
                 runner: runner.clone(),
                 jobs: jobs.reports(),
@@ -272,6 +288,7 @@ pub(crate) async fn run(
                 reconciler: reconciler.clone(),
                 reporter: reporter.clone(),
                 upgrade: upgrade.report(),
+                drain: drain.report(),
                 reached: reached_tx,
                 links: links_tx,
             };
@@ -298,6 +315,7 @@ pub(crate) async fn run(
             }
             _ = hup.recv() => {
                 desired = on_sighup(&reload, &reporter, &upgrade, &hub, &reconciler, desired);
+                drain.set_host(drain::Kept::read(&cfg.state_dir).await.host);
             }
             // Cancel-safe: polling a JoinHandle by reference does not consume it. Ready
             // only when the reconciler gave up (a runner it could not start).
@@ -325,6 +343,8 @@ pub(crate) async fn run(
     if let Some(jobs) = jobs {
         jobs.shutdown().await;
     }
+    // The runner keeps the drain it was told, across its stop and the next start.
+    drain.shutdown();
     let undone = match &switch {
         Some(_) => {
             drop(upgrade);
@@ -395,6 +415,7 @@ fn stopped_during_switch(to: String) -> crate::proto::report::UpgradeReport {
         target: Some(to),
         error: Some("the agent was stopped during the switch; the previous binary is back".into()),
         bad_versions: Vec::new(),
+        waiting: None,
     }
 }
 
@@ -498,6 +519,7 @@ fn initial_status(
         runner_enabled: desired.runner.enabled,
         upgrade: None,
         reloads: Some(status::Reloads::default()),
+        drain: None,
         hub: cfg.hub.as_ref().map(|h| HubStatus {
             url: h.urls[0].clone(),
             agent_id: h.agent_id.clone(),

@@ -37,6 +37,7 @@ enum Msg {
     ConfigPath(Option<PathBuf>),
     Hub(HubStatus),
     Upgrade(Option<crate::proto::report::UpgradeReport>),
+    Drain(Option<crate::proto::drain::DrainReport>),
     Stopping,
     Reloading,
     /// A SIGHUP arrived: the configuration is read again and applied.
@@ -91,6 +92,10 @@ impl ReporterHandle {
 
     pub(super) fn upgrade(&self, upgrade: Option<crate::proto::report::UpgradeReport>) {
         self.send(Msg::Upgrade(upgrade));
+    }
+
+    pub(super) fn drain(&self, drain: Option<crate::proto::drain::DrainReport>) {
+        self.send(Msg::Drain(drain));
     }
 
     /// `RELOADING=1`, at once: the agent re-executes itself; the new one says READY=1.
@@ -200,6 +205,7 @@ impl ReporterTask {
                 self.reload_done = true;
             }
             Msg::Upgrade(u) => self.status.upgrade = u,
+            Msg::Drain(d) => self.status.drain = d,
             Msg::Finish(done) => {
                 self.status.running = false;
                 *finish = Some(done);
@@ -279,6 +285,7 @@ mod tests {
             hub: None,
             upgrade: None,
             reloads: None,
+            drain: None,
         }
     }
 

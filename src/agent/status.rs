@@ -57,6 +57,9 @@ pub(crate) struct AgentStatus {
     /// (`agent reload` then cannot wait for the reload's end).
     #[serde(default)]
     pub(crate) reloads: Option<Reloads>,
+    /// The drain in force on the host (`None`: it takes jobs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) drain: Option<crate::proto::drain::DrainReport>,
 }
 
 /// The reloads (SIGHUP) an agent has handled: `agent reload` signals, then waits for

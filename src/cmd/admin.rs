@@ -25,6 +25,22 @@ where
     print_stdout(text.trim_end())
 }
 
+/// Runs one admin command that chooses its own exit code (`job wait`, `agent drain
+/// --wait`) on a small runtime; errors are sorted as [`admin`] sorts them.
+pub(super) fn admin_exit<F, Fut>(target: &Target, f: F) -> anyhow::Result<ExitCode>
+where
+    F: FnOnce(AdminClient) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<ExitCode>>,
+{
+    let client = AdminClient::new(target).map_err(classify)?;
+    let rt = super::current_thread_runtime()?;
+    rt.block_on(f(client))
+        .map_err(|e| match e.downcast::<AdminError>() {
+            Ok(a) => classify(a),
+            Err(e) => e,
+        })
+}
+
 pub(super) fn classify(e: AdminError) -> anyhow::Error {
     if e.is_usage() {
         usage(e)

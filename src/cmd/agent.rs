@@ -415,6 +415,9 @@ fn render(st: &AgentStatus, alive: bool, last_line: Option<&str>) -> String {
             .map(|t| format!(" {t}"))
             .unwrap_or_default();
         out.push_str(&format!("upgrade:    {}{target}\n", u.state));
+        if let Some(w) = &u.waiting {
+            out.push_str(&format!("            {w}\n"));
+        }
         if let Some(e) = &u.error {
             out.push_str(&format!("            {e}\n"));
         }
@@ -423,6 +426,16 @@ fn render(st: &AgentStatus, alive: bool, last_line: Option<&str>) -> String {
                 "bad versions: {} (not tried again; railgrid agent upgrade --clear-bad)\n",
                 u.bad_versions.join(", ")
             ));
+        }
+    }
+    if let Some(d) = &st.drain {
+        out.push_str(&format!(
+            "drain:      {}: {}\n",
+            d.summary(crate::util::unix_now_ms()),
+            d.reason
+        ));
+        if d.host {
+            out.push_str("            (ended on the host: railgrid agent resume)\n");
         }
     }
     if let Some(r) = st.reloads.as_ref().filter(|r| r.count > 0) {

@@ -8,31 +8,40 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use super::agent::{state_dir_of, NOT_RUNNING};
-use crate::agent::status::{self, ReadError};
+use crate::agent::status::{self, AgentStatus, ReadError};
 use crate::cli::AgentReloadArgs;
 use crate::sys::group::{signal_process, Sig};
 use crate::sys::ProcessId;
 
 /// How often the status file is read while waiting.
-const POLL: Duration = Duration::from_millis(50);
+pub(super) const POLL: Duration = Duration::from_millis(50);
 
-pub(super) fn reload(args: AgentReloadArgs) -> anyhow::Result<ExitCode> {
-    let state_dir = state_dir_of(args.target.config, args.target.state_dir)?;
-    let st = match status::read(&state_dir) {
+/// The running agent's status, or `None` (said on stderr) when no agent runs on
+/// `state_dir`.
+pub(super) fn running_agent(state_dir: &std::path::Path) -> anyhow::Result<Option<AgentStatus>> {
+    let st = match status::read(state_dir) {
         Ok(st) => st,
         Err(ReadError::Missing { path }) => {
             eprintln!(
                 "railgrid: agent not running (no status file at {})",
                 path.display()
             );
-            return Ok(ExitCode::from(NOT_RUNNING));
+            return Ok(None);
         }
         Err(e) => return Err(e.into()),
     };
-    if !status::agent_alive(&state_dir, &st) {
+    if !status::agent_alive(state_dir, &st) {
         eprintln!("railgrid: agent not running (last seen as pid {})", st.pid);
-        return Ok(ExitCode::from(NOT_RUNNING));
+        return Ok(None);
     }
+    Ok(Some(st))
+}
+
+pub(super) fn reload(args: AgentReloadArgs) -> anyhow::Result<ExitCode> {
+    let state_dir = state_dir_of(args.target.config, args.target.state_dir)?;
+    let Some(st) = running_agent(&state_dir)? else {
+        return Ok(ExitCode::from(NOT_RUNNING));
+    };
     if let Some(main) = args.pid.filter(|&p| p != st.pid) {
         bail!(
             "the service's main process is pid {main}, but {} names pid {} as the agent: not signalling either",

@@ -40,6 +40,12 @@ pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {
     };
     match command {
         HubCommand::Serve(a) => serve(target, a),
+        HubCommand::Agent {
+            command: HubAgentCommand::Drain(a),
+        } => super::hub_drain::drain(&target, a, json),
+        HubCommand::Agent {
+            command: HubAgentCommand::Resume(a),
+        } => admin(&target, |c| super::hub_drain::resume(c, a, json)),
         HubCommand::Agent { command } => admin(&target, |c| agent(c, command, json)),
         HubCommand::Desired { command } => admin(&target, |c| desired(c, command, json)),
         HubCommand::Job { command } => super::hub_job::run(&target, command, json),
@@ -201,6 +207,9 @@ async fn agent(c: AdminClient, cmd: HubAgentCommand, json: bool) -> anyhow::Resu
                 shown_labels(&a.labels)
             ))
         }
+        HubAgentCommand::Drain(_) | HubAgentCommand::Resume(_) => {
+            unreachable!("run by hub_drain")
+        }
         HubAgentCommand::Revoke { id } => {
             let a = c.revoke(&id).await?;
             if json {
@@ -245,10 +254,13 @@ fn desired_change(a: &HubDesiredSetArgs) -> DesiredChange {
     DesiredChange {
         set: DesiredSettings {
             runner_enabled: a.runner_enabled,
+            // Given with every --runner-enabled: --force holds for this change only.
+            force_stop: a.runner_enabled.map(|_| a.force),
             max_jobs: a.max_jobs,
             max_jobs_per_owner: a.max_jobs_per_owner,
             version: a.version.clone(),
             rollback: a.rollback,
+            ..DesiredSettings::default()
         },
         clear: a.clear.clone(),
     }
@@ -292,6 +304,7 @@ fn agent_table(agents: &[AgentView]) -> String {
     if agents.is_empty() {
         return "no agents enrolled (railgrid hub agent add ID)".into();
     }
+    let now = crate::util::unix_now_ms();
     let rows: Vec<[String; 9]> = agents
         .iter()
         .map(|a| {
@@ -311,7 +324,10 @@ fn agent_table(agents: &[AgentView]) -> String {
                     .map_or("-".into(), |r| clean(&format!("{}/{}", r.os, r.arch))),
                 // What a disconnected agent last said is not what holds now: its age.
                 r.map_or("-".into(), |r| {
-                    let state = clean(&r.runner.state);
+                    let mut state = clean(&r.runner.state);
+                    if let Some(d) = a.drain_summary(now) {
+                        state = format!("{state}, {d}");
+                    }
                     if a.connected || a.revoked {
                         state
                     } else {
@@ -320,7 +336,10 @@ fn agent_table(agents: &[AgentView]) -> String {
                 }),
                 format!("{}/{}", a.observed_generation, a.desired_generation),
                 r.and_then(|r| r.upgrade.as_ref())
-                    .map_or("-".into(), |u| clean(&u.state)),
+                    .map_or("-".into(), |u| match &u.waiting {
+                        Some(w) => clean(&format!("{}: {w}", u.state)),
+                        None => clean(&u.state),
+                    }),
                 shown_labels(&without_automatic(&a.labels)),
             ]
         })
@@ -389,6 +408,15 @@ fn agent_detail(a: &AgentView) -> String {
     let _ = writeln!(out, "labels:      {}", shown_labels(&a.labels));
     if !a.hub_labels.is_empty() {
         let _ = writeln!(out, "  by hub:    {}", shown_labels(&a.hub_labels));
+    }
+    if let Some(d) = a.drain_summary(crate::util::unix_now_ms()) {
+        let why = a
+            .report
+            .as_ref()
+            .and_then(|r| r.drain.as_ref())
+            .map(|d| format!(": {}", clean(&d.reason)))
+            .unwrap_or_default();
+        let _ = writeln!(out, "drain:       {d}{why}");
     }
     if let Some(r) = &a.report {
         let _ = writeln!(out, "version:     {}", clean(&r.version));

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use super::admin::{ago, classify, clean};
+use super::admin::{ago, clean};
 use super::interrupts::{follow_or_cancel, Interrupts, DETACHED};
 use super::job::shell_exit_code;
 use super::print_stdout;
@@ -19,13 +19,7 @@ use crate::proto::job::JobState;
 const RECONNECT: Duration = Duration::from_secs(1);
 
 pub(super) fn run(target: &Target, cmd: HubJobCommand, json: bool) -> anyhow::Result<ExitCode> {
-    let client = AdminClient::new(target).map_err(classify)?;
-    let rt = super::current_thread_runtime()?;
-    rt.block_on(command(&client, cmd, json))
-        .map_err(|e| match e.downcast::<AdminError>() {
-            Ok(a) => classify(a),
-            Err(e) => e,
-        })
+    super::admin::admin_exit(target, |c| async move { command(&c, cmd, json).await })
 }
 
 async fn command(c: &AdminClient, cmd: HubJobCommand, json: bool) -> anyhow::Result<ExitCode> {

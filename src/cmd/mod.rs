@@ -3,8 +3,10 @@
 
 mod admin;
 mod agent;
+mod agent_drain;
 mod agent_reload;
 mod hub;
+mod hub_drain;
 mod hub_job;
 mod hub_release;
 mod install;
@@ -65,6 +67,12 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Command::Agent {
                     command: AgentCommand::Reload(args),
                 } => agent_reload::reload(args),
+                Command::Agent {
+                    command: AgentCommand::Drain(args),
+                } => agent_drain::drain(args),
+                Command::Agent {
+                    command: AgentCommand::Resume(args),
+                } => agent_drain::resume(args),
                 Command::Agent {
                     command: AgentCommand::CheckConfig(args),
                 } => agent::check_config(args),

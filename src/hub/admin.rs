@@ -14,7 +14,8 @@ use super::{HubFile, ADMIN_TOKEN_FILE, HUB_FILE};
 use crate::hub_client::{self, HubClientError};
 use crate::proto::fleet_job::{HubGroupSubmit, HubGroupView, HubJobSubmit, HubJobView};
 use crate::proto::hub::{
-    AgentView, DesiredChange, DesiredView, EnrolRequest, Enrolled, ErrorBody, LabelChange,
+    AgentView, DesiredChange, DesiredView, DrainRequest, EnrolRequest, Enrolled, ErrorBody,
+    LabelChange,
 };
 
 /// An admin answer larger than this is refused (a list of 10 000 agents fits).
@@ -296,6 +297,15 @@ impl AdminClient {
             crate::util::percent_encode(id)
         );
         self.call(Method::POST, &path, Some(change)).await
+    }
+
+    /// `POST /v1/admin/drain`: the agents drained, each as it is now.
+    pub(crate) async fn drain(&self, req: &DrainRequest) -> Result<Vec<AgentView>, AdminError> {
+        self.call(Method::POST, "/v1/admin/drain", Some(req)).await
+    }
+
+    pub(crate) async fn resume(&self, req: &DrainRequest) -> Result<Vec<AgentView>, AdminError> {
+        self.call(Method::POST, "/v1/admin/resume", Some(req)).await
     }
 
     pub(crate) async fn desired(&self, agent: Option<&str>) -> Result<DesiredView, AdminError> {

@@ -46,7 +46,7 @@ pub fn is_version(v: &str) -> bool {
 }
 
 /// The response body of `POST /v1/agents/{id}/reconcile`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredState {
     /// Bumped by every change; the agent reports the one it applied as
     /// `observed_generation`, and never goes back to an older one.
@@ -68,6 +68,32 @@ pub struct DesiredState {
     /// Ids of jobs to cancel (the runner's cancel: group, grace, kill).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cancel_jobs: Vec<String>,
+    /// False while the hub drains this agent: the host takes no new job (the runner
+    /// refuses them) and its running jobs finish (docs/design.md, "Drain").
+    #[serde(default = "enabled_by_default", skip_serializing_if = "is_true")]
+    pub accept_jobs: bool,
+    /// When a drain cancels what still runs (Unix ms, the hub's clock); `None`: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_deadline_ms: Option<u64>,
+}
+
+impl Default for DesiredState {
+    fn default() -> Self {
+        Self {
+            generation: 0,
+            poll_interval_secs: None,
+            agent: None,
+            runner: DesiredRunner::default(),
+            jobs: Vec::new(),
+            cancel_jobs: Vec::new(),
+            accept_jobs: true,
+            drain_deadline_ms: None,
+        }
+    }
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl DesiredState {
@@ -133,6 +159,10 @@ pub struct DesiredRunner {
     /// False: no runner on this host (its jobs are stopped and reaped).
     #[serde(default = "enabled_by_default")]
     pub enabled: bool,
+    /// With `enabled: false`: the runner drains first (its jobs finish, none is taken),
+    /// and stops once none is left; false stops it at once (its jobs get the stop budget).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain_first: bool,
     /// Job engine limits; `None` keeps the runner's own defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_jobs: Option<usize>,
@@ -154,6 +184,7 @@ impl Default for DesiredRunner {
     fn default() -> Self {
         Self {
             enabled: true,
+            drain_first: false,
             max_jobs: None,
             max_jobs_per_owner: None,
             max_queued: None,
@@ -286,6 +317,7 @@ mod tests {
             }),
             runner: DesiredRunner {
                 enabled: true,
+                drain_first: true,
                 max_jobs: Some(4),
                 max_jobs_per_owner: Some(2),
                 max_queued: Some(10),
@@ -296,6 +328,8 @@ mod tests {
                 spec: None,
             }],
             cancel_jobs: vec!["j0".into()],
+            accept_jobs: false,
+            drain_deadline_ms: Some(5),
         };
         let back: DesiredState =
             serde_json::from_str(&serde_json::to_string(&d).expect("json")).expect("parse");

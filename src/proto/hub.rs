@@ -49,6 +49,41 @@ pub struct AgentView {
     /// The labels the hub set (`hub agent label`).
     #[serde(default)]
     pub hub_labels: crate::proto::labels::Labels,
+    /// False while the hub drains it (`hub agent drain`); what the host says of the
+    /// drain in force is in its report.
+    #[serde(default = "yes")]
+    pub accept_jobs: bool,
+    /// When the hub's drain cancels what still runs there (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_deadline_ms: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl AgentView {
+    /// The drain in force, as a listing shows it: what the host reports, or the hub's
+    /// own word until the host has heard it.
+    pub fn drain_summary(&self, now_ms: u64) -> Option<String> {
+        match self.report.as_ref().and_then(|r| r.drain.as_ref()) {
+            Some(d) => Some(d.summary(now_ms)),
+            None if !self.accept_jobs => Some("draining (not yet taken by the agent)".into()),
+            None => None,
+        }
+    }
+}
+
+/// `POST /v1/admin/drain` and `/v1/admin/resume`: the agents, by id or by selector.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// Drain only: cancel what still runs this many seconds from now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_secs: Option<u64>,
 }
 
 /// `POST /v1/admin/agents/{id}/labels`: the hub's labels to set and to remove.
@@ -77,7 +112,29 @@ pub struct DesiredSettings {
     /// True: `version` may be older than what runs (an explicit rollback).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback: Option<bool>,
+    /// False: the agent is drained (`hub agent drain`): it gets no new job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accept_jobs: Option<bool>,
+    /// When the drain cancels what still runs on the agent (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_deadline_ms: Option<u64>,
+    /// True: a disabled runner stops at once (`desired set --runner-enabled false
+    /// --force`) instead of draining first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force_stop: Option<bool>,
 }
+
+/// Every desired setting by name, as `clear` takes them and errors list them.
+pub const SETTINGS: &[&str] = &[
+    "runner_enabled",
+    "max_jobs",
+    "max_jobs_per_owner",
+    "version",
+    "rollback",
+    "accept_jobs",
+    "drain_deadline_ms",
+    "force_stop",
+];
 
 impl DesiredSettings {
     /// `self` with every field `over` sets taken from `over`.
@@ -88,6 +145,9 @@ impl DesiredSettings {
             max_jobs_per_owner: over.max_jobs_per_owner.or(self.max_jobs_per_owner),
             version: over.version.clone().or_else(|| self.version.clone()),
             rollback: over.rollback.or(self.rollback),
+            accept_jobs: over.accept_jobs.or(self.accept_jobs),
+            drain_deadline_ms: over.drain_deadline_ms.or(self.drain_deadline_ms),
+            force_stop: over.force_stop.or(self.force_stop),
         }
     }
 }
@@ -170,7 +230,7 @@ mod tests {
             max_jobs: Some(8),
             max_jobs_per_owner: None,
             version: Some("1.0.0".into()),
-            rollback: None,
+            ..DesiredSettings::default()
         };
         let own = DesiredSettings {
             max_jobs: Some(2),

@@ -15,6 +15,7 @@
 
 pub mod admission;
 pub mod desired;
+pub mod drain;
 pub mod fleet_job;
 pub mod health;
 pub mod hub;

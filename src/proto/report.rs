@@ -31,6 +31,10 @@ pub struct AgentReport {
     /// How many jobs the runner holds, when the agent could ask it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jobs_summary: Option<JobsSummary>,
+    /// The drain in force on the host (the hub's, the host's own, an upgrade's), while
+    /// there is one: the hub routes no job to it meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<super::drain::DrainReport>,
     /// The hub's jobs on this host, each as the agent sees it now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<JobReport>,
@@ -65,6 +69,9 @@ pub struct UpgradeReport {
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bad_versions: Vec<String>,
+    /// What the upgrade waits for (`draining`: `waiting for 2 job(s) (deadline …)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 /// The runner's jobs, counted.

@@ -19,6 +19,7 @@ use super::job::Stream;
 use super::spec;
 use crate::build_info;
 use crate::proto::admission::{Admission, AdmissionChange};
+use crate::proto::drain::{Drain, DrainView};
 use crate::proto::health::Health;
 use crate::proto::job::Submitted;
 use crate::proto::job::{JobRecord, JobSpec, JobState};
@@ -53,6 +54,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/jobs/{id}", get(status))
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/prune", post(prune))
+        .route("/v1/drain", get(drain).put(set_drain).delete(end_drain))
         .route("/v1/jobs/{id}/wait", get(wait))
         .route("/v1/jobs/{id}/output/{stream}", get(output))
         // After the routes: it is given to each route registered before it.
@@ -140,6 +142,12 @@ impl From<EngineError> for ApiError {
                 Self::new(StatusCode::BAD_REQUEST, "invalid_admission", message)
             }
             EngineError::NotFound { .. } => Self::new(StatusCode::NOT_FOUND, "not_found", message),
+            EngineError::Draining { .. } => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "draining", message)
+            }
+            EngineError::Drain(super::engine::DrainError::Invalid(_)) => {
+                Self::new(StatusCode::BAD_REQUEST, "invalid_drain", message)
+            }
             EngineError::ShuttingDown => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
             }
@@ -306,6 +314,28 @@ async fn set_admission(
         )
     })?;
     Ok(Json(api.engine.set_admission(change)?))
+}
+
+/// The drain in force, and the jobs it waits for.
+async fn drain(State(api): State<Api>) -> Json<DrainView> {
+    Json(api.engine.drain_view())
+}
+
+/// Puts a drain in force (or changes its reason or deadline): new jobs are refused from
+/// the answer on.
+async fn set_drain(State(api): State<Api>, ApiBody(body): ApiBody) -> ApiResult<Json<DrainView>> {
+    let drain: Drain = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("invalid drain: {e}"),
+        )
+    })?;
+    Ok(Json(api.engine.set_drain(Some(drain)).await?))
+}
+
+async fn end_drain(State(api): State<Api>) -> ApiResult<Json<DrainView>> {
+    Ok(Json(api.engine.set_drain(None).await?))
 }
 
 async fn submit(State(api): State<Api>, ApiBody(body): ApiBody) -> ApiResult<Response> {

@@ -14,6 +14,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::job::Stream;
 use crate::proto::admission::{Admission, AdmissionChange};
+use crate::proto::drain::{Drain, DrainView};
 use crate::proto::health::Health;
 use crate::proto::job::{JobRecord, JobSpec, Submitted};
 
@@ -298,6 +299,22 @@ impl Client {
     pub async fn set_admission(&self, change: &AdmissionChange) -> Result<Admission, ClientError> {
         let body = self.encode(change)?;
         Ok(self.json(Method::PUT, "/v1/admission", Some(body)).await?.1)
+    }
+
+    /// The drain in force and the jobs it waits for.
+    pub async fn drain(&self) -> Result<DrainView, ClientError> {
+        Ok(self.json(Method::GET, "/v1/drain", None).await?.1)
+    }
+
+    /// Puts `drain` in force, or ends the one in force (`None`). Idempotent.
+    pub async fn set_drain(&self, drain: Option<&Drain>) -> Result<DrainView, ClientError> {
+        Ok(match drain {
+            Some(d) => {
+                let body = self.encode(d)?;
+                self.json(Method::PUT, "/v1/drain", Some(body)).await?.1
+            }
+            None => self.json(Method::DELETE, "/v1/drain", None).await?.1,
+        })
     }
 
     /// Returns whether the job was created (false: an identical job already existed).

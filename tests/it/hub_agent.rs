@@ -983,7 +983,8 @@ fn the_hubs_desired_state_stops_and_starts_the_runner() {
     let log = h.host.agent_log();
     assert!(log.contains("the upgrade takes it from here"), "{log}");
     assert!(
-        log.contains("hub: the desired state disables the runner; stopping it")
+        log.contains("hub: the desired state disables the runner; it drains first")
+            && log.contains("the runner has no job left: stopping it")
             && log.contains("hub: the desired state enables the runner; starting it"),
         "{log}"
     );

@@ -69,13 +69,16 @@ impl TestHub {
 
     /// `railgrid hub --data-dir DIR ARGS…`.
     pub fn admin(&self, args: &[&str]) -> Output {
-        railgrid()
-            .arg("hub")
-            .arg("--data-dir")
-            .arg(&self.dir)
-            .args(args)
+        self.admin_cmd(args)
             .output()
             .expect("run hub admin command")
+    }
+
+    /// The command of [`admin`](Self::admin), to spawn.
+    pub fn admin_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = railgrid();
+        cmd.arg("hub").arg("--data-dir").arg(&self.dir).args(args);
+        cmd
     }
 
     /// An admin command that must succeed; its stdout.

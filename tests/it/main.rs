@@ -8,6 +8,7 @@ mod agent;
 #[cfg(target_os = "linux")]
 mod container;
 mod disk;
+mod drain;
 mod hub;
 mod hub_agent;
 mod hub_jobs;
@@ -31,3 +32,4 @@ mod systemd;
 #[cfg(target_os = "linux")]
 mod systemd_upgrade;
 mod upgrade;
+mod upgrade_drain;

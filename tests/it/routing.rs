@@ -18,15 +18,20 @@ use super::support::*;
 const LIMIT: Duration = Duration::from_secs(30);
 
 /// One enrolled host and its running agent.
-struct Member {
-    id: &'static str,
-    host: Host,
-    _agent: Guard,
+pub(super) struct Member {
+    pub(super) id: &'static str,
+    pub(super) host: Host,
+    pub(super) agent: Guard,
 }
 
-fn start_member(hub: &TestHub, id: &'static str, queue: &str) -> Member {
-    let host = Host::new();
-    let token = path_str(&hub.enrol(id));
+/// The command that runs `id`'s agent on `host`, labelled `queue=QUEUE`.
+pub(super) fn member_cmd(
+    hub: &TestHub,
+    host: &Host,
+    id: &str,
+    queue: &str,
+) -> std::process::Command {
+    let token = hub.dir.with_file_name(format!("{id}.token"));
     let (url, ca) = (hub.url.clone(), path_str(&hub.ca()));
     let label = format!("queue={queue}");
     let mut cmd = host.agent_cmd(&[
@@ -35,23 +40,29 @@ fn start_member(hub: &TestHub, id: &'static str, queue: &str) -> Member {
         "--agent-id",
         id,
         "--token-file",
-        &token,
+        &path_str(&token),
         "--ca-file",
         &ca,
         "--label",
         &label,
     ]);
     cmd.stderr(std::process::Stdio::null());
-    let agent = Guard::new(cmd.spawn().expect("spawn agent"));
-    Member {
-        id,
-        host,
-        _agent: agent,
-    }
+    cmd
+}
+
+pub(super) fn start_member(hub: &TestHub, id: &'static str, queue: &str) -> Member {
+    let host = Host::new();
+    hub.enrol(id);
+    let agent = Guard::new(
+        member_cmd(hub, &host, id, queue)
+            .spawn()
+            .expect("spawn agent"),
+    );
+    Member { id, host, agent }
 }
 
 /// Every agent connected, its runner serving and admitting one job at a time.
-fn wait_ready(hub: &TestHub, ids: &[&str]) {
+pub(super) fn wait_ready(hub: &TestHub, ids: &[&str]) {
     wait_for(
         LIMIT,
         "every agent connected with a runner of one slot",
@@ -70,14 +81,14 @@ fn wait_ready(hub: &TestHub, ids: &[&str]) {
     );
 }
 
-fn submit(hub: &TestHub, args: &[&str]) -> Output {
+pub(super) fn submit(hub: &TestHub, args: &[&str]) -> Output {
     let mut all = vec!["job", "submit"];
     all.extend_from_slice(args);
     hub.admin(&all)
 }
 
 /// A selected job that marks its run, then waits for its own gate file.
-fn submit_gated(hub: &TestHub, marks: &Path, id: &str, flags: &[&str]) {
+pub(super) fn submit_gated(hub: &TestHub, marks: &Path, id: &str, flags: &[&str]) {
     let script = format!(
         "echo {id} >> {m}/ran; while [ ! -e {m}/go-{id} ]; do sleep 0.05; done",
         m = marks.display()
@@ -93,23 +104,28 @@ fn submit_gated(hub: &TestHub, marks: &Path, id: &str, flags: &[&str]) {
     );
 }
 
-fn status(hub: &TestHub, id: &str) -> Value {
+pub(super) fn status(hub: &TestHub, id: &str) -> Value {
     hub.admin_json(&["job", "status", id])
 }
 
-fn wait_job(hub: &TestHub, id: &str, what: &str, accept: impl Fn(&Value) -> bool) -> Value {
+pub(super) fn wait_job(
+    hub: &TestHub,
+    id: &str,
+    what: &str,
+    accept: impl Fn(&Value) -> bool,
+) -> Value {
     wait_for(LIMIT, &format!("job {id}: {what}"), || {
         let v = status(hub, id);
         accept(&v).then_some(v)
     })
 }
 
-fn running(v: &Value) -> bool {
+pub(super) fn running(v: &Value) -> bool {
     v["state"] == "running"
 }
 
 /// Opens job `id`'s gate and waits until it is done at the hub.
-fn release(hub: &TestHub, marks: &Path, id: &str) {
+pub(super) fn release(hub: &TestHub, marks: &Path, id: &str) {
     let gate = marks.join(format!("go-{id}"));
     fs::write(&gate, "").expect("gate");
     wait_job(hub, id, "done", |v| v["done"] == true);

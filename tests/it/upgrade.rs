@@ -109,7 +109,7 @@ pub(super) fn builds() -> &'static Builds {
     })
 }
 
-fn version_of(bin: &Path) -> String {
+pub(super) fn version_of(bin: &Path) -> String {
     let out =
         fresh(|| Command::new(bin).args(["version", "--json"]).output()).expect("version --json");
     let v: Value = serde_json::from_slice(&out.stdout).expect("version JSON");
@@ -181,26 +181,26 @@ pub(super) fn sign(key: &Key, file: &Path, version: &str) -> PathBuf {
 
 /// A hub with a release key, a host enrolled as `a1`, and its agent run from
 /// `<dir>/bin/railgrid`.
-struct Up {
+pub(super) struct Up {
     dir: tempfile::TempDir,
     hub: Option<TestHub>,
     key: Key,
-    host: Host,
+    pub(super) host: Host,
     token: PathBuf,
-    agent: Option<Guard>,
+    pub(super) agent: Option<Guard>,
     /// The agent's hub URL (the hub's own, or a proxy's).
     url: String,
     /// More of the agent's environment, over the defaults below.
-    env: Vec<(&'static str, &'static str)>,
+    pub(super) env: Vec<(&'static str, &'static str)>,
 }
 
 impl Up {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self::with_exe(&builds().v1)
     }
 
     /// The agent's executable starts as a copy of `exe`.
-    fn with_exe(exe: &Path) -> Self {
+    pub(super) fn with_exe(exe: &Path) -> Self {
         let dir = tempdir();
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
         let key = keygen(dir.path(), "publisher");
@@ -226,24 +226,24 @@ impl Up {
         }
     }
 
-    fn hub(&self) -> &TestHub {
+    pub(super) fn hub(&self) -> &TestHub {
         self.hub.as_ref().expect("hub running")
     }
 
-    fn exe(&self) -> PathBuf {
+    pub(super) fn exe(&self) -> PathBuf {
         self.dir.path().join("bin/railgrid")
     }
 
-    fn bin_dir(&self) -> PathBuf {
+    pub(super) fn bin_dir(&self) -> PathBuf {
         self.dir.path().join("bin")
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(super) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
     /// Starts the agent, trusting `trusted` (the publisher's key line unless given).
-    fn start_agent_trusting(&mut self, trusted: &str) {
+    pub(super) fn start_agent_trusting(&mut self, trusted: &str) {
         let (ca, token) = (path_str(&self.hub().ca()), path_str(&self.token));
         let url = self.url.clone();
         let mut cmd = self.host.agent_cmd_from(
@@ -277,28 +277,28 @@ impl Up {
         });
     }
 
-    fn start_agent(&mut self) {
+    pub(super) fn start_agent(&mut self) {
         let line = self.key.line.clone();
         self.start_agent_trusting(&line);
     }
 
-    fn status(&self) -> Value {
+    pub(super) fn status(&self) -> Value {
         self.host.status()
     }
 
-    fn wait_agent(&self, what: &str, accept: impl Fn(&Value) -> bool) -> Value {
+    pub(super) fn wait_agent(&self, what: &str, accept: impl Fn(&Value) -> bool) -> Value {
         wait_for(LIMIT, what, || {
             let st = self.status();
             accept(&st).then_some(st)
         })
     }
 
-    fn upgrade_state(&self) -> Value {
+    pub(super) fn upgrade_state(&self) -> Value {
         self.status()["upgrade"].clone()
     }
 
     /// Waits for the agent's upgrade to reach `state`; the upgrade report.
-    fn wait_upgrade(&self, state: &str) -> Value {
+    pub(super) fn wait_upgrade(&self, state: &str) -> Value {
         let what = format!("upgrade state {state}");
         wait_for(LIMIT, &what, || {
             let u = self.upgrade_state();
@@ -306,7 +306,12 @@ impl Up {
         })
     }
 
-    fn publish(&self, version: &str, binary: &Path, signature: &Path) -> std::process::Output {
+    pub(super) fn publish(
+        &self,
+        version: &str,
+        binary: &Path,
+        signature: &Path,
+    ) -> std::process::Output {
         self.hub().admin(&[
             "release",
             "publish",
@@ -320,7 +325,7 @@ impl Up {
     }
 
     /// Signs `binary` as `version` with the publisher's key and publishes it.
-    fn release(&self, version: &str, binary: &Path) {
+    pub(super) fn release(&self, version: &str, binary: &Path) {
         let copy = self.path(&format!("release-{version}"));
         fs::copy(binary, &copy).expect("copy release");
         let sig = sign(&self.key, &copy, version);
@@ -332,27 +337,27 @@ impl Up {
         );
     }
 
-    fn want(&self, version: &str) {
+    pub(super) fn want(&self, version: &str) {
         self.hub()
             .admin_ok(&["desired", "set", "--fleet", "--version", version]);
     }
 
     /// The hub's view of a1.
-    fn hub_agent(&self) -> Value {
+    pub(super) fn hub_agent(&self) -> Value {
         self.hub().admin_json(&["agent", "show", "a1"])
     }
 
-    fn releases(&self) -> Value {
+    pub(super) fn releases(&self) -> Value {
         self.hub().admin_json(&["release", "list"])
     }
 
-    fn record(&self) -> Value {
+    pub(super) fn record(&self) -> Value {
         serde_json::from_str(&read_lossy(&self.host.state().join("upgrade.json")))
             .unwrap_or(Value::Null)
     }
 
     /// The names in the executable's directory.
-    fn bin_entries(&self) -> Vec<String> {
+    pub(super) fn bin_entries(&self) -> Vec<String> {
         let mut names: Vec<String> = fs::read_dir(self.bin_dir())
             .expect("read bin dir")
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
@@ -362,7 +367,7 @@ impl Up {
     }
 
     /// Nothing in the executable's directory but `railgrid` and, maybe, `railgrid.prev`.
-    fn assert_clean_bin(&self) {
+    pub(super) fn assert_clean_bin(&self) {
         let names = self.bin_entries();
         assert!(
             names
@@ -374,7 +379,7 @@ impl Up {
     }
 
     /// The agent runs `version`, from the file at its path, and its runner too.
-    fn assert_running(&self, version: &str) {
+    pub(super) fn assert_running(&self, version: &str) {
         let st = self.wait_agent(&format!("agent {version} with a running runner"), |st| {
             st["version"] == version && st["runner"]["state"] == "running" && st["running"] == true
         });
@@ -398,7 +403,7 @@ impl Up {
     }
 
     /// What the hub's report of a1 says of the upgrade.
-    fn hub_upgrade(&self, state: &str) -> Value {
+    pub(super) fn hub_upgrade(&self, state: &str) -> Value {
         wait_for(LIMIT, &format!("the hub sees upgrade {state}"), || {
             let v = self.hub_agent();
             let u = v["report"]["upgrade"].clone();
@@ -407,7 +412,7 @@ impl Up {
     }
 
     /// The agent, its runner and the watcher: every pid any file names.
-    fn kill_everything(&mut self) {
+    pub(super) fn kill_everything(&mut self) {
         let rec = self.record();
         if let Some(w) = rec["upgrade"]["watcher_pid"].as_i64() {
             let _ = kill(Pid::from_raw(w as i32), Signal::SIGKILL);

@@ -88,6 +88,7 @@ impl AgentConfig {
             Key::Settle => duration(u.settle),
             Key::Deadline => duration(u.deadline),
             Key::HubWait => duration(u.hub_wait),
+            Key::DrainDeadline => duration(u.drain_deadline),
             Key::Labels => Value::InlineTable(
                 self.labels
                     .iter()

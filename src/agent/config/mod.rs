@@ -41,6 +41,9 @@ pub(crate) const ROOT_LOG_DIR: &str = "/var/log/railgrid";
 pub(crate) const DEFAULT_LOG_MAX_FILES: usize = 7;
 
 pub(crate) const DEFAULT_SETTLE: Duration = Duration::from_secs(30);
+/// How long running jobs have to finish before an upgrade's switch (docs/design.md,
+/// "Upgrades never kill a job that can finish").
+pub(crate) const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(3600);
 pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_secs(120);
 pub(crate) const DEFAULT_HUB_WAIT: Duration = Duration::from_secs(3600);
 /// The deadline must leave room for the settle period, a runner start and a hub round
@@ -261,6 +264,7 @@ fn resolve(
     let settle = src.duration(Key::Settle, DEFAULT_SETTLE)?;
     let deadline = src.duration(Key::Deadline, DEFAULT_DEADLINE)?;
     let hub_wait = src.duration(Key::HubWait, DEFAULT_HUB_WAIT)?;
+    let drain_deadline = src.duration_or_zero(Key::DrainDeadline, DEFAULT_DRAIN_DEADLINE)?;
     if deadline < settle + MIN_DEADLINE_OVER_SETTLE {
         let origin = src
             .get(Key::Deadline)
@@ -291,6 +295,7 @@ fn resolve(
             settle,
             deadline,
             hub_wait,
+            drain_deadline,
         },
     })
 }

@@ -38,6 +38,7 @@ pub(crate) struct RawUpgrade {
     pub(crate) settle: Option<String>,
     pub(crate) deadline: Option<String>,
     pub(crate) hub_wait: Option<String>,
+    pub(crate) drain_deadline: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

@@ -55,6 +55,9 @@ pub(crate) struct UpgradeSettings {
     /// How much longer than `deadline` a new agent that is healthy on its host may wait
     /// for a hub it cannot reach, before the watcher rolls it back, blaming nothing.
     pub(crate) hub_wait: Duration,
+    /// How long the runner drains before the switch (its jobs finish; what still runs
+    /// then is cancelled with the reason `upgrade`); zero switches at once.
+    pub(crate) drain_deadline: Duration,
 }
 
 /// The validated configuration.

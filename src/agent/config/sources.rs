@@ -132,6 +132,7 @@ settings! {
     Settle: upgrade.settle, env UPGRADE_SETTLE;
     Deadline: upgrade.deadline, env UPGRADE_DEADLINE;
     HubWait: upgrade.hub_wait, env UPGRADE_HUB_WAIT;
+    DrainDeadline: upgrade.drain_deadline, env UPGRADE_DRAIN_DEADLINE;
     Labels: agent.labels, env AGENT_LABELS, flag "--label" => labels;
 }
 
@@ -209,19 +210,30 @@ impl Sources<'_> {
     }
 
     pub(super) fn duration(&self, key: Key, default: Duration) -> Result<Duration, ConfigError> {
+        let d = self.duration_or_zero(key, default)?;
+        match self.get(key) {
+            Some((_, origin)) if d.is_zero() => {
+                Err(invalid(&origin, "must be greater than zero".into()))
+            }
+            _ => Ok(d),
+        }
+    }
+
+    /// A duration that may be zero (`0`: the thing it bounds is skipped).
+    pub(super) fn duration_or_zero(
+        &self,
+        key: Key,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
         let Some((v, origin)) = self.get(key) else {
             return Ok(default);
         };
-        let d = humantime::parse_duration(&v).map_err(|e| {
+        humantime::parse_duration(&v).map_err(|e| {
             invalid(
                 &origin,
                 format!("invalid duration {v:?} ({e}); use forms like 250ms, 2s, 1m"),
             )
-        })?;
-        if d.is_zero() {
-            return Err(invalid(&origin, "must be greater than zero".into()));
-        }
-        Ok(d)
+        })
     }
 
     /// A number that, when set, must be at least 1.

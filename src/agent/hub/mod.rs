@@ -53,6 +53,7 @@ use super::runner_link::RunnerLink;
 use super::status::HubStatus;
 use crate::build_info;
 use crate::proto::desired::DesiredState;
+use crate::proto::drain::DrainReport;
 use crate::proto::labels::Labels;
 use crate::proto::report::{AgentReport, JobsSummary, RunnerReport, UpgradeReport};
 use crate::supervisor::State;
@@ -109,6 +110,8 @@ pub(super) struct HubCtx {
     pub(super) reconciler: ReconcilerHandle,
     pub(super) reporter: ReporterHandle,
     pub(super) upgrade: watch::Receiver<Option<UpgradeReport>>,
+    /// The drain in force on the host, reported with every reconcile.
+    pub(super) drain: watch::Receiver<Option<DrainReport>>,
     /// Moved on every answered reconcile, for an upgrade's commit.
     pub(super) reached: watch::Sender<Contact>,
     /// The replica in use, for the uploads and downloads.
@@ -125,6 +128,7 @@ impl HubHandle {
             reconciler,
             reporter,
             upgrade,
+            drain,
             reached,
             links,
         } = ctx;
@@ -164,6 +168,8 @@ impl HubHandle {
             published: None,
             upgrade,
             upgrade_open: true,
+            drain,
+            drain_open: true,
             reached,
         };
         Self {
@@ -226,6 +232,9 @@ struct HubTask {
     /// The self-upgrade's state, reported with every reconcile.
     upgrade: watch::Receiver<Option<UpgradeReport>>,
     upgrade_open: bool,
+    /// The drain in force on the host, reported with every reconcile.
+    drain: watch::Receiver<Option<DrainReport>>,
+    drain_open: bool,
     /// How the link fares, for an upgrade's commit.
     reached: watch::Sender<Contact>,
 }
@@ -284,6 +293,14 @@ impl HubTask {
                 r = self.jobs_moved.changed() => match r {
                     Ok(()) => Next::Again,
                     Err(_) => Next::Stop,
+                },
+                // Cancel-safe, as above. A drain began, ended or counted a job less: the
+                // hub hears of it now (it routes around a drain, and `drain --wait`
+                // watches the count).
+                r = self.drain.changed(), if self.drain_open => {
+                    // The drain task ends only with the agent: its last word stays.
+                    self.drain_open = r.is_ok();
+                    Next::Again
                 },
                 // Cancel-safe, as above. The upgrade moved: the hub hears of it now
                 // (a rollback halts the version fleet-wide).
@@ -414,6 +431,7 @@ impl HubTask {
             },
             runner: runner_report(&observed),
             upgrade: self.upgrade.borrow_and_update().clone(),
+            drain: self.drain.borrow_and_update().clone(),
             jobs_summary,
             jobs,
         }

@@ -13,6 +13,7 @@ pub(crate) fn standalone(cfg: &AgentConfig, prev: Option<&DesiredState>) -> Desi
     let r = &cfg.runner;
     let runner = DesiredRunner {
         enabled: true,
+        drain_first: false,
         max_jobs: r.max_jobs,
         max_jobs_per_owner: r.max_jobs_per_owner,
         max_queued: r.max_queued,
@@ -62,6 +63,8 @@ impl RunnerSpec {
             },
             desired: DesiredRunner {
                 enabled: d.enabled,
+                // How a stop goes, not what runs: never a reason to restart.
+                drain_first: false,
                 max_jobs: Some(max_jobs),
                 max_jobs_per_owner: Some(
                     d.max_jobs_per_owner
@@ -200,6 +203,7 @@ mod tests {
                 settle: Duration::from_secs(30),
                 deadline: Duration::from_secs(120),
                 hub_wait: Duration::from_secs(3600),
+                drain_deadline: Duration::from_secs(3600),
             },
         }
     }

@@ -37,6 +37,7 @@ use super::runner_link::RunnerLink;
 use super::AgentError;
 use crate::proto::admission::{Admission, AdmissionChange};
 use crate::proto::desired::DesiredState;
+use crate::proto::drain::DrainReport;
 use crate::supervisor::{State, Status, Supervisor};
 use crate::sys::exe::PinnedExe;
 
@@ -106,9 +107,12 @@ impl Reconciler {
     }
 
     /// Starts the runner (where the desired state wants one) and the reconciler's task.
+    /// `drain`: the drain in force on the host, which a runner disabled with
+    /// `drain_first` waits out before it stops.
     pub(super) async fn spawn(
         self,
         reporter: ReporterHandle,
+        drain: watch::Receiver<Option<DrainReport>>,
     ) -> Result<(ReconcilerHandle, ReconcilerTaskHandle), AgentError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let (observed, observed_rx) = watch::channel(Observed {
@@ -129,6 +133,8 @@ impl Reconciler {
             earlier_starts: 0,
             reporter,
             observed,
+            drain,
+            stop_when_idle: false,
         };
         let spec = RunnerSpec::new(&task.cfg, &task.desired);
         if spec.desired.enabled {
@@ -241,6 +247,10 @@ struct ReconcilerTask {
     earlier_starts: u64,
     reporter: ReporterHandle,
     observed: watch::Sender<Observed>,
+    drain: watch::Receiver<Option<DrainReport>>,
+    /// The desired state disables the runner, draining first: it stops once no job is
+    /// left (docs/design.md, "Drain").
+    stop_when_idle: bool,
 }
 
 impl ReconcilerTask {
@@ -268,6 +278,15 @@ impl ReconcilerTask {
                 },
                 // Cancel-safe: a watch receiver keeps its seen-version between polls.
                 status = changed(&mut self.changes) => self.send_status(status),
+                // Cancel-safe, as above. A disabled runner drained: it stops now.
+                r = self.drain.changed(), if self.stop_when_idle => {
+                    if r.is_err() || self.idle() {
+                        tracing::info!("the runner has no job left: stopping it, as the desired state asks");
+                        self.stop_when_idle = false;
+                        self.stop_runner().await;
+                        self.report();
+                    }
+                }
                 // Cancel-safe: an interval keeps its schedule between polls.
                 _ = tick.tick() => self.report(),
             }
@@ -343,7 +362,11 @@ impl ReconcilerTask {
         let want = RunnerSpec::new(&cfg, &desired);
         let generation = desired.generation;
         let floor = if reset { 0 } else { self.desired.generation };
-        match decide(floor, self.running.as_ref(), &desired, &want) {
+        let step = decide(floor, self.running.as_ref(), &desired, &want);
+        if step != Step::Stale {
+            self.stop_when_idle = false;
+        }
+        match step {
             Step::Stale => {
                 tracing::warn!(
                     got = generation,
@@ -357,6 +380,14 @@ impl ReconcilerTask {
             }
             Step::Keep => {
                 tracing::info!(generation, "{origin}: runner settings unchanged");
+                self.accept(cfg, desired);
+            }
+            Step::Stop if desired.runner.drain_first && !self.idle() => {
+                tracing::info!(
+                    generation,
+                    "{origin}: the desired state disables the runner; it drains first (its jobs finish, none is taken), then stops"
+                );
+                self.stop_when_idle = true;
                 self.accept(cfg, desired);
             }
             Step::Stop => {
@@ -409,6 +440,12 @@ impl ReconcilerTask {
         }
         self.report();
         Ok(Outcome::Applied)
+    }
+
+    /// True when the runner holds no job (a drain counted none left), or is not running.
+    fn idle(&self) -> bool {
+        let running = self.observed.borrow().runner.state == State::Running;
+        !running || self.drain.borrow().as_ref().and_then(|d| d.jobs_left) == Some(0)
     }
 
     /// Changes the running runner's admission limits (`PUT /v1/admission`), once it

@@ -52,6 +52,7 @@ use super::reporter::ReporterHandle;
 use super::upload::HubLink;
 use crate::build_info;
 use crate::proto::desired::DesiredAgent;
+use crate::proto::drain::Drain;
 use crate::proto::report::UpgradeReport;
 use crate::supervisor::State;
 use crate::sys::dirfd::Dir;
@@ -79,6 +80,7 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 pub(crate) const IDLE: &str = "idle";
 const DOWNLOADING: &str = "downloading";
 const VERIFYING: &str = "verifying";
+const DRAINING: &str = "draining";
 const SWITCHING: &str = "switching";
 const PENDING_COMMIT: &str = "pending_commit";
 const COMMITTED: &str = "committed";
@@ -107,6 +109,8 @@ pub(super) struct UpgradeCtx {
     pub(super) reporter: ReporterHandle,
     /// For the runner's health before a commit.
     pub(super) runner: super::runner_link::RunnerLink,
+    /// The runner drains before a switch.
+    pub(super) drain: super::drain::UpgradeDrain,
 }
 
 pub(super) struct UpgradeHandle {
@@ -136,6 +140,7 @@ impl UpgradeHandle {
             refused_local: None,
             state: None,
             local_problem: false,
+            reconsider: false,
         };
         Self {
             report,
@@ -236,6 +241,9 @@ struct UpgradeTask {
     /// The state shown is about a replaced executable that is not taken: it stays until
     /// the path names the pinned file again, or a hub upgrade moves on.
     local_problem: bool,
+    /// The desired state changed while the runner drained for an upgrade it no longer
+    /// asks for: look at it again at once.
+    reconsider: bool,
 }
 
 impl UpgradeTask {
@@ -254,6 +262,11 @@ impl UpgradeTask {
             if *self.stopping.borrow() {
                 return;
             }
+            // No switch: a drain an upgrade began (or a killed agent kept) ends.
+            self.ctx.drain.end().await;
+            if std::mem::take(&mut self.reconsider) {
+                continue;
+            }
             tokio::select! {
                 // Cancel-safe: a watch receiver keeps its seen-version between polls.
                 r = self.ctx.observed.changed() => if r.is_err() { return },
@@ -267,6 +280,7 @@ impl UpgradeTask {
                         self.hand_over(switch);
                         return;
                     }
+                    self.ctx.drain.end().await;
                 }
             }
         }
@@ -291,6 +305,16 @@ impl UpgradeTask {
     }
 
     fn set(&mut self, state: &str, target: Option<&str>, error: Option<String>) {
+        self.set_waiting(state, target, error, None);
+    }
+
+    fn set_waiting(
+        &mut self,
+        state: &str,
+        target: Option<&str>,
+        error: Option<String>,
+        waiting: Option<String>,
+    ) {
         let bad = record::peek(&self.ctx.cfg.state_dir)
             .map(|r| r.bad_versions.into_iter().map(|b| b.version).collect())
             .unwrap_or_default();
@@ -299,6 +323,7 @@ impl UpgradeTask {
             target: target.map(str::to_owned),
             error,
             bad_versions: bad,
+            waiting,
         };
         if self.state.as_ref() != Some(&report) {
             match (&report.error, report.state.as_str()) {
@@ -404,7 +429,7 @@ impl UpgradeTask {
             }
         }
         match self.upgrade_from_hub(&wanted).await {
-            Ok(switch) => Some(switch),
+            Ok(switch) => switch,
             Err(UpgradeError::Bad { .. })
                 if self.state.as_ref().is_some_and(|s| {
                     s.state == ROLLED_BACK && s.target.as_deref() == Some(wanted.version.as_str())
@@ -468,7 +493,11 @@ impl UpgradeTask {
         .await;
     }
 
-    async fn upgrade_from_hub(&mut self, wanted: &DesiredAgent) -> Result<Switch, UpgradeError> {
+    /// `None`: not now (the drain before the switch was given up).
+    async fn upgrade_from_hub(
+        &mut self,
+        wanted: &DesiredAgent,
+    ) -> Result<Option<Switch>, UpgradeError> {
         let version = wanted.version.clone();
         let rec = self.peek_record().await?;
         if let Some(bad) = rec.is_bad(&version) {
@@ -540,11 +569,88 @@ impl UpgradeTask {
                 return Err(e);
             }
         }
+        if !self.drain_first(&version, true).await {
+            let _ = dir.remove_file(&download);
+            return Ok(None);
+        }
         match self.switch(Kind::Hub, new, Some(&download), &version).await {
-            Ok(s) => Ok(s),
+            Ok(s) => Ok(Some(s)),
             Err(e) => {
                 let _ = dir.remove_file(&download);
                 Err(e)
+            }
+        }
+    }
+
+    /// Drains the runner before a switch to `version` (docs/design.md, "Upgrades never
+    /// kill a job that can finish"): true once no job is left, or at the deadline
+    /// (`upgrade.drain_deadline`; zero: at once), when the runner cancels what still runs
+    /// and the switch's stop budget ends it; false when the agent stops first or, with
+    /// `follow_hub`, the hub no longer asks for `version`. The drain stays in force
+    /// through the switch (and the new agent's commit: no job starts on a binary that
+    /// may yet be rolled back); the caller ends it otherwise.
+    async fn drain_first(&mut self, version: &str, follow_hub: bool) -> bool {
+        let budget = self.ctx.cfg.upgrade.drain_deadline;
+        if budget.is_zero() {
+            return true;
+        }
+        let reason = format!("upgrade to {version}");
+        let now = crate::util::unix_now_ms();
+        // An agent killed while it drained for this version keeps the first deadline.
+        let drain = match self.ctx.drain.current() {
+            Some(d) if d.reason == reason => d,
+            _ => Drain {
+                reason,
+                since_ms: now,
+                deadline_ms: Some(now.saturating_add(budget.as_millis() as u64)),
+            },
+        };
+        let deadline_ms = drain.deadline_ms.unwrap_or(u64::MAX);
+        self.ctx.drain.begin(drain.clone()).await;
+        let mut report = self.ctx.drain.report();
+        loop {
+            let left = report
+                .borrow_and_update()
+                .as_ref()
+                .filter(|d| d.reason.contains(&drain.reason))
+                .and_then(|d| d.jobs_left);
+            if left == Some(0) {
+                tracing::info!(%version, "no job is left: switching");
+                return true;
+            }
+            let now = crate::util::unix_now_ms();
+            if now >= deadline_ms {
+                tracing::warn!(%version, jobs_left = ?left, "the upgrade's drain deadline passed: switching; what still runs is cancelled (reason: drain deadline, upgrade)");
+                return true;
+            }
+            let waiting = match left {
+                Some(n) => format!("waiting for {n} job(s)"),
+                None => "waiting for the runner's count of its jobs".to_owned(),
+            };
+            let until = humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + Duration::from_millis(deadline_ms),
+            );
+            self.set_waiting(
+                DRAINING,
+                Some(version),
+                None,
+                Some(format!("{waiting} (deadline {until})")),
+            );
+            let wait = Duration::from_millis(deadline_ms - now);
+            tokio::select! {
+                // Cancel-safe: watch receivers keep their seen-version between polls.
+                r = report.changed() => if r.is_err() { return false },
+                _ = self.stopping.changed() => return false,
+                r = self.ctx.observed.changed(), if follow_hub => {
+                    let still = self.ctx.observed.borrow().desired.agent.as_ref().map(|a| a.version.clone());
+                    if r.is_err() || still.as_deref() != Some(version) {
+                        tracing::info!(%version, "the hub no longer asks for this version: the drain for it ends");
+                        self.reconsider = true;
+                        return false;
+                    }
+                }
+                // Cancel-safe: a sleep.
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }
@@ -621,6 +727,10 @@ impl UpgradeTask {
                 return None;
             }
         };
+        // The operator's file: what the hub asks for does not end this drain.
+        if !self.drain_first(&version, false).await {
+            return None;
+        }
         match self.switch(Kind::Local, new, None, &version).await {
             Ok(s) => Some(s),
             Err(e) => {

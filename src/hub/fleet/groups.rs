@@ -31,17 +31,7 @@ impl<S: Store> Fleet<S> {
             Some(id) => id,
             None => super::token::new_job_id().map_err(|e| bad("spec.id", e.to_string()))?,
         };
-        let mut agents: Vec<_> = self
-            .all()
-            .into_iter()
-            .filter(|e| !e.is_revoked())
-            .filter(|e| {
-                let st = util::lock(&e.state);
-                parsed.matches(&st.labels()) && (!connected_only || self.connected(e, st.last_seen))
-            })
-            .map(|e| e.id.clone())
-            .collect();
-        agents.sort();
+        let agents = self.matching(&parsed, connected_only);
         if agents.is_empty() {
             let which = if connected_only {
                 "connected agent"

@@ -711,7 +711,9 @@ impl<S: Store> Fleet<S> {
     }
 
     fn waiting_for(&self, entry: &AgentEntry, id: &str) -> String {
+        let drained = self.effective(entry).1.accept_jobs == Some(false);
         let st = util::lock(&entry.state);
+        let drain = st.report.as_ref().and_then(|r| r.drain.as_ref());
         let connected = self.connected(entry, st.last_seen);
         let offered = st.jobs.get(id).is_some_and(|j| j.offered);
         let runner = st
@@ -731,6 +733,13 @@ impl<S: Store> Fleet<S> {
                 entry.id,
                 util::clip(state),
                 entry.id
+            )
+        } else if drained || drain.is_some() {
+            let why = drain.map_or(crate::proto::drain::HUB_REASON, |d| d.reason.as_str());
+            format!(
+                "agent {} is draining ({}): it takes the job once the drain ends",
+                entry.id,
+                util::clip(why)
             )
         } else if offered {
             format!("sent to agent {}, which has not reported it yet", entry.id)

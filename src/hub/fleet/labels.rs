@@ -7,6 +7,7 @@ use super::{Fleet, FleetError};
 use crate::hub::store::{parse_labels, AgentRow, Labels, Store};
 use crate::proto::hub::AgentView;
 use crate::proto::labels;
+use crate::proto::selector::Selector;
 use crate::util;
 
 /// The hub's labels of a stored agent; ones that no longer parse are left out (and
@@ -19,6 +20,24 @@ pub(super) fn stored_labels(row: &AgentRow) -> Labels {
 }
 
 impl<S: Store> Fleet<S> {
+    /// The ids of the agents not revoked whose labels match `selector` now (and that are
+    /// connected, with `connected_only`), in id order.
+    pub(super) fn matching(&self, selector: &Selector, connected_only: bool) -> Vec<String> {
+        let mut agents: Vec<String> = self
+            .all()
+            .into_iter()
+            .filter(|e| !e.is_revoked())
+            .filter(|e| {
+                let st = util::lock(&e.state);
+                selector.matches(&st.labels())
+                    && (!connected_only || self.connected(e, st.last_seen))
+            })
+            .map(|e| e.id.clone())
+            .collect();
+        agents.sort();
+        agents
+    }
+
     /// Sets `set` on agent `id` and removes `remove` (the hub's labels only: a label its
     /// host reports stays, under the hub's if both name a key).
     pub(crate) async fn change_labels(

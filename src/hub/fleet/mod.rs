@@ -20,6 +20,7 @@
 //! transaction a second (an agent sends its report again at each reconcile, so a batch
 //! lost to a crash costs a `last_seen` a second old, never a decision).
 
+mod drain;
 mod error;
 mod groups;
 mod jobs;
@@ -368,6 +369,7 @@ impl<S: Store> Fleet<S> {
             agent,
             runner: DesiredRunner {
                 enabled: s.runner_enabled.unwrap_or(true),
+                drain_first: s.runner_enabled == Some(false) && s.force_stop != Some(true),
                 max_jobs: s.max_jobs,
                 max_jobs_per_owner: s.max_jobs_per_owner,
                 max_queued: None,
@@ -375,6 +377,8 @@ impl<S: Store> Fleet<S> {
             },
             jobs,
             cancel_jobs,
+            accept_jobs: s.accept_jobs.unwrap_or(true),
+            drain_deadline_ms: s.drain_deadline_ms.filter(|_| s.accept_jobs == Some(false)),
         }
     }
 
@@ -550,6 +554,7 @@ impl<S: Store> Fleet<S> {
 
     fn view(&self, entry: &AgentEntry) -> AgentView {
         let desired_generation = *entry.generation.borrow();
+        let settings = self.effective(entry).1;
         let st = util::lock(&entry.state);
         AgentView {
             id: entry.id.clone(),
@@ -567,6 +572,10 @@ impl<S: Store> Fleet<S> {
             report: st.report.clone(),
             labels: st.labels(),
             hub_labels: st.hub_labels.clone(),
+            accept_jobs: settings.accept_jobs.unwrap_or(true),
+            drain_deadline_ms: settings
+                .drain_deadline_ms
+                .filter(|_| settings.accept_jobs == Some(false)),
         }
     }
 

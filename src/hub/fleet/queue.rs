@@ -177,6 +177,8 @@ enum Standing {
     Revoked,
     Away,
     NotServing,
+    /// Drained, by the hub or on the host: it finishes what it has and takes nothing new.
+    Draining,
     Full,
     Room(Slot),
 }
@@ -186,6 +188,7 @@ enum Standing {
 struct Census {
     matching: usize,
     connected: usize,
+    draining: usize,
     serving: usize,
     room: usize,
 }
@@ -209,7 +212,7 @@ impl<S: Store> Fleet<S> {
         if entry.is_revoked() {
             return Standing::Revoked;
         }
-        let enabled = self.effective(entry).1.runner_enabled.unwrap_or(true);
+        let settings = self.effective(entry).1;
         let st = util::lock(&entry.state);
         if !self.connected(entry, st.last_seen) {
             return Standing::Away;
@@ -217,8 +220,11 @@ impl<S: Store> Fleet<S> {
         let Some(report) = st.report.as_ref().filter(|r| r.runner.state == "running") else {
             return Standing::NotServing;
         };
-        if !enabled {
+        if !settings.runner_enabled.unwrap_or(true) {
             return Standing::NotServing;
+        }
+        if settings.accept_jobs == Some(false) || report.drain.is_some() {
+            return Standing::Draining;
         }
         let max = report
             .jobs_summary
@@ -486,6 +492,7 @@ impl<S: Store> Fleet<S> {
             match self.standing(&e) {
                 Standing::Revoked | Standing::Away => continue,
                 Standing::NotServing => {}
+                Standing::Draining => c.draining += 1,
                 Standing::Full => c.serving += 1,
                 Standing::Room(_) => {
                     c.serving += 1;
@@ -503,6 +510,13 @@ impl<S: Store> Fleet<S> {
                 "no connected agent matches {text} ({} {} match, none connected)",
                 c.matching,
                 agents(c.matching)
+            )
+        } else if c.serving == 0 && c.draining > 0 {
+            format!(
+                "{} connected {} match {text}: {} draining, none taking jobs",
+                c.connected,
+                agents(c.connected),
+                c.draining
             )
         } else if c.serving == 0 {
             format!(

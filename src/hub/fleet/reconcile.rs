@@ -4,6 +4,7 @@
 //! batches by [`ReportFlusher`].
 
 use super::*;
+use crate::proto::hub::SETTINGS;
 
 impl<S: Store> Fleet<S> {
     /// A reconcile: records `report`, then answers with the agent's desired state, at
@@ -238,12 +239,15 @@ pub(super) fn changed(
             "max_jobs_per_owner" => next.max_jobs_per_owner = None,
             "version" => next.version = None,
             "rollback" => next.rollback = None,
-            other => return Err(FleetError::BadSetting {
-                field: format!("clear[{other:?}]"),
-                why:
-                    "not a desired setting (runner_enabled, max_jobs, max_jobs_per_owner, version, rollback)"
-                        .into(),
-            }),
+            "accept_jobs" => next.accept_jobs = None,
+            "drain_deadline_ms" => next.drain_deadline_ms = None,
+            "force_stop" => next.force_stop = None,
+            other => {
+                return Err(FleetError::BadSetting {
+                    field: format!("clear[{other:?}]"),
+                    why: format!("not a desired setting ({})", SETTINGS.join(", ")),
+                })
+            }
         }
     }
     for (field, v) in [

@@ -206,6 +206,7 @@ mod tests {
                 ..UpgradeReport::default()
             }),
             jobs_summary: None,
+            drain: None,
             jobs: Vec::new(),
         }
     }

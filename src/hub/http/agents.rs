@@ -16,7 +16,9 @@ use super::extract::{bearer, parse, parse_capped, read_body, ApiPath, MAX_BODY_B
 use super::state::Hub;
 use crate::hub::store::Store;
 use crate::hub::unproven::proven;
-use crate::proto::hub::{DesiredChange, EnrolRequest, Enrolled, LabelChange};
+use crate::proto::hub::{
+    DesiredChange, DrainRequest, EnrolRequest, Enrolled, LabelChange, SETTINGS,
+};
 use crate::proto::report::AgentReport;
 
 /// A report may carry up to a thousand jobs' states.
@@ -90,6 +92,22 @@ pub(super) async fn labels<S: Store>(
     Ok(Json(view).into_response())
 }
 
+pub(super) async fn drain<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    body: Body,
+) -> ApiResult<Response> {
+    let req: DrainRequest = parse(body).await?;
+    Ok(Json(hub.fleet.drain(&req).await?).into_response())
+}
+
+pub(super) async fn resume<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    body: Body,
+) -> ApiResult<Response> {
+    let req: DrainRequest = parse(body).await?;
+    Ok(Json(hub.fleet.resume(&req).await?).into_response())
+}
+
 pub(super) async fn fleet_desired<S: Store>(State(hub): State<Arc<Hub<S>>>) -> ApiResult<Response> {
     Ok(Json(hub.fleet.desired_view(None)?).into_response())
 }
@@ -127,17 +145,10 @@ fn strict_change(body: &Bytes) -> ApiResult<()> {
             format!("invalid request body: {e}"),
         )
     })?;
-    let known = [
-        "runner_enabled",
-        "max_jobs",
-        "max_jobs_per_owner",
-        "version",
-        "rollback",
-    ];
     let unknown = v
         .get("set")
         .and_then(|s| s.as_object())
-        .and_then(|o| o.keys().find(|k| !known.contains(&k.as_str())).cloned())
+        .and_then(|o| o.keys().find(|k| !SETTINGS.contains(&k.as_str())).cloned())
         .or_else(|| {
             v.as_object()?
                 .keys()
@@ -147,7 +158,7 @@ fn strict_change(body: &Bytes) -> ApiResult<()> {
     match unknown {
         Some(k) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            format!("{k:?}: not a desired setting (runner_enabled, max_jobs, max_jobs_per_owner, version, rollback)"),
+            format!("{k:?}: not a desired setting ({})", SETTINGS.join(", ")),
         )),
         None => Ok(()),
     }

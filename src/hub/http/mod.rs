@@ -37,6 +37,8 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
         .route("/agents/{id}", get(agents::show::<S>))
         .route("/agents/{id}/revoke", post(agents::revoke::<S>))
         .route("/agents/{id}/labels", post(agents::labels::<S>))
+        .route("/drain", post(agents::drain::<S>))
+        .route("/resume", post(agents::resume::<S>))
         .route(
             "/desired/fleet",
             get(agents::fleet_desired::<S>).put(agents::set_fleet::<S>),

@@ -18,11 +18,18 @@ use crate::runner::store::{self, Inserted, Outcome};
 
 pub(super) struct RunningJob {
     pub(super) owner: String,
-    pub(super) cancel: watch::Sender<Option<JobState>>,
+    pub(super) cancel: watch::Sender<Option<Cancel>>,
     pub(super) stdout: Option<Arc<SpoolStats>>,
     pub(super) stderr: Option<Arc<SpoolStats>>,
     /// Another job's workspace its `cwd` is in (`../ID/…`): retention leaves it alone.
     pub(super) uses: Option<String>,
+}
+
+/// A cancel sent to a running job. `why`, when given, is said in the job's record (the
+/// deadline of a drain: `cancelled: drain deadline (upgrade to 1.4.0)`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Cancel {
+    pub(super) why: Option<Arc<str>>,
 }
 
 /// A job waiting for admission.
@@ -163,6 +170,11 @@ impl Engine {
                 Err(EngineError::Conflict { id })
             };
         }
+        if let Some(d) = self.inner.drain.borrow().as_ref() {
+            return Err(EngineError::Draining {
+                reason: d.reason.clone(),
+            });
+        }
         {
             let s = self.sched();
             let max = s.limits.admission.max_queued;
@@ -238,7 +250,7 @@ impl Engine {
         let queued = {
             let mut s = self.sched();
             if let Some(run) = s.running.get(id) {
-                let _ = run.cancel.send(Some(JobState::Cancelled));
+                let _ = run.cancel.send(Some(Cancel::default()));
                 false
             } else if let Some(pos) = s.queue.iter().position(|q| q.id == id) {
                 s.queue.remove(pos);
@@ -248,22 +260,29 @@ impl Engine {
             }
         };
         if queued {
-            let outcome = Outcome {
-                error: Some("cancelled while queued".into()),
-                ..Outcome::default()
-            };
-            let recorded = self
-                .inner
-                .store
-                .mark_finished(id, JobState::Cancelled, &outcome)
+            self.finish_queued(id, "cancelled while queued".into())
                 .await?;
-            self.when_recorded(id, "cancelled", recorded);
-            self.count_finished(id, 0).await;
-            self.bump();
         }
         self.get(id)
             .await?
             .ok_or_else(|| EngineError::NotFound { id: id.to_owned() })
+    }
+
+    /// Records a job taken off the queue as cancelled, with `error` saying why.
+    pub(super) async fn finish_queued(&self, id: &str, error: String) -> Result<(), EngineError> {
+        let outcome = Outcome {
+            error: Some(error),
+            ..Outcome::default()
+        };
+        let recorded = self
+            .inner
+            .store
+            .mark_finished(id, JobState::Cancelled, &outcome)
+            .await?;
+        self.when_recorded(id, "cancelled", recorded);
+        self.count_finished(id, 0).await;
+        self.bump();
+        Ok(())
     }
 
     /// The admission limits in force.

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::admission::Cancel;
 use super::{blocking, Engine, EngineError};
 use crate::proc_tree::{self, Reapable};
 use crate::proto::job::{JobSpec, JobState};
@@ -26,7 +27,7 @@ impl Engine {
         self,
         id: String,
         spec: Option<Arc<JobSpec>>,
-        mut cancel: watch::Receiver<Option<JobState>>,
+        mut cancel: watch::Receiver<Option<Cancel>>,
         admitted_ms: i64,
     ) {
         let (state, outcome) = match self.execute(&id, spec, &mut cancel, admitted_ms).await {
@@ -74,7 +75,7 @@ impl Engine {
         &self,
         id: &str,
         spec: Option<Arc<JobSpec>>,
-        cancel: &mut watch::Receiver<Option<JobState>>,
+        cancel: &mut watch::Receiver<Option<Cancel>>,
         admitted_ms: i64,
     ) -> Result<(JobState, Outcome), EngineError> {
         let (spec, mut started) = match self.launch(id, spec, cancel, admitted_ms).await? {
@@ -91,7 +92,7 @@ impl Engine {
             // Cancel-safe: sleeping holds no state.
             _ = async { match timeout { Some(t) => tokio::time::sleep(t).await, None => std::future::pending().await } } => Some(JobState::TimedOut),
             // Cancel-safe: `changed` only observes the channel.
-            _ = cancel.changed() => Some((*cancel.borrow()).unwrap_or(JobState::Cancelled)),
+            _ = cancel.changed() => Some(JobState::Cancelled),
         };
         #[cfg(target_os = "linux")]
         let cgroup = started.cgroup.take();
@@ -131,7 +132,10 @@ impl Engine {
                 "timed out after {}s",
                 timeout.map(|t| t.as_secs()).unwrap_or(0)
             )),
-            Some(JobState::Cancelled) => Some(self.cancel_reason(asked_grace, grace, grace_cut)),
+            Some(JobState::Cancelled) => {
+                let why = cancel.borrow().as_ref().and_then(|c| c.why.clone());
+                Some(self.cancel_reason(why.as_deref(), asked_grace, grace, grace_cut))
+            }
             _ => None,
         };
         let outcome = outcome_of(status, error, &started);
@@ -149,7 +153,7 @@ impl Engine {
         &self,
         id: &str,
         spec: Option<Arc<JobSpec>>,
-        cancel: &mut watch::Receiver<Option<JobState>>,
+        cancel: &mut watch::Receiver<Option<Cancel>>,
         admitted_ms: i64,
     ) -> Result<Launched, EngineError> {
         // Committed before the job is launched: a runner killed after the launch leaves a
@@ -194,12 +198,15 @@ impl Engine {
         let notify: Arc<dyn Fn() + Send + Sync> =
             Arc::new(move || activity.send_modify(|n| *n = n.wrapping_add(1)));
         // A cancel that arrived while the job was starting wins before any of its code runs.
-        if let Some(state) = *cancel.borrow() {
+        if let Some(c) = cancel.borrow().clone() {
             let outcome = Outcome {
-                error: Some("cancelled before it started".into()),
+                error: Some(match c.why {
+                    Some(why) => format!("cancelled before it started: {why}"),
+                    None => "cancelled before it started".into(),
+                }),
                 ..Outcome::default()
             };
-            return Ok(Launched::Cancelled(state, outcome));
+            return Ok(Launched::Cancelled(JobState::Cancelled, outcome));
         }
         let started = job::start(
             &self.inner.paths,
@@ -254,18 +261,29 @@ impl Engine {
         Ok(Launched::Running(spec, started))
     }
 
-    /// Why a cancelled job ended, as its record says it.
-    fn cancel_reason(&self, asked: Duration, grace: Duration, cut: bool) -> String {
+    /// Why a cancelled job ended, as its record says it: the cancel's own reason (a
+    /// drain's deadline) first, then the runner's stop, and a kill grace the stop cut.
+    fn cancel_reason(
+        &self,
+        why: Option<&str>,
+        asked: Duration,
+        grace: Duration,
+        cut: bool,
+    ) -> String {
         let shutting_down = self.inner.shutting_down.load(Ordering::Relaxed);
-        match (shutting_down, cut) {
-            (true, true) => format!(
-                "cancelled: the runner is shutting down; its kill grace was cut from {} to {} to fit the runner's stop budget",
+        let mut reason = match (why, shutting_down) {
+            (Some(why), _) => format!("cancelled: {why}"),
+            (None, true) => "cancelled: the runner is shutting down".into(),
+            (None, false) => "cancelled".into(),
+        };
+        if shutting_down && cut {
+            reason.push_str(&format!(
+                "; its kill grace was cut from {} to {} to fit the runner's stop budget",
                 humantime::format_duration(asked),
                 humantime::format_duration(Duration::from_millis(grace.as_millis() as u64))
-            ),
-            (true, false) => "cancelled: the runner is shutting down".into(),
-            (false, _) => "cancelled".into(),
+            ));
         }
+        reason
     }
 }
 

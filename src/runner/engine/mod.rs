@@ -27,6 +27,8 @@
 //! (`when_recorded`).
 
 mod admission;
+mod drain;
+pub use self::drain::DrainError;
 mod lifecycle;
 mod query;
 pub use self::query::Until;
@@ -109,6 +111,10 @@ pub enum EngineError {
     NotFound { id: String },
     #[error("the runner is shutting down")]
     ShuttingDown,
+    #[error("this host is draining: {reason}; it takes no new job until the drain ends (`railgrid agent resume` on the host, or `hub agent resume` at the hub)")]
+    Draining { reason: String },
+    #[error(transparent)]
+    Drain(#[from] DrainError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("internal task failed: {0}")]
@@ -150,6 +156,9 @@ struct Inner {
     stop_deadline: watch::Sender<Option<Instant>>,
     /// Leftovers of a previous runner (jobs and job cgroups) not yet ended.
     reconciling: AtomicUsize,
+    /// The drain in force (see `drain`), kept in `drain_file` across runner restarts.
+    drain: watch::Sender<Option<crate::proto::drain::Drain>>,
+    drain_file: PathBuf,
 }
 
 /// A handle to the engine; cheap to clone.
@@ -177,6 +186,9 @@ impl Engine {
         let force_fork = cfg.force_fork;
         let db = runner_dir.join("jobs.db");
         let store = Arc::new(blocking(move || Store::open(&db)).await??);
+        let drain_file = runner_dir.join(drain::DRAIN_FILE);
+        let path = drain_file.clone();
+        let drain = blocking(move || drain::load(&path)).await?;
         let (activity, _) = watch::channel(0);
         let engine = Self {
             inner: Arc::new(Inner {
@@ -195,9 +207,12 @@ impl Engine {
                 launch: job::LaunchMethod::detect(force_fork),
                 stop_deadline: watch::channel(None).0,
                 reconciling: AtomicUsize::new(0),
+                drain: watch::channel(drain).0,
+                drain_file,
             }),
         };
         engine.reconcile().await?;
+        engine.spawn_drain_deadline();
         Ok(engine)
     }
 

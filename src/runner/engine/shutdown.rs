@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::admission::Cancel;
 use super::Engine;
-use crate::proto::job::JobState;
 
 impl Engine {
     /// `asked`, cut to what is left of the stop budget once a stop has begun. Returns the
@@ -34,10 +34,24 @@ impl Engine {
             self.inner.stop_deadline.send_replace(deadline);
         }
         self.inner.shutting_down.store(true, Ordering::Relaxed);
+        // A stop past a drain's deadline (an upgrade's switch) ends what is left for the
+        // drain's reason, whichever of the two reaches a job first.
+        let why = self
+            .inner
+            .drain
+            .borrow()
+            .as_ref()
+            .filter(|d| d.past_deadline(crate::util::unix_now_ms()))
+            .map(super::drain::deadline_reason);
         {
             let s = self.sched();
             for run in s.running.values() {
-                let _ = run.cancel.send(Some(JobState::Cancelled));
+                // A job a drain's deadline is ending keeps its reason.
+                run.cancel.send_if_modified(|c| {
+                    let first = c.is_none();
+                    c.get_or_insert_with(|| Cancel { why: why.clone() });
+                    first
+                });
             }
         }
         let mut tasks = std::mem::take(&mut *crate::util::lock(&self.inner.tasks));
