@@ -338,6 +338,10 @@ pub struct HubServeArgs {
     /// Done jobs kept, with their output; older ones are deleted.
     #[arg(long, value_name = "N", default_value_t = 10_000)]
     pub keep_done_jobs: usize,
+    /// How long an agent may go unseen before the jobs it was sent end `lost` (and
+    /// `--retry` runs them elsewhere); `0`: wait for it for ever.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10m")]
+    pub agent_patience: Duration,
     /// A publisher's minisign public key file (repeatable): `hub release publish` takes
     /// only binaries signed by one of them. Without one, releases are refused.
     #[arg(long, value_name = "PUBFILE")]

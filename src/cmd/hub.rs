@@ -118,6 +118,7 @@ fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
             max_open: a.max_open_jobs as usize,
             max_output: a.max_job_output,
             keep_done: a.keep_done_jobs,
+            agent_patience: (!a.agent_patience.is_zero()).then_some(a.agent_patience),
         },
         release_keys: a
             .release_key

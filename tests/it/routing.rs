@@ -359,3 +359,41 @@ fn selected_jobs_reach_only_matching_agents_with_room_in_priority_order_and_surv
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn the_jobs_of_an_agent_gone_past_the_hubs_patience_end_lost_and_are_retried_elsewhere() {
+    let dir = tempdir();
+    let hub = TestHub::start(
+        &dir.path().join("hub"),
+        &["--max-wait", "1s", "--agent-patience", "2s"],
+    );
+    hub.admin_ok(&["desired", "set", "--fleet", "--max-jobs", "1"]);
+    let mut members = [
+        start_member(&hub, "p1", "build"),
+        start_member(&hub, "p2", "build"),
+    ];
+    wait_ready(&hub, &["p1", "p2"]);
+    let marks = marks_dir(&members[0].host);
+    submit_gated(&hub, &marks, "gone", &["--retry", "1"]);
+    let first = wait_job(&hub, "gone", "running", running);
+    let on = first["agent"].as_str().expect("agent").to_owned();
+    // Its agent hangs (a host cut off looks the same to the hub): past the patience, the
+    // job ends lost and its retry runs on the other agent.
+    let hung = members.iter_mut().find(|m| m.id == on).expect("member");
+    hung.agent.signal(Signal::SIGSTOP);
+    let lost = wait_job(&hub, "gone", "lost", |v| v["state"] == "lost");
+    assert!(
+        lost["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(&format!("agent {on} was not seen for 2s"))),
+        "{lost:#}"
+    );
+    let retry = wait_job(&hub, "gone.2", "the retry running", running);
+    assert_ne!(retry["agent"], on.as_str(), "{retry:#}");
+    hung.agent.signal(Signal::SIGCONT);
+    // The same spec: it waits for the first attempt's gate.
+    fs::write(marks.join("go-gone"), "").expect("gate");
+    let retry = wait_job(&hub, "gone.2", "done", |v| v["done"] == true);
+    assert_eq!(retry["state"], "succeeded", "{retry:#}");
+    assert_eq!(status(&hub, "gone")["state"], "lost", "stays as it ended");
+}

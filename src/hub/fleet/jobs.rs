@@ -45,6 +45,9 @@ pub(crate) struct JobLimits {
     pub(crate) max_open: usize,
     /// Bytes kept of each stream of a job.
     pub(crate) max_output: u64,
+    /// How long an agent may be gone before the jobs it was sent end `lost` (`None`:
+    /// for ever).
+    pub(crate) agent_patience: Option<Duration>,
     /// Done jobs kept, newest first; older ones are deleted with their output.
     pub(crate) keep_done: usize,
 }
@@ -55,6 +58,7 @@ impl Default for JobLimits {
             max_open: 1000,
             max_output: 16 * 1024 * 1024,
             keep_done: 10_000,
+            agent_patience: Some(Duration::from_secs(600)),
         }
     }
 }
@@ -101,6 +105,20 @@ impl OpenJob {
 
     fn pending(&self) -> bool {
         self.progress.state == PENDING
+    }
+
+    /// Its progress ended `lost` with `error`, if its agent may have it (it was sent, and
+    /// has not ended there).
+    pub(super) fn lost_if_sent(&self, now_ms: u64, error: &str) -> Option<JobProgress> {
+        if !self.offered || ended(&self.progress.state) {
+            return None;
+        }
+        let mut next = self.progress.clone();
+        next.state = JobState::Lost.as_str().into();
+        next.done = true;
+        next.finished_ms = Some(now_ms);
+        next.error = Some(error.to_owned());
+        Some(next)
     }
 }
 
@@ -590,7 +608,7 @@ impl<S: Store> Fleet<S> {
 
     /// Records what changed about `updates`' jobs and applies it; `bump` gives the agent
     /// the next generation. Called with `changes` held.
-    async fn save_jobs(
+    pub(super) async fn save_jobs(
         &self,
         entry: &AgentEntry,
         updates: Vec<(String, JobProgress)>,

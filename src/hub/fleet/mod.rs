@@ -25,6 +25,7 @@ mod error;
 mod groups;
 mod jobs;
 mod labels;
+mod patience;
 mod queue;
 mod reconcile;
 mod releases;

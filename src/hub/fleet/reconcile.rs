@@ -283,9 +283,17 @@ impl ReportFlusher {
             let mut tick = tokio::time::interval(FLUSH_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut failing = false;
+            let every = super::patience::every(fleet.job_limits.agent_patience);
+            let mut patience_at = tokio::time::Instant::now() + every;
             loop {
                 tick.tick().await;
                 fleet.retain_jobs().await;
+                if tokio::time::Instant::now() >= patience_at {
+                    patience_at += every;
+                    if let Err(e) = fleet.end_jobs_of_absent().await {
+                        tracing::warn!(error = %util::error_chain(&e), "could not end the jobs of agents gone past the hub's patience (tried again)");
+                    }
+                }
                 match fleet.flush_reports().await {
                     Ok(_) if failing => {
                         failing = false;
