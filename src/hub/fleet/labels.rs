@@ -66,6 +66,7 @@ impl<S: Store> Fleet<S> {
             st.hub_labels = now;
             st.own.generation = st.own.generation.max(generation);
         }
+        self.reindex(&entry);
         self.announce(&entry);
         tracing::info!(agent = %id, labels = %shown, "the hub's labels of an agent changed");
         self.kick();

@@ -24,6 +24,7 @@ mod drain;
 mod error;
 mod groups;
 mod jobs;
+mod label_index;
 mod labels;
 mod patience;
 mod queue;
@@ -189,6 +190,8 @@ pub(crate) struct Fleet<S: Store> {
     store: Arc<S>,
     fleet: RwLock<Scope>,
     agents: RwLock<HashMap<String, Arc<AgentEntry>>>,
+    /// The agents by their labels in force, for the dispatcher.
+    label_index: Mutex<label_index::LabelIndex>,
     /// Enrolments and desired changes, one at a time: each reads a scope, stores its new
     /// version and applies it, and two interleaved would lose one.
     changes: tokio::sync::Mutex<()>,
@@ -270,6 +273,10 @@ impl<S: Store> Fleet<S> {
             let entry = AgentEntry::new(a.id.clone(), state, a.revoked_at.is_some(), generation);
             map.insert(a.id, entry);
         }
+        let mut index = label_index::LabelIndex::default();
+        for e in map.values() {
+            index.set(&e.id, &util::lock(&e.state).labels());
+        }
         let mut job_index = HashMap::with_capacity(open_jobs.len());
         let mut queued = Vec::new();
         for row in open_jobs {
@@ -286,6 +293,7 @@ impl<S: Store> Fleet<S> {
         }
         let loaded = Self {
             fleet: RwLock::new(fleet),
+            label_index: Mutex::new(index),
             agents: RwLock::new(map),
             changes: tokio::sync::Mutex::new(()),
             reports: Mutex::new(Vec::new()),
@@ -308,6 +316,12 @@ impl<S: Store> Fleet<S> {
             loaded.enqueue(row);
         }
         Ok(loaded)
+    }
+
+    /// Indexes `entry` under its labels in force now: called wherever they may change.
+    fn reindex(&self, entry: &AgentEntry) {
+        let labels = util::lock(&entry.state).labels();
+        util::lock(&self.label_index).set(&entry.id, &labels);
     }
 
     fn entry(&self, id: &str) -> Result<Arc<AgentEntry>, FleetError> {
@@ -419,6 +433,7 @@ impl<S: Store> Fleet<S> {
                     // A new agent under the id: what the hub said of the old one goes.
                     st.hub_labels.clear();
                 }
+                self.reindex(&entry);
                 entry.revoked.store(false, Ordering::Release);
                 self.announce(&entry);
             }

@@ -19,7 +19,7 @@
 //! (agents that connected or went away, queue timeouts).
 
 use std::cmp::{Ordering as Order, Reverse};
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -264,7 +264,7 @@ impl<S: Store> Fleet<S> {
         }
         let _one = self.changes.lock().await;
         let mut slots: Vec<Slot> = self
-            .all()
+            .candidates()
             .iter()
             .filter_map(|e| match self.standing(e) {
                 Standing::Room(s) => Some(s),
@@ -320,6 +320,27 @@ impl<S: Store> Fleet<S> {
             self.job_moved();
         }
         Ok(given)
+    }
+
+    /// The agents some queued selector can match, by the label index: the whole fleet
+    /// only when a selector narrows nothing (only `!=`, `notin`, `!key`).
+    fn candidates(&self) -> Vec<Arc<AgentEntry>> {
+        let q = util::lock(&self.queue);
+        let index = util::lock(&self.label_index);
+        let mut ids: HashSet<&str> = HashSet::new();
+        for lane in q.lanes.values() {
+            match index.candidates(&lane.selector) {
+                Some(found) => ids.extend(found),
+                None => return self.all(),
+            }
+        }
+        let agents = util::read(&self.agents);
+        if ids.len() == agents.len() {
+            return agents.values().cloned().collect();
+        }
+        ids.iter()
+            .filter_map(|id| agents.get(*id).cloned())
+            .collect()
     }
 
     /// Which queued jobs go to which slot this round, best first: the best head of all

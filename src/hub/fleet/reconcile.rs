@@ -156,11 +156,16 @@ impl<S: Store> Fleet<S> {
     /// report is serialised only then, off the reconcile's path.
     pub(super) fn queue_report(&self, entry: &Arc<AgentEntry>, mut report: AgentReport) {
         bound_report(&mut report);
-        {
+        let relabelled = {
             let mut st = util::lock(&entry.state);
             st.last_seen = Some(crate::util::unix_now());
             st.observed_generation = report.observed_generation;
+            let relabelled = st.report.as_ref().map(|r| &r.labels) != Some(&report.labels);
             st.report = Some(report);
+            relabelled
+        };
+        if relabelled {
+            self.reindex(entry);
         }
         if !entry.dirty.swap(true, Ordering::AcqRel) {
             util::lock(&self.reports).push(entry.clone());

@@ -298,6 +298,7 @@ impl<S: Store> Fleet<S> {
                 .entry(agent.id.clone())
                 .or_insert(entry)
                 .clone();
+            self.reindex(&entry);
             self.adopt_jobs(&entry, open_jobs);
             self.announce(&entry);
             return None;
@@ -319,6 +320,7 @@ impl<S: Store> Fleet<S> {
             }
             adopt_report(&mut st, &agent);
         }
+        self.reindex(&entry);
         let was_revoked = entry.revoked.swap(revoked, Ordering::AcqRel);
         if (revoked && !was_revoked) || token_changed {
             // Its held polls see the flag, or that their token is no longer the one.
@@ -339,6 +341,7 @@ impl<S: Store> Fleet<S> {
         for row in rows {
             if let Some(entry) = agents.get(&row.id) {
                 adopt_report(&mut util::lock(&entry.state), &row);
+                self.reindex(entry);
             }
         }
         Ok(())
