@@ -1085,9 +1085,27 @@ fn a_binary_replaced_by_hand_is_test_run_and_taken_in_lockstep() {
     let mut up = Up::new();
     up.start_agent();
     let old = sha256_hex(&up.exe());
+    // A job runs: the agent drains, and takes the new file once the job is done.
+    let marks = super::hub_jobs::marks_dir(&up.host);
+    let gate = marks.join("go");
+    let script = format!("while [ ! -e {} ]; do sleep 0.05; done", gate.display());
+    up.hub().admin_ok(&[
+        "job", "submit", "--agent", "a1", "--id", "busy", "--", "sh", "-c", &script,
+    ]);
+    wait_for(LIMIT, "the job running", || {
+        (up.hub().admin_json(&["job", "status", "busy"])["state"] == "running").then_some(())
+    });
     replace_by_hand(&up, &builds().v2);
     let replaced = Instant::now();
+    let u = up.wait_upgrade("draining");
+    assert_eq!(u["target"], V2, "{u:#}");
+    fs::write(&gate, "").expect("gate");
     up.wait_upgrade("committed");
+    let busy = wait_for(LIMIT, "the job done at the hub", || {
+        let v = up.hub().admin_json(&["job", "status", "busy"]);
+        (v["done"] == true).then_some(v)
+    });
+    assert_eq!(busy["state"], "succeeded", "{busy:#}");
     eprintln!("replaced by hand, committed {:?} later", replaced.elapsed());
     up.assert_running(V2);
     assert_eq!(sha256_hex(&up.bin_dir().join("railgrid.prev")), old);
