@@ -142,11 +142,65 @@ pub enum HubCommand {
         #[command(subcommand)]
         command: HubReleaseCommand,
     },
+    /// Upgrade agents to a version wave by wave: canaries first, each wave once the last
+    /// one committed, halted at the first rollback.
+    Rollout {
+        #[command(subcommand)]
+        command: HubRolloutCommand,
+    },
     /// Work on the hub's store directly, with every hub on it stopped.
     Store {
         #[command(subcommand)]
         command: HubStoreCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HubRolloutCommand {
+    /// Start a rollout of a published version over the agents that match (all of them
+    /// without --select); prints its id.
+    #[command(disable_version_flag = true)]
+    Start(HubRolloutStartArgs),
+    /// A rollout wave by wave, member by member, and what it waits for (without ID:
+    /// the latest rollouts).
+    Status { id: Option<String> },
+    /// Give the version to no further member (those under way finish).
+    Pause { id: String },
+    /// Go on with a paused, halted or stopped rollout.
+    Resume { id: String },
+    /// End a rollout where it is; with --rollback, first take the members that committed
+    /// back to the version each ran before, wave by wave.
+    Abort {
+        id: String,
+        #[arg(long)]
+        rollback: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct HubRolloutStartArgs {
+    /// The version (published with `hub release publish`, not halted).
+    #[arg(long, value_name = "V")]
+    pub version: String,
+    /// Only the agents (not revoked) whose labels match SEL now.
+    #[arg(long, value_name = "SEL", value_parser = parse_selector)]
+    pub select: Option<Selector>,
+    /// The waves, cumulative: counts or percentages of the agents selected. Agents
+    /// labelled rollout=canary come first.
+    #[arg(long, value_name = "LIST", default_value = crate::proto::rollout::DEFAULT_WAVES)]
+    pub waves: String,
+    /// How long after a wave's last commit the next one starts.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "0s")]
+    pub soak: std::time::Duration,
+    /// The most agents draining or switching at once.
+    #[arg(long, value_name = "N", default_value_t = crate::proto::rollout::DEFAULT_MAX_PARALLEL)]
+    pub max_parallel: usize,
+    /// Members that may fail to download or verify the version before the rollout stops.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_failures: usize,
+    /// Stop where it is if it has not finished this long after its start.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub deadline: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Subcommand)]

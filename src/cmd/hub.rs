@@ -52,6 +52,9 @@ pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {
         HubCommand::Release { command } => {
             admin(&target, |c| super::hub_release::run(c, command, json))
         }
+        HubCommand::Rollout { command } => {
+            admin(&target, |c| super::hub_rollout::run(c, command, json))
+        }
         HubCommand::Store { command } => store(target, command),
     }
 }
@@ -234,7 +237,13 @@ async fn desired(c: AdminClient, cmd: HubDesiredCommand, json: bool) -> anyhow::
                     "nothing to set: give --runner-enabled, --max-jobs, --max-jobs-per-owner, --version, --rollback or --clear"
                 )));
             }
-            c.set_desired(scope_id(&args.scope), &change).await?
+            let view = c.set_desired(scope_id(&args.scope), &change).await?;
+            if let (true, Some(v)) = (args.scope.fleet, &args.version) {
+                eprintln!(
+                    "railgrid: every agent takes {v} at once; `railgrid hub rollout start --version {v}` is the safe way: canaries first, wave by wave, halted at the first rollback"
+                );
+            }
+            view
         }
     };
     if json {

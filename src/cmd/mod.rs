@@ -9,6 +9,7 @@ mod hub;
 mod hub_drain;
 mod hub_job;
 mod hub_release;
+mod hub_rollout;
 mod install;
 mod interrupts;
 mod job;

@@ -511,3 +511,46 @@ fn desired_path(agent: Option<&str>) -> String {
         ),
     }
 }
+
+impl AdminClient {
+    pub(crate) async fn start_rollout(
+        &self,
+        req: &crate::proto::rollout::RolloutRequest,
+    ) -> Result<crate::proto::rollout::RolloutView, AdminError> {
+        self.call(Method::POST, "/v1/admin/rollouts", Some(req))
+            .await
+    }
+
+    pub(crate) async fn rollouts(
+        &self,
+    ) -> Result<Vec<crate::proto::rollout::RolloutView>, AdminError> {
+        self.call(Method::GET, "/v1/admin/rollouts", None::<&()>)
+            .await
+    }
+
+    pub(crate) async fn rollout(
+        &self,
+        id: &str,
+    ) -> Result<crate::proto::rollout::RolloutView, AdminError> {
+        self.call(Method::GET, &rollout_path(id, ""), None::<&()>)
+            .await
+    }
+
+    /// `pause`, `resume` or `abort` (with its body).
+    pub(crate) async fn steer_rollout(
+        &self,
+        id: &str,
+        verb: &str,
+        abort: Option<&crate::proto::rollout::AbortRequest>,
+    ) -> Result<crate::proto::rollout::RolloutView, AdminError> {
+        self.call(Method::POST, &rollout_path(id, &format!("/{verb}")), abort)
+            .await
+    }
+}
+
+fn rollout_path(id: &str, rest: &str) -> String {
+    format!(
+        "/v1/admin/rollouts/{}{rest}",
+        crate::util::percent_encode(id)
+    )
+}

@@ -9,6 +9,8 @@
 //!   in batches.
 //! - the *dispatcher* ([`fleet::Dispatcher`]): hands the fleet's queued jobs to agents
 //!   with room.
+//! - the *roller* ([`fleet::Roller`]): drives the rollouts, wave by wave, while this hub
+//!   holds their lease in the store.
 //!
 //! In: agents' reconciles (report in, desired state out), admin requests. Out: the
 //! store ([`store`]), which holds everything that must survive a restart.
@@ -37,7 +39,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use self::fleet::{Dispatcher, Fleet, FleetError, ReplicaSync, ReportFlusher};
+use self::fleet::{Dispatcher, Fleet, FleetError, ReplicaSync, ReportFlusher, Roller};
 use self::store::postgres::PgStore;
 use self::store::sqlite::SqliteStore;
 use self::store::{Store, StoreError};
@@ -286,6 +288,7 @@ async fn run<S: Store>(
 
     let flusher = ReportFlusher::spawn(fleet.clone());
     let dispatcher = Dispatcher::spawn(fleet.clone());
+    let roller = Roller::spawn(fleet.clone());
     let replicas = ReplicaSync::spawn(fleet.clone());
     let stop = async {
         tokio::select! {
@@ -299,6 +302,7 @@ async fn run<S: Store>(
     tracing::info!("{why} received: stopping the hub");
     flusher.stop();
     dispatcher.stop();
+    roller.stop();
     if let Some(r) = replicas {
         r.stop();
     }

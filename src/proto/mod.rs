@@ -22,4 +22,5 @@ pub mod hub;
 pub mod job;
 pub mod labels;
 pub mod report;
+pub mod rollout;
 pub mod selector;

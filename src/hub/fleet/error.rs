@@ -34,6 +34,17 @@ pub(crate) enum FleetError {
     NoSuchRelease(String),
     #[error("release {0:?} is not halted")]
     NotHalted(String),
+    #[error("no rollout {0:?}")]
+    NoSuchRollout(String),
+    /// The agents another rollout still holds: one rollout per agent at a time.
+    #[error("{}", rollout_clash(.0))]
+    RolloutClash(Vec<(String, String)>),
+    #[error("rollout {id} is {state}: {why}")]
+    RolloutState {
+        id: String,
+        state: String,
+        why: String,
+    },
     #[error(
         "this hub replica has lost its database and may be behind the others: try another replica"
     )]
@@ -50,4 +61,22 @@ pub(crate) enum FleetError {
     },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+fn rollout_clash(clash: &[(String, String)]) -> String {
+    let shown: Vec<String> = clash
+        .iter()
+        .take(5)
+        .map(|(agent, rollout)| format!("{agent} (in {rollout})"))
+        .collect();
+    let more = clash.len().saturating_sub(shown.len());
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "another rollout holds {}{more}: wait for it to end, or `railgrid hub rollout abort ID`",
+        shown.join(", ")
+    )
 }

@@ -32,6 +32,7 @@ mod reconcile;
 mod releases;
 mod replicas;
 mod retry;
+mod rollout;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -58,6 +59,7 @@ pub(crate) use self::reconcile::ReportFlusher;
 use self::releases::Releases;
 pub(crate) use self::releases::ROLLED_BACK;
 pub(crate) use self::replicas::ReplicaSync;
+pub(crate) use self::rollout::Roller;
 
 /// How often queued reports are written.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
@@ -209,6 +211,8 @@ pub(crate) struct Fleet<S: Store> {
     queue: Mutex<Queue>,
     /// Wakes the [`Dispatcher`].
     dispatch_kick: tokio::sync::Notify,
+    /// Wakes the [`Roller`]: an agent's version or upgrade moved.
+    rollout_kick: tokio::sync::Notify,
     /// Moves on every change to any job (its state, its output): what `job wait` and
     /// `job logs --follow` wait on.
     job_activity: watch::Sender<u64>,
@@ -303,6 +307,7 @@ impl<S: Store> Fleet<S> {
             job_index: RwLock::new(job_index),
             queue: Mutex::new(Queue::default()),
             dispatch_kick: tokio::sync::Notify::new(),
+            rollout_kick: tokio::sync::Notify::new(),
             job_activity: watch::Sender::new(0),
             job_limits,
             jobs_done: AtomicUsize::new(0),

@@ -10,7 +10,7 @@ impl<S: Store> Fleet<S> {
     /// A reconcile: records `report`, then answers with the agent's desired state, at
     /// once when the agent is behind it, else when it changes or `wait` has passed.
     pub(crate) async fn reconcile(
-        &self,
+        self: &Arc<Self>,
         entry: &Arc<AgentEntry>,
         mut report: AgentReport,
         wait: Duration,
@@ -52,40 +52,26 @@ impl<S: Store> Fleet<S> {
         }
         // Jobs are kept with the jobs, not in the agent's report.
         let jobs = std::mem::take(&mut report.jobs);
-        if !jobs.is_empty() {
-            self.job_reports(entry, jobs).await?;
-        }
-        // Once per rollback, when the agent first reports it: an agent keeps reporting
-        // its rollback, and a halt an operator resumed must stay resumed.
-        let rolled_back_of = |r: &AgentReport| {
-            r.upgrade
-                .as_ref()
-                .filter(|u| u.state == ROLLED_BACK)
-                .and_then(|u| u.target.clone())
-        };
-        let rolled_back = rolled_back_of(&report).filter(|v| {
-            util::lock(&entry.state)
-                .report
-                .as_ref()
-                .and_then(rolled_back_of)
-                .as_ref()
-                != Some(v)
-        });
-        // Only a version this agent was sent: a token cannot halt any string it likes.
-        let rolled_back = rolled_back.filter(|v| {
-            desired::is_version(v) && self.effective(entry).1.version.as_deref() == Some(v.as_str())
-        });
-        let rolled_back = rolled_back.map(|v| {
-            let reason = report
-                .upgrade
-                .as_ref()
-                .and_then(|u| u.error.clone())
-                .unwrap_or_default();
-            (v, reason)
-        });
-        // The halt first: whoever sees the rollback in the agent's report sees the halt.
-        if let Some((version, reason)) = rolled_back {
-            self.halt_on_rollback(entry, &version, reason).await?;
+        let rolled_back = self.new_rollback(entry, &report);
+        if !jobs.is_empty() || rolled_back.is_some() {
+            // Taken in whole, never half: a poll whose client goes away is dropped where
+            // it waits, and a store write answered but not yet applied here would leave
+            // this hub's copy behind the store.
+            let fleet = self.clone();
+            let e = entry.clone();
+            tokio::spawn(async move {
+                if !jobs.is_empty() {
+                    fleet.job_reports(&e, jobs).await?;
+                }
+                // The halt first: whoever sees the rollback in the agent's report sees
+                // the halt.
+                if let Some((version, reason)) = rolled_back {
+                    fleet.halt_on_rollback(&e, &version, reason).await?;
+                }
+                Ok::<(), FleetError>(())
+            })
+            .await
+            .map_err(|e| FleetError::Store(crate::hub::store::StoreError::Worker(e)))??;
         }
         self.queue_report(entry, report);
         self.kick_if_room(entry);
@@ -109,6 +95,37 @@ impl<S: Store> Fleet<S> {
             return Err(FleetError::Revoked(entry.id.clone()));
         }
         Ok(self.desired_for(entry, true))
+    }
+
+    /// The version `report` says this agent rolled back, with why, when it says so for
+    /// the first time: an agent keeps reporting its rollback, and a halt an operator
+    /// resumed must stay resumed. Only a version this agent was sent: a token cannot
+    /// halt any string it likes.
+    fn new_rollback(&self, entry: &AgentEntry, report: &AgentReport) -> Option<(String, String)> {
+        let rolled_back_of = |r: &AgentReport| {
+            r.upgrade
+                .as_ref()
+                .filter(|u| u.state == ROLLED_BACK)
+                .and_then(|u| u.target.clone())
+        };
+        let v = rolled_back_of(report)?;
+        let before = util::lock(&entry.state)
+            .report
+            .as_ref()
+            .and_then(rolled_back_of);
+        if before.as_ref() == Some(&v) {
+            return None;
+        }
+        let sent = self.effective(entry).1.version;
+        if !desired::is_version(&v) || sent.as_deref() != Some(v.as_str()) {
+            return None;
+        }
+        let reason = report
+            .upgrade
+            .as_ref()
+            .and_then(|u| u.error.clone())
+            .unwrap_or_default();
+        Some((v, reason))
     }
 
     /// Once a minute per agent at most: a hostile agent may send such reports as fast as
@@ -156,16 +173,23 @@ impl<S: Store> Fleet<S> {
     /// report is serialised only then, off the reconcile's path.
     pub(super) fn queue_report(&self, entry: &Arc<AgentEntry>, mut report: AgentReport) {
         bound_report(&mut report);
-        let relabelled = {
+        let (relabelled, upgraded) = {
             let mut st = util::lock(&entry.state);
             st.last_seen = Some(crate::util::unix_now());
             st.observed_generation = report.observed_generation;
-            let relabelled = st.report.as_ref().map(|r| &r.labels) != Some(&report.labels);
+            let before = st.report.as_ref();
+            let relabelled = before.map(|r| &r.labels) != Some(&report.labels);
+            let upgraded = before.map(|r| (&r.version, r.upgrade.as_ref().map(|u| &u.state)))
+                != Some((&report.version, report.upgrade.as_ref().map(|u| &u.state)));
             st.report = Some(report);
-            relabelled
+            (relabelled, upgraded)
         };
         if relabelled {
             self.reindex(entry);
+        }
+        if upgraded {
+            // A rollout may be waiting for this.
+            self.rollout_kick.notify_one();
         }
         if !entry.dirty.swap(true, Ordering::AcqRel) {
             util::lock(&self.reports).push(entry.clone());

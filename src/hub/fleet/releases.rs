@@ -64,6 +64,13 @@ impl Releases {
         self.halts.contains_key(version)
     }
 
+    /// Why `version` is halted, in words, if it is.
+    pub(super) fn halt_of(&self, version: &str) -> Option<String> {
+        self.halts
+            .get(version)
+            .map(|h| format!("{version} rolled back on {}: {}", h.agent, h.reason))
+    }
+
     /// What an agent whose settings ask for `version` is sent, given its latest report
     /// (its platform, what it runs, what it is upgrading to).
     pub(super) fn desired_agent(

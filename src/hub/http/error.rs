@@ -58,6 +58,8 @@ impl From<FleetError> for ApiError {
             FleetError::JobToken(_) => StatusCode::UNAUTHORIZED,
             FleetError::NoSuchRelease(_) => StatusCode::NOT_FOUND,
             FleetError::NotHalted(_) => StatusCode::CONFLICT,
+            FleetError::NoSuchRollout(_) => StatusCode::NOT_FOUND,
+            FleetError::RolloutClash(_) | FleetError::RolloutState { .. } => StatusCode::CONFLICT,
             FleetError::StoreLost | FleetError::CatchingUp(_) => StatusCode::SERVICE_UNAVAILABLE,
             FleetError::AheadOfHub { .. } => StatusCode::BAD_REQUEST,
             FleetError::Store(s) if s.is_disk_full() => {

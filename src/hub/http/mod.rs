@@ -1,6 +1,6 @@
 //! The hub's HTTP API (hub protocol v1, docs/hub.md): the agents' reconcile, output upload
 //! and release download, and the admin routes under `/v1/admin` (admin token). One file
-//! per resource ([`agents`], [`jobs`], [`releases`]); what they share is below them
+//! per resource ([`agents`], [`jobs`], [`releases`], [`rollouts`]); what they share is below them
 //! ([`error`], [`extract`], [`state`]), so no handler reaches back up into the router.
 //! Errors are `{"error": "..."}` with a fitting status, for every route and for routes and
 //! methods that do not exist.
@@ -10,6 +10,7 @@ mod error;
 mod extract;
 mod jobs;
 mod releases;
+mod rollouts;
 mod state;
 
 use std::sync::Arc;
@@ -59,6 +60,14 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
             axum::routing::put(releases::publish::<S>),
         )
         .route("/releases/{version}/resume", post(releases::resume::<S>))
+        .route(
+            "/rollouts",
+            post(rollouts::start::<S>).get(rollouts::list::<S>),
+        )
+        .route("/rollouts/{id}", get(rollouts::show::<S>))
+        .route("/rollouts/{id}/pause", post(rollouts::pause::<S>))
+        .route("/rollouts/{id}/resume", post(rollouts::resume::<S>))
+        .route("/rollouts/{id}/abort", post(rollouts::abort::<S>))
         .layer(axum::middleware::from_fn_with_state(
             hub.clone(),
             admin_only::<S>,

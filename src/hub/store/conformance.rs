@@ -122,7 +122,7 @@ async fn postgres_keeps_every_promise() {
     assert_eq!(n, CASES);
 }
 
-const CASES: usize = 8;
+const CASES: usize = 10;
 
 /// Runs each case on a fresh database from `fresh`.
 async fn every_case<B: Backend>(mut fresh: impl FnMut() -> B) {
@@ -134,6 +134,8 @@ async fn every_case<B: Backend>(mut fresh: impl FnMut() -> B) {
     releases_halts_and_renumbering_move_the_fleets_generation(&fresh()).await;
     the_hubs_labels_merge_and_go_with_a_revoked_agent(&fresh()).await;
     a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_listed(&fresh()).await;
+    a_write_from_an_older_copy_never_undoes_an_end(&fresh()).await;
+    rollouts_hold_their_agents_and_move_only_from_the_state_read(&fresh()).await;
 }
 
 fn settings(max_jobs: usize) -> DesiredSettings {
@@ -549,4 +551,187 @@ async fn the_hubs_labels_merge_and_go_with_a_revoked_agent(b: &impl Backend) {
         agents[0].labels, "{}",
         "a new agent under the id starts without"
     );
+}
+
+fn progress(state: &str, done: bool) -> JobProgress {
+    JobProgress {
+        state: state.into(),
+        exit_code: done.then_some(7),
+        stdout_bytes: if done { 10 } else { 4 },
+        done,
+        ..JobProgress::default()
+    }
+}
+
+/// Two reconciles' writes landing out of order (the first one's client went away while
+/// it waited for the database): the newer, a job done, stands.
+async fn a_write_from_an_older_copy_never_undoes_an_end(b: &impl Backend) {
+    let store = b.open().await;
+    store.enrol("a", "h", 1).await.expect("enrol");
+    store.insert_job(&job("j")).await.expect("insert");
+    let done = vec![("j".to_owned(), progress("failed", true))];
+    store.update_jobs("a", done, true).await.expect("done");
+    let stale = vec![("j".to_owned(), progress("running", false))];
+    store.update_jobs("a", stale, false).await.expect("stale");
+    let row = store.get_job("j").await.expect("get").expect("row");
+    assert_eq!(
+        (
+            row.progress.state.as_str(),
+            row.progress.done,
+            row.progress.exit_code
+        ),
+        ("failed", true, Some(7))
+    );
+    assert_eq!(row.progress.stdout_bytes, 10);
+
+    // An end written from an older copy keeps the end first recorded.
+    store.insert_job(&job("k")).await.expect("insert");
+    let ended = vec![("k".to_owned(), progress("cancelled", false))];
+    store.update_jobs("a", ended, false).await.expect("ended");
+    let other = vec![("k".to_owned(), progress("succeeded", false))];
+    store.update_jobs("a", other, false).await.expect("other");
+    let row = store.get_job("k").await.expect("get").expect("row");
+    assert_eq!(row.progress.state, "cancelled");
+}
+
+async fn rollouts_hold_their_agents_and_move_only_from_the_state_read(b: &impl Backend) {
+    use crate::hub::store::rollouts::{
+        MemberRow, Progress, Recorded, RolloutRow, StateMove, ROLLOUT_LEASE,
+    };
+    use crate::proto::rollout::{ABORTED, GIVEN, PAUSED, PENDING, RUNNING, SKIPPED};
+    let store = b.open().await;
+    let member = |agent: &str, wave: usize| MemberRow {
+        agent: agent.into(),
+        wave,
+        position: wave,
+        state: PENDING.into(),
+        from_version: Some("1.0.0".into()),
+        ..MemberRow::default()
+    };
+    let row = RolloutRow {
+        version: "2.0.0".into(),
+        waves: "1,100%".into(),
+        max_parallel: 1,
+        state: RUNNING.into(),
+        created_ms: 5,
+        ..RolloutRow::default()
+    };
+    let r1 = store
+        .insert_rollout(&row, &[member("a", 0), member("b", 1)])
+        .await
+        .expect("insert")
+        .expect("no clash");
+    assert_eq!((r1.id.as_str(), r1.seq), ("r1", 1));
+    let clash = store
+        .insert_rollout(&row, &[member("b", 0), member("c", 1)])
+        .await
+        .expect("insert");
+    assert_eq!(clash, Err(vec![("b".into(), "r1".into())]));
+
+    // The driver's step is written under the lease, from the state it read.
+    let moving = |to: &str| StateMove {
+        to: to.into(),
+        reason: Some("why".into()),
+        now_ms: 9,
+        failures_accepted: None,
+    };
+    assert!(store
+        .take_lease(ROLLOUT_LEASE, "h1", 100, 200)
+        .await
+        .expect("lease"));
+    assert!(!store
+        .take_lease(ROLLOUT_LEASE, "h2", 150, 250)
+        .await
+        .expect("held"));
+    let step = Progress {
+        id: "r1".into(),
+        state: RUNNING.into(),
+        wave: 0,
+        last_commit_ms: None,
+        members: vec![MemberRow {
+            state: GIVEN.into(),
+            given_ms: Some(7),
+            ..member("a", 0)
+        }],
+        moved: None,
+    };
+    assert_eq!(
+        store.record_rollout("h1", 300, &step).await.expect("step"),
+        Recorded::Written
+    );
+    assert_eq!(
+        store
+            .record_rollout("h2", 300, &step)
+            .await
+            .expect("not h2's"),
+        Recorded::LeaseLost
+    );
+    // An operator pauses it meanwhile: a step read while running writes nothing.
+    let paused = store
+        .move_rollout("r1", &[RUNNING], &moving(PAUSED))
+        .await
+        .expect("pause")
+        .expect("was running");
+    assert_eq!(paused.state, PAUSED);
+    assert_eq!(
+        store
+            .move_rollout("r1", &[RUNNING], &moving(PAUSED))
+            .await
+            .expect("again"),
+        None
+    );
+    let stale = Progress {
+        wave: 1,
+        ..step.clone()
+    };
+    assert_eq!(
+        store
+            .record_rollout("h1", 300, &stale)
+            .await
+            .expect("stale"),
+        Recorded::Moved
+    );
+    // Past its expiry another hub takes the lease, and the first writes no more.
+    assert!(store
+        .take_lease(ROLLOUT_LEASE, "h2", 301, 400)
+        .await
+        .expect("taken"));
+    let resumed = Progress {
+        state: PAUSED.into(),
+        ..step
+    };
+    assert_eq!(
+        store
+            .record_rollout("h1", 500, &resumed)
+            .await
+            .expect("lost"),
+        Recorded::LeaseLost
+    );
+    // A final state ends the members never given it, and frees the agents.
+    store
+        .move_rollout("r1", &[PAUSED], &moving(ABORTED))
+        .await
+        .expect("abort")
+        .expect("was paused");
+    let (r, members) = store.get_rollout("r1").await.expect("get").expect("r1");
+    assert_eq!((r.state.as_str(), r.finished_ms), (ABORTED, Some(9)));
+    let states: Vec<&str> = members.iter().map(|m| m.state.as_str()).collect();
+    assert_eq!(states, [GIVEN, SKIPPED]);
+    assert_eq!(members[0].given_ms, Some(7));
+    let r2 = store
+        .insert_rollout(&row, &[member("b", 0)])
+        .await
+        .expect("insert")
+        .expect("b is free");
+    assert_eq!(r2.id, "r2");
+    let active: Vec<String> = store
+        .list_rollouts(true)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(active, ["r2"]);
+    assert_eq!(store.list_rollouts(false).await.expect("all").len(), 2);
+    assert_eq!(store.get_rollout("r9").await.expect("get"), None);
 }

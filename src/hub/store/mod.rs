@@ -11,6 +11,7 @@
 #[cfg(test)]
 mod conformance;
 pub(crate) mod postgres;
+pub(crate) mod rollouts;
 pub(crate) mod sqlite;
 
 use std::future::Future;
@@ -21,6 +22,7 @@ use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
 use crate::proto::job::{JobSpec, Truncation};
 pub(crate) use crate::proto::labels::Labels;
+pub(crate) use rollouts::RolloutStore;
 
 #[derive(Debug, Error)]
 pub(crate) enum StoreError {
@@ -88,6 +90,9 @@ impl StoreError {
         }
     }
 }
+
+/// The states of a job that has not ended (in the expressions' SQL form).
+pub(super) const OPEN_STATES: &str = "'pending', 'queued', 'starting', 'running'";
 
 /// An agent's stored `observed_generation` after a renumbering: whatever generation it
 /// reports (other than 0), it is told to take the hub's own desired state, since the
@@ -374,8 +379,8 @@ pub(crate) struct ReportRow {
 }
 
 /// The hub's database. Every method is one transaction; a method that returns has made
-/// its change durable. The jobs' part of it is [`JobStore`].
-pub(crate) trait Store: JobStore + Send + Sync + 'static {
+/// its change durable. The jobs' part of it is [`JobStore`], the rollouts' [`RolloutStore`].
+pub(crate) trait Store: JobStore + RolloutStore + Send + Sync + 'static {
     fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send;
 
     /// Enrols `id`, or re-enrols a revoked one with a new token; the agent's own scope

@@ -27,6 +27,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 mod jobs;
 mod listen;
+mod rollouts;
 mod rows;
 mod tls;
 
@@ -89,8 +90,7 @@ const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_reque
     stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
     queue_deadline_ms, job_group, attempt, retries, avoid";
 
-/// The states of a job that has not ended (in the expressions' SQL form).
-const OPEN_STATES: &str = "'pending', 'queued', 'starting', 'running'";
+use super::OPEN_STATES;
 
 const AGENT_COLUMNS: &str =
     "id, token_sha256, enrolled_at, revoked_at, last_seen, observed_generation, report, labels";

@@ -7,6 +7,7 @@
 //! and its reads come from memory.
 
 mod jobs;
+mod rollouts;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::{
     merge_labels, plan_append, AgentRow, AppendPlan, Appended, Assigned, Assignment, HaltRow,
     JobFilter, JobProgress, JobRow, JobStore, Labels, ReleaseRow, ReportRow, ScopeRow, Snapshot,
-    Store, StoreError, Stream,
+    Store, StoreError, Stream, OPEN_STATES,
 };
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
@@ -111,6 +112,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     "ALTER TABLE jobs ADD COLUMN attempt BIGINT NOT NULL DEFAULT 1;
     ALTER TABLE jobs ADD COLUMN retries BIGINT NOT NULL DEFAULT 0;
     ALTER TABLE jobs ADD COLUMN avoid TEXT;",
+    // 9: rollouts, their members, and the lease of the hub that drives them.
+    super::rollouts::MIGRATION,
 ];
 
 /// Takes the next generation, never past [`MAX_GENERATION`] (no row then).

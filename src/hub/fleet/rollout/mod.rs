@@ -1,0 +1,550 @@
+//! Rollouts (docs/hub.md, "Rollouts"; docs/design.md, invariant 20): a version taken by
+//! the matching agents wave by wave. The operator's side (start, status, pause, resume,
+//! abort) works through any replica, in the store; the driving is done by one hub at a
+//! time.
+//!
+//! Task: [`Roller`], one per hub. Every [`TICK`], and at once when an agent reports a
+//! change of version or upgrade state, it takes (or renews) the rollout lease in the
+//! store; the hub that holds it steps each rollout that is not over ([`step`]) from the
+//! stored rows and the agents' reports, stores the step (only if the lease is still its
+//! own and nobody moved the rollout meanwhile) and then puts the versions it decided in
+//! the agents' own desired settings, each a desired change like any other (stored,
+//! generation, poll woken). A hub that dies holding the lease is replaced by another
+//! within [`LEASE`]; a member given the version is given it again by whoever drives next
+//! if the change did not happen, so a crash between the two writes loses nothing.
+
+mod plan;
+mod step;
+mod view;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Fleet, FleetError};
+use crate::hub::store::rollouts::{
+    MemberRow, Progress, Recorded, RolloutRow, StateMove, ROLLOUT_LEASE,
+};
+use crate::hub::store::Store;
+use crate::proto::hub::{DesiredChange, DesiredSettings};
+use crate::proto::rollout::{
+    RolloutRequest, RolloutView, ABORTED, ACTIVE, DEFAULT_MAX_PARALLEL, DEFAULT_WAVES, FAILED,
+    HALTED, PAUSED, ROLLING_BACK, RUNNING, STOPPED,
+};
+use crate::proto::selector::Selector;
+use crate::util;
+
+use self::step::{Act, Facts, Seen};
+
+/// How often rollouts are stepped without a reason.
+const TICK: Duration = Duration::from_secs(1);
+/// How long the lease lasts unrenewed: a hub that stops renewing it is replaced after.
+const LEASE: Duration = Duration::from_secs(10);
+/// The most agents upgrading at once a rollout may ask for.
+const MAX_PARALLEL: usize = 10_000;
+/// The longest soak and deadline.
+const MAX_SECS: u64 = 366 * 24 * 3600;
+/// The rollouts a listing shows, newest last.
+const LISTED: usize = 50;
+
+impl<S: Store> Fleet<S> {
+    /// Starts a rollout of `req.version` over the agents `req.selector` matches now.
+    pub(crate) async fn start_rollout(
+        &self,
+        req: &RolloutRequest,
+    ) -> Result<RolloutView, FleetError> {
+        let bad = |field: &str, why: String| FleetError::BadSetting {
+            field: field.into(),
+            why,
+        };
+        let version = req.version.as_str();
+        if !crate::proto::desired::is_version(version) {
+            return Err(bad("version", format!("{version:?} is not a version")));
+        }
+        {
+            let r = util::read(&self.releases);
+            if !r.has_version(version) {
+                return Err(FleetError::NoSuchRelease(version.to_owned()));
+            }
+            if let Some(why) = r.halt_of(version) {
+                return Err(bad(
+                    "version",
+                    format!("it is halted ({why}): `railgrid hub release resume {version}` lifts the halt"),
+                ));
+            }
+        }
+        let waves = req.waves.as_deref().unwrap_or(DEFAULT_WAVES);
+        let reaches = plan::parse_waves(waves).map_err(|e| bad("waves", e))?;
+        let max_parallel = req.max_parallel.unwrap_or(DEFAULT_MAX_PARALLEL);
+        if !(1..=MAX_PARALLEL).contains(&max_parallel) {
+            return Err(bad(
+                "max_parallel",
+                format!("{max_parallel} is not within 1 to {MAX_PARALLEL}"),
+            ));
+        }
+        for (field, secs) in [
+            ("soak_secs", Some(req.soak_secs)),
+            ("deadline_secs", req.deadline_secs),
+        ] {
+            if secs.is_some_and(|s| s > MAX_SECS) {
+                return Err(bad(field, "more than a year".into()));
+            }
+        }
+        if req.deadline_secs == Some(0) {
+            return Err(bad("deadline_secs", "0 would end it at once".into()));
+        }
+        let selector = req
+            .selector
+            .as_deref()
+            .map(|s| Selector::parse(s).map_err(|e| bad("selector", e.to_string())))
+            .transpose()?;
+        let selection = self.selection(selector.as_ref());
+        if selection.is_empty() {
+            return Err(bad(
+                "selector",
+                match &selector {
+                    Some(s) => format!("no agent matches {s}"),
+                    None => "there is no agent to roll out to".into(),
+                },
+            ));
+        }
+        self.check_platforms(version, &selection)?;
+        let members = step::members_of(selection, |n| plan::wave_sizes(&reaches, n));
+        let now = util::unix_now_ms();
+        let row = RolloutRow {
+            version: version.to_owned(),
+            selector: selector.as_ref().map(|s| s.to_string()),
+            waves: waves.to_owned(),
+            soak_ms: req.soak_secs.saturating_mul(1000),
+            max_parallel,
+            max_failures: req.max_failures,
+            deadline_ms: req
+                .deadline_secs
+                .map(|s| now.saturating_add(s.saturating_mul(1000))),
+            state: RUNNING.into(),
+            created_ms: now,
+            ..RolloutRow::default()
+        };
+        let row = self
+            .store
+            .insert_rollout(&row, &members)
+            .await?
+            .map_err(FleetError::RolloutClash)?;
+        tracing::info!(rollout = %row.id, %version, members = members.len(), waves = %waves, "rollout started");
+        self.rollout_kick.notify_one();
+        Ok(self.view_rollout(&row, &members, true))
+    }
+
+    /// The agents a rollout over `selector` takes, each with its labels in force and the
+    /// version it reports.
+    fn selection(
+        &self,
+        selector: Option<&Selector>,
+    ) -> Vec<(String, crate::proto::labels::Labels, Option<String>)> {
+        self.all()
+            .into_iter()
+            .filter(|e| !e.is_revoked())
+            .filter_map(|e| {
+                let st = util::lock(&e.state);
+                let labels = st.labels();
+                if selector.is_some_and(|s| !s.matches(&labels)) {
+                    return None;
+                }
+                let version = st.report.as_ref().map(|r| r.version.clone());
+                Some((e.id.clone(), labels, version))
+            })
+            .collect()
+    }
+
+    /// Refuses a rollout some of whose agents have no artifact of `version` for their
+    /// platform (those that never reported one cannot be told apart, and are let be).
+    fn check_platforms(
+        &self,
+        version: &str,
+        selection: &[(String, crate::proto::labels::Labels, Option<String>)],
+    ) -> Result<(), FleetError> {
+        let releases = util::read(&self.releases);
+        let mut missing: Vec<String> = Vec::new();
+        for (id, _, _) in selection {
+            let Ok(entry) = self.entry(id) else { continue };
+            let st = util::lock(&entry.state);
+            if let Some(r) = &st.report {
+                if releases.get(version, &r.os, &r.arch).is_none() {
+                    missing.push(format!("{id} ({}-{})", r.os, r.arch));
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let more = missing.len().saturating_sub(5);
+        missing.truncate(5);
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        Err(FleetError::BadSetting {
+            field: "version".into(),
+            why: format!(
+                "{version} is not published for the platform of {}{more}: publish it with `railgrid hub release publish --os OS --arch ARCH`, or select fewer agents",
+                missing.join(", ")
+            ),
+        })
+    }
+
+    /// What is seen of each member's agent now.
+    fn seen(&self, members: &[MemberRow]) -> Vec<Seen> {
+        members
+            .iter()
+            .map(|m| {
+                let Ok(entry) = self.entry(&m.agent) else {
+                    return Seen::default();
+                };
+                let st = util::lock(&entry.state);
+                Seen {
+                    known: !entry.is_revoked(),
+                    connected: self.connected(&entry, st.last_seen),
+                    version: st.report.as_ref().map(|r| r.version.clone()),
+                    upgrade: st.report.as_ref().and_then(|r| r.upgrade.clone()),
+                    own_version: st.own.settings.version.clone(),
+                }
+            })
+            .collect()
+    }
+
+    fn view_rollout(&self, r: &RolloutRow, members: &[MemberRow], detailed: bool) -> RolloutView {
+        view::build(
+            r,
+            members,
+            &self.seen(members),
+            detailed,
+            util::unix_now_ms(),
+        )
+    }
+
+    /// One rollout, member by member.
+    pub(crate) async fn rollout(&self, id: &str) -> Result<RolloutView, FleetError> {
+        self.adopt_reports().await?;
+        let (r, members) = self
+            .store
+            .get_rollout(id)
+            .await?
+            .ok_or_else(|| FleetError::NoSuchRollout(id.to_owned()))?;
+        Ok(self.view_rollout(&r, &members, true))
+    }
+
+    /// The latest rollouts, oldest first, with their counts.
+    pub(crate) async fn rollouts(&self) -> Result<Vec<RolloutView>, FleetError> {
+        self.adopt_reports().await?;
+        let rows = self.store.list_rollouts(false).await?;
+        let skip = rows.len().saturating_sub(LISTED);
+        let mut out = Vec::new();
+        for row in rows.into_iter().skip(skip) {
+            if let Some((r, members)) = self.store.get_rollout(&row.id).await? {
+                out.push(self.view_rollout(&r, &members, false));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Moves rollout `id` from one of `from` to `to`, or says why it cannot.
+    async fn move_rollout(
+        &self,
+        id: &str,
+        from: &[&str],
+        to: &str,
+        reason: Option<String>,
+        failures_accepted: Option<usize>,
+        verb: &str,
+    ) -> Result<RolloutView, FleetError> {
+        let m = StateMove {
+            to: to.to_owned(),
+            reason,
+            now_ms: util::unix_now_ms(),
+            failures_accepted,
+        };
+        match self.store.move_rollout(id, from, &m).await? {
+            Some(_) => {
+                tracing::info!(rollout = %id, state = %to, "rollout {verb}");
+                self.rollout_kick.notify_one();
+                self.rollout(id).await
+            }
+            None => {
+                let (r, _) = self
+                    .store
+                    .get_rollout(id)
+                    .await?
+                    .ok_or_else(|| FleetError::NoSuchRollout(id.to_owned()))?;
+                Err(FleetError::RolloutState {
+                    id: id.to_owned(),
+                    state: r.state,
+                    why: format!("it cannot be {verb} now"),
+                })
+            }
+        }
+    }
+
+    /// Gives no member the version until resumed (those under way go on).
+    pub(crate) async fn pause_rollout(&self, id: &str) -> Result<RolloutView, FleetError> {
+        self.move_rollout(
+            id,
+            &[RUNNING],
+            PAUSED,
+            Some("paused by the operator".into()),
+            None,
+            "paused",
+        )
+        .await
+    }
+
+    /// Goes on with a paused, halted or stopped rollout.
+    pub(crate) async fn resume_rollout(&self, id: &str) -> Result<RolloutView, FleetError> {
+        let (r, members) = self
+            .store
+            .get_rollout(id)
+            .await?
+            .ok_or_else(|| FleetError::NoSuchRollout(id.to_owned()))?;
+        if r.state == HALTED {
+            if let Some(why) = util::read(&self.releases).halt_of(&r.version) {
+                return Err(FleetError::RolloutState {
+                    id: id.to_owned(),
+                    state: r.state,
+                    why: format!(
+                        "its version is still halted ({why}): lift the halt with `railgrid hub release resume {}` first, or abort it",
+                        r.version
+                    ),
+                });
+            }
+        }
+        if !step::is_resumable(&r.state) {
+            return Err(FleetError::RolloutState {
+                id: id.to_owned(),
+                state: r.state,
+                why: "only a paused, halted or stopped rollout is resumed".into(),
+            });
+        }
+        // A stopped rollout goes on with the failures so far taken on.
+        let accepted =
+            (r.state == STOPPED).then(|| members.iter().filter(|m| m.state == FAILED).count());
+        self.move_rollout(
+            id,
+            &[PAUSED, HALTED, STOPPED],
+            RUNNING,
+            None,
+            accepted,
+            "resumed",
+        )
+        .await
+    }
+
+    /// Ends a rollout where it is; with `rollback`, first takes the members that
+    /// committed back to what each ran before.
+    pub(crate) async fn abort_rollout(
+        &self,
+        id: &str,
+        rollback: bool,
+    ) -> Result<RolloutView, FleetError> {
+        if rollback {
+            let from = [RUNNING, PAUSED, HALTED, STOPPED];
+            let why = Some("aborted by the operator, taking back what committed".into());
+            return self
+                .move_rollout(id, &from, ROLLING_BACK, why, None, "aborted")
+                .await;
+        }
+        let why = Some("aborted by the operator".into());
+        self.move_rollout(id, ACTIVE, ABORTED, why, None, "aborted")
+            .await
+    }
+
+    /// One pass of the driver as `holder`: false when another hub holds the lease.
+    async fn drive(&self, holder: &str) -> Result<bool, FleetError> {
+        let now = util::unix_now_ms();
+        let until = now + LEASE.as_millis() as u64;
+        if !self
+            .store
+            .take_lease(ROLLOUT_LEASE, holder, now, until)
+            .await?
+        {
+            return Ok(false);
+        }
+        let active = self.store.list_rollouts(true).await?;
+        if active.is_empty() {
+            return Ok(true);
+        }
+        // With replicas, an agent's report may have reached another hub.
+        self.adopt_reports().await?;
+        for row in active {
+            let Some((r, members)) = self.store.get_rollout(&row.id).await? else {
+                continue;
+            };
+            if !self.step_rollout(holder, until, &r, &members).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// One step of `r`: false when the lease was lost.
+    async fn step_rollout(
+        &self,
+        holder: &str,
+        until: u64,
+        r: &RolloutRow,
+        members: &[MemberRow],
+    ) -> Result<bool, FleetError> {
+        let seen = self.seen(members);
+        let facts = Facts {
+            now_ms: util::unix_now_ms(),
+            halted: util::read(&self.releases).halt_of(&r.version),
+            fleet_version: self.fleet_scope().settings.version,
+        };
+        let s = step::step(r, members, &seen, &facts);
+        let unchanged = s.members.is_empty()
+            && s.moved.is_none()
+            && s.wave == r.wave
+            && s.last_commit_ms == r.last_commit_ms;
+        if unchanged {
+            self.act_all(&r.id, &s.after).await;
+            return Ok(true);
+        }
+        // A final state is the last word: what it leaves behind is done first.
+        for a in &s.before {
+            self.act(a).await?;
+        }
+        let progress = Progress {
+            id: r.id.clone(),
+            state: r.state.clone(),
+            wave: s.wave,
+            last_commit_ms: s.last_commit_ms,
+            members: s.members.clone(),
+            moved: s.moved.as_ref().map(|(to, reason)| StateMove {
+                to: to.clone(),
+                reason: reason.clone(),
+                now_ms: facts.now_ms,
+                failures_accepted: None,
+            }),
+        };
+        match self.store.record_rollout(holder, until, &progress).await? {
+            Recorded::LeaseLost => return Ok(false),
+            // An operator moved it meanwhile: the next step starts from that.
+            Recorded::Moved => return Ok(true),
+            Recorded::Written => {}
+        }
+        for m in &s.members {
+            tracing::info!(rollout = %r.id, agent = %m.agent, state = %m.state, error = m.error.as_deref().unwrap_or(""), "rollout member");
+        }
+        if s.wave != r.wave {
+            tracing::info!(rollout = %r.id, wave = s.wave + 1, "rollout wave started");
+        }
+        if let Some((to, reason)) = &s.moved {
+            tracing::warn!(rollout = %r.id, version = %r.version, state = %to, reason = reason.as_deref().unwrap_or(""), "rollout moved");
+        }
+        self.act_all(&r.id, &s.after).await;
+        Ok(true)
+    }
+
+    /// Acts on each of `acts`; a failure is logged (the next step acts again).
+    async fn act_all(&self, id: &str, acts: &[Act]) {
+        for a in acts {
+            if let Err(e) = self.act(a).await {
+                tracing::warn!(rollout = %id, error = %util::error_chain(&e), "a rollout's desired change failed (tried again at the next step)");
+            }
+        }
+    }
+
+    async fn act(&self, a: &Act) -> Result<(), FleetError> {
+        let (agent, change) = match a {
+            Act::Give {
+                agent,
+                version,
+                rollback,
+            } => (
+                Some(agent.as_str()),
+                DesiredChange {
+                    set: DesiredSettings {
+                        version: Some(version.clone()),
+                        rollback: rollback.then_some(true),
+                        ..DesiredSettings::default()
+                    },
+                    clear: if *rollback {
+                        Vec::new()
+                    } else {
+                        vec!["rollback".into()]
+                    },
+                },
+            ),
+            Act::FleetVersion(version) => (
+                None,
+                DesiredChange {
+                    set: DesiredSettings {
+                        version: Some(version.clone()),
+                        ..DesiredSettings::default()
+                    },
+                    clear: Vec::new(),
+                },
+            ),
+            Act::Clear(agent) => (
+                Some(agent.as_str()),
+                DesiredChange {
+                    set: DesiredSettings::default(),
+                    clear: vec!["version".into(), "rollback".into()],
+                },
+            ),
+        };
+        match self.change(agent, &change).await {
+            // Gone since: nothing to give it.
+            Err(FleetError::NoSuchAgent(_)) => Ok(()),
+            r => r.map(drop),
+        }
+    }
+}
+
+/// Drives the rollouts while this hub holds their lease; a handle that stops the task.
+pub(crate) struct Roller(tokio::task::JoinHandle<()>);
+
+impl Roller {
+    pub(crate) fn spawn<S: Store>(fleet: Arc<Fleet<S>>) -> Self {
+        Self(tokio::spawn(async move {
+            let holder = format!(
+                "{}-{}-{:x}",
+                crate::sys::hostname().unwrap_or_default(),
+                std::process::id(),
+                util::unix_now_ms()
+            );
+            let mut tick = tokio::time::interval(TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failing = false;
+            let mut holding = false;
+            loop {
+                tokio::select! {
+                    // Cancel-safe: a `notify_one` while another arm wins is kept as a
+                    // permit for the next `notified`.
+                    () = fleet.rollout_kick.notified() => {}
+                    _ = tick.tick() => {}
+                }
+                match fleet.drive(&holder).await {
+                    Ok(held) => {
+                        if held != holding {
+                            tracing::info!(holder = %holder, "{}", if held { "this hub drives the rollouts" } else { "another hub drives the rollouts" });
+                            holding = held;
+                        }
+                        if failing {
+                            tracing::info!("rollouts are driven again");
+                            failing = false;
+                        }
+                    }
+                    Err(e) => {
+                        if !failing {
+                            tracing::error!(error = %util::error_chain(&e), "could not drive the rollouts (tried again every second)");
+                        }
+                        failing = true;
+                    }
+                }
+            }
+        }))
+    }
+
+    pub(crate) fn stop(self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,326 @@
+use super::*;
+use crate::proto::rollout::{ABORTED, DEFERRED};
+
+const V: &str = "2.0.0";
+const OLD: &str = "1.0.0";
+
+fn rollout(sizes: &[usize]) -> (RolloutRow, Vec<MemberRow>, Vec<Seen>) {
+    let ids: Vec<String> = (0..sizes.iter().sum::<usize>())
+        .map(|n| format!("a{n}"))
+        .collect();
+    let members = plan::assign(ids, sizes)
+        .into_iter()
+        .enumerate()
+        .map(|(position, (agent, wave))| MemberRow {
+            agent,
+            wave,
+            position,
+            state: PENDING.into(),
+            from_version: Some(OLD.into()),
+            ..MemberRow::default()
+        })
+        .collect::<Vec<_>>();
+    let seen = members.iter().map(|_| idle(OLD)).collect();
+    let r = RolloutRow {
+        id: "r1".into(),
+        version: V.into(),
+        state: RUNNING.into(),
+        max_parallel: 10,
+        ..RolloutRow::default()
+    };
+    (r, members, seen)
+}
+
+fn idle(version: &str) -> Seen {
+    Seen {
+        known: true,
+        connected: true,
+        version: Some(version.into()),
+        upgrade: None,
+        own_version: None,
+    }
+}
+
+fn upgrade(state: &str, target: &str, error: Option<&str>) -> Option<UpgradeReport> {
+    Some(UpgradeReport {
+        state: state.into(),
+        target: Some(target.into()),
+        error: error.map(Into::into),
+        ..UpgradeReport::default()
+    })
+}
+
+/// Runs a step at `now` and applies it as the driver would: rows, wave, state, and the
+/// agents' own versions.
+fn run(
+    r: &mut RolloutRow,
+    members: &mut [MemberRow],
+    seen: &mut [Seen],
+    now: u64,
+    halted: Option<&str>,
+) -> Step {
+    let f = Facts {
+        now_ms: now,
+        halted: halted.map(Into::into),
+        fleet_version: None,
+    };
+    let s = step(r, members, seen, &f);
+    for changed in &s.members {
+        let row = members
+            .iter_mut()
+            .find(|m| m.agent == changed.agent)
+            .expect("a member");
+        *row = changed.clone();
+    }
+    r.wave = s.wave;
+    r.last_commit_ms = s.last_commit_ms;
+    if let Some((to, reason)) = &s.moved {
+        r.state = to.clone();
+        r.reason = reason.clone();
+    }
+    for a in s.before.iter().chain(&s.after) {
+        if let Act::Give { agent, version, .. } = a {
+            let i = members
+                .iter()
+                .position(|m| m.agent == *agent)
+                .expect("member");
+            seen[i].own_version = Some(version.clone());
+        }
+    }
+    s
+}
+
+fn states(members: &[MemberRow]) -> Vec<&str> {
+    members.iter().map(|m| m.state.as_str()).collect()
+}
+
+fn commit(s: &mut Seen) {
+    s.version = Some(V.into());
+    s.upgrade = upgrade("committed", V, None);
+}
+
+#[test]
+fn a_release_that_rolls_back_on_the_canary_halts_before_any_other_member_gets_it() {
+    let (mut r, mut m, mut seen) = rollout(&[1, 1, 2]);
+    let s = run(&mut r, &mut m, &mut seen, 1_000, None);
+    assert_eq!(states(&m), [GIVEN, PENDING, PENDING, PENDING]);
+    assert_eq!(
+        s.after,
+        vec![Act::Give {
+            agent: "a0".into(),
+            version: V.into(),
+            rollback: false
+        }]
+    );
+    seen[0].upgrade = upgrade("rolled_back", V, Some("exited before it committed"));
+    let s = run(&mut r, &mut m, &mut seen, 2_000, None);
+    assert_eq!(states(&m), [MEMBER_ROLLED_BACK, PENDING, PENDING, PENDING]);
+    assert_eq!(r.state, HALTED);
+    assert!(
+        r.reason
+            .as_deref()
+            .is_some_and(|w| w.contains("rolled back on a0: exited before it committed")),
+        "{r:?}"
+    );
+    assert!(s.after.is_empty(), "{s:?}");
+    // Halted, it observes and gives nothing.
+    let s = run(
+        &mut r,
+        &mut m,
+        &mut seen,
+        3_000,
+        Some("2.0.0 rolled back on a0"),
+    );
+    assert!(s.after.is_empty() && s.members.is_empty(), "{s:?}");
+}
+
+#[test]
+fn each_wave_waits_for_every_commit_of_the_last_and_its_soak() {
+    let (mut r, mut m, mut seen) = rollout(&[1, 2, 3]);
+    r.soak_ms = 10_000;
+    run(&mut r, &mut m, &mut seen, 1_000, None);
+    commit(&mut seen[0]);
+    run(&mut r, &mut m, &mut seen, 2_000, None);
+    assert_eq!(states(&m)[..3], [COMMITTED, PENDING, PENDING]);
+    assert_eq!((r.wave, r.last_commit_ms), (0, Some(2_000)), "soaking");
+    run(&mut r, &mut m, &mut seen, 11_999, None);
+    assert_eq!(r.wave, 0);
+    run(&mut r, &mut m, &mut seen, 12_000, None);
+    assert_eq!(r.wave, 1);
+    assert_eq!(
+        states(&m),
+        [COMMITTED, GIVEN, GIVEN, PENDING, PENDING, PENDING]
+    );
+    // One of two committed: the wave is not over.
+    commit(&mut seen[1]);
+    seen[2].upgrade = upgrade("switching", V, None);
+    run(&mut r, &mut m, &mut seen, 30_000, None);
+    assert_eq!((r.wave, states(&m)[3]), (1, PENDING));
+    commit(&mut seen[2]);
+    run(&mut r, &mut m, &mut seen, 31_000, None);
+    run(&mut r, &mut m, &mut seen, 41_000, None);
+    assert_eq!(r.wave, 2);
+    for s in &mut seen[3..] {
+        commit(s);
+    }
+    let s = run(&mut r, &mut m, &mut seen, 42_000, None);
+    assert_eq!(r.state, DONE, "{s:?}");
+    assert!(m.iter().all(|x| x.state == COMMITTED));
+    // The whole fleet: the version goes to the fleet's settings, and the members' own
+    // settings give way to it.
+    assert_eq!(s.before[0], Act::FleetVersion(V.into()));
+    assert_eq!(s.before.len(), 7, "{:?}", s.before);
+}
+
+#[test]
+fn never_more_than_max_parallel_are_under_way() {
+    let (mut r, mut m, mut seen) = rollout(&[5]);
+    r.max_parallel = 2;
+    run(&mut r, &mut m, &mut seen, 1, None);
+    assert_eq!(states(&m), [GIVEN, GIVEN, PENDING, PENDING, PENDING]);
+    commit(&mut seen[1]);
+    run(&mut r, &mut m, &mut seen, 2, None);
+    assert_eq!(states(&m), [GIVEN, COMMITTED, GIVEN, PENDING, PENDING]);
+    // A member already on the version takes no place.
+    seen[4] = idle(V);
+    run(&mut r, &mut m, &mut seen, 3, None);
+    assert_eq!(states(&m), [GIVEN, COMMITTED, GIVEN, PENDING, COMMITTED]);
+}
+
+#[test]
+fn a_member_away_is_deferred_holds_up_nothing_and_takes_the_version_when_back() {
+    let (mut r, mut m, mut seen) = rollout(&[1, 2]);
+    r.selector = Some("queue=build".into());
+    seen[2].connected = false;
+    run(&mut r, &mut m, &mut seen, 1, None);
+    commit(&mut seen[0]);
+    run(&mut r, &mut m, &mut seen, 2, None);
+    assert_eq!(r.wave, 1);
+    assert_eq!(states(&m), [COMMITTED, GIVEN, DEFERRED]);
+    commit(&mut seen[1]);
+    let s = run(&mut r, &mut m, &mut seen, 3, None);
+    assert_eq!(r.state, DONE);
+    // Selected: the member away is given the version, for when it is back.
+    assert_eq!(
+        s.before,
+        vec![Act::Give {
+            agent: "a2".into(),
+            version: V.into(),
+            rollback: false
+        }]
+    );
+
+    // Back before the end, it is given the version like the others.
+    let (mut r, mut m, mut seen) = rollout(&[1, 2]);
+    seen[2].connected = false;
+    run(&mut r, &mut m, &mut seen, 1, None);
+    commit(&mut seen[0]);
+    run(&mut r, &mut m, &mut seen, 2, None);
+    seen[2].connected = true;
+    run(&mut r, &mut m, &mut seen, 3, None);
+    assert_eq!(states(&m), [COMMITTED, GIVEN, GIVEN]);
+}
+
+#[test]
+fn failures_past_the_allowance_stop_and_a_resume_takes_them_on() {
+    let (mut r, mut m, mut seen) = rollout(&[3]);
+    run(&mut r, &mut m, &mut seen, 1, None);
+    seen[1].upgrade = upgrade("failed", V, Some("sha256 mismatch"));
+    run(&mut r, &mut m, &mut seen, 2, None);
+    assert_eq!(r.state, STOPPED);
+    assert!(r
+        .reason
+        .as_deref()
+        .is_some_and(|w| w.contains("a1: sha256 mismatch")));
+    r.state = RUNNING.into();
+    r.failures_accepted = 1;
+    commit(&mut seen[0]);
+    commit(&mut seen[2]);
+    run(&mut r, &mut m, &mut seen, 3, None);
+    assert_eq!(r.state, DONE);
+    assert_eq!(states(&m), [COMMITTED, FAILED, COMMITTED]);
+}
+
+#[test]
+fn past_its_deadline_a_rollout_stops_where_it_is() {
+    let (mut r, mut m, mut seen) = rollout(&[1, 1]);
+    r.deadline_ms = Some(100);
+    run(&mut r, &mut m, &mut seen, 1, None);
+    let s = run(&mut r, &mut m, &mut seen, 100, None);
+    assert_eq!(r.state, EXPIRED);
+    assert!(s.after.is_empty());
+    assert!(r.reason.as_deref().is_some_and(|w| w.contains("0 of 2")));
+}
+
+#[test]
+fn paused_it_watches_its_members_and_gives_the_version_to_none() {
+    let (mut r, mut m, mut seen) = rollout(&[1, 1]);
+    run(&mut r, &mut m, &mut seen, 1, None);
+    r.state = PAUSED.into();
+    commit(&mut seen[0]);
+    let s = run(&mut r, &mut m, &mut seen, 2, None);
+    assert_eq!(states(&m), [COMMITTED, PENDING]);
+    assert!(s.after.is_empty());
+    assert_eq!(r.state, PAUSED);
+}
+
+#[test]
+fn a_member_given_the_version_keeps_it_whoever_changed_it() {
+    let (mut r, mut m, mut seen) = rollout(&[1]);
+    run(&mut r, &mut m, &mut seen, 1, None);
+    seen[0].own_version = Some("9.9.9".into());
+    let s = run(&mut r, &mut m, &mut seen, 2, None);
+    assert_eq!(
+        s.after,
+        vec![Act::Give {
+            agent: "a0".into(),
+            version: V.into(),
+            rollback: false
+        }]
+    );
+    seen[0].known = false;
+    run(&mut r, &mut m, &mut seen, 3, None);
+    assert_eq!(states(&m), [SKIPPED]);
+}
+
+#[test]
+fn a_rollback_takes_the_committed_members_back_wave_by_wave() {
+    let (mut r, mut m, mut seen) = rollout(&[1, 2]);
+    r.max_parallel = 2;
+    run(&mut r, &mut m, &mut seen, 1, None);
+    commit(&mut seen[0]);
+    run(&mut r, &mut m, &mut seen, 2, None);
+    commit(&mut seen[1]);
+    run(&mut r, &mut m, &mut seen, 3, None);
+    assert_eq!(states(&m), [COMMITTED, COMMITTED, GIVEN]);
+    // Abort with rollback: as the store moves it.
+    r.state = ROLLING_BACK.into();
+    r.wave = 0;
+    let s = run(&mut r, &mut m, &mut seen, 4, None);
+    // Wave 1 first, a2 still under way counting against the bound.
+    assert_eq!(states(&m), [REVERTING, COMMITTED, GIVEN]);
+    assert_eq!(
+        s.after,
+        vec![Act::Give {
+            agent: "a0".into(),
+            version: OLD.into(),
+            rollback: true
+        }]
+    );
+    seen[0].version = Some(OLD.into());
+    seen[0].upgrade = upgrade("committed", OLD, None);
+    // The member under way commits meanwhile: it goes back too, in its wave.
+    commit(&mut seen[2]);
+    run(&mut r, &mut m, &mut seen, 5, None);
+    assert_eq!(r.wave, 1);
+    assert_eq!(states(&m), [REVERTED, REVERTING, REVERTING]);
+    seen[1].version = Some(OLD.into());
+    run(&mut r, &mut m, &mut seen, 6, None);
+    assert_eq!(states(&m), [REVERTED, REVERTED, REVERTING]);
+    assert_eq!(r.state, ROLLING_BACK);
+    seen[2].version = Some(OLD.into());
+    let s = run(&mut r, &mut m, &mut seen, 7, None);
+    assert_eq!(r.state, ROLLED_BACK);
+    assert_eq!(s.before.len(), 3, "their own settings give way: {s:?}");
+    assert_ne!(r.state, ABORTED);
+}
