@@ -23,6 +23,7 @@ mod prerequisites;
 mod readme;
 mod release;
 mod replicas;
+mod rollout;
 mod routing;
 mod supervise;
 mod supervisor_api;

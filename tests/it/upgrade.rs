@@ -179,6 +179,61 @@ pub(super) fn sign(key: &Key, file: &Path, version: &str) -> PathBuf {
     PathBuf::from(sig)
 }
 
+/// Signs a copy of `binary` (in `dir`) as `version` with `key` and publishes it on `hub`.
+pub(super) fn release(hub: &TestHub, key: &Key, dir: &Path, version: &str, binary: &Path) {
+    let copy = dir.join(format!("release-{version}"));
+    fs::copy(binary, &copy).expect("copy release");
+    let sig = sign(key, &copy, version);
+    let out = hub.admin(&[
+        "release",
+        "publish",
+        "--version",
+        version,
+        "--binary",
+        &path_str(&copy),
+        "--signature",
+        &path_str(&sig),
+    ]);
+    assert!(
+        out.status.success(),
+        "publish {version}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Kills the agent of `host`, its runner and its watcher: every pid its files name.
+pub(super) fn kill_upgrading_agent(host: &Host) {
+    let state = host.state();
+    let rec: Value =
+        serde_json::from_str(&read_lossy(&state.join("upgrade.json"))).unwrap_or(Value::Null);
+    if let Some(w) = rec["upgrade"]["watcher_pid"].as_i64() {
+        let _ = kill(Pid::from_raw(w as i32), Signal::SIGKILL);
+    }
+    let st = host.status();
+    let mut agents: Vec<i32> = Vec::new();
+    for p in [st["pid"].as_i64(), rec["upgrade"]["agent_pid"].as_i64()]
+        .into_iter()
+        .flatten()
+    {
+        agents.push(p as i32);
+    }
+    for p in &agents {
+        let _ = kill(Pid::from_raw(*p), Signal::SIGTERM);
+    }
+    let until = Instant::now() + Duration::from_secs(15);
+    while agents.iter().any(|p| alive(*p)) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for p in &agents {
+        let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
+    }
+    if let Some(r) = host.status()["runner"]["pid"].as_i64() {
+        if alive(r as i32) {
+            let _ = nix::sys::signal::killpg(Pid::from_raw(r as i32), Signal::SIGKILL);
+        }
+    }
+}
+
 /// A hub with a release key, a host enrolled as `a1`, and its agent run from
 /// `<dir>/bin/railgrid`.
 pub(super) struct Up {
@@ -326,15 +381,7 @@ impl Up {
 
     /// Signs `binary` as `version` with the publisher's key and publishes it.
     pub(super) fn release(&self, version: &str, binary: &Path) {
-        let copy = self.path(&format!("release-{version}"));
-        fs::copy(binary, &copy).expect("copy release");
-        let sig = sign(&self.key, &copy, version);
-        let out = self.publish(version, &copy, &sig);
-        assert!(
-            out.status.success(),
-            "publish {version}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        release(self.hub(), &self.key, self.dir.path(), version, binary);
     }
 
     pub(super) fn want(&self, version: &str) {
@@ -413,33 +460,7 @@ impl Up {
 
     /// The agent, its runner and the watcher: every pid any file names.
     pub(super) fn kill_everything(&mut self) {
-        let rec = self.record();
-        if let Some(w) = rec["upgrade"]["watcher_pid"].as_i64() {
-            let _ = kill(Pid::from_raw(w as i32), Signal::SIGKILL);
-        }
-        let st = self.status();
-        let mut agents: Vec<i32> = Vec::new();
-        for p in [st["pid"].as_i64(), rec["upgrade"]["agent_pid"].as_i64()]
-            .into_iter()
-            .flatten()
-        {
-            agents.push(p as i32);
-        }
-        for p in &agents {
-            let _ = kill(Pid::from_raw(*p), Signal::SIGTERM);
-        }
-        let until = Instant::now() + Duration::from_secs(15);
-        while agents.iter().any(|p| alive(*p)) && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        for p in &agents {
-            let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
-        }
-        if let Some(r) = self.status()["runner"]["pid"].as_i64() {
-            if alive(r as i32) {
-                let _ = nix::sys::signal::killpg(Pid::from_raw(r as i32), Signal::SIGKILL);
-            }
-        }
+        kill_upgrading_agent(&self.host);
         self.agent.take();
     }
 }

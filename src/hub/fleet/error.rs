@@ -34,6 +34,8 @@ pub(crate) enum FleetError {
     NoSuchRelease(String),
     #[error("release {0:?} is not halted")]
     NotHalted(String),
+    #[error("release {version} is halted ({why}): `railgrid hub release resume {version}` lifts the halt")]
+    Halted { version: String, why: String },
     #[error("no rollout {0:?}")]
     NoSuchRollout(String),
     /// The agents another rollout still holds: one rollout per agent at a time.

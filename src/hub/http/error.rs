@@ -59,7 +59,9 @@ impl From<FleetError> for ApiError {
             FleetError::NoSuchRelease(_) => StatusCode::NOT_FOUND,
             FleetError::NotHalted(_) => StatusCode::CONFLICT,
             FleetError::NoSuchRollout(_) => StatusCode::NOT_FOUND,
-            FleetError::RolloutClash(_) | FleetError::RolloutState { .. } => StatusCode::CONFLICT,
+            FleetError::RolloutClash(_)
+            | FleetError::RolloutState { .. }
+            | FleetError::Halted { .. } => StatusCode::CONFLICT,
             FleetError::StoreLost | FleetError::CatchingUp(_) => StatusCode::SERVICE_UNAVAILABLE,
             FleetError::AheadOfHub { .. } => StatusCode::BAD_REQUEST,
             FleetError::Store(s) if s.is_disk_full() => {

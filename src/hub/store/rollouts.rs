@@ -208,5 +208,13 @@ pub(crate) fn overlapping(
     out
 }
 
-/// The member states a final rollout leaves as they are not: never given, never will be.
-pub(crate) const UNSTARTED: &str = "'pending', 'deferred'";
+/// The member states a rollout moving `to` a final state (or back) ends as `skipped`:
+/// never given the version, and never to be. A rollout that is done leaves its deferred
+/// members deferred: they take the version when they are back.
+pub(crate) fn unstarted(to: &str) -> &'static str {
+    if to == crate::proto::rollout::DONE {
+        "'pending'"
+    } else {
+        "'pending', 'deferred'"
+    }
+}

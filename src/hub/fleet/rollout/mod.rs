@@ -60,18 +60,6 @@ impl<S: Store> Fleet<S> {
         if !crate::proto::desired::is_version(version) {
             return Err(bad("version", format!("{version:?} is not a version")));
         }
-        {
-            let r = util::read(&self.releases);
-            if !r.has_version(version) {
-                return Err(FleetError::NoSuchRelease(version.to_owned()));
-            }
-            if let Some(why) = r.halt_of(version) {
-                return Err(bad(
-                    "version",
-                    format!("it is halted ({why}): `railgrid hub release resume {version}` lifts the halt"),
-                ));
-            }
-        }
         let waves = req.waves.as_deref().unwrap_or(DEFAULT_WAVES);
         let reaches = plan::parse_waves(waves).map_err(|e| bad("waves", e))?;
         let max_parallel = req.max_parallel.unwrap_or(DEFAULT_MAX_PARALLEL);
@@ -106,6 +94,18 @@ impl<S: Store> Fleet<S> {
                     None => "there is no agent to roll out to".into(),
                 },
             ));
+        }
+        {
+            let r = util::read(&self.releases);
+            if !r.has_version(version) {
+                return Err(FleetError::NoSuchRelease(version.to_owned()));
+            }
+            if let Some(why) = r.halt_of(version) {
+                return Err(FleetError::Halted {
+                    version: version.to_owned(),
+                    why,
+                });
+            }
         }
         self.check_platforms(version, &selection)?;
         let members = step::members_of(selection, |n| plan::wave_sizes(&reaches, n));

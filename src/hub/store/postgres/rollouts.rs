@@ -4,8 +4,8 @@
 
 use super::*;
 use crate::hub::store::rollouts::{
-    active_states_sql, overlapping, MemberRow, Progress, Recorded, RolloutRow, RolloutStore,
-    StateMove, MEMBER_COLUMNS, ROLLOUT_COLUMNS, ROLLOUT_LEASE, UNSTARTED,
+    active_states_sql, overlapping, unstarted, MemberRow, Progress, Recorded, RolloutRow,
+    RolloutStore, StateMove, MEMBER_COLUMNS, ROLLOUT_COLUMNS, ROLLOUT_LEASE,
 };
 
 fn rollout_row(r: &tokio_postgres::Row) -> RolloutRow {
@@ -342,7 +342,8 @@ async fn move_on(
         tx.execute(
             &format!(
                 "UPDATE rollout_members SET state = 'skipped', ended_ms = $2
-                 WHERE rollout = $1 AND state IN ({UNSTARTED})"
+                 WHERE rollout = $1 AND state IN ({})",
+                unstarted(&m.to)
             ),
             &[&row.id, &(m.now_ms as i64)],
         )

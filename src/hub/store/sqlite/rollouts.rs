@@ -2,8 +2,8 @@
 
 use super::*;
 use crate::hub::store::rollouts::{
-    active_states_sql, overlapping, MemberRow, Progress, Recorded, RolloutRow, RolloutStore,
-    StateMove, MEMBER_COLUMNS, ROLLOUT_COLUMNS, ROLLOUT_LEASE, UNSTARTED,
+    active_states_sql, overlapping, unstarted, MemberRow, Progress, Recorded, RolloutRow,
+    RolloutStore, StateMove, MEMBER_COLUMNS, ROLLOUT_COLUMNS, ROLLOUT_LEASE,
 };
 
 fn rollout_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RolloutRow> {
@@ -294,11 +294,8 @@ fn move_on(
 ) -> Result<(), StoreError> {
     let e = sql(path);
     let fin = crate::proto::rollout::is_final(&m.to);
-    let wave = if m.to == crate::proto::rollout::ROLLING_BACK {
-        0
-    } else {
-        row.wave as i64
-    };
+    let back = m.to == crate::proto::rollout::ROLLING_BACK;
+    let wave = if back { 0 } else { row.wave as i64 };
     tx.execute(
         "UPDATE rollouts SET state = ?2, reason = ?3, finished_ms = ?4, wave = ?5,
              failures_accepted = COALESCE(?6, failures_accepted)
@@ -313,11 +310,12 @@ fn move_on(
         ],
     )
     .map_err(&e)?;
-    if fin || m.to == crate::proto::rollout::ROLLING_BACK {
+    if fin || back {
         tx.execute(
             &format!(
                 "UPDATE rollout_members SET state = 'skipped', ended_ms = ?2
-                 WHERE rollout = ?1 AND state IN ({UNSTARTED})"
+                 WHERE rollout = ?1 AND state IN ({})",
+                unstarted(&m.to)
             ),
             params![row.id, m.now_ms as i64],
         )
