@@ -36,6 +36,8 @@ pub(crate) enum FleetError {
     NotHalted(String),
     #[error("release {version} is halted ({why}): `railgrid hub release resume {version}` lifts the halt")]
     Halted { version: String, why: String },
+    #[error("release {version} is not published for the platform of {agents}: publish it with `railgrid hub release publish --os OS --arch ARCH`, or select fewer agents")]
+    NotForPlatform { version: String, agents: String },
     #[error("no rollout {0:?}")]
     NoSuchRollout(String),
     /// The agents another rollout still holds: one rollout per agent at a time.

@@ -58,7 +58,9 @@ impl From<FleetError> for ApiError {
             FleetError::JobToken(_) => StatusCode::UNAUTHORIZED,
             FleetError::NoSuchRelease(_) => StatusCode::NOT_FOUND,
             FleetError::NotHalted(_) => StatusCode::CONFLICT,
-            FleetError::NoSuchRollout(_) => StatusCode::NOT_FOUND,
+            FleetError::NoSuchRollout(_) | FleetError::NotForPlatform { .. } => {
+                StatusCode::NOT_FOUND
+            }
             FleetError::RolloutClash(_)
             | FleetError::RolloutState { .. }
             | FleetError::Halted { .. } => StatusCode::CONFLICT,

@@ -20,7 +20,7 @@ mod view;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Fleet, FleetError};
+use super::{Fleet, FleetError, MUST_RESET};
 use crate::hub::store::rollouts::{
     MemberRow, Progress, Recorded, RolloutRow, StateMove, ROLLOUT_LEASE,
 };
@@ -39,6 +39,10 @@ use self::step::{Act, Facts, Seen};
 const TICK: Duration = Duration::from_secs(1);
 /// How long the lease lasts unrenewed: a hub that stops renewing it is replaced after.
 const LEASE: Duration = Duration::from_secs(10);
+/// The least time between two passes.
+const MIN_GAP: Duration = Duration::from_millis(200);
+/// With replicas, how often a pass takes in the reports other hubs wrote.
+const ADOPT_EVERY: Duration = Duration::from_secs(2);
 /// The most agents upgrading at once a rollout may ask for.
 const MAX_PARALLEL: usize = 10_000;
 /// The longest soak and deadline.
@@ -85,6 +89,14 @@ impl<S: Store> Fleet<S> {
             .as_deref()
             .map(|s| Selector::parse(s).map_err(|e| bad("selector", e.to_string())))
             .transpose()?;
+        if req.max_failures > MAX_PARALLEL {
+            return Err(bad(
+                "max_failures",
+                format!("{} is more than {MAX_PARALLEL}", req.max_failures),
+            ));
+        }
+        // What each agent runs now (its version to go back to), from every replica.
+        self.adopt_reports().await?;
         let selection = self.selection(selector.as_ref());
         if selection.is_empty() {
             return Err(bad(
@@ -183,17 +195,15 @@ impl<S: Store> Fleet<S> {
         } else {
             String::new()
         };
-        Err(FleetError::BadSetting {
-            field: "version".into(),
-            why: format!(
-                "{version} is not published for the platform of {}{more}: publish it with `railgrid hub release publish --os OS --arch ARCH`, or select fewer agents",
-                missing.join(", ")
-            ),
+        Err(FleetError::NotForPlatform {
+            version: version.to_owned(),
+            agents: format!("{}{more}", missing.join(", ")),
         })
     }
 
     /// What is seen of each member's agent now.
     fn seen(&self, members: &[MemberRow]) -> Vec<Seen> {
+        let now = util::unix_now_ms();
         members
             .iter()
             .map(|m| {
@@ -201,12 +211,21 @@ impl<S: Store> Fleet<S> {
                     return Seen::default();
                 };
                 let st = util::lock(&entry.state);
+                let connected = self.connected(&entry, st.last_seen);
+                let away_ms = match (connected, st.last_seen) {
+                    (true, _) => 0,
+                    (false, Some(t)) => now.saturating_sub(t.saturating_mul(1000)),
+                    (false, None) => u64::MAX,
+                };
                 Seen {
                     known: !entry.is_revoked(),
-                    connected: self.connected(&entry, st.last_seen),
+                    connected,
                     version: st.report.as_ref().map(|r| r.version.clone()),
                     upgrade: st.report.as_ref().and_then(|r| r.upgrade.clone()),
                     own_version: st.own.settings.version.clone(),
+                    fresh: st.observed_generation != MUST_RESET
+                        && st.observed_generation >= st.own.generation,
+                    away_ms,
                 }
             })
             .collect()
@@ -356,8 +375,13 @@ impl<S: Store> Fleet<S> {
             .await
     }
 
-    /// One pass of the driver as `holder`: false when another hub holds the lease.
-    async fn drive(&self, holder: &str) -> Result<bool, FleetError> {
+    /// One pass of the driver as `holder`: whether it holds the lease (`None`: no
+    /// rollout to drive, no lease taken).
+    async fn drive(&self, holder: &str, adopt: bool) -> Result<Option<bool>, FleetError> {
+        let active = self.store.list_rollouts(true).await?;
+        if active.is_empty() {
+            return Ok(None);
+        }
         let now = util::unix_now_ms();
         let until = now + LEASE.as_millis() as u64;
         if !self
@@ -365,23 +389,25 @@ impl<S: Store> Fleet<S> {
             .take_lease(ROLLOUT_LEASE, holder, now, until)
             .await?
         {
-            return Ok(false);
-        }
-        let active = self.store.list_rollouts(true).await?;
-        if active.is_empty() {
-            return Ok(true);
+            return Ok(Some(false));
         }
         // With replicas, an agent's report may have reached another hub.
-        self.adopt_reports().await?;
+        if adopt {
+            self.adopt_reports().await?;
+        }
+        let several = active.len() > 1;
         for row in active {
             let Some((r, members)) = self.store.get_rollout(&row.id).await? else {
                 continue;
             };
-            if !self.step_rollout(holder, until, &r, &members).await? {
-                return Ok(false);
+            if !self
+                .step_rollout(holder, until, &r, &members, several)
+                .await?
+            {
+                return Ok(Some(false));
             }
         }
-        Ok(true)
+        Ok(Some(true))
     }
 
     /// One step of `r`: false when the lease was lost.
@@ -391,12 +417,14 @@ impl<S: Store> Fleet<S> {
         until: u64,
         r: &RolloutRow,
         members: &[MemberRow],
+        other_active: bool,
     ) -> Result<bool, FleetError> {
         let seen = self.seen(members);
         let facts = Facts {
             now_ms: util::unix_now_ms(),
             halted: util::read(&self.releases).halt_of(&r.version),
             fleet_version: self.fleet_scope().settings.version,
+            other_active,
         };
         let s = step::step(r, members, &seen, &facts);
         let unchanged = s.members.is_empty()
@@ -407,9 +435,22 @@ impl<S: Store> Fleet<S> {
             self.act_all(&r.id, &s.after).await;
             return Ok(true);
         }
-        // A final state is the last word: what it leaves behind is done first.
-        for a in &s.before {
-            self.act(a).await?;
+        // A final state is the last word: what it leaves behind is done first, and
+        // only while the rollout is as read and this hub still drives (each act is
+        // idempotent, so a crash before the state is stored repeats them harmlessly).
+        if !s.before.is_empty() {
+            let now = util::unix_now_ms();
+            let ours = self
+                .store
+                .take_lease(ROLLOUT_LEASE, holder, now, until)
+                .await?;
+            let same = self.store.get_rollout(&r.id).await?.map(|(x, _)| x.state);
+            if !ours || same.as_deref() != Some(r.state.as_str()) {
+                return Ok(ours);
+            }
+            for a in &s.before {
+                self.act(a).await?;
+            }
         }
         let progress = Progress {
             id: r.id.clone(),
@@ -515,6 +556,7 @@ impl Roller {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut failing = false;
             let mut holding = false;
+            let mut adopted = tokio::time::Instant::now();
             loop {
                 tokio::select! {
                     // Cancel-safe: a `notify_one` while another arm wins is kept as a
@@ -522,8 +564,18 @@ impl Roller {
                     () = fleet.rollout_kick.notified() => {}
                     _ = tick.tick() => {}
                 }
-                match fleet.drive(&holder).await {
-                    Ok(held) => {
+                // A fleet reporting many moves at once is stepped at this pace, not once
+                // per report.
+                let paced = tokio::time::sleep(MIN_GAP);
+                let adopt = adopted.elapsed() >= ADOPT_EVERY;
+                if adopt {
+                    adopted = tokio::time::Instant::now();
+                }
+                let result = fleet.drive(&holder, adopt).await;
+                paced.await;
+                match result {
+                    Ok(None) => {}
+                    Ok(Some(held)) => {
                         if held != holding {
                             tracing::info!(holder = %holder, "{}", if held { "this hub drives the rollouts" } else { "another hub drives the rollouts" });
                             holding = held;

@@ -23,6 +23,7 @@ use crate::proto::rollout::{
 
 /// The agent's upgrade states the hub reads here.
 const PENDING_COMMIT: &str = "pending_commit";
+const UPGRADE_COMMITTED: &str = "committed";
 const UPGRADE_ROLLED_BACK: &str = "rolled_back";
 const UPGRADE_FAILED: &str = "failed";
 const UPGRADE_REFUSED: &str = "refused";
@@ -38,6 +39,11 @@ pub(crate) struct Seen {
     pub(crate) upgrade: Option<UpgradeReport>,
     /// The version its own desired settings ask for.
     pub(crate) own_version: Option<String>,
+    /// Its report is of its own latest settings or newer: an end it reports is of what
+    /// it was given, not left over from before.
+    pub(crate) fresh: bool,
+    /// How long since it was last seen, when it is not connected (ms).
+    pub(crate) away_ms: u64,
 }
 
 impl Seen {
@@ -48,6 +54,39 @@ impl Seen {
                 .upgrade
                 .as_ref()
                 .is_none_or(|u| u.state != PENDING_COMMIT)
+    }
+
+    /// Committed to `version`: what its agent says once the new binary has been healthy
+    /// for its settle period (an agent just switched reports the version before it says
+    /// whether it commits).
+    fn committed(&self, version: &str) -> bool {
+        self.version.as_deref() == Some(version)
+            && self.upgrade.as_ref().is_some_and(|u| {
+                u.state == UPGRADE_COMMITTED && u.target.as_deref() == Some(version)
+            })
+    }
+
+    /// Past the point of no return towards `version`: its binary switched.
+    fn started(&self, version: &str) -> bool {
+        self.version.as_deref() == Some(version)
+            || self.upgrade.as_ref().is_some_and(|u| {
+                u.target.as_deref() == Some(version)
+                    && matches!(
+                        u.state.as_str(),
+                        "switching" | PENDING_COMMIT | UPGRADE_COMMITTED
+                    )
+            })
+    }
+
+    /// Busy with an upgrade to `version` (a failed one tried again, say).
+    fn upgrading(&self, version: &str) -> bool {
+        self.upgrade.as_ref().is_some_and(|u| {
+            u.target.as_deref() == Some(version)
+                && matches!(
+                    u.state.as_str(),
+                    "downloading" | "verifying" | "draining" | "switching" | PENDING_COMMIT
+                )
+        })
     }
 
     /// Its upgrade to `version` ended in `states`: the error it gives.
@@ -69,7 +108,14 @@ pub(crate) struct Facts {
     pub(crate) halted: Option<String>,
     /// The fleet's own desired version.
     pub(crate) fleet_version: Option<String>,
+    /// Another rollout that is not over holds agents: the fleet's version is not this
+    /// one's to set.
+    pub(crate) other_active: bool,
 }
+
+/// A member given the version and away this long is deferred: it takes the version when
+/// it is back, and holds up nothing meanwhile.
+pub(crate) const GIVEN_AWAY_MS: u64 = 5 * 60 * 1000;
 
 /// A desired version to put in one agent's own settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,12 +161,20 @@ pub(crate) fn step(r: &RolloutRow, members: &[MemberRow], seen: &[Seen], f: &Fac
     if back {
         revert(r, &mut m, seen, f, &mut out);
     } else {
-        judge(r, &m, f, &mut out);
+        judge(r, &m, members, f, &mut out);
         if r.state == RUNNING && out.moved.is_none() {
             advance(r, &mut m, seen, f, &mut out);
         }
     }
     // Members under way keep what they were given, whoever changed it meanwhile.
+    let given: std::collections::HashSet<String> = out
+        .after
+        .iter()
+        .filter_map(|a| match a {
+            Act::Give { agent, .. } => Some(agent.clone()),
+            _ => None,
+        })
+        .collect();
     for (row, s) in m.iter().zip(seen) {
         let (version, rollback) = match row.state.as_str() {
             GIVEN => (Some(r.version.clone()), false),
@@ -128,11 +182,7 @@ pub(crate) fn step(r: &RolloutRow, members: &[MemberRow], seen: &[Seen], f: &Fac
             _ => continue,
         };
         if let Some(version) = version {
-            let already = out
-                .after
-                .iter()
-                .any(|a| matches!(a, Act::Give { agent, .. } if *agent == row.agent));
-            if s.known && !already && s.own_version.as_ref() != Some(&version) {
+            if s.known && !given.contains(&row.agent) && s.own_version.as_ref() != Some(&version) {
                 out.after.push(Act::Give {
                     agent: row.agent.clone(),
                     version,
@@ -157,10 +207,17 @@ fn set(row: &mut MemberRow, state: &str, now: u64, error: Option<String>) {
 }
 
 /// Members under way (or failed, which may still commit) as their agents report them.
+/// An end is taken only from a report of what the member was given (`fresh`).
 fn observe(r: &RolloutRow, m: &mut [MemberRow], seen: &[Seen], f: &Facts, out: &mut Step) {
     let now = f.now_ms;
+    let back = r.state == ROLLING_BACK;
     for (row, s) in m.iter_mut().zip(seen) {
-        let watched = matches!(row.state.as_str(), GIVEN | FAILED | REVERTING);
+        // Going back, a member that could not is left as it is.
+        let watched = match row.state.as_str() {
+            GIVEN | REVERTING => true,
+            FAILED => !back,
+            _ => false,
+        };
         if !watched {
             continue;
         }
@@ -174,26 +231,38 @@ fn observe(r: &RolloutRow, m: &mut [MemberRow], seen: &[Seen], f: &Facts, out: &
             };
             if s.runs(&from) {
                 set(row, REVERTED, now, None);
-            } else if let Some(e) = s.upgrade_ended(&from, &[UPGRADE_FAILED, UPGRADE_REFUSED]) {
+            } else if let Some(e) = s
+                .upgrade_ended(&from, &[UPGRADE_FAILED, UPGRADE_REFUSED])
+                .filter(|_| s.fresh)
+            {
                 set(row, FAILED, now, Some(format!("going back to {from}: {e}")));
             }
             continue;
         }
-        if s.runs(&r.version) {
+        if s.committed(&r.version) {
             set(row, COMMITTED, now, None);
             out.last_commit_ms = Some(now);
-        } else if let Some(e) = s.upgrade_ended(&r.version, &[UPGRADE_ROLLED_BACK]) {
+        } else if let Some(e) = s
+            .upgrade_ended(&r.version, &[UPGRADE_ROLLED_BACK])
+            .filter(|_| s.fresh)
+        {
             set(row, MEMBER_ROLLED_BACK, now, Some(e));
         } else if row.state == GIVEN {
-            if let Some(e) = s.upgrade_ended(&r.version, &[UPGRADE_FAILED, UPGRADE_REFUSED]) {
+            if let Some(e) = s
+                .upgrade_ended(&r.version, &[UPGRADE_FAILED, UPGRADE_REFUSED])
+                .filter(|_| s.fresh)
+            {
                 set(row, FAILED, now, Some(e));
+            } else if !s.connected && s.away_ms >= GIVEN_AWAY_MS && !back {
+                row.state = DEFERRED.into();
+                row.error = Some("went away while it upgraded: it goes on when it is back".into());
             }
         }
     }
 }
 
 /// Halt, failures and deadline, for a rollout going forward.
-fn judge(r: &RolloutRow, m: &[MemberRow], f: &Facts, out: &mut Step) {
+fn judge(r: &RolloutRow, m: &[MemberRow], was: &[MemberRow], f: &Facts, out: &mut Step) {
     if r.deadline_ms.is_some_and(|d| f.now_ms >= d) {
         let committed = m.iter().filter(|x| x.state == COMMITTED).count();
         out.moved = Some((
@@ -209,7 +278,13 @@ fn judge(r: &RolloutRow, m: &[MemberRow], f: &Facts, out: &mut Step) {
     if r.state == HALTED || r.state == STOPPED {
         return;
     }
-    let rolled: Vec<&MemberRow> = m.iter().filter(|x| x.state == MEMBER_ROLLED_BACK).collect();
+    // A rollback stored before (and taken on by a resume) halts nothing again.
+    let rolled: Vec<&MemberRow> = m
+        .iter()
+        .zip(was)
+        .filter(|(x, w)| x.state == MEMBER_ROLLED_BACK && w.state != MEMBER_ROLLED_BACK)
+        .map(|(x, _)| x)
+        .collect();
     if let Some(why) = f.halted.clone().or_else(|| {
         rolled.first().map(|x| {
             format!(
@@ -252,7 +327,7 @@ fn advance(r: &RolloutRow, m: &mut [MemberRow], seen: &[Seen], f: &Facts, out: &
     let waves = m.iter().map(|x| x.wave + 1).max().unwrap_or(0);
     loop {
         let w = out.wave;
-        let mut under_way = m.iter().filter(|x| x.state == GIVEN).count();
+        let mut under_way = under_way(r, m, seen);
         for (row, s) in m.iter_mut().zip(seen) {
             if row.wave > w || !matches!(row.state.as_str(), PENDING | DEFERRED) {
                 continue;
@@ -286,10 +361,12 @@ fn advance(r: &RolloutRow, m: &mut [MemberRow], seen: &[Seen], f: &Facts, out: &
         }
         // The earlier waves are over: a deferred member back and under way there holds
         // up nothing.
-        let settled = m
-            .iter()
-            .filter(|x| x.wave == w)
-            .all(|x| matches!(x.state.as_str(), COMMITTED | FAILED | DEFERRED | SKIPPED));
+        let settled = m.iter().filter(|x| x.wave == w).all(|x| {
+            matches!(
+                x.state.as_str(),
+                COMMITTED | FAILED | DEFERRED | SKIPPED | MEMBER_ROLLED_BACK
+            )
+        });
         if !settled {
             return;
         }
@@ -312,6 +389,14 @@ fn advance(r: &RolloutRow, m: &mut [MemberRow], seen: &[Seen], f: &Facts, out: &
     }
 }
 
+/// Members upgrading now: given the version, or failed and trying again.
+fn under_way(r: &RolloutRow, m: &[MemberRow], seen: &[Seen]) -> usize {
+    m.iter()
+        .zip(seen)
+        .filter(|(x, s)| x.state == GIVEN || (x.state == FAILED && s.upgrading(&r.version)))
+        .count()
+}
+
 fn give(out: &mut Step, row: &MemberRow, version: &str, rollback: bool) {
     out.after.push(Act::Give {
         agent: row.agent.clone(),
@@ -321,11 +406,13 @@ fn give(out: &mut Step, row: &MemberRow, version: &str, rollback: bool) {
 }
 
 /// A whole-fleet rollout leaves the version to the fleet's settings (agents that join
-/// later get it), and its members' own settings to the fleet; a selected one gives the
-/// version to the members still away, for when they are back.
+/// later get it), and its members' own settings to the fleet; a selected one (or one
+/// that ends while another rollout holds agents, whose waves the fleet's version would
+/// skip) keeps it in its members' own settings, and gives it to those still away, for
+/// when they are back.
 fn finish_forward(r: &RolloutRow, m: &[MemberRow], seen: &[Seen], f: &Facts) -> Vec<Act> {
     let mut acts = Vec::new();
-    if r.selector.is_none() {
+    if r.selector.is_none() && !f.other_active {
         if f.fleet_version.as_deref() != Some(r.version.as_str()) {
             acts.push(Act::FleetVersion(r.version.clone()));
         }
@@ -358,6 +445,20 @@ fn revert(r: &RolloutRow, m: &mut [MemberRow], seen: &[Seen], f: &Facts, out: &m
                 .as_deref()
                 .is_some_and(|v| v != r.version.as_str())
     };
+    // Given the version but not switched to it (a halt withholds it, or the agent is
+    // away): taken back at once, whatever its wave, so nothing is left waiting for it.
+    for (row, s) in m.iter_mut().zip(seen.iter()) {
+        if row.state == GIVEN && !(s.connected && s.started(&r.version)) {
+            match row.from_version.clone() {
+                Some(from) if from != r.version => {
+                    row.state = REVERTING.into();
+                    row.ended_ms = None;
+                    give(out, row, &from, true);
+                }
+                _ => set(row, SKIPPED, now, Some("aborted before it switched".into())),
+            }
+        }
+    }
     loop {
         let w = out.wave;
         let mut under_way = m

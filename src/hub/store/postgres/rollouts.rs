@@ -323,9 +323,9 @@ async fn move_on(
 ) -> Result<(), tokio_postgres::Error> {
     let fin = crate::proto::rollout::is_final(&m.to);
     let back = m.to == crate::proto::rollout::ROLLING_BACK;
-    let wave = if back { 0 } else { row.wave as i64 };
     tx.execute(
-        "UPDATE rollouts SET state = $2, reason = $3, finished_ms = $4, wave = $5,
+        "UPDATE rollouts SET state = $2, reason = $3, finished_ms = $4,
+             wave = CASE WHEN $5 THEN 0 ELSE wave END,
              failures_accepted = COALESCE($6, failures_accepted)
          WHERE id = $1",
         &[
@@ -333,7 +333,7 @@ async fn move_on(
             &m.to,
             &m.reason,
             &fin.then_some(m.now_ms as i64),
-            &wave,
+            &back,
             &m.failures_accepted.map(|n| n as i64),
         ],
     )

@@ -38,6 +38,8 @@ fn idle(version: &str) -> Seen {
         version: Some(version.into()),
         upgrade: None,
         own_version: None,
+        fresh: true,
+        away_ms: 0,
     }
 }
 
@@ -62,7 +64,7 @@ fn run(
     let f = Facts {
         now_ms: now,
         halted: halted.map(Into::into),
-        fleet_version: None,
+        ..Facts::default()
     };
     let s = step(r, members, seen, &f);
     for changed in &s.members {
@@ -293,6 +295,7 @@ fn a_rollback_takes_the_committed_members_back_wave_by_wave() {
     commit(&mut seen[1]);
     run(&mut r, &mut m, &mut seen, 3, None);
     assert_eq!(states(&m), [COMMITTED, COMMITTED, GIVEN]);
+    seen[2].upgrade = upgrade("switching", V, None);
     // Abort with rollback: as the store moves it.
     r.state = ROLLING_BACK.into();
     r.wave = 0;
@@ -323,4 +326,141 @@ fn a_rollback_takes_the_committed_members_back_wave_by_wave() {
     assert_eq!(r.state, ROLLED_BACK);
     assert_eq!(s.before.len(), 3, "their own settings give way: {s:?}");
     assert_ne!(r.state, ABORTED);
+}
+
+#[test]
+fn a_member_counts_as_committed_only_once_its_agent_says_so() {
+    let (mut r, mut m, mut seen) = rollout(&[1, 1]);
+    run(&mut r, &mut m, &mut seen, 1, None);
+    // Just switched: the new agent reports the version before it has committed.
+    seen[0].version = Some(V.into());
+    run(&mut r, &mut m, &mut seen, 2, None);
+    assert_eq!(states(&m), [GIVEN, PENDING]);
+    seen[0].upgrade = upgrade("pending_commit", V, None);
+    run(&mut r, &mut m, &mut seen, 3, None);
+    assert_eq!(states(&m), [GIVEN, PENDING]);
+    commit(&mut seen[0]);
+    run(&mut r, &mut m, &mut seen, 4, None);
+    assert_eq!(states(&m), [COMMITTED, GIVEN]);
+}
+
+#[test]
+fn an_end_reported_before_the_member_took_its_settings_is_not_taken() {
+    let (mut r, mut m, mut seen) = rollout(&[1]);
+    run(&mut r, &mut m, &mut seen, 1, None);
+    // Left over from an earlier rollout of the same version.
+    seen[0].upgrade = upgrade("rolled_back", V, Some("old news"));
+    seen[0].fresh = false;
+    run(&mut r, &mut m, &mut seen, 2, None);
+    assert_eq!((states(&m)[0], r.state.as_str()), (GIVEN, RUNNING));
+    seen[0].upgrade = upgrade("failed", V, Some("old news"));
+    run(&mut r, &mut m, &mut seen, 3, None);
+    assert_eq!(states(&m), [GIVEN]);
+    seen[0].fresh = true;
+    run(&mut r, &mut m, &mut seen, 4, None);
+    assert_eq!(states(&m), [FAILED]);
+}
+
+#[test]
+fn a_halted_rollout_resumed_goes_on_past_the_rollback_it_took_on() {
+    let (mut r, mut m, mut seen) = rollout(&[1, 1]);
+    run(&mut r, &mut m, &mut seen, 1, None);
+    seen[0].upgrade = upgrade("rolled_back", V, Some("crashed"));
+    run(&mut r, &mut m, &mut seen, 2, None);
+    assert_eq!(r.state, HALTED);
+    // The operator lifted the version's halt and resumed the rollout.
+    r.state = RUNNING.into();
+    run(&mut r, &mut m, &mut seen, 3, None);
+    assert_eq!(r.state, RUNNING);
+    assert_eq!(states(&m), [MEMBER_ROLLED_BACK, GIVEN]);
+    commit(&mut seen[1]);
+    run(&mut r, &mut m, &mut seen, 4, None);
+    assert_eq!(r.state, DONE);
+}
+
+#[test]
+fn a_member_given_the_version_and_gone_for_long_is_deferred() {
+    let (mut r, mut m, mut seen) = rollout(&[1, 1]);
+    run(&mut r, &mut m, &mut seen, 1, None);
+    seen[0].connected = false;
+    seen[0].away_ms = GIVEN_AWAY_MS - 1;
+    run(&mut r, &mut m, &mut seen, 2, None);
+    assert_eq!(states(&m), [GIVEN, PENDING]);
+    seen[0].away_ms = GIVEN_AWAY_MS;
+    run(&mut r, &mut m, &mut seen, 3, None);
+    assert_eq!(states(&m), [DEFERRED, GIVEN]);
+}
+
+#[test]
+fn a_failed_member_trying_again_holds_a_place() {
+    let (mut r, mut m, mut seen) = rollout(&[3]);
+    r.max_parallel = 1;
+    r.max_failures = 1;
+    run(&mut r, &mut m, &mut seen, 1, None);
+    seen[0].upgrade = upgrade("failed", V, Some("disk full"));
+    run(&mut r, &mut m, &mut seen, 2, None);
+    assert_eq!(states(&m), [FAILED, GIVEN, PENDING]);
+    commit(&mut seen[1]);
+    seen[0].upgrade = upgrade("downloading", V, None);
+    run(&mut r, &mut m, &mut seen, 3, None);
+    assert_eq!(
+        states(&m),
+        [FAILED, COMMITTED, PENDING],
+        "a0 is at it again"
+    );
+    seen[0].upgrade = upgrade("failed", V, Some("disk full"));
+    run(&mut r, &mut m, &mut seen, 4, None);
+    assert_eq!(states(&m), [FAILED, COMMITTED, GIVEN]);
+}
+
+#[test]
+fn a_rollback_takes_back_at_once_what_was_given_and_not_switched() {
+    let (mut r, mut m, mut seen) = rollout(&[1, 2]);
+    run(&mut r, &mut m, &mut seen, 1, None);
+    commit(&mut seen[0]);
+    run(&mut r, &mut m, &mut seen, 2, None);
+    assert_eq!(states(&m), [COMMITTED, GIVEN, GIVEN]);
+    // a1 switches; a2 was withheld the version by a halt and is idle.
+    seen[1].upgrade = upgrade("switching", V, None);
+    r.state = ROLLING_BACK.into();
+    r.wave = 0;
+    let s = run(&mut r, &mut m, &mut seen, 3, None);
+    assert_eq!(states(&m), [REVERTING, GIVEN, REVERTING]);
+    assert!(s.after.contains(&Act::Give {
+        agent: "a2".into(),
+        version: OLD.into(),
+        rollback: true
+    }));
+    seen[0].version = Some(OLD.into());
+    commit(&mut seen[1]);
+    run(&mut r, &mut m, &mut seen, 4, None);
+    assert_eq!(states(&m), [REVERTED, REVERTING, REVERTED]);
+    seen[1].version = Some(OLD.into());
+    run(&mut r, &mut m, &mut seen, 5, None);
+    assert_eq!(r.state, ROLLED_BACK);
+}
+
+#[test]
+fn a_whole_fleet_rollout_leaves_the_fleets_version_alone_while_another_holds_agents() {
+    let (r, mut m, mut seen) = rollout(&[1]);
+    m[0].state = COMMITTED.into();
+    seen[0] = idle(V);
+    seen[0].own_version = Some(V.into());
+    let alone = Facts {
+        now_ms: 5,
+        ..Facts::default()
+    };
+    let s = step(&r, &m, &seen, &alone);
+    assert_eq!(s.moved, Some((DONE.into(), None)));
+    assert_eq!(
+        s.before,
+        vec![Act::FleetVersion(V.into()), Act::Clear("a0".into())]
+    );
+    let other = Facts {
+        other_active: true,
+        ..alone
+    };
+    let s = step(&r, &m, &seen, &other);
+    assert_eq!(s.moved, Some((DONE.into(), None)));
+    assert!(s.before.is_empty(), "{s:?}");
 }
