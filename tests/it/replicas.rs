@@ -646,3 +646,101 @@ fn two_replicas_dispatch_one_queue_and_no_job_is_assigned_or_run_twice() {
         assert!(hub.log().contains("queued job assigned"), "{}", hub.log());
     }
 }
+
+/// A simulated agent's reconcile through `hub`, answered at once: its report says it runs
+/// `version` and, when given, where an upgrade stands (state, target). The generation it
+/// is answered, and whether that answer asks it for `wants`.
+fn sim_reconcile(
+    hub: &TestHub,
+    (id, token): (&str, &str),
+    generation: u64,
+    version: &str,
+    upgrade: Option<(&str, &str)>,
+    wants: &str,
+) -> (u64, bool) {
+    let report = serde_json::json!({
+        "version": version,
+        "os": std::env::consts::OS,
+        "arch": std::env::consts::ARCH,
+        "hostname": id,
+        "observed_generation": generation,
+        "runner": {"state": "running"},
+        "upgrade": upgrade.map(|(state, target)| serde_json::json!({"state": state, "target": target})),
+    });
+    let path = format!("/v1/agents/{id}/reconcile");
+    let (code, body) = hub.curl("POST", &path, Some(token), Some(&report.to_string()));
+    assert_eq!(code, 200, "{body}");
+    let d: Value = serde_json::from_str(&body).expect("desired state");
+    (
+        d["generation"].as_u64().expect("generation"),
+        d["agent"]["version"] == wants,
+    )
+}
+
+#[test]
+fn one_replica_drives_a_rollout_and_another_takes_it_over_when_it_dies() {
+    let Some(pg) = Postgres::start() else { return };
+    let dir = tempdir();
+    let key = super::upgrade::keygen(dir.path(), "publisher");
+    let public = path_str(&key.public);
+    let pair = Pair::start_with(&pg, "rollouts", &["--release-key", &public]);
+    let bin = dir.path().join("artifact");
+    std::fs::write(&bin, b"not run: the agents here are simulated").expect("artifact");
+    super::upgrade::release(pair.a(), &key, dir.path(), "2.0.0", &bin);
+    let tokens: Vec<(&str, String)> = ["s1", "s2"]
+        .into_iter()
+        .map(|id| (id, read_lossy(&pair.b.enrol(id)).trim().to_owned()))
+        .collect();
+    let sim = |i: usize| (tokens[i].0, tokens[i].1.as_str());
+    let mut generations = [0u64; 2];
+    for (i, g) in generations.iter_mut().enumerate() {
+        *g = sim_reconcile(pair.a(), sim(i), 0, "1.0.0", None, "2.0.0").0;
+    }
+    pair.b.admin_ok(&["agent", "label", "s1", "rollout=canary"]);
+    let said = pair.a().admin_ok(&[
+        "rollout",
+        "start",
+        "--version",
+        "2.0.0",
+        "--waves",
+        "1,100%",
+    ]);
+    assert!(said.starts_with("rollout r1 started"), "{said}");
+
+    // The canary is given the version by whichever replica holds the lease; it commits.
+    let (g, given) = wait_for(LIMIT, "the canary given 2.0.0", || {
+        let (g, given) = sim_reconcile(pair.a(), sim(0), generations[0], "1.0.0", None, "2.0.0");
+        given.then_some((g, given))
+    });
+    assert!(given);
+    let drives = |h: &TestHub| h.log().contains("this hub drives the rollouts");
+    let (holder, other) = wait_for(LIMIT, "the replica that drives", || {
+        match (drives(pair.a()), drives(&pair.b)) {
+            (true, false) => Some((pair.a(), &pair.b)),
+            (false, true) => Some((&pair.b, pair.a())),
+            (false, false) => None,
+            (true, true) => panic!("both replicas drive the rollouts"),
+        }
+    });
+    let committed = Some(("committed", "2.0.0"));
+    generations[0] = sim_reconcile(other, sim(0), g, "2.0.0", committed, "2.0.0").0;
+    // The replica that drives dies; the other takes the lease over and goes on.
+    holder.guard.signal(Signal::SIGKILL);
+    let status = || other.admin_json(&["rollout", "status", "r1"]);
+    wait_for(
+        Duration::from_secs(60),
+        "the second wave given by the other replica",
+        || {
+            let (g, given) = sim_reconcile(other, sim(1), generations[1], "1.0.0", None, "2.0.0");
+            generations[1] = g;
+            given.then_some(())
+        },
+    );
+    assert!(drives(other), "{}", other.log());
+    sim_reconcile(other, sim(1), generations[1], "2.0.0", committed, "2.0.0");
+    let v = wait_for(LIMIT, "the rollout done", || {
+        let v = status();
+        (v["state"] == "done").then_some(v)
+    });
+    assert_eq!(v["counts"]["committed"], 2, "{v:#}");
+}

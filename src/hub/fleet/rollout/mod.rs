@@ -571,9 +571,7 @@ impl Roller {
                 if adopt {
                     adopted = tokio::time::Instant::now();
                 }
-                let result = fleet.drive(&holder, adopt).await;
-                paced.await;
-                match result {
+                match fleet.drive(&holder, adopt).await {
                     Ok(None) => {}
                     Ok(Some(held)) => {
                         if held != holding {
@@ -592,6 +590,7 @@ impl Roller {
                         failing = true;
                     }
                 }
+                paced.await;
             }
         }))
     }
