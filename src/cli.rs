@@ -148,10 +148,106 @@ pub enum HubCommand {
         #[command(subcommand)]
         command: HubRolloutCommand,
     },
+    /// Admin tokens limited to scopes (and to agents by their hub labels), and the root
+    /// token's rotation.
+    Token {
+        #[command(subcommand)]
+        command: HubTokenCommand,
+    },
+    /// Tokens hosts trade for their own agent token (`agent run --enrol-token FILE`).
+    #[command(name = "enrol-token")]
+    EnrolToken {
+        #[command(subcommand)]
+        command: HubEnrolTokenCommand,
+    },
+    /// What admins did: every change, refusal, enrolment and rotation.
+    Audit {
+        #[command(subcommand)]
+        command: HubAuditCommand,
+    },
     /// Work on the hub's store directly, with every hub on it stopped.
     Store {
         #[command(subcommand)]
         command: HubStoreCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HubTokenCommand {
+    /// Make an admin token limited to scopes; printed once (the hub keeps its hash).
+    Create(HubTokenCreateArgs),
+    /// Every admin token made (never its secret): scopes, selector, expiry, revoked.
+    List,
+    /// Refuse an admin token from now on.
+    Revoke { name: String },
+    /// A new root token (admin.token): the old one is refused from now on. With
+    /// --data-dir the new one is written to <data-dir>/admin.token; otherwise printed.
+    #[command(name = "rotate-root")]
+    RotateRoot,
+}
+
+#[derive(Debug, Args)]
+pub struct HubTokenCreateArgs {
+    /// Its name in listings and in the audit log (never used twice).
+    #[arg(long, value_name = "NAME")]
+    pub name: String,
+    /// What it may do, comma-separated: agents:read, agents:write, jobs:read,
+    /// jobs:submit, jobs:cancel, releases:write, rollouts:write, tokens:write, audit:read.
+    #[arg(
+        long = "scope",
+        value_name = "S[,S…]",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub scopes: Vec<String>,
+    /// Its job scopes reach only agents whose hub labels match SEL.
+    #[arg(long, value_name = "SEL", value_parser = parse_selector)]
+    pub select: Option<Selector>,
+    /// It stops working this long from now.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
+    /// Write the token to FILE (created 0600) instead of printing it.
+    #[arg(long, value_name = "FILE")]
+    pub token_out: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HubEnrolTokenCommand {
+    /// Make an enrolment token; printed once (the hub keeps its hash).
+    Create(HubEnrolTokenCreateArgs),
+    /// Every enrolment token (never its secret): uses, labels, expiry, revoked.
+    List,
+    /// Refuse an enrolment token from now on (hosts it enrolled keep their own token).
+    Revoke { id: String },
+}
+
+#[derive(Debug, Args)]
+pub struct HubEnrolTokenCreateArgs {
+    /// How many hosts it enrols (default: any number).
+    #[arg(long, value_name = "N")]
+    pub uses: Option<u64>,
+    /// It stops enrolling this long from now.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
+    /// A hub label every host it enrols gets (repeatable).
+    #[arg(long = "label", value_name = "K=V", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Write the token to FILE (created 0600) instead of printing it.
+    #[arg(long, value_name = "FILE")]
+    pub token_out: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HubAuditCommand {
+    /// The audit log, oldest first.
+    List {
+        /// Only what happened within DUR.
+        #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+        since: Option<Duration>,
+        /// Only what token NAME did (an admin token's name, `root`, or an enrolment
+        /// token's id).
+        #[arg(long, value_name = "NAME")]
+        token: Option<String>,
     },
 }
 
@@ -409,6 +505,13 @@ pub struct HubServeArgs {
     /// holds a password.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// How long audit lines are kept (`hub audit list`).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "90days")]
+    pub keep_audit: Duration,
+    /// Send each agent whose token is older than DUR a new one at its next reconcile
+    /// (default: only when asked, `hub agent rotate`).
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub agent_token_max_age: Option<Duration>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -444,6 +547,15 @@ pub enum HubAgentCommand {
     /// End the hub's drain of an agent (a drain its host keeps stays: `agent resume`
     /// there).
     Resume(HubAgentsArgs),
+    /// Send an agent a new token at its next reconcile: it stores it, then uses it, and
+    /// the old one is refused from then on.
+    Rotate {
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<String>,
+        /// Every enrolled agent.
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 /// One agent, or every agent whose labels match.
@@ -718,9 +830,14 @@ pub struct HubFlags {
     /// This agent's id at the hub (default: the host name).
     #[arg(long, value_name = "ID")]
     pub agent_id: Option<String>,
-    /// File holding the agent's hub token (mode 0600).
+    /// File holding the agent's hub token (mode 0600). With --enrol-token: where the
+    /// agent keeps the token it is given (default <state-dir>/hub.token).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// File holding an enrolment token (`hub enrol-token create`, mode 0600): traded at
+    /// first contact for the agent's own token; not needed after.
+    #[arg(long, value_name = "FILE")]
+    pub enrol_token: Option<PathBuf>,
     /// PEM file of the CA that signed the hub's certificate.
     #[arg(long, value_name = "PEM")]
     pub ca_file: Option<PathBuf>,

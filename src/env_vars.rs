@@ -29,6 +29,7 @@ pub(crate) const RUNNER_MAX_KEPT_BYTES: &str = "RAILGRID_RUNNER_MAX_KEPT_BYTES";
 pub(crate) const HUB_URL: &str = "RAILGRID_HUB_URL";
 pub(crate) const HUB_AGENT_ID: &str = "RAILGRID_HUB_AGENT_ID";
 pub(crate) const HUB_TOKEN_FILE: &str = "RAILGRID_HUB_TOKEN_FILE";
+pub(crate) const HUB_ENROL_TOKEN_FILE: &str = "RAILGRID_HUB_ENROL_TOKEN_FILE";
 pub(crate) const HUB_CA_FILE: &str = "RAILGRID_HUB_CA_FILE";
 pub(crate) const LOG_MAX_FILES: &str = "RAILGRID_LOG_MAX_FILES";
 pub(crate) const UPGRADE_TRUSTED_KEYS: &str = "RAILGRID_UPGRADE_TRUSTED_KEYS";

@@ -206,6 +206,16 @@ pub(crate) async fn run(
     tracing::info!(exe = %exe.path().display(), sha256 = %exe.identity().sha256, size = exe.identity().size, "pinned the agent's executable: runners are launched from these bytes");
     // The token and CA files, read before anything starts: an unusable one is a
     // configuration error (exit 2), not a hub that happens to be down.
+    // A host that joins by an enrolment token gets its own token first (a signal stops
+    // the wait for a hub out of reach).
+    if let Some(settings) = &cfg.hub {
+        tokio::select! {
+            r = hub::enrol_if_needed(settings) => r.map_err(AgentError::Hub)?,
+            // Cancel-safe: signal streams keep a signal that arrived between polls.
+            _ = term.recv() => return Ok(None),
+            _ = int.recv() => return Ok(None),
+        }
+    }
     let hub = match cfg.hub.clone() {
         Some(settings) => Some(
             tokio::task::spawn_blocking(move || hub::Connection::load(&settings))

@@ -20,6 +20,7 @@ fn flags(args: &AgentArgs) -> Flags {
         hub: (!args.link.hub.is_empty()).then(|| args.link.hub.clone()),
         agent_id: args.link.agent_id.clone(),
         token_file: args.link.token_file.clone(),
+        enrol_token: args.link.enrol_token.clone(),
         ca_file: args.link.ca_file.clone(),
         trusted_keys: (!args.link.trusted_key.is_empty()).then(|| args.link.trusted_key.clone()),
         labels: (!args.link.label.is_empty()).then(|| args.link.label.clone()),

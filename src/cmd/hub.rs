@@ -46,6 +46,9 @@ pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {
         HubCommand::Agent {
             command: HubAgentCommand::Resume(a),
         } => admin(&target, |c| super::hub_drain::resume(c, a, json)),
+        HubCommand::Agent {
+            command: HubAgentCommand::Rotate { id, .. },
+        } => admin(&target, |c| super::hub_access::rotate(c, id, json)),
         HubCommand::Agent { command } => admin(&target, |c| agent(c, command, json)),
         HubCommand::Desired { command } => admin(&target, |c| desired(c, command, json)),
         HubCommand::Job { command } => super::hub_job::run(&target, command, json),
@@ -54,6 +57,18 @@ pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {
         }
         HubCommand::Rollout { command } => {
             admin(&target, |c| super::hub_rollout::run(c, command, json))
+        }
+        HubCommand::Token { command } => {
+            let t = target.clone();
+            admin(&target, |c| async move {
+                super::hub_access::token(c, &t, command, json).await
+            })
+        }
+        HubCommand::EnrolToken { command } => admin(&target, |c| {
+            super::hub_access::enrol_token(c, command, json)
+        }),
+        HubCommand::Audit { command } => {
+            admin(&target, |c| super::hub_access::audit(c, command, json))
         }
         HubCommand::Store { command } => store(target, command),
     }
@@ -129,6 +144,8 @@ fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
             .map(std::path::absolute)
             .collect::<Result<_, _>>()?,
         store: crate::hub::config::store_url(a.store, a.config.as_deref()).map_err(usage)?,
+        keep_audit: a.keep_audit,
+        agent_token_max_age: a.agent_token_max_age,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -211,7 +228,7 @@ async fn agent(c: AdminClient, cmd: HubAgentCommand, json: bool) -> anyhow::Resu
                 shown_labels(&a.labels)
             ))
         }
-        HubAgentCommand::Drain(_) | HubAgentCommand::Resume(_) => {
+        HubAgentCommand::Drain(_) | HubAgentCommand::Resume(_) | HubAgentCommand::Rotate { .. } => {
             unreachable!("run by hub_drain")
         }
         HubAgentCommand::Revoke { id } => {
@@ -278,7 +295,7 @@ fn desired_change(a: &HubDesiredSetArgs) -> DesiredChange {
 
 /// A new file for a token, 0600; an existing file is not overwritten (it may be another
 /// agent's token). A usage error: nothing was enrolled yet.
-fn create_token_file(path: &Path) -> anyhow::Result<std::fs::File> {
+pub(super) fn create_token_file(path: &Path) -> anyhow::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .write(true)
@@ -289,7 +306,7 @@ fn create_token_file(path: &Path) -> anyhow::Result<std::fs::File> {
         .map_err(usage)
 }
 
-fn write_token(mut f: std::fs::File, path: &Path, token: &str) -> anyhow::Result<()> {
+pub(super) fn write_token(mut f: std::fs::File, path: &Path, token: &str) -> anyhow::Result<()> {
     use std::io::Write;
     f.write_all(format!("{token}\n").as_bytes())
         .and_then(|()| f.sync_all())

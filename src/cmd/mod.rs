@@ -6,6 +6,7 @@ mod agent;
 mod agent_drain;
 mod agent_reload;
 mod hub;
+mod hub_access;
 mod hub_drain;
 mod hub_job;
 mod hub_release;

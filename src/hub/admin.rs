@@ -554,3 +554,99 @@ fn rollout_path(id: &str, rest: &str) -> String {
         crate::util::percent_encode(id)
     )
 }
+
+impl AdminClient {
+    pub(crate) async fn create_token(
+        &self,
+        req: &crate::proto::access::TokenRequest,
+    ) -> Result<crate::proto::access::TokenMade<crate::proto::access::TokenView>, AdminError> {
+        self.call(Method::POST, "/v1/admin/tokens", Some(req)).await
+    }
+
+    pub(crate) async fn tokens(&self) -> Result<Vec<crate::proto::access::TokenView>, AdminError> {
+        self.call(Method::GET, "/v1/admin/tokens", None::<&()>)
+            .await
+    }
+
+    pub(crate) async fn revoke_token(
+        &self,
+        name: &str,
+    ) -> Result<crate::proto::access::TokenView, AdminError> {
+        let path = format!(
+            "/v1/admin/tokens/{}/revoke",
+            crate::util::percent_encode(name)
+        );
+        self.call(Method::POST, &path, None::<&()>).await
+    }
+
+    /// The new root token.
+    pub(crate) async fn rotate_root(&self) -> Result<String, AdminError> {
+        #[derive(serde::Deserialize)]
+        struct Root {
+            token: String,
+        }
+        let r: Root = self
+            .call(Method::POST, "/v1/admin/tokens/rotate-root", None::<&()>)
+            .await?;
+        Ok(r.token)
+    }
+
+    pub(crate) async fn create_enrol_token(
+        &self,
+        req: &crate::proto::access::EnrolTokenRequest,
+    ) -> Result<crate::proto::access::TokenMade<crate::proto::access::EnrolTokenView>, AdminError>
+    {
+        self.call(Method::POST, "/v1/admin/enrol-tokens", Some(req))
+            .await
+    }
+
+    pub(crate) async fn enrol_tokens(
+        &self,
+    ) -> Result<Vec<crate::proto::access::EnrolTokenView>, AdminError> {
+        self.call(Method::GET, "/v1/admin/enrol-tokens", None::<&()>)
+            .await
+    }
+
+    pub(crate) async fn revoke_enrol_token(
+        &self,
+        id: &str,
+    ) -> Result<crate::proto::access::EnrolTokenView, AdminError> {
+        let path = format!(
+            "/v1/admin/enrol-tokens/{}/revoke",
+            crate::util::percent_encode(id)
+        );
+        self.call(Method::POST, &path, None::<&()>).await
+    }
+
+    /// The agents asked for a new token.
+    pub(crate) async fn rotate_agents(&self, id: Option<&str>) -> Result<Vec<String>, AdminError> {
+        #[derive(serde::Deserialize)]
+        struct Rotating {
+            agents: Vec<String>,
+        }
+        let body = match id {
+            Some(id) => serde_json::json!({ "agents": [id] }),
+            None => serde_json::json!({ "all": true }),
+        };
+        let r: Rotating = self
+            .call(Method::POST, "/v1/admin/agents/rotate", Some(&body))
+            .await?;
+        Ok(r.agents)
+    }
+
+    pub(crate) async fn audit(
+        &self,
+        since_secs: Option<u64>,
+        token: Option<&str>,
+    ) -> Result<Vec<crate::proto::access::AuditEntry>, AdminError> {
+        let mut path = String::from("/v1/admin/audit?");
+        if let Some(s) = since_secs {
+            path.push_str(&format!("since_secs={s}&"));
+        }
+        if let Some(t) = token {
+            path.push_str(&format!("token={}", crate::util::percent_encode(t)));
+        }
+        self.call(Method::GET, path.trim_end_matches(['&', '?']), None::<&()>)
+            .await
+    }
+}

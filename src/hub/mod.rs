@@ -19,6 +19,7 @@
 //! served, for the admin commands), `hub.lock` (one hub per data dir), and with
 //! `--tls-self-signed` `ca.pem` and `tls/ca.key` (0600).
 
+pub(crate) mod access;
 pub(crate) mod admin;
 pub(crate) mod config;
 pub(crate) mod fleet;
@@ -86,6 +87,8 @@ pub(crate) enum HubError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Fleet(#[from] FleetError),
+    #[error(transparent)]
+    Access(#[from] access::AccessError),
     #[error("could not install signal handlers")]
     Signals(#[source] std::io::Error),
     #[error("{path} is not the {what} of the other replicas on this database: move it away (this replica then takes theirs), or give this replica its own database")]
@@ -144,6 +147,10 @@ pub(crate) struct ServeOptions {
     pub(crate) release_keys: Vec<PathBuf>,
     /// `postgres://…`: a database shared with other hubs; `None`: SQLite in the data dir.
     pub(crate) store: Option<String>,
+    /// How long audit lines are kept.
+    pub(crate) keep_audit: Duration,
+    /// Agents whose token is older are sent a new one (`None`: only when asked).
+    pub(crate) agent_token_max_age: Option<Duration>,
 }
 
 /// `<data>/hub.json`: where the hub serves, for the admin commands on its host.
@@ -228,11 +235,21 @@ async fn run<S: Store>(
     release_keys: Vec<minisign::PublicKey>,
     (mut term, mut int): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
 ) -> Result<(), HubError> {
-    let fleet =
-        Arc::new(Fleet::load(store, opts.poll_interval, opts.max_wait, opts.job_limits).await?);
+    let access =
+        Arc::new(access::Access::load(store.clone(), opts.data_dir.clone(), admin_sha256).await?);
+    let fleet = Arc::new(
+        Fleet::load(
+            store.clone(),
+            opts.poll_interval,
+            opts.max_wait,
+            opts.job_limits,
+        )
+        .await?
+        .with_token_max_age(opts.agent_token_max_age),
+    );
     let hub = Arc::new(http::Hub {
         fleet: fleet.clone(),
-        admin_sha256,
+        access: access.clone(),
         max_wait: opts.max_wait,
         release_keys,
         releases_dir: opts.data_dir.join(RELEASES_DIR),
@@ -289,6 +306,18 @@ async fn run<S: Store>(
     let flusher = ReportFlusher::spawn(fleet.clone());
     let dispatcher = Dispatcher::spawn(fleet.clone());
     let roller = Roller::spawn(fleet.clone());
+    let pruner = access::AuditPruner::spawn(store, opts.keep_audit);
+    // Another replica made or revoked a token: loaded at once, not at the next refresh.
+    let tokens = {
+        let (access, mut moved) = (access.clone(), fleet.tokens_moved());
+        tokio::spawn(async move {
+            while moved.changed().await.is_ok() {
+                if let Err(e) = access.reload().await {
+                    tracing::warn!(error = %crate::error_chain(&e), "could not load the admin tokens another replica changed (loaded again within seconds)");
+                }
+            }
+        })
+    };
     let replicas = ReplicaSync::spawn(fleet.clone());
     let stop = async {
         tokio::select! {
@@ -303,6 +332,8 @@ async fn run<S: Store>(
     flusher.stop();
     dispatcher.stop();
     roller.stop();
+    pruner.stop();
+    tokens.abort();
     if let Some(r) = replicas {
         r.stop();
     }

@@ -130,7 +130,12 @@ pub(crate) async fn accept_loop<W>(
     }
 }
 
+/// The address a request came from, in its extensions (for the audit log).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer(pub(crate) std::net::SocketAddr);
+
 async fn serve_one(tcp: TcpStream, acceptor: TlsAcceptor, app: Router, places: Arc<Places>) {
+    let peer = tcp.peer_addr().ok().map(Peer);
     // The place first, then the handshake, both within the handshake's time.
     let handshake = async {
         let place = places.take().await?;
@@ -146,8 +151,11 @@ async fn serve_one(tcp: TcpStream, acceptor: TlsAcceptor, app: Router, places: A
     };
     let app = TowerToHyperService::new(app);
     let served = place.clone();
-    let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+    let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         use hyper::service::Service as _;
+        if let Some(p) = peer {
+            req.extensions_mut().insert(p);
+        }
         PLACE.scope(served.clone(), app.call(req))
     });
     let conn = hyper::server::conn::http1::Builder::new()

@@ -15,7 +15,12 @@ use std::path::Path;
 use super::store::Store;
 use super::{tls, token, HubError, ADMIN_TOKEN_FILE};
 
-const ADMIN_SECRET: &str = "admin_token_sha256";
+pub(super) const ADMIN_SECRET: &str = "admin_token_sha256";
+/// Root tokens rotated away, comma-separated, newest last: a replica's `admin.token` that
+/// holds one is stale, not another database's.
+const RETIRED_SECRET: &str = "admin_token_sha256_retired";
+/// How many rotated root tokens are remembered.
+const RETIRED_KEPT: usize = 8;
 const CA_SECRET: &str = "self_signed_ca";
 /// Between the certificate and the key in [`CA_SECRET`].
 const CA_SPLIT: &str = "\n--railgrid-ca-key--\n";
@@ -30,11 +35,21 @@ pub(super) async fn admin_token<S: Store>(store: &S, data: &Path) -> Result<Stri
         Err(source) => return Err(HubError::File { path, source }),
     };
     if let Some(shared) = store.get_secret(ADMIN_SECRET).await? {
-        if local.as_ref().is_some_and(|l| *l != shared) {
-            return Err(HubError::Mismatch {
-                what: "admin token",
-                path,
-            });
+        if let Some(l) = local.as_ref().filter(|l| **l != shared) {
+            let retired = store.get_secret(RETIRED_SECRET).await?.unwrap_or_default();
+            if !retired.split(',').any(|r| r == l) {
+                return Err(HubError::Mismatch {
+                    what: "admin token",
+                    path,
+                });
+            }
+            // Rotated through another replica since this one last ran.
+            std::fs::remove_file(&path).map_err(|source| HubError::File {
+                path: path.clone(),
+                source,
+            })?;
+            tracing::warn!(path = %path.display(), "this replica's admin.token was rotated away (`hub token rotate-root`): removed; copy the new one here to run admin commands on this host");
+            return Ok(shared);
         }
         if local.is_none() {
             tracing::info!(path = %path.display(), "this replica takes the admin token another replica made: copy that replica's admin.token here (0600) to run admin commands on this host");
@@ -110,4 +125,19 @@ pub(super) async fn self_signed_ca<S: Store>(store: &S, data: &Path) -> Result<(
         }),
         None => Ok(tls::adopt_ca(data, &cert, &key)?),
     }
+}
+
+/// Remembers `old` as a root token rotated away, so that a replica's stale copy of it is
+/// told from another database's token at that replica's next start.
+pub(super) async fn retire_admin_token<S: Store>(
+    store: &S,
+    old: &str,
+) -> Result<(), super::store::StoreError> {
+    let retired = store.get_secret(RETIRED_SECRET).await?.unwrap_or_default();
+    let mut all: Vec<&str> = retired.split(',').filter(|r| !r.is_empty()).collect();
+    all.push(old);
+    let keep = all.len().saturating_sub(RETIRED_KEPT);
+    store
+        .replace_secret(RETIRED_SECRET, &all[keep..].join(","))
+        .await
 }

@@ -1,11 +1,12 @@
 //! Bearer tokens: 256 random bits, hex, with a prefix that says what they open (`rga_`
-//! an agent, `rgh_` the hub's admin API) so that a secret scanner, or a person, can tell
+//! an agent, `rgh_` the hub's admin API, `rge_` an enrolment) so that a secret scanner, or a person, can tell
 //! one found in a paste. The hub keeps only their SHA-256.
 
 use sha2::{Digest, Sha256};
 
 const AGENT_PREFIX: &str = "rga_";
 const ADMIN_PREFIX: &str = "rgh_";
+const ENROL_PREFIX: &str = "rge_";
 
 /// Lowercase hex, appended to `out` (on every reconcile's path: no allocation per byte).
 fn push_hex(out: &mut String, bytes: &[u8]) {
@@ -43,17 +44,16 @@ pub(crate) fn new_admin_token() -> Result<String, getrandom::Error> {
     random_hex(ADMIN_PREFIX)
 }
 
+/// A token a host trades for its own agent token (`rge_`): it opens nothing else.
+pub(crate) fn new_enrol_token() -> Result<String, getrandom::Error> {
+    random_hex(ENROL_PREFIX)
+}
+
 pub(crate) fn sha256_hex(token: &str) -> String {
     let digest = Sha256::digest(token.as_bytes());
     let mut s = String::with_capacity(64);
     push_hex(&mut s, &digest);
     s
-}
-
-/// Whether `token` hashes to `sha256_hex`. Comparing hashes, not tokens, means a timing
-/// difference could at most reveal a prefix of a hash, which opens nothing.
-pub(crate) fn matches(token: &str, sha256_hex_value: &str) -> bool {
-    sha256_hex(token) == sha256_hex_value
 }
 
 #[cfg(test)]
@@ -69,8 +69,8 @@ mod tests {
         assert!(new_admin_token().expect("random").starts_with("rgh_"));
         let h = sha256_hex(&a);
         assert_eq!(h.len(), 64);
-        assert!(matches(&a, &h));
-        assert!(!matches(&b, &h));
+        assert_eq!(sha256_hex(&a), h);
+        assert_ne!(sha256_hex(&b), h);
         assert_eq!(
             sha256_hex("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"

@@ -75,6 +75,21 @@ pub struct DesiredState {
     /// When a drain cancels what still runs (Unix ms, the hub's clock); `None`: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_deadline_ms: Option<u64>,
+    /// A new token for this agent (a rotation): stored before it is used, and taken out
+    /// of the state before anything keeps or shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_token: Option<NewToken>,
+}
+
+/// An agent token on its way to the agent: never shown by `Debug`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct NewToken(pub String);
+
+impl std::fmt::Debug for NewToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 impl Default for DesiredState {
@@ -88,6 +103,7 @@ impl Default for DesiredState {
             cancel_jobs: Vec::new(),
             accept_jobs: true,
             drain_deadline_ms: None,
+            new_token: None,
         }
     }
 }
@@ -330,6 +346,7 @@ mod tests {
             cancel_jobs: vec!["j0".into()],
             accept_jobs: false,
             drain_deadline_ms: Some(5),
+            new_token: None,
         };
         let back: DesiredState =
             serde_json::from_str(&serde_json::to_string(&d).expect("json")).expect("parse");

@@ -119,6 +119,10 @@ pub struct HubJobView {
     /// The selector it was submitted with, for a job routed by labels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// The selector of the scoped token that submitted it: only agents whose hub labels
+    /// match take it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
     #[serde(default = "default_priority")]
     pub priority: u8,
     /// Which run of the job this is (1: the first; `n` for `ID.n`, the retry of a lost

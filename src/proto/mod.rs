@@ -13,6 +13,7 @@
 //! - states are never removed; a client meeting a state it does not know treats it as
 //!   terminal only if it can say so (`is_terminal`), so new states must be added with care.
 
+pub mod access;
 pub mod admission;
 pub mod desired;
 pub mod drain;

@@ -82,6 +82,7 @@ impl AgentConfig {
             Key::HubUrl => list(&self.hub.as_ref()?.urls),
             Key::AgentId => Value::from(&self.hub.as_ref()?.agent_id),
             Key::TokenFile => path(&self.hub.as_ref()?.token_file),
+            Key::EnrolToken => path(self.hub.as_ref()?.enrol_token_file.as_ref()?),
             Key::CaFile => path(self.hub.as_ref()?.ca_file.as_ref()?),
             Key::LogMaxFiles => count(self.log_max_files),
             Key::TrustedKeys => list(&u.trusted_keys),

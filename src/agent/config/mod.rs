@@ -226,7 +226,7 @@ fn resolve(
         },
     };
 
-    let hub = hub_settings(&src, host)?;
+    let hub = hub_settings(&src, host, &state_dir)?;
     if let (None, Some((_, origin))) = (&hub, src.get(Key::AgentId)) {
         return Err(invalid(
             &origin,
@@ -301,63 +301,87 @@ fn resolve(
 }
 
 /// The hub settings, when a hub is named; `host`: check the token and CA files too.
-fn hub_settings(src: &Sources<'_>, host: bool) -> Result<Option<HubSettings>, ConfigError> {
-    Ok(
-        match (src.get(Key::HubUrl), src.path_from(Key::TokenFile)) {
-            (None, None) => None,
-            (Some((text, origin)), token) => {
-                let mut urls: Vec<String> = Vec::new();
-                for url in text.split(',').map(str::trim).filter(|u| !u.is_empty()) {
-                    if !url.starts_with("https://") {
-                        return Err(invalid(
-                            &origin,
-                            format!("hub URL {url:?} must start with https://"),
-                        ));
-                    }
-                    let url = url.trim_end_matches('/').to_owned();
-                    if !urls.contains(&url) {
-                        urls.push(url);
-                    }
-                }
-                if urls.is_empty() {
-                    return Err(invalid(&origin, "no hub URL given".into()));
-                }
-                let Some((token_file, token_origin)) = token else {
+/// With an enrolment token and no token file, the token the agent is given goes to
+/// `<state_dir>/hub.token`.
+fn hub_settings(
+    src: &Sources<'_>,
+    host: bool,
+    state_dir: &Path,
+) -> Result<Option<HubSettings>, ConfigError> {
+    let enrol = src.path_from(Key::EnrolToken);
+    let token = src.path_from(Key::TokenFile);
+    if let (None, Some((_, origin))) = (src.get(Key::HubUrl), &enrol) {
+        return Err(invalid(
+            origin,
+            "an enrolment token without a hub URL: set hub.url (or --hub)".into(),
+        ));
+    }
+    let token = match (token, &enrol) {
+        (Some(t), _) => Some(t),
+        (None, Some((_, origin))) => Some((state_dir.join(ENROLLED_TOKEN_FILE), origin.clone())),
+        (None, None) => None,
+    };
+    Ok(match (src.get(Key::HubUrl), token) {
+        (None, None) => None,
+        (Some((text, origin)), token) => {
+            let mut urls: Vec<String> = Vec::new();
+            for url in text.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+                if !url.starts_with("https://") {
                     return Err(invalid(
                         &origin,
-                        "a hub needs a token file: set hub.token_file (or --token-file)".into(),
+                        format!("hub URL {url:?} must start with https://"),
                     ));
-                };
-                if host {
-                    check_secret_file(&token_file).map_err(|m| invalid(&token_origin, m))?;
                 }
-                let agent_id = match src.get(Key::AgentId) {
-                    Some((id, origin)) => check_agent_id(&id).map_err(|m| invalid(&origin, m))?,
-                    None => default_agent_id()?,
-                };
-                let ca_file = src.path(Key::CaFile);
-                if let (true, Some(ca), Some((_, origin))) = (host, &ca_file, src.get(Key::CaFile))
-                {
-                    // Read now: a CA file that cannot serve is a configuration error (exit
-                    // 2) before a runner starts, not a retry loop later.
-                    crate::hub_client::read_ca(ca)
-                        .map_err(|e| invalid(&origin, crate::error_chain(&e)))?;
+                let url = url.trim_end_matches('/').to_owned();
+                if !urls.contains(&url) {
+                    urls.push(url);
                 }
-                Some(HubSettings {
-                    urls,
-                    agent_id,
-                    token_file,
-                    ca_file,
-                })
             }
-            (None, Some((_, origin))) => {
+            if urls.is_empty() {
+                return Err(invalid(&origin, "no hub URL given".into()));
+            }
+            let Some((token_file, token_origin)) = token else {
                 return Err(invalid(
-                    &origin,
-                    "a token file without a hub URL: set hub.url (or --hub)".into(),
-                ));
+                        &origin,
+                        "a hub needs a token file: set hub.token_file (or --token-file), or an enrolment token (hub.enrol_token_file, --enrol-token)".into(),
+                    ));
+            };
+            let enrol_token_file = enrol.as_ref().map(|(p, _)| p.clone());
+            // With an enrolment token, the agent's own token file may not exist yet:
+            // it is made at the first contact.
+            let enrolling = enrol_token_file.is_some() && !token_file.exists();
+            if host && !enrolling {
+                check_secret_file(&token_file).map_err(|m| invalid(&token_origin, m))?;
             }
-        },
-    )
+            if let (true, Some((path, origin))) = (host && enrolling, &enrol) {
+                check_secret_file(path).map_err(|m| invalid(origin, m))?;
+            }
+            let agent_id = match src.get(Key::AgentId) {
+                Some((id, origin)) => check_agent_id(&id).map_err(|m| invalid(&origin, m))?,
+                None => default_agent_id()?,
+            };
+            let ca_file = src.path(Key::CaFile);
+            if let (true, Some(ca), Some((_, origin))) = (host, &ca_file, src.get(Key::CaFile)) {
+                // Read now: a CA file that cannot serve is a configuration error (exit
+                // 2) before a runner starts, not a retry loop later.
+                crate::hub_client::read_ca(ca)
+                    .map_err(|e| invalid(&origin, crate::error_chain(&e)))?;
+            }
+            Some(HubSettings {
+                urls,
+                agent_id,
+                token_file,
+                enrol_token_file,
+                ca_file,
+            })
+        }
+        (None, Some((_, origin))) => {
+            return Err(invalid(
+                &origin,
+                "a token file without a hub URL: set hub.url (or --hub)".into(),
+            ));
+        }
+    })
 }
 
 /// The labels the host declares (`agent.labels`): checked, and none of the automatic
@@ -411,6 +435,9 @@ fn default_agent_id() -> Result<String, ConfigError> {
 }
 
 /// A file holding a secret must be a regular file readable by its owner only.
+/// Where an agent that enrolled itself keeps its own token, in its state dir.
+pub(crate) const ENROLLED_TOKEN_FILE: &str = "hub.token";
+
 fn check_secret_file(path: &Path) -> Result<(), String> {
     let file = crate::small_file::SmallFile::open(path)
         .map_err(|e| format!("cannot read token file {}: {e}", path.display()))?;

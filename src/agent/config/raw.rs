@@ -64,6 +64,9 @@ pub(crate) struct RawHub {
     pub(crate) url: Option<HubUrls>,
     pub(crate) agent_id: Option<String>,
     pub(crate) token_file: Option<PathBuf>,
+    /// An enrolment token (`rge_`), traded at first contact for the agent's own token,
+    /// which is then kept in `token_file` (default `<state_dir>/hub.token`).
+    pub(crate) enrol_token_file: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
 }
 
@@ -92,6 +95,7 @@ pub(crate) struct Flags {
     pub(crate) hub: Option<Vec<String>>,
     pub(crate) agent_id: Option<String>,
     pub(crate) token_file: Option<PathBuf>,
+    pub(crate) enrol_token: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
     /// `--trusted-key`, repeated; `None` when not given.
     pub(crate) trusted_keys: Option<Vec<String>>,

@@ -37,7 +37,11 @@ pub(crate) struct HubSettings {
     pub(crate) urls: Vec<String>,
     /// This agent's name at the hub (the `{id}` of its reconcile URL).
     pub(crate) agent_id: String,
+    /// The agent's own token; with `enrol_token_file`, where the token it is given goes.
     pub(crate) token_file: PathBuf,
+    /// An enrolment token, traded for the agent's own token while `token_file` does not
+    /// exist.
+    pub(crate) enrol_token_file: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
 }
 

@@ -126,6 +126,7 @@ settings! {
     HubUrl: hub.url, env HUB_URL, flag "--hub" => hub;
     AgentId: hub.agent_id, env HUB_AGENT_ID, flag "--agent-id" => agent_id;
     TokenFile: hub.token_file, env HUB_TOKEN_FILE, flag "--token-file" => token_file;
+    EnrolToken: hub.enrol_token_file, env HUB_ENROL_TOKEN_FILE, flag "--enrol-token" => enrol_token;
     CaFile: hub.ca_file, env HUB_CA_FILE, flag "--ca-file" => ca_file;
     LogMaxFiles: log.max_files, env LOG_MAX_FILES;
     TrustedKeys: upgrade.trusted_keys, env UPGRADE_TRUSTED_KEYS, flag "--trusted-key" => trusted_keys;

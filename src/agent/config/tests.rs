@@ -384,6 +384,7 @@ fn every_setting_takes_flag_then_environment_then_file() {
         hub: Some(vec!["flag".into()]),
         agent_id: Some("flag".into()),
         token_file: Some("/flag".into()),
+        enrol_token: Some("/flag".into()),
         ca_file: Some("/flag".into()),
         trusted_keys: Some(vec!["flag".into()]),
         labels: Some(vec!["flag=flag".into()]),
@@ -470,7 +471,8 @@ fn the_effective_configuration_names_every_setting() {
     let flags = Flags {
         config: Some(write(dir.path(), "")),
         hub: Some(vec!["https://hub.example".into()]),
-        token_file: Some(token),
+        token_file: Some(token.clone()),
+        enrol_token: Some(token),
         ca_file: Some(ca),
         ..Flags::default()
     };
@@ -533,4 +535,27 @@ fn labels_come_from_every_source_and_a_bad_one_names_it() {
         &env_of(&[("HOME", "/h")]),
         &[&shown, "agent.labels", "\"Queue\""],
     );
+}
+
+#[test]
+fn an_enrolment_token_puts_the_agents_own_token_in_the_state_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let enrol = token_file(dir.path());
+    let flags = Flags {
+        config: Some(write(dir.path(), "")),
+        state_dir: Some(dir.path().join("state")),
+        runner_user: Some("nobody".into()),
+        hub: Some(vec!["https://hub.example".into()]),
+        enrol_token: Some(enrol.clone()),
+        ..Flags::default()
+    };
+    let env = env_of(&[("HOME", "/h")]);
+    let c = load_with(&flags, true, &env).unwrap();
+    let hub = c.hub.expect("a hub");
+    assert_eq!(hub.token_file, dir.path().join("state/hub.token"));
+    assert_eq!(hub.enrol_token_file, Some(enrol));
+    // Without a hub, an enrolment token is a mistake, named.
+    let alone = Flags { hub: None, ..flags };
+    let e = load_with(&alone, true, &env).unwrap_err().to_string();
+    assert!(e.contains("enrolment token without a hub URL"), "{e}");
 }

@@ -250,7 +250,15 @@ fn request_error(url: &str, e: reqwest::Error) -> HubError {
 /// Checks that the hub settings can be used (the token file holds a token, the CA file
 /// a certificate) without contacting the hub: `agent check-config`.
 pub(crate) fn check(settings: &HubSettings) -> Result<(), HubError> {
-    Connection::load(settings).map(drop)
+    match &settings.enrol_token_file {
+        // Not enrolled yet: the enrolment token stands in for the agent's own.
+        Some(enrol) if !settings.token_file.exists() => Connection::load(&HubSettings {
+            token_file: enrol.clone(),
+            ..settings.clone()
+        })
+        .map(drop),
+        _ => Connection::load(settings).map(drop),
+    }
 }
 
 #[cfg(test)]
@@ -265,6 +273,7 @@ mod tests {
         HubSettings {
             urls: vec!["https://hub.example".into()],
             agent_id: "a1".into(),
+            enrol_token_file: None,
             token_file: path,
             ca_file: None,
         }

@@ -23,6 +23,18 @@ pub(crate) enum HubError {
     TokenInvalid { path: PathBuf },
     #[error(transparent)]
     Client(HubClientError),
+    #[error("the hub refused to enrol this host: {url} answered {status}: {message}")]
+    EnrolRefused {
+        url: String,
+        status: u16,
+        message: String,
+    },
+    #[error("could not write the hub token file {path}")]
+    TokenWrite {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the hub refused this agent's token (revoked or unknown): {url} answered {status}{message}; the agent needs a new token in its token file, then SIGHUP")]
     Refused {
         url: String,

@@ -32,6 +32,7 @@
 //! applied as a reset, even though it is older than the one applied.
 
 mod connection;
+mod enrol;
 mod error;
 mod pace;
 
@@ -42,6 +43,7 @@ use tokio::time::Instant;
 
 use self::connection::WAIT;
 pub(crate) use self::connection::{check, Connection};
+pub(crate) use self::enrol::enrol_if_needed;
 pub(crate) use self::error::HubError;
 use self::pace::{Backoff, Pace};
 use super::config::HubSettings;
@@ -462,7 +464,13 @@ impl HubTask {
         wait: Duration,
     ) -> Next {
         let desired = match answer {
-            Ok(d) => d,
+            Ok(mut d) => {
+                // Out of the state at once: nothing keeps, shows or logs it.
+                if let Some(new) = d.new_token.take() {
+                    self.take_token(new.0).await;
+                }
+                d
+            }
             Err(e) => {
                 self.hub_failed(&e);
                 if matches!(e, HubError::GenerationRefused { .. }) && !self.reset {
@@ -580,6 +588,34 @@ impl HubTask {
     /// Uploads and downloads go where reconciles go.
     fn relink(&self) {
         self.links.send_replace(Some(self.conn.link()));
+    }
+
+    /// A new token from the hub (a rotation): stored (0600, fsynced) before it is used,
+    /// so that an agent killed at any point has a token that works: the old one until
+    /// the hub sees the new one used, the new one after. One that cannot be stored is
+    /// not used (the hub sends another with a later answer).
+    async fn take_token(&mut self, token: String) {
+        let Ok(auth) = crate::hub_client::bearer(&token) else {
+            tracing::warn!("the hub sent a new token this agent cannot use; keeping its own");
+            return;
+        };
+        let path = self.conn.settings.token_file.clone();
+        let line = format!("{token}\n");
+        let written = tokio::task::spawn_blocking(move || {
+            crate::util::write_atomic(&path, line.as_bytes(), 0o600)
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => {
+                self.conn.auth = auth;
+                self.relink();
+                tracing::info!(token_file = %self.conn.settings.token_file.display(), "the hub rotated this agent's token: the new one is kept in the token file and used from now on");
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(token_file = %self.conn.settings.token_file.display(), error = %e, "could not keep the new hub token; the current one stays in use (the hub takes it until the new one is used)");
+            }
+            Err(e) => tracing::warn!(error = %e, "the token write failed"),
+        }
     }
 
     fn hub_failed(&mut self, e: &HubError) {

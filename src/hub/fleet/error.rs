@@ -38,6 +38,18 @@ pub(crate) enum FleetError {
     Halted { version: String, why: String },
     #[error("release {version} is not published for the platform of {agents}: publish it with `railgrid hub release publish --os OS --arch ARCH`, or select fewer agents")]
     NotForPlatform { version: String, agents: String },
+    #[error("not an enrolment token of this hub (hub enrol-token create makes one)")]
+    BadEnrolToken,
+    #[error("enrolment token {id} enrols no host: {why}")]
+    EnrolRefused { id: String, why: &'static str },
+    #[error("agent id {id:?} is taken: enrolled {first}; this host, {this}, needs another --agent-id (or revoke the first: `railgrid hub agent revoke {id}`)")]
+    IdTaken {
+        id: String,
+        first: String,
+        this: String,
+    },
+    #[error("{0}")]
+    OutOfScope(String),
     #[error("no rollout {0:?}")]
     NoSuchRollout(String),
     /// The agents another rollout still holds: one rollout per agent at a time.

@@ -12,9 +12,11 @@ impl<S: Store> Fleet<S> {
     /// Submits one member per matching agent (not revoked; connected too with
     /// `connected_only`), in agent id order. A member that cannot be submitted stops the
     /// fan-out, and the error says which members were.
+    /// `scope`: a scoped token's selector: only agents whose hub labels match are members.
     pub(crate) async fn submit_group(
         &self,
         req: HubGroupSubmit,
+        scope: Option<&Selector>,
     ) -> Result<HubGroupView, FleetError> {
         let bad = |field: &str, why: String| FleetError::BadSetting {
             field: field.into(),
@@ -31,7 +33,13 @@ impl<S: Store> Fleet<S> {
             Some(id) => id,
             None => super::token::new_job_id().map_err(|e| bad("spec.id", e.to_string()))?,
         };
-        let agents = self.matching(&parsed, connected_only);
+        let mut agents = self.matching(&parsed, connected_only);
+        if let Some(sel) = scope {
+            agents.retain(|a| {
+                self.entry(a)
+                    .is_ok_and(|e| self.check_scope(&e, sel).is_ok())
+            });
+        }
         if agents.is_empty() {
             let which = if connected_only {
                 "connected agent"
@@ -66,7 +74,7 @@ impl<S: Store> Fleet<S> {
                 spec,
                 ..HubJobSubmit::default()
             };
-            match self.submit(req, Some(&group)).await {
+            match self.submit(req, Some(&group), scope).await {
                 Ok(v) => jobs.push(v),
                 Err(e) if jobs.is_empty() => return Err(e),
                 Err(e) => {

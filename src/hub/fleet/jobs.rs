@@ -276,6 +276,7 @@ fn view(row: JobRow, limits: &JobLimits) -> HubJobView {
         id: row.id,
         agent: row.agent,
         selector: row.selector,
+        scope: row.scope,
         priority: row.priority,
         attempt: row.attempt,
         retries: row.retries,
@@ -330,8 +331,14 @@ impl<S: Store> Fleet<S> {
 
     /// Takes a job for `req.agent`, where it waits until the agent takes it, or for any
     /// agent matching `req.selector`, in the fleet's queue until one has room.
-    pub(crate) async fn submit_job(&self, req: HubJobSubmit) -> Result<HubJobView, FleetError> {
-        self.submit(req, None).await
+    /// `scope`: the selector of a scoped token's job scopes (only agents whose hub labels
+    /// match may run its jobs).
+    pub(crate) async fn submit_job(
+        &self,
+        req: HubJobSubmit,
+        scope: Option<&Selector>,
+    ) -> Result<HubJobView, FleetError> {
+        self.submit(req, None, scope).await
     }
 
     /// [`Self::submit_job`], the job a member of fan-out `group`.
@@ -339,6 +346,7 @@ impl<S: Store> Fleet<S> {
         &self,
         req: HubJobSubmit,
         group: Option<&str>,
+        scope: Option<&Selector>,
     ) -> Result<HubJobView, FleetError> {
         let HubJobSubmit {
             agent,
@@ -378,6 +386,9 @@ impl<S: Store> Fleet<S> {
                 let entry = self.entry(agent)?;
                 if entry.is_revoked() {
                     return Err(FleetError::RevokedAgent(agent.clone()));
+                }
+                if let Some(sel) = scope {
+                    self.check_scope(&entry, sel)?;
                 }
                 Some(entry)
             }
@@ -457,6 +468,7 @@ impl<S: Store> Fleet<S> {
             attempt: 1,
             retries,
             avoid: None,
+            scope: scope.map(|s| s.to_string()),
             stdout_length: 0,
             stderr_length: 0,
             stdout_stored: 0,
@@ -704,6 +716,44 @@ impl<S: Store> Fleet<S> {
             }
         }
         self.save_jobs(entry, updates, bump).await
+    }
+
+    /// Refuses `entry` to a token whose job scopes reach only agents matching `sel` (by
+    /// the labels the hub set: a host's own cannot widen a token's reach).
+    pub(super) fn check_scope(&self, entry: &AgentEntry, sel: &Selector) -> Result<(), FleetError> {
+        if sel.matches(&util::lock(&entry.state).hub_labels) {
+            return Ok(());
+        }
+        Err(FleetError::OutOfScope(format!(
+            "this token runs and sees jobs only on agents whose hub labels match {sel}; agent {} does not",
+            entry.id
+        )))
+    }
+
+    /// Whether a token whose job scopes reach agents matching `sel` may see or cancel
+    /// `job`: its agent matches, or, queued, it was submitted under the same selector.
+    pub(crate) fn job_in_scope(&self, job: &HubJobView, sel: &Selector) -> bool {
+        if job.agent.is_empty() {
+            return job.scope.as_deref() == Some(sel.to_string().as_str());
+        }
+        self.entry(&job.agent)
+            .is_ok_and(|e| self.check_scope(&e, sel).is_ok())
+    }
+
+    /// [`Self::job`], refused to a token whose job scopes do not reach it.
+    pub(crate) async fn job_for(
+        &self,
+        id: &str,
+        scope: Option<&Selector>,
+    ) -> Result<HubJobView, FleetError> {
+        let job = self.job(id).await?;
+        match scope {
+            Some(sel) if !self.job_in_scope(&job, sel) => Err(FleetError::OutOfScope(format!(
+                "this token sees jobs only on agents whose hub labels match {sel}; job {} is not one",
+                util::clip(id)
+            ))),
+            _ => Ok(job),
+        }
     }
 
     pub(crate) async fn job(&self, id: &str) -> Result<HubJobView, FleetError> {

@@ -33,6 +33,7 @@ mod releases;
 mod replicas;
 mod retry;
 mod rollout;
+mod tokens;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -97,6 +98,12 @@ struct AgentState {
     ahead_logged_at: Option<u64>,
     /// When a report ahead of this replica last made it load the agent from the store.
     caught_up_at: Option<std::time::Instant>,
+    /// The token it is being sent, which works beside its own until it is used.
+    next_token_sha256: Option<String>,
+    /// A new token goes with its next answer.
+    rotate_asked: bool,
+    /// When its token was made (Unix ms).
+    token_issued_ms: u64,
 }
 
 impl AgentState {
@@ -114,6 +121,9 @@ impl AgentState {
             last_assigned_ms: 0,
             ahead_logged_at: None,
             caught_up_at: None,
+            next_token_sha256: None,
+            rotate_asked: false,
+            token_issued_ms: enrolled_at.saturating_mul(1000),
         }
     }
 
@@ -213,6 +223,8 @@ pub(crate) struct Fleet<S: Store> {
     dispatch_kick: tokio::sync::Notify,
     /// Wakes the [`Roller`]: an agent's version or upgrade moved.
     rollout_kick: tokio::sync::Notify,
+    /// Moves when another replica changed the admin or enrolment tokens.
+    tokens_moved: watch::Sender<u64>,
     /// Moves on every change to any job (its state, its output): what `job wait` and
     /// `job logs --follow` wait on.
     job_activity: watch::Sender<u64>,
@@ -228,6 +240,8 @@ pub(crate) struct Fleet<S: Store> {
     /// The longest a poll is held: with replicas, an agent seen within it (and a
     /// margin) counts as connected, wherever its poll is held.
     max_wait: Duration,
+    /// Agents whose token is older are sent a new one at their next reconcile.
+    token_max_age: Option<Duration>,
 }
 
 impl<S: Store> Fleet<S> {
@@ -272,6 +286,11 @@ impl<S: Store> Fleet<S> {
                 observed_generation: a.observed_generation,
                 report,
                 hub_labels,
+                next_token_sha256: a.next_token_sha256,
+                rotate_asked: a.rotate_asked,
+                token_issued_ms: a
+                    .token_issued_ms
+                    .unwrap_or(a.enrolled_at.saturating_mul(1000)),
                 ..AgentState::new(a.token_sha256, a.enrolled_at, own)
             };
             let entry = AgentEntry::new(a.id.clone(), state, a.revoked_at.is_some(), generation);
@@ -308,6 +327,7 @@ impl<S: Store> Fleet<S> {
             queue: Mutex::new(Queue::default()),
             dispatch_kick: tokio::sync::Notify::new(),
             rollout_kick: tokio::sync::Notify::new(),
+            tokens_moved: watch::Sender::new(0),
             job_activity: watch::Sender::new(0),
             job_limits,
             jobs_done: AtomicUsize::new(0),
@@ -315,12 +335,19 @@ impl<S: Store> Fleet<S> {
             replicated: store.replicated(),
             store_lost: AtomicBool::new(false),
             max_wait,
+            token_max_age: None,
             store,
         };
         for row in queued {
             loaded.enqueue(row);
         }
         Ok(loaded)
+    }
+
+    /// Agents whose token is older than `age` are sent a new one.
+    pub(crate) fn with_token_max_age(mut self, age: Option<Duration>) -> Self {
+        self.token_max_age = age;
+        self
     }
 
     /// Indexes `entry` under its labels in force now: called wherever they may change.
@@ -345,7 +372,12 @@ impl<S: Store> Fleet<S> {
     pub(crate) fn authorize(&self, id: &str, token: &str) -> Result<Arc<AgentEntry>, FleetError> {
         let bad = || FleetError::BadToken(id.chars().take(MAX_ID_LEN).collect());
         let entry = self.entry(id).map_err(|_| bad())?;
-        let ok = token::matches(token, &util::lock(&entry.state).token_sha256);
+        let ok = {
+            let st = util::lock(&entry.state);
+            let sha = token::sha256_hex(token);
+            // The token it is being sent works beside its own until it is used.
+            sha == st.token_sha256 || st.next_token_sha256.as_deref() == Some(sha.as_str())
+        };
         if !ok {
             return Err(bad());
         }
@@ -399,6 +431,7 @@ impl<S: Store> Fleet<S> {
             cancel_jobs,
             accept_jobs: s.accept_jobs.unwrap_or(true),
             drain_deadline_ms: s.drain_deadline_ms.filter(|_| s.accept_jobs == Some(false)),
+            new_token: None,
         }
     }
 
@@ -425,6 +458,15 @@ impl<S: Store> Fleet<S> {
         let Some(generation) = self.store.enrol(id, &hash, now).await? else {
             return Err(FleetError::Exists(id.to_owned()));
         };
+        self.enrolled(id, hash, now, generation, Labels::new());
+        tracing::info!(agent = %id, "agent enrolled");
+        self.kick();
+        Ok(token)
+    }
+
+    /// Takes in an enrolment the store has made: `id` with the token `hash`, its scope at
+    /// `generation`, and the hub's labels it starts with.
+    fn enrolled(&self, id: &str, hash: String, now: u64, generation: u64, hub_labels: Labels) {
         self.newest.fetch_max(generation, Ordering::AcqRel);
         let existing = util::read(&self.agents).get(id).cloned();
         match existing {
@@ -436,7 +478,10 @@ impl<S: Store> Fleet<S> {
                     st.own.generation = generation;
                     st.observed_generation = 0;
                     // A new agent under the id: what the hub said of the old one goes.
-                    st.hub_labels.clear();
+                    st.hub_labels = hub_labels;
+                    st.next_token_sha256 = None;
+                    st.rotate_asked = false;
+                    st.token_issued_ms = now.saturating_mul(1000);
                 }
                 self.reindex(&entry);
                 entry.revoked.store(false, Ordering::Release);
@@ -448,14 +493,15 @@ impl<S: Store> Fleet<S> {
                     settings: DesiredSettings::default(),
                 };
                 let fleet_gen = self.fleet_scope().generation;
-                let state = AgentState::new(hash, now, own);
+                let state = AgentState {
+                    hub_labels,
+                    ..AgentState::new(hash, now, own)
+                };
                 let entry = AgentEntry::new(id.to_owned(), state, false, generation.max(fleet_gen));
+                self.reindex(&entry);
                 util::write(&self.agents).insert(id.to_owned(), entry);
             }
         }
-        tracing::info!(agent = %id, "agent enrolled");
-        self.kick();
-        Ok(token)
     }
 
     /// Revokes `id`: its token is refused from now on, and a poll it holds is answered
@@ -743,6 +789,11 @@ impl<S: Store> Fleet<S> {
         for e in &self.all() {
             self.announce(e);
         }
+    }
+
+    /// Moves when another replica changed the tokens.
+    pub(crate) fn tokens_moved(&self) -> watch::Receiver<u64> {
+        self.tokens_moved.subscribe()
     }
 
     /// (enrolled agents, polls held now).

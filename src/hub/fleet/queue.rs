@@ -60,7 +60,19 @@ impl Queued {
 
 struct Lane {
     selector: Selector,
+    /// A scoped token's selector, on the agents' hub labels.
+    scope: Option<Selector>,
     jobs: BTreeMap<Key, Queued>,
+}
+
+impl Lane {
+    fn fits(&self, slot: &Slot) -> bool {
+        self.selector.matches(&slot.labels)
+            && self
+                .scope
+                .as_ref()
+                .is_none_or(|s| s.matches(&slot.hub_labels))
+    }
 }
 
 /// The queued jobs, by selector.
@@ -79,21 +91,33 @@ impl Queue {
 
     /// Takes in a queued job; false (and left out) when its selector no longer parses.
     pub(super) fn insert(&mut self, row: JobRow) -> bool {
-        let Some(text) = row.selector.clone() else {
+        let Some(selector_text) = row.selector.clone() else {
             return false;
         };
         if self.index.contains_key(&row.id) {
             return true;
         }
+        // One lane per selector and scope.
+        let text = match &row.scope {
+            Some(scope) => format!("{selector_text}\u{1f}{scope}"),
+            None => selector_text.clone(),
+        };
         let lane = match self.lanes.entry(text.clone()) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => match Selector::parse(&text) {
-                Ok(selector) => v.insert(Lane {
-                    selector,
-                    jobs: BTreeMap::new(),
-                }),
-                Err(_) => return false,
-            },
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let scope = match row.scope.as_deref().map(Selector::parse).transpose() {
+                    Ok(scope) => scope,
+                    Err(_) => return false,
+                };
+                match Selector::parse(&selector_text) {
+                    Ok(selector) => v.insert(Lane {
+                        selector,
+                        scope,
+                        jobs: BTreeMap::new(),
+                    }),
+                    Err(_) => return false,
+                }
+            }
         };
         let q = Queued { row };
         let key = q.key();
@@ -152,6 +176,7 @@ impl Queue {
 struct Slot {
     entry: Arc<AgentEntry>,
     labels: Labels,
+    hub_labels: Labels,
     open: usize,
     max: usize,
     last_assigned_ms: u64,
@@ -238,6 +263,7 @@ impl<S: Store> Fleet<S> {
         Standing::Room(Slot {
             entry: entry.clone(),
             labels: st.labels(),
+            hub_labels: st.hub_labels.clone(),
             open,
             max,
             last_assigned_ms: st.last_assigned_ms,
@@ -353,9 +379,7 @@ impl<S: Store> Fleet<S> {
         let mut lanes: HashMap<&str, (Vec<usize>, usize)> = HashMap::new();
         let mut heads = BinaryHeap::new();
         for (text, lane) in &q.lanes {
-            let fits = (0..slots.len())
-                .filter(|&i| lane.selector.matches(&slots[i].labels))
-                .collect();
+            let fits = (0..slots.len()).filter(|&i| lane.fits(&slots[i])).collect();
             lanes.insert(text.as_str(), (fits, 0));
             if let Some(key) = lane.jobs.keys().next() {
                 heads.push(Reverse((*key, text.as_str())));

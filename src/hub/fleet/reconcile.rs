@@ -9,9 +9,11 @@ use crate::proto::hub::SETTINGS;
 impl<S: Store> Fleet<S> {
     /// A reconcile: records `report`, then answers with the agent's desired state, at
     /// once when the agent is behind it, else when it changes or `wait` has passed.
+    /// `presented`: the SHA-256 of the token the agent reconciles with.
     pub(crate) async fn reconcile(
         self: &Arc<Self>,
         entry: &Arc<AgentEntry>,
+        presented: &str,
         mut report: AgentReport,
         wait: Duration,
     ) -> Result<DesiredState, FleetError> {
@@ -19,6 +21,8 @@ impl<S: Store> Fleet<S> {
             return Err(FleetError::StoreLost);
         }
         let observed = report.observed_generation;
+        // The token it was being sent, used: its only one from now on.
+        self.promote_if_next(entry, presented).await?;
         let token = util::lock(&entry.state).token_sha256.clone();
         let mut rx = entry.generation.subscribe();
         // A fleet change takes its generation before each agent's channel is told: what
@@ -94,7 +98,12 @@ impl<S: Store> Fleet<S> {
         if entry.is_revoked() || util::lock(&entry.state).token_sha256 != token {
             return Err(FleetError::Revoked(entry.id.clone()));
         }
-        Ok(self.desired_for(entry, true))
+        let mut desired = self.desired_for(entry, true);
+        desired.new_token = self
+            .token_for_answer(entry, presented)
+            .await?
+            .map(desired::NewToken);
+        Ok(desired)
     }
 
     /// The version `report` says this agent rolled back, with why, when it says so for

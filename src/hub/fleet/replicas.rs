@@ -110,7 +110,11 @@ impl<S: Store> Fleet<S> {
                 let _one = self.changes.lock().await;
                 self.follow_queued(&id).await?;
             }
-            Event::Resync => self.reload().await?,
+            Event::Tokens => self.tokens_moved.send_modify(|n| *n = n.wrapping_add(1)),
+            Event::Resync => {
+                self.tokens_moved.send_modify(|n| *n = n.wrapping_add(1));
+                self.reload().await?;
+            }
         }
         Ok(())
     }
@@ -290,6 +294,11 @@ impl<S: Store> Fleet<S> {
             let generation = own.generation.max(util::read(&self.fleet).generation);
             let mut state = AgentState {
                 hub_labels: stored_labels(&agent),
+                next_token_sha256: agent.next_token_sha256.clone(),
+                rotate_asked: agent.rotate_asked,
+                token_issued_ms: agent
+                    .token_issued_ms
+                    .unwrap_or(agent.enrolled_at.saturating_mul(1000)),
                 ..AgentState::new(agent.token_sha256.clone(), agent.enrolled_at, own)
             };
             adopt_report(&mut state, &agent);
@@ -312,6 +321,11 @@ impl<S: Store> Fleet<S> {
             let mut st = util::lock(&entry.state);
             token_changed = st.token_sha256 != agent.token_sha256;
             st.token_sha256 = agent.token_sha256.clone();
+            st.next_token_sha256 = agent.next_token_sha256.clone();
+            st.rotate_asked = agent.rotate_asked;
+            if let Some(t) = agent.token_issued_ms {
+                st.token_issued_ms = t;
+            }
             st.enrolled_at = agent.enrolled_at;
             st.hub_labels = stored_labels(&agent);
             if own.generation > st.own.generation {

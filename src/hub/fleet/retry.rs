@@ -64,6 +64,7 @@ fn next_attempt(lost: &JobRow, agent: &str, now_ms: u64) -> Option<JobRow> {
         attempt,
         retries: lost.retries - 1,
         avoid: Some(agent.to_owned()),
+        scope: lost.scope.clone(),
         stdout_length: 0,
         stderr_length: 0,
         stdout_stored: 0,

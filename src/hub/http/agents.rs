@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 
+use super::access::about;
 use super::error::{ApiError, ApiResult};
 use super::extract::{bearer, parse, parse_capped, read_body, ApiPath, MAX_BODY_BYTES};
 use super::state::Hub;
@@ -34,6 +35,7 @@ pub(super) struct ReconcileQuery {
 pub(super) async fn reconcile<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
     ApiPath(id): ApiPath<String>,
+    peer: Option<axum::Extension<crate::hub::serve::Peer>>,
     query: Result<Query<ReconcileQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
     body: Body,
@@ -46,8 +48,40 @@ pub(super) async fn reconcile<S: Store>(
     let q = super::extract::query(query)?;
     let report: AgentReport = parse_capped(body, MAX_REPORT_BYTES).await?;
     let wait = Duration::from_secs(q.wait.unwrap_or(0)).min(hub.max_wait);
-    let desired = hub.fleet.reconcile(&entry, report, wait).await?;
+    let presented = crate::hub::token::sha256_hex(t);
+    let peer = peer.map_or_else(|| "-".to_owned(), |p| p.0 .0.ip().to_string());
+    // A rotation's two steps go to the audit log as they happen: a token taken (before
+    // the poll is held), a token sent.
+    if hub.fleet.is_next_token(&entry, &presented) {
+        hub.fleet.promote_if_next(&entry, &presented).await?;
+        rotation(
+            &hub,
+            &id,
+            &peer,
+            "the agent uses its new token: the old one is refused",
+        )
+        .await;
+    }
+    let desired = hub
+        .fleet
+        .reconcile(&entry, &presented, report, wait)
+        .await?;
+    if desired.new_token.is_some() {
+        rotation(&hub, &id, &peer, "a new token sent to the agent").await;
+    }
     Ok(Json(desired).into_response())
+}
+
+async fn rotation<S: Store>(hub: &Hub<S>, id: &str, peer: &str, outcome: &str) {
+    hub.access
+        .audit(crate::hub::access::Audited {
+            token: id,
+            peer,
+            action: "token rotation",
+            target: id,
+            outcome,
+        })
+        .await;
 }
 
 pub(super) async fn enrol<S: Store>(
@@ -56,7 +90,11 @@ pub(super) async fn enrol<S: Store>(
 ) -> ApiResult<Response> {
     let req: EnrolRequest = parse(body).await?;
     let token = hub.fleet.enrol(&req.id).await?;
-    Ok((StatusCode::CREATED, Json(Enrolled { id: req.id, token })).into_response())
+    let id = req.id.clone();
+    Ok(about(
+        (StatusCode::CREATED, Json(Enrolled { id: req.id, token })).into_response(),
+        id,
+    ))
 }
 
 pub(super) async fn list<S: Store>(State(hub): State<Arc<Hub<S>>>) -> ApiResult<Response> {
@@ -97,7 +135,11 @@ pub(super) async fn drain<S: Store>(
     body: Body,
 ) -> ApiResult<Response> {
     let req: DrainRequest = parse(body).await?;
-    Ok(Json(hub.fleet.drain(&req).await?).into_response())
+    let target = drained(&req);
+    Ok(about(
+        Json(hub.fleet.drain(&req).await?).into_response(),
+        target,
+    ))
 }
 
 pub(super) async fn resume<S: Store>(
@@ -105,7 +147,20 @@ pub(super) async fn resume<S: Store>(
     body: Body,
 ) -> ApiResult<Response> {
     let req: DrainRequest = parse(body).await?;
-    Ok(Json(hub.fleet.resume(&req).await?).into_response())
+    let target = drained(&req);
+    Ok(about(
+        Json(hub.fleet.resume(&req).await?).into_response(),
+        target,
+    ))
+}
+
+/// The agents a drain or resume names, for the audit log.
+fn drained(req: &DrainRequest) -> String {
+    match (&req.agent, &req.selector) {
+        (Some(a), _) => a.clone(),
+        (None, Some(s)) => s.clone(),
+        (None, None) => "-".into(),
+    }
 }
 
 pub(super) async fn fleet_desired<S: Store>(State(hub): State<Arc<Hub<S>>>) -> ApiResult<Response> {

@@ -24,8 +24,13 @@ impl ApiError {
     }
 }
 
+/// What a refused request was told, for the audit log.
+#[derive(Debug, Clone)]
+pub(crate) struct Refusal(pub(crate) String);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let refusal = Refusal(self.message.clone());
         let mut resp = (
             self.status,
             Json(ErrorBody {
@@ -33,6 +38,7 @@ impl IntoResponse for ApiError {
             }),
         )
             .into_response();
+        resp.extensions_mut().insert(refusal);
         if self.status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
@@ -58,6 +64,9 @@ impl From<FleetError> for ApiError {
             FleetError::JobToken(_) => StatusCode::UNAUTHORIZED,
             FleetError::NoSuchRelease(_) => StatusCode::NOT_FOUND,
             FleetError::NotHalted(_) => StatusCode::CONFLICT,
+            FleetError::BadEnrolToken => StatusCode::UNAUTHORIZED,
+            FleetError::EnrolRefused { .. } | FleetError::OutOfScope(_) => StatusCode::FORBIDDEN,
+            FleetError::IdTaken { .. } => StatusCode::CONFLICT,
             FleetError::NoSuchRollout(_) | FleetError::NotForPlatform { .. } => {
                 StatusCode::NOT_FOUND
             }
@@ -90,3 +99,23 @@ impl From<FleetError> for ApiError {
 }
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
+
+impl From<crate::hub::access::AccessError> for ApiError {
+    fn from(e: crate::hub::access::AccessError) -> Self {
+        use crate::hub::access::AccessError;
+        let status = match &e {
+            AccessError::Bad { .. } => StatusCode::BAD_REQUEST,
+            AccessError::NameTaken(_) => StatusCode::CONFLICT,
+            AccessError::NoSuchToken(_) | AccessError::NoSuchEnrolToken(_) => StatusCode::NOT_FOUND,
+            AccessError::Random(_) | AccessError::RootFile { .. } => {
+                tracing::error!(error = %crate::error_chain(&e), "a token could not be made");
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+            AccessError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        match e {
+            AccessError::Store(s) => FleetError::Store(s).into(),
+            e => ApiError::new(status, e.to_string()),
+        }
+    }
+}

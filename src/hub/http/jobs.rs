@@ -10,9 +10,10 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 
+use super::access::{about, CallerOf};
 use super::error::{ApiError, ApiResult};
 use super::extract::{bearer, parse, query, read_body, ApiPath};
 use super::state::Hub;
@@ -53,21 +54,39 @@ fn stream_of(s: &str) -> ApiResult<Stream> {
 
 pub(super) async fn submit<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     body: Body,
 ) -> ApiResult<Response> {
     let req: HubJobSubmit = parse(body).await?;
-    let view = hub.fleet.submit_job(req).await?;
-    Ok((StatusCode::CREATED, Json(view)).into_response())
+    let view = hub.fleet.submit_job(req, caller.job_selector()).await?;
+    let target = format!(
+        "{} on {}",
+        view.id,
+        match (&view.selector, view.agent.as_str()) {
+            (Some(s), _) => s.clone(),
+            (None, a) => a.to_owned(),
+        }
+    );
+    Ok(about(
+        (StatusCode::CREATED, Json(view)).into_response(),
+        target,
+    ))
 }
 
 /// A fan-out: one job per matching agent, as a group.
 pub(super) async fn submit_group<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     body: Body,
 ) -> ApiResult<Response> {
     let req: HubGroupSubmit = parse(body).await?;
-    let view = hub.fleet.submit_group(req).await?;
-    Ok((StatusCode::CREATED, Json(view)).into_response())
+    let target = req.selector.clone();
+    let view = hub.fleet.submit_group(req, caller.job_selector()).await?;
+    let target = format!("group {} on {target}", view.group);
+    Ok(about(
+        (StatusCode::CREATED, Json(view)).into_response(),
+        target,
+    ))
 }
 
 #[derive(Deserialize)]
@@ -84,6 +103,7 @@ pub(super) struct ListQuery {
 
 pub(super) async fn list<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let q = query(q)?;
@@ -108,15 +128,19 @@ pub(super) async fn list<S: Store>(
         selector: selector.as_deref(),
         group: q.group.as_deref(),
     };
-    let jobs = hub.fleet.jobs(filter, q.before, limit).await?;
+    let mut jobs = hub.fleet.jobs(filter, q.before, limit).await?;
+    if let Some(sel) = caller.job_selector() {
+        jobs.retain(|j| hub.fleet.job_in_scope(j, sel));
+    }
     Ok(Json(jobs).into_response())
 }
 
 pub(super) async fn status<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
-    Ok(Json(hub.fleet.job(&id).await?).into_response())
+    Ok(Json(hub.fleet.job_for(&id, caller.job_selector()).await?).into_response())
 }
 
 #[derive(Deserialize)]
@@ -127,9 +151,11 @@ pub(super) struct WaitQuery {
 /// The job once it is done (ended, all output here), or as it is after the timeout.
 pub(super) async fn wait<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     ApiPath(id): ApiPath<String>,
     q: Result<Query<WaitQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
+    hub.fleet.job_for(&id, caller.job_selector()).await?;
     let secs = query(q)?.timeout_secs.unwrap_or(DEFAULT_WAIT_SECS);
     if secs > MAX_WAIT_SECS {
         return Err(ApiError::new(
@@ -143,8 +169,10 @@ pub(super) async fn wait<S: Store>(
 
 pub(super) async fn cancel<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
+    hub.fleet.job_for(&id, caller.job_selector()).await?;
     Ok(Json(hub.fleet.cancel_job(&id).await?).into_response())
 }
 
@@ -160,9 +188,11 @@ pub(super) struct OutputQuery {
 /// until the job is done.
 pub(super) async fn output<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     ApiPath((id, stream)): ApiPath<(String, String)>,
     q: Result<Query<OutputQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
+    hub.fleet.job_for(&id, caller.job_selector()).await?;
     let q = query(q)?;
     let stream = stream_of(&stream)?;
     let limit = q.limit.unwrap_or(MAX_SLICE).clamp(1, MAX_SLICE);

@@ -5,6 +5,7 @@
 //! Errors are `{"error": "..."}` with a fitting status, for every route and for routes and
 //! methods that do not exist.
 
+mod access;
 mod agents;
 mod error;
 mod extract;
@@ -15,8 +16,8 @@ mod state;
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::StatusCode;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -28,8 +29,8 @@ use self::extract::bearer;
 pub(crate) use self::releases::SIGNATURE_HEADER;
 pub(crate) use self::state::Hub;
 use crate::build_info;
+use crate::hub::access::{scope_of, Audited};
 use crate::hub::store::Store;
-use crate::hub::token;
 use crate::hub::unproven::proven;
 
 pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
@@ -68,13 +69,29 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
         .route("/rollouts/{id}/pause", post(rollouts::pause::<S>))
         .route("/rollouts/{id}/resume", post(rollouts::resume::<S>))
         .route("/rollouts/{id}/abort", post(rollouts::abort::<S>))
-        .layer(axum::middleware::from_fn_with_state(
-            hub.clone(),
-            admin_only::<S>,
-        ));
+        .route(
+            "/tokens",
+            post(access::create_token::<S>).get(access::tokens::<S>),
+        )
+        .route("/tokens/rotate-root", post(access::rotate_root::<S>))
+        .route("/tokens/{name}/revoke", post(access::revoke_token::<S>))
+        .route(
+            "/enrol-tokens",
+            post(access::create_enrol_token::<S>).get(access::enrol_tokens::<S>),
+        )
+        .route(
+            "/enrol-tokens/{id}/revoke",
+            post(access::revoke_enrol_token::<S>),
+        )
+        .route("/agents/rotate", post(access::rotate_agents::<S>))
+        .route("/audit", get(access::audit::<S>))
+        // A route layer: the gate sees the route it matched (for its scope), and a path
+        // matching none is a 404 without a token's check.
+        .route_layer(axum::middleware::from_fn_with_state(hub.clone(), gate::<S>));
     Router::new()
         .route("/v1/health", get(health::<S>))
         .route("/v1/agents/{id}/reconcile", post(agents::reconcile::<S>))
+        .route("/v1/enrol", post(access::enrol::<S>))
         .route(
             "/v1/jobs/{id}/output/{stream}",
             axum::routing::put(jobs::upload::<S>),
@@ -89,24 +106,88 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
         .with_state(hub)
 }
 
-async fn admin_only<S: Store>(
+/// Every admin request: the caller known by its token, its scope checked against the
+/// route's, and the request written to the audit log when it changes something or is
+/// refused.
+async fn gate<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    matched: Option<MatchedPath>,
     req: Request,
     next: Next,
 ) -> Response {
-    match bearer(req.headers()) {
-        Ok(t) if token::matches(t, &hub.admin_sha256) => {
-            proven();
-            next.run(req).await
-        }
-        Ok(_) => {
-            ApiError::new(StatusCode::UNAUTHORIZED, "not the hub's admin token").into_response()
-        }
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let route = matched.map_or_else(|| path.clone(), |m| m.as_str().to_owned());
+    let peer = req
+        .extensions()
+        .get::<crate::hub::serve::Peer>()
+        .map_or_else(|| "-".to_owned(), |p| p.0.ip().to_string());
+    let scope = scope_of(&method, &route);
+    let caller = match bearer(req.headers()) {
+        Ok(t) => hub.access.who(t).await.ok_or(
+            "not a token of this hub (the root token is in the hub's data dir, admin.token)",
+        ),
+        Err(why) => Err(why),
+    };
+    let resp = match &caller {
         Err(why) => ApiError::new(
             StatusCode::UNAUTHORIZED,
             format!("{why} (the admin token is in the hub's data dir, admin.token)"),
         )
         .into_response(),
+        Ok(c) if !c.may(scope) => ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "token {:?} lacks the scope {scope} that {method} {route} needs",
+                c.name()
+            ),
+        )
+        .into_response(),
+        Ok(c) => {
+            proven();
+            let mut req = req;
+            req.extensions_mut().insert(c.clone());
+            next.run(req).await
+        }
+    };
+    let status = resp.status();
+    let refused = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
+    if method != Method::GET || refused {
+        let outcome = match resp.extensions().get::<error::Refusal>() {
+            Some(r) => format!("{} {}", status.as_u16(), r.0),
+            None => status.as_u16().to_string(),
+        };
+        let target = resp
+            .extensions()
+            .get::<access::Target>()
+            .map(|t| t.0.clone())
+            .unwrap_or_else(|| path_values(&route, &path));
+        let token = caller.as_ref().map_or("-", |c| c.name());
+        hub.access
+            .audit(Audited {
+                token,
+                peer: &peer,
+                action: &format!("{method} {route}"),
+                target: &target,
+                outcome: &outcome,
+            })
+            .await;
+    }
+    resp
+}
+
+/// The values a path gives its route's `{…}` parts (`web-1` for `/agents/{id}/revoke`).
+fn path_values(route: &str, path: &str) -> String {
+    let values: Vec<&str> = route
+        .split('/')
+        .zip(path.split('/'))
+        .filter(|(r, _)| r.starts_with('{'))
+        .map(|(_, p)| p)
+        .collect();
+    if values.is_empty() {
+        "-".into()
+    } else {
+        values.join("/")
     }
 }
 

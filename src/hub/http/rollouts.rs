@@ -21,7 +21,11 @@ pub(super) async fn start<S: Store>(
 ) -> ApiResult<Response> {
     let req: RolloutRequest = parse(body).await?;
     let view = hub.fleet.start_rollout(&req).await?;
-    Ok((StatusCode::CREATED, Json(view)).into_response())
+    let target = format!("{} of {}", view.id, view.version);
+    Ok(super::access::about(
+        (StatusCode::CREATED, Json(view)).into_response(),
+        target,
+    ))
 }
 
 pub(super) async fn list<S: Store>(State(hub): State<Arc<Hub<S>>>) -> ApiResult<Response> {

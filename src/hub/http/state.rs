@@ -10,8 +10,8 @@ use crate::hub::store::Store;
 /// The hub's state, shared by every request.
 pub(crate) struct Hub<S: Store> {
     pub(crate) fleet: Arc<Fleet<S>>,
-    /// SHA-256 of the admin token.
-    pub(crate) admin_sha256: String,
+    /// Who may use the admin API, and the audit log.
+    pub(crate) access: Arc<crate::hub::access::Access<S>>,
     /// The longest a reconcile is held, whatever `wait` asks.
     pub(crate) max_wait: Duration,
     /// The publishers' keys: a release is taken only signed by one of them.

@@ -8,6 +8,7 @@
 //! is kept portable (no SQLite-only functions or upserts beyond `ON CONFLICT … DO UPDATE`),
 //! so that a PostgreSQL store is the same statements on another driver.
 
+pub(crate) mod access;
 #[cfg(test)]
 mod conformance;
 pub(crate) mod postgres;
@@ -22,6 +23,7 @@ use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
 use crate::proto::job::{JobSpec, Truncation};
 pub(crate) use crate::proto::labels::Labels;
+pub(crate) use access::AccessStore;
 pub(crate) use rollouts::RolloutStore;
 
 #[derive(Debug, Error)]
@@ -117,6 +119,8 @@ pub(crate) enum Event {
     Output(String),
     /// A queued job: submitted, or ended while queued.
     Queued(String),
+    /// The admin or enrolment tokens.
+    Tokens,
     /// Notifications may have been missed (the listening connection was lost): load
     /// everything again.
     Resync,
@@ -154,6 +158,12 @@ pub(crate) struct AgentRow {
     pub(crate) report: Option<String>,
     /// The labels the hub set on it (a JSON object), over the ones its host reports.
     pub(crate) labels: String,
+    /// The token it is being sent (rotation), which works beside its own until used.
+    pub(crate) next_token_sha256: Option<String>,
+    /// A new token is to be sent at its next reconcile.
+    pub(crate) rotate_asked: bool,
+    /// When its token was made (Unix ms; `None`: at its enrolment).
+    pub(crate) token_issued_ms: Option<u64>,
 }
 
 /// The desired settings of one scope: `""` is the fleet, otherwise an agent's id.
@@ -209,6 +219,9 @@ pub(crate) struct JobRow {
     pub(crate) retries: u8,
     /// The agent the previous attempt was lost on: another one is preferred.
     pub(crate) avoid: Option<String>,
+    /// The selector of the scoped token that submitted it: only agents whose hub labels
+    /// match may take it.
+    pub(crate) scope: Option<String>,
     /// How much of each stream the hub has acknowledged, and how much of it it keeps
     /// (less, past its cap).
     pub(crate) stdout_length: u64,
@@ -238,6 +251,7 @@ impl JobRow {
             attempt: 1,
             retries: 0,
             avoid: None,
+            scope: None,
             stdout_length: 0,
             stderr_length: 0,
             stdout_stored: 0,
@@ -380,7 +394,9 @@ pub(crate) struct ReportRow {
 
 /// The hub's database. Every method is one transaction; a method that returns has made
 /// its change durable. The jobs' part of it is [`JobStore`], the rollouts' [`RolloutStore`].
-pub(crate) trait Store: JobStore + RolloutStore + Send + Sync + 'static {
+pub(crate) trait Store:
+    JobStore + RolloutStore + AccessStore + Send + Sync + 'static
+{
     fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send;
 
     /// Enrols `id`, or re-enrols a revoked one with a new token; the agent's own scope

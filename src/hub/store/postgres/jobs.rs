@@ -27,8 +27,8 @@ impl JobStore for PgStore {
         let n = tx
             .execute(
                 "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,
-                     queue_deadline_ms, job_group, attempt, retries, avoid)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                     queue_deadline_ms, job_group, attempt, retries, avoid, scope)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
                  ON CONFLICT (id) DO NOTHING",
                 &[
                     &job.id,
@@ -44,6 +44,7 @@ impl JobStore for PgStore {
                     &i64::from(job.attempt),
                     &i64::from(job.retries),
                     &job.avoid,
+                    &job.scope,
                 ],
             )
             .await

@@ -210,6 +210,7 @@ pub(super) fn parse(payload: &str, own: &str) -> Option<(u64, Option<Event>)> {
         "f" => Event::Fleet,
         "o" => Event::Output(key.to_owned()),
         "q" => Event::Queued(key.to_owned()),
+        "t" => Event::Tokens,
         _ => return None,
     };
     Some((generation, Some(event)))

@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::types::ToSql;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+mod access;
 mod jobs;
 mod listen;
 mod rollouts;
@@ -88,12 +89,12 @@ const NEXT_GENERATION: &str =
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
     stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
-    queue_deadline_ms, job_group, attempt, retries, avoid";
+    queue_deadline_ms, job_group, attempt, retries, avoid, scope";
 
 use super::OPEN_STATES;
 
-const AGENT_COLUMNS: &str =
-    "id, token_sha256, enrolled_at, revoked_at, last_seen, observed_generation, report, labels";
+const AGENT_COLUMNS: &str = "id, token_sha256, enrolled_at, revoked_at, last_seen,
+    observed_generation, report, labels, next_token_sha256, rotate_asked, token_issued_ms";
 
 pub(crate) struct PgStore {
     /// The URL without its password, for messages.
@@ -596,7 +597,9 @@ impl Store for PgStore {
                 "INSERT INTO agents (id, token_sha256, enrolled_at, observed_generation)
                  VALUES ($1, $2, $3, 0)
                  ON CONFLICT (id) DO UPDATE SET token_sha256 = excluded.token_sha256,
-                     enrolled_at = excluded.enrolled_at, revoked_at = NULL, labels = '{}'
+                     enrolled_at = excluded.enrolled_at, revoked_at = NULL, labels = '{}',
+                     next_token_sha256 = NULL, rotate_asked = 0, token_issued_ms = NULL,
+                     enrolled_via = NULL, enrolled_peer = NULL, enrolled_host = NULL
                  WHERE agents.revoked_at IS NOT NULL",
                 &[&id, &token_sha256, &(now as i64)],
             )

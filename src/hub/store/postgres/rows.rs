@@ -35,6 +35,9 @@ pub(super) fn agent_row(r: &Row) -> AgentRow {
         observed_generation: u64_of(r.get(5)),
         report: r.get(6),
         labels: r.get(7),
+        next_token_sha256: r.get(8),
+        rotate_asked: r.get::<_, i64>(9) != 0,
+        token_issued_ms: opt_u64(r.get(10)),
     }
 }
 
@@ -77,6 +80,7 @@ pub(super) fn job_row(url: &str, r: &Row) -> Result<JobRow, StoreError> {
         attempt: r.get::<_, i64>(24).clamp(1, i64::from(u32::MAX)) as u32,
         retries: r.get::<_, i64>(25).clamp(0, i64::from(u8::MAX)) as u8,
         avoid: r.get(26),
+        scope: r.get(27),
         id,
     })
 }

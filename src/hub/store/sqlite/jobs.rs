@@ -29,8 +29,8 @@ impl JobStore for SqliteStore {
                 .map_err(&e)?;
             tx.execute(
                 "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,
-                     queue_deadline_ms, job_group, attempt, retries, avoid)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                     queue_deadline_ms, job_group, attempt, retries, avoid, scope)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                 params![
                     job.id,
                     seq,
@@ -45,6 +45,7 @@ impl JobStore for SqliteStore {
                     i64::from(job.attempt),
                     i64::from(job.retries),
                     job.avoid,
+                    job.scope,
                 ],
             )
             .map_err(&e)?;

@@ -6,6 +6,7 @@
 //! One connection behind a mutex, used from blocking threads: the hub's writes are few
 //! and its reads come from memory.
 
+mod access;
 mod jobs;
 mod rollouts;
 
@@ -114,6 +115,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     ALTER TABLE jobs ADD COLUMN avoid TEXT;",
     // 9: rollouts, their members, and the lease of the hub that drives them.
     super::rollouts::MIGRATION,
+    // 10: scoped admin tokens, enrolment tokens, the audit log, agent token rotation.
+    super::access::MIGRATION,
 ];
 
 /// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
@@ -217,7 +220,7 @@ fn bump_scope(tx: &rusqlite::Transaction<'_>, scope: &str, path: &str) -> Result
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
     stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
-    queue_deadline_ms, job_group, attempt, retries, avoid";
+    queue_deadline_ms, job_group, attempt, retries, avoid, scope";
 
 /// The raw columns of a job row, parsed afterwards (outside rusqlite's row closure, so
 /// that a record that does not parse is an error that names it).
@@ -227,7 +230,7 @@ type RawJob = (
     (i64, i64, Option<String>, i64),
     (i64, i64, i64, i64, Option<i64>),
     (Option<String>, i64, Option<i64>, Option<String>),
-    (i64, i64, Option<String>),
+    (i64, i64, Option<String>, Option<String>),
 );
 
 fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
@@ -245,7 +248,7 @@ fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
         (r.get(11)?, r.get(12)?, r.get(13)?, r.get(14)?),
         (r.get(15)?, r.get(16)?, r.get(17)?, r.get(18)?, r.get(19)?),
         (r.get(20)?, r.get(21)?, r.get(22)?, r.get(23)?),
-        (r.get(24)?, r.get(25)?, r.get(26)?),
+        (r.get(24)?, r.get(25)?, r.get(26)?, r.get(27)?),
     ))
 }
 
@@ -256,7 +259,7 @@ fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
         rest,
         lens,
         (selector, priority, queue_deadline, group),
-        (attempt, retries, avoid),
+        (attempt, retries, avoid, scope),
     ) = raw;
     let corrupt = |what: String| {
         let path = path.to_owned();
@@ -297,6 +300,7 @@ fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
         attempt: attempt.clamp(1, i64::from(u32::MAX)) as u32,
         retries: retries.clamp(0, i64::from(u8::MAX)) as u8,
         avoid,
+        scope,
         id,
     })
 }
@@ -352,7 +356,7 @@ impl Store for SqliteStore {
             let mut stmt = conn
                 .prepare(
                     "SELECT id, token_sha256, enrolled_at, revoked_at, last_seen, observed_generation, report,
-                         labels
+                         labels, next_token_sha256, rotate_asked, token_issued_ms
                      FROM agents ORDER BY id",
                 )
                 .map_err(&e)?;
@@ -367,6 +371,9 @@ impl Store for SqliteStore {
                         observed_generation: r.get::<_, i64>(5)?.max(0) as u64,
                         report: r.get(6)?,
                         labels: r.get(7)?,
+                        next_token_sha256: r.get(8)?,
+                        rotate_asked: r.get::<_, i64>(9)? != 0,
+                        token_issued_ms: opt_u64(r.get(10)?),
                     })
                 })
                 .map_err(&e)?
@@ -479,7 +486,9 @@ impl Store for SqliteStore {
                 "INSERT INTO agents (id, token_sha256, enrolled_at, observed_generation)
                  VALUES (?1, ?2, ?3, 0)
                  ON CONFLICT (id) DO UPDATE SET token_sha256 = excluded.token_sha256,
-                     enrolled_at = excluded.enrolled_at, revoked_at = NULL, labels = '{}'",
+                     enrolled_at = excluded.enrolled_at, revoked_at = NULL, labels = '{}',
+                     next_token_sha256 = NULL, rotate_asked = 0, token_issued_ms = NULL,
+                     enrolled_via = NULL, enrolled_peer = NULL, enrolled_host = NULL",
                 params![id, hash, now as i64],
             )
             .map_err(&e)?;

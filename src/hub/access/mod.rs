@@ -1,0 +1,438 @@
+//! Who may use the hub's admin API, and what they did (docs/hub.md, "Access"; design
+//! invariant 21).
+//!
+//! - The *root* admin token (`admin.token`, or the replicas' shared one) may do
+//!   everything, and can be rotated without a restart ([`Access::rotate_root`]).
+//! - *Scoped* tokens (`hub token create`) may do what their scopes name, and their job
+//!   scopes reach only agents whose hub labels match their selector.
+//! - *Enrolment* tokens let hosts enrol themselves (`hub enrol-token create`); they open
+//!   nothing else.
+//!
+//! Tokens are known by their SHA-256 only. Each hub keeps the admin tokens in memory and
+//! loads them again when another replica says they changed, when a token it does not know
+//! is shown (at most once a second), and every [`REFRESH`].
+//!
+//! Task: [`AuditPruner`] deletes audit lines past their retention, hourly.
+
+mod audit;
+mod scopes;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use super::store::access::{AdminTokenRow, EnrolTokenRow};
+use super::store::Store;
+use super::token;
+use crate::proto::access::{
+    EnrolTokenRequest, EnrolTokenView, TokenMade, TokenRequest, TokenView, ROOT_NAME, SCOPES,
+};
+use crate::proto::selector::Selector;
+use crate::util;
+
+pub(crate) use self::audit::{AuditPruner, Audited};
+pub(crate) use self::scopes::scope_of;
+
+/// How often the admin tokens are loaded again without a reason.
+const REFRESH: Duration = Duration::from_secs(10);
+/// The least time between two loads for a token nobody knows.
+const MISS_RELOAD: Duration = Duration::from_secs(1);
+/// Enrolments per token: a burst of this many, then one per [`ENROL_EVERY`].
+const ENROL_BURST: f64 = 20.0;
+const ENROL_EVERY: Duration = Duration::from_millis(500);
+/// The longest a token may live.
+const MAX_TTL_SECS: u64 = 10 * 366 * 24 * 3600;
+/// Admin token names: what an audit line can show plainly.
+const MAX_NAME: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AccessError {
+    #[error("{field}: {why}")]
+    Bad { field: &'static str, why: String },
+    #[error("a token named {0:?} exists already (names are never used twice, so that the audit log reads one way)")]
+    NameTaken(String),
+    #[error("no admin token named {0:?}")]
+    NoSuchToken(String),
+    #[error("no enrolment token {0:?}")]
+    NoSuchEnrolToken(String),
+    #[error("could not make a token")]
+    Random(#[source] getrandom::Error),
+    #[error("could not write the new root token to {path}")]
+    RootFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] super::store::StoreError),
+}
+
+/// Who made a request, once their token is known.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Caller {
+    Root,
+    Token {
+        name: String,
+        scopes: Vec<String>,
+        /// The agents its job scopes reach (by their hub labels).
+        selector: Option<Selector>,
+    },
+}
+
+impl Caller {
+    /// The name the audit log gives it.
+    pub(crate) fn name(&self) -> &str {
+        match self {
+            Caller::Root => ROOT_NAME,
+            Caller::Token { name, .. } => name,
+        }
+    }
+
+    pub(crate) fn may(&self, scope: &str) -> bool {
+        match self {
+            Caller::Root => true,
+            Caller::Token { scopes, .. } => scopes.iter().any(|s| s == scope),
+        }
+    }
+
+    /// The hub labels an agent must match for this caller's job scopes (`None`: any).
+    pub(crate) fn job_selector(&self) -> Option<&Selector> {
+        match self {
+            Caller::Root => None,
+            Caller::Token { selector, .. } => selector.as_ref(),
+        }
+    }
+}
+
+/// An enrolment token's rate: a bucket of [`ENROL_BURST`] filling at one per
+/// [`ENROL_EVERY`].
+struct Bucket {
+    level: f64,
+    at: Instant,
+}
+
+pub(crate) struct Access<S: Store> {
+    store: Arc<S>,
+    /// Where the single hub keeps `admin.token`.
+    data_dir: PathBuf,
+    replicated: bool,
+    root_sha256: RwLock<String>,
+    /// Admin tokens by SHA-256.
+    tokens: RwLock<HashMap<String, AdminTokenRow>>,
+    loaded: Mutex<Option<Instant>>,
+    enrolments: Mutex<HashMap<String, Bucket>>,
+}
+
+impl<S: Store> Access<S> {
+    pub(crate) async fn load(
+        store: Arc<S>,
+        data_dir: PathBuf,
+        root_sha256: String,
+    ) -> Result<Self, AccessError> {
+        let access = Self {
+            replicated: store.replicated(),
+            store,
+            data_dir,
+            root_sha256: RwLock::new(root_sha256),
+            tokens: RwLock::new(HashMap::new()),
+            loaded: Mutex::new(None),
+            enrolments: Mutex::new(HashMap::new()),
+        };
+        access.reload().await?;
+        Ok(access)
+    }
+
+    /// Loads the admin tokens (and, with replicas, the root token's hash) again.
+    pub(crate) async fn reload(&self) -> Result<(), AccessError> {
+        let rows = self.store.admin_tokens().await?;
+        *util::write(&self.tokens) = rows.into_iter().map(|r| (r.sha256.clone(), r)).collect();
+        if self.replicated {
+            if let Some(root) = self.store.get_secret(super::shared::ADMIN_SECRET).await? {
+                *util::write(&self.root_sha256) = root;
+            }
+        }
+        *util::lock(&self.loaded) = Some(Instant::now());
+        Ok(())
+    }
+
+    fn due(&self, every: Duration) -> bool {
+        util::lock(&self.loaded).is_none_or(|t| t.elapsed() >= every)
+    }
+
+    /// The caller `token` stands for, if any: the root token, or a scoped one not revoked
+    /// and not expired.
+    pub(crate) async fn who(&self, token: &str) -> Option<Caller> {
+        let sha = token::sha256_hex(token);
+        if self.due(REFRESH) {
+            if let Err(e) = self.reload().await {
+                tracing::warn!(error = %util::error_chain(&e), "could not load the admin tokens again (the ones loaded before are used)");
+            }
+        }
+        if let Some(c) = self.known(&sha) {
+            return Some(c);
+        }
+        // Made or rotated through another replica a moment ago?
+        if self.due(MISS_RELOAD) && self.reload().await.is_ok() {
+            return self.known(&sha);
+        }
+        None
+    }
+
+    fn known(&self, sha: &str) -> Option<Caller> {
+        if *util::read(&self.root_sha256) == sha {
+            return Some(Caller::Root);
+        }
+        let tokens = util::read(&self.tokens);
+        let row = tokens.get(sha)?;
+        let now = util::unix_now_ms();
+        if row.revoked_ms.is_some() || row.expires_ms.is_some_and(|e| now >= e) {
+            return None;
+        }
+        Some(Caller::Token {
+            name: row.name.clone(),
+            scopes: row.scopes.split(',').map(str::to_owned).collect(),
+            // Checked when it was made.
+            selector: row
+                .selector
+                .as_deref()
+                .and_then(|s| Selector::parse(s).ok()),
+        })
+    }
+
+    /// Makes a scoped admin token; its secret is in the answer only.
+    pub(crate) async fn create_token(
+        &self,
+        req: &TokenRequest,
+    ) -> Result<TokenMade<TokenView>, AccessError> {
+        let bad = |field, why: String| AccessError::Bad { field, why };
+        let name = req.name.as_str();
+        let ok_name = !name.is_empty()
+            && name.len() <= MAX_NAME
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            && name != ROOT_NAME;
+        if !ok_name {
+            return Err(bad(
+                "name",
+                format!(
+                    "{:?}: 1 to {MAX_NAME} letters, digits, '.', '_' or '-', and not {ROOT_NAME:?}",
+                    util::clip(name)
+                ),
+            ));
+        }
+        if req.scopes.is_empty() {
+            return Err(bad(
+                "scopes",
+                format!("give one or more of {}", SCOPES.join(", ")),
+            ));
+        }
+        let mut scopes: Vec<String> = Vec::new();
+        for s in &req.scopes {
+            if !SCOPES.contains(&s.as_str()) {
+                return Err(bad(
+                    "scopes",
+                    format!("{:?} is not a scope: {}", util::clip(s), SCOPES.join(", ")),
+                ));
+            }
+            if !scopes.contains(s) {
+                scopes.push(s.clone());
+            }
+        }
+        let selector = req
+            .selector
+            .as_deref()
+            .map(|s| Selector::parse(s).map_err(|e| bad("selector", e.to_string())))
+            .transpose()?;
+        let now = util::unix_now_ms();
+        let expires_ms = ttl(req.ttl_secs, now)?;
+        let secret = token::new_admin_token().map_err(AccessError::Random)?;
+        let row = AdminTokenRow {
+            name: name.to_owned(),
+            sha256: token::sha256_hex(&secret),
+            scopes: scopes.join(","),
+            selector: selector.map(|s| s.to_string()),
+            created_ms: now,
+            expires_ms,
+            revoked_ms: None,
+        };
+        if !self.store.create_admin_token(&row).await? {
+            return Err(AccessError::NameTaken(name.to_owned()));
+        }
+        tracing::info!(token = %row.name, scopes = %row.scopes, selector = row.selector.as_deref().unwrap_or(""), "admin token made");
+        let view = token_view(&row);
+        util::write(&self.tokens).insert(row.sha256.clone(), row);
+        Ok(TokenMade {
+            token: secret,
+            view,
+        })
+    }
+
+    pub(crate) async fn tokens(&self) -> Result<Vec<TokenView>, AccessError> {
+        let rows = self.store.admin_tokens().await?;
+        Ok(rows.iter().map(token_view).collect())
+    }
+
+    pub(crate) async fn revoke_token(&self, name: &str) -> Result<TokenView, AccessError> {
+        let row = self
+            .store
+            .revoke_admin_token(name, util::unix_now_ms())
+            .await?
+            .ok_or_else(|| AccessError::NoSuchToken(util::clip(name).into_owned()))?;
+        tracing::info!(token = %row.name, "admin token revoked");
+        let view = token_view(&row);
+        util::write(&self.tokens).insert(row.sha256.clone(), row);
+        Ok(view)
+    }
+
+    /// A new root token: the old one is refused from now on (by every replica, within
+    /// a second of seeing it). A single hub writes it to its `admin.token`.
+    pub(crate) async fn rotate_root(&self) -> Result<String, AccessError> {
+        let secret = token::new_admin_token().map_err(AccessError::Random)?;
+        let sha = token::sha256_hex(&secret);
+        let old = util::read(&self.root_sha256).clone();
+        let path = self.data_dir.join(super::ADMIN_TOKEN_FILE);
+        if self.replicated {
+            super::shared::retire_admin_token(&*self.store, &old).await?;
+            self.store
+                .replace_secret(super::shared::ADMIN_SECRET, &sha)
+                .await?;
+        }
+        // The token's home for a single hub; for a replica, the copy on the host the
+        // operator asked (the other replicas' copies are stale now, and set aside at
+        // their next start).
+        let write = format!("{secret}\n");
+        let written = tokio::task::spawn_blocking(move || {
+            crate::util::write_atomic(&path, write.as_bytes(), 0o600).map_err(|source| {
+                AccessError::RootFile {
+                    path: path.clone(),
+                    source,
+                }
+            })
+        })
+        .await
+        .map_err(|e| AccessError::RootFile {
+            path: self.data_dir.join(super::ADMIN_TOKEN_FILE),
+            source: std::io::Error::other(e),
+        })?;
+        written?;
+        *util::write(&self.root_sha256) = sha;
+        tracing::warn!("the root admin token was rotated: the old one is refused from now on");
+        Ok(secret)
+    }
+
+    pub(crate) async fn create_enrol_token(
+        &self,
+        req: &EnrolTokenRequest,
+    ) -> Result<TokenMade<EnrolTokenView>, AccessError> {
+        crate::proto::labels::check(&req.labels, false).map_err(|e| AccessError::Bad {
+            field: "labels",
+            why: e.to_string(),
+        })?;
+        if req.uses == Some(0) {
+            return Err(AccessError::Bad {
+                field: "uses",
+                why: "0 would enrol no host".into(),
+            });
+        }
+        let now = util::unix_now_ms();
+        let secret = token::new_enrol_token().map_err(AccessError::Random)?;
+        let row = EnrolTokenRow {
+            sha256: token::sha256_hex(&secret),
+            max_uses: req.uses,
+            labels: req.labels.clone(),
+            created_ms: now,
+            expires_ms: ttl(req.ttl_secs, now)?,
+            ..EnrolTokenRow::default()
+        };
+        let row = self.store.create_enrol_token(&row).await?;
+        tracing::info!(enrol_token = %row.id, uses = ?row.max_uses, "enrolment token made");
+        Ok(TokenMade {
+            token: secret,
+            view: enrol_view(&row),
+        })
+    }
+
+    pub(crate) async fn enrol_tokens(&self) -> Result<Vec<EnrolTokenView>, AccessError> {
+        Ok(self
+            .store
+            .enrol_tokens()
+            .await?
+            .iter()
+            .map(enrol_view)
+            .collect())
+    }
+
+    pub(crate) async fn revoke_enrol_token(&self, id: &str) -> Result<EnrolTokenView, AccessError> {
+        let row = self
+            .store
+            .revoke_enrol_token(id, util::unix_now_ms())
+            .await?
+            .ok_or_else(|| AccessError::NoSuchEnrolToken(util::clip(id).into_owned()))?;
+        tracing::info!(enrol_token = %row.id, "enrolment token revoked");
+        Ok(enrol_view(&row))
+    }
+
+    /// Whether an enrolment with `token` may be tried now (its rate, per token and
+    /// replica); a token nobody knows spends a bucket of its own, which it never gets.
+    pub(crate) fn may_enrol(&self, token: &str) -> bool {
+        let key = token::sha256_hex(token);
+        let mut all = util::lock(&self.enrolments);
+        // Bounded: buckets full again are forgotten.
+        if all.len() > 10_000 {
+            all.retain(|_, b| b.at.elapsed() < ENROL_EVERY.mul_f64(ENROL_BURST));
+        }
+        let b = all.entry(key).or_insert(Bucket {
+            level: ENROL_BURST,
+            at: Instant::now(),
+        });
+        let refill = b.at.elapsed().as_secs_f64() / ENROL_EVERY.as_secs_f64();
+        b.level = (b.level + refill).min(ENROL_BURST);
+        b.at = Instant::now();
+        if b.level >= 1.0 {
+            b.level -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+fn ttl(ttl_secs: Option<u64>, now: u64) -> Result<Option<u64>, AccessError> {
+    match ttl_secs {
+        Some(0) => Err(AccessError::Bad {
+            field: "ttl_secs",
+            why: "0 would end it at once".into(),
+        }),
+        Some(s) if s > MAX_TTL_SECS => Err(AccessError::Bad {
+            field: "ttl_secs",
+            why: "more than ten years".into(),
+        }),
+        Some(s) => Ok(Some(now.saturating_add(s * 1000))),
+        None => Ok(None),
+    }
+}
+
+fn token_view(r: &AdminTokenRow) -> TokenView {
+    TokenView {
+        name: r.name.clone(),
+        scopes: r.scopes.split(',').map(str::to_owned).collect(),
+        selector: r.selector.clone(),
+        created_ms: r.created_ms,
+        expires_ms: r.expires_ms,
+        revoked_ms: r.revoked_ms,
+    }
+}
+
+fn enrol_view(r: &EnrolTokenRow) -> EnrolTokenView {
+    EnrolTokenView {
+        id: r.id.clone(),
+        max_uses: r.max_uses,
+        uses: r.uses,
+        labels: r.labels.clone(),
+        created_ms: r.created_ms,
+        expires_ms: r.expires_ms,
+        revoked_ms: r.revoked_ms,
+    }
+}
