@@ -85,14 +85,16 @@ pub(crate) struct EnrolTokenRow {
 }
 
 impl EnrolTokenRow {
-    /// Why it enrols no host now, if it does not; `again`: the host it enrolled asks once
-    /// more (its answer was lost), which takes no use.
-    pub(crate) fn refusal(&self, now_ms: u64, again: bool) -> Option<&'static str> {
+    /// Why it enrols no host now, if it does not: revoked or expired (checked before
+    /// anything else, so that such a token learns nothing of the fleet), or, unless
+    /// `again` (the host it enrolled asks once more, its answer lost: no use taken), past
+    /// its uses.
+    pub(crate) fn refusal(&self, now_ms: u64, again: Option<bool>) -> Option<&'static str> {
         if self.revoked_ms.is_some() {
             Some("it was revoked")
         } else if self.expires_ms.is_some_and(|e| now_ms >= e) {
             Some("it has expired")
-        } else if !again && self.max_uses.is_some_and(|m| self.uses >= m) {
+        } else if again == Some(false) && self.max_uses.is_some_and(|m| self.uses >= m) {
             Some("it has enrolled as many hosts as it may")
         } else {
             None

@@ -213,6 +213,9 @@ impl AccessStore for PgStore {
         let Some(token) = token.map(|r| enrol_row(&self.url, &r)).transpose()? else {
             return Ok(Enrolled::UnknownToken);
         };
+        if let Some(why) = token.refusal(en.now_ms, None) {
+            return Ok(Enrolled::Refused { via: token.id, why });
+        }
         let existing = tx
             .query_opt(
                 "SELECT revoked_at, enrolled_at, enrolled_peer, enrolled_host, last_seen, enrolled_via
@@ -237,7 +240,7 @@ impl AccessStore for PgStore {
                 }
             }
         }
-        if let Some(why) = token.refusal(en.now_ms, again) {
+        if let Some(why) = token.refusal(en.now_ms, Some(again)) {
             return Ok(Enrolled::Refused { via: token.id, why });
         }
         let labels = encode(&self.url, "an enrolment token's labels", &token.labels)?;

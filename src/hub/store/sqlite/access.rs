@@ -221,6 +221,9 @@ impl AccessStore for SqliteStore {
             let Some(token) = enrol_token_by(&tx, path, "sha256", &en.token_sha256)? else {
                 return Ok(Enrolled::UnknownToken);
             };
+            if let Some(why) = token.refusal(en.now_ms, None) {
+                return Ok(Enrolled::Refused { via: token.id, why });
+            }
             type Existing = (Option<i64>, i64, Option<String>, Option<String>, Option<i64>, Option<String>);
             let existing: Option<Existing> = tx
                 .query_row(
@@ -244,7 +247,7 @@ impl AccessStore for SqliteStore {
                     });
                 }
             }
-            if let Some(why) = token.refusal(en.now_ms, again) {
+            if let Some(why) = token.refusal(en.now_ms, Some(again)) {
                 return Ok(Enrolled::Refused { via: token.id, why });
             }
             let labels = encode(path, "an enrolment token's labels", &token.labels)?;
