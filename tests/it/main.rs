@@ -4,6 +4,7 @@
 //!
 //! One test binary (modules below) keeps link time down.
 
+mod access;
 mod agent;
 #[cfg(target_os = "linux")]
 mod container;

@@ -1,0 +1,363 @@
+//! Access, end to end: a real hub over TLS and real agents. Hosts that enrol themselves
+//! with an enrolment token (and the ones it refuses), scoped admin tokens against every
+//! route, the audit log, the root token's rotation, and agent token rotation with the
+//! agent killed at each of its steps.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use super::agent::Host;
+use super::hubs::TestHub;
+use super::routing::{start_member, wait_ready};
+use super::support::*;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// An agent of `host` that enrols (if it has no token yet) as `id` with `enrol`.
+fn enrolling(hub: &TestHub, host: &Host, id: &str, enrol: &Path) -> std::process::Command {
+    let (url, ca) = (hub.url.clone(), path_str(&hub.ca()));
+    let mut cmd = host.agent_cmd(&[
+        "--hub",
+        &url,
+        "--agent-id",
+        id,
+        "--enrol-token",
+        &path_str(enrol),
+        "--ca-file",
+        &ca,
+    ]);
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(host.path("agent.stderr"))
+        .expect("agent stderr");
+    cmd.stderr(log);
+    cmd
+}
+
+/// Waits until `id` is enrolled, connected and serving.
+fn connected(hub: &TestHub, id: &str) {
+    wait_for(LIMIT, &format!("{id} connected"), || {
+        let out = hub.admin(&["agent", "show", id, "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+        (v["connected"] == true && v["report"]["runner"]["state"] == "running").then_some(())
+    });
+}
+
+/// Every file under `dir`, read.
+fn all_text(dir: &Path) -> String {
+    let mut out = String::new();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.push_str(&all_text(&p));
+        } else if let Ok(b) = fs::read(&p) {
+            out.push_str(&String::from_utf8_lossy(&b));
+        }
+    }
+    out
+}
+
+fn token_of(path: &Path) -> String {
+    read_lossy(path).trim().to_owned()
+}
+
+#[test]
+fn hosts_enrol_themselves_as_far_as_their_token_goes_and_rotated_tokens_never_lock_one_out() {
+    let dir = tempdir();
+    let hub = TestHub::start(&dir.path().join("hub"), &[]);
+    let enrol = dir.path().join("enrol.token");
+    let made = hub.admin_ok(&[
+        "enrol-token",
+        "create",
+        "--uses",
+        "2",
+        "--label",
+        "pool=ci",
+        "--token-out",
+        &path_str(&enrol),
+    ]);
+    assert!(made.contains("for 2 host(s)"), "{made}");
+    let secret = token_of(&enrol);
+    assert!(secret.starts_with("rge_"), "{secret}");
+
+    // Two hosts enrol, each with its own token in its state dir, the token's label on it.
+    let hosts = [Host::new(), Host::new(), Host::new()];
+    let mut agents = Vec::new();
+    for (i, id) in ["e1", "e2"].iter().enumerate() {
+        agents.push(Guard::new(
+            enrolling(&hub, &hosts[i], id, &enrol)
+                .spawn()
+                .expect("agent"),
+        ));
+        connected(&hub, id);
+        let own = hosts[i].state().join("hub.token");
+        assert!(token_of(&own).starts_with("rga_"));
+        let v = hub.admin_json(&["agent", "show", id]);
+        assert_eq!(v["hub_labels"]["pool"], "ci", "{v:#}");
+    }
+    // A third is refused with the reason, and exits 2.
+    let out = enrolling(&hub, &hosts[2], "e3", &enrol)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("third");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("enrolment token et1 enrols no host: it has enrolled as many hosts as it may"),
+        "{err}"
+    );
+    let listed = hub.admin_ok(&["enrol-token", "list"]);
+    assert!(listed.contains("2/2"), "{listed}");
+    // An enrolment token can never reconcile.
+    let (code, body) = hub.reconcile("e1", &secret, 0);
+    assert_eq!(code, 401, "{body}");
+    // Another host under an id that is taken: refused, naming both.
+    let again = dir.path().join("again.token");
+    hub.admin_ok(&["enrol-token", "create", "--token-out", &path_str(&again)]);
+    let out = enrolling(&hub, &hosts[2], "e1", &again)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("same id");
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("agent id \"e1\" is taken: enrolled at") && err.contains("this host, at"),
+        "{err}"
+    );
+
+    // Rotation, with the agent killed at each step: it is never locked out.
+    let own = hosts[0].state().join("hub.token");
+    let audit_has = |needle: &str, n: usize| {
+        let lines = hub.admin_json(&["audit", "list", "--token", "e1"]);
+        let count = lines.as_array().map_or(0, |a| {
+            a.iter()
+                .filter(|l| l["outcome"].as_str().is_some_and(|o| o.contains(needle)))
+                .count()
+        });
+        (count >= n).then_some(())
+    };
+    let mut agent = agents.remove(0);
+    for (round, step) in ["sent", "stored", "used"].iter().enumerate() {
+        let before = token_of(&own);
+        hub.admin_ok(&["agent", "rotate", "e1"]);
+        match *step {
+            "sent" => wait_for(LIMIT, "a token sent", || {
+                audit_has("new token sent", round + 1)
+            }),
+            "stored" => wait_for(LIMIT, "the token stored", || {
+                (token_of(&own) != before).then_some(())
+            }),
+            _ => wait_for(LIMIT, "the token used", || {
+                audit_has("uses its new token", round + 1)
+            }),
+        }
+        agent.signal(Signal::SIGKILL);
+        agent.wait_output(LIMIT);
+        agent = Guard::new(
+            enrolling(&hub, &hosts[0], "e1", &enrol)
+                .spawn()
+                .expect("agent again"),
+        );
+        connected(&hub, "e1");
+        // Whatever it holds now works, and the rotation completes.
+        wait_for(LIMIT, "the rotation done", || {
+            let (code, _) = hub.reconcile("e1", &token_of(&own), 0);
+            let v = hub.admin_json(&["agent", "show", "e1"]);
+            (code == 200 && token_of(&own) != before && v["connected"] == true).then_some(())
+        });
+        let (code, body) = hub.reconcile("e1", &before, 0);
+        assert_eq!(code, 401, "the old token is refused: {body}");
+    }
+    drop(agent);
+
+    // No token in any log or status file; the hub keeps hashes only.
+    let agent_tokens: Vec<String> = hosts[..2]
+        .iter()
+        .map(|h| token_of(&h.state().join("hub.token")))
+        .collect();
+    let logs = [
+        all_text(&hosts[0].path("logs")),
+        read_lossy(&hosts[0].path("agent.stderr")),
+        read_lossy(&hosts[2].path("agent.stderr")),
+        read_lossy(&hosts[0].state().join("agent-status.json")),
+        hub.log(),
+    ]
+    .join("\n");
+    for t in std::iter::once(&secret).chain(&agent_tokens) {
+        assert!(!logs.contains(t.as_str()), "a token leaked into a log");
+    }
+    let db = fs::read(hub.dir.join("hub.db")).expect("hub.db");
+    let db = String::from_utf8_lossy(&db);
+    assert!(!db.contains(&secret) && !agent_tokens.iter().any(|t| db.contains(t.as_str())));
+}
+
+/// `railgrid hub --hub URL --token-file F ARGS…`.
+fn with_token(hub: &TestHub, token: &Path, args: &[&str]) -> Output {
+    railgrid()
+        .args(["hub", "--hub", &hub.url, "--ca-file"])
+        .arg(hub.ca())
+        .arg("--token-file")
+        .arg(token)
+        .args(args)
+        .output()
+        .expect("hub admin")
+}
+
+#[test]
+fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it() {
+    let dir = tempdir();
+    let hub = TestHub::start(&dir.path().join("hub"), &[]);
+    hub.admin_ok(&["desired", "set", "--fleet", "--max-jobs", "1"]);
+    let members = [
+        start_member(&hub, "c1", "build"),
+        start_member(&hub, "p1", "build"),
+    ];
+    wait_ready(&hub, &["c1", "p1"]);
+    hub.admin_ok(&["agent", "label", "c1", "tier=ci"]);
+    hub.admin_ok(&["agent", "label", "p1", "tier=prod"]);
+    let ci: PathBuf = dir.path().join("ci.token");
+    hub.admin_ok(&[
+        "token",
+        "create",
+        "--name",
+        "ci",
+        "--scope",
+        "jobs:submit,jobs:read",
+        "--select",
+        "tier=ci",
+        "--token-out",
+        &path_str(&ci),
+    ]);
+    // Its jobs run on the agents it reaches, by id or by selector, never elsewhere.
+    let out = with_token(
+        &hub,
+        &ci,
+        &[
+            "job", "submit", "--agent", "c1", "--wait", "--", "echo", "ci",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "ci\n");
+    let out = with_token(&hub, &ci, &["job", "submit", "--agent", "p1", "--", "true"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("403") && err.contains("agent p1 does not"),
+        "{err}"
+    );
+    for n in 0..3 {
+        let id = format!("sel{n}");
+        let out = with_token(
+            &hub,
+            &ci,
+            &[
+                "job",
+                "submit",
+                "--id",
+                &id,
+                "--select",
+                "queue=build",
+                "--wait",
+                "--",
+                "true",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let v = hub.admin_json(&["job", "status", &id]);
+        assert_eq!(v["agent"], "c1", "{v:#}");
+        assert_eq!(v["scope"], "tier=ci");
+    }
+    // A job on an agent it does not reach is not its to see.
+    hub.admin_ok(&[
+        "job", "submit", "--agent", "p1", "--id", "prod-job", "--", "true",
+    ]);
+    let out = with_token(&hub, &ci, &["job", "status", "prod-job"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let listed = with_token(&hub, &ci, &["job", "list", "--json"]);
+    let listed: Value = serde_json::from_slice(&listed.stdout).expect("job list");
+    assert!(
+        listed
+            .as_array()
+            .is_some_and(|a| !a.is_empty() && a.iter().all(|j| j["agent"] == "c1")),
+        "{listed:#}"
+    );
+    // Every other scope's routes: 403, naming the scope it lacks.
+    for (args, scope) in [
+        (vec!["agent", "list"], "agents:read"),
+        (vec!["agent", "label", "c1", "x=y"], "agents:write"),
+        (
+            vec!["desired", "set", "--fleet", "--max-jobs", "2"],
+            "agents:write",
+        ),
+        (vec!["job", "cancel", "sel0"], "jobs:cancel"),
+        (vec!["release", "resume", "9.9.9"], "releases:write"),
+        (
+            vec!["rollout", "start", "--version", "9.9.9"],
+            "rollouts:write",
+        ),
+        (vec!["token", "list"], "tokens:write"),
+        (vec!["enrol-token", "create"], "tokens:write"),
+        (vec!["audit", "list"], "audit:read"),
+        (vec!["token", "rotate-root"], "root"),
+    ] {
+        let out = with_token(&hub, &ci, &args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("lacks the scope {scope}")),
+            "{args:?}: {err}"
+        );
+    }
+
+    // The audit log: who did what from where, refusals included, and no secret.
+    let audit = hub.admin_json(&["audit", "list"]);
+    let lines = audit.as_array().expect("lines");
+    let by_ci: Vec<&Value> = lines.iter().filter(|l| l["token"] == "ci").collect();
+    assert!(
+        by_ci.iter().any(|l| l["action"] == "POST /v1/admin/jobs"
+            && l["outcome"] == "201"
+            && l["target"].as_str().is_some_and(|t| t.contains("on c1"))),
+        "{audit:#}"
+    );
+    assert!(
+        by_ci
+            .iter()
+            .any(|l| l["outcome"].as_str().is_some_and(|o| o.starts_with("403"))),
+        "{audit:#}"
+    );
+    assert!(lines.iter().all(|l| l["peer"] == "127.0.0.1"), "{audit:#}");
+    let all = audit.to_string();
+    for secret in ["rgh_", "rga_", "rge_"] {
+        assert!(!all.contains(secret), "a secret in the audit log: {all}");
+    }
+    let only = hub.admin_json(&["audit", "list", "--token", "ci"]);
+    assert_eq!(only.as_array().map(Vec::len), Some(by_ci.len()));
+
+    // Revoked, it opens nothing; the root token rotated, the old one neither.
+    hub.admin_ok(&["token", "revoke", "ci"]);
+    let out = with_token(&hub, &ci, &["job", "list"]);
+    assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
+    let old = dir.path().join("old-admin.token");
+    fs::copy(hub.dir.join("admin.token"), &old).expect("copy");
+    let said = hub.admin_ok(&["token", "rotate-root"]);
+    assert!(said.contains("rotated the root admin token"), "{said}");
+    let out = with_token(&hub, &old, &["agent", "list"]);
+    assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
+    hub.admin_ok(&["agent", "list"]);
+    let (code, _) = hub.reconcile("c1", "rga_nothing", 0);
+    assert_eq!(code, 401);
+    drop(members);
+}
