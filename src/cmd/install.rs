@@ -17,6 +17,7 @@ pub(super) fn install(args: AgentInstallArgs) -> anyhow::Result<ExitCode> {
         hub: (!args.link.hub.is_empty()).then_some(args.link.hub),
         agent_id: args.link.agent_id,
         token_file: args.link.token_file,
+        enrol_token: args.link.enrol_token,
         ca_file: args.link.ca_file,
         trusted_keys: args.link.trusted_key,
         labels: args.link.label,

@@ -333,6 +333,47 @@ fn install_again_changes_nothing_and_a_changed_flag_changes_only_its_key() {
 }
 
 #[test]
+fn install_with_an_enrolment_token_keeps_it_private_and_writes_no_agent_token() {
+    let dir = tempdir();
+    let root = image(dir.path());
+    let r = path_str(&root);
+    let enrol = dir.path().join("enrol");
+    fs::write(&enrol, "rge_0123456789abcdef\n").expect("enrol token");
+    let said = ok(install(&[
+        "--root",
+        &r,
+        "--runner-user",
+        "nobody",
+        "--hub",
+        "https://hub.example",
+        "--enrol-token",
+        &path_str(&enrol),
+    ]));
+    assert!(
+        said.contains("hub.enrol_token_file = \"/etc/railgrid/enrol.token\""),
+        "{said}"
+    );
+    let kept = root.join("etc/railgrid/enrol.token");
+    assert_eq!(read_lossy(&kept), "rge_0123456789abcdef\n");
+    assert_eq!(mode(&kept), 0o600);
+    assert!(
+        !root.join("etc/railgrid/token").exists(),
+        "the agent makes its own"
+    );
+    let text = read_lossy(&root.join("etc/railgrid/agent.toml"));
+    assert!(!text.lines().any(|l| l.starts_with("token_file")), "{text}");
+    // Without a hub (none given, none in the config), an enrolment token is refused.
+    let other = dir.path().join("other");
+    fs::create_dir(&other).expect("dir");
+    let o = path_str(&image(&other));
+    let err = refused(install(&["--root", &o, "--enrol-token", &path_str(&enrol)]));
+    assert!(
+        err.contains("give --hub URL too") || err.contains("belong to a hub"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_config_that_is_not_railgrids_is_refused_and_left_alone() {
     let dir = tempdir();
     let root = image(dir.path());

@@ -17,6 +17,7 @@ pub(crate) struct Wanted {
     pub(crate) hub_urls: Option<Vec<String>>,
     pub(crate) agent_id: Option<String>,
     pub(crate) token_file: Option<PathBuf>,
+    pub(crate) enrol_token_file: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
     pub(crate) trusted_keys: Option<Vec<String>>,
     /// Replaces `agent.labels`.
@@ -111,6 +112,12 @@ pub(crate) fn converge(
         "hub",
         "token_file",
         path_str(&wanted.token_file).as_deref(),
+    );
+    set_str(
+        &mut doc,
+        "hub",
+        "enrol_token_file",
+        path_str(&wanted.enrol_token_file).as_deref(),
     );
     set_str(
         &mut doc,
@@ -217,16 +224,19 @@ pub(crate) fn converge(
     let raw: RawConfig = toml::from_str(&text)
         .map_err(|e| InstallError::Invalid(format!("the resulting config is invalid: {e}")))?;
     let hub = &raw.hub;
-    if hub.url.is_some() && hub.token_file.is_none() {
+    if hub.url.is_some() && hub.token_file.is_none() && hub.enrol_token_file.is_none() {
         return Err(InstallError::Invalid(
-            "a hub needs a token: give --token-file FILE with --hub".into(),
+            "a hub needs a token: give --token-file FILE, or --enrol-token FILE, with --hub".into(),
         ));
     }
     if hub.url.is_none()
-        && (hub.token_file.is_some() || hub.agent_id.is_some() || hub.ca_file.is_some())
+        && (hub.token_file.is_some()
+            || hub.enrol_token_file.is_some()
+            || hub.agent_id.is_some()
+            || hub.ca_file.is_some())
     {
         return Err(InstallError::Invalid(
-            "--token-file, --agent-id and --ca-file belong to a hub: give --hub URL too".into(),
+            "--token-file, --enrol-token, --agent-id and --ca-file belong to a hub: give --hub URL too".into(),
         ));
     }
     Ok(Converged {
@@ -271,6 +281,7 @@ mod tests {
             hub_urls: Some(vec!["https://hub.example:8443".into()]),
             agent_id: Some("build-17".into()),
             token_file: Some("/etc/railgrid/token".into()),
+            enrol_token_file: None,
             ca_file: None,
             trusted_keys: Some(vec!["RWQkey".into()]),
             labels: Some(crate::proto::labels::parse_list("queue=build").unwrap()),
@@ -373,6 +384,7 @@ mod tests {
     fn a_hub_without_a_token_is_refused() {
         let w = Wanted {
             token_file: None,
+            enrol_token_file: None,
             ..wanted()
         };
         let err = converge(None, &w, false).unwrap_err().to_string();

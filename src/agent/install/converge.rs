@@ -15,7 +15,7 @@ use super::plan::{Action, Plan, Step, Verb};
 use super::root::Root;
 use super::{
     account, default_runner_user, templates, InstallError, InstallOptions, CA_FILE, CONFIG_DIR,
-    MAX_SECRET_BYTES, TOKEN_FILE,
+    ENROL_TOKEN_FILE, MAX_SECRET_BYTES, TOKEN_FILE,
 };
 use crate::agent::config::{RawConfig, ROOT_CONFIG, ROOT_LOG_DIR, ROOT_STATE_DIR};
 use crate::file_error::FileError;
@@ -49,13 +49,13 @@ fn read_small(path: &Path, flag: &str) -> Result<Vec<u8>, InstallError> {
 }
 
 /// The token as the agent will read it: one line an HTTP header can carry.
-fn check_token(bytes: &[u8], path: &Path) -> Result<(), InstallError> {
+fn check_token(bytes: &[u8], path: &Path, flag: &str) -> Result<(), InstallError> {
     let text = std::str::from_utf8(bytes).unwrap_or("");
     let token = text.trim();
     let printable = token.chars().all(|c| c.is_ascii_graphic());
     if token.is_empty() || !printable || crate::hub_client::bearer(token).is_err() {
         return Err(InstallError::Invalid(format!(
-            "--token-file {}: the token must be one line of printable text (as `railgrid hub agent add --token-out` writes it)",
+            "{flag} {}: the token must be one line of printable text (as `railgrid hub agent add --token-out` or `hub enrol-token create --token-out` writes it)",
             path.display()
         )));
     }
@@ -220,8 +220,8 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
         .map(|t| toml::from_str(t).expect("checked by read_existing"))
         .unwrap_or_default();
     let old_manifest = manifest::read(&root.at(manifest::PATH)?)?;
-    let (token, ca) = read_secrets(o)?;
-    let wanted = wanted_of(o, &existing_raw, token.is_some(), ca.is_some());
+    let secrets = read_secrets(o)?;
+    let wanted = wanted_of(o, &existing_raw, &secrets);
     let converged =
         config_file::converge(existing.as_deref(), &wanted, manager == Manager::Systemd)?;
     // What is written loads as the agent will load it: a config it refuses would leave
@@ -287,12 +287,18 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
         &created_dirs,
     )?);
 
-    for file in [TOKEN_FILE, CA_FILE, ROOT_CONFIG, manifest::PATH] {
+    for file in [
+        TOKEN_FILE,
+        ENROL_TOKEN_FILE,
+        CA_FILE,
+        ROOT_CONFIG,
+        manifest::PATH,
+    ] {
         steps.extend(stale_temporaries(&root.at(file)?)?);
     }
     steps.extend(stale_temporaries(&root.at(manager.service_file())?)?);
     // What the running agent reads again on SIGHUP.
-    let config_steps = config_steps(&root, token, ca, &config_path, &converged)?;
+    let config_steps = config_steps(&root, secrets, &config_path, &converged)?;
     let config_changed = config_steps.iter().any(|s| s.verb != Verb::Keep);
     steps.extend(config_steps);
 
@@ -331,16 +337,27 @@ pub(crate) fn plan_install(o: &InstallOptions) -> Result<Plan, InstallError> {
 /// A file's bytes, when the flag that names it was given.
 type Secret = Option<Vec<u8>>;
 
-/// The token and CA the flags name, read and checked.
-fn read_secrets(o: &InstallOptions) -> Result<(Secret, Secret), InstallError> {
-    let token = match &o.token_file {
-        Some(path) => {
-            let bytes = read_small(path, "--token-file")?;
-            check_token(&bytes, path)?;
-            Some(bytes)
+/// What the flags name, read and checked.
+struct Secrets {
+    token: Secret,
+    enrol: Secret,
+    ca: Secret,
+}
+
+/// The token, enrolment token and CA the flags name, read and checked.
+fn read_secrets(o: &InstallOptions) -> Result<Secrets, InstallError> {
+    let read_token = |path: &Option<PathBuf>, flag| -> Result<Secret, InstallError> {
+        match path {
+            Some(path) => {
+                let bytes = read_small(path, flag)?;
+                check_token(&bytes, path, flag)?;
+                Ok(Some(bytes))
+            }
+            None => Ok(None),
         }
-        None => None,
     };
+    let token = read_token(&o.token_file, "--token-file")?;
+    let enrol = read_token(&o.enrol_token, "--enrol-token")?;
     let ca = match &o.ca_file {
         Some(path) => {
             let bytes = read_small(path, "--ca-file")?;
@@ -349,7 +366,7 @@ fn read_secrets(o: &InstallOptions) -> Result<(Secret, Secret), InstallError> {
         }
         None => None,
     };
-    Ok((token, ca))
+    Ok(Secrets { token, enrol, ca })
 }
 
 /// The labels `--label` gives, checked as the agent checks them; `None` without one.
@@ -365,7 +382,7 @@ fn install_labels(o: &InstallOptions) -> Result<Option<Labels>, InstallError> {
 
 /// What the flags ask of the config file; the runner account defaults only for a file
 /// that names none.
-fn wanted_of(o: &InstallOptions, existing: &RawConfig, token: bool, ca: bool) -> Wanted {
+fn wanted_of(o: &InstallOptions, existing: &RawConfig, secrets: &Secrets) -> Wanted {
     let runner_user = match (&o.runner_user, &existing.runner.user) {
         (Some(name), _) => Some(name.clone()),
         (None, Some(_)) => None,
@@ -381,8 +398,12 @@ fn wanted_of(o: &InstallOptions, existing: &RawConfig, token: bool, ca: bool) ->
         runner_user,
         hub_urls: o.hub.clone(),
         agent_id: o.agent_id.clone(),
-        token_file: token.then(|| PathBuf::from(TOKEN_FILE)),
-        ca_file: ca.then(|| PathBuf::from(CA_FILE)),
+        token_file: secrets.token.is_some().then(|| PathBuf::from(TOKEN_FILE)),
+        enrol_token_file: secrets
+            .enrol
+            .is_some()
+            .then(|| PathBuf::from(ENROL_TOKEN_FILE)),
+        ca_file: secrets.ca.is_some().then(|| PathBuf::from(CA_FILE)),
         trusted_keys: (!keys.is_empty()).then_some(keys),
         labels: install_labels(o).ok().flatten(),
     }
@@ -621,13 +642,12 @@ fn old_prefix_steps(
 /// The token, the CA and the config file.
 fn config_steps(
     root: &Root,
-    token: Option<Vec<u8>>,
-    ca: Option<Vec<u8>>,
+    secrets: Secrets,
     config_path: &Path,
     converged: &config_file::Converged,
 ) -> Result<Vec<Step>, InstallError> {
     let mut steps = Vec::new();
-    if let Some(token) = token {
+    if let Some(token) = secrets.token {
         steps.push(file_step(
             root.at(TOKEN_FILE)?,
             0o600,
@@ -636,7 +656,16 @@ fn config_steps(
             "the hub token",
         )?);
     }
-    if let Some(ca) = ca {
+    if let Some(enrol) = secrets.enrol {
+        steps.push(file_step(
+            root.at(ENROL_TOKEN_FILE)?,
+            0o600,
+            enrol,
+            true,
+            "the enrolment token (the agent makes its own token from it at its first contact)",
+        )?);
+    }
+    if let Some(ca) = secrets.ca {
         steps.push(file_step(
             root.at(CA_FILE)?,
             0o644,

@@ -35,6 +35,9 @@ const CONFIG_DIR: &str = "/etc/railgrid";
 /// Where install keeps the hub token and the hub's CA.
 pub(crate) const TOKEN_FILE: &str = "/etc/railgrid/token";
 pub(crate) const CA_FILE: &str = "/etc/railgrid/hub-ca.pem";
+/// An enrolment token the agent trades at its first contact (its own token then lives
+/// in its state dir).
+pub(crate) const ENROL_TOKEN_FILE: &str = "/etc/railgrid/enrol.token";
 /// Largest token or CA file accepted.
 const MAX_SECRET_BYTES: u64 = 64 * 1024;
 
@@ -90,6 +93,7 @@ pub(crate) struct InstallOptions {
     pub(crate) hub: Option<Vec<String>>,
     pub(crate) agent_id: Option<String>,
     pub(crate) token_file: Option<PathBuf>,
+    pub(crate) enrol_token: Option<PathBuf>,
     pub(crate) ca_file: Option<PathBuf>,
     pub(crate) trusted_keys: Vec<String>,
     /// `--label K=V`, repeated: replaces `agent.labels` when given.
