@@ -301,7 +301,7 @@ impl<S: Store> Fleet<S> {
                     .unwrap_or(agent.enrolled_at.saturating_mul(1000)),
                 ..AgentState::new(agent.token_sha256.clone(), agent.enrolled_at, own)
             };
-            adopt_report(&mut state, &agent);
+            adopt_report(&mut state, &agent, false);
             let entry = AgentEntry::new(agent.id.clone(), state, revoked, generation);
             let entry = util::write(&self.agents)
                 .entry(agent.id.clone())
@@ -332,7 +332,7 @@ impl<S: Store> Fleet<S> {
                 moved |= own.settings != st.own.settings;
                 st.own = own;
             }
-            adopt_report(&mut st, &agent);
+            adopt_report(&mut st, &agent, entry.dirty.load(Ordering::Acquire));
         }
         self.reindex(&entry);
         let was_revoked = entry.revoked.swap(revoked, Ordering::AcqRel);
@@ -354,7 +354,8 @@ impl<S: Store> Fleet<S> {
         let agents = util::read(&self.agents);
         for row in rows {
             if let Some(entry) = agents.get(&row.id) {
-                adopt_report(&mut util::lock(&entry.state), &row);
+                let dirty = entry.dirty.load(Ordering::Acquire);
+                adopt_report(&mut util::lock(&entry.state), &row, dirty);
                 self.reindex(entry);
             }
         }
@@ -362,9 +363,21 @@ impl<S: Store> Fleet<S> {
     }
 }
 
-/// The stored report, when it is newer than the one held.
-fn adopt_report(st: &mut AgentState, row: &AgentRow) {
-    if row.last_seen > st.last_seen {
+/// The stored report, when it is newer than the one held: seen later, or seen in the
+/// same second and other than the one held while this hub holds none of its own to
+/// write (`dirty`: a report this hub took that is not in the store yet is the newer).
+fn adopt_report(st: &mut AgentState, row: &AgentRow, dirty: bool) {
+    let same_second_newer = || {
+        !dirty
+            && row.last_seen == st.last_seen
+            && row.observed_generation >= st.observed_generation
+            && row
+                .report
+                .as_deref()
+                .and_then(|r| serde_json::from_str(r).ok())
+                != st.report
+    };
+    if row.last_seen > st.last_seen || same_second_newer() {
         st.last_seen = row.last_seen;
         st.observed_generation = row.observed_generation;
         // A report that no longer parses is left out: the agent sends a new one.
