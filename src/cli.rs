@@ -24,6 +24,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print a completion script for SHELL (bash, zsh, fish, elvish, powershell): for
+    /// example `railgrid completions bash > /etc/bash_completion.d/railgrid`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Run PROGRAM under the supervisor until SIGTERM or SIGINT, then stop its whole
     /// process group and exit 0.
     Supervise(Box<SuperviseArgs>),
@@ -91,6 +97,9 @@ pub enum ReleaseCommand {
         #[arg(long, value_name = "FILE")]
         signature: Option<PathBuf>,
         file: PathBuf,
+        /// Print JSON: the file, the key id and the trusted comment.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -505,6 +514,15 @@ pub struct HubServeArgs {
     /// holds a password.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// How log lines are written.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        env = "RAILGRID_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: crate::logging::LogFormat,
     /// How long audit lines are kept (`hub audit list`).
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "90days")]
     pub keep_audit: Duration,
@@ -707,7 +725,7 @@ pub enum AgentCommand {
     /// `hub agent resume`.
     Resume(AgentResumeArgs),
     /// Validate the configuration and print the effective settings (secrets redacted).
-    CheckConfig(AgentArgs),
+    CheckConfig(CheckConfigArgs),
     /// Install this binary as the host's agent service (systemd or launchd): the binary,
     /// the runner's account, the config and token (0600), the unit or plist; then enable
     /// and start it. Safe to run again: only what differs changes, and it says what.
@@ -752,6 +770,10 @@ pub struct AgentInstallArgs {
     /// Print every action and file, and do none of them.
     #[arg(long)]
     pub dry_run: bool,
+    /// With --dry-run: print the plan as JSON (steps, notes, and the files' text, secrets
+    /// left out).
+    #[arg(long, requires = "dry_run")]
+    pub json: bool,
     /// Enable the service for the next boot, but do not start it now.
     #[arg(long)]
     pub no_start: bool,
@@ -801,7 +823,16 @@ pub struct UpgradeWatchArgs {
     pub agent_args: Vec<std::ffi::OsString>,
 }
 
-#[derive(Debug, Clone, Args)]
+#[derive(Debug, Args)]
+pub struct CheckConfigArgs {
+    #[command(flatten)]
+    pub agent: AgentArgs,
+    /// Print the effective configuration as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct AgentArgs {
     /// Config file (default: /etc/railgrid/agent.toml as root, else
     /// $XDG_CONFIG_HOME/railgrid/agent.toml; a missing default file means all defaults).
@@ -818,6 +849,15 @@ pub struct AgentArgs {
     pub runner_user: Option<String>,
     #[command(flatten)]
     pub link: HubFlags,
+    /// How log lines are written (stderr and the agent's log; the runner's too).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        env = "RAILGRID_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: crate::logging::LogFormat,
 }
 
 /// How an agent reaches its hub and which releases it takes: the same flags for `agent
@@ -887,6 +927,15 @@ pub struct RunnerArgs {
     /// The agent's state directory; the runner uses <DIR>/runner.
     #[arg(long, value_name = "DIR")]
     pub state_dir: PathBuf,
+    /// How log lines are written.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        env = "RAILGRID_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: crate::logging::LogFormat,
     /// Jobs running at once (default: the number of CPUs).
     #[arg(long, value_name = "N")]
     pub max_jobs: Option<usize>,

@@ -27,6 +27,9 @@ pub(crate) const RUNNER_DELEGATE_CGROUP: &str = "RAILGRID_RUNNER_DELEGATE_CGROUP
 pub(crate) const RUNNER_JOB_PATH: &str = "RAILGRID_RUNNER_JOB_PATH";
 pub(crate) const RUNNER_MAX_KEPT_BYTES: &str = "RAILGRID_RUNNER_MAX_KEPT_BYTES";
 pub(crate) const HUB_URL: &str = "RAILGRID_HUB_URL";
+/// `text` or `json`: how `agent run`, `runner run` and `hub serve` (and every other
+/// command) write their log lines.
+pub(crate) const LOG_FORMAT: &str = "RAILGRID_LOG_FORMAT";
 pub(crate) const HUB_AGENT_ID: &str = "RAILGRID_HUB_AGENT_ID";
 pub(crate) const HUB_TOKEN_FILE: &str = "RAILGRID_HUB_TOKEN_FILE";
 pub(crate) const HUB_ENROL_TOKEN_FILE: &str = "RAILGRID_HUB_ENROL_TOKEN_FILE";

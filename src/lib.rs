@@ -11,6 +11,7 @@ pub(crate) mod env_vars;
 pub(crate) mod file_error;
 pub(crate) mod hub;
 pub mod hub_client;
+pub mod logging;
 pub(crate) mod proc_tree;
 pub mod proto;
 pub(crate) mod release;

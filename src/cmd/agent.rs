@@ -65,7 +65,7 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         crate::agent::upgrade::service::Service::detect(),
         crate::agent::upgrade::service::Service::Launchd { .. }
     );
-    super::init_tracing(Some(writer), !launchd);
+    crate::logging::init(args.log_format, Some(writer), !launchd);
 
     let rt = super::current_thread_runtime()?;
     let state_dir = cfg.state_dir.clone();
@@ -103,13 +103,17 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-pub(super) fn check_config(args: AgentArgs) -> anyhow::Result<ExitCode> {
-    let cfg: AgentConfig = config::load(&flags(&args)).map_err(usage)?;
+pub(super) fn check_config(args: crate::cli::CheckConfigArgs) -> anyhow::Result<ExitCode> {
+    let cfg: AgentConfig = config::load(&flags(&args.agent)).map_err(usage)?;
     // The token and CA files must be usable too; the hub itself is not contacted.
     if let Some(hub) = &cfg.hub {
         crate::agent::hub::check(hub).map_err(usage)?;
     }
     let text = cfg.effective().to_string();
+    if args.json {
+        let value: toml::Value = toml::from_str(&text)?;
+        return print_stdout(&serde_json::to_string(&value)?);
+    }
     print_stdout(&format!(
         "# railgrid agent: effective configuration (valid)\n{}",
         text.trim_end()

@@ -28,6 +28,9 @@ pub(super) fn install(args: AgentInstallArgs) -> anyhow::Result<ExitCode> {
         no_start: args.no_start,
     };
     let plan = install::plan_install(&opts).map_err(to_exit)?;
+    if args.json {
+        return super::print_stdout(&plan.to_json().to_string());
+    }
     finish(&plan, opts.dry_run, "installed")
 }
 

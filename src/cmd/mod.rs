@@ -19,7 +19,7 @@ mod runner;
 mod supervise;
 
 use std::fmt;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::process::ExitCode;
 
 use crate::build_info;
@@ -59,9 +59,20 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             command: AgentCommand::Run(args),
         } => agent::run(args),
         command => {
-            init_tracing(None, true);
+            let format = match &command {
+                Command::Runner {
+                    command: RunnerCommand::Run(a),
+                } => a.log_format,
+                Command::Hub(a) => match &a.command {
+                    crate::cli::HubCommand::Serve(s) => s.log_format,
+                    _ => log_format_of_env(),
+                },
+                _ => log_format_of_env(),
+            };
+            crate::logging::init(format, None, true);
             match command {
                 Command::Version { json } => version(json),
+                Command::Completions { shell } => completions(shell),
                 Command::Supervise(args) => supervise::run(*args),
                 Command::Agent {
                     command: AgentCommand::Status(args),
@@ -110,6 +121,28 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `RAILGRID_LOG_FORMAT` for the commands without a `--log-format` of their own.
+fn log_format_of_env() -> crate::logging::LogFormat {
+    match std::env::var(crate::env_vars::LOG_FORMAT).as_deref() {
+        Ok("json") => crate::logging::LogFormat::Json,
+        _ => crate::logging::LogFormat::Text,
+    }
+}
+
+/// The completion script for `shell`, from the same definitions the parser uses.
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<ExitCode> {
+    use clap::CommandFactory;
+    let mut cmd = crate::cli::Cli::command();
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "railgrid", &mut out);
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(&out).and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(e.into()),
+    }
+}
+
 fn version(json: bool) -> anyhow::Result<ExitCode> {
     let info = build_info::current();
     let text = if json {
@@ -129,36 +162,6 @@ fn print_stdout(text: &str) -> anyhow::Result<ExitCode> {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
         Err(e) => Err(e.into()),
     }
-}
-
-/// Logs to stderr (unless `stderr` is false) and, when given, to a second writer (the
-/// agent's rolling file). `RAILGRID_LOG` takes a filter such as `debug` or
-/// `railgrid=trace`.
-fn init_tracing(file: Option<tracing_appender::non_blocking::NonBlocking>, stderr: bool) {
-    use tracing_subscriber::filter::{LevelFilter, Targets};
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    let filter = std::env::var(crate::env_vars::LOG)
-        .ok()
-        .and_then(|s| s.parse::<Targets>().ok())
-        .unwrap_or_else(|| Targets::new().with_default(LevelFilter::INFO));
-    let stderr = stderr.then(|| {
-        tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::stderr().is_terminal())
-            .with_target(false)
-    });
-    let file = file.map(|w| {
-        tracing_subscriber::fmt::layer()
-            .with_writer(w)
-            .with_ansi(false)
-            .with_target(false)
-    });
-    let _ = tracing_subscriber::registry()
-        .with(stderr)
-        .with(file)
-        .with(filter)
-        .try_init();
 }
 
 /// A runtime on the calling thread: the supervisor needs no more, and one thread keeps

@@ -65,11 +65,21 @@ fn release_command(command: ReleaseCommand) -> Result<String, ReleaseError> {
             public_key,
             signature,
             file,
+            json,
         } => {
             let text = crate::small_file::read_string(&public_key, crate::small_file::TOKEN_MAX)
                 .map_err(FileError::read(&public_key))?;
             let key = release::public_key(&text, &public_key)?;
             let v = release::verify(&key, &file, signature.as_deref())?;
+            if json {
+                return Ok(serde_json::json!({
+                    "file": file,
+                    "verified": true,
+                    "key_id": v.key_id,
+                    "trusted_comment": v.trusted_comment,
+                })
+                .to_string());
+            }
             Ok(format!(
                 "{}: signature by key {} verified\ntrusted comment: {}",
                 file.display(),

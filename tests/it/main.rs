@@ -6,6 +6,7 @@
 
 mod access;
 mod agent;
+mod cli;
 #[cfg(target_os = "linux")]
 mod container;
 mod disk;

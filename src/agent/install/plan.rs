@@ -22,7 +22,7 @@ pub(crate) enum Verb {
 }
 
 impl Verb {
-    fn word(self) -> &'static str {
+    pub(crate) fn word(self) -> &'static str {
         match self {
             Self::Create => "create",
             Self::Update => "update",
@@ -139,6 +139,42 @@ impl Plan {
     }
 
     /// The files the plan writes, as `--dry-run` shows them (secrets not shown).
+    /// The plan as JSON (`--dry-run --json`): the files' text too, secrets left out.
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        let steps: Vec<serde_json::Value> = self
+            .steps
+            .iter()
+            .map(|s| {
+                let mut v = serde_json::json!({
+                    "verb": s.verb.word(),
+                    "subject": s.subject,
+                    "detail": s.detail,
+                });
+                if let Action::File {
+                    path,
+                    mode,
+                    bytes,
+                    secret,
+                } = &s.action
+                {
+                    v["file"] = serde_json::json!({
+                        "path": path,
+                        "mode": format!("{mode:04o}"),
+                        "bytes": bytes.len(),
+                        "text": (!*secret).then(|| String::from_utf8_lossy(bytes).into_owned()),
+                    });
+                }
+                v
+            })
+            .collect();
+        serde_json::json!({
+            "title": self.title,
+            "steps": steps,
+            "notes": self.notes,
+            "changes": !self.is_noop(),
+        })
+    }
+
     pub(crate) fn files(&self) -> String {
         let mut out = String::new();
         for step in &self.steps {

@@ -76,6 +76,11 @@ fn runner_args(cfg: &AgentConfig, verb: &str) -> Vec<OsString> {
 /// The arguments of `runner run`: its stop budget, its job engine limits, the jobs' PATH.
 pub(super) fn runner_run_args(cfg: &AgentConfig, desired: &DesiredRunner) -> Vec<OsString> {
     let mut args = runner_args(cfg, "run");
+    // Its environment is built from nothing: the agent's own format is passed on.
+    if crate::logging::is_json() {
+        args.push("--log-format".into());
+        args.push("json".into());
+    }
     // In milliseconds: exact, and one argument.
     args.push("--stop-budget".into());
     args.push(format!("{}ms", cfg.runner.stop_grace.as_millis()).into());

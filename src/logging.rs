@@ -1,0 +1,71 @@
+//! The process's log: text for a person, or one JSON object a line for a collector
+//! (`--log-format json`, `RAILGRID_LOG_FORMAT=json`), on stderr and, for the agent, in its
+//! rolling file. `RAILGRID_LOG` takes a filter such as `debug` or `railgrid=trace`.
+
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    /// One JSON object a line: `timestamp`, `level`, `target`, `fields.message` and the
+    /// event's other fields, and the spans it is in.
+    Json,
+}
+
+/// Set once the log is set up: the agent passes it on to the runner it starts (whose
+/// environment is built from nothing).
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process logs JSON.
+pub(crate) fn is_json() -> bool {
+    JSON.load(Ordering::Relaxed)
+}
+
+/// Logs to stderr (unless `stderr` is false) and, when given, to a second writer (the
+/// agent's rolling file), as `format` says.
+pub(crate) fn init(
+    format: LogFormat,
+    file: Option<tracing_appender::non_blocking::NonBlocking>,
+    stderr: bool,
+) {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let filter = std::env::var(crate::env_vars::LOG)
+        .ok()
+        .and_then(|s| s.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(LevelFilter::INFO));
+    let json = format == LogFormat::Json;
+    JSON.store(json, Ordering::Relaxed);
+    // NO_COLOR (no-color.org): no escape codes, even on a terminal.
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let layer = |writer: tracing_subscriber::fmt::writer::BoxMakeWriter, ansi: bool| {
+        let base = tracing_subscriber::fmt::layer().with_writer(writer);
+        if json {
+            base.json().with_current_span(false).boxed()
+        } else {
+            base.with_ansi(ansi).with_target(false).boxed()
+        }
+    };
+    let mut layers = Vec::new();
+    if stderr {
+        layers.push(layer(
+            tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr),
+            colour,
+        ));
+    }
+    if let Some(w) = file {
+        layers.push(layer(
+            tracing_subscriber::fmt::writer::BoxMakeWriter::new(w),
+            false,
+        ));
+    }
+    let _ = tracing_subscriber::registry()
+        .with(layers)
+        .with(filter)
+        .try_init();
+}
