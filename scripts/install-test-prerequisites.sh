@@ -44,6 +44,12 @@ need nsenter util-linux
 # Hub replica tests start a PostgreSQL cluster of their own (initdb, pg_ctl; psql).
 need initdb postgresql
 need psql postgresql-client
+# Metrics tests check the exposition with promtool and scrape it with a real Prometheus.
+need promtool prometheus
+need prometheus prometheus
+# The dashboard is tested in a real headless Chromium through WebDriver.
+need chromium chromium
+need chromedriver chromium-driver
 
 if [ "${#missing[@]}" -eq 0 ]; then
     echo "every test prerequisite is installed"

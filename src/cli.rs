@@ -523,6 +523,10 @@ pub struct HubServeArgs {
         default_value = "text"
     )]
     pub log_format: crate::logging::LogFormat,
+    /// Also serve /metrics in plain HTTP, without a token, on ADDR (a private network's
+    /// scraper; https://HUB/metrics takes a token with agents:read).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// How long audit lines are kept (`hub audit list`).
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "90days")]
     pub keep_audit: Duration,

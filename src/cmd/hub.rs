@@ -145,6 +145,7 @@ fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
             .collect::<Result<_, _>>()?,
         store: crate::hub::config::store_url(a.store, a.config.as_deref()).map_err(usage)?,
         keep_audit: a.keep_audit,
+        metrics_listen: a.metrics_listen,
         agent_token_max_age: a.agent_token_max_age,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -24,6 +24,7 @@ pub(crate) mod admin;
 pub(crate) mod config;
 pub(crate) mod fleet;
 mod http;
+pub(crate) mod metrics;
 pub(crate) mod renumber;
 mod serve;
 mod shared;
@@ -151,6 +152,8 @@ pub(crate) struct ServeOptions {
     pub(crate) keep_audit: Duration,
     /// Agents whose token is older are sent a new one (`None`: only when asked).
     pub(crate) agent_token_max_age: Option<Duration>,
+    /// Where `/metrics` is served in plain HTTP, without a token (a private network).
+    pub(crate) metrics_listen: Option<SocketAddr>,
 }
 
 /// `<data>/hub.json`: where the hub serves, for the admin commands on its host.
@@ -162,6 +165,9 @@ pub(crate) struct HubFile {
     /// The CA agents pin, when the hub made its own.
     #[serde(default)]
     pub(crate) ca_file: Option<PathBuf>,
+    /// Where `/metrics` is served in plain HTTP (`--metrics-listen`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) metrics: Option<String>,
 }
 
 /// Serves until SIGTERM or SIGINT.
@@ -247,14 +253,6 @@ async fn run<S: Store>(
         .await?
         .with_token_max_age(opts.agent_token_max_age),
     );
-    let hub = Arc::new(http::Hub {
-        fleet: fleet.clone(),
-        access: access.clone(),
-        max_wait: opts.max_wait,
-        release_keys,
-        releases_dir: opts.data_dir.join(RELEASES_DIR),
-        fetching: tokio::sync::Mutex::new(()),
-    });
 
     // Connections past the open-files limit would be refused by the kernel (EMFILE)
     // instead of answered 503: keep the cap under it, with room for the database, the
@@ -285,6 +283,42 @@ async fn run<S: Store>(
         addr: opts.listen,
         source,
     })?;
+    let hub = Arc::new(http::Hub {
+        fleet: fleet.clone(),
+        replica: format!(
+            "{}:{}",
+            crate::sys::hostname().unwrap_or_default(),
+            local.port()
+        ),
+        access: access.clone(),
+        max_wait: opts.max_wait,
+        release_keys,
+        releases_dir: opts.data_dir.join(RELEASES_DIR),
+        fetching: tokio::sync::Mutex::new(()),
+    });
+    // Metrics in plain HTTP, for a scraper on a private network: no token, nothing but
+    // /metrics.
+    let metrics = match opts.metrics_listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| HubError::Listen { addr, source })?;
+            let bound = l
+                .local_addr()
+                .map_err(|source| HubError::Listen { addr, source })?;
+            let router = http::metrics_router(hub.clone());
+            tracing::info!(listen = %bound, "serving /metrics in plain HTTP, without a token");
+            Some((
+                bound,
+                tokio::spawn(async move {
+                    if let Err(e) = axum::serve(l, router).await {
+                        tracing::error!(error = %e, "the metrics listener failed");
+                    }
+                }),
+            ))
+        }
+        None => None,
+    };
     let url = opts.url.clone().unwrap_or_else(|| default_url(local));
     let ca_file =
         matches!(opts.tls, TlsSource::SelfSigned { .. }).then(|| opts.data_dir.join(tls::CA_FILE));
@@ -293,6 +327,7 @@ async fn run<S: Store>(
         listen: local.to_string(),
         pid: std::process::id(),
         ca_file,
+        metrics: metrics.as_ref().map(|(a, _)| a.to_string()),
     };
     let hub_file = opts.data_dir.join(HUB_FILE);
     let json = serde_json::to_vec_pretty(&info).unwrap_or_default();
@@ -333,6 +368,9 @@ async fn run<S: Store>(
     dispatcher.stop();
     roller.stop();
     pruner.stop();
+    if let Some((_, task)) = metrics {
+        task.abort();
+    }
     tokens.abort();
     if let Some(r) = replicas {
         r.stop();

@@ -80,6 +80,11 @@ pub(super) struct OpenJob {
 }
 
 impl OpenJob {
+    /// Its state, as the hub last heard it.
+    pub(super) fn state(&self) -> &str {
+        &self.progress.state
+    }
+
     pub(super) fn loaded(row: JobRow) -> Self {
         let spec_len = row.spec.canonical().len();
         Self {
@@ -640,6 +645,11 @@ impl<S: Store> Fleet<S> {
                     lost.push(id.clone());
                 }
                 if p.done {
+                    let ran = p
+                        .started_ms
+                        .zip(p.finished_ms)
+                        .map(|(s, f)| f.saturating_sub(s));
+                    crate::hub::metrics::job_ended(&p.state, p.error.as_deref(), ran);
                     st.jobs.remove(&id);
                     done.push(id);
                 } else if let Some(job) = st.jobs.get_mut(&id) {

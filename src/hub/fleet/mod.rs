@@ -22,6 +22,7 @@
 
 mod drain;
 mod error;
+mod gauges;
 mod groups;
 mod jobs;
 mod label_index;
@@ -438,11 +439,14 @@ impl<S: Store> Fleet<S> {
     /// Tells `entry`'s held polls its effective generation, if it moved.
     fn announce(&self, entry: &AgentEntry) {
         let (generation, _) = self.effective(entry);
-        entry.generation.send_if_modified(|g| {
+        let moved = entry.generation.send_if_modified(|g| {
             let moved = *g != generation;
             *g = generation;
             moved
         });
+        if moved && entry.polls.load(Ordering::Relaxed) > 0 {
+            crate::hub::metrics::WAKEUPS.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Enrols `id` and returns its token (the hub keeps only its hash).

@@ -142,6 +142,14 @@ impl Queue {
         Some(q.row)
     }
 
+    /// How many jobs wait under each selector (and scope, after a `|`).
+    pub(super) fn depths(&self) -> Vec<(String, u64)> {
+        self.lanes
+            .iter()
+            .map(|(text, lane)| (text.replace('\u{1f}', " | scope "), lane.jobs.len() as u64))
+            .collect()
+    }
+
     /// Every queued job's id (for a replica that loads the queue again).
     fn ids(&self) -> Vec<String> {
         self.index.keys().cloned().collect()
@@ -428,6 +436,7 @@ impl<S: Store> Fleet<S> {
         let Some(mut row) = util::lock(&self.queue).remove(id) else {
             return;
         };
+        crate::hub::metrics::DISPATCH.observe(now.saturating_sub(row.created_ms) as f64 / 1000.0);
         row.agent = entry.id.clone();
         row.progress.state = crate::proto::fleet_job::PENDING.into();
         let job = OpenJob::given(row, self.replicated);
@@ -492,6 +501,7 @@ impl<S: Store> Fleet<S> {
         };
         let ended = self.store.end_queued(&row.id, &p).await?;
         if ended {
+            crate::hub::metrics::job_ended(&p.state, p.error.as_deref(), None);
             self.jobs_done.fetch_add(1, Ordering::Relaxed);
         }
         self.job_moved();

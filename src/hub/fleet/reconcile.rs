@@ -98,6 +98,7 @@ impl<S: Store> Fleet<S> {
         if entry.is_revoked() || util::lock(&entry.state).token_sha256 != token {
             return Err(FleetError::Revoked(entry.id.clone()));
         }
+        crate::hub::metrics::RECONCILES.fetch_add(1, Ordering::Relaxed);
         let mut desired = self.desired_for(entry, true);
         desired.new_token = self
             .token_for_answer(entry, presented)
@@ -190,6 +191,14 @@ impl<S: Store> Fleet<S> {
             let relabelled = before.map(|r| &r.labels) != Some(&report.labels);
             let upgraded = before.map(|r| (&r.version, r.upgrade.as_ref().map(|u| &u.state)))
                 != Some((&report.version, report.upgrade.as_ref().map(|u| &u.state)));
+            if upgraded {
+                // Counted once, as the state first moves to its end.
+                match report.upgrade.as_ref().map(|u| u.state.as_str()) {
+                    Some("committed") => crate::hub::metrics::upgrade_ended("committed"),
+                    Some(ROLLED_BACK) => crate::hub::metrics::upgrade_ended("rolled_back"),
+                    _ => {}
+                }
+            }
             st.report = Some(report);
             (relabelled, upgraded)
         };

@@ -51,6 +51,9 @@ impl IntoResponse for ApiError {
 
 impl From<FleetError> for ApiError {
     fn from(e: FleetError) -> Self {
+        if matches!(e, FleetError::Store(_)) {
+            crate::hub::metrics::STORE_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let status = match &e {
             FleetError::NoSuchAgent(_) => StatusCode::NOT_FOUND,
             FleetError::BadToken(_) | FleetError::Revoked(_) => StatusCode::UNAUTHORIZED,

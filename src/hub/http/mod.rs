@@ -10,6 +10,7 @@ mod agents;
 mod error;
 mod extract;
 mod jobs;
+mod metrics;
 mod releases;
 mod rollouts;
 mod state;
@@ -26,6 +27,7 @@ use serde::Serialize;
 
 pub(crate) use self::error::ApiError;
 use self::extract::bearer;
+pub(crate) use self::metrics::plain as metrics_router;
 pub(crate) use self::releases::SIGNATURE_HEADER;
 pub(crate) use self::state::Hub;
 use crate::build_info;
@@ -90,6 +92,7 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(hub.clone(), gate::<S>));
     Router::new()
         .route("/v1/health", get(health::<S>))
+        .route("/metrics", get(metrics::scrape::<S>))
         .route("/v1/agents/{id}/reconcile", post(agents::reconcile::<S>))
         .route("/v1/enrol", post(access::enrol::<S>))
         .route(

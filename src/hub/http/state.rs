@@ -10,6 +10,8 @@ use crate::hub::store::Store;
 /// The hub's state, shared by every request.
 pub(crate) struct Hub<S: Store> {
     pub(crate) fleet: Arc<Fleet<S>>,
+    /// This hub among its replicas, in its metrics (host name and port).
+    pub(crate) replica: String,
     /// Who may use the admin API, and the audit log.
     pub(crate) access: Arc<crate::hub::access::Access<S>>,
     /// The longest a reconcile is held, whatever `wait` asks.

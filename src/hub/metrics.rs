@@ -1,0 +1,298 @@
+//! The hub's metrics in Prometheus' text format (`GET /metrics`, scope `agents:read`, or
+//! `hub serve --metrics-listen ADDR` in plain HTTP for a scraper on a private network).
+//!
+//! Counters and histograms of what happens (reconciles, wake-ups, jobs ended, dispatch
+//! latency, job durations, upgrades, store errors) are kept here, process-wide (one hub
+//! per process), in atomics; what *is* (agents by state and version, open jobs, queue
+//! depth, rollouts) is read from the fleet's memory at each scrape, without the store
+//! but for the rollouts' few rows. Names follow Prometheus practice: a `railgrid_`
+//! prefix, base units (seconds), `_total` for counters.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Upper bounds of the dispatch latency buckets, in seconds.
+const DISPATCH_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
+/// Upper bounds of the job duration buckets, in seconds.
+const DURATION_BUCKETS: &[f64] = &[
+    0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0,
+];
+
+/// A Prometheus histogram over fixed buckets.
+pub(crate) struct Histogram {
+    bounds: &'static [f64],
+    counts: [AtomicU64; 12],
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    const fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: [const { AtomicU64::new(0) }; 12],
+            sum_micros: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn observe(&self, seconds: f64) {
+        let seconds = seconds.max(0.0);
+        let i = self
+            .bounds
+            .iter()
+            .position(|b| seconds <= *b)
+            .unwrap_or(self.bounds.len());
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, b) in self.bounds.iter().enumerate() {
+            cumulative += self.counts[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+        }
+        cumulative += self.counts[self.bounds.len()].load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {}", self.count.load(Ordering::Relaxed));
+    }
+}
+
+pub(crate) static RECONCILES: AtomicU64 = AtomicU64::new(0);
+pub(crate) static WAKEUPS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static STORE_ERRORS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static ENROLMENTS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static DISPATCH: Histogram = Histogram::new(DISPATCH_BUCKETS);
+pub(crate) static JOB_DURATION: Histogram = Histogram::new(DURATION_BUCKETS);
+/// Jobs that ended, by (state, what cancelled it).
+static JOBS_ENDED: Mutex<BTreeMap<(String, &'static str), u64>> = Mutex::new(BTreeMap::new());
+/// Upgrades agents reported ending, by outcome.
+static UPGRADES: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+
+/// A job ended as `state` (with `error`, for a cancel's reason).
+pub(crate) fn job_ended(state: &str, error: Option<&str>, ran_ms: Option<u64>) {
+    let reason = match (state, error) {
+        ("cancelled", Some(e)) if e.contains("drain deadline") => "drain",
+        ("cancelled", Some(e)) if e.contains("upgrade") => "upgrade",
+        ("cancelled", _) => "cancel",
+        _ => "",
+    };
+    *crate::util::lock(&JOBS_ENDED)
+        .entry((state.to_owned(), reason))
+        .or_default() += 1;
+    if let Some(ms) = ran_ms {
+        JOB_DURATION.observe(ms as f64 / 1000.0);
+    }
+}
+
+/// An agent reported an upgrade that ended `committed` or `rolled_back`.
+pub(crate) fn upgrade_ended(outcome: &'static str) {
+    *crate::util::lock(&UPGRADES).entry(outcome).or_default() += 1;
+}
+
+/// What is, read from the fleet at a scrape.
+#[derive(Debug, Default)]
+pub(crate) struct Gauges {
+    pub(crate) connected: u64,
+    pub(crate) disconnected: u64,
+    pub(crate) revoked: u64,
+    pub(crate) draining: u64,
+    pub(crate) by_version: BTreeMap<String, u64>,
+    pub(crate) open_jobs: BTreeMap<String, u64>,
+    pub(crate) queue_depth: BTreeMap<String, u64>,
+    pub(crate) polls_held: u64,
+    pub(crate) rollouts: BTreeMap<String, u64>,
+    pub(crate) rollout_members: BTreeMap<String, u64>,
+}
+
+/// A label value as the text format wants it.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn labelled(out: &mut String, name: &str, label: &str, values: &BTreeMap<String, u64>) {
+    for (k, v) in values {
+        let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {v}", escape(k));
+    }
+}
+
+/// The exposition: `replica` names this hub among its replicas.
+pub(crate) fn render(g: &Gauges, replica: &str) -> String {
+    let mut out = String::with_capacity(8192);
+    let info = crate::build_info::current();
+    gauge(
+        &mut out,
+        "railgrid_build_info",
+        "The hub's build (1), by version, commit and replica.",
+        "gauge",
+    );
+    let _ = writeln!(
+        out,
+        "railgrid_build_info{{version=\"{}\",commit=\"{}\",replica=\"{}\"}} 1",
+        escape(&info.version),
+        escape(info.commit.as_deref().unwrap_or("unknown")),
+        escape(replica)
+    );
+    gauge(
+        &mut out,
+        "railgrid_agents",
+        "Enrolled agents by state.",
+        "gauge",
+    );
+    for (state, n) in [
+        ("connected", g.connected),
+        ("disconnected", g.disconnected),
+        ("revoked", g.revoked),
+        ("draining", g.draining),
+    ] {
+        let _ = writeln!(out, "railgrid_agents{{state=\"{state}\"}} {n}");
+    }
+    gauge(
+        &mut out,
+        "railgrid_agents_by_version",
+        "Agents (not revoked) by the version they report.",
+        "gauge",
+    );
+    labelled(
+        &mut out,
+        "railgrid_agents_by_version",
+        "version",
+        &g.by_version,
+    );
+    gauge(
+        &mut out,
+        "railgrid_jobs_open",
+        "Jobs not done, by state.",
+        "gauge",
+    );
+    labelled(&mut out, "railgrid_jobs_open", "state", &g.open_jobs);
+    gauge(
+        &mut out,
+        "railgrid_queue_depth",
+        "Selected jobs waiting in the fleet's queue, by selector.",
+        "gauge",
+    );
+    labelled(&mut out, "railgrid_queue_depth", "selector", &g.queue_depth);
+    gauge(
+        &mut out,
+        "railgrid_jobs_ended_total",
+        "Jobs that ended, by state (and, for a cancel, by what cancelled it: cancel, drain, upgrade).",
+        "counter",
+    );
+    for ((state, reason), n) in crate::util::lock(&JOBS_ENDED).iter() {
+        let _ = writeln!(
+            out,
+            "railgrid_jobs_ended_total{{state=\"{}\",reason=\"{reason}\"}} {n}",
+            escape(state)
+        );
+    }
+    DISPATCH.render(
+        &mut out,
+        "railgrid_dispatch_latency_seconds",
+        "From a selected job's submission to its assignment to an agent.",
+    );
+    JOB_DURATION.render(
+        &mut out,
+        "railgrid_job_duration_seconds",
+        "From a job's start on its agent to its end, as the hub heard them.",
+    );
+    for (name, help, value) in [
+        (
+            "railgrid_reconciles_total",
+            "Reconciles this hub answered.",
+            RECONCILES.load(Ordering::Relaxed),
+        ),
+        (
+            "railgrid_wakeups_total",
+            "Held polls woken by a change of their agent's desired state.",
+            WAKEUPS.load(Ordering::Relaxed),
+        ),
+        (
+            "railgrid_store_errors_total",
+            "Requests that failed on the hub's database.",
+            STORE_ERRORS.load(Ordering::Relaxed),
+        ),
+        (
+            "railgrid_enrolments_total",
+            "Hosts that enrolled themselves with an enrolment token.",
+            ENROLMENTS.load(Ordering::Relaxed),
+        ),
+    ] {
+        gauge(&mut out, name, help, "counter");
+        let _ = writeln!(out, "{name} {value}");
+    }
+    gauge(
+        &mut out,
+        "railgrid_polls_held",
+        "Long polls this hub holds now.",
+        "gauge",
+    );
+    let _ = writeln!(out, "railgrid_polls_held {}", g.polls_held);
+    gauge(
+        &mut out,
+        "railgrid_upgrades_total",
+        "Upgrades agents reported ending, by outcome.",
+        "counter",
+    );
+    for outcome in ["committed", "rolled_back"] {
+        let n = crate::util::lock(&UPGRADES)
+            .get(outcome)
+            .copied()
+            .unwrap_or(0);
+        let _ = writeln!(out, "railgrid_upgrades_total{{outcome=\"{outcome}\"}} {n}");
+    }
+    gauge(&mut out, "railgrid_rollouts", "Rollouts by state.", "gauge");
+    labelled(&mut out, "railgrid_rollouts", "state", &g.rollouts);
+    gauge(
+        &mut out,
+        "railgrid_rollout_members",
+        "Members of the rollouts that are not over, by state.",
+        "gauge",
+    );
+    labelled(
+        &mut out,
+        "railgrid_rollout_members",
+        "state",
+        &g.rollout_members,
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_counts_into_cumulative_buckets() {
+        static H: Histogram = Histogram::new(&[1.0, 10.0]);
+        for s in [0.5, 2.0, 20.0, 1.0] {
+            H.observe(s);
+        }
+        let mut out = String::new();
+        H.render(&mut out, "x_seconds", "x");
+        assert!(out.contains("x_seconds_bucket{le=\"1\"} 2\n"), "{out}");
+        assert!(out.contains("x_seconds_bucket{le=\"10\"} 3\n"), "{out}");
+        assert!(out.contains("x_seconds_bucket{le=\"+Inf\"} 4\n"), "{out}");
+        assert!(out.contains("x_seconds_count 4\n"), "{out}");
+        assert!(out.contains("x_seconds_sum 23.5\n"), "{out}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}
