@@ -130,7 +130,7 @@ pub struct HubArgs {
 #[derive(Debug, Subcommand)]
 pub enum HubCommand {
     /// Serve the hub over HTTPS until SIGTERM or SIGINT (needs --data-dir).
-    Serve(HubServeArgs),
+    Serve(Box<HubServeArgs>),
     /// Enrol, list, show and revoke agents.
     Agent {
         #[command(subcommand)]

@@ -39,7 +39,7 @@ pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {
         ca_file,
     };
     match command {
-        HubCommand::Serve(a) => serve(target, a),
+        HubCommand::Serve(a) => serve(target, *a),
         HubCommand::Agent {
             command: HubAgentCommand::Drain(a),
         } => super::hub_drain::drain(&target, a, json),
