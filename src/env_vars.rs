@@ -35,6 +35,8 @@ pub(crate) const HUB_TOKEN_FILE: &str = "RAILGRID_HUB_TOKEN_FILE";
 pub(crate) const HUB_ENROL_TOKEN_FILE: &str = "RAILGRID_HUB_ENROL_TOKEN_FILE";
 pub(crate) const HUB_CA_FILE: &str = "RAILGRID_HUB_CA_FILE";
 pub(crate) const LOG_MAX_FILES: &str = "RAILGRID_LOG_MAX_FILES";
+pub(crate) const METRICS_LISTEN: &str = "RAILGRID_METRICS_LISTEN";
+pub(crate) const METRICS_ALLOW_REMOTE: &str = "RAILGRID_METRICS_ALLOW_REMOTE";
 pub(crate) const UPGRADE_TRUSTED_KEYS: &str = "RAILGRID_UPGRADE_TRUSTED_KEYS";
 /// `agent.labels`, as `k=v,k2=v2`.
 pub(crate) const AGENT_LABELS: &str = "RAILGRID_AGENT_LABELS";

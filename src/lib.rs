@@ -12,6 +12,7 @@ pub(crate) mod file_error;
 pub(crate) mod hub;
 pub mod hub_client;
 pub mod logging;
+pub(crate) mod metrics_text;
 pub(crate) mod proc_tree;
 pub mod proto;
 pub(crate) mod release;

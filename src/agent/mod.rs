@@ -49,6 +49,7 @@ pub(crate) mod hub;
 pub(crate) mod install;
 pub(crate) mod instance;
 mod jobs;
+mod metrics;
 pub(crate) mod notify;
 mod reconciler;
 mod reporter;
@@ -98,6 +99,12 @@ pub(crate) const SERVICE_STOP_TIMEOUT: Duration =
 
 #[derive(Debug, Error)]
 pub(crate) enum AgentError {
+    #[error("could not serve the agent's metrics on {addr} (metrics.listen): another program may hold the port")]
+    MetricsListen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: io::Error,
+    },
     #[error("the state directory {path} belongs to {owner} (uid {uid}), not to this account (uid {ours}): an agent of {owner} used it; remove it as {owner}, or give another --state-dir")]
     StateDirOwner {
         path: PathBuf,
@@ -183,6 +190,7 @@ impl AgentError {
                 | AgentError::RunnerDirOwner { .. }
                 | AgentError::AlreadyRunning { .. }
                 | AgentError::Supervisor(_)
+                | AgentError::MetricsListen { .. }
                 | AgentError::Hub(_)
         )
     }
@@ -259,6 +267,11 @@ pub(crate) async fn run(
         &desired,
         reclaimed.into_iter().collect(),
     ));
+    // Before the runner starts: a port in use is a configuration error.
+    let metrics = match &cfg.metrics {
+        Some(m) => Some(metrics::MetricsHandle::spawn(m, reporter.clone(), runner.clone()).await?),
+        None => None,
+    };
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(None);
     let (reconciler, mut task) = reconciler.spawn(reporter.clone(), drain_rx).await?;
     let drain = DrainHandle::spawn(
@@ -408,6 +421,9 @@ pub(crate) async fn run(
         // re-executed agent keeps it).
         let dir = cfg.state_dir.clone();
         let _ = tokio::task::spawn_blocking(move || cgroup::release_own(&dir)).await;
+    }
+    if let Some(m) = metrics {
+        m.stop();
     }
     reporter.finish().await;
     match &switch {

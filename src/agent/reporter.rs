@@ -54,6 +54,8 @@ pub(super) struct ReporterHandle {
     // Unbounded: messages are small and coalesced on arrival, and a sender (the
     // reconciler, a signal handler) must never wait on a disk.
     tx: mpsc::UnboundedSender<Msg>,
+    /// The status as last written, for the metrics.
+    latest: tokio::sync::watch::Receiver<AgentStatus>,
 }
 
 impl ReporterHandle {
@@ -61,8 +63,10 @@ impl ReporterHandle {
     /// first runner status arrives.
     pub(super) fn spawn(initial: AgentStatus) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
+        let (latest_tx, latest) = tokio::sync::watch::channel(initial.clone());
         let task = ReporterTask {
             rx,
+            latest: latest_tx,
             status: initial,
             notifier: Notifier::from_env(),
             wanted: true,
@@ -71,7 +75,12 @@ impl ReporterHandle {
             last_line: String::new(),
         };
         tokio::spawn(task.run());
-        Self { tx }
+        Self { tx, latest }
+    }
+
+    /// The status as last written.
+    pub(super) fn latest(&self) -> AgentStatus {
+        self.latest.borrow().clone()
     }
 
     pub(super) fn runner(&self, status: Status, wanted: bool) {
@@ -135,6 +144,7 @@ impl ReporterHandle {
 
 struct ReporterTask {
     rx: mpsc::UnboundedReceiver<Msg>,
+    latest: tokio::sync::watch::Sender<AgentStatus>,
     status: AgentStatus,
     notifier: Option<Notifier>,
     wanted: bool,
@@ -218,6 +228,7 @@ impl ReporterTask {
     async fn write(&mut self) {
         self.status.updated_at = SystemTime::now();
         let snapshot = self.status.clone();
+        self.latest.send_replace(snapshot.clone());
         let written =
             tokio::task::spawn_blocking(move || status::write(&snapshot.state_dir, &snapshot))
                 .await

@@ -13,58 +13,14 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use crate::metrics_text::{escape, gauge, labelled, Histogram};
+
 /// Upper bounds of the dispatch latency buckets, in seconds.
 const DISPATCH_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
 /// Upper bounds of the job duration buckets, in seconds.
 const DURATION_BUCKETS: &[f64] = &[
     0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0,
 ];
-
-/// A Prometheus histogram over fixed buckets.
-pub(crate) struct Histogram {
-    bounds: &'static [f64],
-    counts: [AtomicU64; 12],
-    sum_micros: AtomicU64,
-    count: AtomicU64,
-}
-
-impl Histogram {
-    const fn new(bounds: &'static [f64]) -> Self {
-        Self {
-            bounds,
-            counts: [const { AtomicU64::new(0) }; 12],
-            sum_micros: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-        }
-    }
-
-    pub(crate) fn observe(&self, seconds: f64) {
-        let seconds = seconds.max(0.0);
-        let i = self
-            .bounds
-            .iter()
-            .position(|b| seconds <= *b)
-            .unwrap_or(self.bounds.len());
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (i, b) in self.bounds.iter().enumerate() {
-            cumulative += self.counts[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
-        }
-        cumulative += self.counts[self.bounds.len()].load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {}", self.count.load(Ordering::Relaxed));
-    }
-}
 
 pub(crate) static RECONCILES: AtomicU64 = AtomicU64::new(0);
 pub(crate) static WAKEUPS: AtomicU64 = AtomicU64::new(0);
@@ -111,23 +67,6 @@ pub(crate) struct Gauges {
     pub(crate) polls_held: u64,
     pub(crate) rollouts: BTreeMap<String, u64>,
     pub(crate) rollout_members: BTreeMap<String, u64>,
-}
-
-/// A label value as the text format wants it.
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-fn gauge(out: &mut String, name: &str, help: &str, kind: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-fn labelled(out: &mut String, name: &str, label: &str, values: &BTreeMap<String, u64>) {
-    for (k, v) in values {
-        let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {v}", escape(k));
-    }
 }
 
 /// The exposition: `replica` names this hub among its replicas.
@@ -270,29 +209,4 @@ pub(crate) fn render(g: &Gauges, replica: &str) -> String {
         &g.rollout_members,
     );
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_histogram_counts_into_cumulative_buckets() {
-        static H: Histogram = Histogram::new(&[1.0, 10.0]);
-        for s in [0.5, 2.0, 20.0, 1.0] {
-            H.observe(s);
-        }
-        let mut out = String::new();
-        H.render(&mut out, "x_seconds", "x");
-        assert!(out.contains("x_seconds_bucket{le=\"1\"} 2\n"), "{out}");
-        assert!(out.contains("x_seconds_bucket{le=\"10\"} 3\n"), "{out}");
-        assert!(out.contains("x_seconds_bucket{le=\"+Inf\"} 4\n"), "{out}");
-        assert!(out.contains("x_seconds_count 4\n"), "{out}");
-        assert!(out.contains("x_seconds_sum 23.5\n"), "{out}");
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-    }
 }

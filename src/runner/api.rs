@@ -49,6 +49,7 @@ pub struct Api {
 pub fn router(api: Api) -> Router {
     Router::new()
         .route("/v1/health", get(health))
+        .route("/v1/metrics", get(metrics))
         .route("/v1/admission", get(admission).put(set_admission))
         .route("/v1/jobs", post(submit).get(list))
         .route("/v1/jobs/{id}", get(status))
@@ -291,6 +292,28 @@ async fn health(State(api): State<Api>) -> Json<Health> {
         max_kept_bytes: api.engine.max_kept_bytes(),
         max_jobs: api.engine.admission().max_jobs as u64,
     })
+}
+
+/// Prometheus' text format: the agent serves it beside its own metrics.
+async fn metrics(State(api): State<Api>) -> Response {
+    let (running, queued) = api.engine.job_counts();
+    let kept = api.engine.kept();
+    let now = crate::runner::metrics::Now {
+        running: running as u64,
+        queued: queued as u64,
+        max_jobs: api.engine.admission().max_jobs as u64,
+        kept_bytes: kept.kept,
+        finished_jobs: kept.count as u64,
+        commits_pending: api.engine.commits_pending() as u64,
+        draining: api.engine.drain_view().drain.is_some(),
+        confinement: api.engine.confinement(),
+    };
+    let mut resp = crate::runner::metrics::render(&now).into_response();
+    resp.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    resp
 }
 
 async fn admission(State(api): State<Api>) -> Json<Admission> {

@@ -285,6 +285,23 @@ impl Client {
         })
     }
 
+    /// The runner's metrics, in Prometheus' text format.
+    pub async fn metrics(&self) -> Result<String, ClientError> {
+        let (resp, sender) = self.send(Method::GET, "/v1/metrics", None).await?;
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.http(e))?
+            .to_bytes();
+        self.keep(sender);
+        if !status.is_success() {
+            return Err(self.api_error(status, &bytes));
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     pub async fn health(&self) -> Result<Health, ClientError> {
         Ok(self.json(Method::GET, "/v1/health", None).await?.1)
     }

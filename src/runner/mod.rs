@@ -20,6 +20,7 @@ pub mod confine;
 pub mod engine;
 pub mod job;
 pub mod leftover;
+pub(crate) mod metrics;
 pub mod process;
 pub mod serve;
 pub mod spec;

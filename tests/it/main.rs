@@ -20,6 +20,7 @@ mod inputs;
 mod install;
 mod jobs;
 mod lock;
+mod metrics;
 mod pg;
 mod prerequisites;
 mod readme;

@@ -85,6 +85,8 @@ impl AgentConfig {
             Key::EnrolToken => path(self.hub.as_ref()?.enrol_token_file.as_ref()?),
             Key::CaFile => path(self.hub.as_ref()?.ca_file.as_ref()?),
             Key::LogMaxFiles => count(self.log_max_files),
+            Key::MetricsListen => Value::from(self.metrics.as_ref()?.listen.to_string()),
+            Key::MetricsAllowRemote => Value::from(self.metrics.as_ref()?.allow_remote),
             Key::TrustedKeys => list(&u.trusted_keys),
             Key::Settle => duration(u.settle),
             Key::Deadline => duration(u.deadline),

@@ -23,7 +23,9 @@ mod tests;
 
 pub(crate) use self::error::ConfigError;
 pub(crate) use self::raw::{Flags, RawConfig};
-pub(crate) use self::settings::{AgentConfig, HubSettings, RunnerSettings, UpgradeSettings};
+pub(crate) use self::settings::{
+    AgentConfig, HubSettings, MetricsSettings, RunnerSettings, UpgradeSettings,
+};
 use self::sources::{invalid, Key, Origin, Sources};
 use crate::env_vars;
 use crate::proto::labels::{self, Labels};
@@ -297,7 +299,35 @@ fn resolve(
             hub_wait,
             drain_deadline,
         },
+        metrics: metrics_settings(&src)?,
     })
+}
+
+/// `[metrics]`: off unless `listen` is set; an address other than loopback (a network
+/// could read the host's jobs and versions) only with `allow_remote = true`.
+fn metrics_settings(src: &Sources<'_>) -> Result<Option<MetricsSettings>, ConfigError> {
+    let allow_remote = src
+        .optional::<bool>(Key::MetricsAllowRemote, "true or false")?
+        .unwrap_or(false);
+    let Some((text, origin)) = src.get(Key::MetricsListen) else {
+        return Ok(None);
+    };
+    let listen: std::net::SocketAddr = text.trim().parse().map_err(|_| {
+        invalid(
+            &origin,
+            format!("invalid value {text:?}; expected an address and port such as 127.0.0.1:9469"),
+        )
+    })?;
+    if !listen.ip().is_loopback() && !allow_remote {
+        return Err(invalid(
+            &origin,
+            format!("{listen} is not a loopback address: the agent's metrics name its jobs and versions; set metrics.allow_remote = true to serve them there"),
+        ));
+    }
+    Ok(Some(MetricsSettings {
+        listen,
+        allow_remote,
+    }))
 }
 
 /// The hub settings, when a hub is named; `host`: check the token and CA files too.

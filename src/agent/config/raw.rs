@@ -21,6 +21,17 @@ pub(crate) struct RawConfig {
     pub(crate) upgrade: RawUpgrade,
     #[serde(default)]
     pub(crate) agent: RawAgent,
+    #[serde(default)]
+    pub(crate) metrics: RawMetrics,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMetrics {
+    /// `127.0.0.1:9469`: where the agent serves `/metrics` in plain HTTP.
+    pub(crate) listen: Option<String>,
+    /// A listen address other than loopback is refused without it.
+    pub(crate) allow_remote: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

@@ -77,6 +77,16 @@ pub(crate) struct AgentConfig {
     pub(crate) labels: crate::proto::labels::Labels,
     pub(crate) log_max_files: usize,
     pub(crate) upgrade: UpgradeSettings,
+    /// Where `/metrics` is served (`None`: nowhere, the default).
+    pub(crate) metrics: Option<MetricsSettings>,
+}
+
+/// The agent's metrics endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MetricsSettings {
+    pub(crate) listen: std::net::SocketAddr,
+    /// Whether an address other than loopback was allowed.
+    pub(crate) allow_remote: bool,
 }
 
 impl AgentConfig {

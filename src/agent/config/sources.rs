@@ -135,6 +135,8 @@ settings! {
     HubWait: upgrade.hub_wait, env UPGRADE_HUB_WAIT;
     DrainDeadline: upgrade.drain_deadline, env UPGRADE_DRAIN_DEADLINE;
     Labels: agent.labels, env AGENT_LABELS, flag "--label" => labels;
+    MetricsListen: metrics.listen, env METRICS_LISTEN;
+    MetricsAllowRemote: metrics.allow_remote, env METRICS_ALLOW_REMOTE;
 }
 
 impl Key {

@@ -358,6 +358,7 @@ fn every_setting_is_named_once_in_each_source() {
     let not_settings = [
         env_vars::CONFIG,
         env_vars::LOG,
+        env_vars::LOG_FORMAT,
         env_vars::JOB_ID,
         env_vars::HUB_DATA_DIR,
         env_vars::HUB_ADMIN_URL,
@@ -478,6 +479,7 @@ fn the_effective_configuration_names_every_setting() {
     };
     let env = env_of(&[
         ("HOME", "/h"),
+        ("RAILGRID_METRICS_LISTEN", "127.0.0.1:9469"),
         ("RAILGRID_RUNNER_MAX_JOBS", "2"),
         ("RAILGRID_RUNNER_MAX_JOBS_PER_OWNER", "2"),
         ("RAILGRID_RUNNER_MAX_QUEUED", "2"),
@@ -558,4 +560,35 @@ fn an_enrolment_token_puts_the_agents_own_token_in_the_state_dir() {
     let alone = Flags { hub: None, ..flags };
     let e = load_with(&alone, true, &env).unwrap_err().to_string();
     assert!(e.contains("enrolment token without a hub URL"), "{e}");
+}
+
+#[test]
+fn metrics_listen_only_on_loopback_unless_allowed() {
+    let env_with = |listen: &'static str, allow: Option<&'static str>| {
+        let mut v = vec![("HOME", "/h"), ("RAILGRID_METRICS_LISTEN", listen)];
+        if let Some(a) = allow {
+            v.push(("RAILGRID_METRICS_ALLOW_REMOTE", a));
+        }
+        env_of(&v)
+    };
+    let flags = Flags::default();
+    let c = load_with(&flags, false, &env_with("127.0.0.1:9469", None)).unwrap();
+    assert_eq!(c.metrics.map(|m| m.listen.port()), Some(9469));
+    let e = load_with(&flags, false, &env_with("0.0.0.0:9469", None))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("not a loopback address") && e.contains("RAILGRID_METRICS_LISTEN"),
+        "{e}"
+    );
+    let c = load_with(&flags, false, &env_with("0.0.0.0:9469", Some("true"))).unwrap();
+    assert!(c.metrics.is_some_and(|m| m.allow_remote));
+    let e = load_with(&flags, false, &env_with("localhost", None))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("expected an address and port"), "{e}");
+    assert!(load_with(&flags, false, &env_of(&[("HOME", "/h")]))
+        .unwrap()
+        .metrics
+        .is_none());
 }

@@ -463,6 +463,13 @@ impl HubTask {
         sent: Instant,
         wait: Duration,
     ) -> Next {
+        super::metrics::RECONCILE.observe(sent.elapsed().as_secs_f64());
+        let counter = if answer.is_ok() {
+            &super::metrics::RECONCILES_OK
+        } else {
+            &super::metrics::RECONCILES_FAILED
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let desired = match answer {
             Ok(mut d) => {
                 // Out of the state at once: nothing keeps, shows or logs it.

@@ -198,6 +198,7 @@ mod tests {
             hub: None,
             labels: Default::default(),
             log_max_files: 7,
+            metrics: None,
             upgrade: crate::agent::config::UpgradeSettings {
                 trusted_keys: Vec::new(),
                 settle: Duration::from_secs(30),

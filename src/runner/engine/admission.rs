@@ -280,6 +280,7 @@ impl Engine {
             .mark_finished(id, JobState::Cancelled, &outcome)
             .await?;
         self.when_recorded(id, "cancelled", recorded);
+        crate::runner::metrics::job_ended(JobState::Cancelled.as_str(), None);
         self.count_finished(id, 0).await;
         self.bump();
         Ok(())

@@ -53,6 +53,8 @@ impl Engine {
             }
         }
         tracing::info!(job = %id, state = state.as_str(), exit_code = ?outcome.exit_code, signal = ?outcome.signal, "job finished");
+        let ran = (crate::util::unix_now_ms() as i64).saturating_sub(admitted_ms);
+        crate::runner::metrics::job_ended(state.as_str(), u64::try_from(ran).ok());
         {
             let mut s = self.sched();
             if let Some(run) = s.running.remove(&id) {
