@@ -291,6 +291,7 @@ async fn run<S: Store>(
             local.port()
         ),
         access: access.clone(),
+        sessions: Default::default(),
         max_wait: opts.max_wait,
         release_keys,
         releases_dir: opts.data_dir.join(RELEASES_DIR),

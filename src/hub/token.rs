@@ -44,6 +44,11 @@ pub(crate) fn new_admin_token() -> Result<String, getrandom::Error> {
     random_hex(ADMIN_PREFIX)
 }
 
+/// A dashboard session's id, or the CSRF value of its logout: 256 random bits, hex.
+pub(crate) fn new_session_id() -> Result<String, getrandom::Error> {
+    random_hex("")
+}
+
 /// A token a host trades for its own agent token (`rge_`): it opens nothing else.
 pub(crate) fn new_enrol_token() -> Result<String, getrandom::Error> {
     random_hex(ENROL_PREFIX)

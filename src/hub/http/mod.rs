@@ -14,6 +14,7 @@ mod metrics;
 mod releases;
 mod rollouts;
 mod state;
+mod ui;
 
 use std::sync::Arc;
 
@@ -104,6 +105,7 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
             get(releases::download::<S>),
         )
         .nest("/v1/admin", admin)
+        .merge(ui::router::<S>())
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .with_state(hub)

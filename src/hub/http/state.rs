@@ -12,6 +12,8 @@ pub(crate) struct Hub<S: Store> {
     pub(crate) fleet: Arc<Fleet<S>>,
     /// This hub among its replicas, in its metrics (host name and port).
     pub(crate) replica: String,
+    /// The dashboard's sessions.
+    pub(crate) sessions: super::ui::session::Sessions,
     /// Who may use the admin API, and the audit log.
     pub(crate) access: Arc<crate::hub::access::Access<S>>,
     /// The longest a reconcile is held, whatever `wait` asks.
