@@ -211,6 +211,23 @@ pub(crate) fn release_startup_code() {
     }
 }
 
+/// `argv` as a shell would need it typed: words with spaces or quotes are quoted.
+pub(crate) fn shell_words(argv: &[String]) -> String {
+    argv.iter()
+        .map(|w| {
+            let plain = !w.is_empty()
+                && w.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c));
+            if plain {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,5 +261,17 @@ mod tests {
         assert_eq!(clip(&exact), exact);
         let long = "é".repeat(ECHO_CHARS + 1);
         assert_eq!(clip(&long), format!("{}…", "é".repeat(ECHO_CHARS)));
+    }
+
+    #[test]
+    fn commands_are_shown_as_they_would_be_typed() {
+        let argv: Vec<String> = ["useradd", "--comment", "railgrid runner", "it's", "x"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            shell_words(&argv),
+            "useradd --comment 'railgrid runner' 'it'\\''s' x"
+        );
     }
 }

@@ -9,6 +9,7 @@ mod agent;
 mod cli;
 #[cfg(target_os = "linux")]
 mod container;
+mod dashboard;
 mod disk;
 mod drain;
 mod hub;
@@ -37,3 +38,4 @@ mod systemd;
 mod systemd_upgrade;
 mod upgrade;
 mod upgrade_drain;
+mod webdriver;

@@ -15,14 +15,6 @@ use super::support::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// A port nobody listens on now (bound and let go).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// `curl -s URL` (plain HTTP): the status and body.
 fn get(url: &str) -> (u16, String) {
     let out = Command::new("curl")

@@ -13,7 +13,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::support::{is_root, path_str, tempdir, INSTALL};
+use super::support::{free_port, is_root, path_str, tempdir, INSTALL};
 
 pub struct Postgres {
     dir: tempfile::TempDir,
@@ -258,9 +258,4 @@ impl Drop for Postgres {
             .stderr(Stdio::null())
             .status();
     }
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
 }

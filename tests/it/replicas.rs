@@ -650,7 +650,7 @@ fn two_replicas_dispatch_one_queue_and_no_job_is_assigned_or_run_twice() {
 /// A simulated agent's reconcile through `hub`, answered at once: its report says it runs
 /// `version` and, when given, where an upgrade stands (state, target). The generation it
 /// is answered, and whether that answer asks it for `wants`.
-fn sim_reconcile(
+pub(super) fn sim_reconcile(
     hub: &TestHub,
     (id, token): (&str, &str),
     generation: u64,

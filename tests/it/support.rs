@@ -227,6 +227,14 @@ pub fn supervise(args: &[&str]) -> Guard {
     Guard::new(child)
 }
 
+/// A loopback port nobody listens on now (bound and let go).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("railgrid-test")

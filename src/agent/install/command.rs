@@ -3,6 +3,7 @@
 //! stderr.
 
 use super::InstallError;
+pub(super) use crate::util::shell_words;
 
 /// Runs a command to completion; a failure carries its stderr.
 pub(crate) fn run_command(argv: &[String]) -> Result<(), InstallError> {
@@ -27,38 +28,4 @@ pub(super) fn command_output(argv: &[String]) -> Result<String, InstallError> {
         status: out.status.to_string(),
         stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
     })
-}
-
-/// `argv` as a shell would need it typed: words with spaces or quotes are quoted.
-pub(super) fn shell_words(argv: &[String]) -> String {
-    argv.iter()
-        .map(|w| {
-            let plain = !w.is_empty()
-                && w.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c));
-            if plain {
-                w.clone()
-            } else {
-                format!("'{}'", w.replace('\'', "'\\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn commands_are_shown_as_they_would_be_typed() {
-        let argv: Vec<String> = ["useradd", "--comment", "railgrid runner", "it's", "x"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        assert_eq!(
-            shell_words(&argv),
-            "useradd --comment 'railgrid runner' 'it'\\''s' x"
-        );
-    }
 }

@@ -30,6 +30,13 @@ mod support {
     pub(super) fn path_str(p: &std::path::Path) -> String {
         p.to_str().expect("utf-8 path").to_owned()
     }
+
+    pub(super) fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port")
+    }
 }
 
 /// A database under test, empty at first.

@@ -64,7 +64,10 @@ async fn headers(req: Request, next: Next) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     resp
@@ -85,7 +88,10 @@ fn html(status: StatusCode, page: String) -> Response {
 
 /// The session a request carries, with its caller (the token it logged in with, still
 /// good); a redirect to the login page otherwise.
-async fn session<S: Store>(hub: &Hub<S>, headers: &HeaderMap) -> Result<(Session, Caller), Response> {
+async fn session<S: Store>(
+    hub: &Hub<S>,
+    headers: &HeaderMap,
+) -> Result<(Session, Caller), Response> {
     let id = headers
         .get(header::COOKIE)
         .and_then(|v| v.to_str().ok())
@@ -120,14 +126,20 @@ where
         Err(r) => return r,
     };
     if !caller.may(scope) {
-        let why = format!("token {:?} lacks the scope {scope} this page needs", caller.name());
+        let why = format!(
+            "token {:?} lacks the scope {scope} this page needs",
+            caller.name()
+        );
         return html(
             StatusCode::FORBIDDEN,
             pages::layout(title, here, &s.csrf, false, &pages::forbidden(&why)),
         );
     }
     match body(caller).await {
-        Ok(b) => html(StatusCode::OK, pages::layout(title, here, &s.csrf, refresh, &b)),
+        Ok(b) => html(
+            StatusCode::OK,
+            pages::layout(title, here, &s.csrf, refresh, &b),
+        ),
         Err(e) => html(
             StatusCode::NOT_FOUND,
             pages::layout(title, here, &s.csrf, false, &pages::forbidden(&e)),
@@ -141,26 +153,42 @@ fn text(e: impl std::fmt::Display) -> String {
 
 async fn fleet<S: Store>(State(hub): State<Arc<Hub<S>>>, headers: HeaderMap) -> Response {
     let h = hub.clone();
-    page(&hub, &headers, AGENTS_READ, "Fleet", "Fleet", false, |_| async move {
-        h.fleet.adopt_reports().await.map_err(text)?;
-        Ok(pages::fleet(&h.fleet.list()))
-    })
+    page(
+        &hub,
+        &headers,
+        AGENTS_READ,
+        "Fleet",
+        "Fleet",
+        false,
+        |_| async move {
+            h.fleet.adopt_reports().await.map_err(text)?;
+            Ok(pages::fleet(&h.fleet.list()))
+        },
+    )
     .await
 }
 
 async fn jobs<S: Store>(State(hub): State<Arc<Hub<S>>>, headers: HeaderMap) -> Response {
     let h = hub.clone();
-    page(&hub, &headers, JOBS_READ, "Jobs", "Jobs", false, |caller| async move {
-        let mut all = h
-            .fleet
-            .jobs(JobFilter::default(), None, LISTED_JOBS)
-            .await
-            .map_err(text)?;
-        if let Some(sel) = caller.job_selector() {
-            all.retain(|j| h.fleet.job_in_scope(j, sel));
-        }
-        Ok(pages::jobs(&all))
-    })
+    page(
+        &hub,
+        &headers,
+        JOBS_READ,
+        "Jobs",
+        "Jobs",
+        false,
+        |caller| async move {
+            let mut all = h
+                .fleet
+                .jobs(JobFilter::default(), None, LISTED_JOBS)
+                .await
+                .map_err(text)?;
+            if let Some(sel) = caller.job_selector() {
+                all.retain(|j| h.fleet.job_in_scope(j, sel));
+            }
+            Ok(pages::jobs(&all))
+        },
+    )
     .await
 }
 
@@ -170,10 +198,22 @@ async fn job<S: Store>(
     headers: HeaderMap,
 ) -> Response {
     let h = hub.clone();
-    page(&hub, &headers, JOBS_READ, &id.clone(), "Jobs", false, |caller| async move {
-        let j = h.fleet.job_for(&id, caller.job_selector()).await.map_err(text)?;
-        Ok(pages::job(&j))
-    })
+    page(
+        &hub,
+        &headers,
+        JOBS_READ,
+        &id.clone(),
+        "Jobs",
+        false,
+        |caller| async move {
+            let j = h
+                .fleet
+                .job_for(&id, caller.job_selector())
+                .await
+                .map_err(text)?;
+            Ok(pages::job(&j))
+        },
+    )
     .await
 }
 
@@ -204,12 +244,22 @@ async fn output<S: Store>(
     if hub.fleet.job_for(&id, caller.job_selector()).await.is_err() {
         return StatusCode::NOT_FOUND.into_response();
     }
-    match hub.fleet.job_output(&id, stream, q.offset, OUTPUT_SLICE).await {
+    match hub
+        .fleet
+        .job_output(&id, stream, q.offset, OUTPUT_SLICE)
+        .await
+    {
         Ok(slice) => (
             [
                 (header::CONTENT_TYPE, "text/plain; charset=utf-8".to_owned()),
-                (header::HeaderName::from_static("x-next-offset"), slice.next.to_string()),
-                (header::HeaderName::from_static("x-complete"), slice.complete.to_string()),
+                (
+                    header::HeaderName::from_static("x-next-offset"),
+                    slice.next.to_string(),
+                ),
+                (
+                    header::HeaderName::from_static("x-complete"),
+                    slice.complete.to_string(),
+                ),
             ],
             slice.bytes,
         )
@@ -220,17 +270,29 @@ async fn output<S: Store>(
 
 async fn releases<S: Store>(State(hub): State<Arc<Hub<S>>>, headers: HeaderMap) -> Response {
     let h = hub.clone();
-    page(&hub, &headers, AGENTS_READ, "Releases", "Releases", false, |_| async move {
-        Ok(pages::releases(&h.fleet.releases()))
-    })
+    page(
+        &hub,
+        &headers,
+        AGENTS_READ,
+        "Releases",
+        "Releases",
+        false,
+        |_| async move { Ok(pages::releases(&h.fleet.releases())) },
+    )
     .await
 }
 
 async fn rollouts<S: Store>(State(hub): State<Arc<Hub<S>>>, headers: HeaderMap) -> Response {
     let h = hub.clone();
-    page(&hub, &headers, AGENTS_READ, "Rollouts", "Rollouts", false, |_| async move {
-        Ok(pages::rollouts(&h.fleet.rollouts().await.map_err(text)?))
-    })
+    page(
+        &hub,
+        &headers,
+        AGENTS_READ,
+        "Rollouts",
+        "Rollouts",
+        false,
+        |_| async move { Ok(pages::rollouts(&h.fleet.rollouts().await.map_err(text)?)) },
+    )
     .await
 }
 
@@ -246,9 +308,15 @@ async fn rollout<S: Store>(
         .rollout(&id)
         .await
         .is_ok_and(|r| !crate::proto::rollout::is_final(&r.state));
-    page(&hub, &headers, AGENTS_READ, &format!("Rollout {id}"), "Rollouts", going, |_| async move {
-        Ok(pages::rollout(&h.fleet.rollout(&id).await.map_err(text)?))
-    })
+    page(
+        &hub,
+        &headers,
+        AGENTS_READ,
+        &format!("Rollout {id}"),
+        "Rollouts",
+        going,
+        |_| async move { Ok(pages::rollout(&h.fleet.rollout(&id).await.map_err(text)?)) },
+    )
     .await
 }
 
@@ -362,7 +430,11 @@ async fn logout<S: Store>(
         (resp, "303 session ended")
     } else {
         (
-            (StatusCode::FORBIDDEN, "the logout form's CSRF value does not match\n").into_response(),
+            (
+                StatusCode::FORBIDDEN,
+                "the logout form's CSRF value does not match\n",
+            )
+                .into_response(),
             "403 CSRF value does not match",
         )
     };

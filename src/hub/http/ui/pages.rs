@@ -88,7 +88,10 @@ pub(super) fn login(error: Option<&str>) -> String {
 
 /// A page a session may not see.
 pub(super) fn forbidden(what: &str) -> String {
-    format!("<h1>Not for this token</h1><p class=\"error\">{}</p>", esc(what))
+    format!(
+        "<h1>Not for this token</h1><p class=\"error\">{}</p>",
+        esc(what)
+    )
 }
 
 fn labels(l: &crate::proto::labels::Labels) -> String {
@@ -117,9 +120,10 @@ pub(super) fn fleet(agents: &[AgentView]) -> String {
             Some(d) => format!("{} <span class=\"warn\">{}</span>", esc(runner), esc(&d)),
             None => esc(runner),
         };
-        let jobs = r
-            .and_then(|r| r.jobs_summary)
-            .map_or_else(|| "-".into(), |j| format!("{} running, {} queued", j.running, j.queued));
+        let jobs = r.and_then(|r| r.jobs_summary).map_or_else(
+            || "-".into(),
+            |j| format!("{} running, {} queued", j.running, j.queued),
+        );
         let _ = write!(
             out,
             "<tr data-agent=\"{id}\"><td><b>{id}</b></td><td class=\"{cls}\">{conn}</td><td>{version}</td><td>{os}/{arch}</td><td>{runner}</td><td>{jobs}</td><td>{labels}</td><td class=\"muted\">{seen}</td></tr>",
@@ -138,7 +142,10 @@ pub(super) fn fleet(agents: &[AgentView]) -> String {
 }
 
 pub(super) fn jobs(jobs: &[HubJobView]) -> String {
-    let queued: Vec<&HubJobView> = jobs.iter().filter(|j| j.agent.is_empty() && !j.done).collect();
+    let queued: Vec<&HubJobView> = jobs
+        .iter()
+        .filter(|j| j.agent.is_empty() && !j.done)
+        .collect();
     let mut out = format!(
         "<h1>Jobs</h1><div class=\"cards\"><div class=\"card\"><b>{}</b>queued</div><div class=\"card\"><b>{}</b>running</div></div>",
         queued.len(),
@@ -175,7 +182,7 @@ pub(super) fn jobs(jobs: &[HubJobView]) -> String {
             esc(&j.state),
             j.exit_code.map_or_else(String::new, |c| c.to_string()),
             when_ms(Some(j.created_ms)),
-            esc(&crate::util::clip_to(&j.spec.argv.join(" "), 120))
+            esc(&crate::util::clip_to(&crate::util::shell_words(&j.spec.argv), 120))
         );
     }
     out.push_str("</table>");
@@ -193,7 +200,7 @@ pub(super) fn job(j: &HubJobView) -> String {
         exit = j.exit_code.map_or_else(String::new, |c| format!(", exit code {c}")),
         agent = esc(&j.agent),
         selector = esc(j.selector.as_deref().unwrap_or("-")),
-        argv = esc(&j.spec.argv.join(" ")),
+        argv = esc(&crate::util::shell_words(&j.spec.argv)),
         created = when_ms(Some(j.created_ms)),
         started = when_ms(j.started_ms),
         finished = when_ms(j.finished_ms),

@@ -100,7 +100,10 @@ mod tests {
         assert!(s.get("other").is_none());
         s.close(&id);
         assert!(s.get(&id).is_none());
-        assert_eq!(cookie("a=1; railgrid_session=xyz; b=2", COOKIE), Some("xyz"));
+        assert_eq!(
+            cookie("a=1; railgrid_session=xyz; b=2", COOKIE),
+            Some("xyz")
+        );
         assert_eq!(cookie("a=1", COOKIE), None);
     }
 }
