@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # N simulated agents long-polling one reference hub (SQLite, self-signed TLS on 127.0.0.1),
 # both on this machine: polls held, hub RSS and CPU at idle, fleet change -> every agent
-# (p50/p99), and reconciles/s with the hub's CPU per reconcile.
+# (p50/p99), reconciles/s with the hub's CPU per reconcile, and the cost of a metrics scrape.
 #
 #   bash bench/hub.sh [AGENTS] [ROUNDS] [BUSY_CLIENTS] [BUSY_SECS]
 #

@@ -1,7 +1,7 @@
 //! N simulated agents long-polling running hubs, on a few threads: polls held, hub
-//! memory and CPU at idle, propagation of a fleet change to every agent, and reconciles/s
-//! at steady state. Used by `bench/hub.sh` and `bench/hub_replicas.sh`; see
-//! docs/benchmarks.md.
+//! memory and CPU at idle, what a metrics scrape costs, propagation of a fleet change to
+//! every agent, and reconciles/s at steady state. Used by `bench/hub.sh` and
+//! `bench/hub_replicas.sh`; see docs/benchmarks.md.
 //!
 //!   hub_bench DATA_DIR[,DATA_DIR…] AGENTS [ROUNDS] [BUSY_CLIENTS] [BUSY_SECS]
 //!
@@ -175,6 +175,42 @@ async fn polls_held(hubs: &[Arc<Hub>]) -> u64 {
     n
 }
 
+/// Sequential admin GETs of one path: their latencies, size and the hub's CPU each.
+struct Scrapes {
+    n: usize,
+    p50: Duration,
+    max: Duration,
+    bytes: usize,
+    cpu_ms: f64,
+}
+
+async fn scrape(hub: &Hub, path: &str, n: usize) -> anyhow::Result<Scrapes> {
+    let mut times = Vec::with_capacity(n);
+    let mut bytes = 0;
+    let (_, cpu0) = usage(hub.pid)?;
+    for _ in 0..n {
+        let t = Instant::now();
+        let resp = hub
+            .http
+            .get(format!("{}{path}", hub.url))
+            .bearer_auth(&hub.admin)
+            .send()
+            .await?;
+        anyhow::ensure!(resp.status().is_success(), "{path}: {}", resp.status());
+        bytes = resp.bytes().await?.len();
+        times.push(t.elapsed());
+    }
+    let (_, cpu1) = usage(hub.pid)?;
+    times.sort();
+    Ok(Scrapes {
+        n,
+        p50: percentile(&times, 0.5),
+        max: *times.last().context("n > 0")?,
+        bytes,
+        cpu_ms: (cpu1 - cpu0) * 1000.0 / n as f64,
+    })
+}
+
 async fn run(
     dirs: &[PathBuf],
     n: usize,
@@ -245,6 +281,11 @@ async fn run(
     tokio::time::sleep(idle).await;
     let (rss, cpu_b) = usage_all(&hubs)?;
     let idle_cpu = (cpu_b - cpu_a) / idle.as_secs_f64() * 100.0;
+
+    // Scrapes with every poll held: the whole fleet in the text format, one at a time,
+    // beside the admin API's agent list (the same agents, as JSON) for scale.
+    let scrapes = scrape(&hub, "/metrics", 20).await?;
+    let listing = scrape(&hub, "/v1/admin/agents", 5).await?;
 
     // Propagation of fleet changes.
     let mut all = Vec::new();
@@ -362,6 +403,19 @@ async fn run(
             "database transactions          {:.3} per reconcile ({} over {done:.0} reconciles, with the checks' own)",
             (b.saturating_sub(a)) as f64 / done.max(1.0),
             b.saturating_sub(a)
+        );
+    }
+    for (what, m) in [
+        ("GET /metrics", &scrapes),
+        ("GET /v1/admin/agents", &listing),
+    ] {
+        println!(
+            "{what:<30} p50 {:.1?}  max {:.1?}  {:.0} KiB  (hub CPU {:.1} ms each, over {})",
+            m.p50,
+            m.max,
+            m.bytes as f64 / 1024.0,
+            m.cpu_ms,
+            m.n
         );
     }
     println!(
