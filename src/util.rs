@@ -211,6 +211,19 @@ pub(crate) fn release_startup_code() {
     }
 }
 
+/// A time in milliseconds since the epoch as RFC 3339 (seconds), or `-` for none.
+pub(crate) fn rfc3339_ms(ms: Option<u64>) -> String {
+    ms.map_or_else(
+        || "-".into(),
+        |ms| {
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+            )
+            .to_string()
+        },
+    )
+}
+
 /// `argv` as a shell would need it typed: words with spaces or quotes are quoted.
 pub(crate) fn shell_words(argv: &[String]) -> String {
     argv.iter()

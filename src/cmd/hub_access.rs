@@ -10,18 +10,7 @@ use crate::cli::{HubAuditCommand, HubEnrolTokenCommand, HubTokenCommand};
 use crate::hub::admin::{AdminClient, Target};
 use crate::proto::access::{EnrolTokenRequest, EnrolTokenView, TokenRequest, TokenView};
 
-/// A time as RFC 3339 (seconds), or `-`.
-fn when(ms: Option<u64>) -> String {
-    ms.map_or_else(
-        || "-".into(),
-        |ms| {
-            humantime::format_rfc3339_seconds(
-                std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
-            )
-            .to_string()
-        },
-    )
-}
+use crate::util::rfc3339_ms as when;
 
 /// A secret made now: into `out` (created 0600 first, so that a token the hub hands out
 /// is never lost for want of a place), or printed once.

@@ -257,6 +257,22 @@ impl Client {
         uri: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(StatusCode, T), ClientError> {
+        let (status, bytes) = self.whole(method, uri, body).await?;
+        let value = serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
+            path: self.socket.clone(),
+            source,
+        })?;
+        Ok((status, value))
+    }
+
+    /// A request whose successful answer is read whole (the connection is then free for
+    /// the next request); an error status is the runner's error.
+    async fn whole(
+        &self,
+        method: Method,
+        uri: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, hyper::body::Bytes), ClientError> {
         let (resp, sender) = self.send(method, uri, body).await?;
         let status = resp.status();
         let bytes = resp
@@ -265,16 +281,11 @@ impl Client {
             .await
             .map_err(|e| self.http(e))?
             .to_bytes();
-        // The response is read whole: the connection is free for the next request.
         self.keep(sender);
         if !status.is_success() {
             return Err(self.api_error(status, &bytes));
         }
-        let value = serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
-            path: self.socket.clone(),
-            source,
-        })?;
-        Ok((status, value))
+        Ok((status, bytes))
     }
 
     /// A request body.
@@ -287,18 +298,7 @@ impl Client {
 
     /// The runner's metrics, in Prometheus' text format.
     pub async fn metrics(&self) -> Result<String, ClientError> {
-        let (resp, sender) = self.send(Method::GET, "/v1/metrics", None).await?;
-        let status = resp.status();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| self.http(e))?
-            .to_bytes();
-        self.keep(sender);
-        if !status.is_success() {
-            return Err(self.api_error(status, &bytes));
-        }
+        let (_, bytes) = self.whole(Method::GET, "/v1/metrics", None).await?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 

@@ -41,18 +41,6 @@ fn ago(unix_s: Option<u64>) -> String {
     )
 }
 
-fn when_ms(ms: Option<u64>) -> String {
-    ms.map_or_else(
-        || "-".into(),
-        |ms| {
-            humantime::format_rfc3339_seconds(
-                std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
-            )
-            .to_string()
-        },
-    )
-}
-
 /// The page around `body`: `here` marks the section in the menu; `csrf` the logout's.
 pub(super) fn layout(title: &str, here: &str, csrf: &str, refresh: bool, body: &str) -> String {
     let mut nav = String::new();
@@ -181,7 +169,7 @@ pub(super) fn jobs(jobs: &[HubJobView]) -> String {
             esc(&j.agent),
             esc(&j.state),
             j.exit_code.map_or_else(String::new, |c| c.to_string()),
-            when_ms(Some(j.created_ms)),
+            crate::util::rfc3339_ms(Some(j.created_ms)),
             esc(&crate::util::clip_to(&crate::util::shell_words(&j.spec.argv), 120))
         );
     }
@@ -201,9 +189,9 @@ pub(super) fn job(j: &HubJobView) -> String {
         agent = esc(&j.agent),
         selector = esc(j.selector.as_deref().unwrap_or("-")),
         argv = esc(&crate::util::shell_words(&j.spec.argv)),
-        created = when_ms(Some(j.created_ms)),
-        started = when_ms(j.started_ms),
-        finished = when_ms(j.finished_ms),
+        created = crate::util::rfc3339_ms(Some(j.created_ms)),
+        started = crate::util::rfc3339_ms(j.started_ms),
+        finished = crate::util::rfc3339_ms(j.finished_ms),
         error = esc(j.error.as_deref().unwrap_or("")),
     )
 }
@@ -250,7 +238,7 @@ pub(super) fn rollouts(all: &[RolloutView]) -> String {
             esc(&r.state),
             r.wave + 1,
             r.counts.get("committed").copied().unwrap_or(0),
-            when_ms(Some(r.created_ms))
+            crate::util::rfc3339_ms(Some(r.created_ms))
         );
     }
     out.push_str("</table>");
