@@ -314,6 +314,28 @@ pub enum HubStoreCommand {
     /// then takes the hub's desired state at its next reconcile. SQLite with --data-dir,
     /// PostgreSQL with --store or --config.
     Renumber(HubStoreArgs),
+    /// Copy a stopped SQLite hub (its data dir) into an empty PostgreSQL database, in one
+    /// transaction checked table by table, so that replicas serve its agents with the
+    /// tokens they have (docs/hub.md, "From one SQLite hub to replicas").
+    Copy(HubStoreCopyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HubStoreCopyArgs {
+    /// The data dir of the SQLite hub (stopped) to copy.
+    #[arg(long, value_name = "DATA_DIR")]
+    pub from: PathBuf,
+    /// The empty PostgreSQL database to copy into, as `hub serve --store` takes it.
+    #[arg(
+        long,
+        value_name = "URL",
+        required_unless_present = "config",
+        conflicts_with = "config"
+    )]
+    pub to: Option<String>,
+    /// A hub config file naming the database, as `hub serve --config` takes it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -70,12 +70,15 @@ pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {
         HubCommand::Audit { command } => {
             admin(&target, |c| super::hub_access::audit(c, command, json))
         }
-        HubCommand::Store { command } => store(target, command),
+        HubCommand::Store { command } => store(target, command, json),
     }
 }
 
-fn store(target: Target, command: HubStoreCommand) -> anyhow::Result<ExitCode> {
-    let HubStoreCommand::Renumber(a) = command;
+fn store(target: Target, command: HubStoreCommand, json: bool) -> anyhow::Result<ExitCode> {
+    let a = match command {
+        HubStoreCommand::Renumber(a) => a,
+        HubStoreCommand::Copy(a) => return super::hub_store_copy::run(a, json),
+    };
     let url = crate::hub::config::store_url(a.store, a.config.as_deref()).map_err(usage)?;
     let rt = super::current_thread_runtime()?;
     let done = rt

@@ -22,6 +22,7 @@
 pub(crate) mod access;
 pub(crate) mod admin;
 pub(crate) mod config;
+pub(crate) mod copy;
 pub(crate) mod fleet;
 mod http;
 pub(crate) mod metrics;
@@ -102,6 +103,19 @@ pub(crate) enum HubError {
     NoStore { path: PathBuf },
     #[error("give the hub's --data-dir (SQLite), or its --store URL or --config (PostgreSQL)")]
     NoTarget,
+    #[error("{path} is missing: it holds {what}, which the replicas need; put it back (from a backup of the data dir) and copy again")]
+    CopyNeeds { path: PathBuf, what: &'static str },
+    #[error("{path} does not hold the release binary the store names (SHA-256 {sha256}): put it back from a backup of the data dir and copy again")]
+    CopyBinary { path: PathBuf, sha256: String },
+    #[error("{table} read back from {url} is not what was copied ({want} rows, sum {want_sum}; read {got} rows, sum {got_sum}): nothing was committed")]
+    CopyMismatch {
+        table: String,
+        url: String,
+        want: u64,
+        want_sum: String,
+        got: u64,
+        got_sum: String,
+    },
     #[error("--release-key {path}")]
     ReleaseKey {
         path: PathBuf,
@@ -123,10 +137,13 @@ impl HubError {
                 | HubError::HubsConnected { .. }
                 | HubError::NoStore { .. }
                 | HubError::NoTarget
+                | HubError::CopyNeeds { .. }
+                | HubError::CopyBinary { .. }
                 | HubError::Store(
                     StoreError::BadUrl { .. }
                         | StoreError::DatabaseCa { .. }
                         | StoreError::HubsRunning(_)
+                        | StoreError::NotEmpty { .. }
                 )
         )
     }

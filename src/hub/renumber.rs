@@ -34,7 +34,7 @@ pub(crate) async fn renumber(
     match (url, data_dir) {
         (Some(url), _) => {
             let store =
-                PgStore::connect_as(url, super::store::postgres::RENUMBER_APPLICATION).await?;
+                PgStore::connect_as(url, super::store::postgres::MAINTENANCE_APPLICATION).await?;
             let hubs = store.hubs_connected().await?;
             if !hubs.is_empty() {
                 return Err(HubError::HubsConnected {

@@ -127,6 +127,33 @@ pub(super) async fn self_signed_ca<S: Store>(store: &S, data: &Path) -> Result<(
     }
 }
 
+/// The secrets a single hub keeps in its data dir `data`, as replicas share them (for
+/// `hub store copy`): the admin token's hash and, with `--tls-self-signed`, the CA.
+pub(super) fn of_data_dir(data: &Path) -> Result<Vec<(String, String)>, HubError> {
+    let path = data.join(ADMIN_TOKEN_FILE);
+    let token = match crate::small_file::read_string(&path, crate::small_file::TOKEN_MAX) {
+        Ok(t) if !t.trim().is_empty() => t,
+        Ok(_) => {
+            return Err(HubError::CopyNeeds {
+                path,
+                what: "the admin token (it is empty)",
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(HubError::CopyNeeds {
+                path,
+                what: "the admin token",
+            })
+        }
+        Err(source) => return Err(HubError::File { path, source }),
+    };
+    let mut secrets = vec![(ADMIN_SECRET.to_owned(), token::sha256_hex(token.trim()))];
+    if let Some((cert, key)) = tls::local_ca(data)? {
+        secrets.push((CA_SECRET.to_owned(), format!("{cert}{CA_SPLIT}{key}")));
+    }
+    Ok(secrets)
+}
+
 /// Remembers `old` as a root token rotated away, so that a replica's stale copy of it is
 /// told from another database's token at that replica's next start.
 pub(super) async fn retire_admin_token<S: Store>(

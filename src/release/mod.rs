@@ -217,7 +217,8 @@ pub(crate) fn public_key(text: &str, path: &Path) -> Result<PublicKey, ReleaseEr
     }
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+/// The SHA-256 of `bytes`, as release records name binaries.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
         .iter()
         .map(|b| format!("{b:02x}"))

@@ -29,6 +29,7 @@ mod release;
 mod replicas;
 mod rollout;
 mod routing;
+mod store_copy;
 mod supervise;
 mod supervisor_api;
 mod support;

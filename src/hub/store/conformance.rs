@@ -91,7 +91,7 @@ impl Backend for Postgres<'_> {
 
     async fn open_alone(&self) -> PgStore {
         let url = self.pg.url(&self.db);
-        PgStore::connect_as(&url, super::postgres::RENUMBER_APPLICATION)
+        PgStore::connect_as(&url, super::postgres::MAINTENANCE_APPLICATION)
             .await
             .expect("connect to PostgreSQL")
     }

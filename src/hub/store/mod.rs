@@ -11,6 +11,7 @@
 pub(crate) mod access;
 #[cfg(test)]
 mod conformance;
+pub(crate) mod copy;
 pub(crate) mod postgres;
 pub(crate) mod rollouts;
 pub(crate) mod sqlite;
@@ -65,6 +66,14 @@ pub(crate) enum StoreError {
     GenerationsExhausted(String),
     #[error("a hub is running on the database {0}: stop every hub on it first")]
     HubsRunning(String),
+    #[error("the hub database {store}: {at} holds {why}, which a copy cannot carry as it is")]
+    Uncopyable {
+        store: String,
+        at: String,
+        why: String,
+    },
+    #[error("the database {url} is not empty (it holds {what}): `hub store copy` fills an empty database only; create one (`createdb`) and give its URL")]
+    NotEmpty { url: String, what: String },
     #[error("invalid --store {url}: {why}")]
     BadUrl { url: String, why: String },
     #[error("could not read {path}, the CA of the hub database {url}")]

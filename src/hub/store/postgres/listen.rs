@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
 
 use super::tls::Tls;
-use super::{CHANNEL, HUBS_LOCK, LISTEN_BACKOFF_MAX, LISTEN_PING, RENUMBER_APPLICATION};
+use super::{CHANNEL, HUBS_LOCK, LISTEN_BACKOFF_MAX, LISTEN_PING, MAINTENANCE_APPLICATION};
 use crate::hub::store::Event;
 
 /// The generations this hub knows about: those it handed out, those in the other hubs'
@@ -121,9 +121,9 @@ impl Listener {
             }
         });
         let _abort = AbortOnDrop(driver);
-        // Held for the connection's life, by every hub: `hub store renumber` runs only
-        // when it can take the lock exclusively, so never beside a running hub.
-        if self.config.get_application_name() != Some(RENUMBER_APPLICATION) {
+        // Held for the connection's life, by every hub: `hub store renumber` and `copy` run
+        // only when they can take the lock exclusively, so never beside a running hub.
+        if self.config.get_application_name() != Some(MAINTENANCE_APPLICATION) {
             client
                 .batch_execute(&format!("SELECT pg_advisory_lock_shared({HUBS_LOCK})"))
                 .await?;

@@ -26,12 +26,14 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 mod access;
+mod copy;
 mod jobs;
 mod listen;
 mod rollouts;
 mod rows;
 mod tls;
 
+pub(crate) use self::copy::CopyTarget;
 use self::listen::{Listener, Seen};
 use self::rows::*;
 pub(crate) use self::tls::redact;
@@ -76,8 +78,9 @@ const STATEMENT_TIMEOUT: &str = "30s";
 
 /// The name a hub's connections carry (`application_name`), unless its URL gives one.
 const HUB_APPLICATION: &str = "railgrid-hub";
-/// The name `hub store renumber` connects with: it holds no hub's lock.
-pub(crate) const RENUMBER_APPLICATION: &str = "railgrid-hub-renumber";
+/// The name `hub store renumber` and `hub store copy` connect with: they hold no hub's
+/// lock, and take it exclusively to work alone.
+pub(crate) const MAINTENANCE_APPLICATION: &str = "railgrid-hub-maintenance";
 /// The advisory lock every running hub holds shared (on its listening connection), and
 /// `hub store renumber` takes exclusively.
 const HUBS_LOCK: i64 = 0x7261_696c_6875_6273; // "railhubs"
@@ -170,9 +173,9 @@ impl PgStore {
             None => format!("-c statement_timeout={STATEMENT_TIMEOUT}"),
         };
         config.options(options);
-        // Renumbering must never pass for a hub (it would hold the hubs' lock), whatever
+        // Maintenance must never pass for a hub (it would hold the hubs' lock), whatever
         // the URL names.
-        if config.get_application_name().is_none() || application == RENUMBER_APPLICATION {
+        if config.get_application_name().is_none() || application == MAINTENANCE_APPLICATION {
             config.application_name(application);
         }
         if config.get_connect_timeout().is_none() {

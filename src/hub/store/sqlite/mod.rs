@@ -7,6 +7,7 @@
 //! and its reads come from memory.
 
 mod access;
+mod dump;
 mod jobs;
 mod rollouts;
 

@@ -1,0 +1,205 @@
+//! From one SQLite hub to replicas: `hub store copy` moves a stopped hub into an empty
+//! PostgreSQL database, and a replica started on it at the same address serves the same
+//! agents with their old tokens, the same job output, releases, halt and tokens.
+
+use std::fs;
+use std::process::Output;
+
+use serde_json::Value;
+
+use super::hubs::TestHub;
+use super::pg::Postgres;
+use super::replicas::sim_reconcile;
+use super::routing::{start_member, submit};
+use super::support::*;
+
+const LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn copy(from: &std::path::Path, to: &str) -> Output {
+    railgrid()
+        .args(["hub", "store", "copy", "--from"])
+        .arg(from)
+        .args(["--to", to])
+        .output()
+        .expect("hub store copy")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn connected(hub: &TestHub, id: &str) -> bool {
+    let v = hub.admin_json(&["agent", "show", id]);
+    v["connected"] == true && v["report"]["runner"]["state"] == "running"
+}
+
+#[test]
+fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a_replica() {
+    let Some(pg) = Postgres::start() else { return };
+    let dir = tempdir();
+    let key = super::upgrade::keygen(dir.path(), "publisher");
+    let public = path_str(&key.public);
+    let hub = TestHub::start(&dir.path().join("hub"), &["--release-key", &public]);
+    let _member = start_member(&hub, "d1", "build");
+    wait_for(LIMIT, "d1 connected", || {
+        connected(&hub, "d1").then_some(())
+    });
+    let out = submit(
+        &hub,
+        &[
+            "--agent",
+            "d1",
+            "--id",
+            "hello",
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            "echo hello from sqlite; echo and its stderr >&2",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // A release, sent to a simulated agent that rolls it back: the version is halted.
+    let artifact = dir.path().join("artifact");
+    fs::write(&artifact, b"not run: s1 is simulated").expect("artifact");
+    super::upgrade::release(&hub, &key, dir.path(), "2.0.0", &artifact);
+    let s1 = read_lossy(&hub.enrol("s1")).trim().to_owned();
+    let g = sim_reconcile(&hub, ("s1", &s1), 0, "1.0.0", None, "2.0.0").0;
+    hub.set_desired("s1", &["--version", "2.0.0"]);
+    sim_reconcile(
+        &hub,
+        ("s1", &s1),
+        g,
+        "1.0.0",
+        Some(("rolled_back", "2.0.0")),
+        "2.0.0",
+    );
+    let halted = |hub: &TestHub| {
+        hub.admin_json(&["release", "list"])
+            .as_array()
+            .and_then(|a| a.iter().find(|r| r["version"] == "2.0.0").cloned())
+            .map(|r| r["halted"].clone())
+            .unwrap_or(Value::Null)
+    };
+    assert_eq!(halted(&hub)["agent"], "s1");
+    let ci = dir.path().join("ci.token");
+    hub.admin_ok(&[
+        "token",
+        "create",
+        "--name",
+        "ci",
+        "--scope",
+        "jobs:read",
+        "--token-out",
+        &path_str(&ci),
+    ]);
+    let agents_before = hub.admin_json(&["agent", "list"]);
+    let logs_before = hub.admin_ok(&["job", "logs", "hello"]);
+
+    // Refused while the hub serves its data dir, and nothing is written.
+    let url = pg.create_db("copied");
+    let out = copy(&hub.dir, &url);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("another hub is serving data dir"),
+        "{}",
+        text(&out.stderr)
+    );
+    let tables = "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'";
+    assert_eq!(pg.sql("copied", tables), "0");
+
+    let (hub_dir, listen) = (hub.dir.clone(), hub.listen.clone());
+    hub.stop();
+
+    // A release binary that is not what the store names: refused, and nothing committed.
+    let bin = fs::read_dir(hub_dir.join("releases"))
+        .expect("releases")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            !p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        })
+        .expect("the release binary");
+    let good = fs::read(&bin).expect("binary");
+    fs::write(&bin, b"tampered").expect("tamper");
+    let out = copy(&hub_dir, &url);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&path_str(&bin)) && err.contains("does not hold"),
+        "{err}"
+    );
+    assert_eq!(pg.sql("copied", "SELECT count(*) FROM agents"), "0");
+    fs::write(&bin, good).expect("restore");
+    let out = copy(&hub_dir, &url);
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for part in [
+        "agents",
+        "jobs",
+        "job_output",
+        "halts",
+        "admin_tokens",
+        "audit",
+        "release binaries: 1",
+        "the CA of --tls-self-signed",
+    ] {
+        assert!(said.contains(part), "{part}: {said}");
+    }
+    assert_eq!(pg.sql("copied", "SELECT count(*) FROM agents"), "2");
+    assert_eq!(pg.sql("copied", "SELECT count(*) FROM release_blobs"), "1");
+
+    // A second copy is refused: the database is not empty any more.
+    let out = copy(&hub_dir, &url);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("is not empty"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A replica at the old address, with a data dir of its own (the admin token copied
+    // for the admin commands): the agent comes back with its token, through its pinned CA.
+    let rdir = dir.path().join("replica");
+    fs::create_dir_all(&rdir).expect("replica dir");
+    fs::copy(hub_dir.join("admin.token"), rdir.join("admin.token")).expect("admin token");
+    let replica = TestHub::start_on(&rdir, &listen, &["--store", &url, "--release-key", &public]);
+    wait_for(LIMIT, "d1 back, through the replica", || {
+        connected(&replica, "d1").then_some(())
+    });
+    assert_eq!(replica.admin_ok(&["job", "logs", "hello"]), logs_before);
+    assert_eq!(halted(&replica)["agent"], "s1");
+    let agents = replica.admin_json(&["agent", "list"]);
+    for id in ["d1", "s1"] {
+        let pick = |v: &Value| {
+            v.as_array()
+                .and_then(|a| a.iter().find(|x| x["id"] == id).cloned())
+                .expect("the agent")
+        };
+        let (a, b) = (pick(&agents_before), pick(&agents));
+        assert_eq!(a["labels"], b["labels"], "{id}");
+        assert_eq!(a["desired_generation"], b["desired_generation"], "{id}");
+    }
+    let (code, body) = replica.reconcile("s1", &s1, 0);
+    assert_eq!(code, 200, "the old token of s1: {body}");
+    let ci = read_lossy(&ci).trim().to_owned();
+    let (code, body) = replica.curl("GET", "/v1/admin/jobs/hello", Some(&ci), None);
+    assert_eq!(code, 200, "the scoped token: {body}");
+    let out = submit(
+        &replica,
+        &[
+            "--agent",
+            "d1",
+            "--id",
+            "after",
+            "--wait",
+            "--",
+            "echo",
+            "after the copy",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("after the copy"));
+}
