@@ -809,8 +809,10 @@ fn a_root_agent_without_a_service_manager_gives_its_jobs_a_cgroup_nothing_escape
         let pids: Vec<i32> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
         (pids.len() == 2).then_some(pids)
     });
-    let job = get_json(&host.socket(), "/v1/jobs/escape").expect("job");
-    let leader = job["pid"].as_i64().expect("the job's pid") as i32;
+    // The job may print before the runner has recorded its pid.
+    let leader = wait_for(LIMIT, "the job's pid", || {
+        get_json(&host.socket(), "/v1/jobs/escape")?["pid"].as_i64()
+    }) as i32;
     for p in &pids {
         let pgid = nix::unistd::getpgid(Some(Pid::from_raw(*p))).expect("pgid");
         assert_ne!(pgid.as_raw(), leader, "{p} left the job's group {leader}");
@@ -999,13 +1001,12 @@ const STUBBORN: &str = r#"{"id":"stubborn","argv":["sh","-c","trap \"\" TERM; ec
 fn start_stubborn(host: &Host, guard: &mut Guard) -> i32 {
     let (code, body) = http(&host.socket(), "POST", "/v1/jobs", Some(STUBBORN)).expect("submit");
     assert_eq!(code, 201, "{body}");
-    wait_for(LIMIT, "the stubborn job to be ready", || {
+    // The job may print before the runner has recorded its pid: wait for both.
+    let pid = wait_for(LIMIT, "the stubborn job to be ready", || {
         let (_, out) = get(&host.socket(), "/v1/jobs/stubborn/output/stdout")?;
-        (out == "ready\n").then_some(())
+        let pid = get_json(&host.socket(), "/v1/jobs/stubborn")?["pid"].as_i64()?;
+        (out == "ready\n").then_some(pid as i32)
     });
-    let pid = get_json(&host.socket(), "/v1/jobs/stubborn").expect("job")["pid"]
-        .as_i64()
-        .expect("pid") as i32;
     guard.own_group(pid);
     pid
 }
@@ -1171,9 +1172,9 @@ fn a_delegated_agent_empties_the_runners_cgroup_tree_when_the_runner_could_not()
         .trim()
         .parse()
         .expect("pid");
-    let pid = get_json(&host.socket(), "/v1/jobs/escaping").expect("job")["pid"]
-        .as_i64()
-        .expect("pid") as i32;
+    let pid = wait_for(LIMIT, "the job's pid", || {
+        get_json(&host.socket(), "/v1/jobs/escaping")?["pid"].as_i64()
+    }) as i32;
     agent.own_group(pid);
     agent.own_group(escapee);
 

@@ -40,15 +40,23 @@ pub(super) async fn reconcile<S: Store>(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let t = bearer(&headers).map_err(|why| ApiError::new(StatusCode::UNAUTHORIZED, why))?;
-    // The token before the body: an unauthenticated caller learns nothing from its
-    // body's errors.
-    let entry = hub.fleet.authorize(&id, t)?;
+    let (entry, presented) = {
+        let t = bearer(&headers).map_err(|why| ApiError::new(StatusCode::UNAUTHORIZED, why))?;
+        // The token before the body: an unauthenticated caller learns nothing from its
+        // body's errors.
+        (
+            hub.fleet.authorize(&id, t)?,
+            crate::hub::token::sha256_hex(t),
+        )
+    };
+    // Nothing of the request is kept while the poll is held: its headers hold on to the
+    // connection's read buffer, which hyper would then have to allocate again to notice
+    // the agent going away (docs/benchmarks.md, "Memory per held poll").
+    drop(headers);
     proven();
     let q = super::extract::query(query)?;
     let report: AgentReport = parse_capped(body, MAX_REPORT_BYTES).await?;
     let wait = Duration::from_secs(q.wait.unwrap_or(0)).min(hub.max_wait);
-    let presented = crate::hub::token::sha256_hex(t);
     let peer = peer.map_or_else(|| "-".to_owned(), |p| p.0 .0.ip().to_string());
     // A rotation's two steps go to the audit log as they happen: a token taken (before
     // the poll is held), a token sent.

@@ -10,10 +10,7 @@ fn long_job(id: &str) -> Value {
 /// Waits until job `id` (a [`long_job`]) runs, and returns its pid, which leads its group;
 /// the runner's guard kills that group if the test fails.
 fn wait_ready(r: &mut Runner, id: &str) -> i32 {
-    wait_for(LIMIT, &format!("job {id} to be ready"), || {
-        (r.output(id, "stdout") == "ready\n").then_some(())
-    });
-    let pid = r.job(id)["pid"].as_i64().expect("pid") as i32;
+    let pid = r.pid_when_printed(id, "ready\n");
     r.guard.as_mut().expect("runner").own_group(pid);
     pid
 }

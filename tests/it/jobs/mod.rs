@@ -132,6 +132,15 @@ impl Runner {
         })
     }
 
+    /// The pid of job `id` once it has printed `line` (a job may print before the runner
+    /// has recorded its pid, so both are awaited).
+    fn pid_when_printed(&self, id: &str, line: &str) -> i32 {
+        wait_for(LIMIT, &format!("job {id} to print {line:?}"), || {
+            let pid = self.job(id)["pid"].as_i64()?;
+            (self.output(id, "stdout") == line).then_some(pid as i32)
+        })
+    }
+
     fn output(&self, id: &str, stream: &str) -> String {
         get(&self.socket(), &format!("/v1/jobs/{id}/output/{stream}"))
             .expect("output")

@@ -12,10 +12,7 @@ fn stubborn_job(id: &str) -> Value {
 /// group); the runner's guard kills that group if the test fails.
 fn start_stubborn(r: &mut Runner, id: &str) -> i32 {
     submit_ok(r, stubborn_job(id));
-    wait_for(LIMIT, "the stubborn job to be ready", || {
-        (r.output(id, "stdout") == "ready\n").then_some(())
-    });
-    let pid = r.job(id)["pid"].as_i64().expect("pid") as i32;
+    let pid = r.pid_when_printed(id, "ready\n");
     r.guard.as_mut().expect("runner").own_group(pid);
     pid
 }
@@ -166,10 +163,7 @@ fn what_a_dead_runners_job_left_in_its_group_after_its_leader_exited_is_killed()
         &r,
         json!({"id": "left", "argv": ["sh", "-c", "sleep 1000 & echo ready; sleep 1; exit 0"]}),
     );
-    wait_for(LIMIT, "the job to be ready", || {
-        (r.output(&id, "stdout") == "ready\n").then_some(())
-    });
-    let pgid = r.job(&id)["pid"].as_i64().expect("pid") as i32;
+    let pgid = r.pid_when_printed(&id, "ready\n");
     let mut old = r.guard.take().expect("runner");
     old.own_group(pgid);
     old.signal(Signal::SIGKILL);

@@ -155,10 +155,7 @@ fn a_cancelled_tree_is_killed_whole() {
         &r,
         json!({"argv": ["sh", "-c", tree_script()], "kill_grace_secs": 1}),
     );
-    wait_for(LIMIT, "the job to be ready", || {
-        (r.output(&id, "stdout") == "ready\n").then_some(())
-    });
-    let pid = r.job(&id)["pid"].as_i64().expect("pid") as i32;
+    let pid = r.pid_when_printed(&id, "ready\n");
     wait_for(LIMIT, "22 processes in the job's group", || {
         (live_in_group(pid).len() >= 22).then_some(())
     });
@@ -180,10 +177,7 @@ fn a_killed_runner_leaves_a_lost_job_and_its_output() {
         &r,
         json!({"argv": ["sh", "-c", "echo written-before-the-crash; sleep 1000 & exec sleep 1000"]}),
     );
-    wait_for(LIMIT, "output", || {
-        (r.output(&id, "stdout") == "written-before-the-crash\n").then_some(())
-    });
-    let pid = r.job(&id)["pid"].as_i64().expect("pid") as i32;
+    let pid = r.pid_when_printed(&id, "written-before-the-crash\n");
     let runner_pid = r.guard.as_ref().expect("runner").pid();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(runner_pid), Signal::SIGKILL)
         .expect("kill -9");
@@ -389,10 +383,7 @@ fn runner_shutdown_stops_running_jobs_and_keeps_queued_ones() {
         &r,
         json!({"id": "waiting", "argv": ["echo", "ran-after-restart"]}),
     );
-    wait_for(LIMIT, "the long job to run", || {
-        (r.output("long", "stdout") == "ready\n").then_some(())
-    });
-    let pid = r.job("long")["pid"].as_i64().expect("pid") as i32;
+    let pid = r.pid_when_printed("long", "ready\n");
     let mut guard = r.guard.take().expect("runner");
     guard.signal(Signal::SIGTERM);
     let out = guard.wait_output(LIMIT);
