@@ -7,14 +7,32 @@
 #
 # PIN=1 puts the hub on CPU 0 and the simulated agents on CPU 1 (taskset), so that the
 # agents' own TLS and JSON work does not delay the hub's answers.
+#
+# Then its peer, in the same run: etcd 3.4 (`etcd` on PATH; Debian `etcd-server`) with as
+# many watchers of one key over TLS, one Put at a time (examples/etcd_bench.rs, built with
+# `--features etcd-bench`, which needs `protoc`: Debian `protobuf-compiler` and
+# `libprotobuf-dev`). ETCD_CONNECTIONS spreads the watchers over that many connections
+# (default: one each, as the agents have). ETCD=0 leaves etcd out. The last line is one
+# JSON object with both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AGENTS=${1:-1000}
 ROUNDS=${2:-5}
 BUSY=${3:-64}
 BUSY_SECS=${4:-10}
-cargo build --release --quiet --example hub_bench
-cargo build --release --quiet
+ETCD=${ETCD:-1}
+if [ "$ETCD" = 1 ]; then
+  for tool in etcd protoc; do
+    if ! command -v "$tool" >/dev/null; then
+      echo "bench/hub.sh: $tool is missing: apt-get install -y etcd-server protobuf-compiler libprotobuf-dev (or ETCD=0)" >&2
+      exit 1
+    fi
+  done
+  # One build of everything with the feature, rather than two of the crate.
+  cargo build --release --quiet --features etcd-bench --bin railgrid --example hub_bench --example etcd_bench
+else
+  cargo build --release --quiet --bin railgrid --example hub_bench
+fi
 WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-hubbench.XXXXXX")
 ulimit -n "$(ulimit -Hn)"
 HUB_PIN=()
@@ -29,4 +47,21 @@ hub=$!
 trap 'kill -TERM $hub 2>/dev/null; wait $hub 2>/dev/null; rm -rf "$WORK"' EXIT
 for _ in $(seq 200); do [ -s "$WORK/hub/hub.json" ] && break; sleep 0.05; done
 echo "# railgrid hub benchmark: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $AGENTS agents, pinned: ${PIN:-0}"
-"${CLIENT_PIN[@]}" ./target/release/examples/hub_bench "$WORK/hub" "$AGENTS" "$ROUNDS" "$BUSY" "$BUSY_SECS"
+"${CLIENT_PIN[@]}" ./target/release/examples/hub_bench "$WORK/hub" "$AGENTS" "$ROUNDS" "$BUSY" "$BUSY_SECS" \
+  | tee "$WORK/hub.out"
+kill -TERM $hub 2>/dev/null && wait $hub 2>/dev/null || true
+hub_json=$(grep '^{.*"bench":"hub"' "$WORK/hub.out")
+field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" <<<"$2"; }
+if [ "$ETCD" != 1 ]; then
+  echo "$hub_json"
+  exit 0
+fi
+echo "# etcd beside it: $AGENTS watchers, $ROUNDS Puts"
+BENCH_TMP=${BENCH_TMP:-/tmp} ./target/release/examples/etcd_bench "$AGENTS" "$ROUNDS" "${ETCD_CONNECTIONS:-$AGENTS}" \
+  | tee "$WORK/etcd.out"
+etcd_json=$(grep '^{.*"bench":"etcd"' "$WORK/etcd.out")
+printf '{"bench":"hub","agents":%s,"p50_ms":%s,"p99_ms":%s,"etcd_p50_ms":%s,"etcd_p99_ms":%s,"rss_per_1000_mib":%s,"etcd_rss_per_1000_mib":%s,"etcd_connections":%s}\n' \
+  "$AGENTS" "$(field p50_ms "$hub_json")" "$(field p99_ms "$hub_json")" \
+  "$(field p50_ms "$etcd_json")" "$(field p99_ms "$etcd_json")" \
+  "$(field rss_per_1000_mib "$hub_json")" "$(field rss_per_1000_mib "$etcd_json")" \
+  "$(field connections "$etcd_json")"

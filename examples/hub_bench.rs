@@ -22,27 +22,9 @@ use railgrid::proto::desired::DesiredState;
 use railgrid::proto::report::AgentReport;
 use tokio::sync::mpsc;
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-/// (resident KiB, CPU seconds) of `pid`.
-fn usage(pid: u32) -> anyhow::Result<(u64, f64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| anyhow!("no VmRSS for pid {pid}"))?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = f.get(11).and_then(|s| s.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    Ok((rss, ticks as f64 / 100.0))
-}
+#[path = "common/measure.rs"]
+mod measure;
+use measure::{percentile, usage};
 
 #[path = "common/hub_dir.rs"]
 mod hub_dir;
@@ -421,6 +403,18 @@ async fn run(
     println!(
         "agent errors (retried)         {ramp_errors} while connecting, {} after",
         errors.load(Ordering::Relaxed) - ramp_errors
+    );
+    // For bench/hub.sh, which sets it beside etcd's.
+    let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "hub",
+            "agents": n,
+            "p50_ms": ms(percentile(&all, 0.5)),
+            "p99_ms": ms(percentile(&all, 0.99)),
+            "rss_per_1000_mib": (rss.saturating_sub(rss0) as f64 / 1024.0 / (n as f64 / 1000.0) * 10.0).round() / 10.0,
+        })
     );
     Ok(())
 }

@@ -2,12 +2,18 @@
 # Installs every tool the test suite uses, by Debian package name (Debian 12, Ubuntu), and
 # only what is missing. Run it once as root before `cargo test`; `.ci/run` runs it too.
 #
-#   sudo bash scripts/install-test-prerequisites.sh
+#   sudo bash scripts/install-test-prerequisites.sh [--bench]
+#
+# `--bench` also installs the benchmarks' peers and build tools (the `bench_need` lines),
+# which the tests do not use.
 #
 # Each `need TOOL PACKAGE…` line below is also read by the test suite
 # (tests/it/prerequisites.rs), which fails naming this script when a tool is missing: the
 # list here is the one list.
 set -euo pipefail
+
+bench=0
+[ "${1:-}" = --bench ] && bench=1
 
 missing=()
 need() {
@@ -50,6 +56,19 @@ need prometheus prometheus
 # The dashboard is tested in a real headless Chromium through WebDriver.
 need chromium chromium
 need chromedriver chromium-driver
+
+bench_need() {
+    [ "$bench" = 1 ] && need "$@"
+    return 0
+}
+
+# bench/supervise.sh beside s6, runit and supervisord; bench/hub.sh beside etcd, whose
+# client (examples/etcd_bench.rs) compiles its protocol with protoc.
+bench_need s6-svscan s6
+bench_need runsv runit
+bench_need supervisord supervisor
+bench_need etcd etcd-server
+bench_need protoc protobuf-compiler libprotobuf-dev
 
 if [ "${#missing[@]}" -eq 0 ]; then
     echo "every test prerequisite is installed"
