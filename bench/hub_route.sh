@@ -17,7 +17,7 @@ cargo build --release --quiet
 WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-routebench.XXXXXX")
 ulimit -n "$(ulimit -Hn)"
 ./target/release/railgrid hub serve --data-dir "$WORK/hub" --listen 127.0.0.1:0 --tls-self-signed \
-  --max-connections $((AGENTS + 1000)) 2>"$WORK/hub.log" &
+  --max-connections $((AGENTS * 2 + 1000)) 2>"$WORK/hub.log" &
 hub=$!
 trap 'kill -TERM $hub 2>/dev/null; wait $hub 2>/dev/null; rm -rf "$WORK"' EXIT
 for _ in $(seq 200); do [ -s "$WORK/hub/hub.json" ] && break; sleep 0.05; done

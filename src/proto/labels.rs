@@ -135,9 +135,27 @@ pub fn to_list(labels: &Labels) -> String {
 
 /// The labels in force: the host's (with the automatic ones), then the hub's over them.
 pub fn effective(host: &Labels, hub: &Labels) -> Labels {
-    let mut all = host.clone();
-    all.extend(hub.iter().map(|(k, v)| (k.clone(), v.clone())));
-    all
+    InForce { host, hub }.to_labels()
+}
+
+/// The labels in force read where they are, without a copy: what the dispatcher and a
+/// queued job's census match thousands of agents against.
+#[derive(Debug, Clone, Copy)]
+pub struct InForce<'a> {
+    pub host: &'a Labels,
+    pub hub: &'a Labels,
+}
+
+impl<'a> InForce<'a> {
+    pub fn get(&self, key: &str) -> Option<&'a String> {
+        self.hub.get(key).or_else(|| self.host.get(key))
+    }
+
+    pub fn to_labels(self) -> Labels {
+        let mut all = self.host.clone();
+        all.extend(self.hub.iter().map(|(k, v)| (k.clone(), v.clone())));
+        all
+    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use super::labels::{check_key, check_value, Labels};
+use super::labels::{check_key, check_value, InForce, Labels};
 
 /// The most requirements one selector may hold.
 pub const MAX_REQUIREMENTS: usize = 32;
@@ -28,14 +28,15 @@ pub enum Requirement {
 }
 
 impl Requirement {
-    fn matches(&self, labels: &Labels) -> bool {
+    /// Whether the labels `get` reads meet it.
+    fn holds<'a>(&self, get: impl Fn(&str) -> Option<&'a String>) -> bool {
         match self {
-            Requirement::Exists(k) => labels.contains_key(k),
-            Requirement::Absent(k) => !labels.contains_key(k),
-            Requirement::Eq(k, v) => labels.get(k) == Some(v),
-            Requirement::Ne(k, v) => labels.get(k) != Some(v),
-            Requirement::In(k, set) => labels.get(k).is_some_and(|v| set.contains(v)),
-            Requirement::NotIn(k, set) => !labels.get(k).is_some_and(|v| set.contains(v)),
+            Requirement::Exists(k) => get(k).is_some(),
+            Requirement::Absent(k) => get(k).is_none(),
+            Requirement::Eq(k, v) => get(k) == Some(v),
+            Requirement::Ne(k, v) => get(k) != Some(v),
+            Requirement::In(k, set) => get(k).is_some_and(|v| set.contains(v)),
+            Requirement::NotIn(k, set) => !get(k).is_some_and(|v| set.contains(v)),
         }
     }
 
@@ -76,7 +77,12 @@ impl Selector {
     }
 
     pub fn matches(&self, labels: &Labels) -> bool {
-        self.0.iter().all(|r| r.matches(labels))
+        self.0.iter().all(|r| r.holds(|k| labels.get(k)))
+    }
+
+    /// [`Selector::matches`] on the labels in force, read where they are.
+    pub fn matches_in_force(&self, labels: InForce<'_>) -> bool {
+        self.0.iter().all(|r| r.holds(|k| labels.get(k)))
     }
 
     pub fn requirements(&self) -> &[Requirement] {

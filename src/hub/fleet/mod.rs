@@ -47,6 +47,7 @@ use super::store::{HaltRow, Labels, ReleaseRow, ReportRow, Snapshot, Store, MUST
 use super::token;
 use crate::proto::desired::{self, DesiredRunner, DesiredState};
 use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView, ReleaseView};
+use crate::proto::labels::InForce;
 use crate::proto::report::AgentReport;
 use crate::util;
 
@@ -131,8 +132,16 @@ impl AgentState {
     /// The labels in force: the reported ones (the host's and the automatic), the hub's
     /// over them.
     fn labels(&self) -> Labels {
-        let reported = self.report.as_ref().map(|r| &r.labels);
-        crate::proto::labels::effective(reported.unwrap_or(&Labels::new()), &self.hub_labels)
+        self.in_force().to_labels()
+    }
+
+    /// [`AgentState::labels`], read where they are.
+    fn in_force(&self) -> InForce<'_> {
+        static NONE: Labels = Labels::new();
+        InForce {
+            host: self.report.as_ref().map_or(&NONE, |r| &r.labels),
+            hub: &self.hub_labels,
+        }
     }
 }
 

@@ -25,11 +25,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::jobs::OpenJob;
-use super::{AgentEntry, Fleet, FleetError};
+use super::{AgentEntry, AgentState, Fleet, FleetError};
 use crate::hub::store::{Assigned, Assignment, JobProgress, JobRow, Store};
 use crate::proto::fleet_job::EXPIRED;
+use crate::proto::hub::DesiredSettings;
 use crate::proto::job::JobState;
-use crate::proto::labels::Labels;
 use crate::proto::selector::Selector;
 use crate::util;
 
@@ -66,12 +66,13 @@ struct Lane {
 }
 
 impl Lane {
-    fn fits(&self, slot: &Slot) -> bool {
-        self.selector.matches(&slot.labels)
+    /// Whether an agent with these labels may take this lane's jobs.
+    fn fits(&self, st: &AgentState) -> bool {
+        self.selector.matches_in_force(st.in_force())
             && self
                 .scope
                 .as_ref()
-                .is_none_or(|s| s.matches(&slot.hub_labels))
+                .is_none_or(|s| s.matches(&st.hub_labels))
     }
 }
 
@@ -183,8 +184,8 @@ impl Queue {
 /// An agent that may take work now, as one round sees it.
 struct Slot {
     entry: Arc<AgentEntry>,
-    labels: Labels,
-    hub_labels: Labels,
+    /// The lanes (by the round's numbering) whose jobs it may take.
+    fits: Vec<bool>,
     open: usize,
     max: usize,
     last_assigned_ms: u64,
@@ -213,11 +214,14 @@ enum Standing {
     /// Drained, by the hub or on the host: it finishes what it has and takes nothing new.
     Draining,
     Full,
-    Room(Slot),
+    Room {
+        open: usize,
+        max: usize,
+    },
 }
 
 /// What matching agents there are for a queued job, counted.
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 struct Census {
     matching: usize,
     connected: usize,
@@ -225,6 +229,10 @@ struct Census {
     serving: usize,
     room: usize,
 }
+
+/// The censuses taken for a listing of queued jobs, by selector text.
+#[derive(Default)]
+pub(super) struct Censuses(HashMap<String, Census>);
 
 impl<S: Store> Fleet<S> {
     /// Wakes the dispatcher: a job was queued, or room may have opened.
@@ -236,17 +244,30 @@ impl<S: Store> Fleet<S> {
 
     /// Whether `entry` may take a queued job now (it holds fewer jobs than it may).
     pub(super) fn kick_if_room(&self, entry: &Arc<AgentEntry>) {
-        if util::lock(&self.queue).len() > 0 && matches!(self.standing(entry), Standing::Room(_)) {
+        if util::lock(&self.queue).len() > 0
+            && matches!(self.standing(entry), Standing::Room { .. })
+        {
             self.dispatch_kick.notify_one();
         }
     }
 
     fn standing(&self, entry: &Arc<AgentEntry>) -> Standing {
+        let fleet = self.fleet_scope().settings;
+        self.standing_locked(entry, &util::lock(&entry.state), &fleet)
+    }
+
+    /// [`Fleet::standing`] with the agent's state locked and the fleet's settings read
+    /// by the caller, once for all the agents it looks at.
+    fn standing_locked(
+        &self,
+        entry: &AgentEntry,
+        st: &AgentState,
+        fleet: &DesiredSettings,
+    ) -> Standing {
         if entry.is_revoked() {
             return Standing::Revoked;
         }
-        let settings = self.effective(entry).1;
-        let st = util::lock(&entry.state);
+        let settings = fleet.overlaid(&st.own.settings);
         if !self.connected(entry, st.last_seen) {
             return Standing::Away;
         }
@@ -268,14 +289,7 @@ impl<S: Store> Fleet<S> {
         if open >= max {
             return Standing::Full;
         }
-        Standing::Room(Slot {
-            entry: entry.clone(),
-            labels: st.labels(),
-            hub_labels: st.hub_labels.clone(),
-            open,
-            max,
-            last_assigned_ms: st.last_assigned_ms,
-        })
+        Standing::Room { open, max }
     }
 
     /// Queues a selected job the store holds now.
@@ -297,18 +311,35 @@ impl<S: Store> Fleet<S> {
             return Ok(0);
         }
         let _one = self.changes.lock().await;
-        let mut slots: Vec<Slot> = self
-            .candidates()
-            .iter()
-            .filter_map(|e| match self.standing(e) {
-                Standing::Room(s) => Some(s),
-                _ => None,
-            })
-            .collect();
-        if slots.is_empty() {
-            return Ok(0);
-        }
-        let plan = self.plan(&mut slots);
+        let fleet = self.fleet_scope().settings;
+        let (plan, slots) = {
+            // The queue held for the round: the slots are matched against its lanes as
+            // they stand, in one numbering.
+            let q = util::lock(&self.queue);
+            let lanes: Vec<(&str, &Lane)> = q.lanes.iter().map(|(t, l)| (t.as_str(), l)).collect();
+            let mut slots: Vec<Slot> = self
+                .matching_any(lanes.iter().map(|(_, l)| &l.selector))
+                .into_iter()
+                .filter_map(|entry| {
+                    let st = util::lock(&entry.state);
+                    let Standing::Room { open, max } = self.standing_locked(&entry, &st, &fleet)
+                    else {
+                        return None;
+                    };
+                    let fits: Vec<bool> = lanes.iter().map(|(_, l)| l.fits(&st)).collect();
+                    let last_assigned_ms = st.last_assigned_ms;
+                    drop(st);
+                    fits.contains(&true).then_some(Slot {
+                        entry,
+                        fits,
+                        open,
+                        max,
+                        last_assigned_ms,
+                    })
+                })
+                .collect();
+            (plan(&lanes, &mut slots), slots)
+        };
         if plan.is_empty() {
             return Ok(0);
         }
@@ -356,14 +387,17 @@ impl<S: Store> Fleet<S> {
         Ok(given)
     }
 
-    /// The agents some queued selector can match, by the label index: the whole fleet
-    /// only when a selector narrows nothing (only `!=`, `notin`, `!key`).
-    fn candidates(&self) -> Vec<Arc<AgentEntry>> {
-        let q = util::lock(&self.queue);
+    /// The agents one of `selectors` can match, by the label index (a superset: each is
+    /// still to be matched): the whole fleet only when a selector narrows nothing (only
+    /// `!=`, `notin`, `!key`).
+    fn matching_any<'s>(
+        &self,
+        selectors: impl IntoIterator<Item = &'s Selector>,
+    ) -> Vec<Arc<AgentEntry>> {
         let index = util::lock(&self.label_index);
         let mut ids: HashSet<&str> = HashSet::new();
-        for lane in q.lanes.values() {
-            match index.candidates(&lane.selector) {
+        for selector in selectors {
+            match index.candidates(selector) {
                 Some(found) => ids.extend(found),
                 None => return self.all(),
             }
@@ -375,59 +409,6 @@ impl<S: Store> Fleet<S> {
         ids.iter()
             .filter_map(|id| agents.get(*id).cloned())
             .collect()
-    }
-
-    /// Which queued jobs go to which slot this round, best first: the best head of all
-    /// lanes again and again, each to the least-loaded matching slot with room, until no
-    /// lane has one or [`ROUND`] are planned. The slots count what they were given.
-    fn plan(&self, slots: &mut [Slot]) -> Vec<(String, usize)> {
-        let q = util::lock(&self.queue);
-        // Per lane: the slots whose labels match (found once), and how far into the
-        // lane this round has got.
-        let mut lanes: HashMap<&str, (Vec<usize>, usize)> = HashMap::new();
-        let mut heads = BinaryHeap::new();
-        for (text, lane) in &q.lanes {
-            let fits = (0..slots.len()).filter(|&i| lane.fits(&slots[i])).collect();
-            lanes.insert(text.as_str(), (fits, 0));
-            if let Some(key) = lane.jobs.keys().next() {
-                heads.push(Reverse((*key, text.as_str())));
-            }
-        }
-        let now = util::unix_now_ms();
-        let mut plan = Vec::new();
-        while let Some(Reverse((_, text))) = heads.pop() {
-            if plan.len() == ROUND {
-                break;
-            }
-            let Some((fits, taken)) = lanes.get_mut(text) else {
-                continue;
-            };
-            let mut jobs = q.lanes[text].jobs.values().skip(*taken);
-            let Some(job) = jobs.next() else { continue };
-            // A retry goes to another agent than the one it was lost on, when one has room.
-            let avoided = |i: usize| Some(&slots[i].entry.id) == job.row.avoid.as_ref();
-            let Some(best) = fits
-                .iter()
-                .copied()
-                .filter(|&i| slots[i].has_room())
-                .min_by(|&a, &b| {
-                    avoided(a)
-                        .cmp(&avoided(b))
-                        .then_with(|| slots[a].before(&slots[b]))
-                })
-            else {
-                // No room for this lane this round: its jobs wait.
-                continue;
-            };
-            plan.push((job.row.id.clone(), best));
-            slots[best].open += 1;
-            slots[best].last_assigned_ms = now;
-            *taken += 1;
-            if let Some(next) = jobs.next() {
-                heads.push(Reverse((next.key(), text)));
-            }
-        }
-        plan
     }
 
     /// Queued job `id` is `entry`'s now, as stored: out of the queue, into the agent's
@@ -459,6 +440,7 @@ impl<S: Store> Fleet<S> {
         }
         let _one = self.changes.lock().await;
         let due = util::lock(&self.queue).due(now);
+        let mut censuses = Censuses::default();
         for id in due {
             let Some(row) = util::lock(&self.queue).remove(&id) else {
                 continue;
@@ -470,7 +452,7 @@ impl<S: Store> Fleet<S> {
             let why = format!(
                 "no agent took it within its queue timeout of {}: {}",
                 humantime::format_duration(Duration::from_secs(timeout / 1000)),
-                self.queue_waiting(&row)
+                self.queue_waiting_in(&row, &mut censuses)
             );
             if self
                 .end_queued_row(&row, EXPIRED, why.clone(), false)
@@ -530,32 +512,23 @@ impl<S: Store> Fleet<S> {
         }
     }
 
-    /// Why a queued job waits, as the fleet stands now.
-    pub(super) fn queue_waiting(&self, row: &JobRow) -> String {
+    /// Why a queued job waits, as the fleet stands now; `censuses` counts the agents a
+    /// selector matches once for all the jobs of a listing.
+    pub(super) fn queue_waiting_in(&self, row: &JobRow, censuses: &mut Censuses) -> String {
         let Some(text) = row.selector.as_deref() else {
             return "queued".into();
         };
         let Ok(selector) = Selector::parse(text) else {
             return format!("its selector {text:?} does not parse: cancel it");
         };
-        let mut c = Census::default();
-        for e in self.all() {
-            if e.is_revoked() || !selector.matches(&util::lock(&e.state).labels()) {
-                continue;
+        let c = match censuses.0.get(text) {
+            Some(c) => *c,
+            None => {
+                let c = self.census(&selector);
+                censuses.0.insert(text.to_owned(), c);
+                c
             }
-            c.matching += 1;
-            match self.standing(&e) {
-                Standing::Revoked | Standing::Away => continue,
-                Standing::NotServing => {}
-                Standing::Draining => c.draining += 1,
-                Standing::Full => c.serving += 1,
-                Standing::Room(_) => {
-                    c.serving += 1;
-                    c.room += 1;
-                }
-            }
-            c.connected += 1;
-        }
+        };
         let agents = |n: usize| if n == 1 { "agent" } else { "agents" };
         let ahead = util::lock(&self.queue).ahead(&row.id);
         if c.matching == 0 {
@@ -593,6 +566,31 @@ impl<S: Store> Fleet<S> {
                 agents(c.room)
             )
         }
+    }
+
+    /// The agents `selector` matches, by how they stand.
+    fn census(&self, selector: &Selector) -> Census {
+        let mut c = Census::default();
+        let fleet = self.fleet_scope().settings;
+        for e in self.matching_any([selector]) {
+            let st = util::lock(&e.state);
+            if e.is_revoked() || !selector.matches_in_force(st.in_force()) {
+                continue;
+            }
+            c.matching += 1;
+            match self.standing_locked(&e, &st, &fleet) {
+                Standing::Revoked | Standing::Away => continue,
+                Standing::NotServing => {}
+                Standing::Draining => c.draining += 1,
+                Standing::Full => c.serving += 1,
+                Standing::Room { .. } => {
+                    c.serving += 1;
+                    c.room += 1;
+                }
+            }
+            c.connected += 1;
+        }
+        c
     }
 
     /// Takes in a job another replica queued or ended while queued (its row now).
@@ -666,6 +664,56 @@ impl Dispatcher {
     pub(crate) fn stop(self) {
         self.0.abort();
     }
+}
+
+/// Which queued jobs go to which slot this round, best first: the best head of all lanes
+/// again and again, each to the least-loaded matching slot with room, until no lane has
+/// one or [`ROUND`] are planned. The slots count what they were given.
+fn plan(lanes: &[(&str, &Lane)], slots: &mut [Slot]) -> Vec<(String, usize)> {
+    // Per lane: the slots that may take its jobs, and how far into the lane this round
+    // has got.
+    let mut progress: Vec<(Vec<usize>, usize)> = (0..lanes.len())
+        .map(|n| ((0..slots.len()).filter(|&i| slots[i].fits[n]).collect(), 0))
+        .collect();
+    let mut heads = BinaryHeap::new();
+    for (n, (_, lane)) in lanes.iter().enumerate() {
+        if let Some(key) = lane.jobs.keys().next() {
+            heads.push(Reverse((*key, n)));
+        }
+    }
+    let now = util::unix_now_ms();
+    let mut plan = Vec::new();
+    while let Some(Reverse((_, n))) = heads.pop() {
+        if plan.len() == ROUND {
+            break;
+        }
+        let (fits, taken) = &mut progress[n];
+        let mut jobs = lanes[n].1.jobs.values().skip(*taken);
+        let Some(job) = jobs.next() else { continue };
+        // A retry goes to another agent than the one it was lost on, when one has room.
+        let avoided = |i: usize| Some(&slots[i].entry.id) == job.row.avoid.as_ref();
+        let Some(best) = fits
+            .iter()
+            .copied()
+            .filter(|&i| slots[i].has_room())
+            .min_by(|&a, &b| {
+                avoided(a)
+                    .cmp(&avoided(b))
+                    .then_with(|| slots[a].before(&slots[b]))
+            })
+        else {
+            // No room for this lane this round: its jobs wait.
+            continue;
+        };
+        plan.push((job.row.id.clone(), best));
+        slots[best].open += 1;
+        slots[best].last_assigned_ms = now;
+        *taken += 1;
+        if let Some(next) = jobs.next() {
+            heads.push(Reverse((next.key(), n)));
+        }
+    }
+    plan
 }
 
 #[cfg(test)]
