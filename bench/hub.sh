@@ -44,7 +44,8 @@ fi
 "${HUB_PIN[@]}" ./target/release/railgrid hub serve --data-dir "$WORK/hub" --listen 127.0.0.1:0 --tls-self-signed \
   --max-connections $((AGENTS + 1000)) 2>"$WORK/hub.log" &
 hub=$!
-trap 'kill -TERM $hub 2>/dev/null; wait $hub 2>/dev/null; rm -rf "$WORK"' EXIT
+# The hub is stopped before etcd starts: the trap must not fail on a hub already gone.
+trap 'kill -TERM $hub 2>/dev/null || true; wait $hub 2>/dev/null || true; rm -rf "$WORK"' EXIT
 for _ in $(seq 200); do [ -s "$WORK/hub/hub.json" ] && break; sleep 0.05; done
 echo "# railgrid hub benchmark: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $AGENTS agents, pinned: ${PIN:-0}"
 "${CLIENT_PIN[@]}" ./target/release/examples/hub_bench "$WORK/hub" "$AGENTS" "$ROUNDS" "$BUSY" "$BUSY_SECS" \
