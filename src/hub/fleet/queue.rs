@@ -59,15 +59,21 @@ impl Queued {
 }
 
 struct Lane {
-    selector: Selector,
-    /// A scoped token's selector, on the agents' hub labels.
-    scope: Option<Selector>,
+    takers: Takers,
     jobs: BTreeMap<Key, Queued>,
 }
 
-impl Lane {
+/// Which agents may take a lane's jobs.
+#[derive(Clone)]
+struct Takers {
+    selector: Selector,
+    /// A scoped token's selector, on the agents' hub labels.
+    scope: Option<Selector>,
+}
+
+impl Takers {
     /// Whether an agent with these labels may take this lane's jobs.
-    fn fits(&self, st: &AgentState) -> bool {
+    fn fit(&self, st: &AgentState) -> bool {
         self.selector.matches_in_force(st.in_force())
             && self
                 .scope
@@ -112,8 +118,7 @@ impl Queue {
                 };
                 match Selector::parse(&selector_text) {
                     Ok(selector) => v.insert(Lane {
-                        selector,
-                        scope,
+                        takers: Takers { selector, scope },
                         jobs: BTreeMap::new(),
                     }),
                     Err(_) => return false,
@@ -312,33 +317,39 @@ impl<S: Store> Fleet<S> {
         }
         let _one = self.changes.lock().await;
         let fleet = self.fleet_scope().settings;
-        let (plan, slots) = {
-            // The queue held for the round: the slots are matched against its lanes as
-            // they stand, in one numbering.
-            let q = util::lock(&self.queue);
-            let lanes: Vec<(&str, &Lane)> = q.lanes.iter().map(|(t, l)| (t.as_str(), l)).collect();
-            let mut slots: Vec<Slot> = self
-                .matching_any(lanes.iter().map(|(_, l)| &l.selector))
-                .into_iter()
-                .filter_map(|entry| {
-                    let st = util::lock(&entry.state);
-                    let Standing::Room { open, max } = self.standing_locked(&entry, &st, &fleet)
-                    else {
-                        return None;
-                    };
-                    let fits: Vec<bool> = lanes.iter().map(|(_, l)| l.fits(&st)).collect();
-                    let last_assigned_ms = st.last_assigned_ms;
-                    drop(st);
-                    fits.contains(&true).then_some(Slot {
-                        entry,
-                        fits,
-                        open,
-                        max,
-                        last_assigned_ms,
-                    })
+        // The lanes as they stand, numbered for this round; the agents are looked at
+        // without the queue's lock, which every reconcile takes.
+        let lanes: Vec<(String, Takers)> = util::lock(&self.queue)
+            .lanes
+            .iter()
+            .map(|(text, lane)| (text.clone(), lane.takers.clone()))
+            .collect();
+        let mut slots: Vec<Slot> = self
+            .matching_any(lanes.iter().map(|(_, t)| &t.selector))
+            .into_iter()
+            .filter_map(|entry| {
+                let st = util::lock(&entry.state);
+                let Standing::Room { open, max } = self.standing_locked(&entry, &st, &fleet) else {
+                    return None;
+                };
+                let fits: Vec<bool> = lanes.iter().map(|(_, t)| t.fit(&st)).collect();
+                let last_assigned_ms = st.last_assigned_ms;
+                drop(st);
+                fits.contains(&true).then_some(Slot {
+                    entry,
+                    fits,
+                    open,
+                    max,
+                    last_assigned_ms,
                 })
-                .collect();
-            (plan(&lanes, &mut slots), slots)
+            })
+            .collect();
+        let plan = {
+            let q = util::lock(&self.queue);
+            // A lane emptied meanwhile has nothing to plan; one opened meanwhile waits
+            // for the next round.
+            let now: Vec<Option<&Lane>> = lanes.iter().map(|(text, _)| q.lanes.get(text)).collect();
+            plan(&now, &mut slots)
         };
         if plan.is_empty() {
             return Ok(0);
@@ -669,15 +680,15 @@ impl Dispatcher {
 /// Which queued jobs go to which slot this round, best first: the best head of all lanes
 /// again and again, each to the least-loaded matching slot with room, until no lane has
 /// one or [`ROUND`] are planned. The slots count what they were given.
-fn plan(lanes: &[(&str, &Lane)], slots: &mut [Slot]) -> Vec<(String, usize)> {
+fn plan(lanes: &[Option<&Lane>], slots: &mut [Slot]) -> Vec<(String, usize)> {
     // Per lane: the slots that may take its jobs, and how far into the lane this round
     // has got.
     let mut progress: Vec<(Vec<usize>, usize)> = (0..lanes.len())
         .map(|n| ((0..slots.len()).filter(|&i| slots[i].fits[n]).collect(), 0))
         .collect();
     let mut heads = BinaryHeap::new();
-    for (n, (_, lane)) in lanes.iter().enumerate() {
-        if let Some(key) = lane.jobs.keys().next() {
+    for (n, lane) in lanes.iter().enumerate() {
+        if let Some(key) = lane.and_then(|l| l.jobs.keys().next()) {
             heads.push(Reverse((*key, n)));
         }
     }
@@ -688,7 +699,8 @@ fn plan(lanes: &[(&str, &Lane)], slots: &mut [Slot]) -> Vec<(String, usize)> {
             break;
         }
         let (fits, taken) = &mut progress[n];
-        let mut jobs = lanes[n].1.jobs.values().skip(*taken);
+        let Some(lane) = lanes[n] else { continue };
+        let mut jobs = lane.jobs.values().skip(*taken);
         let Some(job) = jobs.next() else { continue };
         // A retry goes to another agent than the one it was lost on, when one has room.
         let avoided = |i: usize| Some(&slots[i].entry.id) == job.row.avoid.as_ref();
