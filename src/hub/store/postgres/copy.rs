@@ -7,7 +7,7 @@ use deadpool_postgres::Object;
 use futures_util::{pin_mut, TryStreamExt};
 use tokio_postgres::types::{ToSql, Type};
 
-use super::{PgStore, HUBS_LOCK};
+use super::PgStore;
 use crate::hub::store::copy::{quote, Cell, Sum, Table};
 use crate::hub::store::StoreError;
 
@@ -36,17 +36,7 @@ impl PgStore {
             url: self.url.clone(),
         };
         let c = target.client();
-        let alone: bool = c
-            .query_one(
-                &format!("SELECT pg_try_advisory_xact_lock({HUBS_LOCK})"),
-                &[],
-            )
-            .await
-            .map_err(&e)?
-            .get(0);
-        if !alone {
-            return Err(StoreError::HubsRunning(self.url.clone()));
-        }
+        self.alone(c).await?;
         let tables: Vec<String> = c
             .query(
                 "SELECT table_name::text FROM information_schema.tables
@@ -104,12 +94,7 @@ impl CopyTarget {
         let e = self.err();
         let width = table.columns.len().max(1);
         let per = ROWS_PER_INSERT.min(60_000 / width).max(1);
-        let columns = table
-            .columns
-            .iter()
-            .map(|c| quote(c))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let columns = column_list(table);
         for chunk in rows.chunks(per) {
             let values = (0..chunk.len())
                 .map(|r| {
@@ -147,12 +132,7 @@ impl CopyTarget {
     /// `table` as this transaction now holds it, summed as the source was.
     pub(crate) async fn sum(&self, table: &Table) -> Result<Sum, StoreError> {
         let e = self.err();
-        let columns = table
-            .columns
-            .iter()
-            .map(|c| quote(c))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let columns = column_list(table);
         let rows = self
             .client()
             .query_raw(
@@ -210,4 +190,14 @@ fn param<'a>(cell: &'a Cell, ty: &Type) -> Option<&'a (dyn ToSql + Sync)> {
         (Cell::Bytes(b), &Type::BYTEA) => b,
         _ => return None,
     })
+}
+
+/// `table`'s columns, quoted, in its order.
+fn column_list(table: &Table) -> String {
+    table
+        .columns
+        .iter()
+        .map(|c| quote(c))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -243,6 +243,24 @@ impl PgStore {
         }
     }
 
+    /// Takes the hubs' lock exclusively for `conn`'s transaction, or refuses: the
+    /// maintenance that must run with no hub on the database (renumber, copy).
+    async fn alone(&self, conn: &impl GenericClient) -> Result<(), StoreError> {
+        let alone: bool = conn
+            .query_one(
+                &format!("SELECT pg_try_advisory_xact_lock({HUBS_LOCK})"),
+                &[],
+            )
+            .await
+            .map_err(self.err())?
+            .get(0);
+        if alone {
+            Ok(())
+        } else {
+            Err(StoreError::HubsRunning(self.url.clone()))
+        }
+    }
+
     fn err(&self) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
         move |source| StoreError::Postgres {
             url: self.url.clone(),
@@ -639,17 +657,7 @@ impl Store for PgStore {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
-        let alone: bool = tx
-            .query_one(
-                &format!("SELECT pg_try_advisory_xact_lock({HUBS_LOCK})"),
-                &[],
-            )
-            .await
-            .map_err(&e)?
-            .get(0);
-        if !alone {
-            return Err(StoreError::HubsRunning(self.url.clone()));
-        }
+        self.alone(&tx).await?;
         let was: i64 = tx
             .query_one(
                 "SELECT value FROM meta WHERE key = 'generation' FOR UPDATE",
