@@ -313,6 +313,7 @@ async fn run<S: Store>(
         release_keys,
         releases_dir: opts.data_dir.join(RELEASES_DIR),
         fetching: tokio::sync::Mutex::new(()),
+        answers: Default::default(),
     });
     // Metrics in plain HTTP, for a scraper on a private network: no token, nothing but
     // /metrics.
@@ -380,7 +381,7 @@ async fn run<S: Store>(
         }
     };
     let why =
-        serve::accept_loop(listener, tls, http::router(hub), opts.max_connections, stop).await;
+        serve::accept_loop(listener, tls, http::Conns::new(hub), opts.max_connections, stop).await;
     tracing::info!("{why} received: stopping the hub");
     flusher.stop();
     dispatcher.stop();

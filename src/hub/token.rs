@@ -82,3 +82,16 @@ mod tests {
         );
     }
 }
+
+/// The token of an `Authorization` header's value `Bearer <token>` (the scheme in any
+/// case, RFC 7235); why it is not one otherwise.
+pub(crate) fn bearer_text(value: &str) -> Result<&str, &'static str> {
+    match value.split_once(' ') {
+        Some((scheme, token))
+            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
+        {
+            Ok(token.trim())
+        }
+        _ => Err("the Authorization header must be `Bearer <token>`"),
+    }
+}

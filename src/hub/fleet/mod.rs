@@ -58,7 +58,7 @@ use self::labels::stored_labels;
 pub(crate) use self::queue::Dispatcher;
 use self::queue::Queue;
 use self::reconcile::changed;
-pub(crate) use self::reconcile::ReportFlusher;
+pub(crate) use self::reconcile::{Poll, ReportFlusher};
 use self::releases::Releases;
 pub(crate) use self::releases::ROLLED_BACK;
 pub(crate) use self::replicas::ReplicaSync;

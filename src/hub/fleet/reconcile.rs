@@ -6,17 +6,25 @@
 use super::*;
 use crate::proto::hub::SETTINGS;
 
+/// A reconcile whose report is taken, between its hold and its answer.
+pub(crate) struct Poll {
+    entry: Arc<AgentEntry>,
+    rx: watch::Receiver<u64>,
+    /// The generation the agent reported.
+    observed: u64,
+    /// The hash of the agent's token when its report was taken.
+    token: String,
+}
+
 impl<S: Store> Fleet<S> {
-    /// A reconcile: records `report`, then answers with the agent's desired state, at
-    /// once when the agent is behind it, else when it changes or `wait` has passed.
-    /// `presented`: the SHA-256 of the token the agent reconciles with.
-    pub(crate) async fn reconcile(
+    /// A reconcile's first part: `report` recorded, and what a hold then waits on. Then
+    /// [`hold`](Self::hold), then [`answer`](Self::answer).
+    pub(crate) async fn take_report(
         self: &Arc<Self>,
         entry: &Arc<AgentEntry>,
         presented: &str,
         mut report: AgentReport,
-        wait: Duration,
-    ) -> Result<DesiredState, FleetError> {
+    ) -> Result<Poll, FleetError> {
         if self.store_lost.load(Ordering::Acquire) {
             return Err(FleetError::StoreLost);
         }
@@ -79,17 +87,45 @@ impl<S: Store> Fleet<S> {
         }
         self.queue_report(entry, report);
         self.kick_if_room(entry);
-        if !wait.is_zero() && *rx.borrow() <= observed {
-            let _held = Held::new(&entry.polls, &self.held);
-            // Either way the answer is computed below from what holds now.
-            let _ = tokio::time::timeout(
-                wait,
-                rx.wait_for(|g| {
-                    *g > observed || entry.is_revoked() || self.store_lost.load(Ordering::Acquire)
-                }),
-            )
-            .await;
+        Ok(Poll {
+            entry: entry.clone(),
+            rx,
+            observed,
+            token,
+        })
+    }
+
+    /// Holds `poll` until the agent's desired state passes what it reported, it is
+    /// revoked, the store is lost, or `wait` has passed; at once when `wait` is zero. A
+    /// future of its own, small: it is what ten thousand idle agents cost while held.
+    pub(crate) async fn hold(&self, poll: &mut Poll, wait: Duration) {
+        let Poll {
+            entry,
+            rx,
+            observed,
+            ..
+        } = poll;
+        if wait.is_zero() || *rx.borrow() > *observed {
+            return;
         }
+        let _held = Held::new(&entry.polls, &self.held);
+        // Either way the answer is computed from what holds then.
+        let _ = tokio::time::timeout(
+            wait,
+            rx.wait_for(|g| {
+                *g > *observed || entry.is_revoked() || self.store_lost.load(Ordering::Acquire)
+            }),
+        )
+        .await;
+    }
+
+    /// A reconcile's last part: the desired state `poll`'s agent is answered with now.
+    pub(crate) async fn answer(
+        &self,
+        poll: Poll,
+        presented: &str,
+    ) -> Result<DesiredState, FleetError> {
+        let Poll { entry, token, .. } = poll;
         if self.store_lost.load(Ordering::Acquire) {
             return Err(FleetError::StoreLost);
         }
@@ -99,9 +135,9 @@ impl<S: Store> Fleet<S> {
             return Err(FleetError::Revoked(entry.id.clone()));
         }
         crate::hub::metrics::RECONCILES.fetch_add(1, Ordering::Relaxed);
-        let mut desired = self.desired_for(entry, true);
+        let mut desired = self.desired_for(&entry, true);
         desired.new_token = self
-            .token_for_answer(entry, presented)
+            .token_for_answer(&entry, presented)
             .await?
             .map(desired::NewToken);
         Ok(desired)

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -15,6 +15,8 @@ use super::access::about;
 use super::error::{ApiError, ApiResult};
 use super::extract::{bearer, parse, parse_capped, read_body, ApiPath, MAX_BODY_BYTES};
 use super::state::Hub;
+use crate::hub::fleet::{AgentEntry, Poll};
+use crate::hub::serve::Peer;
 use crate::hub::store::Store;
 use crate::hub::unproven::proven;
 use crate::proto::hub::{
@@ -23,7 +25,7 @@ use crate::proto::hub::{
 use crate::proto::report::AgentReport;
 
 /// A report may carry up to a thousand jobs' states.
-const MAX_REPORT_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_REPORT_BYTES: usize = 1024 * 1024;
 
 #[derive(Deserialize)]
 pub(super) struct ReconcileQuery {
@@ -40,14 +42,11 @@ pub(super) async fn reconcile<S: Store>(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let (entry, presented) = {
+    let admitted = {
         let t = bearer(&headers).map_err(|why| ApiError::new(StatusCode::UNAUTHORIZED, why))?;
         // The token before the body: an unauthenticated caller learns nothing from its
         // body's errors.
-        (
-            hub.fleet.authorize(&id, t)?,
-            crate::hub::token::sha256_hex(t),
-        )
+        admit(&hub, &id, t)?
     };
     // Nothing of the request is kept while the poll is held: its headers hold on to the
     // connection's read buffer, which hyper would then have to allocate again to notice
@@ -56,35 +55,86 @@ pub(super) async fn reconcile<S: Store>(
     proven();
     let q = super::extract::query(query)?;
     let report: AgentReport = parse_capped(body, MAX_REPORT_BYTES).await?;
-    let wait = Duration::from_secs(q.wait.unwrap_or(0)).min(hub.max_wait);
-    let peer = peer.map_or_else(|| "-".to_owned(), |p| p.0 .0.ip().to_string());
+    let peer = peer.map(|p| p.0);
+    let mut poll = take(&hub, &admitted, peer, report).await?;
+    hub.fleet.hold(&mut poll, held_for(&hub, q.wait)).await;
+    answer(&hub, admitted, poll, peer).await
+}
+
+/// An agent whose token a reconcile showed: what its answer is computed for.
+pub(crate) struct Admitted {
+    entry: Arc<AgentEntry>,
+    id: String,
+    /// The SHA-256 of the token it showed.
+    presented: String,
+}
+
+/// A reconcile of agent `id` with `token`, if that is its token.
+pub(crate) fn admit<S: Store>(hub: &Hub<S>, id: &str, token: &str) -> ApiResult<Admitted> {
+    Ok(Admitted {
+        entry: hub.fleet.authorize(id, token)?,
+        id: id.to_owned(),
+        presented: crate::hub::token::sha256_hex(token),
+    })
+}
+
+/// How long a reconcile that asks to wait `wait` seconds is held.
+pub(crate) fn held_for<S: Store>(hub: &Hub<S>, wait: Option<u64>) -> Duration {
+    Duration::from_secs(wait.unwrap_or(0)).min(hub.max_wait)
+}
+
+/// An admitted agent's report taken: what its poll then waits on.
+pub(crate) async fn take<S: Store>(
+    hub: &Hub<S>,
+    a: &Admitted,
+    peer: Option<Peer>,
+    report: AgentReport,
+) -> ApiResult<Poll> {
     // A rotation's two steps go to the audit log as they happen: a token taken (before
     // the poll is held), a token sent.
-    if hub.fleet.is_next_token(&entry, &presented) {
-        hub.fleet.promote_if_next(&entry, &presented).await?;
+    if hub.fleet.is_next_token(&a.entry, &a.presented) {
+        hub.fleet.promote_if_next(&a.entry, &a.presented).await?;
         rotation(
-            &hub,
-            &id,
-            &peer,
+            hub,
+            &a.id,
+            peer,
             "the agent uses its new token: the old one is refused",
         )
         .await;
     }
-    let desired = hub
+    Ok(hub
         .fleet
-        .reconcile(&entry, &presented, report, wait)
-        .await?;
-    if desired.new_token.is_some() {
-        rotation(&hub, &id, &peer, "a new token sent to the agent").await;
-    }
-    Ok(Json(desired).into_response())
+        .take_report(&a.entry, &a.presented, report)
+        .await?)
 }
 
-async fn rotation<S: Store>(hub: &Hub<S>, id: &str, peer: &str, outcome: &str) {
+/// The answer to a poll taken (and held, or not).
+pub(crate) async fn answer<S: Store>(
+    hub: &Hub<S>,
+    a: Admitted,
+    poll: Poll,
+    peer: Option<Peer>,
+) -> ApiResult<Response> {
+    let desired = hub.fleet.answer(poll, &a.presented).await?;
+    if desired.new_token.is_some() {
+        rotation(hub, &a.id, peer, "a new token sent to the agent").await;
+    }
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        hub.answers.json(&desired),
+    )
+        .into_response())
+}
+
+async fn rotation<S: Store>(hub: &Hub<S>, id: &str, peer: Option<Peer>, outcome: &str) {
+    let peer = peer.map_or_else(|| "-".to_owned(), |p| p.0.ip().to_string());
     hub.access
         .audit(crate::hub::access::Audited {
             token: id,
-            peer,
+            peer: &peer,
             action: "token rotation",
             target: id,
             outcome,

@@ -13,7 +13,7 @@ use super::error::{ApiError, ApiResult};
 /// Request bodies above this are refused (413): a report is a few KiB.
 pub(crate) const MAX_BODY_BYTES: usize = 256 * 1024;
 /// A body must arrive within this, once its headers have (408).
-const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The path's parameters, as axum's `Path` takes them, but refused in the API's own
 /// shape (`{"error": …}`, 400) instead of axum's plain text: a client reads one kind of
@@ -61,25 +61,50 @@ pub(crate) async fn read_body(body: Body, max: usize) -> ApiResult<Bytes> {
     match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, max)).await {
         Ok(Ok(b)) => Ok(b),
         Ok(Err(e)) => {
-            let too_large = std::error::Error::source(&e)
+            let too_large_for = std::error::Error::source(&e)
                 .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            if too_large {
-                Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("the request body is larger than {max} bytes"),
-                ))
+            if too_large_for {
+                Err(too_large(max))
             } else {
-                Err(ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("could not read the request body: {e}"),
-                ))
+                Err(unreadable(&e))
             }
         }
-        Err(_) => Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            format!("the request body did not arrive within {BODY_TIMEOUT:?}"),
-        )),
+        Err(_) => Err(too_slow()),
     }
+}
+
+/// A body over `max` bytes (413).
+pub(crate) fn too_large(max: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the request body is larger than {max} bytes"),
+    )
+}
+
+/// A body not all there within [`BODY_TIMEOUT`] (408).
+pub(crate) fn too_slow() -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        format!("the request body did not arrive within {BODY_TIMEOUT:?}"),
+    )
+}
+
+/// A body that could not be read (400).
+pub(crate) fn unreadable(e: &dyn std::fmt::Display) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_REQUEST,
+        format!("could not read the request body: {e}"),
+    )
+}
+
+/// A JSON body's value, or 400 with serde's message (which names the field).
+pub(crate) fn json<T: DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}"),
+        )
+    })
 }
 
 /// A JSON body, with every way it can be wrong answered as `{"error"}`: too large (413),
@@ -89,13 +114,7 @@ pub(crate) async fn parse<T: DeserializeOwned>(body: Body) -> ApiResult<T> {
 }
 
 pub(crate) async fn parse_capped<T: DeserializeOwned>(body: Body, max: usize) -> ApiResult<T> {
-    let body = read_body(body, max).await?;
-    serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("invalid request body: {e}"),
-        )
-    })
+    json(&read_body(body, max).await?)
 }
 
 /// The token of an `Authorization: Bearer …` header (the scheme in any case, RFC 7235);
@@ -111,12 +130,5 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Result<&str, &'static str> {
     let value = value
         .to_str()
         .map_err(|_| "the Authorization header is not text")?;
-    match value.split_once(' ') {
-        Some((scheme, token))
-            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
-        {
-            Ok(token.trim())
-        }
-        _ => Err("the Authorization header must be `Bearer <token>`"),
-    }
+    crate::hub::token::bearer_text(value)
 }

@@ -7,11 +7,13 @@
 
 mod access;
 mod agents;
+mod conn;
 mod error;
 mod extract;
 mod jobs;
 mod metrics;
 mod releases;
+mod rendered;
 mod rollouts;
 mod state;
 mod ui;
@@ -26,6 +28,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 
+pub(crate) use self::conn::Conns;
 pub(crate) use self::error::ApiError;
 use self::extract::bearer;
 pub(crate) use self::metrics::plain as metrics_router;

@@ -25,4 +25,6 @@ pub(crate) struct Hub<S: Store> {
     /// One binary at a time is brought from the database (replicas): a thousand agents
     /// asking at once for one this replica lacks must not load it a thousand times.
     pub(crate) fetching: tokio::sync::Mutex<()>,
+    /// The common answer to a reconcile, serialised once.
+    pub(crate) answers: super::rendered::Rendered,
 }

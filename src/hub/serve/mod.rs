@@ -23,20 +23,34 @@
 //!   passed leaves the hub at its usual size, not at its peak. Never during one: a trim
 //!   holds the allocator's locks while it walks the heap, and every thread waits.
 //!
-//! A held long poll is one connection task parked on its agent's watch channel.
+//! What a connection then carries is [`Connections`]'s to serve (the HTTP layer,
+//! `hub::http::conn`). A held long poll is one connection task parked on its agent's
+//! watch channel.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
+use futures_util::future::BoxFuture;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::unproven::{Places, PLACE};
+use super::unproven::{Place, Places};
+
+/// What serves a connection once its TLS handshake is done, until it ends.
+pub(crate) trait Connections: Send + Sync + 'static {
+    /// `place`: the connection's place among the unproven ones, to give up once a
+    /// request shows a valid token.
+    fn serve(
+        &self,
+        tls: TlsStream<TcpStream>,
+        peer: Option<Peer>,
+        place: Arc<Place>,
+    ) -> BoxFuture<'static, ()>;
+}
 
 pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -60,7 +74,7 @@ const RETRY_AFTER_SECS: u64 = 5;
 pub(crate) async fn accept_loop<W>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
-    app: Router,
+    conns: Arc<dyn Connections>,
     max_connections: usize,
     stop: impl std::future::Future<Output = W>,
 ) -> W {
@@ -110,9 +124,9 @@ pub(crate) async fn accept_loop<W>(
         let _ = tcp.set_nodelay(true);
         match permits.clone().try_acquire_owned() {
             Ok(permit) => {
-                let (acceptor, app, places) = (acceptor.clone(), app.clone(), places.clone());
+                let (acceptor, conns, places) = (acceptor.clone(), conns.clone(), places.clone());
                 tokio::spawn(async move {
-                    serve_one(tcp, acceptor, app, places).await;
+                    serve_one(tcp, acceptor, conns, places).await;
                     drop(permit);
                 });
             }
@@ -134,7 +148,12 @@ pub(crate) async fn accept_loop<W>(
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Peer(pub(crate) std::net::SocketAddr);
 
-async fn serve_one(tcp: TcpStream, acceptor: TlsAcceptor, app: Router, places: Arc<Places>) {
+async fn serve_one(
+    tcp: TcpStream,
+    acceptor: TlsAcceptor,
+    conns: Arc<dyn Connections>,
+    places: Arc<Places>,
+) {
     let peer = tcp.peer_addr().ok().map(Peer);
     // The place first, then the handshake, both within the handshake's time.
     let handshake = async {
@@ -149,22 +168,9 @@ async fn serve_one(tcp: TcpStream, acceptor: TlsAcceptor, app: Router, places: A
     let Ok(Some((place, tls))) = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await else {
         return;
     };
-    let app = TowerToHyperService::new(app);
-    let served = place.clone();
-    let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-        use hyper::service::Service as _;
-        if let Some(p) = peer {
-            req.extensions_mut().insert(p);
-        }
-        PLACE.scope(served.clone(), app.call(req))
-    });
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
-        .max_buf_size(MAX_BUF_BYTES)
-        .serve_connection(TokioIo::new(tls), svc);
+    let served = conns.serve(tls, peer, place.clone());
     tokio::select! {
-        _ = conn => {}
+        () = served => {}
         // Cancel-safe: dropping the connection closes it, which is the point.
         () = place.evicted() => {}
     }
