@@ -380,8 +380,14 @@ async fn run<S: Store>(
             _ = int.recv() => "SIGINT",
         }
     };
-    let why =
-        serve::accept_loop(listener, tls, http::Conns::new(hub), opts.max_connections, stop).await;
+    let why = serve::accept_loop(
+        listener,
+        tls,
+        http::Conns::new(hub),
+        opts.max_connections,
+        stop,
+    )
+    .await;
     tracing::info!("{why} received: stopping the hub");
     flusher.stop();
     dispatcher.stop();

@@ -580,6 +580,51 @@ fn held_polls_are_counted_while_held_only() {
 }
 
 #[test]
+fn one_connection_carries_polls_and_other_requests_in_turn() {
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    let t = token(&hub.enrol("pipe"));
+    let body = report(0);
+    let poll = |token: &str, extra: &str| {
+        format!(
+            "POST /v1/agents/pipe/reconcile?wait=0 HTTP/1.1\r\nHost: hub\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}\r\n{body}",
+            body.len()
+        )
+    };
+    // Sent at once, on one connection: a health check and a refused poll (served by
+    // hyper, one at a time), two polls (served by the connection itself), the last of
+    // which closes it. Each is answered, in order, and nothing of one leaks into the
+    // next.
+    let health = "GET /v1/health HTTP/1.1\r\nHost: hub\r\n\r\n";
+    let all = [
+        health.to_owned(),
+        poll(&t, ""),
+        poll("rga_not_this_one", ""),
+        health.to_owned(),
+        poll(&t, "Connection: close\r\n"),
+    ]
+    .concat();
+    let answer = super::hubs::raw_tls(&hub, all.as_bytes(), Duration::from_secs(30));
+    let statuses: Vec<&str> = answer
+        .match_indices("HTTP/1.1 ")
+        .map(|(i, _)| &answer[i + 9..i + 12])
+        .collect();
+    assert_eq!(statuses, ["200", "200", "401", "200", "200"], "{answer}");
+    assert_eq!(answer.matches("\"generation\":").count(), 2, "{answer}");
+    assert_eq!(answer.matches("\"polls_held\":").count(), 2, "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+
+    // A chunked poll (whose end only hyper reads) is served too, by hyper.
+    let chunked = format!(
+        "POST /v1/agents/pipe/reconcile HTTP/1.1\r\nHost: hub\r\nAuthorization: Bearer {t}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    );
+    let answer = super::hubs::raw_tls(&hub, chunked.as_bytes(), Duration::from_secs(30));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"generation\":"), "{answer}");
+}
+
+#[test]
 fn an_agent_cannot_push_the_fleets_generations_out_of_range() {
     let tmp = tempdir();
     let hub = TestHub::start(&tmp.path().join("hub"), &[]);

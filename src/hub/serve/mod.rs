@@ -165,7 +165,10 @@ async fn serve_one(
         };
         Some((place, tls))
     };
-    let Ok(Some((place, tls))) = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await else {
+    // Boxed: the handshake's state (a TLS session in the making) is needed only until
+    // it is done, not for the connection's life.
+    let Ok(Some((place, tls))) = Box::pin(tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)).await
+    else {
         return;
     };
     let served = conns.serve(tls, peer, place.clone());

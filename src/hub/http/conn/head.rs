@@ -76,15 +76,16 @@ pub(super) fn parse(buf: &[u8]) -> Head<'_> {
     }
     let body = body.unwrap_or(0);
     let reconcile = match (req.method, req.path, token) {
-        (Some("POST"), Some(target), Some(token)) if !expect => reconcile_target(target)
-            .map(|(id, wait)| Reconcile {
+        (Some("POST"), Some(target), Some(token)) if !expect => {
+            reconcile_target(target).map(|(id, wait)| Reconcile {
                 id,
                 token,
                 wait,
                 len,
                 body,
                 close,
-            }),
+            })
+        }
         _ => None,
     };
     match reconcile {
@@ -119,7 +120,10 @@ fn reconcile_target(target: &str) -> Option<(&str, u64)> {
 /// The token of an `Authorization: Bearer …` value written as the router accepts it.
 fn bearer(value: &[u8]) -> Option<&str> {
     // What `HeaderValue::to_str` accepts: visible ASCII, spaces and tabs.
-    if !value.iter().all(|&b| b == b'\t' || (b' '..=b'~').contains(&b)) {
+    if !value
+        .iter()
+        .all(|&b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
         return None;
     }
     crate::hub::token::bearer_text(std::str::from_utf8(value).ok()?).ok()
@@ -208,7 +212,10 @@ mod tests {
     fn requests_whose_end_cannot_be_told_here_are_hyper_s() {
         for (from, to) in [
             ("content-length: 120", "transfer-encoding: chunked"),
-            ("content-length: 120", "content-length: 120\r\ncontent-length: 12"),
+            (
+                "content-length: 120",
+                "content-length: 120\r\ncontent-length: 12",
+            ),
             ("content-length: 120", "content-length: -1"),
             ("HTTP/1.1", "HTTP/1.0"),
             ("host:", "upgrade: websocket\r\nhost:"),

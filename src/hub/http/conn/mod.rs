@@ -56,7 +56,7 @@ impl<S: Store> Connections for Conns<S> {
         peer: Option<Peer>,
         place: Arc<Place>,
     ) -> BoxFuture<'static, ()> {
-        let conn = Conn {
+        let mut conn = Conn {
             hub: self.hub.clone(),
             app: self.app.clone(),
             io: tls,
@@ -64,7 +64,9 @@ impl<S: Store> Connections for Conns<S> {
             peer,
             place,
         };
-        Box::pin(conn.run())
+        // Served in place: a future that took the connection by value would keep two
+        // copies of it (its TLS session is over a kilobyte) for as long as it is held.
+        Box::pin(async move { conn.run().await })
     }
 }
 
@@ -97,7 +99,7 @@ enum Serve {
 }
 
 impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
-    async fn run(mut self) {
+    async fn run(&mut self) {
         loop {
             // The next request's head, within the time hyper would give it (an idle
             // connection too: a client that keeps one open opens another).
@@ -190,7 +192,10 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
         if self.read.is_empty() {
             self.read = Vec::new();
         }
-        if !self.hold(&mut poll, agents::held_for(&hub, Some(wait))).await {
+        if !self
+            .hold(&mut poll, agents::held_for(&hub, Some(wait)))
+            .await
+        {
             return false;
         }
         let resp = match Box::pin(agents::answer(&hub, admitted, poll, peer)).await {
@@ -202,7 +207,11 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
 
     /// Holds `poll`, watching the connection meanwhile: false when the agent went away
     /// (its poll ends with it, as when hyper served it).
-    async fn hold(&mut self, poll: &mut crate::hub::fleet::Poll, wait: std::time::Duration) -> bool {
+    async fn hold(
+        &mut self,
+        poll: &mut crate::hub::fleet::Poll,
+        wait: std::time::Duration,
+    ) -> bool {
         let hold = self.hub.fleet.hold(poll, wait);
         tokio::pin!(hold);
         let mut probe = [0u8; 64];
@@ -229,20 +238,21 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
             Ok(n) if n <= max => n,
             _ => return Err(extract::too_large(max)),
         };
-        let fill = async {
-            while self.read.len() < len {
-                self.read.reserve(len - self.read.len());
-                match self.io.read_buf(&mut self.read).await {
-                    Ok(0) => return Err(ApiError::new(
-                        axum::http::StatusCode::BAD_REQUEST,
-                        "could not read the request body: the connection ended before it did",
-                    )),
-                    Ok(_) => {}
-                    Err(e) => return Err(extract::unreadable(&e)),
+        let fill =
+            async {
+                while self.read.len() < len {
+                    self.read.reserve(len - self.read.len());
+                    match self.io.read_buf(&mut self.read).await {
+                        Ok(0) => return Err(ApiError::new(
+                            axum::http::StatusCode::BAD_REQUEST,
+                            "could not read the request body: the connection ended before it did",
+                        )),
+                        Ok(_) => {}
+                        Err(e) => return Err(extract::unreadable(&e)),
+                    }
                 }
-            }
-            Ok(())
-        };
+                Ok(())
+            };
         match tokio::time::timeout(extract::BODY_TIMEOUT, fill).await {
             Ok(r) => r?,
             Err(_) => return Err(extract::too_slow()),
@@ -314,11 +324,10 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
             let closing = closing.clone();
             async move {
                 let resp = call.await?;
-                let close = resp
-                    .headers()
-                    .get_all(header::CONNECTION)
-                    .iter()
-                    .any(|v| v.to_str().is_ok_and(|v| v.to_ascii_lowercase().contains("close")));
+                let close = resp.headers().get_all(header::CONNECTION).iter().any(|v| {
+                    v.to_str()
+                        .is_ok_and(|v| v.to_ascii_lowercase().contains("close"))
+                });
                 if close {
                     closing.store(true, Ordering::Release);
                 }

@@ -133,10 +133,7 @@ mod tests {
     #[tokio::test]
     async fn hyper_reads_one_request_and_no_byte_of_the_next() {
         let (mut client, mut server) = tokio::io::duplex(64 * 1024);
-        client
-            .write_all(b"restNEXT REQUEST")
-            .await
-            .expect("write");
+        client.write_all(b"restNEXT REQUEST").await.expect("write");
         let mut p = Passage::new(b"HEAD\r\n\r\nbody-".to_vec(), 4, &mut server);
         let mut got = Vec::new();
         p.read_to_end(&mut got).await.expect("read");

@@ -71,7 +71,10 @@ mod tests {
     async fn an_answer_is_a_status_line_its_headers_a_length_and_the_body() {
         let resp = (
             StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "1"), (header::CONTENT_TYPE, "application/json")],
+            [
+                (header::RETRY_AFTER, "1"),
+                (header::CONTENT_TYPE, "application/json"),
+            ],
             "{\"error\":\"x\"}",
         )
             .into_response();
