@@ -28,6 +28,8 @@ use measure::{percentile, usage};
 
 #[path = "common/hub_dir.rs"]
 mod hub_dir;
+#[path = "common/agent_link.rs"]
+mod agent_link;
 use hub_dir::HubDir as Hub;
 
 impl Hub {
@@ -91,18 +93,31 @@ fn db_xacts() -> Option<u64> {
     String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
-/// One simulated agent: long polls forever, telling `seen` each generation it gets.
+/// One simulated agent: long polls forever over a link of its own, telling `seen` each
+/// generation it gets.
 async fn agent(
-    http: reqwest::Client,
-    url: String,
+    target: agent_link::Target,
+    path: String,
     auth: reqwest::header::HeaderValue,
     seen: mpsc::UnboundedSender<(u64, Instant, usize)>,
     errors: Arc<AtomicU64>,
     replica: usize,
 ) {
     let mut generation = 0;
+    let mut link = None;
     loop {
-        match reconcile(&http, &url, &auth, generation, 30).await {
+        let polled = async {
+            if link.is_none() {
+                link = Some(agent_link::Link::connect(&target).await?);
+            }
+            let link = link.as_mut().context("a link")?;
+            let body = serde_json::to_vec(&report(generation))?;
+            let answer = link
+                .post(&path, &auth, body, Duration::from_secs(30 + 30))
+                .await?;
+            anyhow::Ok(serde_json::from_slice::<DesiredState>(&answer)?)
+        };
+        match polled.await {
             Ok(d) => {
                 if d.generation != generation {
                     generation = d.generation;
@@ -110,6 +125,7 @@ async fn agent(
                 }
             }
             Err(_) => {
+                link = None;
                 errors.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -229,10 +245,15 @@ async fn run(
     // the handshake timeout (a real fleet reconnecting after a hub restart is spread by
     // its agents' jittered backoff).
     let t = Instant::now();
-    for (i, (url, auth, r)) in auths.iter().enumerate() {
+    let targets = dirs
+        .iter()
+        .zip(&hubs)
+        .map(|(d, h)| agent_link::Target::new(&h.url, &std::fs::read(d.join("ca.pem"))?))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for (i, ((id, _), (_, auth, r))) in tokens.iter().zip(&auths).enumerate() {
         tokio::spawn(agent(
-            hubs[*r].http.clone(),
-            url.clone(),
+            targets[*r].clone(),
+            format!("/v1/agents/{id}/reconcile?wait=30"),
             auth.clone(),
             tx.clone(),
             errors.clone(),
