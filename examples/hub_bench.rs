@@ -10,6 +10,10 @@
 //! change is made through the first: the others learn of it from the database.
 //! `BENCH_DB_XACTS`, a shell command printing the database's transaction count, makes
 //! the benchmark report database transactions per reconcile.
+//!
+//! Each simulated agent long polls over a TLS connection of its own with hyper's HTTP/1.1
+//! client ([`agent_link`]), as lean as etcd's watchers in `etcd_bench`; the admin calls,
+//! scrapes and busy clients go through reqwest.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,10 +30,10 @@ use tokio::sync::mpsc;
 mod measure;
 use measure::{percentile, usage};
 
-#[path = "common/hub_dir.rs"]
-mod hub_dir;
 #[path = "common/agent_link.rs"]
 mod agent_link;
+#[path = "common/hub_dir.rs"]
+mod hub_dir;
 use hub_dir::HubDir as Hub;
 
 impl Hub {

@@ -21,6 +21,8 @@ use railgrid::hub_client;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
 
+#[path = "common/agent_link.rs"]
+mod agent_link;
 #[path = "common/hub_dir.rs"]
 mod hub_dir;
 use hub_dir::HubDir as Hub;
@@ -221,21 +223,7 @@ async fn run(dir: &std::path::Path, flood: usize, n: usize, rounds: usize) -> an
     let rss_base = rss_kib(hub.pid)?;
 
     // The flood.
-    let ca = std::fs::read(dir.join("ca.pem"))?;
-    let mut roots = rustls::RootCertStore::empty();
-    {
-        use rustls::pki_types::pem::PemObject;
-        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&ca) {
-            roots.add(cert?)?;
-        }
-    }
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tls = agent_link::connector(&std::fs::read(dir.join("ca.pem"))?)?;
     let addr: std::net::SocketAddr = hub
         .url
         .trim_start_matches("https://")

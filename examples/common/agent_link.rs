@@ -4,6 +4,9 @@
 //! machinery cost the simulated agents more CPU than the hub spends answering them, on the
 //! same two cores (docs/benchmarks.md, "The hub beside etcd").
 
+// Each benchmark that includes this file uses a part of it.
+#![allow(dead_code)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,29 +36,36 @@ impl Target {
             .trim_end_matches('/')
             .to_owned();
         let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(ca_pem) {
-            roots.add(cert?)?;
-        }
-        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
         Ok(Self {
             host: addr.parse()?,
             name: rustls::pki_types::ServerName::try_from(host.to_owned())?,
             addr,
-            tls: TlsConnector::from(Arc::new(cfg)),
+            tls: connector(ca_pem)?,
         })
     }
+}
+
+/// A TLS client that trusts the hub's CA (`ca.pem` in its data dir) alone.
+pub(crate) fn connector(ca_pem: &[u8]) -> anyhow::Result<TlsConnector> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(ca_pem) {
+        roots.add(cert?)?;
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(TlsConnector::from(Arc::new(cfg)))
 }
 
 /// One connection; [`Link::post`] sends a request on it and drives it until the answer.
 pub(crate) struct Link {
     send: http1::SendRequest<Full<Bytes>>,
-    conn: std::pin::Pin<Box<http1::Connection<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>, Full<Bytes>>>>,
+    conn: std::pin::Pin<
+        Box<http1::Connection<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>, Full<Bytes>>>,
+    >,
     host: hyper::header::HeaderValue,
 }
 

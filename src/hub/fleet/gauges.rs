@@ -40,7 +40,7 @@ impl<S: Store> Fleet<S> {
                 g.queue_depth.insert(text, n);
             }
         }
-        g.polls_held = self.holds.held.load(Ordering::Relaxed) as u64;
+        g.polls_held = self.held.load(Ordering::Relaxed) as u64;
         for r in self.store.list_rollouts(false).await? {
             *g.rollouts.entry(r.state.clone()).or_default() += 1;
             if crate::proto::rollout::is_final(&r.state) {

@@ -24,7 +24,6 @@ mod drain;
 mod error;
 mod gauges;
 mod groups;
-mod held;
 mod jobs;
 mod label_index;
 mod labels;
@@ -55,7 +54,6 @@ use crate::util;
 pub(crate) use self::error::FleetError;
 use self::jobs::OpenJob;
 pub(crate) use self::jobs::{JobLimits, OutputSlice, Upload};
-use self::held::Held;
 use self::labels::stored_labels;
 pub(crate) use self::queue::Dispatcher;
 use self::queue::Queue;
@@ -96,8 +94,6 @@ struct AgentState {
     hub_labels: Labels,
     /// Its jobs that are not done, by id.
     jobs: HashMap<String, OpenJob>,
-    /// Its held polls a change woke that have not ended yet ([`held`]).
-    woken: usize,
     /// When the fleet's queue last gave it a job (0: never), for the least-loaded choice.
     last_assigned_ms: u64,
     /// When a report ahead of the hub was last logged.
@@ -124,7 +120,6 @@ impl AgentState {
             report: None,
             hub_labels: Labels::new(),
             jobs: HashMap::new(),
-            woken: 0,
             last_assigned_ms: 0,
             ahead_logged_at: None,
             caught_up_at: None,
@@ -191,6 +186,28 @@ impl AgentEntry {
     }
 }
 
+/// Counts a held poll, for its agent's `connected` and the hub's `polls_held`, while it
+/// lives: a poll whose client goes away is dropped mid-wait, and must uncount itself.
+struct Held<'a> {
+    agent: &'a AtomicUsize,
+    hub: &'a AtomicUsize,
+}
+
+impl<'a> Held<'a> {
+    fn new(agent: &'a AtomicUsize, hub: &'a AtomicUsize) -> Self {
+        agent.fetch_add(1, Ordering::Relaxed);
+        hub.fetch_add(1, Ordering::Relaxed);
+        Self { agent, hub }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.agent.fetch_sub(1, Ordering::Relaxed);
+        self.hub.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 pub(crate) struct Fleet<S: Store> {
     store: Arc<S>,
     fleet: RwLock<Scope>,
@@ -202,8 +219,8 @@ pub(crate) struct Fleet<S: Store> {
     changes: tokio::sync::Mutex<()>,
     /// Agents whose latest report is not in the store yet.
     reports: Mutex<Vec<Arc<AgentEntry>>>,
-    /// Long polls held now, and the answers a change owes them.
-    holds: held::Holds,
+    /// Long polls held now, over all agents.
+    held: AtomicUsize,
     /// The newest generation handed out.
     newest: AtomicU64,
     /// How long the hub asks agents to wait between reconciles when they do not long poll.
@@ -313,7 +330,7 @@ impl<S: Store> Fleet<S> {
             agents: RwLock::new(map),
             changes: tokio::sync::Mutex::new(()),
             reports: Mutex::new(Vec::new()),
-            holds: held::Holds::default(),
+            held: AtomicUsize::new(0),
             newest: AtomicU64::new(generation),
             poll_interval,
             job_index: RwLock::new(job_index),
@@ -431,17 +448,11 @@ impl<S: Store> Fleet<S> {
     /// Tells `entry`'s held polls its effective generation, if it moved.
     fn announce(&self, entry: &AgentEntry) {
         let (generation, _) = self.effective(entry);
-        let mut rose = false;
         let moved = entry.generation.send_if_modified(|g| {
             let moved = *g != generation;
-            rose = generation > *g;
             *g = generation;
             moved
         });
-        if rose {
-            // Every poll held on it passes its generation now, and owes an answer.
-            self.holds.woken(entry);
-        }
         if moved && entry.polls.load(Ordering::Relaxed) > 0 {
             crate::hub::metrics::WAKEUPS.fetch_add(1, Ordering::Relaxed);
         }
@@ -801,7 +812,7 @@ impl<S: Store> Fleet<S> {
     /// (enrolled agents, polls held now).
     pub(crate) fn counts(&self) -> (usize, usize) {
         let n = util::read(&self.agents).len();
-        (n, self.holds.held.load(Ordering::Relaxed))
+        (n, self.held.load(Ordering::Relaxed))
     }
 }
 

@@ -108,7 +108,7 @@ impl<S: Store> Fleet<S> {
         if wait.is_zero() || *rx.borrow() > *observed {
             return;
         }
-        let _held = Held::new(entry, &self.holds);
+        let _held = Held::new(&entry.polls, &self.held);
         // Either way the answer is computed from what holds then.
         let _ = tokio::time::timeout(
             wait,
@@ -117,12 +117,6 @@ impl<S: Store> Fleet<S> {
             }),
         )
         .await;
-    }
-
-    /// Waits while polls a change woke are still owed their answers (briefly): a
-    /// reconcile that has just come in goes after them ([`held`]).
-    pub(crate) async fn answers_first(&self) {
-        self.holds.answers_first().await;
     }
 
     /// A reconcile's last part: the desired state `poll`'s agent is answered with now.

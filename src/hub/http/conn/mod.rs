@@ -114,12 +114,8 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
                     close,
                 },
                 // A token that is not the agent's goes to the router, which refuses it
-                // in its own words (and reads no byte of the body). The answers a change
-                // still owes go first.
-                Head::Reconcile(r) => match {
-                    self.hub.fleet.answers_first().await;
-                    agents::admit(&self.hub, r.id, r.token)
-                } {
+                // in its own words (and reads no byte of the body).
+                Head::Reconcile(r) => match agents::admit(&self.hub, r.id, r.token) {
                     Ok(admitted) => Serve::Reconcile {
                         admitted,
                         len: r.len,
