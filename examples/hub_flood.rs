@@ -223,7 +223,8 @@ async fn run(dir: &std::path::Path, flood: usize, n: usize, rounds: usize) -> an
     let rss_base = rss_kib(hub.pid)?;
 
     // The flood.
-    let tls = agent_link::connector(&std::fs::read(dir.join("ca.pem"))?)?;
+    let ca = std::fs::read(dir.join("ca.pem"))?;
+    let tls = agent_link::connector(&ca)?;
     let addr: std::net::SocketAddr = hub
         .url
         .trim_start_matches("https://")

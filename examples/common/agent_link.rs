@@ -60,12 +60,13 @@ pub(crate) fn connector(ca_pem: &[u8]) -> anyhow::Result<TlsConnector> {
     Ok(TlsConnector::from(Arc::new(cfg)))
 }
 
+/// The connection's own future, which moves its bytes while it is polled.
+type Driven = http1::Connection<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>, Full<Bytes>>;
+
 /// One connection; [`Link::post`] sends a request on it and drives it until the answer.
 pub(crate) struct Link {
     send: http1::SendRequest<Full<Bytes>>,
-    conn: std::pin::Pin<
-        Box<http1::Connection<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>, Full<Bytes>>>,
-    >,
+    conn: std::pin::Pin<Box<Driven>>,
     host: hyper::header::HeaderValue,
 }
 

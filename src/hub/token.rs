@@ -61,6 +61,19 @@ pub(crate) fn sha256_hex(token: &str) -> String {
     s
 }
 
+/// The token of an `Authorization` header's value `Bearer <token>` (the scheme in any
+/// case, RFC 7235); why it is not one otherwise.
+pub(crate) fn bearer_text(value: &str) -> Result<&str, &'static str> {
+    match value.split_once(' ') {
+        Some((scheme, token))
+            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
+        {
+            Ok(token.trim())
+        }
+        _ => Err("the Authorization header must be `Bearer <token>`"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,18 +93,5 @@ mod tests {
             sha256_hex("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
-    }
-}
-
-/// The token of an `Authorization` header's value `Bearer <token>` (the scheme in any
-/// case, RFC 7235); why it is not one otherwise.
-pub(crate) fn bearer_text(value: &str) -> Result<&str, &'static str> {
-    match value.split_once(' ') {
-        Some((scheme, token))
-            if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() =>
-        {
-            Ok(token.trim())
-        }
-        _ => Err("the Authorization header must be `Bearer <token>`"),
     }
 }
