@@ -625,6 +625,69 @@ fn one_connection_carries_polls_and_other_requests_in_turn() {
 }
 
 #[test]
+fn a_length_past_any_body_is_hypers_to_refuse_and_the_hub_keeps_serving() {
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    // A length whose sum with the head wraps around u64: as many such connections as the
+    // hub has threads, and the hub still answers (each is refused, or cut off by its
+    // timeouts, never served in a loop).
+    let len = "GET / HTTP/1.1\r\nHost: hub\r\nContent-Length: \r\n\r\n".len() + 20;
+    let head = format!(
+        "GET / HTTP/1.1\r\nHost: hub\r\nContent-Length: {}\r\n\r\n",
+        u64::MAX - len as u64 + 1
+    );
+    assert_eq!(head.len(), len);
+    let head = head.as_bytes();
+    std::thread::scope(|s| {
+        let floods: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| super::hubs::raw_tls(&hub, head, Duration::from_secs(5))))
+            .collect();
+        let started = Instant::now();
+        let (code, body) = hub.curl("GET", "/v1/health", None, None);
+        assert_eq!(code, 200, "{body}");
+        assert!(started.elapsed() < Duration::from_secs(30));
+        for f in floods {
+            let answer = f.join().expect("flood");
+            assert!(!answer.contains("200 OK"), "{answer}");
+        }
+    });
+}
+
+#[test]
+fn a_poll_hyper_serves_ends_when_its_client_goes_away() {
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    let t = token(&hub.enrol("gone"));
+    let body = report(1);
+    // `Expect: 100-continue` is hyper's to serve: the poll is held there.
+    let req = format!(
+        "POST /v1/agents/gone/reconcile?wait=30 HTTP/1.1\r\nHost: hub\r\nAuthorization: Bearer {t}\r\nExpect: 100-continue\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let held = |hub: &TestHub| {
+        let (_, body) = hub.curl("GET", "/v1/health", None, None);
+        json(&body)["polls_held"].as_u64().expect("polls_held")
+    };
+    std::thread::scope(|s| {
+        // Gone once this read gives up, long before the poll's 30 s.
+        let client = s.spawn(|| super::hubs::raw_tls(&hub, req.as_bytes(), Duration::from_secs(3)));
+        wait_for(Duration::from_secs(10), "the poll held", || {
+            (held(&hub) == 1).then_some(())
+        });
+        let answer = client.join().expect("client");
+        assert!(
+            !answer.contains("200 OK"),
+            "answered before any change: {answer}"
+        );
+    });
+    wait_for(
+        Duration::from_secs(10),
+        "the poll ended with its client",
+        || (held(&hub) == 0).then_some(()),
+    );
+}
+
+#[test]
 fn an_agent_cannot_push_the_fleets_generations_out_of_range() {
     let tmp = tempdir();
     let hub = TestHub::start(&tmp.path().join("hub"), &[]);

@@ -124,7 +124,12 @@ pub(crate) async fn answer<S: Store>(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         )],
-        hub.answers.json(&desired),
+        hub.answers.json(&desired).map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the answer could not be written: {e}"),
+            )
+        })?,
     )
         .into_response())
 }

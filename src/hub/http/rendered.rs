@@ -14,7 +14,7 @@ pub(crate) struct Rendered(Mutex<Option<(DesiredState, Bytes)>>);
 
 impl Rendered {
     /// `desired` as JSON: the text last made when it is the same state.
-    pub(crate) fn json(&self, desired: &DesiredState) -> Bytes {
+    pub(crate) fn json(&self, desired: &DesiredState) -> serde_json::Result<Bytes> {
         // An answer that carries jobs or a token is the agent's own: never kept.
         let common = desired.jobs.is_empty()
             && desired.cancel_jobs.is_empty()
@@ -22,15 +22,15 @@ impl Rendered {
         if common {
             if let Some((last, text)) = &*util::lock(&self.0) {
                 if last == desired {
-                    return text.clone();
+                    return Ok(text.clone());
                 }
             }
         }
-        let text = Bytes::from(serde_json::to_vec(desired).unwrap_or_default());
+        let text = Bytes::from(serde_json::to_vec(desired)?);
         if common {
             *util::lock(&self.0) = Some((desired.clone(), text.clone()));
         }
-        text
+        Ok(text)
     }
 }
 
@@ -50,21 +50,21 @@ mod tests {
     #[test]
     fn the_same_common_state_is_one_text_and_any_other_is_made_anew() {
         let r = Rendered::default();
-        let a = r.json(&state(7));
-        let b = r.json(&state(7));
+        let a = r.json(&state(7)).expect("json");
+        let b = r.json(&state(7)).expect("json");
         assert_eq!(a.as_ptr(), b.as_ptr(), "the text was made twice");
         assert_eq!(
             serde_json::from_slice::<DesiredState>(&a).expect("json"),
             state(7)
         );
-        let c = r.json(&state(8));
+        let c = r.json(&state(8)).expect("json");
         assert_ne!(a, c);
         // A token is never kept for the next agent.
         let mut own = state(8);
         own.new_token = Some(NewToken("rga_x".into()));
-        let t = r.json(&own);
+        let t = r.json(&own).expect("json");
         assert!(std::str::from_utf8(&t).expect("text").contains("rga_x"));
-        assert!(!std::str::from_utf8(&r.json(&state(8)))
+        assert!(!std::str::from_utf8(&r.json(&state(8)).expect("json"))
             .expect("text")
             .contains("rga_x"));
     }

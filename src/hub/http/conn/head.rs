@@ -4,6 +4,9 @@
 
 /// Headers read at the most; a request with more is hyper's (it answers 431).
 const MAX_HEADERS: usize = 32;
+/// The longest body a request is framed by here (1 TiB, past any the hub takes): a head
+/// and its body's length always add up without overflow.
+const MAX_LENGTH: u64 = 1 << 40;
 
 /// What the bytes read so far begin with.
 #[derive(Debug, PartialEq, Eq)]
@@ -129,12 +132,14 @@ fn bearer(value: &[u8]) -> Option<&str> {
     crate::hub::token::bearer_text(std::str::from_utf8(value).ok()?).ok()
 }
 
+/// A length this reader frames requests by: at most [`MAX_LENGTH`]; a larger one is
+/// hyper's to refuse.
 fn content_length(value: &[u8]) -> Option<u64> {
     let text = std::str::from_utf8(value).ok()?.trim();
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    text.parse().ok()
+    text.parse().ok().filter(|&n| n <= MAX_LENGTH)
 }
 
 fn has_token(value: &[u8], token: &str) -> bool {
@@ -217,6 +222,12 @@ mod tests {
                 "content-length: 120\r\ncontent-length: 12",
             ),
             ("content-length: 120", "content-length: -1"),
+            // Its head and body would wrap past u64::MAX.
+            (
+                "content-length: 120",
+                "content-length: 18446744073709551560",
+            ),
+            ("content-length: 120", "content-length: 1099511627777"),
             ("HTTP/1.1", "HTTP/1.0"),
             ("host:", "upgrade: websocket\r\nhost:"),
             ("POST /v1", "POST\0/v1"),

@@ -16,16 +16,17 @@ use std::sync::Arc;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::Router;
+use bytes::BufMut as _;
 use futures_util::future::BoxFuture;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
 use self::head::Head;
-use self::passage::Passage;
+use self::passage::{Passage, Signals};
 use super::agents::{self, Admitted};
 use super::error::{ApiError, ApiResult};
 use super::extract;
@@ -110,7 +111,7 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
             let next = match head::parse(&self.read) {
                 Head::Partial | Head::Hyper => Serve::Rest,
                 Head::Other { len, body, close } => Serve::Lend {
-                    whole: len as u64 + body,
+                    whole: (len as u64).saturating_add(body),
                     close,
                 },
                 // A token that is not the agent's goes to the router, which refuses it
@@ -124,7 +125,7 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
                         close: r.close,
                     },
                     Err(_) => Serve::Lend {
-                        whole: r.len as u64 + r.body,
+                        whole: (r.len as u64).saturating_add(r.body),
                         close: r.close,
                     },
                 },
@@ -142,7 +143,14 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
                     self.reconcile(admitted, body, wait, close).await && !close
                 }
                 // Boxed: hyper's connection state is large, and is needed only meanwhile.
-                Serve::Lend { whole, close } => Box::pin(self.lend(whole)).await && !close,
+                Serve::Lend { whole, close } => {
+                    let go_on = Box::pin(self.lend(whole)).await && !close;
+                    if !go_on {
+                        // hyper's shutdown left the connection open: it ends here, told.
+                        let _ = tokio::time::timeout(HEADER_TIMEOUT, self.io.shutdown()).await;
+                    }
+                    go_on
+                }
                 Serve::Rest => {
                     Box::pin(self.rest()).await;
                     false
@@ -158,8 +166,10 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
     /// connection ends first.
     async fn read_head(&mut self) -> bool {
         while self.read.len() < MAX_BUF_BYTES && head::parse(&self.read) == Head::Partial {
-            self.read.reserve(2048);
-            match self.io.read_buf(&mut self.read).await {
+            // Never more than hyper would hold: a head longer than that is its to refuse.
+            let room = MAX_BUF_BYTES - self.read.len();
+            self.read.reserve_exact(room.min(2048));
+            match self.io.read_buf(&mut (&mut self.read).limit(room)).await {
                 Ok(0) | Err(_) => return false,
                 Ok(_) => {}
             }
@@ -217,6 +227,9 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
         let mut probe = [0u8; 64];
         loop {
             tokio::select! {
+                // The answer first: a client that sent its request and closed its side
+                // still gets it.
+                biased;
                 () = &mut hold => return true,
                 // Cancel-safe: a read that loses the race has taken nothing.
                 got = self.io.read(&mut probe) => match got {
@@ -267,7 +280,7 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
 
     /// One request served by hyper: `whole` bytes from where the connection stands.
     /// False when the connection cannot go on (hyper failed, or left some of the
-    /// request unread, or its answer closes the connection).
+    /// request unread, or its answer closes the connection, or the client went away).
     async fn lend(&mut self, whole: u64) -> bool {
         let have = self
             .read
@@ -276,23 +289,26 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
         let rest = self.read.split_off(have);
         let request = std::mem::replace(&mut self.read, rest);
         let closing = Arc::new(AtomicBool::new(false));
-        let svc = self.service(closing.clone());
-        let mut passage = Passage::new(request, whole - have as u64, &mut self.io);
+        let signals = Arc::new(Signals::default());
+        let svc = self.service(closing.clone(), Some(signals.clone()));
+        let left = whole.saturating_sub(have as u64);
+        let mut passage = Passage::new(request, left, signals.clone(), &mut self.io);
         let served = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(HEADER_TIMEOUT)
             .max_buf_size(MAX_BUF_BYTES)
-            // The end of the passage is not the client going away: the answer is
-            // written.
-            .half_close(true)
+            // The client going away mid-request ends the passage: hyper drops the
+            // handler, as it always did.
             .serve_connection(TokioIo::new(&mut passage), svc)
             .await;
-        served.is_ok() && passage.taken() && !closing.load(Ordering::Acquire)
+        let taken = passage.taken();
+        self.read.extend_from_slice(&passage.early());
+        served.is_ok() && taken && !signals.is_gone() && !closing.load(Ordering::Acquire)
     }
 
     /// The rest of the connection, served by hyper.
     async fn rest(&mut self) {
-        let svc = self.service(Arc::new(AtomicBool::new(false)));
+        let svc = self.service(Arc::new(AtomicBool::new(false)), None);
         let passage = Passage::rest(std::mem::take(&mut self.read), &mut self.io);
         let _ = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
@@ -303,10 +319,12 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
     }
 
     /// The router as hyper calls it: with the peer's address, in the connection's place,
-    /// telling `closing` when an answer ends the connection.
+    /// telling `closing` when an answer ends the connection. A lent request's answer tells
+    /// its passage once hyper has let go of it (`signals`).
     fn service(
         &self,
         closing: Arc<AtomicBool>,
+        signals: Option<Arc<Signals>>,
     ) -> impl hyper::service::Service<
         hyper::Request<Incoming>,
         Response = axum::response::Response,
@@ -321,7 +339,7 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
                 req.extensions_mut().insert(p);
             }
             let call = PLACE.scope(place.clone(), app.call(req));
-            let closing = closing.clone();
+            let (closing, signals) = (closing.clone(), signals.clone());
             async move {
                 let resp = call.await?;
                 let close = resp.headers().get_all(header::CONNECTION).iter().any(|v| {
@@ -331,8 +349,46 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
                 if close {
                     closing.store(true, Ordering::Release);
                 }
-                Ok(resp)
+                Ok(match signals {
+                    Some(s) => {
+                        resp.map(|body| axum::body::Body::new(Answered { body, signals: s }))
+                    }
+                    None => resp,
+                })
             }
         })
+    }
+}
+
+/// A lent request's answer body: once hyper lets go of it (written, or abandoned), the
+/// passage ends.
+struct Answered {
+    body: axum::body::Body,
+    signals: Arc<Signals>,
+}
+
+impl axum::body::HttpBody for Answered {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        self.signals.answered();
     }
 }
