@@ -688,6 +688,91 @@ fn a_poll_hyper_serves_ends_when_its_client_goes_away() {
 }
 
 #[test]
+fn a_large_answer_reaches_a_client_that_reads_it_late_whole() {
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    let admin = hub.admin_token();
+    // 400 agents, enrolled over one connection: their list is over 64 KiB.
+    let mut enrol: String = (0..400)
+        .map(|i| {
+            let body = format!("{{\"id\":\"late-{i}\"}}");
+            format!(
+                "POST /v1/admin/agents HTTP/1.1\r\nHost: hub\r\nAuthorization: Bearer {admin}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        })
+        .collect();
+    enrol.push_str("GET /v1/health HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n");
+    let enrolled = super::hubs::raw_tls(&hub, enrol.as_bytes(), Duration::from_secs(120));
+    assert_eq!(
+        enrolled.matches("HTTP/1.1 201").count(),
+        400,
+        "{enrolled:.300}"
+    );
+    // A client with a small receive window that starts reading a second late, on a
+    // connection kept open: the answer waits in the hub's buffers, and comes whole.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (head, body) = rt.block_on(async {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("SO_RCVBUF");
+        let tcp = socket
+            .connect(hub.listen.parse().expect("address"))
+            .await
+            .expect("connect");
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let tls = super::hubs::tls_connector(&hub)
+            .connect(name, tcp)
+            .await
+            .expect("tls");
+        let mut tls = tokio::io::BufReader::new(tls);
+        let req = format!(
+            "GET /v1/admin/agents HTTP/1.1\r\nHost: hub\r\nAuthorization: Bearer {admin}\r\n\r\n"
+        );
+        tls.get_mut()
+            .write_all(req.as_bytes())
+            .await
+            .expect("write");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let read = async {
+            let mut head = String::new();
+            loop {
+                let mut line = String::new();
+                tls.read_line(&mut line).await.expect("head");
+                if line == "\r\n" || line.is_empty() {
+                    break;
+                }
+                head.push_str(&line);
+            }
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(str::to_owned)
+                })
+                .expect("content-length")
+                .trim()
+                .parse()
+                .expect("length");
+            let mut body = vec![0u8; len];
+            tls.read_exact(&mut body).await.expect("the whole body");
+            (head, body)
+        };
+        tokio::time::timeout(Duration::from_secs(60), read)
+            .await
+            .expect("answered within a minute")
+    });
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(body.len() > 64 * 1024, "{}", body.len());
+    let agents: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(agents.as_array().map(Vec::len), Some(400));
+}
+
+#[test]
 fn an_agent_cannot_push_the_fleets_generations_out_of_range() {
     let tmp = tempdir();
     let hub = TestHub::start(&tmp.path().join("hub"), &[]);

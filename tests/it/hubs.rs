@@ -194,6 +194,23 @@ pub fn report(generation: u64) -> String {
     )
 }
 
+/// A TLS client that trusts `hub`'s CA alone.
+pub fn tls_connector(hub: &TestHub) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = std::fs::read(hub.ca()).expect("ca.pem");
+    for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
+        roots.add(cert.expect("cert")).expect("root");
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+}
+
 /// Sends `request` (raw HTTP/1.1 bytes) over TLS to the hub and returns what it answered
 /// before closing, or within `limit`.
 pub fn raw_tls(hub: &TestHub, request: &[u8], limit: Duration) -> String {
@@ -203,19 +220,7 @@ pub fn raw_tls(hub: &TestHub, request: &[u8], limit: Duration) -> String {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let mut roots = rustls::RootCertStore::empty();
-        let pem = std::fs::read(hub.ca()).expect("ca.pem");
-        for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
-            roots.add(cert.expect("cert")).expect("root");
-        }
-        let cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg));
+        let connector = tls_connector(hub);
         let tcp = tokio::net::TcpStream::connect(&hub.listen)
             .await
             .expect("connect");

@@ -56,6 +56,8 @@ pub(super) struct Passage<'a, T> {
     whole: bool,
     /// What came after the request while it was served: the next request's start.
     early: Vec<u8>,
+    /// hyper flushed after it let go of its answer: every byte of it is out.
+    flushed: bool,
     signals: std::sync::Arc<Signals>,
     io: &'a mut T,
 }
@@ -74,6 +76,7 @@ impl<'a, T> Passage<'a, T> {
             left,
             whole: false,
             early: Vec::new(),
+            flushed: false,
             signals,
             io,
         }
@@ -87,13 +90,14 @@ impl<'a, T> Passage<'a, T> {
             left: u64::MAX,
             whole: true,
             early: Vec::new(),
+            flushed: false,
             signals: Default::default(),
             io,
         }
     }
 
-    /// Whether hyper took the whole request: only then does the next one start where
-    /// the connection now stands.
+    /// Whether hyper took the whole request and the connection may go on: only then
+    /// does the next request start where the connection now stands.
     pub(super) fn taken(&self) -> bool {
         self.at == self.read.len() && self.left == 0
     }
@@ -105,16 +109,19 @@ impl<'a, T> Passage<'a, T> {
 }
 
 impl<T: AsyncRead + Unpin> Passage<'_, T> {
-    /// Past the request: watches the connection until hyper lets go of its answer.
+    /// Past the request: watches the connection until hyper has let go of its answer
+    /// and flushed it. (An end of stream before that flush is, to hyper, the client
+    /// going away in the middle of a message: it would drop what it has not written.)
     fn watch(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.signals.reader.register(cx.waker());
         loop {
-            if self.signals.answered.load(Ordering::Acquire) || self.signals.is_gone() {
+            if self.flushed || self.signals.is_gone() {
                 return Poll::Ready(Ok(()));
             }
             if self.early.len() >= MAX_BUF_BYTES {
-                // A client that sends that much before its answer is served no further;
-                // the answer still goes out.
+                // Requests sent ahead wait in the socket until this one is answered (a
+                // client that pipelines that much is not watched for going away
+                // meanwhile).
                 return Poll::Pending;
             }
             let mut chunk = [0u8; 1024];
@@ -200,18 +207,26 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Passage<'_, T> {
         self.io.is_write_vectored()
     }
 
+    /// hyper flushes once all it has buffered is written: after it let go of its answer,
+    /// that is the answer's last byte, and the passage may end.
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.get_mut().io).poll_flush(cx)
+        let this = self.get_mut();
+        let answered = this.signals.answered.load(Ordering::Acquire);
+        std::task::ready!(Pin::new(&mut *this.io).poll_flush(cx))?;
+        if answered && !this.flushed {
+            this.flushed = true;
+            cx.waker().wake_by_ref();
+        }
+        Poll::Ready(Ok(()))
     }
 
     /// hyper shuts its stream down when it is done with it: the connection stays open,
     /// unless it is all hyper's.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.whole {
-            Pin::new(&mut *this.io).poll_shutdown(cx)
+        if self.whole {
+            Pin::new(&mut *self.get_mut().io).poll_shutdown(cx)
         } else {
-            Pin::new(&mut *this.io).poll_flush(cx)
+            self.poll_flush(cx)
         }
     }
 }
@@ -243,6 +258,13 @@ mod tests {
         let ended = tokio::time::timeout(Duration::from_millis(100), p.read(&mut more)).await;
         assert!(ended.is_err(), "the passage ended before the answer");
         signals.answered();
+        // Not before hyper has flushed what it wrote: the answer's last bytes.
+        let ended = tokio::time::timeout(Duration::from_millis(100), p.read(&mut more)).await;
+        assert!(
+            ended.is_err(),
+            "the passage ended before the answer was flushed"
+        );
+        p.flush().await.expect("flush");
         assert_eq!(p.read(&mut more).await.expect("end"), 0);
         p.shutdown().await.expect("shutdown");
         p.write_all(b"answer").await.expect("write");
