@@ -65,6 +65,12 @@ fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
 
+/// The polls the hub holds now, as its health check says.
+fn held(hub: &TestHub) -> u64 {
+    let (_, body) = hub.curl("GET", "/v1/health", None, None);
+    json(&body)["polls_held"].as_u64().expect("polls_held")
+}
+
 fn connected(hub: &TestHub, id: &str) -> bool {
     hub.admin_json(&["agent", "show", id])["connected"] == true
 }
@@ -557,10 +563,6 @@ fn held_polls_are_counted_while_held_only() {
     let tmp = tempdir();
     let hub = TestHub::start(&tmp.path().join("hub"), &[]);
     let t = token(&hub.enrol("count"));
-    let held = |hub: &TestHub| {
-        let (_, body) = hub.curl("GET", "/v1/health", None, None);
-        json(&body)["polls_held"].as_u64().expect("polls_held")
-    };
     let polls: Vec<HeldPoll> = (0..3)
         .map(|_| HeldPoll::start(&hub, "count", &t, 1, 30))
         .collect();
@@ -664,10 +666,6 @@ fn a_poll_hyper_serves_ends_when_its_client_goes_away() {
         "POST /v1/agents/gone/reconcile?wait=30 HTTP/1.1\r\nHost: hub\r\nAuthorization: Bearer {t}\r\nExpect: 100-continue\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    let held = |hub: &TestHub| {
-        let (_, body) = hub.curl("GET", "/v1/health", None, None);
-        json(&body)["polls_held"].as_u64().expect("polls_held")
-    };
     std::thread::scope(|s| {
         // Gone once this read gives up, long before the poll's 30 s.
         let client = s.spawn(|| super::hubs::raw_tls(&hub, req.as_bytes(), Duration::from_secs(3)));
