@@ -142,7 +142,8 @@ fn content_length(value: &[u8]) -> Option<u64> {
     text.parse().ok().filter(|&n| n <= MAX_LENGTH)
 }
 
-fn has_token(value: &[u8], token: &str) -> bool {
+/// Whether a comma-separated header value names `token` (in any case).
+pub(super) fn has_token(value: &[u8], token: &str) -> bool {
     std::str::from_utf8(value)
         .unwrap_or("")
         .split(',')

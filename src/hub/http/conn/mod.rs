@@ -103,32 +103,42 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
     async fn run(&mut self) {
         loop {
             // The next request's head, within the time hyper would give it (an idle
-            // connection too: a client that keeps one open opens another).
-            match tokio::time::timeout(HEADER_TIMEOUT, self.read_head()).await {
-                Ok(true) => {}
-                Ok(false) | Err(_) => return,
-            }
-            let next = match head::parse(&self.read) {
-                Head::Partial | Head::Hyper => Serve::Rest,
-                Head::Other { len, body, close } => Serve::Lend {
-                    whole: (len as u64).saturating_add(body),
-                    close,
-                },
-                // A token that is not the agent's goes to the router, which refuses it
-                // in its own words (and reads no byte of the body).
-                Head::Reconcile(r) => match agents::admit(&self.hub, r.id, r.token) {
-                    Ok(admitted) => Serve::Reconcile {
-                        admitted,
-                        len: r.len,
-                        body: r.body,
-                        wait: r.wait,
-                        close: r.close,
-                    },
-                    Err(_) => Serve::Lend {
-                        whole: (r.len as u64).saturating_add(r.body),
-                        close: r.close,
-                    },
-                },
+            // connection too: a client that keeps one open opens another). Each head is
+            // parsed once it is in, and once only then.
+            let deadline = tokio::time::Instant::now() + HEADER_TIMEOUT;
+            let next = loop {
+                match head::parse(&self.read) {
+                    // A head longer than hyper would hold is its to refuse.
+                    Head::Partial if self.read.len() < MAX_BUF_BYTES => {}
+                    Head::Partial | Head::Hyper => break Serve::Rest,
+                    Head::Other { len, body, close } => {
+                        break Serve::Lend {
+                            whole: (len as u64).saturating_add(body),
+                            close,
+                        }
+                    }
+                    // A token that is not the agent's goes to the router, which refuses
+                    // it in its own words (and reads no byte of the body).
+                    Head::Reconcile(r) => {
+                        break match agents::admit(&self.hub, r.id, r.token) {
+                            Ok(admitted) => Serve::Reconcile {
+                                admitted,
+                                len: r.len,
+                                body: r.body,
+                                wait: r.wait,
+                                close: r.close,
+                            },
+                            Err(_) => Serve::Lend {
+                                whole: (r.len as u64).saturating_add(r.body),
+                                close: r.close,
+                            },
+                        }
+                    }
+                }
+                match tokio::time::timeout_at(deadline, self.read_more()).await {
+                    Ok(true) => {}
+                    Ok(false) | Err(_) => return,
+                }
             };
             let go_on = match next {
                 Serve::Reconcile {
@@ -162,19 +172,15 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
         }
     }
 
-    /// Reads until a whole head is in (or more than hyper would take); false when the
-    /// connection ends first.
-    async fn read_head(&mut self) -> bool {
-        while self.read.len() < MAX_BUF_BYTES && head::parse(&self.read) == Head::Partial {
-            // Never more than hyper would hold: a head longer than that is its to refuse.
-            let room = MAX_BUF_BYTES - self.read.len();
-            self.read.reserve_exact(room.min(2048));
-            match self.io.read_buf(&mut (&mut self.read).limit(room)).await {
-                Ok(0) | Err(_) => return false,
-                Ok(_) => {}
-            }
-        }
-        true
+    /// Reads more of a head, never past what hyper would hold; false when the connection
+    /// ends first.
+    async fn read_more(&mut self) -> bool {
+        let room = MAX_BUF_BYTES - self.read.len();
+        self.read.reserve_exact(room.min(2048));
+        matches!(
+            self.io.read_buf(&mut (&mut self.read).limit(room)).await,
+            Ok(n) if n > 0
+        )
     }
 
     /// An agent's reconcile: its report taken, its poll held, its answer written. False
@@ -342,10 +348,11 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
             let (closing, signals) = (closing.clone(), signals.clone());
             async move {
                 let resp = call.await?;
-                let close = resp.headers().get_all(header::CONNECTION).iter().any(|v| {
-                    v.to_str()
-                        .is_ok_and(|v| v.to_ascii_lowercase().contains("close"))
-                });
+                let close = resp
+                    .headers()
+                    .get_all(header::CONNECTION)
+                    .iter()
+                    .any(|v| head::has_token(v.as_bytes(), "close"));
                 if close {
                     closing.store(true, Ordering::Release);
                 }
