@@ -97,6 +97,12 @@ fn db_xacts() -> Option<u64> {
     String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
+/// All a simulated agent reads of its desired state.
+#[derive(serde::Deserialize)]
+struct Generation {
+    generation: u64,
+}
+
 /// One simulated agent: long polls forever over a link of its own, telling `seen` each
 /// generation it gets.
 async fn agent(
@@ -119,7 +125,7 @@ async fn agent(
             let answer = link
                 .post(&path, &auth, body, Duration::from_secs(30 + 30))
                 .await?;
-            anyhow::Ok(serde_json::from_slice::<DesiredState>(&answer)?)
+            anyhow::Ok(serde_json::from_slice::<Generation>(&answer)?)
         };
         match polled.await {
             Ok(d) => {

@@ -1,6 +1,6 @@
 //! One simulated agent's link to a hub, as lean as a client can be and still speak the
-//! protocol: a TLS connection of its own (as each host has) with hyper's HTTP/1.1 client
-//! on it, driven in the agent's own task. reqwest's pool, URL parsing and per-request
+//! protocol: a TLS connection of its own (as each host has), HTTP/1.1 requests one after
+//! another on it, in the agent's own task. reqwest's pool, URL parsing and per-request
 //! machinery cost the simulated agents more CPU than the hub spends answering them, on the
 //! same two cores (docs/benchmarks.md, "The hub beside etcd").
 
@@ -12,9 +12,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
@@ -60,14 +58,15 @@ pub(crate) fn connector(ca_pem: &[u8]) -> anyhow::Result<TlsConnector> {
     Ok(TlsConnector::from(Arc::new(cfg)))
 }
 
-/// The connection's own future, which moves its bytes while it is polled.
-type Driven = http1::Connection<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>, Full<Bytes>>;
-
-/// One connection; [`Link::post`] sends a request on it and drives it until the answer.
+/// One connection; [`Link::post`] sends a request on it and reads its answer. The
+/// request is written by hand and only what an agent needs of the answer is read (its
+/// status, its length, its body), as a load generator does: on the hub's two cores, the
+/// simulated agents' own HTTP machinery would otherwise be timed as the hub's.
 pub(crate) struct Link {
-    send: http1::SendRequest<Full<Bytes>>,
-    conn: std::pin::Pin<Box<Driven>>,
-    host: hyper::header::HeaderValue,
+    tls: tokio_rustls::client::TlsStream<TcpStream>,
+    host: String,
+    /// The request being written, then the answer being read; kept between requests.
+    buf: Vec<u8>,
 }
 
 impl Link {
@@ -75,11 +74,10 @@ impl Link {
         let tcp = TcpStream::connect(&t.addr).await?;
         tcp.set_nodelay(true)?;
         let tls = t.tls.connect(t.name.clone(), tcp).await?;
-        let (send, conn) = http1::handshake(TokioIo::new(tls)).await?;
         Ok(Self {
-            send,
-            conn: Box::pin(conn),
-            host: t.host.clone(),
+            tls,
+            host: t.host.to_str()?.to_owned(),
+            buf: Vec::with_capacity(1024),
         })
     }
 
@@ -91,29 +89,54 @@ impl Link {
         body: Vec<u8>,
         limit: Duration,
     ) -> anyhow::Result<Bytes> {
-        use hyper::header;
-        let req = hyper::Request::post(path)
-            .header(header::HOST, self.host.clone())
-            .header(header::AUTHORIZATION, auth.clone())
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))?;
-        let send = &mut self.send;
-        let exchange = async move {
-            let resp = send.send_request(req).await?;
-            anyhow::ensure!(resp.status().is_success(), "{path}: {}", resp.status());
-            Ok(resp.into_body().collect().await?.to_bytes())
-        };
-        let conn = &mut self.conn;
-        let driven = async {
-            tokio::select! {
-                r = exchange => r,
-                // The connection is driven here, in the agent's task; it ends only when
-                // the hub closes it.
-                c = conn => Err(anyhow!("the hub closed the connection: {c:?}")),
-            }
-        };
-        tokio::time::timeout(limit, driven)
+        use std::io::Write as _;
+        self.buf.clear();
+        write!(
+            self.buf,
+            "POST {path} HTTP/1.1\r\nhost: {}\r\nauthorization: ",
+            self.host
+        )?;
+        self.buf.extend_from_slice(auth.as_bytes());
+        write!(
+            self.buf,
+            "\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )?;
+        self.buf.extend_from_slice(&body);
+        tokio::time::timeout(limit, self.exchange())
             .await
             .map_err(|_| anyhow!("{path}: no answer within {limit:?}"))?
+            .with_context(|| format!("POST {path}"))
+    }
+
+    async fn exchange(&mut self) -> anyhow::Result<Bytes> {
+        self.tls.write_all(&self.buf).await?;
+        self.tls.flush().await?;
+        self.buf.clear();
+        let (head, len) = loop {
+            if self.tls.read_buf(&mut self.buf).await? == 0 {
+                anyhow::bail!("the hub closed the connection");
+            }
+            let mut headers = [httparse::EMPTY_HEADER; 16];
+            let mut resp = httparse::Response::new(&mut headers);
+            if let httparse::Status::Complete(head) = resp.parse(&self.buf)? {
+                let code = resp.code.context("a status")?;
+                anyhow::ensure!((200..300).contains(&code), "status {code}");
+                let len = resp
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .context("an answer with a content-length")?;
+                break (head, std::str::from_utf8(len.value)?.parse::<usize>()?);
+            }
+        };
+        while self.buf.len() < head + len {
+            self.buf.reserve(head + len - self.buf.len());
+            if self.tls.read_buf(&mut self.buf).await? == 0 {
+                anyhow::bail!("the hub closed the connection mid-answer");
+            }
+        }
+        anyhow::ensure!(self.buf.len() == head + len, "bytes past the answer");
+        Ok(Bytes::copy_from_slice(&self.buf[head..]))
     }
 }
