@@ -380,13 +380,22 @@ impl<S: Store> Fleet<S> {
     /// The agent behind `id` if `token` is its token and it is not revoked. An unknown id
     /// and a wrong token read the same to the caller.
     pub(crate) fn authorize(&self, id: &str, token: &str) -> Result<Arc<AgentEntry>, FleetError> {
+        self.authorize_sha256(id, &token::sha256_hex(token))
+    }
+
+    /// [`Fleet::authorize`] with the token's SHA-256 (hex) already taken: a reconcile
+    /// keeps it, and hashes each token once.
+    pub(crate) fn authorize_sha256(
+        &self,
+        id: &str,
+        sha: &str,
+    ) -> Result<Arc<AgentEntry>, FleetError> {
         let bad = || FleetError::BadToken(id.chars().take(MAX_ID_LEN).collect());
         let entry = self.entry(id).map_err(|_| bad())?;
         let ok = {
             let st = util::lock(&entry.state);
-            let sha = token::sha256_hex(token);
             // The token it is being sent works beside its own until it is used.
-            sha == st.token_sha256 || st.next_token_sha256.as_deref() == Some(sha.as_str())
+            sha == st.token_sha256 || st.next_token_sha256.as_deref() == Some(sha)
         };
         if !ok {
             return Err(bad());

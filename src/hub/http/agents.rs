@@ -58,7 +58,15 @@ pub(super) async fn reconcile<S: Store>(
     let peer = peer.map(|p| p.0);
     let mut poll = take(&hub, &admitted, peer, report).await?;
     hub.fleet.hold(&mut poll, held_for(&hub, q.wait)).await;
-    answer(&hub, admitted, poll, peer).await
+    let json = answer(&hub, admitted, poll, peer).await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        json,
+    )
+        .into_response())
 }
 
 /// An agent whose token a reconcile showed: what its answer is computed for.
@@ -71,10 +79,11 @@ pub(crate) struct Admitted {
 
 /// A reconcile of agent `id` with `token`, if that is its token.
 pub(crate) fn admit<S: Store>(hub: &Hub<S>, id: &str, token: &str) -> ApiResult<Admitted> {
+    let presented = crate::hub::token::sha256_hex(token);
     Ok(Admitted {
-        entry: hub.fleet.authorize(id, token)?,
+        entry: hub.fleet.authorize_sha256(id, &presented)?,
         id: id.to_owned(),
-        presented: crate::hub::token::sha256_hex(token),
+        presented,
     })
 }
 
@@ -108,30 +117,23 @@ pub(crate) async fn take<S: Store>(
         .await?)
 }
 
-/// The answer to a poll taken (and held, or not).
+/// The answer to a poll taken (and held, or not): its JSON text.
 pub(crate) async fn answer<S: Store>(
     hub: &Hub<S>,
     a: Admitted,
     poll: Poll,
     peer: Option<Peer>,
-) -> ApiResult<Response> {
+) -> ApiResult<Bytes> {
     let desired = hub.fleet.answer(poll, &a.presented).await?;
     if desired.new_token.is_some() {
         rotation(hub, &a.id, peer, "a new token sent to the agent").await;
     }
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        hub.answers.json(&desired).map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("the answer could not be written: {e}"),
-            )
-        })?,
-    )
-        .into_response())
+    hub.answers.json(&desired).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the answer could not be written: {e}"),
+        )
+    })
 }
 
 async fn rotation<S: Store>(hub: &Hub<S>, id: &str, peer: Option<Peer>, outcome: &str) {

@@ -214,11 +214,10 @@ impl<S: Store, T: AsyncRead + AsyncWrite + Unpin + Send> Conn<S, T> {
         {
             return false;
         }
-        let resp = match Box::pin(agents::answer(&hub, admitted, poll, peer)).await {
-            Ok(resp) => resp,
-            Err(e) => e.into_response(),
-        };
-        Box::pin(self.reply(resp, close)).await
+        match Box::pin(agents::answer(&hub, admitted, poll, peer)).await {
+            Ok(json) => reply::write_json(&mut self.io, &json, close).await.is_ok() && !close,
+            Err(e) => Box::pin(self.reply(e.into_response(), close)).await,
+        }
     }
 
     /// Holds `poll`, watching the connection meanwhile: false when the agent went away

@@ -17,7 +17,24 @@ pub(super) async fn write<T: AsyncWrite + Unpin>(
     close: bool,
 ) -> std::io::Result<()> {
     let out = render(resp, close).await?;
-    io.write_all(&out).await?;
+    send(io, &out, close).await
+}
+
+/// Writes a 200 with a JSON `body`: a reconcile's answer, without a response to take
+/// apart first.
+pub(super) async fn write_json<T: AsyncWrite + Unpin>(
+    io: &mut T,
+    body: &[u8],
+    close: bool,
+) -> std::io::Result<()> {
+    let mut out = Vec::with_capacity(160 + body.len());
+    out.extend_from_slice(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n");
+    end(&mut out, body, close);
+    send(io, &out, close).await
+}
+
+async fn send<T: AsyncWrite + Unpin>(io: &mut T, out: &[u8], close: bool) -> std::io::Result<()> {
+    io.write_all(out).await?;
     if close {
         io.shutdown().await
     } else {
@@ -47,18 +64,24 @@ async fn render(resp: Response, close: bool) -> std::io::Result<Vec<u8>> {
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    write!(
+    end(&mut out, &body, close);
+    Ok(out)
+}
+
+/// The headers every answer ends with (its length, the date, perhaps `close`), then
+/// its body.
+fn end(out: &mut Vec<u8>, body: &[u8], close: bool) {
+    let _ = write!(
         out,
         "content-length: {}\r\ndate: {}\r\n",
         body.len(),
         httpdate::fmt_http_date(std::time::SystemTime::now())
-    )?;
+    );
     if close {
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(&body);
-    Ok(out)
+    out.extend_from_slice(body);
 }
 
 #[cfg(test)]
@@ -93,5 +116,23 @@ mod tests {
         }
         assert!(headers.iter().any(|h| h.starts_with("date: ")));
         assert_eq!(body, "{\"error\":\"x\"}");
+    }
+
+    #[tokio::test]
+    async fn a_reconciles_answer_is_a_200_with_its_json_and_its_length() {
+        let mut out = Vec::new();
+        write_json(&mut out, b"{\"generation\":3}", false)
+            .await
+            .expect("write");
+        let text = String::from_utf8(out).expect("text");
+        let (head, body) = text.split_once("\r\n\r\n").expect("head");
+        let mut lines = head.lines();
+        assert_eq!(lines.next(), Some("HTTP/1.1 200 OK"));
+        let headers: Vec<&str> = lines.collect();
+        for h in ["content-type: application/json", "content-length: 16"] {
+            assert!(headers.contains(&h), "{h} in {headers:?}");
+        }
+        assert!(!headers.iter().any(|h| h.starts_with("connection")));
+        assert_eq!(body, "{\"generation\":3}");
     }
 }
