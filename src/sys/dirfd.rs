@@ -233,13 +233,7 @@ impl Dir {
 
     /// Bytes an unprivileged writer may still use on this directory's file system.
     pub fn free_space(&self) -> io::Result<u64> {
-        let fd = fcntl::openat(
-            self.0.as_fd(),
-            ".",
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )?;
-        let st = nix::sys::statvfs::fstatvfs(&fd)?;
+        let st = nix::sys::statvfs::fstatvfs(&self.open_self()?)?;
         #[allow(clippy::unnecessary_cast)]
         Ok((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
     }
@@ -263,14 +257,18 @@ impl Dir {
 
     /// Flushes the directory's entries to disk (after a create or rename in it).
     pub fn sync(&self) -> io::Result<()> {
-        // An O_PATH descriptor cannot be fsynced: open the directory itself through it.
-        let fd = fcntl::openat(
+        Ok(nix::unistd::fsync(self.open_self()?.as_fd())?)
+    }
+
+    /// The directory itself, opened for reading through this descriptor: an O_PATH
+    /// descriptor can be neither fsynced nor asked for its file system's space.
+    fn open_self(&self) -> io::Result<OwnedFd> {
+        Ok(fcntl::openat(
             self.0.as_fd(),
             ".",
             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
-        )?;
-        Ok(nix::unistd::fsync(fd.as_fd())?)
+        )?)
     }
 
     /// Where this directory is now, for messages and records only: never to be opened

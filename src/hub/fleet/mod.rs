@@ -406,6 +406,13 @@ impl<S: Store> Fleet<S> {
         Ok(entry)
     }
 
+    /// The generation of an agent's effective settings, without them: what every
+    /// reconcile and every announcement compares.
+    fn effective_generation(&self, entry: &AgentEntry) -> u64 {
+        let fleet = util::read(&self.fleet).generation;
+        fleet.max(util::lock(&entry.state).own.generation)
+    }
+
     /// The effective settings of an agent: the fleet's, overridden field by field by its
     /// own, with the generation of the later of the two.
     fn effective(&self, entry: &AgentEntry) -> (u64, DesiredSettings) {
@@ -456,7 +463,7 @@ impl<S: Store> Fleet<S> {
 
     /// Tells `entry`'s held polls its effective generation, if it moved.
     fn announce(&self, entry: &AgentEntry) {
-        let (generation, _) = self.effective(entry);
+        let generation = self.effective_generation(entry);
         let moved = entry.generation.send_if_modified(|g| {
             let moved = *g != generation;
             *g = generation;

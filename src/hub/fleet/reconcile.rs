@@ -35,7 +35,7 @@ impl<S: Store> Fleet<S> {
         let mut rx = entry.generation.subscribe();
         // A fleet change takes its generation before each agent's channel is told: what
         // this agent may have been answered already counts too.
-        let mut current = (*rx.borrow_and_update()).max(self.effective(entry).0);
+        let mut current = (*rx.borrow_and_update()).max(self.effective_generation(entry));
         if observed > current && self.replicated {
             // An agent that moved here from another replica may be ahead of what this
             // one has followed so far: catch up before taking it for a restore (once a
@@ -45,7 +45,7 @@ impl<S: Store> Fleet<S> {
                 return Err(FleetError::CatchingUp(entry.id.clone()));
             }
             self.catch_up(&entry.id).await?;
-            current = (*rx.borrow_and_update()).max(self.effective(entry).0);
+            current = (*rx.borrow_and_update()).max(self.effective_generation(entry));
         }
         // After a renumbering the numbers an agent holds may name other states: until it
         // has reported 0 once, any other number is taken as ahead.

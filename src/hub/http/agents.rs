@@ -199,24 +199,25 @@ pub(super) async fn drain<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
     body: Body,
 ) -> ApiResult<Response> {
-    let req: DrainRequest = parse(body).await?;
-    let target = drained(&req);
-    Ok(about(
-        Json(hub.fleet.drain(&req).await?).into_response(),
-        target,
-    ))
+    drain_or_resume(&hub, body, false).await
 }
 
 pub(super) async fn resume<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
     body: Body,
 ) -> ApiResult<Response> {
+    drain_or_resume(&hub, body, true).await
+}
+
+async fn drain_or_resume<S: Store>(hub: &Hub<S>, body: Body, resume: bool) -> ApiResult<Response> {
     let req: DrainRequest = parse(body).await?;
     let target = drained(&req);
-    Ok(about(
-        Json(hub.fleet.resume(&req).await?).into_response(),
-        target,
-    ))
+    let views = if resume {
+        hub.fleet.resume(&req).await?
+    } else {
+        hub.fleet.drain(&req).await?
+    };
+    Ok(about(Json(views).into_response(), target))
 }
 
 /// The agents a drain or resume names, for the audit log.

@@ -58,6 +58,33 @@ impl PgStore {
         notify(&tx, &self.payload('t', 0, "")).await.map_err(&e)?;
         tx.commit().await.map_err(&e)
     }
+
+    /// Revokes the row of `table` whose `key` is `value` at `now_ms` (a second revocation
+    /// keeps the first time): the row as it then is, with `columns`, if there is one.
+    async fn revoke(
+        &self,
+        table: &str,
+        key: &str,
+        columns: &str,
+        value: &str,
+        now_ms: u64,
+    ) -> Result<Option<tokio_postgres::Row>, StoreError> {
+        let e = self.err();
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(&e)?;
+        let row = tx
+            .query_opt(
+                &format!(
+                    "UPDATE {table} SET revoked_ms = COALESCE(revoked_ms, $2) WHERE {key} = $1
+                     RETURNING {columns}"
+                ),
+                &[&value, &(now_ms as i64)],
+            )
+            .await
+            .map_err(&e)?;
+        self.commit_tokens(tx).await?;
+        Ok(row)
+    }
 }
 
 impl AccessStore for PgStore {
@@ -106,23 +133,10 @@ impl AccessStore for PgStore {
         name: &str,
         now_ms: u64,
     ) -> Result<Option<AdminTokenRow>, StoreError> {
-        let e = self.err();
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(&e)?;
-        let row = tx
-            .query_opt(
-                &format!(
-                    "UPDATE admin_tokens SET revoked_ms = COALESCE(revoked_ms, $2) WHERE name = $1
-                     RETURNING {ADMIN_TOKEN_COLUMNS}"
-                ),
-                &[&name, &(now_ms as i64)],
-            )
-            .await
-            .map_err(&e)?
-            .as_ref()
-            .map(admin_token_row);
-        self.commit_tokens(tx).await?;
-        Ok(row)
+        let row = self
+            .revoke("admin_tokens", "name", ADMIN_TOKEN_COLUMNS, name, now_ms)
+            .await?;
+        Ok(row.as_ref().map(admin_token_row))
     }
 
     async fn create_enrol_token(&self, row: &EnrolTokenRow) -> Result<EnrolTokenRow, StoreError> {
@@ -178,22 +192,10 @@ impl AccessStore for PgStore {
         id: &str,
         now_ms: u64,
     ) -> Result<Option<EnrolTokenRow>, StoreError> {
-        let e = self.err();
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(&e)?;
-        let row = tx
-            .query_opt(
-                &format!(
-                    "UPDATE enrol_tokens SET revoked_ms = COALESCE(revoked_ms, $2) WHERE id = $1
-                     RETURNING {ENROL_TOKEN_COLUMNS}"
-                ),
-                &[&id, &(now_ms as i64)],
-            )
-            .await
-            .map_err(&e)?;
-        let row = row.map(|r| enrol_row(&self.url, &r)).transpose()?;
-        self.commit_tokens(tx).await?;
-        Ok(row)
+        let row = self
+            .revoke("enrol_tokens", "id", ENROL_TOKEN_COLUMNS, id, now_ms)
+            .await?;
+        row.map(|r| enrol_row(&self.url, &r)).transpose()
     }
 
     async fn self_enrol(&self, en: &Enrolment, agent_sha256: &str) -> Result<Enrolled, StoreError> {

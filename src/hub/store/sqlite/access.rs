@@ -30,16 +30,7 @@ type RawEnrol = (
 );
 
 fn raw_enrol(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawEnrol> {
-    Ok((
-        r.get(0)?,
-        r.get(1)?,
-        r.get(2)?,
-        r.get(3)?,
-        r.get(4)?,
-        r.get(5)?,
-        r.get(6)?,
-        r.get(7)?,
-    ))
+    RawEnrol::try_from(r)
 }
 
 fn enrol_row(path: &str, raw: RawEnrol) -> Result<EnrolTokenRow, StoreError> {
