@@ -46,6 +46,13 @@ fn ok(out: Output) -> String {
 }
 
 /// A command that must refuse with exit 2; its stderr.
+/// The error of a refused command, which must say `words`.
+fn refused_saying(out: Output, words: &str) -> String {
+    let err = refused(out);
+    assert!(err.contains(words), "{err}");
+    err
+}
+
 fn refused(out: Output) -> String {
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(
@@ -238,8 +245,7 @@ fn install_into_an_image_writes_every_file_and_uninstall_purge_leaves_it_as_it_w
     assert!(shown.contains("agent_id = \"build-17\""), "{shown}");
 
     // Without --yes and without a terminal: refused, nothing removed.
-    let err = refused(uninstall(&["--root", &r, "--purge"]));
-    assert!(err.contains("give --yes"), "{err}");
+    refused_saying(uninstall(&["--root", &r, "--purge"]), "give --yes");
     assert!(config.exists() && bin.exists());
 
     let said = ok(uninstall(&["--root", &r, "--purge", "--yes"]));
@@ -321,14 +327,19 @@ fn install_again_changes_nothing_and_a_changed_flag_changes_only_its_key() {
         err.contains("--ca-file") && err.contains("bad-ca.pem"),
         "{err}"
     );
-    let err = refused(install(&["--root", &r, "--hub", "http://hub.example"]));
-    assert!(err.contains("https://"), "{err}");
-    let err = refused(install(&["--root", &r, "--trusted-key", "RWnot-a-key"]));
-    assert!(err.contains("not a minisign public key"), "{err}");
-    let err = refused(install(&["--root", &r, "--prefix", "opt/x"]));
-    assert!(err.contains("--prefix"), "{err}");
-    let err = refused(install(&["--root", &r, "--runner-user", "root"]));
-    assert!(err.contains("never runs as root"), "{err}");
+    refused_saying(
+        install(&["--root", &r, "--hub", "http://hub.example"]),
+        "https://",
+    );
+    refused_saying(
+        install(&["--root", &r, "--trusted-key", "RWnot-a-key"]),
+        "not a minisign public key",
+    );
+    refused_saying(install(&["--root", &r, "--prefix", "opt/x"]), "--prefix");
+    refused_saying(
+        install(&["--root", &r, "--runner-user", "root"]),
+        "never runs as root",
+    );
     assert_eq!(snapshot(&root), now);
 }
 
@@ -384,8 +395,10 @@ fn a_config_that_is_not_railgrids_is_refused_and_left_alone() {
     )
     .expect("foreign");
     let before = snapshot(&root);
-    let err = refused(install(&["--root", &path_str(&root)]));
-    assert!(err.contains("is not a railgrid agent config"), "{err}");
+    let err = refused_saying(
+        install(&["--root", &path_str(&root)]),
+        "is not a railgrid agent config",
+    );
     assert!(err.contains("etc/railgrid/agent.toml"), "{err}");
     assert_eq!(snapshot(&root), before, "nothing was written");
 }
@@ -516,8 +529,7 @@ fn the_rendered_unit_passes_systemd_analyze_verify() {
 #[test]
 fn install_refuses_without_root_and_without_a_service_manager() {
     if !is_root() {
-        let err = refused(install(&["--no-start"]));
-        assert!(err.contains("must run as root"), "{err}");
+        refused_saying(install(&["--no-start"]), "must run as root");
         return;
     }
     // As an ordinary account: refused before anything is looked at.
@@ -531,8 +543,7 @@ fn install_refuses_without_root_and_without_a_service_manager() {
         .gid(65534)
         .output()
         .expect("install as nobody");
-    let err = refused(out);
-    assert!(err.contains("must run as root"), "{err}");
+    let err = refused_saying(out, "must run as root");
     assert!(err.contains("--root DIR"), "{err}");
 
     // On the host itself, where systemd is not PID 1: refused, nothing written.
@@ -552,14 +563,12 @@ fn install_refuses_without_root_and_without_a_service_manager() {
     )
     .output()
     .expect("install on the host");
-    let err = refused(out);
-    assert!(err.contains("systemd is not running on this host"), "{err}");
+    let err = refused_saying(out, "systemd is not running on this host");
     assert!(err.contains("/run/systemd/system"), "{err}");
     let out = in_image(&image, "exec \"$@\" agent uninstall", &[BIN.to_owned()])
         .output()
         .expect("uninstall on the host");
-    let err = refused(out);
-    assert!(err.contains("systemd is not running"), "{err}");
+    refused_saying(out, "systemd is not running");
     assert!(!Path::new("/etc/railgrid").exists());
 }
 
@@ -655,10 +664,14 @@ fn nothing_outside_the_image_is_read_written_or_removed() {
     fs::create_dir_all(&victim).expect("victim");
     fs::write(victim.join("data"), "precious\n").expect("data");
     std::os::unix::fs::symlink(dir.path().join("victim"), root.join("etc/railgrid")).expect("link");
-    let err = refused(install(&["--root", &r, "--runner-user", "nobody"]));
-    assert!(err.contains("is a symlink"), "{err}");
-    let err = refused(uninstall(&["--root", &r, "--purge", "--yes"]));
-    assert!(err.contains("is a symlink"), "{err}");
+    refused_saying(
+        install(&["--root", &r, "--runner-user", "nobody"]),
+        "is a symlink",
+    );
+    refused_saying(
+        uninstall(&["--root", &r, "--purge", "--yes"]),
+        "is a symlink",
+    );
     fs::remove_file(root.join("etc/railgrid")).expect("unlink");
 
     // A config whose state directory climbs out of the image: refused by install, never
@@ -672,8 +685,7 @@ fn nothing_outside_the_image_is_read_written_or_removed() {
         format!("state_dir = \"{escape}\"\n[runner]\nuser = \"nobody\"\n"),
     )
     .expect("config");
-    let err = refused(install(&["--root", &r]));
-    assert!(err.contains("plain absolute paths"), "{err}");
+    refused_saying(install(&["--root", &r]), "plain absolute paths");
     let said = ok(uninstall(&["--root", &r, "--purge", "--yes"]));
     assert!(said.contains("not removed: remove it by hand"), "{said}");
     assert_eq!(read_lossy(&victim.join("data")), "precious\n");
@@ -688,8 +700,7 @@ fn nothing_outside_the_image_is_read_written_or_removed() {
         ),
     )
     .expect("manifest");
-    let err = refused(uninstall(&["--root", &r]));
-    assert!(err.contains("is not an install manifest"), "{err}");
+    refused_saying(uninstall(&["--root", &r]), "is not an install manifest");
     assert_eq!(read_lossy(&victim.join("data")), "precious\n");
 }
 
@@ -749,8 +760,10 @@ fn files_other_accounts_own_are_refused_or_made_roots_again() {
     let prev = root.join("usr/local/bin/railgrid.prev");
     fs::write(&prev, "#!/bin/sh\n").expect("prev");
     chown(&prev, 65534);
-    let err = refused(install(&["--root", &r]));
-    assert!(err.contains("railgrid.prev is owned by uid 65534"), "{err}");
+    refused_saying(
+        install(&["--root", &r]),
+        "railgrid.prev is owned by uid 65534",
+    );
     fs::remove_file(&prev).expect("rm prev");
 
     // The binary's directory, or one above it, in another account's hands.
@@ -765,8 +778,7 @@ fn files_other_accounts_own_are_refused_or_made_roots_again() {
         chown(&path, 0);
     }
     fs::set_permissions(root.join("usr/local"), fs::Permissions::from_mode(0o777)).expect("chmod");
-    let err = refused(install(&["--root", &r]));
-    assert!(err.contains("mode 0777"), "{err}");
+    refused_saying(install(&["--root", &r]), "mode 0777");
     fs::set_permissions(root.join("usr/local"), fs::Permissions::from_mode(0o755)).expect("chmod");
 
     // The config's directory, opened up: tightened again.
@@ -807,8 +819,7 @@ fn odd_files_in_the_image_are_refused_without_reading_them() {
 
     // A config that is not ours: where, never what (it may hold a secret).
     fs::write(&config, "[runner]\ndelegate_cgroup = \"SECRET-hunter2\"\n").expect("config");
-    let err = refused(install(&["--root", &r]));
-    assert!(err.contains("at line 2"), "{err}");
+    let err = refused_saying(install(&["--root", &r]), "at line 2");
     assert!(!err.contains("hunter2"), "{err}");
     fs::write(&config, "SECRET_hunter2 = 1\n").expect("config");
     let err = refused(install(&["--root", &r]));
@@ -912,13 +923,17 @@ fn an_image_cannot_point_roots_writes_elsewhere_or_race_them() {
         ),
     )
     .expect("passwd");
-    let err = refused(install(&["--root", &r, "--runner-user", "operator"]));
-    assert!(err.contains("primary group 0"), "{err}");
+    refused_saying(
+        install(&["--root", &r, "--runner-user", "operator"]),
+        "primary group 0",
+    );
 
     // An image another account owns could be swapped under a running install.
     std::os::unix::fs::chown(&root, Some(65534), None).expect("chown");
-    let err = refused(install(&["--root", &r, "--runner-user", "nobody"]));
-    assert!(err.contains("is owned by uid 65534"), "{err}");
+    refused_saying(
+        install(&["--root", &r, "--runner-user", "nobody"]),
+        "is owned by uid 65534",
+    );
     std::os::unix::fs::chown(&root, Some(0), None).expect("chown");
 
     // A unit another account owns is written again as root's.
