@@ -212,8 +212,6 @@ pub(crate) async fn run(
 
     let exe = pin_own_exe().await?;
     tracing::info!(exe = %exe.path().display(), sha256 = %exe.identity().sha256, size = exe.identity().size, "pinned the agent's executable: runners are launched from these bytes");
-    // The token and CA files, read before anything starts: an unusable one is a
-    // configuration error (exit 2), not a hub that happens to be down.
     // A host that joins by an enrolment token gets its own token first (a signal stops
     // the wait for a hub out of reach).
     if let Some(settings) = &cfg.hub {
@@ -224,18 +222,7 @@ pub(crate) async fn run(
             _ = int.recv() => return Ok(None),
         }
     }
-    let hub = match cfg.hub.clone() {
-        Some(settings) => Some(
-            tokio::task::spawn_blocking(move || hub::Connection::load(&settings))
-                .await
-                .map_err(|source| AgentError::Task {
-                    what: "hub settings",
-                    source,
-                })?
-                .map_err(AgentError::Hub)?,
-        ),
-        None => None,
-    };
+    let hub = hub_connection(&cfg).await?;
     let mut desired = match &hub {
         Some(_) => desired::initial_from_hub(&cfg).await,
         None => reconciler::standalone(&cfg, None),
@@ -245,21 +232,7 @@ pub(crate) async fn run(
     let reconciler =
         Reconciler::new(cfg.clone(), desired.clone(), exe.clone(), runner.clone()).await?;
 
-    // Only before the first start, and only because this agent holds the state dir's
-    // instance lock: a runner lock held now belongs to an orphan of a killed agent.
-    let lock_path = crate::runner::Paths::new(&cfg.state_dir).lock;
-    let grace = cfg.runner.stop_grace;
-    let path = lock_path.clone();
-    let reclaimed = tokio::task::spawn_blocking(move || lock::reclaim_stale_holder(&path, grace))
-        .await
-        .map_err(|source| AgentError::Task {
-            what: "runner lock reclaim",
-            source,
-        })?
-        .map_err(AgentError::Reclaim)?;
-    if let Some(pid) = reclaimed {
-        tracing::warn!(pid, lock = %lock_path.display(), "reclaimed an orphan runner left by a previous agent");
-    }
+    let reclaimed = reclaim_orphan_runner(&cfg).await?;
 
     let reporter = ReporterHandle::spawn(initial_status(
         &cfg,
@@ -385,35 +358,11 @@ pub(crate) async fn run(
         use futures_util::FutureExt;
         let stop = term.recv().now_or_never().is_some() || int.recv().now_or_never().is_some();
         if let Some(s) = switch.take_if(|_| stop) {
-            tracing::info!("stop asked for during the switch: putting the previous binary back");
-            let dir = cfg.state_dir.clone();
-            let to = s.to.clone();
-            let _ = tokio::task::spawn_blocking(move || upgrade::undo_switch(&dir, &s)).await;
-            reporter.upgrade(Some(stopped_during_switch(to)));
+            undo_switch(&cfg, s, &reporter).await;
         }
     }
     if let Some(s) = &switch {
-        // The runner's stop is over: the new agent's time to commit starts now (the
-        // watcher's deadline had room for the stop, in case this agent died in it).
-        let (dir, sha, deadline) = (
-            cfg.state_dir.clone(),
-            s.exe.identity().sha256.clone(),
-            cfg.upgrade.deadline,
-        );
-        let _ = tokio::task::spawn_blocking(move || {
-            upgrade::record::update(&dir, |r| match r.upgrade.as_mut() {
-                Some(u) if u.to_sha256 == sha => {
-                    let now = crate::util::unix_now();
-                    u.deadline = u.deadline.min(now + deadline.as_secs());
-                    // The last step before the exec: from here a failure is the new
-                    // version's.
-                    u.execed_at = Some(now);
-                    (true, ())
-                }
-                _ => (false, ()),
-            })
-        })
-        .await;
+        start_commit_window(&cfg, s).await;
     }
     #[cfg(target_os = "linux")]
     if switch.is_none() {
@@ -431,6 +380,75 @@ pub(crate) async fn run(
         None => tracing::info!("agent stopped"),
     }
     Ok(switch)
+}
+
+/// The hub's settings and credentials, read before anything starts: an unusable token or
+/// CA file is a configuration error (exit 2), not a hub that happens to be down.
+async fn hub_connection(cfg: &AgentConfig) -> Result<Option<hub::Connection>, AgentError> {
+    let Some(settings) = cfg.hub.clone() else {
+        return Ok(None);
+    };
+    let conn = tokio::task::spawn_blocking(move || hub::Connection::load(&settings))
+        .await
+        .map_err(|source| AgentError::Task {
+            what: "hub settings",
+            source,
+        })?
+        .map_err(AgentError::Hub)?;
+    Ok(Some(conn))
+}
+
+/// Only before the first start, and only because this agent holds the state dir's
+/// instance lock: a runner lock held now belongs to an orphan of a killed agent, which is
+/// stopped. Its pid, if there was one.
+async fn reclaim_orphan_runner(cfg: &AgentConfig) -> Result<Option<i32>, AgentError> {
+    let lock_path = crate::runner::Paths::new(&cfg.state_dir).lock;
+    let grace = cfg.runner.stop_grace;
+    let path = lock_path.clone();
+    let reclaimed = tokio::task::spawn_blocking(move || lock::reclaim_stale_holder(&path, grace))
+        .await
+        .map_err(|source| AgentError::Task {
+            what: "runner lock reclaim",
+            source,
+        })?
+        .map_err(AgentError::Reclaim)?;
+    if let Some(pid) = reclaimed {
+        tracing::warn!(pid, lock = %lock_path.display(), "reclaimed an orphan runner left by a previous agent");
+    }
+    Ok(reclaimed)
+}
+
+/// Puts the previous binary back after a stop asked for during the switch.
+async fn undo_switch(cfg: &AgentConfig, s: Switch, reporter: &ReporterHandle) {
+    tracing::info!("stop asked for during the switch: putting the previous binary back");
+    let dir = cfg.state_dir.clone();
+    let to = s.to.clone();
+    let _ = tokio::task::spawn_blocking(move || upgrade::undo_switch(&dir, &s)).await;
+    reporter.upgrade(Some(stopped_during_switch(to)));
+}
+
+/// The runner's stop is over: the new agent's time to commit starts now (the watcher's
+/// deadline had room for the stop, in case this agent died in it).
+async fn start_commit_window(cfg: &AgentConfig, s: &Switch) {
+    let (dir, sha, deadline) = (
+        cfg.state_dir.clone(),
+        s.exe.identity().sha256.clone(),
+        cfg.upgrade.deadline,
+    );
+    let _ = tokio::task::spawn_blocking(move || {
+        upgrade::record::update(&dir, |r| match r.upgrade.as_mut() {
+            Some(u) if u.to_sha256 == sha => {
+                let now = crate::util::unix_now();
+                u.deadline = u.deadline.min(now + deadline.as_secs());
+                // The last step before the exec: from here a failure is the new
+                // version's.
+                u.execed_at = Some(now);
+                (true, ())
+            }
+            _ => (false, ()),
+        })
+    })
+    .await;
 }
 
 /// What the status file says of a switch a stop undid (the hub hears it at the next

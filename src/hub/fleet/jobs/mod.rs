@@ -13,6 +13,12 @@
 //! Every change that alters what the agent is sent gives the agent the next generation,
 //! so the agent's held poll answers at once.
 
+mod output;
+mod view;
+
+pub(crate) use self::output::{OutputSlice, Upload};
+use self::view::view;
+
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -20,7 +26,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::queue::Censuses;
 use super::{AgentEntry, Fleet, FleetError};
 use crate::hub::store::{Appended, JobFilter, JobProgress, JobRow, Store, Stream};
 use crate::proto::fleet_job::{
@@ -256,70 +261,6 @@ fn moves_desired(job: &OpenJob, next: &JobProgress) -> bool {
     job.pending() != (next.state == PENDING)
         || next.done
         || (job.progress.cancel_requested && !ended(&job.progress.state) && ended(&next.state))
-}
-
-/// What the hub shows of a job.
-fn view(row: JobRow, limits: &JobLimits) -> HubJobView {
-    let p = row.progress;
-    let hub_cut = |length: u64, stored: u64| {
-        (length > stored).then(|| {
-            format!(
-                "the hub keeps the first {} bytes of each stream ({stored} of {length} kept)",
-                limits.max_output
-            )
-        })
-    };
-    let join = |runner: Option<String>, hub: Option<String>| match (runner, hub) {
-        (Some(r), Some(h)) => Some(format!("{r}; {h}")),
-        (r, h) => r.or(h),
-    };
-    let runner = p.runner_truncated.unwrap_or_default();
-    let output_truncated = Truncation::of(
-        join(runner.stdout, hub_cut(row.stdout_length, row.stdout_stored)),
-        join(runner.stderr, hub_cut(row.stderr_length, row.stderr_stored)),
-    );
-    HubJobView {
-        id: row.id,
-        agent: row.agent,
-        selector: row.selector,
-        scope: row.scope,
-        priority: row.priority,
-        attempt: row.attempt,
-        retries: row.retries,
-        queue_deadline_ms: row.queue_deadline_ms,
-        group: row.group,
-        spec: row.spec,
-        state: p.state,
-        cancel_requested: p.cancel_requested && !p.done,
-        exit_code: p.exit_code,
-        signal: p.signal,
-        error: p.error,
-        created_ms: row.created_ms,
-        started_ms: p.started_ms,
-        finished_ms: p.finished_ms,
-        stdout_bytes: p.stdout_bytes,
-        stderr_bytes: p.stderr_bytes,
-        stdout_stored: row.stdout_stored,
-        stderr_stored: row.stderr_stored,
-        output_truncated,
-        done: p.done,
-        waiting: None,
-    }
-}
-
-/// A slice of a job's stream, for `job logs`.
-pub(crate) struct OutputSlice {
-    pub(crate) bytes: Vec<u8>,
-    pub(crate) next: u64,
-    /// The job is done and nothing is kept past `next`.
-    pub(crate) complete: bool,
-}
-
-/// The agent's upload, checked: the job, its stream and the offset.
-pub(crate) struct Upload {
-    pub(crate) job: String,
-    pub(crate) stream: Stream,
-    pub(crate) offset: u64,
 }
 
 /// What a submission's answer says a queued job waits for.
@@ -757,202 +698,6 @@ impl<S: Store> Fleet<S> {
         }
         self.entry(&job.agent)
             .is_ok_and(|e| self.check_scope(&e, sel).is_ok())
-    }
-
-    /// [`Self::job`], refused to a token whose job scopes do not reach it.
-    pub(crate) async fn job_for(
-        &self,
-        id: &str,
-        scope: Option<&Selector>,
-    ) -> Result<HubJobView, FleetError> {
-        let job = self.job(id).await?;
-        match scope {
-            Some(sel) if !self.job_in_scope(&job, sel) => Err(FleetError::OutOfScope(format!(
-                "this token sees jobs only on agents whose hub labels match {sel}; job {} is not one",
-                util::clip(id)
-            ))),
-            _ => Ok(job),
-        }
-    }
-
-    pub(crate) async fn job(&self, id: &str) -> Result<HubJobView, FleetError> {
-        let row = self
-            .store
-            .get_job(id)
-            .await?
-            .ok_or_else(|| FleetError::NoSuchJob(util::clip(id).into_owned()))?;
-        Ok(self.shown(row))
-    }
-
-    /// A job's view, with what a queued or pending one waits for.
-    fn shown(&self, row: JobRow) -> HubJobView {
-        self.shown_in(row, &mut Censuses::default())
-    }
-
-    /// [`Fleet::shown`] for one job of a listing.
-    fn shown_in(&self, row: JobRow, censuses: &mut Censuses) -> HubJobView {
-        let queued = row.agent.is_empty() && !row.progress.done;
-        let waiting = queued.then(|| self.queue_waiting_in(&row, censuses));
-        let mut v = view(row, &self.job_limits);
-        if v.state == PENDING && !v.done {
-            v.waiting = self.job_entry(&v.id).map(|e| self.waiting_for(&e, &v.id));
-        } else {
-            v.waiting = waiting;
-        }
-        v
-    }
-
-    fn waiting_for(&self, entry: &AgentEntry, id: &str) -> String {
-        let drained = self.effective(entry).1.accept_jobs == Some(false);
-        let st = util::lock(&entry.state);
-        let drain = st.report.as_ref().and_then(|r| r.drain.as_ref());
-        let connected = self.connected(entry, st.last_seen);
-        let offered = st.jobs.get(id).is_some_and(|j| j.offered);
-        let runner = st
-            .report
-            .as_ref()
-            .map(|r| r.runner.state.as_str())
-            .filter(|s| !s.is_empty() && *s != "running");
-        if entry.is_revoked() {
-            format!("agent {} is revoked", entry.id)
-        } else if !connected && st.last_seen.is_none() {
-            format!("agent {} has never reconciled with this hub", entry.id)
-        } else if !connected {
-            format!("agent {} is not connected to this hub", entry.id)
-        } else if let Some(state) = runner {
-            format!(
-                "agent {}'s runner is {} (see `railgrid hub agent show {}`)",
-                entry.id,
-                util::clip(state),
-                entry.id
-            )
-        } else if drained || drain.is_some() {
-            let why = drain.map_or(crate::proto::drain::HUB_REASON, |d| d.reason.as_str());
-            format!(
-                "agent {} is draining ({}): it takes the job once the drain ends",
-                entry.id,
-                util::clip(why)
-            )
-        } else if offered {
-            format!("sent to agent {}, which has not reported it yet", entry.id)
-        } else {
-            format!("waiting for agent {} to take it", entry.id)
-        }
-    }
-
-    pub(crate) async fn jobs(
-        &self,
-        filter: JobFilter<'_>,
-        before: Option<u64>,
-        limit: usize,
-    ) -> Result<Vec<HubJobView>, FleetError> {
-        let rows = self.store.list_jobs(filter, before, limit).await?;
-        let mut censuses = Censuses::default();
-        Ok(rows
-            .into_iter()
-            .map(|r| self.shown_in(r, &mut censuses))
-            .collect())
-    }
-
-    /// The job once it is done, or as it is when `timeout` has passed.
-    pub(crate) async fn wait_job(
-        &self,
-        id: &str,
-        timeout: Duration,
-    ) -> Result<HubJobView, FleetError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut activity = self.job_activity();
-        loop {
-            activity.borrow_and_update();
-            let v = self.job(id).await?;
-            if v.done {
-                return Ok(v);
-            }
-            tokio::select! {
-                // Cancel-safe: `changed` only observes the channel.
-                r = activity.changed() => if r.is_err() { return Ok(v) },
-                () = tokio::time::sleep_until(deadline) => return Ok(v),
-            }
-        }
-    }
-
-    /// Up to `limit` bytes of a job's stream from `offset`.
-    pub(crate) async fn job_output(
-        &self,
-        id: &str,
-        stream: Stream,
-        offset: u64,
-        limit: usize,
-    ) -> Result<OutputSlice, FleetError> {
-        // The state first: if the job was done then, the bytes read after are all.
-        let v = self.job(id).await?;
-        let stored = match stream {
-            Stream::Stdout => v.stdout_stored,
-            Stream::Stderr => v.stderr_stored,
-        };
-        if offset > stored && v.done {
-            return Err(FleetError::BadSetting {
-                field: "offset".into(),
-                why: format!(
-                    "{offset} is past the {stored} bytes of {} the hub holds for job {}",
-                    stream.name(),
-                    util::clip(id)
-                ),
-            });
-        }
-        let bytes = self.store.read_output(id, stream, offset, limit).await?;
-        let next = offset + bytes.len() as u64;
-        Ok(OutputSlice {
-            complete: v.done && next == stored,
-            bytes,
-            next,
-        })
-    }
-
-    /// Checks that `token` is the token of the agent that runs `upload.job`. An unknown
-    /// job reads as a wrong token: an upload names nothing a caller without the token
-    /// learns about.
-    pub(crate) async fn authorize_upload(
-        &self,
-        upload: &Upload,
-        token: &str,
-    ) -> Result<(), FleetError> {
-        let refused = || FleetError::JobToken(util::clip(&upload.job).into_owned());
-        let agent = match self.job_entry(&upload.job) {
-            Some(e) => e.id.clone(),
-            None => match self.store.job_agent(&upload.job).await? {
-                Some(agent) => agent,
-                None => return Err(refused()),
-            },
-        };
-        match self.authorize(&agent, token) {
-            Ok(_) => Ok(()),
-            Err(FleetError::Revoked(a)) => Err(FleetError::Revoked(a)),
-            Err(_) => Err(refused()),
-        }
-    }
-
-    /// Takes an agent's upload (authorised first): the stream's acknowledged length.
-    pub(crate) async fn upload(
-        &self,
-        upload: &Upload,
-        data: Bytes,
-    ) -> Result<Appended, FleetError> {
-        let n = data.len();
-        let r = self
-            .store
-            .append_output(
-                &upload.job,
-                upload.stream,
-                upload.offset,
-                data,
-                self.job_limits.max_output,
-            )
-            .await?;
-        if n > 0 {
-            self.job_moved();
-        }
-        Ok(r)
     }
 
     /// Takes in an agent's open jobs as another hub stored them: new ones, their

@@ -1,0 +1,428 @@
+//! `railgrid agent run` and `railgrid runner run`: the agent/runner pair on one host with no
+//! hub, against real processes, sockets and files.
+
+mod cgroup;
+mod config;
+mod status;
+mod stop;
+mod trust;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+use sha2::Digest;
+
+use crate::support::*;
+
+pub const LIMIT: Duration = Duration::from_secs(20);
+
+/// A temp dir the runner account can traverse, holding state, logs and an empty config.
+pub struct Host {
+    dir: tempfile::TempDir,
+}
+
+/// A root agent outside a service manager makes a cgroup of its own, named after its state
+/// dir, and removes it when it stops; one killed with -9 leaves it: the host removes it
+/// (whatever is left inside is killed).
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(own) = own_cgroup(&self.state()) {
+            if own.exists() {
+                let _ = fs::write(own.join("cgroup.kill"), "1");
+                remove_cgroup_tree(&own);
+            }
+        }
+    }
+}
+
+/// The cgroup a root agent on `state` makes for itself: `<v2 hierarchy>/railgrid-agent.<hash>`.
+pub fn own_cgroup(state: &Path) -> Option<PathBuf> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mount = mountinfo.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2")
+            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))
+            .flatten()
+    })?;
+    let digest = sha2::Sha256::digest(state.as_os_str().as_encoded_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    Some(mount.join(format!("railgrid-agent.{hex}")))
+}
+
+impl Host {
+    pub fn new() -> Self {
+        let dir = tempdir();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+        fs::write(dir.path().join("agent.toml"), "").expect("config");
+        Self { dir }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn state(&self) -> PathBuf {
+        self.path("state")
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.state().join("runner/runner.sock")
+    }
+
+    pub fn agent_cmd(&self, extra: &[&str]) -> Command {
+        self.agent_cmd_from(Path::new(BIN), extra)
+    }
+
+    /// `agent run` of the binary at `program`.
+    pub fn agent_cmd_from(&self, program: &Path, extra: &[&str]) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env("RAILGRID_LOG", "info");
+        cmd.args(["agent", "run", "--config"])
+            .arg(self.path("agent.toml"))
+            .arg("--state-dir")
+            .arg(self.state())
+            .arg("--log-dir")
+            .arg(self.path("logs"));
+        if is_root() {
+            cmd.args(["--runner-user", "nobody"]);
+        }
+        cmd.args(extra)
+            .env("RAILGRID_RUNNER_INITIAL_BACKOFF", "100ms")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    pub fn start_agent(&self) -> Guard {
+        Guard::new(self.agent_cmd(&[]).spawn().expect("spawn agent"))
+    }
+
+    /// An agent started with `env` set, once its runner runs.
+    pub fn start_agent_with(&self, env: &[(&str, &str)]) -> Guard {
+        let agent = Guard::new(
+            self.agent_cmd(&[])
+                .envs(env.iter().copied())
+                .spawn()
+                .expect("spawn agent"),
+        );
+        self.wait_runner("a runner", |_| true);
+        agent
+    }
+
+    pub fn status(&self) -> Value {
+        let text = fs::read_to_string(self.state().join("agent-status.json")).unwrap_or_default();
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    /// Waits until the status file reports a running runner whose health answers, and
+    /// returns its pid.
+    pub fn wait_runner(&self, what: &str, accept: impl Fn(&Value) -> bool) -> i32 {
+        wait_for(LIMIT, what, || {
+            let st = self.status();
+            let pid = st["runner"]["pid"].as_i64()? as i32;
+            if st["runner"]["state"] != "running" || !accept(&st) {
+                return None;
+            }
+            let health = get_json(&self.socket(), "/v1/health")?;
+            (health["pid"].as_i64()? as i32 == pid).then_some(pid)
+        })
+    }
+
+    /// Runs `agent run` on `state` with `extra`, which must refuse (exit 2); its stderr.
+    fn refused_start(&self, state: &Path, extra: &[&str]) -> String {
+        let out = railgrid()
+            .args(["agent", "run", "--config"])
+            .arg(self.path("agent.toml"))
+            .arg("--state-dir")
+            .arg(state)
+            .arg("--log-dir")
+            .arg(self.path("logs"))
+            .args(extra)
+            .output()
+            .expect("agent run");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        err
+    }
+
+    pub fn agent_log(&self) -> String {
+        let mut text = String::new();
+        for entry in fs::read_dir(self.path("logs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("agent") {
+                text.push_str(&read_lossy(&entry.path()));
+            }
+        }
+        text
+    }
+}
+
+fn get_json(socket: &Path, path: &str) -> Option<Value> {
+    let (status, body) = get(socket, path)?;
+    (status == 200)
+        .then(|| serde_json::from_str(&body).ok())
+        .flatten()
+}
+
+/// A refused start made nothing in `dir`.
+fn assert_empty(dir: &Path) {
+    assert!(
+        fs::read_dir(dir).expect("read_dir").next().is_none(),
+        "a refused start made files in {}",
+        dir.display()
+    );
+}
+
+fn sigkill(pid: i32) {
+    kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill -9");
+}
+
+#[test]
+fn the_agent_starts_the_runner_and_health_answers() {
+    let host = Host::new();
+    let _agent = host.start_agent();
+    let pid = host.wait_runner("a healthy runner", |_| true);
+    let health = get_json(&host.socket(), "/v1/health").expect("health");
+    assert_eq!(health["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(health["jobs_running"], 0);
+    assert!(health["uptime_secs"].is_u64());
+
+    let mode = fs::metadata(host.socket())
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "socket mode");
+    let runner_dir = fs::metadata(host.state().join("runner")).expect("runner dir");
+    assert_eq!(runner_dir.permissions().mode() & 0o777, 0o700);
+    if is_root() {
+        let nobody = uzers::get_user_by_name("nobody").expect("nobody");
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            runner_dir.uid(),
+            nobody.uid(),
+            "runner dir owned by the runner user"
+        );
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+        let uid_line = status.lines().find(|l| l.starts_with("Uid:")).expect("Uid");
+        assert!(
+            uid_line
+                .split_whitespace()
+                .skip(1)
+                .all(|u| u == nobody.uid().to_string()),
+            "{uid_line}"
+        );
+    }
+
+    let out = railgrid()
+        .args(["agent", "status", "--json", "--state-dir"])
+        .arg(host.state())
+        .output()
+        .expect("status");
+    assert!(out.status.success(), "{out:?}");
+    let st: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(st["runner"]["pid"], pid);
+    let out = railgrid()
+        .args(["agent", "status", "--state-dir"])
+        .arg(host.state())
+        .output()
+        .expect("status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("agent:      running") && text.contains(&format!("pid {pid}")),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_killed_runner_is_restarted_and_the_status_says_why() {
+    let host = Host::new();
+    let _agent = host.start_agent();
+    let first = host.wait_runner("the first runner", |_| true);
+    sigkill(first);
+    let second = host.wait_runner("a restarted runner", |st| st["runner"]["starts"] == 2);
+    assert_ne!(first, second);
+    let st = host.status();
+    let err = st["runner"]["last_error"].as_str().expect("last_error");
+    assert!(err.contains("signal 9"), "{err}");
+}
+
+#[test]
+fn an_orphan_runner_of_a_killed_agent_is_reclaimed() {
+    let host = Host::new();
+    let mut first_agent = host.start_agent();
+    let orphan = host.wait_runner("the first runner", |_| true);
+    sigkill(first_agent.pid());
+    let _ = first_agent.wait_output(LIMIT);
+    assert!(alive(orphan), "the runner should outlive a SIGKILLed agent");
+
+    let _agent = host.start_agent();
+    let runner = host.wait_runner("a runner of the new agent", |st| {
+        st["reclaimed_pids"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|p| p == orphan))
+    });
+    assert_ne!(runner, orphan);
+    assert!(!alive(orphan), "orphan runner {orphan} survived");
+    // Exactly one runner holds the lock: the new one.
+    let lock = fs::read_to_string(host.state().join("runner/runner.lock")).expect("lock");
+    assert_eq!(lock.trim(), runner.to_string());
+    let out = railgrid()
+        .args(["agent", "status", "--state-dir"])
+        .arg(host.state())
+        .output()
+        .expect("status");
+    assert!(String::from_utf8_lossy(&out.stdout)
+        .contains(&format!("reclaimed orphan runners: {orphan}")));
+}
+
+#[test]
+fn sigterm_stops_the_runner_and_exits_zero() {
+    let host = Host::new();
+    let mut agent = host.start_agent();
+    let runner = host.wait_runner("a runner", |_| true);
+    agent.signal(Signal::SIGTERM);
+    // Within the default 10 s stop grace, plus a margin.
+    let out = agent.wait_output(Duration::from_secs(10) + Duration::from_secs(10));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!alive(runner), "runner {runner} survived the agent");
+    assert!(live_in_group(runner).is_empty());
+    assert!(!host.socket().exists(), "the socket was left behind");
+    assert_eq!(host.status()["running"], false);
+    let out = railgrid()
+        .args(["agent", "status", "--state-dir"])
+        .arg(host.state())
+        .output()
+        .expect("status");
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("agent not running"));
+}
+
+#[test]
+fn agent_secrets_never_reach_the_runner() {
+    // The runner is non-dumpable: only root may read its environment.
+    if !requires_root("reading the runner's /proc/<pid>/environ needs root") {
+        return;
+    }
+    let host = Host::new();
+    let child = host
+        .agent_cmd(&[])
+        .env("RAILGRID_HUB_TOKEN", "secret-hub-token")
+        .env("AWS_SECRET_ACCESS_KEY", "secret-aws-key")
+        .spawn()
+        .expect("spawn");
+    let _agent = Guard::new(child);
+    let runner = host.wait_runner("a runner", |_| true);
+    let environ = fs::read(format!("/proc/{runner}/environ")).expect("environ");
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(
+        !environ.contains("RAILGRID_HUB_TOKEN") && !environ.contains("secret"),
+        "{environ}"
+    );
+    assert!(!environ.contains("AWS_SECRET_ACCESS_KEY"), "{environ}");
+    let mut names: Vec<&str> = environ
+        .split('\0')
+        .filter_map(|kv| kv.split_once('=').map(|(k, _)| k))
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["HOME", "LOGNAME", "PATH", "USER"]);
+}
+
+#[test]
+fn the_runner_log_is_private_and_capped() {
+    let host = Host::new();
+    let cap = 1024u64;
+    let child = host
+        .agent_cmd(&[])
+        .env("RAILGRID_RUNNER_MAX_LOG_BYTES", cap.to_string())
+        .env("RAILGRID_RUNNER_INITIAL_BACKOFF", "10ms")
+        .spawn()
+        .expect("spawn");
+    let _agent = Guard::new(child);
+    let log = host.path("logs/runner.log");
+    // Each runner start logs a few lines: enough restarts rotate the log.
+    for n in 1..=6 {
+        let pid = host.wait_runner("a runner", |st| st["runner"]["starts"] == n);
+        sigkill(pid);
+    }
+    host.wait_runner("the last runner", |st| st["runner"]["starts"] == 7);
+    assert!(
+        host.path("logs/runner.log.1").exists(),
+        "six restarts should have rotated the log"
+    );
+    for p in [log.clone(), host.path("logs/runner.log.1")] {
+        let meta = fs::metadata(&p).expect("log");
+        assert!(
+            meta.len() <= cap,
+            "{} holds {} bytes, cap {cap}",
+            p.display(),
+            meta.len()
+        );
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    }
+    assert!(
+        read_lossy(&log).contains("runner serving"),
+        "{}",
+        read_lossy(&log)
+    );
+}
+
+#[test]
+fn a_second_runner_on_a_held_lock_fails_naming_the_holder() {
+    let host = Host::new();
+    let _agent = host.start_agent();
+    let runner = host.wait_runner("a runner", |_| true);
+    let mut cmd = railgrid();
+    cmd.args(["runner", "run", "--state-dir"]).arg(host.state());
+    if is_root() {
+        let nobody = uzers::get_user_by_name("nobody").expect("nobody");
+        cmd.uid(nobody.uid())
+            .gid(nobody.primary_group_id())
+            .env_clear();
+    }
+    let out = cmd.output().expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("another runner (pid {runner}) holds")),
+        "{err}"
+    );
+    // The running runner is untouched.
+    assert_eq!(
+        get_json(&host.socket(), "/v1/health").expect("health")["pid"],
+        runner
+    );
+}
+
+#[test]
+fn the_runner_refuses_root() {
+    if !requires_root("needs root") {
+        return;
+    }
+    let host = Host::new();
+    let out = railgrid()
+        .args(["runner", "run", "--state-dir"])
+        .arg(host.state())
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("refusing to run the runner as root"));
+}

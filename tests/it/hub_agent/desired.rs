@@ -1,0 +1,431 @@
+//! The hub's desired state applied: the runner stopped and started, admission limits, a revoked token, labels.
+
+use super::*;
+
+#[test]
+fn the_hubs_desired_state_stops_and_starts_the_runner() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    let agent = h.start_agent(&hub.url);
+    let first = h.host.wait_runner("a runner", |_| true);
+    let g = hub_generation(&hub, "a1");
+    h.wait_status(
+        "connected, the hub's generation applied",
+        LIMIT,
+        connected_at(g),
+    );
+
+    let changed = std::time::Instant::now();
+    hub.set_desired("a1", &["--runner-enabled", "false"]);
+    let off = hub_generation(&hub, "a1");
+    assert!(off > g);
+    let st = h.wait_status("the runner stopped by the hub", APPLIED, |st| {
+        st["hub"]["generation"].as_u64() == Some(off) && st["runner"]["state"] == "stopped"
+    });
+    println!("runner disabled by the hub in {:?}", changed.elapsed());
+    assert_eq!(st["runner_enabled"], false);
+    assert!(st["runner"]["pid"].is_null());
+    wait_for(LIMIT, "the old runner gone", || {
+        (!alive(first)).then_some(())
+    });
+    // Kept for a start while the hub is down.
+    let kept: Value =
+        serde_json::from_str(&read_lossy(&h.host.state().join("desired.json"))).expect("kept");
+    assert_eq!(kept["generation"], off);
+    assert_eq!(kept["runner"]["enabled"], false);
+    let mode = fs::metadata(h.host.state().join("desired.json"))
+        .expect("desired.json")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    // The hub hears what was applied.
+    let shown = wait_for(LIMIT, "the hub sees generation applied", || {
+        let a = hub.admin_json(&["agent", "show", "a1"]);
+        (a["observed_generation"].as_u64() == Some(off)).then_some(a)
+    });
+    assert_eq!(shown["report"]["runner"]["state"], "disabled", "{shown:#}");
+    assert_eq!(shown["report"]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(shown["report"]["os"], std::env::consts::OS);
+
+    hub.set_desired("a1", &["--runner-enabled", "true"]);
+    let on = hub_generation(&hub, "a1");
+    let second = h.host.wait_runner("a runner started by the hub", |st| {
+        st["hub"]["generation"].as_u64() == Some(on) && st["runner"]["starts"] == 2
+    });
+    assert_ne!(second, first);
+
+    // A desired agent version, without trusted keys: shown, refused, and the runner is
+    // left alone.
+    hub.set_desired("a1", &["--version", "9.9.9"]);
+    let v = hub_generation(&hub, "a1");
+    let st = h.wait_status("the desired version", APPLIED, connected_at(v));
+    assert_eq!(st["hub"]["desired_version"], "9.9.9", "{st:#}");
+    assert_eq!(st["runner"]["pid"], second, "no restart for a version");
+    let st = wait_for(LIMIT, "the upgrade refused", || {
+        let st = h.host.status();
+        (st["upgrade"]["state"] == "refused").then_some(st)
+    });
+    assert!(
+        st["upgrade"]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no [upgrade] trusted_keys"),
+        "{st:#}"
+    );
+    let log = h.host.agent_log();
+    assert!(log.contains("the upgrade takes it from here"), "{log}");
+    assert!(
+        log.contains("hub: the desired state disables the runner; it drains first")
+            && log.contains("the runner has no job left: stopping it")
+            && log.contains("hub: the desired state enables the runner; starting it"),
+        "{log}"
+    );
+    assert!(alive(agent.pid()));
+    h.assert_token_kept_secret();
+}
+
+#[test]
+fn a_restarted_hub_keeps_the_agent_and_its_desired_state() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("hub");
+    let (h, hub) = HubHost::enrolled(&dir, "a1");
+    let _agent = h.start_agent(&hub.url);
+    h.host.wait_runner("a runner", |_| true);
+    let off = disable_runner(&h, &hub, "a1");
+
+    let (url, listen) = (hub.url.clone(), hub.listen.clone());
+    let out = hub.stop();
+    assert!(out.status.success(), "hub exit: {:?}", out.status);
+    h.wait_status("the agent sees the hub gone", LIMIT, |st| {
+        st["hub"]["connected"] == false
+    });
+    // Without its hub the agent keeps what it was told: still no runner.
+    let st = h.host.status();
+    assert_eq!(st["runner"]["state"], "stopped", "{st:#}");
+    assert_eq!(st["runner"]["starts"], 1, "{st:#}");
+
+    let hub = TestHub::start_on(&dir, &listen, &[]);
+    assert_eq!(hub.url, url);
+    // The same token still works, and the same desired state holds.
+    h.wait_status(
+        "connected again",
+        Duration::from_secs(90),
+        connected_at(off),
+    );
+    assert!(
+        h.host.agent_log().contains("hub reachable again"),
+        "{}",
+        h.host.agent_log()
+    );
+    assert_eq!(h.host.status()["runner"]["starts"], 1);
+    hub.set_desired("a1", &["--runner-enabled", "true"]);
+    h.host
+        .wait_runner("a runner started after the hub's restart", |st| {
+            st["runner"]["starts"] == 2
+        });
+    h.assert_token_kept_secret();
+}
+
+#[test]
+fn a_revoked_token_shows_in_status_and_the_runner_keeps_running() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    // Each retry is logged at debug level: the test sees them happen.
+    let mut cmd = h.agent_command(&hub.url, "a1");
+    cmd.env("RAILGRID_LOG", "info,railgrid::agent::hub=debug");
+    let agent = Guard::new(cmd.spawn().expect("spawn agent"));
+    let runner = h.host.wait_runner("a runner", |_| true);
+    let g = hub_generation(&hub, "a1");
+    h.wait_status("connected", LIMIT, connected_at(g));
+
+    hub.admin_ok(&["agent", "revoke", "a1"]);
+    let st = h.wait_hub_error(
+        "the hub refused this agent's token (revoked or unknown)",
+        LIMIT,
+    );
+    assert_eq!(st["hub"]["connected"], false);
+    let err = st["hub"]["last_error"].as_str().expect("error");
+    assert!(err.contains("answered 401"), "{err}");
+    // Retried (each one refused) and logged once.
+    let seen = hub.admin_json(&["agent", "show", "a1"]);
+    assert_eq!(seen["revoked"], true);
+    wait_for(LIMIT, "three tries, each refused", || {
+        (count(&h.host.agent_log(), "next reconcile after the backoff") >= 3).then_some(())
+    });
+    let log = h.host.agent_log();
+    assert_eq!(count(&log, "hub reconcile failed"), 1, "{log}");
+    assert!(alive(agent.pid()));
+    let now = h.host.status();
+    assert_eq!(now["runner"]["pid"], runner);
+    assert_eq!(now["runner"]["starts"], 1);
+    assert_eq!(
+        get_json(&h.host.socket(), "/v1/health").expect("health")["pid"],
+        runner
+    );
+    h.assert_token_kept_secret();
+
+    // Enrolled again: the new token in the same file, and SIGHUP reads it.
+    let fresh = hub.enrol("a1");
+    assert_eq!(fresh, h.token_file);
+    let new_token = read_lossy(&fresh).trim().to_owned();
+    assert_ne!(new_token, h.token);
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    h.wait_status("connected with the new token", LIMIT, |st| {
+        st["hub"]["connected"] == true
+    });
+    assert!(h.host.agent_log().contains("hub reachable again"));
+    assert_eq!(h.host.status()["runner"]["pid"], runner);
+    assert!(!h.host.agent_log().contains(&new_token));
+}
+
+#[test]
+fn admission_limits_from_the_hub_reach_the_running_runner_and_survive_its_restart() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    // A limit the hub leaves alone comes from the config file.
+    fs::write(h.host.path("agent.toml"), "[runner]\nmax_queued = 7\n").expect("config");
+    let agent = h.start_agent(&hub.url);
+    let runner = h.host.wait_runner("a runner", |_| true);
+    let g = hub_generation(&hub, "a1");
+    h.wait_status("connected", LIMIT, connected_at(g));
+    assert_eq!(admission(&h).expect("admission")["max_queued"], 7);
+
+    hub.set_desired("a1", &["--max-jobs", "3"]);
+    let three = hub_generation(&hub, "a1");
+    h.wait_status("max_jobs applied", APPLIED, connected_at(three));
+    let limits = admission(&h).expect("admission");
+    assert_eq!(limits["max_jobs"], 3, "{limits}");
+    assert_eq!(limits["max_queued"], 7, "{limits}");
+    // Live: the same runner.
+    let st = h.host.status();
+    assert_eq!(st["runner"]["pid"], runner, "{st:#}");
+    assert_eq!(st["runner"]["starts"], 1, "{st:#}");
+    assert!(
+        h.host
+            .agent_log()
+            .contains("changed; the running runner took the new admission limits"),
+        "{}",
+        h.host.agent_log()
+    );
+
+    // A runner restarted after a crash comes back with the hub's limit, not the old one.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(runner),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill -9");
+    h.host
+        .wait_runner("the restarted runner", |st| st["runner"]["starts"] == 2);
+    let limits = wait_for(LIMIT, "the restarted runner's limits", || admission(&h));
+    assert_eq!(limits["max_jobs"], 3, "{limits}");
+    assert_eq!(limits["max_queued"], 7, "{limits}");
+
+    // SIGHUP with a hub: the hub's desired state stays, the file's new value joins it.
+    fs::write(h.host.path("agent.toml"), "[runner]\nmax_queued = 9\n").expect("config");
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    let limits = wait_for(LIMIT, "the reloaded max_queued", || {
+        admission(&h).filter(|l| l["max_queued"] == 9)
+    });
+    assert_eq!(limits["max_jobs"], 3, "{limits}");
+    assert_eq!(h.host.status()["runner"]["starts"], 2);
+
+    // The hub stops setting the limit: the running runner goes back to its default in
+    // place (a restart would end its jobs).
+    let runner = h.host.status()["runner"]["pid"].clone();
+    hub.set_desired("a1", &["--clear", "max_jobs"]);
+    let cleared = hub_generation(&hub, "a1");
+    h.wait_status("the cleared limit applied", APPLIED, connected_at(cleared));
+    let limits = admission(&h).expect("admission");
+    assert_ne!(limits["max_jobs"], 3, "{limits}");
+    let st = h.host.status();
+    assert_eq!(st["runner"]["pid"], runner, "{st:#}");
+    assert_eq!(st["runner"]["starts"], 2, "{st:#}");
+    assert!(!h.host.agent_log().contains("restarting the runner"));
+    h.assert_token_kept_secret();
+}
+
+#[test]
+fn sighup_with_a_hub_keeps_the_hubs_desired_state() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    fs::write(h.host.path("agent.toml"), "[runner]\nstop_grace = \"3s\"\n").expect("config");
+    let agent = h.start_agent(&hub.url);
+    h.host.wait_runner("a runner", |_| true);
+    let off = disable_runner(&h, &hub, "a1");
+
+    // A new local setting: applied with the hub's desired state, which keeps the runner
+    // off (a standalone reload would have started one).
+    fs::write(h.host.path("agent.toml"), "[runner]\nstop_grace = \"4s\"\n").expect("config");
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_for(LIMIT, "the reload", || {
+        h.host
+            .agent_log()
+            .contains("SIGHUP: runner settings unchanged")
+            .then_some(())
+    });
+    let st = h.host.status();
+    assert_eq!(st["runner"]["state"], "stopped", "{st:#}");
+    assert_eq!(st["runner_enabled"], false, "{st:#}");
+    assert_eq!(st["hub"]["generation"], off);
+
+    // Enabled again, the runner comes with the reloaded settings.
+    hub.set_desired("a1", &["--runner-enabled", "true"]);
+    h.host.wait_runner("a runner started by the hub", |st| {
+        st["runner"]["starts"] == 2
+    });
+    // Another local change while it runs: a restart, saying why.
+    fs::write(h.host.path("agent.toml"), "[runner]\nstop_grace = \"5s\"\n").expect("config");
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    h.host
+        .wait_runner("a runner with the new stop grace", |st| {
+            st["runner"]["starts"] == 3
+        });
+    assert!(
+        h.host
+            .agent_log()
+            .contains("SIGHUP: restarting the runner: stop_grace changed"),
+        "{}",
+        h.host.agent_log()
+    );
+}
+
+#[test]
+fn admission_limits_set_before_the_agent_starts_need_no_runner_restart() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    hub.set_desired("a1", &["--max-jobs", "13"]);
+    let g = hub_generation(&hub, "a1");
+    // The runner starts from the standalone default; the hub's first answer comes while
+    // it may not serve yet, and its limit is still taken live.
+    let _agent = h.start_agent(&hub.url);
+    let st = h.wait_status("the hub's limit applied", APPLIED, connected_at(g));
+    let first = st["runner"]["pid"].clone();
+    let limits = wait_for(LIMIT, "the runner's limits", || admission(&h));
+    assert_eq!(limits["max_jobs"], 13, "{limits}");
+    let st = h.host.status();
+    assert_eq!(st["runner"]["starts"], 1, "{st:#}");
+    assert_eq!(st["runner"]["pid"], first, "{st:#}");
+    let log = h.host.agent_log();
+    assert!(!log.contains("restarting the runner"), "{log}");
+    assert!(
+        log.contains("max_jobs, max_jobs_per_owner changed; the running runner took the new admission limits"),
+        "{log}"
+    );
+}
+
+#[test]
+fn an_agent_started_while_its_hub_is_down_says_connected_when_it_first_answers() {
+    let tmp = tempdir();
+    let dir = tmp.path().join("hub");
+    let (h, hub) = HubHost::enrolled(&dir, "a1");
+    let (url, listen) = (hub.url.clone(), hub.listen.clone());
+    assert!(hub.stop().status.success());
+    let _agent = h.start_agent(&url);
+    h.wait_hub_error("Connection refused", LIMIT);
+
+    let hub = TestHub::start_on(&dir, &listen, &[]);
+    let g = hub_generation(&hub, "a1");
+    h.wait_status("connected", Duration::from_secs(90), connected_at(g));
+    let log = h.host.agent_log();
+    assert!(log.contains("connected to the hub"), "{log}");
+    assert!(!log.contains("hub reachable again"), "{log}");
+}
+
+/// Disables agent `id`'s runner at the hub, waits until the agent has stopped it, and
+/// returns the generation that did it.
+fn disable_runner(h: &HubHost, hub: &TestHub, id: &str) -> u64 {
+    hub.set_desired(id, &["--runner-enabled", "false"]);
+    let off = hub_generation(hub, id);
+    h.wait_status("the runner stopped by the hub", APPLIED, |st| {
+        connected_at(off)(st) && st["runner"]["state"] == "stopped"
+    });
+    off
+}
+
+#[test]
+fn the_hosts_labels_and_the_hubs_reach_agent_list_and_a_sighup_changes_the_hosts() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    let config = h.host.path("agent.toml");
+    fs::write(
+        &config,
+        "[agent]\nlabels = { queue = \"build\", tier = \"dev\" }\n",
+    )
+    .expect("config");
+    let agent = h.start_agent(&hub.url);
+    let labels_at_hub = |what: &str, accept: &dyn Fn(&Value) -> bool| {
+        wait_for(LIMIT, what, || {
+            let a = hub.admin_json(&["agent", "show", "a1"]);
+            accept(&a["labels"]).then_some(a)
+        })
+    };
+    let shown = labels_at_hub("the host's labels at the hub", &|l| l["queue"] == "build");
+    assert_eq!(shown["labels"]["tier"], "dev", "{shown:#}");
+    assert_eq!(
+        shown["labels"]["os"],
+        std::env::consts::OS,
+        "added by the agent"
+    );
+    assert_eq!(shown["labels"]["arch"], std::env::consts::ARCH);
+    assert!(shown["labels"]["hostname"].is_string(), "{shown:#}");
+
+    // The hub's label wins over the host's, and both show in the list.
+    let set: Value = serde_json::from_str(&hub.admin_ok(&[
+        "agent",
+        "label",
+        "a1",
+        "tier=prod",
+        "zone=b",
+        "--json",
+    ]))
+    .expect("json");
+    assert_eq!(set["labels"]["tier"], "prod", "{set:#}");
+    assert_eq!(
+        set["hub_labels"],
+        serde_json::json!({"tier": "prod", "zone": "b"})
+    );
+    let table = hub.admin_ok(&["agent", "list"]);
+    assert!(table.contains("queue=build,tier=prod,zone=b"), "{table}");
+    let detail = hub.admin_ok(&["agent", "show", "a1"]);
+    assert!(detail.contains("by hub:    tier=prod,zone=b"), "{detail}");
+    // The report that follows (the change answered the held poll) says how many jobs
+    // the runner runs at once.
+    h.host.wait_runner("a runner", |_| true);
+    hub.admin_ok(&["agent", "label", "a1", "zone=c"]);
+    wait_for(LIMIT, "the runner's admission limit in the report", || {
+        let a = hub.admin_json(&["agent", "show", "a1"]);
+        (a["report"]["jobs_summary"]["max_jobs"].as_u64() >= Some(1)).then_some(())
+    });
+
+    // A SIGHUP sends the host's new labels; the hub's stay over them.
+    fs::write(
+        &config,
+        "[agent]\nlabels = { queue = \"test\", tier = \"dev\" }\n",
+    )
+    .expect("config");
+    agent.signal(nix::sys::signal::Signal::SIGHUP);
+    let shown = labels_at_hub("the new host labels", &|l| l["queue"] == "test");
+    assert_eq!(shown["labels"]["tier"], "prod", "{shown:#}");
+    // Removing the hub's label shows the host's again.
+    hub.admin_ok(&["agent", "label", "a1", "--remove", "tier"]);
+    labels_at_hub("the host's tier again", &|l| l["tier"] == "dev");
+
+    // Bad input is refused, naming it, and changes nothing.
+    for (args, code, says) in [
+        (vec!["agent", "label", "a1", "Tier=x"], 2, "\"Tier\""),
+        (vec!["agent", "label", "a1", "tier"], 2, "KEY=VALUE"),
+        (vec!["agent", "label", "a1"], 2, "--remove"),
+        (vec!["agent", "label", "nobody", "x=1"], 1, "unknown agent"),
+    ] {
+        let out = hub.admin(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let kept = hub.admin_json(&["agent", "show", "a1"]);
+    assert_eq!(
+        kept["hub_labels"],
+        serde_json::json!({"zone": "c"}),
+        "{kept:#}"
+    );
+}
