@@ -1,13 +1,11 @@
 //! `railgrid hub serve` and the admin commands (`hub agent …`, `hub desired …`).
 
 use std::fmt::Write as _;
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
-
 use super::admin::{admin, ago, clean};
+use super::token_file::{create_token_file, write_token};
 use super::{print_stdout, usage};
 use crate::cli::{
     DesiredScope, HubAgentCommand, HubArgs, HubCommand, HubDesiredCommand, HubDesiredSetArgs,
@@ -295,31 +293,6 @@ fn desired_change(a: &HubDesiredSetArgs) -> DesiredChange {
         },
         clear: a.clear.clone(),
     }
-}
-
-/// A new file for a token, 0600; an existing file is not overwritten (it may be another
-/// agent's token). A usage error: nothing was enrolled yet.
-pub(super) fn create_token_file(path: &Path) -> anyhow::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("could not create {} for the token", path.display()))
-        .map_err(usage)
-}
-
-pub(super) fn write_token(mut f: std::fs::File, path: &Path, token: &str) -> anyhow::Result<()> {
-    use std::io::Write;
-    f.write_all(format!("{token}\n").as_bytes())
-        .and_then(|()| f.sync_all())
-        .with_context(|| {
-            format!(
-                "could not write the token to {} (the agent is enrolled: revoke and add it again once the path is fixed)",
-                path.display()
-            )
-        })
 }
 
 /// Labels less `os`, `arch` and `hostname`, which the table shows in their own columns.

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::admin::clean;
-use super::hub::{create_token_file, write_token};
+use super::token_file::{create_token_file, write_token};
 use crate::cli::{HubAuditCommand, HubEnrolTokenCommand, HubTokenCommand};
 use crate::hub::admin::{AdminClient, Target};
 use crate::proto::access::{EnrolTokenRequest, EnrolTokenView, TokenRequest, TokenView};

@@ -15,6 +15,7 @@ mod metrics;
 mod releases;
 mod rendered;
 mod rollouts;
+mod session;
 mod state;
 mod ui;
 

@@ -13,7 +13,7 @@ pub(crate) struct Hub<S: Store> {
     /// This hub among its replicas, in its metrics (host name and port).
     pub(crate) replica: String,
     /// The dashboard's sessions.
-    pub(crate) sessions: super::ui::session::Sessions,
+    pub(crate) sessions: super::session::Sessions,
     /// Who may use the admin API, and the audit log.
     pub(crate) access: Arc<crate::hub::access::Access<S>>,
     /// The longest a reconcile is held, whatever `wait` asks.

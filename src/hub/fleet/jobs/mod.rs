@@ -14,6 +14,7 @@
 //! so the agent's held poll answers at once.
 
 mod output;
+pub(super) mod queue;
 mod view;
 
 pub(crate) use self::output::{OutputSlice, Upload};
@@ -383,8 +384,8 @@ impl<S: Store> Fleet<S> {
                 }
             }
             None => {
-                if self.queued_len() >= super::queue::MAX_QUEUED {
-                    return Err(FleetError::QueueFull(super::queue::MAX_QUEUED));
+                if self.queued_len() >= queue::MAX_QUEUED {
+                    return Err(FleetError::QueueFull(queue::MAX_QUEUED));
                 }
             }
         }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::super::queue::Censuses;
+use super::queue::Censuses;
 use super::*;
 
 /// What the hub shows of a job.

@@ -9,7 +9,6 @@
 //! script, no style or script from anywhere but the hub) and is not cached.
 
 mod pages;
-pub(crate) mod session;
 
 use std::sync::Arc;
 
@@ -22,12 +21,12 @@ use axum::{Form, Router};
 use serde::Deserialize;
 
 use super::extract::ApiPath;
+use super::session::{self, Session, COOKIE, LIFETIME};
 use super::state::Hub;
 use crate::hub::access::{Audited, Caller};
 use crate::hub::store::{JobFilter, Store};
 use crate::proto::access::{AGENTS_READ, JOBS_READ};
 use crate::proto::job::Stream;
-use session::{Session, COOKIE, LIFETIME};
 
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 /// What a page of jobs lists.

@@ -24,8 +24,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::jobs::OpenJob;
-use super::{AgentEntry, AgentState, Fleet, FleetError};
+use super::super::{AgentEntry, AgentState, Fleet, FleetError};
+use super::OpenJob;
 use crate::hub::store::{Assigned, Assignment, JobProgress, JobRow, Store};
 use crate::proto::fleet_job::EXPIRED;
 use crate::proto::hub::DesiredSettings;
@@ -34,7 +34,7 @@ use crate::proto::selector::Selector;
 use crate::util;
 
 /// Jobs queued at once, at most: past it, a submission is refused.
-pub(super) const MAX_QUEUED: usize = 100_000;
+pub(in crate::hub::fleet) const MAX_QUEUED: usize = 100_000;
 /// Assignments per round: the round holds the fleet's change lock, and submissions
 /// and reports must not wait behind a long one. The next round follows at once.
 const ROUND: usize = 256;
@@ -48,7 +48,7 @@ type Key = (Reverse<u8>, u64);
 
 /// A job in the queue.
 #[derive(Debug)]
-pub(super) struct Queued {
+pub(in crate::hub::fleet) struct Queued {
     row: JobRow,
 }
 
@@ -84,7 +84,7 @@ impl Takers {
 
 /// The queued jobs, by selector.
 #[derive(Default)]
-pub(super) struct Queue {
+pub(in crate::hub::fleet) struct Queue {
     lanes: HashMap<String, Lane>,
     /// Each job's lane and key.
     index: HashMap<String, (String, Key)>,
@@ -92,12 +92,12 @@ pub(super) struct Queue {
 }
 
 impl Queue {
-    pub(super) fn len(&self) -> usize {
+    pub(in crate::hub::fleet) fn len(&self) -> usize {
         self.index.len()
     }
 
     /// Takes in a queued job; false (and left out) when its selector no longer parses.
-    pub(super) fn insert(&mut self, row: JobRow) -> bool {
+    pub(in crate::hub::fleet) fn insert(&mut self, row: JobRow) -> bool {
         let Some(selector_text) = row.selector.clone() else {
             return false;
         };
@@ -135,7 +135,7 @@ impl Queue {
         true
     }
 
-    pub(super) fn remove(&mut self, id: &str) -> Option<JobRow> {
+    pub(in crate::hub::fleet) fn remove(&mut self, id: &str) -> Option<JobRow> {
         let (text, key) = self.index.remove(id)?;
         let lane = self.lanes.get_mut(&text)?;
         let q = lane.jobs.remove(&key)?;
@@ -149,7 +149,7 @@ impl Queue {
     }
 
     /// How many jobs wait under each selector (and scope, after a `|`).
-    pub(super) fn depths(&self) -> Vec<(String, u64)> {
+    pub(in crate::hub::fleet) fn depths(&self) -> Vec<(String, u64)> {
         self.lanes
             .iter()
             .map(|(text, lane)| (text.replace('\u{1f}', " | scope "), lane.jobs.len() as u64))
@@ -237,18 +237,18 @@ struct Census {
 
 /// The censuses taken for a listing of queued jobs, by selector text.
 #[derive(Default)]
-pub(super) struct Censuses(HashMap<String, Census>);
+pub(in crate::hub::fleet) struct Censuses(HashMap<String, Census>);
 
 impl<S: Store> Fleet<S> {
     /// Wakes the dispatcher: a job was queued, or room may have opened.
-    pub(super) fn kick(&self) {
+    pub(in crate::hub::fleet) fn kick(&self) {
         if util::lock(&self.queue).len() > 0 {
             self.dispatch_kick.notify_one();
         }
     }
 
     /// Whether `entry` may take a queued job now (it holds fewer jobs than it may).
-    pub(super) fn kick_if_room(&self, entry: &Arc<AgentEntry>) {
+    pub(in crate::hub::fleet) fn kick_if_room(&self, entry: &Arc<AgentEntry>) {
         if util::lock(&self.queue).len() > 0
             && matches!(self.standing(entry), Standing::Room { .. })
         {
@@ -298,7 +298,7 @@ impl<S: Store> Fleet<S> {
     }
 
     /// Queues a selected job the store holds now.
-    pub(super) fn enqueue(&self, row: JobRow) {
+    pub(in crate::hub::fleet) fn enqueue(&self, row: JobRow) {
         let id = row.id.clone();
         if !util::lock(&self.queue).insert(row) {
             tracing::error!(job = %id, "a queued job's selector does not parse; it stays queued at the hub until cancelled");
@@ -306,12 +306,12 @@ impl<S: Store> Fleet<S> {
         self.kick();
     }
 
-    pub(super) fn queued_len(&self) -> usize {
+    pub(in crate::hub::fleet) fn queued_len(&self) -> usize {
         util::lock(&self.queue).len()
     }
 
     /// One dispatch round; how many jobs it handed out. Takes the change lock.
-    pub(super) async fn dispatch(&self) -> Result<usize, FleetError> {
+    pub(in crate::hub::fleet) async fn dispatch(&self) -> Result<usize, FleetError> {
         if self.queued_len() == 0 {
             return Ok(0);
         }
@@ -444,7 +444,7 @@ impl<S: Store> Fleet<S> {
     }
 
     /// Ends the queued jobs past their queue timeout as `expired`. Takes the change lock.
-    pub(super) async fn expire(&self) -> Result<(), FleetError> {
+    pub(in crate::hub::fleet) async fn expire(&self) -> Result<(), FleetError> {
         let now = util::unix_now_ms();
         if util::lock(&self.queue).due(now).is_empty() {
             return Ok(());
@@ -503,7 +503,7 @@ impl<S: Store> Fleet<S> {
 
     /// Cancels a queued job at the hub: no agent was given it. Called with `changes`
     /// held; false when it is not queued here.
-    pub(super) async fn cancel_queued(&self, id: &str) -> Result<bool, FleetError> {
+    pub(in crate::hub::fleet) async fn cancel_queued(&self, id: &str) -> Result<bool, FleetError> {
         let Some(row) = util::lock(&self.queue).remove(id) else {
             return Ok(false);
         };
@@ -525,7 +525,11 @@ impl<S: Store> Fleet<S> {
 
     /// Why a queued job waits, as the fleet stands now; `censuses` counts the agents a
     /// selector matches once for all the jobs of a listing.
-    pub(super) fn queue_waiting_in(&self, row: &JobRow, censuses: &mut Censuses) -> String {
+    pub(in crate::hub::fleet) fn queue_waiting_in(
+        &self,
+        row: &JobRow,
+        censuses: &mut Censuses,
+    ) -> String {
         let Some(text) = row.selector.as_deref() else {
             return "queued".into();
         };
@@ -606,7 +610,7 @@ impl<S: Store> Fleet<S> {
 
     /// Takes in a job another replica queued or ended while queued (its row now).
     /// Called with `changes` held.
-    pub(super) async fn follow_queued(&self, id: &str) -> Result<(), FleetError> {
+    pub(in crate::hub::fleet) async fn follow_queued(&self, id: &str) -> Result<(), FleetError> {
         match self.store.get_job(id).await? {
             Some(row) if row.agent.is_empty() && !row.progress.done => self.enqueue(row),
             _ => {
@@ -619,7 +623,7 @@ impl<S: Store> Fleet<S> {
 
     /// The queue as the store holds it now (a replica's reload). Called with `changes`
     /// held.
-    pub(super) fn adopt_queue(&self, rows: Vec<JobRow>) {
+    pub(in crate::hub::fleet) fn adopt_queue(&self, rows: Vec<JobRow>) {
         let open: std::collections::HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
         {
             let mut q = util::lock(&self.queue);
