@@ -192,6 +192,132 @@ struct Scrapes {
     cpu_ms: f64,
 }
 
+/// Fleet changes, one at a time, and when each agent had each.
+struct Rounds {
+    /// Every agent's time from the change to its answer, sorted.
+    all: Vec<Duration>,
+    /// The same for agents held by a hub other than the one the change was made through.
+    others: Vec<Duration>,
+    /// The last agent's time, per change.
+    worst: Vec<Duration>,
+    /// The generation of the last change.
+    latest: u64,
+    /// The hubs' CPU seconds per change, until the last agent had it.
+    hub_cpu: Vec<String>,
+}
+
+/// `rounds` fleet changes through the first hub, each timed until all `n` agents told
+/// `rx` they had it.
+async fn propagation(
+    hubs: &[Arc<Hub>],
+    rx: &mut mpsc::UnboundedReceiver<(u64, Instant, usize)>,
+    n: usize,
+    rounds: usize,
+) -> anyhow::Result<Rounds> {
+    let mut all = Vec::new();
+    // Agents held by a hub other than the one the change was made through.
+    let mut others = Vec::new();
+    let mut worst = Vec::new();
+    let mut latest = 0;
+    let mut hub_cpu_rounds = Vec::new();
+    for r in 0..rounds {
+        let (_, cpu0) = usage_all(hubs)?;
+        let t0 = Instant::now();
+        let v = hubs[0]
+            .admin(
+                reqwest::Method::PUT,
+                "/v1/admin/desired/fleet",
+                serde_json::json!({"set": {"max_jobs": r + 1}}),
+            )
+            .await?;
+        let g = v["generation"].as_u64().context("generation")?;
+        latest = g;
+        let mut got = 0;
+        let mut lat = Vec::with_capacity(n);
+        while got < n {
+            let (gen, at, replica) = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+                .await
+                .map_err(|_| anyhow!("round {r}: {got} of {n} agents saw generation {g}"))?
+                .context("agents gone")?;
+            if gen >= g {
+                got += 1;
+                lat.push(at - t0);
+                if replica != 0 {
+                    others.push(at - t0);
+                }
+            }
+        }
+        lat.sort();
+        hub_cpu_rounds.push(format!("{:.2}", usage_all(hubs)?.1 - cpu0));
+        worst.push(*lat.last().expect("n > 0"));
+        all.extend(lat);
+        // Let every agent's next poll be held again before the next round.
+        let t = Instant::now();
+        while (polls_held(hubs).await as usize) < n && t.elapsed() < Duration::from_secs(60) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    all.sort();
+    others.sort();
+    Ok(Rounds {
+        all,
+        others,
+        worst,
+        latest,
+        hub_cpu: hub_cpu_rounds,
+    })
+}
+
+/// What `busy` clients reconciling without waiting did over the phase.
+struct Busy {
+    done: f64,
+    secs: f64,
+    hub_cpu: f64,
+    xacts: (Option<u64>, Option<u64>),
+}
+
+/// Steady state: `busy` clients reconciling without waiting, as fast as they can, for
+/// `busy_secs`, reporting generation `latest`.
+async fn busy_phase(
+    hubs: &[Arc<Hub>],
+    auths: &[(String, reqwest::header::HeaderValue, usize)],
+    busy: usize,
+    busy_secs: u64,
+    latest: u64,
+) -> anyhow::Result<Busy> {
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (_, cpu_a) = usage_all(hubs)?;
+    let xacts_a = db_xacts();
+    let t = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for (url, auth, r) in auths.iter().take(busy) {
+        let (url, auth) = (url.clone(), auth.clone());
+        let (http, count, stop) = (hubs[*r].http.clone(), count.clone(), stop.clone());
+        clients.spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if reconcile(&http, &url, &auth, latest, 0).await.is_ok() {
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(busy_secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    while clients.join_next().await.is_some() {}
+    let secs = t.elapsed().as_secs_f64();
+    let (_, cpu_b) = usage_all(hubs)?;
+    let xacts_b = db_xacts();
+    let done = count.load(Ordering::Relaxed) as f64;
+    let hub_cpu = cpu_b - cpu_a;
+    Ok(Busy {
+        done,
+        secs,
+        hub_cpu,
+        xacts: (xacts_a, xacts_b),
+    })
+}
+
 async fn scrape(hub: &Hub, path: &str, n: usize) -> anyhow::Result<Scrapes> {
     let mut times = Vec::with_capacity(n);
     let mut bytes = 0;
@@ -300,79 +426,20 @@ async fn run(
     let scrapes = scrape(&hub, "/metrics", 20).await?;
     let listing = scrape(&hub, "/v1/admin/agents", 5).await?;
 
-    // Propagation of fleet changes.
-    let mut all = Vec::new();
-    // Agents held by a hub other than the one the change was made through.
-    let mut others = Vec::new();
-    let mut worst = Vec::new();
-    let mut latest = 0;
-    let mut hub_cpu_rounds = Vec::new();
-    for r in 0..rounds {
-        let (_, cpu0) = usage_all(&hubs)?;
-        let t0 = Instant::now();
-        let v = hub
-            .admin(
-                reqwest::Method::PUT,
-                "/v1/admin/desired/fleet",
-                serde_json::json!({"set": {"max_jobs": r + 1}}),
-            )
-            .await?;
-        let g = v["generation"].as_u64().context("generation")?;
-        latest = g;
-        let mut got = 0;
-        let mut lat = Vec::with_capacity(n);
-        while got < n {
-            let (gen, at, replica) = tokio::time::timeout(Duration::from_secs(60), rx.recv())
-                .await
-                .map_err(|_| anyhow!("round {r}: {got} of {n} agents saw generation {g}"))?
-                .context("agents gone")?;
-            if gen >= g {
-                got += 1;
-                lat.push(at - t0);
-                if replica != 0 {
-                    others.push(at - t0);
-                }
-            }
-        }
-        lat.sort();
-        hub_cpu_rounds.push(format!("{:.2}", usage_all(&hubs)?.1 - cpu0));
-        worst.push(*lat.last().expect("n > 0"));
-        all.extend(lat);
-        // Let every agent's next poll be held again before the next round.
-        let t = Instant::now();
-        while (polls_held(&hubs).await as usize) < n && t.elapsed() < Duration::from_secs(60) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    all.sort();
-    others.sort();
+    let Rounds {
+        all,
+        others,
+        worst,
+        latest,
+        hub_cpu: hub_cpu_rounds,
+    } = propagation(&hubs, &mut rx, n, rounds).await?;
 
-    // Steady state: `busy` clients reconciling without waiting, as fast as they can.
-    let count = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (_, cpu_a) = usage_all(&hubs)?;
-    let xacts_a = db_xacts();
-    let t = Instant::now();
-    let mut clients = tokio::task::JoinSet::new();
-    for (url, auth, r) in auths.iter().take(busy) {
-        let (url, auth) = (url.clone(), auth.clone());
-        let (http, count, stop) = (hubs[*r].http.clone(), count.clone(), stop.clone());
-        clients.spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                if reconcile(&http, &url, &auth, latest, 0).await.is_ok() {
-                    count.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        });
-    }
-    tokio::time::sleep(Duration::from_secs(busy_secs)).await;
-    stop.store(true, Ordering::Relaxed);
-    while clients.join_next().await.is_some() {}
-    let secs = t.elapsed().as_secs_f64();
-    let (_, cpu_b) = usage_all(&hubs)?;
-    let xacts_b = db_xacts();
-    let done = count.load(Ordering::Relaxed) as f64;
-    let hub_cpu = cpu_b - cpu_a;
+    let Busy {
+        done,
+        secs,
+        hub_cpu,
+        xacts: (xacts_a, xacts_b),
+    } = busy_phase(&hubs, &auths, busy, busy_secs, latest).await?;
 
     println!(
         "agents (polls held)            {n}, over {} hub{}",

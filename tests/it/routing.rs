@@ -322,7 +322,11 @@ fn selected_jobs_reach_only_matching_agents_with_room_in_priority_order_and_surv
     let retry = wait_job(&hub, "rt.2", "done", |v| v["done"] == true);
     assert_eq!(retry["state"], "succeeded", "{retry:#}");
 
-    // Bad input: refused before anything is sent, naming what is wrong.
+    refuses_bad_submissions(&hub);
+}
+
+/// Bad input is refused before anything is sent, naming what is wrong.
+fn refuses_bad_submissions(hub: &TestHub) {
     for (args, says) in [
         (vec!["--select", "zone in (a", "--", "true"], "zone in (a"),
         (
@@ -353,7 +357,7 @@ fn selected_jobs_reach_only_matching_agents_with_room_in_priority_order_and_surv
             "--each",
         ),
     ] {
-        let out = submit(&hub, &args);
+        let out = submit(hub, &args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");

@@ -147,68 +147,9 @@ fn the_service_lives_its_whole_life_under_a_real_systemd() {
         |t| t == "1",
     );
 
-    // `systemctl reload` returns once the agent has applied the configuration: a changed
-    // runner setting has restarted the runner by then. A broken file fails the reload with
-    // the reason, and the agent keeps the running configuration, in the same process.
-    let main = show(&c, "MainPID");
-    let old_runner = runner_serving(&c, "the runner before the reload");
-    c.ok(
-        "sed -i '/^\\[runner\\]/a stop_grace = \"3s\"' /etc/railgrid/agent.toml && \
-          systemctl reload railgrid-agent",
-    );
-    let st: Value = serde_json::from_str(&c.ok("railgrid agent status --json")).expect("status");
-    assert_eq!(st["reloads"]["count"], 1, "{st}");
-    assert_eq!(st["reloads"]["last_error"], Value::Null, "{st}");
-    assert_ne!(
-        st["runner"]["pid"], old_runner,
-        "the runner restarted within the reload: {st}"
-    );
-    assert_eq!(st["runner"]["state"], "running", "{st}");
-    let refused = c.sh(
-        "echo 'max_jobs = \"many\"' >> /etc/railgrid/agent.toml && systemctl reload railgrid-agent",
-    );
-    assert!(
-        !refused.status.success(),
-        "a refused configuration fails the reload: {refused:?}"
-    );
-    let journal = c.ok("journalctl -u railgrid-agent --no-pager -o cat");
-    assert!(
-        journal.contains("refused the new configuration and keeps the running one")
-            && journal.contains("max_jobs"),
-        "{journal}"
-    );
-    assert_eq!(show(&c, "ActiveState"), "active");
-    assert_eq!(show(&c, "MainPID"), main);
-    // The file does not load, so its state directory is named.
-    let st: Value =
-        serde_json::from_str(&c.ok("railgrid agent status --json --state-dir /var/lib/railgrid"))
-            .expect("status");
-    assert_eq!(st["reloads"]["count"], 2, "{st}");
-    c.ok("sed -i '/^max_jobs = \"many\"$/d' /etc/railgrid/agent.toml");
+    reload_applies_or_is_refused_in_the_same_process(&c);
 
-    // A hung agent (SIGSTOP): the watchdog (4 s in a drop-in here) kills and restarts it.
-    c.ok("mkdir -p /etc/systemd/system/railgrid-agent.service.d && \
-          printf '[Service]\\nWatchdogSec=4s\\n' > /etc/systemd/system/railgrid-agent.service.d/watchdog.conf && \
-          systemctl daemon-reload && systemctl restart railgrid-agent");
-    runner_serving(&c, "a runner after the restart");
-    let restarts: u32 = show(&c, "NRestarts").parse().expect("NRestarts");
-    c.ok("kill -STOP $(systemctl show railgrid-agent -p MainPID --value)");
-    c.wait(
-        "the watchdog's restart",
-        LIMIT,
-        "systemctl show railgrid-agent -p NRestarts --value",
-        |t| t.parse::<u32>().is_ok_and(|n| n > restarts),
-    );
-    let journal = c.ok("journalctl -u railgrid-agent --no-pager -o cat");
-    assert!(journal.contains("Watchdog timeout"), "{journal}");
-    runner_serving(&c, "a runner after the watchdog");
-    c.wait(
-        "one runner",
-        LIMIT,
-        "ps -eo args= | grep -c '^/usr/local/bin/railgrid runner run'",
-        |t| t == "1",
-    );
-    c.ok("rm -r /etc/systemd/system/railgrid-agent.service.d && systemctl daemon-reload");
+    the_watchdog_restarts_a_hung_agent(&c);
 
     // A stop with a job that ignores SIGTERM: done within TimeoutStopSec, nothing left.
     c.ok("railgrid job submit --detach --id stubborn -- sh -c 'trap \"\" TERM; exec sleep 1000'");
@@ -268,4 +209,71 @@ fn the_service_lives_its_whole_life_under_a_real_systemd() {
         c.console().len()
     );
     assert_eq!(show(&c, "LoadState"), "not-found");
+}
+
+/// `systemctl reload` returns once the agent has applied the configuration: a changed
+/// runner setting has restarted the runner by then. A broken file fails the reload with
+/// the reason, and the agent keeps the running configuration, in the same process.
+fn reload_applies_or_is_refused_in_the_same_process(c: &Container) {
+    let main = show(c, "MainPID");
+    let old_runner = runner_serving(c, "the runner before the reload");
+    c.ok(
+        "sed -i '/^\\[runner\\]/a stop_grace = \"3s\"' /etc/railgrid/agent.toml && \
+          systemctl reload railgrid-agent",
+    );
+    let st: Value = serde_json::from_str(&c.ok("railgrid agent status --json")).expect("status");
+    assert_eq!(st["reloads"]["count"], 1, "{st}");
+    assert_eq!(st["reloads"]["last_error"], Value::Null, "{st}");
+    assert_ne!(
+        st["runner"]["pid"], old_runner,
+        "the runner restarted within the reload: {st}"
+    );
+    assert_eq!(st["runner"]["state"], "running", "{st}");
+    let refused = c.sh(
+        "echo 'max_jobs = \"many\"' >> /etc/railgrid/agent.toml && systemctl reload railgrid-agent",
+    );
+    assert!(
+        !refused.status.success(),
+        "a refused configuration fails the reload: {refused:?}"
+    );
+    let journal = c.ok("journalctl -u railgrid-agent --no-pager -o cat");
+    assert!(
+        journal.contains("refused the new configuration and keeps the running one")
+            && journal.contains("max_jobs"),
+        "{journal}"
+    );
+    assert_eq!(show(c, "ActiveState"), "active");
+    assert_eq!(show(c, "MainPID"), main);
+    // The file does not load, so its state directory is named.
+    let st: Value =
+        serde_json::from_str(&c.ok("railgrid agent status --json --state-dir /var/lib/railgrid"))
+            .expect("status");
+    assert_eq!(st["reloads"]["count"], 2, "{st}");
+    c.ok("sed -i '/^max_jobs = \"many\"$/d' /etc/railgrid/agent.toml");
+}
+
+/// A hung agent (SIGSTOP): the watchdog (4 s in a drop-in here) kills and restarts it.
+fn the_watchdog_restarts_a_hung_agent(c: &Container) {
+    c.ok("mkdir -p /etc/systemd/system/railgrid-agent.service.d && \
+          printf '[Service]\\nWatchdogSec=4s\\n' > /etc/systemd/system/railgrid-agent.service.d/watchdog.conf && \
+          systemctl daemon-reload && systemctl restart railgrid-agent");
+    runner_serving(c, "a runner after the restart");
+    let restarts: u32 = show(c, "NRestarts").parse().expect("NRestarts");
+    c.ok("kill -STOP $(systemctl show railgrid-agent -p MainPID --value)");
+    c.wait(
+        "the watchdog's restart",
+        LIMIT,
+        "systemctl show railgrid-agent -p NRestarts --value",
+        |t| t.parse::<u32>().is_ok_and(|n| n > restarts),
+    );
+    let journal = c.ok("journalctl -u railgrid-agent --no-pager -o cat");
+    assert!(journal.contains("Watchdog timeout"), "{journal}");
+    runner_serving(c, "a runner after the watchdog");
+    c.wait(
+        "one runner",
+        LIMIT,
+        "ps -eo args= | grep -c '^/usr/local/bin/railgrid runner run'",
+        |t| t == "1",
+    );
+    c.ok("rm -r /etc/systemd/system/railgrid-agent.service.d && systemctl daemon-reload");
 }
