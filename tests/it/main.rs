@@ -20,6 +20,7 @@ mod inputs;
 #[cfg(target_os = "linux")]
 mod install;
 mod jobs;
+mod layout;
 mod lock;
 mod metrics;
 mod pg;

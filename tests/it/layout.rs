@@ -1,0 +1,276 @@
+//! The floors of the layout (docs/design.md, "Layout"): no source file over 1 000 lines,
+//! no function over 200, and no import circle between the modules of one room of `src/`.
+//! Read from the tree as rustfmt leaves it; a failure names the file, the function or the
+//! circle.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const MAX_FILE_LINES: usize = 1000;
+const MAX_FN_LINES: usize = 200;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every `.rs` file below `dir`, in order.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Each function's name, first line (from 1) and length: from its `fn` line to the `}`
+/// at the same indent, as rustfmt lays it out.
+fn functions(lines: &[&str]) -> Vec<(String, usize, usize)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let body = line.trim_start();
+        let indent = line.len() - body.len();
+        let name = [
+            "pub(crate) ",
+            "pub(super) ",
+            "pub ",
+            "async ",
+            "const ",
+            "unsafe ",
+        ]
+        .iter()
+        .fold(body, |b, p| b.strip_prefix(p).unwrap_or(b))
+        .strip_prefix("fn ")
+        .map(|rest| rest.split(['(', '<']).next().unwrap_or(rest).to_owned());
+        let Some(name) = name.filter(|_| !line.ends_with('}')) else {
+            i += 1;
+            continue;
+        };
+        let Some(open) =
+            (i..lines.len()).find(|&j| lines[j].ends_with('{') || lines[j].ends_with(';'))
+        else {
+            break;
+        };
+        if lines[open].ends_with(';') {
+            i += 1;
+            continue;
+        }
+        let close = format!("{}}}", " ".repeat(indent));
+        let end = (open + 1..lines.len())
+            .find(|&j| lines[j] == close)
+            .unwrap_or(lines.len() - 1);
+        out.push((name, i + 1, end - i + 1));
+        i = end + 1;
+    }
+    out
+}
+
+#[test]
+fn no_file_over_a_thousand_lines_and_no_function_over_two_hundred() {
+    let mut over = Vec::new();
+    for dir in ["src", "tests", "examples"] {
+        for path in rust_files(&root().join(dir)) {
+            let text = fs::read_to_string(&path).expect("a source file");
+            let lines: Vec<&str> = text.lines().collect();
+            let shown = path.strip_prefix(root()).unwrap_or(&path).display();
+            if lines.len() > MAX_FILE_LINES {
+                over.push(format!("{shown}: {} lines", lines.len()));
+            }
+            for (name, at, len) in functions(&lines) {
+                if len > MAX_FN_LINES {
+                    over.push(format!("{shown}:{at}: fn {name} is {len} lines"));
+                }
+            }
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "past the layout's floors:\n{}",
+        over.join("\n")
+    );
+}
+
+#[test]
+fn the_function_reader_measures_what_rustfmt_writes() {
+    let text = "fn one() -> u8 { 1 }\nimpl X {\n    pub(crate) async fn two(\n        a: u8,\n    ) -> u8 {\n        a\n    }\n    fn three();\n}\n";
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(functions(&lines), [("two".to_owned(), 3, 5)]);
+}
+
+/// `src/a/b.rs` and `src/a/b/mod.rs` are module `a::b`.
+fn module_of(path: &Path) -> Vec<String> {
+    let rel = path.strip_prefix(root().join("src")).expect("below src");
+    let mut parts: Vec<String> = rel
+        .with_extension("")
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The module paths `text` (of module `at`) names through `crate::`, `super::` and
+/// `self::`, groups (`{a, b::c}`) included; its unit tests left out.
+fn references(at: &[String], text: &str) -> BTreeSet<Vec<String>> {
+    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(text);
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = BTreeSet::new();
+    for (i, _) in text.match_indices(['c', 's']) {
+        let rest = &text[i..];
+        let after_word = text[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| word(c) || c == ':');
+        if after_word
+            || !["crate::", "super::", "self::"]
+                .iter()
+                .any(|p| rest.starts_with(p))
+        {
+            continue;
+        }
+        let end = rest
+            .find(|c: char| !(word(c) || c.is_whitespace() || ":{},".contains(c)))
+            .unwrap_or(rest.len());
+        let (head, group) = match rest[..end].split_once("::{") {
+            Some((head, group)) => (head, group.split('}').next()),
+            None => (
+                rest[..end]
+                    .split(|c: char| !(word(c) || c == ':'))
+                    .next()
+                    .unwrap_or(""),
+                None,
+            ),
+        };
+        let mut segs = head.split("::").filter(|s| !s.is_empty()).peekable();
+        let mut base = at.to_vec();
+        match segs.peek() {
+            Some(&"crate") => base.clear(),
+            Some(&"self") => {}
+            _ => {
+                while segs.peek() == Some(&"super") {
+                    segs.next();
+                    base.pop();
+                }
+            }
+        }
+        base.extend(
+            segs.filter(|s| !matches!(*s, "crate" | "self"))
+                .map(str::to_owned),
+        );
+        let Some(group) = group else {
+            out.insert(base);
+            continue;
+        };
+        for item in group.split(',') {
+            let first = item.split_whitespace().next().unwrap_or("");
+            let mut path = base.clone();
+            path.extend(
+                first
+                    .split("::")
+                    .filter(|s| !s.is_empty() && *s != "self")
+                    .map(str::to_owned),
+            );
+            out.insert(path);
+        }
+    }
+    out
+}
+
+#[test]
+fn no_import_circle_between_the_modules_of_one_room() {
+    let files: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = rust_files(&root().join("src"))
+        .into_iter()
+        .map(|path| {
+            let at = module_of(&path);
+            let refs = references(&at, &fs::read_to_string(&path).expect("a source file"));
+            (at, refs)
+        })
+        .collect();
+    // For each room (a module with children): which child reaches which sibling.
+    let mut rooms: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for (module, refs) in &files {
+        for depth in 0..module.len() {
+            let (room, child) = (&module[..depth], &module[depth]);
+            let edges = rooms
+                .entry(room.to_vec())
+                .or_default()
+                .entry(child.clone())
+                .or_default();
+            for r in refs {
+                if r.len() > depth && r[..depth] == *room && r[depth] != *child {
+                    edges.insert(r[depth].clone());
+                }
+            }
+        }
+    }
+    let mut circles = Vec::new();
+    for (room, graph) in &rooms {
+        for start in graph.keys() {
+            if let Some(circle) = circle_from(graph, start) {
+                circles.push(format!("{}: {}", room.join("::"), circle.join(" -> ")));
+                break;
+            }
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "import circles:\n{}",
+        circles.join("\n")
+    );
+}
+
+/// A path from `start` back to it, if there is one.
+fn circle_from(graph: &BTreeMap<String, BTreeSet<String>>, start: &str) -> Option<Vec<String>> {
+    let mut stack = vec![(start.to_owned(), vec![start.to_owned()])];
+    let mut seen = BTreeSet::new();
+    while let Some((node, path)) = stack.pop() {
+        for next in graph.get(&node).into_iter().flatten() {
+            if next == start {
+                let mut circle = path.clone();
+                circle.push(start.to_owned());
+                return Some(circle);
+            }
+            if seen.insert(next.clone()) && graph.contains_key(next) {
+                let mut p = path.clone();
+                p.push(next.clone());
+                stack.push((next.clone(), p));
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn the_reference_reader_finds_paths_and_groups() {
+    let at: Vec<String> = ["hub", "http", "ui"].map(str::to_owned).to_vec();
+    let refs = references(
+        &at,
+        "use super::state::Hub;\nuse crate::hub::{fleet::Fleet, store};\nlet x = self::pages::a();\n",
+    );
+    let want: BTreeSet<Vec<String>> = [
+        vec!["hub", "http", "state", "Hub"],
+        vec!["hub", "fleet", "Fleet"],
+        vec!["hub", "store"],
+        vec!["hub", "http", "ui", "pages", "a"],
+    ]
+    .into_iter()
+    .map(|v| v.into_iter().map(str::to_owned).collect())
+    .collect();
+    assert_eq!(refs, want);
+}
