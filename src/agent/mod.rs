@@ -388,14 +388,8 @@ async fn hub_connection(cfg: &AgentConfig) -> Result<Option<hub::Connection>, Ag
     let Some(settings) = cfg.hub.clone() else {
         return Ok(None);
     };
-    let conn = tokio::task::spawn_blocking(move || hub::Connection::load(&settings))
-        .await
-        .map_err(|source| AgentError::Task {
-            what: "hub settings",
-            source,
-        })?
-        .map_err(AgentError::Hub)?;
-    Ok(Some(conn))
+    let conn = blocking("hub settings", move || hub::Connection::load(&settings)).await?;
+    Ok(Some(conn.map_err(AgentError::Hub)?))
 }
 
 /// Only before the first start, and only because this agent holds the state dir's
@@ -405,17 +399,25 @@ async fn reclaim_orphan_runner(cfg: &AgentConfig) -> Result<Option<i32>, AgentEr
     let lock_path = crate::runner::Paths::new(&cfg.state_dir).lock;
     let grace = cfg.runner.stop_grace;
     let path = lock_path.clone();
-    let reclaimed = tokio::task::spawn_blocking(move || lock::reclaim_stale_holder(&path, grace))
-        .await
-        .map_err(|source| AgentError::Task {
-            what: "runner lock reclaim",
-            source,
-        })?
-        .map_err(AgentError::Reclaim)?;
+    let reclaimed = blocking("runner lock reclaim", move || {
+        lock::reclaim_stale_holder(&path, grace)
+    })
+    .await?
+    .map_err(AgentError::Reclaim)?;
     if let Some(pid) = reclaimed {
         tracing::warn!(pid, lock = %lock_path.display(), "reclaimed an orphan runner left by a previous agent");
     }
     Ok(reclaimed)
+}
+
+/// `f` on a blocking thread: its panic is the agent's error, naming `what`.
+async fn blocking<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, AgentError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|source| AgentError::Task { what, source })
 }
 
 /// Puts the previous binary back after a stop asked for during the switch.
