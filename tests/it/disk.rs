@@ -5,7 +5,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
@@ -19,28 +19,23 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// A tmpfs mounted for one test and the runner on it. Dropping it kills the runner (which
 /// stops its jobs), then unmounts, even when the test failed half-way.
 struct FullDisk {
-    dir: tempfile::TempDir,
     runner: Option<Child>,
-    mounted: bool,
+    // Unmounted after the runner is killed and before the directory is removed.
+    _mount: Mounted,
+    dir: tempfile::TempDir,
 }
 
 impl FullDisk {
     fn mount() -> Self {
         let dir = tempdir();
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
-        let mut disk = Self {
-            dir,
+        let state = dir.path().join("state");
+        fs::create_dir(&state).expect("mkdir state");
+        let disk = Self {
             runner: None,
-            mounted: false,
+            _mount: Mounted::tmpfs(&state, "20m", "0711"),
+            dir,
         };
-        fs::create_dir(disk.state()).expect("mkdir state");
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=20m,mode=0711", "tmpfs"])
-            .arg(disk.state())
-            .status()
-            .expect("run mount");
-        assert!(status.success(), "mount -t tmpfs failed: {status}");
-        disk.mounted = true;
         let runner = disk.runner_dir();
         fs::create_dir(&runner).expect("mkdir runner");
         fs::set_permissions(&runner, fs::Permissions::from_mode(0o700)).expect("chmod");
@@ -135,9 +130,6 @@ impl Drop for FullDisk {
         if let Some(mut child) = self.runner.take() {
             let _ = child.kill();
             let _ = child.wait();
-        }
-        if self.mounted {
-            let _ = Command::new("umount").arg("-l").arg(self.state()).status();
         }
     }
 }

@@ -443,10 +443,40 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A tmpfs of `size` mounted over `path` (an existing directory) for one test; unmounted
+/// (lazily) when dropped, also when the test failed half-way. Root only.
+pub struct Mounted(PathBuf);
+
+impl Mounted {
+    pub fn tmpfs(path: &Path, size: &str, mode: &str) -> Self {
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o"])
+            .arg(format!("size={size},mode={mode}"))
+            .arg("tmpfs")
+            .arg(path)
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "mount -t tmpfs at {}: {status}",
+            path.display()
+        );
+        Self(path.to_path_buf())
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
 /// A tmpfs of `size` mounted at a fresh directory for one test (root only: `None` and a
-/// note otherwise); unmounted when dropped, also when the test failed half-way.
+/// note otherwise).
 pub struct Tmpfs {
     pub path: PathBuf,
+    // Unmounted before its directory is removed: fields drop in order.
+    _mount: Mounted,
     _dir: tempfile::TempDir,
 }
 
@@ -459,31 +489,17 @@ impl Tmpfs {
         let dir = tempdir();
         let path = dir.path().join("mnt");
         fs::create_dir(&path).expect("mkdir");
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o"])
-            .arg(format!("size={size},mode={mode}"))
-            .arg("tmpfs")
-            .arg(&path)
-            .status()
-            .expect("run mount");
-        assert!(
-            status.success(),
-            "mount -t tmpfs at {}: {status}",
-            path.display()
-        );
-        Some(Self { path, _dir: dir })
+        Some(Self {
+            _mount: Mounted::tmpfs(&path, size, mode),
+            path,
+            _dir: dir,
+        })
     }
 
     /// Bytes free, as statvfs says.
     pub fn free(&self) -> u64 {
         let s = nix::sys::statvfs::statvfs(&self.path).expect("statvfs");
         s.blocks_available() as u64 * s.fragment_size() as u64
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
     }
 }
 

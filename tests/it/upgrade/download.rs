@@ -151,7 +151,7 @@ fn a_full_disk_refuses_the_download_early_and_leaves_nothing() {
     let mut up = Up::new();
     // The executable's directory on a tmpfs that holds it, and not the new one too.
     let size = fs::metadata(up.exe()).expect("exe").len() + 8 * 1024 * 1024;
-    let _disk = SmallDisk::mount(&up, size);
+    let _disk = small_disk(&up, size);
     up.start_agent();
     up.release(V2, &builds().v2);
     up.want(V2);
@@ -173,32 +173,14 @@ fn a_full_disk_refuses_the_download_early_and_leaves_nothing() {
     up.kill_everything();
 }
 
-/// A tmpfs of a given size over the executable's directory, with the agent's binary on
-/// it; unmounted when dropped.
-struct SmallDisk(PathBuf);
-
-impl SmallDisk {
-    fn mount(up: &Up, size: u64) -> Self {
-        let saved = up.path("saved-railgrid");
-        fs::copy(up.exe(), &saved).expect("save");
-        let bin = up.bin_dir();
-        let opts = format!("size={size},mode=0755");
-        let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &opts, "tmpfs"])
-            .arg(&bin)
-            .status()
-            .expect("mount");
-        assert!(mounted.success(), "mount tmpfs");
-        let disk = SmallDisk(bin);
-        fs::copy(&saved, up.exe()).expect("install on the tmpfs");
-        disk
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
+/// A tmpfs of `size` bytes over the executable's directory, with the agent's binary on
+/// it.
+fn small_disk(up: &Up, size: u64) -> Mounted {
+    let saved = up.path("saved-railgrid");
+    fs::copy(up.exe(), &saved).expect("save");
+    let disk = Mounted::tmpfs(&up.bin_dir(), &size.to_string(), "0755");
+    fs::copy(&saved, up.exe()).expect("install on the tmpfs");
+    disk
 }
 
 #[test]
@@ -210,7 +192,7 @@ fn a_disk_that_fills_during_the_download_loses_the_download_and_nothing_else() {
     let v2 = fs::metadata(&builds().v2).expect("v2").len();
     let exe = fs::metadata(up.exe()).expect("exe").len();
     // Room for the binary, the download and the agent's margin, and a little more.
-    let disk = SmallDisk::mount(&up, exe + v2 + 24 * 1024 * 1024);
+    let disk = small_disk(&up, exe + v2 + 24 * 1024 * 1024);
     let gate = Arc::new(Gate::default());
     let proxy = Proxy::start(
         &up.hub().listen,
