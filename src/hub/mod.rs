@@ -190,8 +190,10 @@ pub(crate) struct HubFile {
 /// Serves until SIGTERM or SIGINT.
 pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let term = signal(SignalKind::terminate()).map_err(HubError::Signals)?;
-    let int = signal(SignalKind::interrupt()).map_err(HubError::Signals)?;
+    let signals = (
+        signal(SignalKind::terminate()).map_err(HubError::Signals)?,
+        signal(SignalKind::interrupt()).map_err(HubError::Signals)?,
+    );
 
     let data = opts.data_dir.clone();
     let prepared = tokio::task::spawn_blocking(move || prepare(&data, &opts))
@@ -209,7 +211,7 @@ pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
         None => {
             let data = opts.data_dir.clone();
             let tls_source = opts.tls.clone();
-            let (admin_sha256, tls) = tokio::task::spawn_blocking(move || {
+            let keys = tokio::task::spawn_blocking(move || {
                 Ok::<_, HubError>((admin_token(&data)?, tls::server_config(&data, &tls_source)?))
             })
             .await
@@ -218,15 +220,7 @@ pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
                 source: std::io::Error::other(e),
             })??;
             let store = SqliteStore::open(&opts.data_dir.join(DB_FILE))?;
-            run(
-                Arc::new(store),
-                opts,
-                admin_sha256,
-                tls,
-                release_keys,
-                (term, int),
-            )
-            .await
+            run(Arc::new(store), opts, keys, release_keys, signals).await
         }
         Some(url) => {
             let store = PgStore::connect(&url).await?;
@@ -235,26 +229,18 @@ pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
             if let TlsSource::SelfSigned { .. } = &opts.tls {
                 shared::self_signed_ca(&store, &opts.data_dir).await?;
             }
-            let tls = tls::server_config(&opts.data_dir, &opts.tls)?;
-            run(
-                Arc::new(store),
-                opts,
-                admin_sha256,
-                tls,
-                release_keys,
-                (term, int),
-            )
-            .await
+            let keys = (admin_sha256, tls::server_config(&opts.data_dir, &opts.tls)?);
+            run(Arc::new(store), opts, keys, release_keys, signals).await
         }
     }
 }
 
-/// Serves from `store` until a signal.
+/// Serves from `store` until a signal, with the admin token's SHA-256 and the TLS
+/// configuration.
 async fn run<S: Store>(
     store: Arc<S>,
     opts: ServeOptions,
-    admin_sha256: String,
-    tls: Arc<rustls::ServerConfig>,
+    (admin_sha256, tls): (String, Arc<rustls::ServerConfig>),
     release_keys: Vec<minisign::PublicKey>,
     (mut term, mut int): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
 ) -> Result<(), HubError> {
