@@ -11,22 +11,11 @@
 # The binaries of part 2 are the upgrade-fixture builds the tests use.
 #
 #   bash bench/drain.sh [JOBS]
-set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 JOBS=${1:-12}
-cargo build --quiet
-WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-drainbench.XXXXXX")
-chmod 755 "$WORK"
-for v in 1.0.0 1.0.1 1.0.2; do
-  RAILGRID_BUILD_VERSION=$v cargo build --quiet --profile upgrade-fixture --bin railgrid
-  cp target/upgrade-fixture/railgrid "$WORK/railgrid-$v"
-done
-B=./target/debug/railgrid
-$B release keygen --secret-key "$WORK/k.key" --public-key "$WORK/k.pub" >/dev/null
-KEY=$(sed -n 2p "$WORK/k.pub")
-$B hub serve --data-dir "$WORK/hub" --listen 127.0.0.1:0 --tls-self-signed \
-  --release-key "$WORK/k.pub" 2>"$WORK/hub.log" &
-hub=$!
+make_work drainbench
+signed_hub 1.0.0 1.0.1 1.0.2
 agents=()
 cleanup() {
   for p in "${agents[@]}" $hub; do kill -TERM "$p" 2>/dev/null || true; done
@@ -35,11 +24,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-for _ in $(seq 200); do [ -s "$WORK/hub/hub.json" ] && break; sleep 0.05; done
-URL=$(sed -n 's/.*"url": *"\([^"]*\)".*/\1/p' "$WORK/hub/hub.json")
-H() { $B hub --data-dir "$WORK/hub" "$@"; }
-USER_FLAGS=()
-if [ "$(id -u)" = 0 ]; then USER_FLAGS=(--runner-user nobody); fi
+hub_url
 now_ms() { date +%s%3N; }
 start_agent() { # ID BINARY [ARGS…]
   local id=$1 bin=$2
@@ -117,11 +102,6 @@ for p in "${agents[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.05; done;
 agents=()
 
 # 2. One host upgraded while a 20 s job runs, beside the same upgrade of an idle host.
-publish() { # VERSION FILE
-  cp "$2" "$WORK/rel-$1"
-  $B release sign --secret-key "$WORK/k.key" --version "$1" "$WORK/rel-$1" >/dev/null
-  H release publish --version "$1" --binary "$WORK/rel-$1" --signature "$WORK/rel-$1.minisig" >/dev/null
-}
 publish 1.0.1 "$WORK/railgrid-1.0.1"
 publish 1.0.2 "$WORK/railgrid-1.0.2"
 start_agent u "$WORK/railgrid-1.0.0"

@@ -14,8 +14,8 @@
 # `libprotobuf-dev`). ETCD_CONNECTIONS spreads the watchers over that many connections
 # (default: one each, as the agents have). ETCD=0 leaves etcd out. The last line is one
 # JSON object with both.
-set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 AGENTS=${1:-1000}
 ROUNDS=${2:-5}
 BUSY=${3:-64}
@@ -33,7 +33,7 @@ if [ "$ETCD" = 1 ]; then
 else
   cargo build --release --quiet --bin railgrid --example hub_bench
 fi
-WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-hubbench.XXXXXX")
+make_work hubbench
 ulimit -n "$(ulimit -Hn)"
 HUB_PIN=()
 CLIENT_PIN=()
@@ -41,12 +41,10 @@ if [ "${PIN:-0}" = 1 ]; then
   HUB_PIN=(taskset -c 0)
   CLIENT_PIN=(taskset -c 1)
 fi
-"${HUB_PIN[@]}" ./target/release/railgrid hub serve --data-dir "$WORK/hub" --listen 127.0.0.1:0 --tls-self-signed \
-  --max-connections $((AGENTS + 1000)) 2>"$WORK/hub.log" &
-hub=$!
+serve_hub "${HUB_PIN[*]} ./target/release/railgrid" --max-connections $((AGENTS + 1000))
 # The hub is stopped before etcd starts: the trap must not fail on a hub already gone.
 trap 'kill -TERM $hub 2>/dev/null || true; wait $hub 2>/dev/null || true; rm -rf "$WORK"' EXIT
-for _ in $(seq 200); do [ -s "$WORK/hub/hub.json" ] && break; sleep 0.05; done
+hub_url
 echo "# railgrid hub benchmark: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $AGENTS agents, pinned: ${PIN:-0}"
 "${CLIENT_PIN[@]}" ./target/release/examples/hub_bench "$WORK/hub" "$AGENTS" "$ROUNDS" "$BUSY" "$BUSY_SECS" \
   | tee "$WORK/hub.out"

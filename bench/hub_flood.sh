@@ -7,20 +7,17 @@
 #
 # RAILGRID_BIN=path runs another build of the hub (say, an older one) with the same client;
 # FLOOD_PAD_KIB (default 1024) is what each flood connection sends of its headers.
-set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 FLOOD=${1:-6000}
 HONEST=${2:-200}
 ROUNDS=${3:-5}
-cargo build --release --quiet --example hub_flood
-cargo build --release --quiet
+build_release hub_flood
 BIN=${RAILGRID_BIN:-./target/release/railgrid}
-WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-hubflood.XXXXXX")
+make_work hubflood
 ulimit -n "$(ulimit -Hn)"
-"$BIN" hub serve --data-dir "$WORK/hub" --listen 127.0.0.1:0 --tls-self-signed \
-  --max-connections 20000 2>"$WORK/hub.log" &
-hub=$!
+serve_hub "$BIN" --max-connections 20000
 trap 'kill -TERM $hub 2>/dev/null; wait $hub 2>/dev/null; rm -rf "$WORK"' EXIT
-for _ in $(seq 200); do [ -s "$WORK/hub/hub.json" ] && break; sleep 0.05; done
+hub_url
 echo "# railgrid hub flood benchmark: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $FLOOD flood connections, $HONEST honest agents, hub $("$BIN" version)"
 ./target/release/examples/hub_flood "$WORK/hub" "$FLOOD" "$HONEST" "$ROUNDS"

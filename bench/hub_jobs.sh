@@ -5,25 +5,18 @@
 # output byte (p50/p99). Hub, agent, runner and clients all on this machine.
 #
 #   bash bench/hub_jobs.sh [JOBS] [CONCURRENCY]
-set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 JOBS=${1:-500}
 CONC=${2:-4}
-cargo build --release --quiet --example hub_job_bench
-cargo build --release --quiet
+build_release hub_job_bench
 BIN=./target/release/railgrid
-WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-hubjobbench.XXXXXX")
-chmod 755 "$WORK"
-$BIN hub serve --data-dir "$WORK/hub" --listen 127.0.0.1:0 --tls-self-signed \
-  --max-open-jobs $((JOBS + 100)) 2>"$WORK/hub.log" &
-hub=$!
+make_work hubjobbench
+serve_hub $BIN --max-open-jobs $((JOBS + 100))
 agent=
 trap 'kill -TERM $agent $hub 2>/dev/null; wait $agent $hub 2>/dev/null; rm -rf "$WORK"' EXIT
-for _ in $(seq 200); do [ -s "$WORK/hub/hub.json" ] && break; sleep 0.05; done
-URL=$(sed -n 's/.*"url": *"\([^"]*\)".*/\1/p' "$WORK/hub/hub.json")
+hub_url
 $BIN hub --data-dir "$WORK/hub" agent add bench --token-out "$WORK/bench.token" >/dev/null
-USER_FLAGS=()
-if [ "$(id -u)" = 0 ]; then USER_FLAGS=(--runner-user nobody); fi
 printf '[runner]\nmax_jobs = %s\n' "$CONC" >"$WORK/agent.toml"
 chmod 600 "$WORK/agent.toml"
 $BIN agent run --config "$WORK/agent.toml" --state-dir "$WORK/state" --log-dir "$WORK/log" \

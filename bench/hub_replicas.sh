@@ -6,18 +6,16 @@
 # made through the first replica; half the agents learn of them through the second.
 #
 #   bash bench/hub_replicas.sh [AGENTS] [ROUNDS] [BUSY_CLIENTS] [BUSY_SECS]
-set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 AGENTS=${1:-1000}
 ROUNDS=${2:-5}
 BUSY=${3:-64}
 BUSY_SECS=${4:-10}
 PGBIN=$(dirname "$(command -v initdb || ls -d /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")
 [ -x "$PGBIN/initdb" ] || { echo "PostgreSQL is not installed (apt-get install postgresql)" >&2; exit 1; }
-cargo build --release --quiet --example hub_bench
-cargo build --release --quiet
-WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-replicabench.XXXXXX")
-chmod 755 "$WORK"
+build_release hub_bench
+make_work replicabench
 mkdir "$WORK/sock"
 AS=()
 if [ "$(id -u)" = 0 ]; then

@@ -6,20 +6,17 @@
 # second with JOBS submitted at once, and the spread. Everything on this machine.
 #
 #   bash bench/hub_route.sh [AGENTS] [JOBS] [MAX_JOBS] [LABEL_SETS]
-set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 AGENTS=${1:-1000}
 JOBS=${2:-10000}
 MAX_JOBS=${3:-4}
 SETS=${4:-4}
-cargo build --release --quiet --example hub_route_bench
-cargo build --release --quiet
-WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-routebench.XXXXXX")
+build_release hub_route_bench
+make_work routebench
 ulimit -n "$(ulimit -Hn)"
-./target/release/railgrid hub serve --data-dir "$WORK/hub" --listen 127.0.0.1:0 --tls-self-signed \
-  --max-connections $((AGENTS * 2 + 1000)) 2>"$WORK/hub.log" &
-hub=$!
+serve_hub ./target/release/railgrid --max-connections $((AGENTS * 2 + 1000))
 trap 'kill -TERM $hub 2>/dev/null; wait $hub 2>/dev/null; rm -rf "$WORK"' EXIT
-for _ in $(seq 200); do [ -s "$WORK/hub/hub.json" ] && break; sleep 0.05; done
+hub_url
 echo "# railgrid routing benchmark: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $AGENTS agents, $JOBS jobs"
 ./target/release/examples/hub_route_bench "$WORK/hub" "$AGENTS" "$JOBS" "$MAX_JOBS" "$SETS"

@@ -4,14 +4,12 @@
 # a job's first output byte.
 #
 #   bash bench/jobs.sh [JOBS] [CONCURRENCY]
-set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 JOBS=${1:-2000}
 CONC=${2:-4}
-cargo build --release --quiet --example job_bench
-cargo build --release --quiet
-WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-jobbench.XXXXXX")
-chmod 755 "$WORK"
+build_release job_bench
+make_work jobbench
 mkdir -p "$WORK/state/runner"
 chmod 700 "$WORK/state/runner"
 RUN=()

@@ -9,22 +9,19 @@
 # download path is bench/upgrade.sh's; this one measures the waves.
 #
 #   bash bench/rollout.sh [AGENTS] [SETTLE_MS] [MAX_PARALLEL]
-set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 AGENTS=${1:-200}
 SETTLE=${2:-1000}
 PARALLEL=${3:-10}
-cargo build --release --quiet --example rollout_bench
-cargo build --release --quiet
+build_release rollout_bench
 B=./target/release/railgrid
-WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-rolloutbench.XXXXXX")
+make_work rolloutbench
 ulimit -n "$(ulimit -Hn)"
-$B release keygen --secret-key "$WORK/k.key" --public-key "$WORK/k.pub" >/dev/null
-$B hub serve --data-dir "$WORK/hub" --listen 127.0.0.1:0 --tls-self-signed \
-  --release-key "$WORK/k.pub" --max-connections $((AGENTS * 2 + 100)) 2>"$WORK/hub.log" &
-hub=$!
+release_key $B
+serve_hub $B --release-key "$WORK/k.pub" --max-connections $((AGENTS * 2 + 100))
 trap 'kill -TERM $hub 2>/dev/null; wait $hub 2>/dev/null; rm -rf "$WORK"' EXIT
-for _ in $(seq 200); do [ -s "$WORK/hub/hub.json" ] && break; sleep 0.05; done
+hub_url
 for v in 1.0.1 1.0.2 1.0.3 1.0.4; do
   head -c 1048576 /dev/urandom >"$WORK/rel-$v"
   $B release sign --secret-key "$WORK/k.key" --version "$v" "$WORK/rel-$v" >/dev/null

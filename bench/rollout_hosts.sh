@@ -9,22 +9,11 @@
 #     it, and start -> halted.
 #
 #   bash bench/rollout_hosts.sh [HOSTS]
-set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 HOSTS=${1:-4}
-cargo build --quiet
-WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-rollouthosts.XXXXXX")
-chmod 755 "$WORK"
-for v in 1.0.0 1.0.1 1.0.2; do
-  RAILGRID_BUILD_VERSION=$v cargo build --quiet --profile upgrade-fixture --bin railgrid
-  cp target/upgrade-fixture/railgrid "$WORK/railgrid-$v"
-done
-B=./target/debug/railgrid
-$B release keygen --secret-key "$WORK/k.key" --public-key "$WORK/k.pub" >/dev/null
-KEY=$(sed -n 2p "$WORK/k.pub")
-$B hub serve --data-dir "$WORK/hub" --listen 127.0.0.1:0 --tls-self-signed \
-  --release-key "$WORK/k.pub" 2>"$WORK/hub.log" &
-hub=$!
+make_work rollouthosts
+signed_hub 1.0.0 1.0.1 1.0.2
 cleanup() {
   for d in "$WORK"/state-*; do
     for f in "$d/agent-status.json" "$d/upgrade.json"; do
@@ -38,16 +27,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-for _ in $(seq 200); do [ -s "$WORK/hub/hub.json" ] && break; sleep 0.05; done
-URL=$(sed -n 's/.*"url": *"\([^"]*\)".*/\1/p' "$WORK/hub/hub.json")
-H() { $B hub --data-dir "$WORK/hub" "$@"; }
-publish() { # VERSION FILE
-  cp "$2" "$WORK/rel-$1"
-  $B release sign --secret-key "$WORK/k.key" --version "$1" "$WORK/rel-$1" >/dev/null
-  H release publish --version "$1" --binary "$WORK/rel-$1" --signature "$WORK/rel-$1.minisig" >/dev/null
-}
-USER_FLAGS=()
-if [ "$(id -u)" = 0 ]; then USER_FLAGS=(--runner-user nobody); fi
+hub_url
 : >"$WORK/agent.toml"
 for i in $(seq "$HOSTS"); do
   id=h$i

@@ -11,23 +11,12 @@
 # that two versions of the same source take two crate builds, not two LTO builds.
 #
 #   bash bench/upgrade.sh [AGENTS]
-set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 N=${1:-50}
 cargo build --release --quiet --example upgrade_bench
-cargo build --quiet
-WORK=$(mktemp -d "${BENCH_TMP:-/tmp}/railgrid-upgradebench.XXXXXX")
-chmod 755 "$WORK"
-for v in 1.0.0 1.0.1; do
-  RAILGRID_BUILD_VERSION=$v cargo build --quiet --profile upgrade-fixture --bin railgrid
-  cp target/upgrade-fixture/railgrid "$WORK/railgrid-$v"
-done
-B=./target/debug/railgrid
-$B release keygen --secret-key "$WORK/k.key" --public-key "$WORK/k.pub" >/dev/null
-KEY=$(sed -n 2p "$WORK/k.pub")
-$B hub serve --data-dir "$WORK/hub" --listen 127.0.0.1:0 --tls-self-signed \
-  --release-key "$WORK/k.pub" 2>"$WORK/hub.log" &
-hub=$!
+make_work upgradebench
+signed_hub 1.0.0 1.0.1
 agent=
 cleanup() {
   for p in $(cat "$WORK"/pids 2>/dev/null) $agent $hub; do kill -TERM "$p" 2>/dev/null || true; done
@@ -36,17 +25,8 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-for _ in $(seq 200); do [ -s "$WORK/hub/hub.json" ] && break; sleep 0.05; done
-URL=$(sed -n 's/.*"url": *"\([^"]*\)".*/\1/p' "$WORK/hub/hub.json")
-H() { $B hub --data-dir "$WORK/hub" "$@"; }
+hub_url
 H agent add host --token-out "$WORK/host.token" >/dev/null
-publish() { # VERSION FILE
-  cp "$2" "$WORK/rel-$1"
-  $B release sign --secret-key "$WORK/k.key" --version "$1" "$WORK/rel-$1" >/dev/null
-  H release publish --version "$1" --binary "$WORK/rel-$1" --signature "$WORK/rel-$1.minisig" >/dev/null
-}
-USER_FLAGS=()
-if [ "$(id -u)" = 0 ]; then USER_FLAGS=(--runner-user nobody); fi
 mkdir -m 755 "$WORK/bin"
 : >"$WORK/agent.toml"
 start_agent() {
