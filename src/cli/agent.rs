@@ -190,15 +190,8 @@ pub struct AgentArgs {
     pub runner_user: Option<String>,
     #[command(flatten)]
     pub link: HubFlags,
-    /// How log lines are written (stderr and the agent's log; the runner's too).
-    #[arg(
-        long,
-        value_enum,
-        value_name = "FORMAT",
-        env = "RAILGRID_LOG_FORMAT",
-        default_value = "text"
-    )]
-    pub log_format: crate::logging::LogFormat,
+    #[command(flatten)]
+    pub log: LogFlags,
 }
 
 /// How an agent reaches its hub and which releases it takes: the same flags for `agent

@@ -435,15 +435,8 @@ pub struct HubServeArgs {
     /// holds a password.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// How log lines are written.
-    #[arg(
-        long,
-        value_enum,
-        value_name = "FORMAT",
-        env = "RAILGRID_LOG_FORMAT",
-        default_value = "text"
-    )]
-    pub log_format: crate::logging::LogFormat,
+    #[command(flatten)]
+    pub log: LogFlags,
     /// Also serve /metrics in plain HTTP, without a token, on ADDR (a private network's
     /// scraper; https://HUB/metrics takes a token with agents:read).
     #[arg(long, value_name = "ADDR")]

@@ -20,6 +20,21 @@ use clap::{Args, Parser, Subcommand};
 use crate::proto::selector::Selector;
 use crate::supervisor;
 
+/// `--log-format`, for the commands that run long enough to log.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct LogFlags {
+    /// How log lines are written: text, or a JSON object a line (an agent's runner writes
+    /// as its agent does).
+    #[arg(
+        long = "log-format",
+        value_enum,
+        value_name = "FORMAT",
+        env = "RAILGRID_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub format: crate::logging::LogFormat,
+}
+
 #[derive(Debug, Parser)]
 #[command(name = "railgrid", version = crate::build_info::VERSION, about = "Fleet agent, job runner and process supervisor", propagate_version = true)]
 pub struct Cli {

@@ -29,15 +29,8 @@ pub struct RunnerArgs {
     /// The agent's state directory; the runner uses <DIR>/runner.
     #[arg(long, value_name = "DIR")]
     pub state_dir: PathBuf,
-    /// How log lines are written.
-    #[arg(
-        long,
-        value_enum,
-        value_name = "FORMAT",
-        env = "RAILGRID_LOG_FORMAT",
-        default_value = "text"
-    )]
-    pub log_format: crate::logging::LogFormat,
+    #[command(flatten)]
+    pub log: LogFlags,
     /// Jobs running at once (default: the number of CPUs).
     #[arg(long, value_name = "N")]
     pub max_jobs: Option<usize>,

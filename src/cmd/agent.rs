@@ -65,7 +65,7 @@ pub(super) fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         crate::agent::upgrade::service::Service::detect(),
         crate::agent::upgrade::service::Service::Launchd { .. }
     );
-    crate::logging::init(args.log_format, Some(writer), !launchd);
+    crate::logging::init(args.log.format, Some(writer), !launchd);
 
     let rt = super::current_thread_runtime()?;
     let state_dir = cfg.state_dir.clone();

@@ -64,9 +64,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let format = match &command {
                 Command::Runner {
                     command: RunnerCommand::Run(a),
-                } => a.log_format,
+                } => a.log.format,
                 Command::Hub(a) => match &a.command {
-                    crate::cli::HubCommand::Serve(s) => s.log_format,
+                    crate::cli::HubCommand::Serve(s) => s.log.format,
                     _ => log_format_of_env(),
                 },
                 _ => log_format_of_env(),
@@ -76,50 +76,35 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Command::Version { json } => version(json),
                 Command::Completions { shell } => completions(shell),
                 Command::Supervise(args) => supervise::run(*args),
-                Command::Agent {
-                    command: AgentCommand::Status(args),
-                } => agent::status(args),
-                Command::Agent {
-                    command: AgentCommand::Reload(args),
-                } => agent_reload::reload(args),
-                Command::Agent {
-                    command: AgentCommand::Drain(args),
-                } => agent_drain::drain(args),
-                Command::Agent {
-                    command: AgentCommand::Resume(args),
-                } => agent_drain::resume(args),
-                Command::Agent {
-                    command: AgentCommand::CheckConfig(args),
-                } => agent::check_config(args),
-                Command::Agent {
-                    command: AgentCommand::Install(args),
-                } => install::install(args),
-                Command::Agent {
-                    command: AgentCommand::Uninstall(args),
-                } => install::uninstall(args),
-                Command::Agent {
-                    command: AgentCommand::Upgrade(args),
-                } => agent::upgrade(args),
-                Command::Agent {
-                    command: AgentCommand::UpgradeWatch(args),
-                } => agent::upgrade_watch(args),
-                Command::Agent {
-                    command: AgentCommand::UpgradeGuard { state_dir, log_dir },
-                } => agent::upgrade_guard(&state_dir, &log_dir),
-                Command::Agent {
-                    command: AgentCommand::Run(_),
-                } => unreachable!("handled above"),
-                Command::Runner {
-                    command: RunnerCommand::Run(args),
-                } => runner::run(args),
-                Command::Runner {
-                    command: RunnerCommand::Reap(args),
-                } => runner::reap(args),
+                Command::Agent { command } => agent_command(command),
+                Command::Runner { command } => match command {
+                    RunnerCommand::Run(args) => runner::run(args),
+                    RunnerCommand::Reap(args) => runner::reap(args),
+                },
                 Command::Job { target, command } => job::run(target, command),
                 Command::Hub(args) => hub::run(*args),
                 Command::Release { command } => release::run(command),
             }
         }
+    }
+}
+
+/// The agent's commands but `agent run`, which sets up its own logging.
+fn agent_command(command: AgentCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        AgentCommand::Status(args) => agent::status(args),
+        AgentCommand::Reload(args) => agent_reload::reload(args),
+        AgentCommand::Drain(args) => agent_drain::drain(args),
+        AgentCommand::Resume(args) => agent_drain::resume(args),
+        AgentCommand::CheckConfig(args) => agent::check_config(args),
+        AgentCommand::Install(args) => install::install(args),
+        AgentCommand::Uninstall(args) => install::uninstall(args),
+        AgentCommand::Upgrade(args) => agent::upgrade(args),
+        AgentCommand::UpgradeWatch(args) => agent::upgrade_watch(args),
+        AgentCommand::UpgradeGuard { state_dir, log_dir } => {
+            agent::upgrade_guard(&state_dir, &log_dir)
+        }
+        AgentCommand::Run(_) => unreachable!("`agent run` is dispatched before logging starts"),
     }
 }
 

@@ -11,10 +11,8 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use super::agent::Host;
-use super::hubs::TestHub;
 use super::routing::{start_member, wait_ready};
-use super::support::*;
+use crate::fixtures::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
 

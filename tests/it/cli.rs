@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::agent::Host;
-use super::support::*;
+use crate::fixtures::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -61,7 +60,7 @@ fn completions_load_in_bash() {
 #[test]
 fn json_logs_are_one_object_a_line_from_the_hub_the_agent_and_its_runner() {
     let dir = tempdir();
-    let hub = super::hubs::TestHub::start(&dir.path().join("hub"), &["--log-format", "json"]);
+    let hub = crate::fixtures::TestHub::start(&dir.path().join("hub"), &["--log-format", "json"]);
     let n = assert_json_lines(&hub.log(), "hub serve");
     assert!(n > 0, "the hub logged nothing");
 

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::support::*;
+use crate::fixtures::*;
 
 /// Where root file systems are kept between runs.
 pub const CACHE: &str = "/var/cache/railgrid-test";

@@ -7,11 +7,10 @@ use std::fs;
 use std::process::Command;
 
 use super::hub_jobs::marks_dir;
-use super::hubs::TestHub;
 use super::replicas::sim_reconcile;
 use super::routing::{running, start_member, submit, wait_job, wait_ready};
-use super::support::*;
 use super::webdriver::Browser;
+use crate::fixtures::*;
 
 /// Where the screenshots go: `target/dashboard/` (docs/images/ holds one of them).
 fn shots() -> std::path::PathBuf {
@@ -38,7 +37,7 @@ fn page_with_cookie(hub: &TestHub, path: &str, cookie: &str) -> (u16, String) {
 #[test]
 fn an_operator_follows_the_fleet_a_live_job_and_a_rollout_in_a_real_browser() {
     let dir = tempdir();
-    let key = super::upgrade::keygen(dir.path(), "publisher");
+    let key = crate::fixtures::keygen(dir.path(), "publisher");
     let public = path_str(&key.public);
     let hub = TestHub::start(&dir.path().join("hub"), &["--release-key", &public]);
     hub.admin_ok(&["desired", "set", "--fleet", "--max-jobs", "1"]);
@@ -50,7 +49,7 @@ fn an_operator_follows_the_fleet_a_live_job_and_a_rollout_in_a_real_browser() {
     hub.admin_ok(&["agent", "label", "s1", "sim=yes"]);
     let artifact = dir.path().join("artifact");
     fs::write(&artifact, b"not run: s1 is simulated").expect("artifact");
-    super::upgrade::release(&hub, &key, dir.path(), "2.0.0", &artifact);
+    crate::fixtures::release(&hub, &key, dir.path(), "2.0.0", &artifact);
     let said = hub.admin_ok(&[
         "rollout",
         "start",

@@ -12,11 +12,10 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use super::hub_jobs::marks_dir;
-use super::hubs::TestHub;
 use super::routing::{
     member_cmd, release, running, start_member, status, submit, submit_gated, wait_job, wait_ready,
 };
-use super::support::*;
+use crate::fixtures::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
 

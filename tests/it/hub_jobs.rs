@@ -11,9 +11,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use super::agent::Host;
-use super::hubs::TestHub;
-use super::support::*;
+use crate::fixtures::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
 

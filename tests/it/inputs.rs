@@ -5,8 +5,7 @@
 use std::fs;
 use std::time::{Duration, Instant};
 
-use crate::agent::Host;
-use crate::support::*;
+use crate::fixtures::*;
 
 /// Well above a refusal, well below a hang.
 const LIMIT: Duration = Duration::from_secs(10);

@@ -14,7 +14,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use railgrid::supervisor::lock::{self, LockError};
 
-use crate::support::*;
+use crate::fixtures::*;
 
 const GRACE: Duration = Duration::from_secs(1);
 

@@ -12,10 +12,10 @@ mod container;
 mod dashboard;
 mod disk;
 mod drain;
+mod fixtures;
 mod hub;
 mod hub_agent;
 mod hub_jobs;
-mod hubs;
 mod inputs;
 #[cfg(target_os = "linux")]
 mod install;
@@ -23,7 +23,6 @@ mod jobs;
 mod layout;
 mod lock;
 mod metrics;
-mod pg;
 mod prerequisites;
 mod readme;
 mod release;
@@ -33,7 +32,6 @@ mod routing;
 mod store_copy;
 mod supervise;
 mod supervisor_api;
-mod support;
 #[cfg(target_os = "linux")]
 mod systemd;
 #[cfg(target_os = "linux")]

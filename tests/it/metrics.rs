@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::agent::Host;
-use super::hubs::TestHub;
-use super::support::*;
+use crate::fixtures::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
 

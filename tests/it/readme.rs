@@ -21,7 +21,7 @@ use std::time::Duration;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
-use crate::support::*;
+use crate::fixtures::*;
 
 const README: &str = include_str!("../../README.md");
 const LIMIT: Duration = Duration::from_secs(60);

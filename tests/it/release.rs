@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use super::support::{path_str, railgrid, tempdir, BIN};
+use crate::fixtures::*;
 
 fn release(args: &[&str]) -> Output {
     railgrid()

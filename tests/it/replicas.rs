@@ -9,10 +9,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use super::agent::Host;
-use super::hubs::TestHub;
-use super::pg::Postgres;
-use super::support::*;
+use crate::fixtures::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
 /// What the replica logs when its safety net, not a notification, brought a change.
@@ -481,7 +478,7 @@ fn replicas_without_their_database_refuse_agents_who_keep_their_runner_until_it_
                 "POST",
                 "/v1/agents/a2/reconcile?wait=250",
                 Some(token.trim()),
-                Some(&super::hubs::report(g)),
+                Some(&crate::fixtures::report(g)),
             )
         });
         wait_for(LIMIT, "A holds a2's poll", || {
@@ -681,12 +678,12 @@ pub(super) fn sim_reconcile(
 fn one_replica_drives_a_rollout_and_another_takes_it_over_when_it_dies() {
     let Some(pg) = Postgres::start() else { return };
     let dir = tempdir();
-    let key = super::upgrade::keygen(dir.path(), "publisher");
+    let key = crate::fixtures::keygen(dir.path(), "publisher");
     let public = path_str(&key.public);
     let pair = Pair::start_with(&pg, "rollouts", &["--release-key", &public]);
     let bin = dir.path().join("artifact");
     std::fs::write(&bin, b"not run: the agents here are simulated").expect("artifact");
-    super::upgrade::release(pair.a(), &key, dir.path(), "2.0.0", &bin);
+    crate::fixtures::release(pair.a(), &key, dir.path(), "2.0.0", &bin);
     let tokens: Vec<(&str, String)> = ["s1", "s2"]
         .into_iter()
         .map(|id| (id, read_lossy(&pair.b.enrol(id)).trim().to_owned()))

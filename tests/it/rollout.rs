@@ -12,10 +12,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use super::agent::Host;
-use super::hubs::TestHub;
-use super::support::*;
-use super::upgrade::{builds, keygen, kill_upgrading_agent, release, script, Key, V2};
+use crate::fixtures::*;
 
 const LIMIT: Duration = Duration::from_secs(90);
 

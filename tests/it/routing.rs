@@ -10,10 +10,8 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use super::agent::Host;
 use super::hub_jobs::marks_dir;
-use super::hubs::TestHub;
-use super::support::*;
+use crate::fixtures::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
 

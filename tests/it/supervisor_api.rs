@@ -5,7 +5,7 @@ use std::time::Duration;
 use railgrid::supervisor::account::Account;
 use railgrid::supervisor::{env, Config, Identity, State, Supervisor};
 
-use crate::support::*;
+use crate::fixtures::*;
 
 fn config(dir: &std::path::Path, script: &str) -> Config {
     let identity = if is_root() {

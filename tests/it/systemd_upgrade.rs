@@ -13,9 +13,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::container::{Container, Options, BUILT};
-use crate::hubs::TestHub;
-use crate::support::*;
-use crate::upgrade::{builds, keygen, script, sha256_hex, sign, Key, V2};
+use crate::fixtures::*;
 
 const LIMIT: Duration = Duration::from_secs(90);
 /// Where the test's files are bound in the container.

@@ -10,8 +10,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use super::hub_jobs::marks_dir;
-use super::support::*;
-use super::upgrade::{builds, version_of, Up, V2};
+use crate::fixtures::*;
 
 /// A hub job on a1 that says `start`, waits for its gate, then says `done`.
 fn submit_gated(up: &Up, marks: &Path, id: &str) {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use super::support::*;
+use crate::fixtures::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
 

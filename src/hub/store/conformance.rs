@@ -1,5 +1,5 @@
 //! One suite for every store: each case runs against SQLite and against a real
-//! PostgreSQL (started by tests/it/pg.rs, as the integration tests start theirs), so that
+//! PostgreSQL (started by tests/it/fixtures/pg.rs, as the integration tests start theirs), so that
 //! the two backends cannot drift apart in what [`Store`] and [`JobStore`] promise.
 
 use std::future::Future;
@@ -9,10 +9,10 @@ use super::sqlite::SqliteStore;
 use super::*;
 use crate::proto::job::Stream;
 
-#[path = "../../../tests/it/pg.rs"]
+#[path = "../../../tests/it/fixtures/pg.rs"]
 mod pg;
 
-/// What tests/it/pg.rs takes from the integration tests' support module.
+/// What tests/it/fixtures/pg.rs takes from the integration tests' support module.
 mod support {
     pub(super) const INSTALL: &str = "sudo bash scripts/install-test-prerequisites.sh";
 

@@ -7,8 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::hubs::{report, TestHub};
-use super::support::{railgrid, read_lossy, tempdir, wait_for};
+use crate::fixtures::*;
 
 fn token(path: &std::path::Path) -> String {
     read_lossy(path).trim().to_owned()
@@ -513,13 +512,13 @@ fn a_hub_serves_the_certificate_files_it_is_given() {
         .stderr(Stdio::null())
         .spawn()
         .expect("hub");
-    let _guard = super::support::Guard::new(child);
+    let _guard = crate::fixtures::Guard::new(child);
     let url = wait_for(Duration::from_secs(20), "hub.json", || {
         let v: serde_json::Value = serde_json::from_str(&read_lossy(&dir.join("hub.json"))).ok()?;
         v["url"].as_str().map(str::to_owned)
     });
     assert!(!dir.join("ca.pem").exists(), "no CA of its own was made");
-    let (code, body) = super::hubs::curl(&url, &cert_file, "GET", "/v1/health", None, None);
+    let (code, body) = crate::fixtures::curl(&url, &cert_file, "GET", "/v1/health", None, None);
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"agents\":0"), "{body}");
 }

@@ -14,8 +14,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use crate::agent::LIMIT;
-use crate::support::*;
+use crate::fixtures::*;
 
 fn install(args: &[&str]) -> Output {
     railgrid()
