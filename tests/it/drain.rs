@@ -188,11 +188,7 @@ fn a_drain_keeps_running_jobs_whole_sends_new_work_elsewhere_and_cancels_at_its_
             (st["pid"] == pid && st["drain"]["jobs_left"] == 0).then_some(())
         },
     );
-    let shown = railgrid()
-        .args(["agent", "status", "--state-dir"])
-        .arg(&state)
-        .output()
-        .expect("agent status");
+    let shown = agent_status(&state);
     let shown = text(&shown.stdout);
     assert!(
         shown.contains("drain:      draining (0 jobs left)"),

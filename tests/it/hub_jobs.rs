@@ -46,20 +46,9 @@ impl Fleet {
     }
 
     fn start_agent(&mut self) {
-        let hub = self.hub();
-        let (url, ca) = (hub.url.clone(), path_str(&hub.ca()));
-        let token = path_str(&self.token_file);
-        let mut cmd = self.host.agent_cmd(&[
-            "--hub",
-            &url,
-            "--agent-id",
-            "a1",
-            "--token-file",
-            &token,
-            "--ca-file",
-            &ca,
-        ]);
-        cmd.stderr(std::process::Stdio::null());
+        let mut cmd = self.host.agent_cmd(&[]);
+        cmd.args(self.hub().link("a1", &self.token_file))
+            .stderr(std::process::Stdio::null());
         self.agent = Some(Guard::new(cmd.spawn().expect("spawn agent")));
     }
 

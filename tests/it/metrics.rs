@@ -84,20 +84,12 @@ fn the_hub_and_the_agent_are_scraped_by_a_real_prometheus() {
     let agent_port = free_port();
     let host = Host::new();
     let _agent = Guard::new(
-        host.agent_cmd(&[
-            "--hub",
-            &hub.url,
-            "--agent-id",
-            "m1",
-            "--token-file",
-            &path_str(&token),
-            "--ca-file",
-            &path_str(&hub.ca()),
-        ])
-        .env("RAILGRID_METRICS_LISTEN", format!("127.0.0.1:{agent_port}"))
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("agent"),
+        host.agent_cmd(&[])
+            .args(hub.link("m1", &token))
+            .env("RAILGRID_METRICS_LISTEN", format!("127.0.0.1:{agent_port}"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent"),
     );
     host.wait_runner("the runner serving", |_| true);
     for (id, code) in [("ok1", 0), ("ok2", 0), ("bad", 3)] {

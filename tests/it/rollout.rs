@@ -78,29 +78,17 @@ impl Rig {
         let hub = self.hub();
         let id = self.nodes[i].id;
         let token = hub.dir.with_file_name(format!("{id}.token"));
-        let (url, ca) = (hub.url.clone(), path_str(&hub.ca()));
         let exe = self.bin(id).join("railgrid");
         let err = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.path().join(format!("{id}.stderr")))
             .expect("agent stderr");
-        let mut cmd = self.nodes[i].host.agent_cmd_from(
-            &exe,
-            &[
-                "--hub",
-                &url,
-                "--agent-id",
-                id,
-                "--token-file",
-                &path_str(&token),
-                "--ca-file",
-                &ca,
-                "--trusted-key",
-                &self.key.line,
-            ],
-        );
-        cmd.env("RAILGRID_UPGRADE_SETTLE", "1s")
+        let mut cmd = self.nodes[i]
+            .host
+            .agent_cmd_from(&exe, &["--trusted-key", &self.key.line]);
+        cmd.args(hub.link(id, &token))
+            .env("RAILGRID_UPGRADE_SETTLE", "1s")
             .env("RAILGRID_UPGRADE_DEADLINE", "10s")
             .env("RAILGRID_RUNNER_STOP_GRACE", "2s")
             .stderr(err);

@@ -30,21 +30,9 @@ pub(super) fn member_cmd(
     queue: &str,
 ) -> std::process::Command {
     let token = hub.dir.with_file_name(format!("{id}.token"));
-    let (url, ca) = (hub.url.clone(), path_str(&hub.ca()));
-    let label = format!("queue={queue}");
-    let mut cmd = host.agent_cmd(&[
-        "--hub",
-        &url,
-        "--agent-id",
-        id,
-        "--token-file",
-        &path_str(&token),
-        "--ca-file",
-        &ca,
-        "--label",
-        &label,
-    ]);
-    cmd.stderr(std::process::Stdio::null());
+    let mut cmd = host.agent_cmd(&["--label", &format!("queue={queue}")]);
+    cmd.args(hub.link(id, &token))
+        .stderr(std::process::Stdio::null());
     cmd
 }
 

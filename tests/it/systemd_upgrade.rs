@@ -89,19 +89,7 @@ impl Fleet {
 
     /// Signs `binary` as `version`, publishes it, and makes it the fleet's version.
     fn roll(&self, version: &str, binary: &Path) {
-        let copy = self.dir.path().join(format!("release-{version}"));
-        fs::copy(binary, &copy).expect("copy release");
-        let sig = sign(&self.key, &copy, version);
-        self.hub.admin_ok(&[
-            "release",
-            "publish",
-            "--version",
-            version,
-            "--binary",
-            &path_str(&copy),
-            "--signature",
-            &path_str(&sig),
-        ]);
+        release(&self.hub, &self.key, self.dir.path(), version, binary);
         self.hub
             .admin_ok(&["desired", "set", "--fleet", "--version", version]);
     }

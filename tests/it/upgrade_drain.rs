@@ -59,8 +59,7 @@ fn an_upgrade_waits_for_a_running_job_and_switches_after_it() {
     up.start_agent();
     let marks = marks_dir(&up.host);
     submit_gated(&up, &marks, "build");
-    up.release(V2, &builds().v2);
-    up.want(V2);
+    up.offer_v2();
     let u = wait_for(LIMIT, "the upgrade waiting for the job", || {
         let u = up.status()["upgrade"].clone();
         let waiting = u["waiting"].as_str().unwrap_or_default();
@@ -106,8 +105,7 @@ fn past_its_drain_deadline_an_upgrade_cancels_what_runs_naming_itself() {
     up.start_agent();
     let marks = marks_dir(&up.host);
     submit_gated(&up, &marks, "stuck");
-    up.release(V2, &builds().v2);
-    up.want(V2);
+    up.offer_v2();
     up.wait_upgrade("committed");
     up.assert_running(V2);
     let stuck = wait_done(&up, "stuck");
@@ -125,8 +123,7 @@ fn an_agent_killed_while_it_drains_for_an_upgrade_keeps_its_binary_and_the_drain
     up.start_agent();
     let marks = marks_dir(&up.host);
     submit_gated(&up, &marks, "held");
-    up.release(V2, &builds().v2);
-    up.want(V2);
+    up.offer_v2();
     up.wait_upgrade("draining");
     let old = version_of(&up.exe());
 

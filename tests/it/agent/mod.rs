@@ -80,11 +80,7 @@ fn the_agent_starts_the_runner_and_health_answers() {
     assert!(out.status.success(), "{out:?}");
     let st: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(st["runner"]["pid"], pid);
-    let out = railgrid()
-        .args(["agent", "status", "--state-dir"])
-        .arg(host.state())
-        .output()
-        .expect("status");
+    let out = agent_status(&host.state());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("agent:      running") && text.contains(&format!("pid {pid}")),
@@ -125,11 +121,7 @@ fn an_orphan_runner_of_a_killed_agent_is_reclaimed() {
     // Exactly one runner holds the lock: the new one.
     let lock = fs::read_to_string(host.state().join("runner/runner.lock")).expect("lock");
     assert_eq!(lock.trim(), runner.to_string());
-    let out = railgrid()
-        .args(["agent", "status", "--state-dir"])
-        .arg(host.state())
-        .output()
-        .expect("status");
+    let out = agent_status(&host.state());
     assert!(String::from_utf8_lossy(&out.stdout)
         .contains(&format!("reclaimed orphan runners: {orphan}")));
 }
@@ -152,11 +144,7 @@ fn sigterm_stops_the_runner_and_exits_zero() {
     assert!(live_in_group(runner).is_empty());
     assert!(!host.socket().exists(), "the socket was left behind");
     assert_eq!(host.status()["running"], false);
-    let out = railgrid()
-        .args(["agent", "status", "--state-dir"])
-        .arg(host.state())
-        .output()
-        .expect("status");
+    let out = agent_status(&host.state());
     assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stderr).contains("agent not running"));
 }

@@ -40,11 +40,7 @@ fn a_second_agent_on_a_live_state_dir_refuses_and_touches_nothing() {
         "running"
     );
     assert_eq!(host.status()["pid"], first.pid());
-    let out = railgrid()
-        .args(["agent", "status", "--state-dir"])
-        .arg(host.state())
-        .output()
-        .expect("status");
+    let out = agent_status(&host.state());
     assert!(out.status.success(), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("running (pid {}", first.pid())));
 }
@@ -78,11 +74,7 @@ fn agent_status_believes_only_the_holder_of_the_agent_lock() {
     st["pid"] = serde_json::json!(impostor.pid());
     st["pid_start_time"] = Value::Null;
     fs::write(host.state().join("agent-status.json"), st.to_string()).expect("write status");
-    let out = railgrid()
-        .args(["agent", "status", "--state-dir"])
-        .arg(host.state())
-        .output()
-        .expect("status");
+    let out = agent_status(&host.state());
     assert_eq!(out.status.code(), Some(3), "{out:?}");
 }
 

@@ -89,11 +89,7 @@ fn the_agent_reaps_the_jobs_of_a_runner_that_could_not_stop_them() {
             .any(|l| l.as_str().is_some_and(|l| l.contains("job stubborn")))),
         "{reaped}"
     );
-    let out = railgrid()
-        .args(["agent", "status", "--state-dir"])
-        .arg(host.state())
-        .output()
-        .expect("status");
+    let out = agent_status(&host.state());
     assert!(
         String::from_utf8_lossy(&out.stdout)
             .contains("reaped after the runner stopped: job stubborn"),
@@ -160,11 +156,7 @@ fn agent_status_shows_a_stop_in_progress() {
     wait_for(LIMIT, "agent status to show the stop", || {
         (host.status()["stopping"] == true).then_some(())
     });
-    let out = railgrid()
-        .args(["agent", "status", "--state-dir"])
-        .arg(host.state())
-        .output()
-        .expect("agent status");
+    let out = agent_status(&host.state());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("stopping"), "{text}");
     let out = agent.wait_output(LIMIT);

@@ -129,11 +129,7 @@ fn a_runner_restarted_after_the_binary_was_replaced_runs_the_agents_own_bytes() 
         st["exe"]["path"],
         path_str(&fs::canonicalize(&exe).expect("canonical")).as_str()
     );
-    let out = railgrid()
-        .args(["agent", "status", "--state-dir"])
-        .arg(host.state())
-        .output()
-        .expect("status");
+    let out = agent_status(&host.state());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(&format!("executable: {}", exe.display())) && text.contains(&sha),

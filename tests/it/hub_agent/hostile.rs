@@ -44,11 +44,7 @@ fn a_hub_answering_500_leaves_the_runner_alone_and_the_error_in_status() {
     assert_eq!(later["runner"]["starts"], 1);
     assert_eq!(later["jobs_summary"]["running"], 0);
 
-    let text = railgrid()
-        .args(["agent", "status", "--state-dir"])
-        .arg(h.host.state())
-        .output()
-        .expect("status");
+    let text = agent_status(&h.host.state());
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
         text.contains(&format!("hub:        {} as a1: not connected", hub.url))

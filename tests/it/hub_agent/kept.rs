@@ -119,11 +119,7 @@ fn an_agent_started_while_its_hub_is_down_keeps_the_last_desired_state() {
     assert_eq!(st["runner"]["starts"], 0, "no runner was started: {st:#}");
     assert!(st["runner"]["pid"].is_null());
     assert!(!h.host.socket().exists(), "no runner socket");
-    let out = railgrid()
-        .args(["agent", "status", "--state-dir"])
-        .arg(&state)
-        .output()
-        .expect("status");
+    let out = agent_status(&state);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("runner:     disabled by the desired state")

@@ -86,8 +86,7 @@ fn a_binary_replaced_by_hand_that_crashes_at_start_is_rolled_back() {
 fn a_watcher_that_dies_during_the_commit_window_is_started_again_from_the_previous_binary() {
     let mut up = Up::new();
     up.start_agent();
-    up.release(V2, &builds().v2);
-    up.want(V2);
+    up.offer_v2();
     // Held in the commit window: no answer from the hub counts until it is back.
     let first = wait_for(LIMIT, "the new agent waiting to commit", || {
         let rec = up.record();
@@ -116,13 +115,7 @@ fn a_watcher_that_dies_during_the_commit_window_is_started_again_from_the_previo
 #[test]
 fn an_agent_stopped_during_the_switch_puts_the_previous_binary_back_and_exits() {
     let mut up = Up::new();
-    up.start_agent();
-    let pid = up.status()["pid"].as_i64().expect("pid") as i32;
-    up.release(V2, &builds().v2);
-    up.want(V2);
-    wait_for(LIMIT, "the switch", || {
-        (up.record()["upgrade"]["phase"] == "pending").then_some(())
-    });
+    let pid = up.start_and_switch();
     kill(Pid::from_raw(pid), Signal::SIGTERM).expect("SIGTERM");
     let out = up.agent.take().expect("agent").wait_output(LIMIT);
     assert!(out.status.success(), "a clean stop: {:?}", out.status);

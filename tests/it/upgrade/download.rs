@@ -127,8 +127,7 @@ fn a_download_cut_mid_body_resumes_with_a_range_and_commits() {
     let proxy = Proxy::start(&up.hub().listen, 4 * 1024 * 1024, AtLimit::Cut);
     up.url = proxy.url.clone();
     up.start_agent();
-    up.release(V2, &builds().v2);
-    up.want(V2);
+    up.offer_v2();
     up.wait_upgrade("committed");
     assert!(
         proxy.reached.load(Ordering::SeqCst) >= 1,
@@ -153,23 +152,11 @@ fn a_full_disk_refuses_the_download_early_and_leaves_nothing() {
     let size = fs::metadata(up.exe()).expect("exe").len() + 8 * 1024 * 1024;
     let _disk = small_disk(&up, size);
     up.start_agent();
-    up.release(V2, &builds().v2);
-    up.want(V2);
-    let u = up.wait_upgrade("failed");
-    assert!(
-        u["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("not enough space"),
-        "{u}"
-    );
+    up.offer_v2();
+    failed_for_space(&up.wait_upgrade("failed"));
     up.assert_running(&builds().v1_version);
     assert_eq!(up.bin_entries(), ["railgrid"]);
-    let hub = up.hub_upgrade("failed");
-    assert!(hub["error"]
-        .as_str()
-        .unwrap_or_default()
-        .contains("not enough space"));
+    failed_for_space(&up.hub_upgrade("failed"));
     up.kill_everything();
 }
 
@@ -201,8 +188,7 @@ fn a_disk_that_fills_during_the_download_loses_the_download_and_nothing_else() {
     );
     up.url = proxy.url.clone();
     up.start_agent();
-    up.release(V2, &builds().v2);
-    up.want(V2);
+    up.offer_v2();
     // The download is under way and held: fill the disk behind its back, then let the
     // rest of the body come.
     wait_for(LIMIT, "the download held at the proxy", || {
@@ -215,14 +201,7 @@ fn a_disk_that_fills_during_the_download_loses_the_download_and_nothing_else() {
         while f.write_all(&block).is_ok() {}
     }
     gate.open();
-    let u = up.wait_upgrade("failed");
-    assert!(
-        u["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("not enough space"),
-        "{u}"
-    );
+    failed_for_space(&up.wait_upgrade("failed"));
     fs::remove_file(&filler).expect("remove filler");
     up.assert_running(&builds().v1_version);
     assert_eq!(
@@ -233,4 +212,15 @@ fn a_disk_that_fills_during_the_download_loses_the_download_and_nothing_else() {
     assert_eq!(sha256_hex(&up.exe()), sha256_hex(&builds().v1));
     up.kill_everything();
     drop(disk);
+}
+
+/// An upgrade record that failed for want of disk space.
+fn failed_for_space(upgrade: &Value) {
+    assert!(
+        upgrade["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not enough space"),
+        "{upgrade}"
+    );
 }

@@ -33,8 +33,7 @@ fn a_hub_upgrade_runs_the_new_version_in_place_and_commits() {
     up.start_agent();
     let pid = up.status()["pid"].as_i64().expect("pid");
     let old_sha = sha256_hex(&up.exe());
-    up.release(V2, &builds().v2);
-    up.want(V2);
+    up.offer_v2();
     let u = up.wait_upgrade("committed");
     assert_eq!(u["target"], V2);
     up.assert_running(V2);
@@ -67,15 +66,7 @@ fn a_hub_upgrade_runs_the_new_version_in_place_and_commits() {
     wait_for(LIMIT, "the watcher exits", || {
         (!alive(watcher as i32)).then_some(())
     });
-    let text = String::from_utf8_lossy(
-        &railgrid()
-            .args(["agent", "status", "--state-dir"])
-            .arg(up.host.state())
-            .output()
-            .expect("agent status")
-            .stdout,
-    )
-    .into_owned();
+    let text = String::from_utf8_lossy(&agent_status(&up.host.state()).stdout).into_owned();
     assert!(
         text.contains(&format!("upgrade:    committed {V2}")),
         "{text}"

@@ -68,8 +68,7 @@ fn a_release_signed_by_a_key_the_agent_does_not_trust_is_refused() {
     let mut up = Up::new();
     let other = keygen(up.dir.path(), "someone-else");
     up.start_agent_trusting(&other.line);
-    up.release(V2, &builds().v2);
-    up.want(V2);
+    up.offer_v2();
     assert_refused(&up, "not trusted");
 }
 
@@ -77,8 +76,7 @@ fn a_release_signed_by_a_key_the_agent_does_not_trust_is_refused() {
 fn an_agent_without_trusted_keys_refuses_every_upgrade() {
     let mut up = Up::new();
     up.start_agent_trusting("");
-    up.release(V2, &builds().v2);
-    up.want(V2);
+    up.offer_v2();
     assert_refused(&up, "no [upgrade] trusted_keys");
 }
 

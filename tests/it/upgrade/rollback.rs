@@ -104,13 +104,7 @@ fn a_release_that_never_gets_healthy_is_rolled_back_at_the_deadline() {
 /// runner's stop), checking that it still runs the old bytes. Its pid.
 pub(super) fn freeze_between_rename_and_re_exec(up: &mut Up) -> i32 {
     use std::os::unix::fs::MetadataExt;
-    up.start_agent();
-    let pid = up.status()["pid"].as_i64().expect("pid") as i32;
-    up.release(V2, &builds().v2);
-    up.want(V2);
-    wait_for(LIMIT, "the switch", || {
-        (up.record()["upgrade"]["phase"] == "pending").then_some(())
-    });
+    let pid = up.start_and_switch();
     kill(Pid::from_raw(pid), Signal::SIGSTOP).expect("SIGSTOP");
     let exe = fs::metadata(format!("/proc/{pid}/exe")).expect("agent exe");
     let prev = fs::metadata(up.bin_dir().join("railgrid.prev")).expect(".prev");
@@ -134,8 +128,7 @@ fn an_agent_killed_between_the_rename_and_the_re_exec_still_ends_on_a_verified_b
 /// its data dir).
 fn hub_gone_after_the_switch(up: &mut Up) -> (String, PathBuf) {
     up.start_agent();
-    up.release(V2, &builds().v2);
-    up.want(V2);
+    up.offer_v2();
     wait_for(LIMIT, "the switch", || {
         (up.record()["upgrade"]["phase"] == "pending").then_some(())
     });
