@@ -16,10 +16,7 @@
 # JSON object with both.
 cd "$(dirname "$0")/.."
 . bench/lib.sh
-AGENTS=${1:-1000}
-ROUNDS=${2:-5}
-BUSY=${3:-64}
-BUSY_SECS=${4:-10}
+hub_bench_args "$@"
 ETCD=${ETCD:-1}
 if [ "$ETCD" = 1 ]; then
   for tool in etcd protoc; do

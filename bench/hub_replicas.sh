@@ -8,10 +8,7 @@
 #   bash bench/hub_replicas.sh [AGENTS] [ROUNDS] [BUSY_CLIENTS] [BUSY_SECS]
 cd "$(dirname "$0")/.."
 . bench/lib.sh
-AGENTS=${1:-1000}
-ROUNDS=${2:-5}
-BUSY=${3:-64}
-BUSY_SECS=${4:-10}
+hub_bench_args "$@"
 PGBIN=$(dirname "$(command -v initdb || ls -d /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")
 [ -x "$PGBIN/initdb" ] || { echo "PostgreSQL is not installed (apt-get install postgresql)" >&2; exit 1; }
 build_release hub_bench

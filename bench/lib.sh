@@ -77,3 +77,13 @@ publish() {
   "$B" release sign --secret-key "$WORK/k.key" --version "$1" "$WORK/rel-$1" >/dev/null
   H release publish --version "$1" --binary "$WORK/rel-$1" --signature "$WORK/rel-$1.minisig" >/dev/null
 }
+
+# The arguments of the two benchmarks that drive examples/hub_bench (bench/hub.sh on
+# SQLite, bench/hub_replicas.sh on PostgreSQL), with the same defaults:
+# AGENTS ROUNDS BUSY_CLIENTS BUSY_SECS.
+hub_bench_args() {
+  AGENTS=${1:-1000}
+  ROUNDS=${2:-5}
+  BUSY=${3:-64}
+  BUSY_SECS=${4:-10}
+}

@@ -25,10 +25,11 @@ use anyhow::{anyhow, Context};
 use railgrid::hub_client;
 use railgrid::proto::desired::DesiredState;
 use railgrid::proto::report::{AgentReport, UpgradeReport};
-use sha2::Digest;
 
 #[path = "common/hub_dir.rs"]
 mod hub_dir;
+#[path = "common/hub_http.rs"]
+mod hub_http;
 use hub_dir::HubDir as Hub;
 
 /// What every simulated agent shares with the benchmark.
@@ -77,38 +78,13 @@ impl Sim {
     }
 
     async fn reconcile(&self, report: &AgentReport, wait: u64) -> anyhow::Result<DesiredState> {
-        let resp = self
-            .http
-            .post(format!("{}/v1/agents/{}/reconcile", self.url, self.id))
-            .query(&[("wait", wait)])
-            .header(reqwest::header::AUTHORIZATION, self.auth.clone())
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(serde_json::to_vec(report)?)
-            .timeout(Duration::from_secs(wait + 30))
-            .send()
-            .await?;
-        anyhow::ensure!(resp.status().is_success(), "reconcile: {}", resp.status());
-        Ok(serde_json::from_slice(&resp.bytes().await?)?)
+        let url = format!("{}/v1/agents/{}/reconcile", self.url, self.id);
+        hub_http::reconcile(&self.http, &url, &self.auth, report, wait).await
     }
 
     async fn download(&self, path: &str, sha256: &str) -> anyhow::Result<()> {
-        let mut resp = self
-            .http
-            .get(format!("{}{path}", self.url))
-            .header(reqwest::header::AUTHORIZATION, self.auth.clone())
-            .send()
-            .await?;
-        anyhow::ensure!(resp.status().is_success(), "download: {}", resp.status());
-        let mut hasher = sha2::Sha256::new();
-        while let Some(chunk) = resp.chunk().await? {
-            hasher.update(&chunk);
-        }
-        let got: String = hasher
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        anyhow::ensure!(got == sha256, "sha256 {got}, expected {sha256}");
+        let url = format!("{}{path}", self.url);
+        hub_http::download(&self.http, &url, &self.auth, sha256).await?;
         Ok(())
     }
 

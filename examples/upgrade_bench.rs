@@ -14,13 +14,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 use railgrid::hub_client;
-use railgrid::proto::desired::{Artifact, DesiredState};
+use railgrid::proto::desired::Artifact;
 use railgrid::proto::report::{AgentReport, UpgradeReport};
-use sha2::Digest;
 
 #[path = "common/hub_dir.rs"]
 mod hub_dir;
+#[path = "common/hub_http.rs"]
+mod hub_http;
 use hub_dir::HubDir as Hub;
+use hub_http::{download, reconcile};
 
 /// An admin call with a JSON body (or none); its JSON answer.
 async fn admin(
@@ -72,54 +74,6 @@ fn report(version: &str, generation: u64, committed: bool) -> AgentReport {
         drain: None,
         jobs: Vec::new(),
     }
-}
-
-async fn reconcile(
-    http: &reqwest::Client,
-    url: &str,
-    auth: &reqwest::header::HeaderValue,
-    report: &AgentReport,
-    wait: u64,
-) -> anyhow::Result<DesiredState> {
-    let resp = http
-        .post(url)
-        .query(&[("wait", wait)])
-        .header(reqwest::header::AUTHORIZATION, auth.clone())
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(serde_json::to_vec(report)?)
-        .timeout(Duration::from_secs(wait + 30))
-        .send()
-        .await?;
-    anyhow::ensure!(resp.status().is_success(), "reconcile: {}", resp.status());
-    Ok(serde_json::from_slice(&resp.bytes().await?)?)
-}
-
-/// Downloads `url` and checks its SHA-256; the bytes read.
-async fn download(
-    http: &reqwest::Client,
-    url: &str,
-    auth: &reqwest::header::HeaderValue,
-    sha256: &str,
-) -> anyhow::Result<u64> {
-    let mut resp = http
-        .get(url)
-        .header(reqwest::header::AUTHORIZATION, auth.clone())
-        .send()
-        .await?;
-    anyhow::ensure!(resp.status().is_success(), "download: {}", resp.status());
-    let mut hasher = sha2::Sha256::new();
-    let mut n = 0u64;
-    while let Some(chunk) = resp.chunk().await? {
-        n += chunk.len() as u64;
-        hasher.update(&chunk);
-    }
-    let got: String = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    anyhow::ensure!(got == sha256, "sha256 {got}, expected {sha256}");
-    Ok(n)
 }
 
 /// One simulated agent: long polls until its desired state names `version`, then

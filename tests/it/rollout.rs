@@ -36,9 +36,7 @@ impl Rig {
     fn new(ids: &[&'static str]) -> Self {
         let dir = tempdir();
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
-        let key = keygen(dir.path(), "publisher");
-        let public = path_str(&key.public);
-        let hub = TestHub::start(&dir.path().join("hub"), &["--release-key", &public]);
+        let (key, hub) = signed_hub(dir.path());
         let mut rig = Self {
             dir,
             hub: Some(hub),

@@ -36,11 +36,7 @@ impl Fleet {
             return None;
         }
         let dir = tempdir();
-        let key = keygen(dir.path(), "publisher");
-        let hub = TestHub::start(
-            &dir.path().join("hub"),
-            &["--release-key", &path_str(&key.public)],
-        );
+        let (key, hub) = signed_hub(dir.path());
         let token = hub.enrol("a1");
         let share = dir.path().join("share");
         fs::create_dir(&share).expect("share");

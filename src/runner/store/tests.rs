@@ -17,6 +17,14 @@ fn insert(store: &Store, id: &str, argv: &[&str]) -> Inserted {
     store.insert(id, &spec(argv)).wait().unwrap()
 }
 
+/// Records job `id` as succeeded with `outcome`, once committed.
+fn succeed(store: &Store, id: &str, outcome: Outcome) {
+    store
+        .mark_finished(id, JobState::Succeeded, &outcome)
+        .wait()
+        .unwrap();
+}
+
 #[test]
 fn insert_is_idempotent_by_id_and_spec() {
     let (_dir, store) = fresh();
@@ -43,15 +51,15 @@ fn transitions_are_recorded_and_survive_reopen() {
             .mark_running("a", 1234, Some(99), "rlimits")
             .wait()
             .unwrap();
-        let o = Outcome {
-            exit_code: Some(0),
-            stdout_bytes: 5,
-            ..Outcome::default()
-        };
-        store
-            .mark_finished("a", JobState::Succeeded, &o)
-            .wait()
-            .unwrap();
+        succeed(
+            &store,
+            "a",
+            Outcome {
+                exit_code: Some(0),
+                stdout_bytes: 5,
+                ..Outcome::default()
+            },
+        );
     }
     let store = Store::open(&path).unwrap();
     let rec = store.get("a").unwrap().unwrap();
@@ -347,21 +355,24 @@ fn a_store_dropped_with_held_changes_stops() {
     assert!(matches!(later.wait(), Err(StoreError::WriterGone { .. })));
 }
 
-#[test]
-fn a_database_of_schema_1_is_migrated_and_read() {
+/// A database as schema 1 left it, holding the row `insert` writes.
+fn schema_1_with(insert: &str, params: impl rusqlite::Params) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jobs.db");
-    {
-        let c = Connection::open(&path).unwrap();
-        c.execute_batch(MIGRATIONS[0]).unwrap();
-        c.pragma_update(None, "user_version", 1).unwrap();
-        c.execute(
-            "INSERT INTO jobs (id, owner, spec, state, exit_code, created_ms) \
-             VALUES ('old', '', ?1, 'succeeded', 0, 5)",
-            params![spec(&["true"]).canonical()],
-        )
-        .unwrap();
-    }
+    let c = Connection::open(&path).unwrap();
+    c.execute_batch(MIGRATIONS[0]).unwrap();
+    c.pragma_update(None, "user_version", 1).unwrap();
+    c.execute(insert, params).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn a_database_of_schema_1_is_migrated_and_read() {
+    let (_dir, path) = schema_1_with(
+        "INSERT INTO jobs (id, owner, spec, state, exit_code, created_ms) \
+         VALUES ('old', '', ?1, 'succeeded', 0, 5)",
+        params![spec(&["true"]).canonical()],
+    );
     let store = Store::open(&path).unwrap();
     let rec = store.get("old").unwrap().unwrap();
     assert_eq!((rec.state, rec.exit_code), (JobState::Succeeded, Some(0)));
@@ -390,32 +401,24 @@ fn a_newer_schema_is_refused() {
 
 #[test]
 fn records_from_before_produced_counts_keep_their_spooled_size() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("jobs.db");
-    {
-        // A database as the first schema left it: `*_bytes` were the bytes kept.
-        let c = Connection::open(&path).unwrap();
-        c.execute_batch(MIGRATIONS[0]).unwrap();
-        c.pragma_update(None, "user_version", 1).unwrap();
-        c.execute(
-            "INSERT INTO jobs (id, owner, spec, state, created_ms, stdout_bytes, stderr_bytes) \
-             VALUES ('old', 'o', '{}', 'succeeded', 0, 7, 3)",
-            [],
-        )
-        .unwrap();
-    }
+    // As the first schema left it: `*_bytes` were the bytes kept.
+    let (_dir, path) = schema_1_with(
+        "INSERT INTO jobs (id, owner, spec, state, created_ms, stdout_bytes, stderr_bytes) \
+         VALUES ('old', 'o', '{}', 'succeeded', 0, 7, 3)",
+        [],
+    );
     let store = Store::open(&path).unwrap();
     assert_eq!(store.finished_totals().unwrap(), (1, 10));
     insert(&store, "new", &["true"]);
-    let o = Outcome {
-        stdout_bytes: 5_000,
-        spooled_bytes: 1_024,
-        ..Outcome::default()
-    };
-    store
-        .mark_finished("new", JobState::Succeeded, &o)
-        .wait()
-        .unwrap();
+    succeed(
+        &store,
+        "new",
+        Outcome {
+            stdout_bytes: 5_000,
+            spooled_bytes: 1_024,
+            ..Outcome::default()
+        },
+    );
     assert_eq!(store.get("new").unwrap().unwrap().stdout_bytes, 5_000);
     assert_eq!(store.finished_totals().unwrap(), (2, 1_034));
     assert_eq!(

@@ -96,6 +96,12 @@ fn states(members: &[MemberRow]) -> Vec<&str> {
     members.iter().map(|m| m.state.as_str()).collect()
 }
 
+/// `rollout abort --rollback`, as the store moves the rollout.
+fn abort_with_rollback(r: &mut RolloutRow) {
+    r.state = ROLLING_BACK.into();
+    r.wave = 0;
+}
+
 fn commit(s: &mut Seen) {
     s.version = Some(V.into());
     s.upgrade = upgrade("committed", V, None);
@@ -296,9 +302,7 @@ fn a_rollback_takes_the_committed_members_back_wave_by_wave() {
     run(&mut r, &mut m, &mut seen, 3, None);
     assert_eq!(states(&m), [COMMITTED, COMMITTED, GIVEN]);
     seen[2].upgrade = upgrade("switching", V, None);
-    // Abort with rollback: as the store moves it.
-    r.state = ROLLING_BACK.into();
-    r.wave = 0;
+    abort_with_rollback(&mut r);
     let s = run(&mut r, &mut m, &mut seen, 4, None);
     // Wave 1 first, a2 still under way counting against the bound.
     assert_eq!(states(&m), [REVERTING, COMMITTED, GIVEN]);
@@ -422,8 +426,7 @@ fn a_rollback_takes_back_at_once_what_was_given_and_not_switched() {
     assert_eq!(states(&m), [COMMITTED, GIVEN, GIVEN]);
     // a1 switches; a2 was withheld the version by a halt and is idle.
     seen[1].upgrade = upgrade("switching", V, None);
-    r.state = ROLLING_BACK.into();
-    r.wave = 0;
+    abort_with_rollback(&mut r);
     let s = run(&mut r, &mut m, &mut seen, 3, None);
     assert_eq!(states(&m), [REVERTING, GIVEN, REVERTING]);
     assert!(s.after.contains(&Act::Give {
