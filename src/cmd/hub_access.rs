@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::admin::clean;
+use super::table::Table;
 use super::token_file::{create_token_file, write_token};
 use crate::cli::{HubAuditCommand, HubEnrolTokenCommand, HubTokenCommand};
 use crate::hub::admin::{AdminClient, Target};
@@ -115,28 +116,21 @@ fn token_table(all: &[TokenView]) -> String {
     if all.is_empty() {
         return "no admin tokens but the root one (railgrid hub token create)".into();
     }
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<20} {:<21} {:<21} {:<21} SCOPES (SELECTOR)",
-        "NAME", "CREATED", "EXPIRES", "REVOKED"
+    let mut table = Table::new(
+        "{:<20} {:<21} {:<21} {:<21} {}",
+        &["NAME", "CREATED", "EXPIRES", "REVOKED", "SCOPES (SELECTOR)"],
     );
     for t in all {
-        let _ = writeln!(
-            out,
-            "{:<20} {:<21} {:<21} {:<21} {}{}",
-            clean(&t.name),
-            when(Some(t.created_ms)),
-            when(t.expires_ms),
-            when(t.revoked_ms),
-            t.scopes.join(","),
-            t.selector
-                .as_deref()
-                .map(|s| format!(" ({})", clean(s)))
-                .unwrap_or_default()
-        );
+        let selector = t.selector.as_deref().map(|s| format!(" ({})", clean(s)));
+        table.row(&[
+            &clean(&t.name),
+            &when(Some(t.created_ms)),
+            &when(t.expires_ms),
+            &when(t.revoked_ms),
+            &format!("{}{}", t.scopes.join(","), selector.unwrap_or_default()),
+        ]);
     }
-    out.trim_end().to_owned()
+    table.finish().trim_end().to_owned()
 }
 
 pub(super) async fn enrol_token(
@@ -188,29 +182,25 @@ fn enrol_table(all: &[EnrolTokenView]) -> String {
     if all.is_empty() {
         return "no enrolment tokens (railgrid hub enrol-token create)".into();
     }
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<6} {:>9} {:<21} {:<21} {:<21} LABELS",
-        "ID", "USES", "CREATED", "EXPIRES", "REVOKED"
+    let mut table = Table::new(
+        "{:<6} {:>9} {:<21} {:<21} {:<21} {}",
+        &["ID", "USES", "CREATED", "EXPIRES", "REVOKED", "LABELS"],
     );
     for t in all {
         let uses = match t.max_uses {
             Some(m) => format!("{}/{m}", t.uses),
             None => t.uses.to_string(),
         };
-        let _ = writeln!(
-            out,
-            "{:<6} {:>9} {:<21} {:<21} {:<21} {}",
-            clean(&t.id),
-            uses,
-            when(Some(t.created_ms)),
-            when(t.expires_ms),
-            when(t.revoked_ms),
-            clean(&crate::proto::labels::to_list(&t.labels))
-        );
+        table.row(&[
+            &clean(&t.id),
+            &uses,
+            &when(Some(t.created_ms)),
+            &when(t.expires_ms),
+            &when(t.revoked_ms),
+            &clean(&crate::proto::labels::to_list(&t.labels)),
+        ]);
     }
-    out.trim_end().to_owned()
+    table.finish().trim_end().to_owned()
 }
 
 pub(super) async fn audit(

@@ -8,6 +8,7 @@ use super::admin::{ago, clean};
 use super::interrupts::{follow_or_cancel, Interrupts, DETACHED};
 use super::job::shell_exit_code;
 use super::print_stdout;
+use super::table::Table;
 
 mod group;
 use crate::cli::{HubJobCommand, HubJobSubmitArgs};
@@ -328,11 +329,17 @@ pub(super) fn ended(v: &HubJobView) -> ExitCode {
 }
 
 fn job_table(jobs: &[HubJobView]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<24} {:<20} {:<10} {:>4} {:>14} {:<18} COMMAND",
-        "ID", "AGENT", "STATE", "EXIT", "OUT/ERR BYTES", "SUBMITTED"
+    let mut table = Table::new(
+        "{:<24} {:<20} {:<10} {:>4} {:>14} {:<18} {}",
+        &[
+            "ID",
+            "AGENT",
+            "STATE",
+            "EXIT",
+            "OUT/ERR BYTES",
+            "SUBMITTED",
+            "COMMAND",
+        ],
     );
     for j in jobs {
         let exit = shell_exit(j);
@@ -342,19 +349,17 @@ fn job_table(jobs: &[HubJobView]) -> String {
             j.state.clone()
         };
         let agent = if j.agent.is_empty() { "-" } else { &j.agent };
-        let _ = writeln!(
-            out,
-            "{:<24} {:<20} {:<10} {:>4} {:>14} {:<18} {}",
-            j.id,
-            agent,
-            state,
-            exit,
-            format!("{}/{}", j.stdout_stored, j.stderr_stored),
-            ago(Some(j.created_ms / 1000)),
-            clean(&j.spec.argv.join(" ")),
-        );
+        table.row(&[
+            &j.id,
+            &agent,
+            &state,
+            &exit,
+            &format!("{}/{}", j.stdout_stored, j.stderr_stored),
+            &ago(Some(j.created_ms / 1000)),
+            &clean(&j.spec.argv.join(" ")),
+        ]);
     }
-    out
+    table.finish()
 }
 
 fn job_detail(j: &HubJobView) -> String {

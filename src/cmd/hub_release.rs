@@ -1,10 +1,10 @@
 //! `railgrid hub release publish|list|resume`.
 
-use std::fmt::Write as _;
 
 use anyhow::Context;
 
 use super::admin::{ago, clean};
+use super::table::Table;
 use super::usage;
 use crate::cli::HubReleaseCommand;
 use crate::hub::admin::AdminClient;
@@ -68,11 +68,11 @@ fn table(all: &[ReleaseView]) -> String {
     if all.is_empty() {
         return "no releases published (railgrid hub release publish)".into();
     }
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<16} {:<20} {:>10}  {:<16} {:>6} {:>8}  STATE",
-        "VERSION", "PLATFORM", "SIZE", "SHA256", "AGENTS", "PENDING"
+    let mut table = Table::new(
+        "{:<16} {:<20} {:>10}  {:<16} {:>6} {:>8}  {}",
+        &[
+            "VERSION", "PLATFORM", "SIZE", "SHA256", "AGENTS", "PENDING", "STATE",
+        ],
     );
     for r in all {
         let state = match &r.halted {
@@ -85,11 +85,15 @@ fn table(all: &[ReleaseView]) -> String {
             None => "offered".into(),
         };
         if r.artifacts.is_empty() {
-            let _ = writeln!(
-                out,
-                "{:<16} {:<20} {:>10}  {:<16} {:>6} {:>8}  {}",
-                r.version, "(not published)", "-", "-", r.agents, r.pending, state
-            );
+            table.row(&[
+                &r.version,
+                &"(not published)",
+                &"-",
+                &"-",
+                &r.agents,
+                &r.pending,
+                &state,
+            ]);
         }
         for (i, a) in r.artifacts.iter().enumerate() {
             let (agents, pending, state) = if i == 0 {
@@ -97,18 +101,16 @@ fn table(all: &[ReleaseView]) -> String {
             } else {
                 (String::new(), String::new(), "")
             };
-            let _ = writeln!(
-                out,
-                "{:<16} {:<20} {:>10}  {:<16} {:>6} {:>8}  {}",
-                r.version,
-                format!("{}-{}", a.os, a.arch),
-                a.size,
-                a.sha256.get(..16).unwrap_or(&a.sha256),
-                agents,
-                pending,
-                state
-            );
+            table.row(&[
+                &r.version,
+                &format!("{}-{}", a.os, a.arch),
+                &a.size,
+                &a.sha256.get(..16).unwrap_or(&a.sha256),
+                &agents,
+                &pending,
+                &state,
+            ]);
         }
     }
-    out
+    table.finish()
 }

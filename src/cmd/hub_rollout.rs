@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::admin::clean;
+use super::table::Table;
 use super::usage;
 use crate::cli::{HubRolloutCommand, HubRolloutStartArgs};
 use crate::hub::admin::AdminClient;
@@ -94,31 +95,33 @@ fn list(all: &[RolloutView]) -> String {
     if all.is_empty() {
         return "no rollouts (railgrid hub rollout start --version V)".into();
     }
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<6} {:<14} {:<13} {:>6} {:>11}  {:<12} SELECTOR",
-        "ID", "VERSION", "STATE", "WAVE", "COMMITTED", "TOOK"
+    let mut table = Table::new(
+        "{:<6} {:<14} {:<13} {:>6} {:>11}  {:<12} {}",
+        &[
+            "ID",
+            "VERSION",
+            "STATE",
+            "WAVE",
+            "COMMITTED",
+            "TOOK",
+            "SELECTOR",
+        ],
     );
     for v in all {
         let total: usize = v.counts.values().sum();
         let committed = v.counts.get("committed").copied().unwrap_or(0);
-        let _ = writeln!(
-            out,
-            "{:<6} {:<14} {:<13} {:>6} {:>11}  {:<12} {}",
-            clean(&v.id),
-            clean(&v.version),
-            clean(&v.state),
-            v.wave + 1,
-            format!("{committed}/{total}"),
-            elapsed(v.created_ms, v.finished_ms),
-            v.selector
-                .as_deref()
-                .map(clean)
-                .unwrap_or_else(|| "(all agents)".into()),
-        );
+        let selector = v.selector.as_deref().map(clean);
+        table.row(&[
+            &clean(&v.id),
+            &clean(&v.version),
+            &clean(&v.state),
+            &(v.wave + 1),
+            &format!("{committed}/{total}"),
+            &elapsed(v.created_ms, v.finished_ms),
+            &selector.unwrap_or_else(|| "(all agents)".into()),
+        ]);
     }
-    out.trim_end().to_owned()
+    table.finish().trim_end().to_owned()
 }
 
 fn status(v: &RolloutView) -> String {
@@ -157,35 +160,29 @@ fn status(v: &RolloutView) -> String {
             ))
             .unwrap_or_default()
     );
-    let _ = writeln!(
-        out,
-        "\n{:<5} {:<8} {:<24} {:<12} {:<14} {:<14} DETAIL",
-        "WAVE", "", "AGENT", "STATE", "FROM", "NOW"
+    out.push('\n');
+    let mut table = Table::new(
+        "{:<5} {:<8} {:<24} {:<12} {:<14} {:<14} {}",
+        &["WAVE", "", "AGENT", "STATE", "FROM", "NOW", "DETAIL"],
     );
+    let shown = |v: Option<&str>| v.map(clean).unwrap_or_else(|| "-".into());
     for w in &v.waves {
         for (i, m) in w.members.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{:<5} {:<8} {:<24} {:<12} {:<14} {:<14} {}",
-                if i == 0 {
-                    (w.index + 1).to_string()
-                } else {
-                    String::new()
-                },
-                if i == 0 { w.state.as_str() } else { "" },
-                clean(&m.agent),
-                clean(&m.state),
-                m.from_version
-                    .as_deref()
-                    .map(clean)
-                    .unwrap_or_else(|| "-".into()),
-                m.version
-                    .as_deref()
-                    .map(clean)
-                    .unwrap_or_else(|| "-".into()),
-                m.detail.as_deref().map(clean).unwrap_or_default(),
-            );
+            let (wave, state) = match i {
+                0 => ((w.index + 1).to_string(), w.state.as_str()),
+                _ => (String::new(), ""),
+            };
+            table.row(&[
+                &wave,
+                &state,
+                &clean(&m.agent),
+                &clean(&m.state),
+                &shown(m.from_version.as_deref()),
+                &shown(m.version.as_deref()),
+                &m.detail.as_deref().map(clean).unwrap_or_default(),
+            ]);
         }
     }
+    out.push_str(&table.finish());
     out.trim_end().to_owned()
 }

@@ -18,6 +18,7 @@ mod job;
 mod release;
 mod runner;
 mod supervise;
+mod table;
 mod token_file;
 
 use std::fmt;

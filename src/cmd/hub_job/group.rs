@@ -10,6 +10,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 use super::super::admin::clean;
 use super::super::interrupts::{follow_or_cancel, Interrupts, DETACHED};
 use super::super::print_stdout;
+use super::super::table::Table;
 use super::{ended, follow_stream, shell_exit};
 use crate::cli::HubJobSubmitArgs;
 use crate::hub::admin::{AdminClient, AdminError};
@@ -188,22 +189,14 @@ async fn follow_prefixed(
 }
 
 fn table(jobs: &[HubJobView]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
+    let mut table = Table::new(
         "{:<20} {:<28} {:<10} {:>4}",
-        "AGENT", "JOB", "STATE", "EXIT"
+        &["AGENT", "JOB", "STATE", "EXIT"],
     );
     for j in jobs {
-        let _ = writeln!(
-            out,
-            "{:<20} {:<28} {:<10} {:>4}",
-            j.agent,
-            j.id,
-            j.state,
-            shell_exit(j)
-        );
+        table.row(&[&j.agent, &j.id, &j.state, &shell_exit(j)]);
     }
+    let mut out = table.finish();
     let ok = jobs
         .iter()
         .filter(|j| j.job_state() == Some(JobState::Succeeded))

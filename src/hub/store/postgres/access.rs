@@ -144,14 +144,7 @@ impl AccessStore for PgStore {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
-        let seq: i64 = tx
-            .query_one(
-                "UPDATE meta SET value = value + 1 WHERE key = 'enrol_token_seq' RETURNING value",
-                &[],
-            )
-            .await
-            .map_err(&e)?
-            .get(0);
+        let seq = next_seq(&tx, "enrol_token_seq", &self.url).await?;
         let stored = EnrolTokenRow {
             id: format!("et{seq}"),
             ..row.clone()
@@ -301,14 +294,7 @@ impl AccessStore for PgStore {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
-        let seq: i64 = tx
-            .query_one(
-                "UPDATE meta SET value = value + 1 WHERE key = 'audit_seq' RETURNING value",
-                &[],
-            )
-            .await
-            .map_err(&e)?
-            .get(0);
+        let seq = next_seq(&tx, "audit_seq", &self.url).await?;
         tx.execute(
             "INSERT INTO audit (seq, at_ms, token, peer, action, target, outcome)
              VALUES ($1, $2, $3, $4, $5, $6, $7)",

@@ -16,14 +16,7 @@ impl JobStore for PgStore {
         } else {
             Some(bump_scope(&tx, &job.agent, &self.url).await?)
         };
-        let seq: i64 = tx
-            .query_one(
-                "UPDATE meta SET value = value + 1 WHERE key = 'job_seq' RETURNING value",
-                &[],
-            )
-            .await
-            .map_err(&e)?
-            .get(0);
+        let seq = next_seq(&tx, "job_seq", &self.url).await?;
         let n = tx
             .execute(
                 "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,

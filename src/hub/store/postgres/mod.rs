@@ -445,6 +445,26 @@ async fn next_generation(
         .ok_or_else(|| StoreError::GenerationsExhausted(url.to_owned()))
 }
 
+/// The next number of the counter `key` in `meta` (jobs, rollouts, enrolment tokens,
+/// audit lines). Its row stays locked until the transaction ends: two replicas take turns.
+async fn next_seq(
+    tx: &deadpool_postgres::Transaction<'_>,
+    key: &str,
+    url: &str,
+) -> Result<i64, StoreError> {
+    let row = tx
+        .query_one(
+            "UPDATE meta SET value = value + 1 WHERE key = $1 RETURNING value",
+            &[&key],
+        )
+        .await
+        .map_err(|source| StoreError::Postgres {
+            url: url.to_owned(),
+            source,
+        })?;
+    Ok(row.get(0))
+}
+
 async fn bump_scope(
     tx: &deadpool_postgres::Transaction<'_>,
     scope: &str,

@@ -72,14 +72,7 @@ impl RolloutStore for PgStore {
         let tx = conn.transaction().await.map_err(&e)?;
         // First: the counter's row lock makes two starts through two replicas take turns,
         // so the second sees the first's members.
-        let seq: i64 = tx
-            .query_one(
-                "UPDATE meta SET value = value + 1 WHERE key = 'rollout_seq' RETURNING value",
-                &[],
-            )
-            .await
-            .map_err(&e)?
-            .get(0);
+        let seq = next_seq(&tx, "rollout_seq", &self.url).await?;
         let held = tx
             .query(
                 &format!(

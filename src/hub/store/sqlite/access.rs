@@ -144,13 +144,7 @@ impl AccessStore for SqliteStore {
             let e = sql(path);
             let labels = encode(path, "an enrolment token's labels", &row.labels)?;
             let tx = conn.transaction().map_err(&e)?;
-            let seq: i64 = tx
-                .query_row(
-                    "UPDATE meta SET value = value + 1 WHERE key = 'enrol_token_seq' RETURNING value",
-                    [],
-                    |r| r.get(0),
-                )
-                .map_err(&e)?;
+            let seq = next_seq(&tx, "enrol_token_seq", path)?;
             let stored = EnrolTokenRow {
                 id: format!("et{seq}"),
                 ..row
@@ -288,13 +282,7 @@ impl AccessStore for SqliteStore {
         self.with(move |conn, path| {
             let e = sql(path);
             let tx = conn.transaction().map_err(&e)?;
-            let seq: i64 = tx
-                .query_row(
-                    "UPDATE meta SET value = value + 1 WHERE key = 'audit_seq' RETURNING value",
-                    [],
-                    |r| r.get(0),
-                )
-                .map_err(&e)?;
+            let seq = next_seq(&tx, "audit_seq", path)?;
             tx.execute(
                 "INSERT INTO audit (seq, at_ms, token, peer, action, target, outcome)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",

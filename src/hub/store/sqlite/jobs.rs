@@ -20,13 +20,7 @@ impl JobStore for SqliteStore {
             if taken.is_some() {
                 return Ok(None);
             }
-            let seq: i64 = tx
-                .query_row(
-                    "UPDATE meta SET value = value + 1 WHERE key = 'job_seq' RETURNING value",
-                    [],
-                    |r| r.get(0),
-                )
-                .map_err(&e)?;
+            let seq = next_seq(&tx, "job_seq", path)?;
             tx.execute(
                 "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,
                      queue_deadline_ms, job_group, attempt, retries, avoid, scope)

@@ -207,6 +207,17 @@ fn u64_of(n: i64) -> u64 {
 }
 
 /// Gives `scope` the next generation.
+/// The next number of the counter `key` in `meta` (jobs, rollouts, enrolment tokens,
+/// audit lines).
+fn next_seq(tx: &rusqlite::Transaction<'_>, key: &str, path: &str) -> Result<i64, StoreError> {
+    tx.query_row(
+        "UPDATE meta SET value = value + 1 WHERE key = ?1 RETURNING value",
+        params![key],
+        |r| r.get(0),
+    )
+    .map_err(sql(path))
+}
+
 fn bump_scope(tx: &rusqlite::Transaction<'_>, scope: &str, path: &str) -> Result<u64, StoreError> {
     let generation = next_generation(tx, path)?;
     tx.execute(

@@ -79,13 +79,7 @@ impl RolloutStore for SqliteStore {
             if !clash.is_empty() {
                 return Ok(Err(clash));
             }
-            let seq: i64 = tx
-                .query_row(
-                    "UPDATE meta SET value = value + 1 WHERE key = 'rollout_seq' RETURNING value",
-                    [],
-                    |r| r.get(0),
-                )
-                .map_err(&e)?;
+            let seq = next_seq(&tx, "rollout_seq", path)?;
             let stored = RolloutRow {
                 id: format!("r{seq}"),
                 seq: u64_of(seq),
