@@ -1,6 +1,5 @@
 //! `railgrid hub release publish|list|resume`.
 
-
 use anyhow::Context;
 
 use super::admin::{ago, clean};

@@ -44,11 +44,7 @@ fn completions_load_in_bash() {
         .output()
         .expect("bash");
     let said = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     assert!(said.contains("railgrid"), "{said}");
     let bad = railgrid()
         .args(["completions", "tcsh"])
@@ -103,11 +99,7 @@ fn check_config_release_verify_and_a_dry_run_install_speak_json() {
         .args(["--runner-user", "nobody"])
         .output()
         .expect("check-config");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["runner"]["user"], "nobody", "{v:#}");
 
@@ -139,11 +131,7 @@ fn check_config_release_verify_and_a_dry_run_install_speak_json() {
             .args(&args)
             .output()
             .expect("release");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_succeeded(&out);
     }
     let out = railgrid()
         .args(["release", "verify", "--json", "--public-key"])
@@ -170,11 +158,7 @@ fn check_config_release_verify_and_a_dry_run_install_speak_json() {
         .arg(&root)
         .output()
         .expect("install");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let steps = v["steps"].as_array().expect("steps");
     assert!(
@@ -208,11 +192,7 @@ fn man_pages_are_made_for_every_command() {
     }
     let dir = tempdir();
     let out = Command::new(&man).arg(dir.path()).output().expect("man");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     let page = read_lossy(&dir.path().join("railgrid-hub-rollout-start.1"));
     assert!(
         page.contains(".TH") && page.contains("max\\-parallel"),

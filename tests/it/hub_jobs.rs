@@ -104,11 +104,7 @@ impl Fleet {
             args.push("--stderr");
         }
         let out = self.jobs(&args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_succeeded(&out);
         out.stdout
     }
 
@@ -670,10 +666,6 @@ fn hub_job_commands_say_what_the_local_ones_say() {
         .args(["hub", "job", "status", "both"])
         .output()
         .expect("status");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("both"));
 }

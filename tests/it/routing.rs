@@ -192,11 +192,7 @@ fn selected_jobs_reach_only_matching_agents_with_room_in_priority_order_and_surv
             "true",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     let x = status(&hub, "x");
     assert!(
         x["waiting"]

@@ -36,49 +36,28 @@ fn output_and_exit_code_round_trip_and_ids_are_idempotent() {
 #[test]
 fn hostile_specs_are_refused_and_the_environment_is_a_baseline() {
     let r = Runner::started(&[]);
-    let (status, body) = r.submit(json!({"argv": ["true"], "env": {"LD_PRELOAD": "/tmp/evil.so"}}));
-    assert_eq!(status, 400, "{body}");
-    assert_eq!(body["error"]["code"], "invalid_spec");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .expect("message")
-            .contains("LD_PRELOAD"),
-        "{body}"
+    refused_spec(
+        &r,
+        json!({"argv": ["true"], "env": {"LD_PRELOAD": "/tmp/evil.so"}}),
+        "LD_PRELOAD",
     );
 
-    let (status, body) = r.submit(json!({"argv": ["true"], "cwd": "../../etc"}));
-    assert_eq!(status, 400, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .expect("message")
-            .contains("outside the workspace root"),
-        "{body}"
+    refused_spec(
+        &r,
+        json!({"argv": ["true"], "cwd": "../../etc"}),
+        "outside the workspace root",
     );
 
     // A symlink inside the workspace root that points out of it.
     let link = r.runner_dir().join("work/escape");
     std::os::unix::fs::symlink("/etc", &link).expect("symlink");
-    let (status, body) = r.submit(json!({"argv": ["true"], "cwd": "../escape"}));
-    assert_eq!(status, 400, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .expect("message")
-            .contains("passes through a symlink"),
-        "{body}"
+    refused_spec(
+        &r,
+        json!({"argv": ["true"], "cwd": "../escape"}),
+        "passes through a symlink",
     );
 
-    let (status, body) = r.submit(json!({"argv": []}));
-    assert_eq!(status, 400, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .expect("message")
-            .contains("argv"),
-        "{body}"
-    );
+    refused_spec(&r, json!({"argv": []}), "argv");
     let (status, _) = http(&r.socket(), "POST", "/v1/jobs", Some("{not json")).expect("post");
     assert_eq!(status, 400);
 
@@ -475,11 +454,7 @@ fn rlimits_apply_and_are_reported() {
         .args(["sh", "-c", "ulimit -n; ulimit -t"])
         .output()
         .expect("job submit");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "48\n5\n");
 }
 
@@ -543,14 +518,10 @@ fn logs_prints_all_output_past_one_slice() {
     let out = r.cli().args(["logs", &id]).output().expect("logs");
     assert!(out.status.success(), "{out:?}");
     assert_eq!(out.stdout.len(), 10485760);
-    let (status, body) = r.submit(json!({"argv": ["true"], "kill_grace_secs": 100000}));
-    assert_eq!(status, 400, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .expect("message")
-            .contains("kill_grace_secs"),
-        "{body}"
+    refused_spec(
+        &r,
+        json!({"argv": ["true"], "kill_grace_secs": 100000}),
+        "kill_grace_secs",
     );
 }
 
@@ -656,4 +627,13 @@ fn a_job_starts_clean_and_a_failed_launch_names_its_cause() {
         err.contains("execve failed") && err.contains("./data"),
         "{err}"
     );
+}
+
+/// `spec` is refused as an invalid spec (400) with a message that names `part`.
+fn refused_spec(r: &Runner, spec: Value, part: &str) {
+    let (status, body) = r.submit(spec);
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_spec", "{body}");
+    let message = body["error"]["message"].as_str().expect("message");
+    assert!(message.contains(part), "{part:?} not in {body}");
 }
