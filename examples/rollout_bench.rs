@@ -89,12 +89,7 @@ impl Sim {
     }
 
     fn upgrade(state: &str, target: &str, error: Option<&str>) -> Option<UpgradeReport> {
-        Some(UpgradeReport {
-            state: state.into(),
-            target: Some(target.into()),
-            error: error.map(Into::into),
-            ..UpgradeReport::default()
-        })
+        Some(UpgradeReport::toward(state, target, error))
     }
 
     /// Long polls; takes each version it is sent as a real agent would report it.

@@ -65,11 +65,7 @@ fn report(version: &str, generation: u64, committed: bool) -> AgentReport {
         labels: Default::default(),
         observed_generation: generation,
         runner: Default::default(),
-        upgrade: committed.then(|| UpgradeReport {
-            state: "committed".into(),
-            target: Some(version.into()),
-            ..UpgradeReport::default()
-        }),
+        upgrade: committed.then(|| UpgradeReport::toward("committed", version, None)),
         jobs_summary: None,
         drain: None,
         jobs: Vec::new(),

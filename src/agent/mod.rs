@@ -456,13 +456,11 @@ async fn start_commit_window(cfg: &AgentConfig, s: &Switch) {
 /// What the status file says of a switch a stop undid (the hub hears it at the next
 /// start).
 fn stopped_during_switch(to: String) -> crate::proto::report::UpgradeReport {
-    crate::proto::report::UpgradeReport {
-        state: "failed".into(),
-        target: Some(to),
-        error: Some("the agent was stopped during the switch; the previous binary is back".into()),
-        bad_versions: Vec::new(),
-        waiting: None,
-    }
+    crate::proto::report::UpgradeReport::toward(
+        "failed",
+        &to,
+        Some("the agent was stopped during the switch; the previous binary is back"),
+    )
 }
 
 /// SIGHUP: reads the configuration again and hands it to every task; the reporter counts

@@ -74,6 +74,18 @@ pub struct UpgradeReport {
     pub waiting: Option<String>,
 }
 
+impl UpgradeReport {
+    /// An upgrade toward `target` in `state`, with the error that ended it if any.
+    pub fn toward(state: &str, target: &str, error: Option<&str>) -> Self {
+        Self {
+            state: state.into(),
+            target: Some(target.into()),
+            error: error.map(Into::into),
+            ..Self::default()
+        }
+    }
+}
+
 /// The runner's jobs, counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobsSummary {

@@ -207,11 +207,7 @@ mod tests {
             labels: Default::default(),
             observed_generation: 0,
             runner: Default::default(),
-            upgrade: upgrade.map(|(state, target)| UpgradeReport {
-                state: state.into(),
-                target: Some(target.into()),
-                ..UpgradeReport::default()
-            }),
+            upgrade: upgrade.map(|(state, target)| UpgradeReport::toward(state, target, None)),
             jobs_summary: None,
             drain: None,
             jobs: Vec::new(),

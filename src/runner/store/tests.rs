@@ -17,6 +17,12 @@ fn insert(store: &Store, id: &str, argv: &[&str]) -> Inserted {
     store.insert(id, &spec(argv)).wait().unwrap()
 }
 
+/// The states job `id` went through, in order.
+fn states(store: &Store, id: &str) -> Vec<String> {
+    let all = store.transitions(id).unwrap();
+    all.into_iter().map(|(state, _)| state).collect()
+}
+
 /// Records job `id` as succeeded with `outcome`, once committed.
 fn succeed(store: &Store, id: &str, outcome: Outcome) {
     store
@@ -68,13 +74,10 @@ fn transitions_are_recorded_and_survive_reopen() {
         (rec.pid, rec.start_time, rec.exit_code, rec.stdout_bytes),
         (Some(1234), Some(99), Some(0), 5)
     );
-    let states: Vec<String> = store
-        .transitions("a")
-        .unwrap()
-        .into_iter()
-        .map(|(s, _)| s)
-        .collect();
-    assert_eq!(states, ["queued", "starting", "running", "succeeded"]);
+    assert_eq!(
+        states(&store, "a"),
+        ["queued", "starting", "running", "succeeded"]
+    );
 }
 
 /// Returns once the writer is busy in a write that ends when the returned sender is
@@ -221,13 +224,10 @@ fn a_refused_change_is_held_shown_and_committed_in_order() {
         rec.output_truncated.and_then(|t| t.stdout).as_deref(),
         Some("disk full writing x")
     );
-    let states: Vec<String> = store
-        .transitions("a")
-        .unwrap()
-        .into_iter()
-        .map(|(s, _)| s)
-        .collect();
-    assert_eq!(states, ["queued", "starting", "running", "succeeded"]);
+    assert_eq!(
+        states(&store, "a"),
+        ["queued", "starting", "running", "succeeded"]
+    );
 }
 
 #[test]

@@ -44,12 +44,7 @@ fn idle(version: &str) -> Seen {
 }
 
 fn upgrade(state: &str, target: &str, error: Option<&str>) -> Option<UpgradeReport> {
-    Some(UpgradeReport {
-        state: state.into(),
-        target: Some(target.into()),
-        error: error.map(Into::into),
-        ..UpgradeReport::default()
-    })
+    Some(UpgradeReport::toward(state, target, error))
 }
 
 /// Runs a step at `now` and applies it as the driver would: rows, wave, state, and the
