@@ -11,6 +11,7 @@
 # The binaries of part 2 are the upgrade-fixture builds the tests use.
 #
 #   bash bench/drain.sh [JOBS]
+set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 JOBS=${1:-12}

@@ -14,6 +14,7 @@
 # `libprotobuf-dev`). ETCD_CONNECTIONS spreads the watchers over that many connections
 # (default: one each, as the agents have). ETCD=0 leaves etcd out. The last line is one
 # JSON object with both.
+set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 hub_bench_args "$@"
@@ -32,13 +33,12 @@ else
 fi
 make_work hubbench
 ulimit -n "$(ulimit -Hn)"
-HUB_PIN=()
 CLIENT_PIN=()
 if [ "${PIN:-0}" = 1 ]; then
   HUB_PIN=(taskset -c 0)
   CLIENT_PIN=(taskset -c 1)
 fi
-serve_hub "${HUB_PIN[*]} ./target/release/railgrid" --max-connections $((AGENTS + 1000))
+serve_hub ./target/release/railgrid --max-connections $((AGENTS + 1000))
 # The hub is stopped before etcd starts: the trap must not fail on a hub already gone.
 trap 'kill -TERM $hub 2>/dev/null || true; wait $hub 2>/dev/null || true; rm -rf "$WORK"' EXIT
 hub_url

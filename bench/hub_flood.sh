@@ -7,6 +7,7 @@
 #
 # RAILGRID_BIN=path runs another build of the hub (say, an older one) with the same client;
 # FLOOD_PAD_KIB (default 1024) is what each flood connection sends of its headers.
+set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 FLOOD=${1:-6000}

@@ -5,6 +5,7 @@
 # output byte (p50/p99). Hub, agent, runner and clients all on this machine.
 #
 #   bash bench/hub_jobs.sh [JOBS] [CONCURRENCY]
+set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 JOBS=${1:-500}
@@ -12,7 +13,7 @@ CONC=${2:-4}
 build_release hub_job_bench
 BIN=./target/release/railgrid
 make_work hubjobbench
-serve_hub $BIN --max-open-jobs $((JOBS + 100))
+serve_hub "$BIN" --max-open-jobs $((JOBS + 100))
 agent=
 trap 'kill -TERM $agent $hub 2>/dev/null; wait $agent $hub 2>/dev/null; rm -rf "$WORK"' EXIT
 hub_url

@@ -6,6 +6,7 @@
 # made through the first replica; half the agents learn of them through the second.
 #
 #   bash bench/hub_replicas.sh [AGENTS] [ROUNDS] [BUSY_CLIENTS] [BUSY_SECS]
+set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 hub_bench_args "$@"

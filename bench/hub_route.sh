@@ -6,6 +6,7 @@
 # second with JOBS submitted at once, and the spread. Everything on this machine.
 #
 #   bash bench/hub_route.sh [AGENTS] [JOBS] [MAX_JOBS] [LABEL_SETS]
+set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 AGENTS=${1:-1000}

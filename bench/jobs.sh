@@ -4,6 +4,7 @@
 # a job's first output byte.
 #
 #   bash bench/jobs.sh [JOBS] [CONCURRENCY]
+set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 JOBS=${1:-2000}

@@ -43,14 +43,15 @@ hub_url() {
   URL=$(sed -n 's/.*"url": *"\([^"]*\)".*/\1/p' "$dir/hub.json")
 }
 
-# Starts a self-signed hub on loopback from the command $1 (a binary, or a prefix such as
-# `taskset -c 0 BIN`, word-split) with data in $WORK/hub and the further flags given;
-# `hub` is its pid.
+# Starts the binary $1 as a self-signed hub on loopback with data in $WORK/hub and the
+# further flags given, behind the command prefix in HUB_PIN (such as `taskset -c 0`) if
+# any; `hub` is its pid.
+HUB_PIN=()
 serve_hub() {
-  local cmd=$1
+  local bin=$1
   shift
-  # shellcheck disable=SC2086
-  $cmd hub serve --data-dir "$WORK/hub" --listen 127.0.0.1:0 --tls-self-signed "$@" 2>"$WORK/hub.log" &
+  "${HUB_PIN[@]}" "$bin" hub serve --data-dir "$WORK/hub" --listen 127.0.0.1:0 --tls-self-signed \
+    "$@" 2>"$WORK/hub.log" &
   hub=$!
 }
 

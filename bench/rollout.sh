@@ -9,6 +9,7 @@
 # download path is bench/upgrade.sh's; this one measures the waves.
 #
 #   bash bench/rollout.sh [AGENTS] [SETTLE_MS] [MAX_PARALLEL]
+set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 AGENTS=${1:-200}
@@ -18,8 +19,8 @@ build_release rollout_bench
 B=./target/release/railgrid
 make_work rolloutbench
 ulimit -n "$(ulimit -Hn)"
-release_key $B
-serve_hub $B --release-key "$WORK/k.pub" --max-connections $((AGENTS * 2 + 100))
+release_key "$B"
+serve_hub "$B" --release-key "$WORK/k.pub" --max-connections $((AGENTS * 2 + 100))
 trap 'kill -TERM $hub 2>/dev/null; wait $hub 2>/dev/null; rm -rf "$WORK"' EXIT
 hub_url
 for v in 1.0.1 1.0.2 1.0.3 1.0.4; do

@@ -9,6 +9,7 @@
 #     it, and start -> halted.
 #
 #   bash bench/rollout_hosts.sh [HOSTS]
+set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 HOSTS=${1:-4}

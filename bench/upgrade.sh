@@ -11,6 +11,7 @@
 # that two versions of the same source take two crate builds, not two LTO builds.
 #
 #   bash bench/upgrade.sh [AGENTS]
+set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 N=${1:-50}

@@ -35,6 +35,8 @@ impl Table {
 
     /// Writes one row: a cell a column, in order.
     pub(super) fn row(&mut self, cells: &[&dyn Display]) {
+        let columns = self.layout.iter().filter(|p| !matches!(p, Piece::Text(_)));
+        debug_assert_eq!(cells.len(), columns.count(), "a cell for each column");
         let mut cells = cells.iter();
         for piece in &self.layout {
             let mut cell = || cells.next().map(|c| c.to_string()).unwrap_or_default();

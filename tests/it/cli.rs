@@ -56,7 +56,7 @@ fn completions_load_in_bash() {
 #[test]
 fn json_logs_are_one_object_a_line_from_the_hub_the_agent_and_its_runner() {
     let dir = tempdir();
-    let hub = crate::fixtures::TestHub::start(&dir.path().join("hub"), &["--log-format", "json"]);
+    let hub = TestHub::start(&dir.path().join("hub"), &["--log-format", "json"]);
     let n = assert_json_lines(&hub.log(), "hub serve");
     assert!(n > 0, "the hub logged nothing");
 

@@ -37,7 +37,7 @@ fn page_with_cookie(hub: &TestHub, path: &str, cookie: &str) -> (u16, String) {
 #[test]
 fn an_operator_follows_the_fleet_a_live_job_and_a_rollout_in_a_real_browser() {
     let dir = tempdir();
-    let key = crate::fixtures::keygen(dir.path(), "publisher");
+    let key = keygen(dir.path(), "publisher");
     let public = path_str(&key.public);
     let hub = TestHub::start(&dir.path().join("hub"), &["--release-key", &public]);
     hub.admin_ok(&["desired", "set", "--fleet", "--max-jobs", "1"]);
@@ -49,7 +49,7 @@ fn an_operator_follows_the_fleet_a_live_job_and_a_rollout_in_a_real_browser() {
     hub.admin_ok(&["agent", "label", "s1", "sim=yes"]);
     let artifact = dir.path().join("artifact");
     fs::write(&artifact, b"not run: s1 is simulated").expect("artifact");
-    crate::fixtures::release(&hub, &key, dir.path(), "2.0.0", &artifact);
+    release(&hub, &key, dir.path(), "2.0.0", &artifact);
     let said = hub.admin_ok(&[
         "rollout",
         "start",

@@ -285,7 +285,7 @@ fn a_full_hub_disk_is_said_to_be_full_and_a_change_goes_through_once_there_is_ro
     let Some(disk) = Tmpfs::mount("16m", "0700") else {
         return;
     };
-    let hub = crate::fixtures::TestHub::start(&disk.path.join("hub"), &[]);
+    let hub = TestHub::start(&disk.path.join("hub"), &[]);
     let filler = disk.path.join("filler");
     fill(&filler);
     let out = hub.admin(&["desired", "set", "--fleet", "--max-jobs", "2"]);

@@ -478,7 +478,7 @@ fn replicas_without_their_database_refuse_agents_who_keep_their_runner_until_it_
                 "POST",
                 "/v1/agents/a2/reconcile?wait=250",
                 Some(token.trim()),
-                Some(&crate::fixtures::report(g)),
+                Some(&report(g)),
             )
         });
         wait_for(LIMIT, "A holds a2's poll", || {
@@ -678,12 +678,12 @@ pub(super) fn sim_reconcile(
 fn one_replica_drives_a_rollout_and_another_takes_it_over_when_it_dies() {
     let Some(pg) = Postgres::start() else { return };
     let dir = tempdir();
-    let key = crate::fixtures::keygen(dir.path(), "publisher");
+    let key = keygen(dir.path(), "publisher");
     let public = path_str(&key.public);
     let pair = Pair::start_with(&pg, "rollouts", &["--release-key", &public]);
     let bin = dir.path().join("artifact");
     std::fs::write(&bin, b"not run: the agents here are simulated").expect("artifact");
-    crate::fixtures::release(pair.a(), &key, dir.path(), "2.0.0", &bin);
+    release(pair.a(), &key, dir.path(), "2.0.0", &bin);
     let tokens: Vec<(&str, String)> = ["s1", "s2"]
         .into_iter()
         .map(|id| (id, read_lossy(&pair.b.enrol(id)).trim().to_owned()))

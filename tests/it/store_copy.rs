@@ -35,7 +35,7 @@ fn connected(hub: &TestHub, id: &str) -> bool {
 fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a_replica() {
     let Some(pg) = Postgres::start() else { return };
     let dir = tempdir();
-    let key = crate::fixtures::keygen(dir.path(), "publisher");
+    let key = keygen(dir.path(), "publisher");
     let public = path_str(&key.public);
     let hub = TestHub::start(&dir.path().join("hub"), &["--release-key", &public]);
     let _member = start_member(&hub, "d1", "build");
@@ -61,7 +61,7 @@ fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a
     // A release, sent to a simulated agent that rolls it back: the version is halted.
     let artifact = dir.path().join("artifact");
     fs::write(&artifact, b"not run: s1 is simulated").expect("artifact");
-    crate::fixtures::release(&hub, &key, dir.path(), "2.0.0", &artifact);
+    release(&hub, &key, dir.path(), "2.0.0", &artifact);
     let s1 = read_lossy(&hub.enrol("s1")).trim().to_owned();
     let g = sim_reconcile(&hub, ("s1", &s1), 0, "1.0.0", None, "2.0.0").0;
     hub.set_desired("s1", &["--version", "2.0.0"]);

@@ -24,7 +24,7 @@ fn args<'a>(log: &'a str, extra: &[&'a str], cmd: &[&'a str]) -> Vec<&'a str> {
 fn child_environment_is_built_from_scratch() {
     let dir = tempdir();
     let log = path_str(&dir.path().join("child.log"));
-    let child = crate::fixtures::railgrid()
+    let child = railgrid()
         .arg("supervise")
         .args(args(
             &log,

@@ -23,7 +23,7 @@ fn no_body_is_read_before_the_token_and_a_slow_body_is_cut_off() {
     let hub = TestHub::start(&tmp.path().join("hub"), &[]);
     let t = token(&hub.enrol("slow"));
     // No token, a large body announced and never sent: refused at once, not buffered.
-    let answer = crate::fixtures::raw_tls(
+    let answer = raw_tls(
         &hub,
         b"POST /v1/agents/slow/reconcile HTTP/1.1\r\nHost: hub\r\nContent-Length: 100000\r\n\r\n",
         Duration::from_secs(30),
@@ -33,7 +33,7 @@ fn no_body_is_read_before_the_token_and_a_slow_body_is_cut_off() {
     let req = format!(
         "POST /v1/agents/slow/reconcile HTTP/1.1\r\nHost: hub\r\nAuthorization: bearer {t}\r\nContent-Length: 1000\r\n\r\n{{\"version\""
     );
-    let answer = crate::fixtures::raw_tls(&hub, req.as_bytes(), Duration::from_secs(40));
+    let answer = raw_tls(&hub, req.as_bytes(), Duration::from_secs(40));
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("did not arrive"), "{answer}");
 }
@@ -86,7 +86,7 @@ fn one_connection_carries_polls_and_other_requests_in_turn() {
         poll(&t, "Connection: close\r\n"),
     ]
     .concat();
-    let answer = crate::fixtures::raw_tls(&hub, all.as_bytes(), Duration::from_secs(30));
+    let answer = raw_tls(&hub, all.as_bytes(), Duration::from_secs(30));
     let statuses: Vec<&str> = answer
         .match_indices("HTTP/1.1 ")
         .map(|(i, _)| &answer[i + 9..i + 12])
@@ -101,7 +101,7 @@ fn one_connection_carries_polls_and_other_requests_in_turn() {
         "POST /v1/agents/pipe/reconcile HTTP/1.1\r\nHost: hub\r\nAuthorization: Bearer {t}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
         body.len()
     );
-    let answer = crate::fixtures::raw_tls(&hub, chunked.as_bytes(), Duration::from_secs(30));
+    let answer = raw_tls(&hub, chunked.as_bytes(), Duration::from_secs(30));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\"generation\":"), "{answer}");
 }
@@ -122,7 +122,7 @@ fn a_length_past_any_body_is_hypers_to_refuse_and_the_hub_keeps_serving() {
     let head = head.as_bytes();
     std::thread::scope(|s| {
         let floods: Vec<_> = (0..4)
-            .map(|_| s.spawn(|| crate::fixtures::raw_tls(&hub, head, Duration::from_secs(5))))
+            .map(|_| s.spawn(|| raw_tls(&hub, head, Duration::from_secs(5))))
             .collect();
         let started = Instant::now();
         let (code, body) = hub.curl("GET", "/v1/health", None, None);
@@ -148,8 +148,7 @@ fn a_poll_hyper_serves_ends_when_its_client_goes_away() {
     );
     std::thread::scope(|s| {
         // Gone once this read gives up, long before the poll's 30 s.
-        let client =
-            s.spawn(|| crate::fixtures::raw_tls(&hub, req.as_bytes(), Duration::from_secs(3)));
+        let client = s.spawn(|| raw_tls(&hub, req.as_bytes(), Duration::from_secs(3)));
         wait_for(Duration::from_secs(10), "the poll held", || {
             (held(&hub) == 1).then_some(())
         });
@@ -182,7 +181,7 @@ fn a_large_answer_reaches_a_client_that_reads_it_late_whole() {
         })
         .collect();
     enrol.push_str("GET /v1/health HTTP/1.1\r\nHost: hub\r\nConnection: close\r\n\r\n");
-    let enrolled = crate::fixtures::raw_tls(&hub, enrol.as_bytes(), Duration::from_secs(120));
+    let enrolled = raw_tls(&hub, enrol.as_bytes(), Duration::from_secs(120));
     assert_eq!(
         enrolled.matches("HTTP/1.1 201").count(),
         400,
@@ -203,10 +202,7 @@ fn a_large_answer_reaches_a_client_that_reads_it_late_whole() {
             .await
             .expect("connect");
         let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
-        let tls = crate::fixtures::tls_connector(&hub)
-            .connect(name, tcp)
-            .await
-            .expect("tls");
+        let tls = tls_connector(&hub).connect(name, tcp).await.expect("tls");
         let mut tls = tokio::io::BufReader::new(tls);
         let req = format!(
             "GET /v1/admin/agents HTTP/1.1\r\nHost: hub\r\nAuthorization: Bearer {admin}\r\n\r\n"
@@ -259,7 +255,7 @@ fn headers_that_never_end_are_cut_off() {
     // closes the connection (its answer, if any, is an error); a hub that waited would
     // leave this read to its own 60 s limit with nothing.
     let started = std::time::Instant::now();
-    let answer = crate::fixtures::raw_tls(
+    let answer = raw_tls(
         &hub,
         b"GET /v1/health HTTP/1.1\r\nHost: hub\r\nX-Slow: ",
         Duration::from_secs(60),

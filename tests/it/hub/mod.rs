@@ -508,13 +508,13 @@ fn a_hub_serves_the_certificate_files_it_is_given() {
         .stderr(Stdio::null())
         .spawn()
         .expect("hub");
-    let _guard = crate::fixtures::Guard::new(child);
+    let _guard = Guard::new(child);
     let url = wait_for(Duration::from_secs(20), "hub.json", || {
         let v: serde_json::Value = serde_json::from_str(&read_lossy(&dir.join("hub.json"))).ok()?;
         v["url"].as_str().map(str::to_owned)
     });
     assert!(!dir.join("ca.pem").exists(), "no CA of its own was made");
-    let (code, body) = crate::fixtures::curl(&url, &cert_file, "GET", "/v1/health", None, None);
+    let (code, body) = curl(&url, &cert_file, "GET", "/v1/health", None, None);
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"agents\":0"), "{body}");
 }

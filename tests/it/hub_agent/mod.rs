@@ -1,5 +1,5 @@
-//! `railgrid agent run` with a hub: against hubs that misbehave (written here, over real
-//! TLS with a test CA), with no hub at all, and against the reference hub.
+//! `railgrid agent run` with a hub: against hubs that misbehave (`fixtures::fake_hub`,
+//! over real TLS with a test CA), with no hub at all, and against the reference hub.
 
 mod desired;
 mod hostile;

@@ -150,7 +150,7 @@ fn a_hub_down_past_the_deadline_delays_the_commit_and_fails_nothing() {
         .as_u64()
         .expect("deadline");
     wait_for(Duration::from_secs(30), "the deadline passed", || {
-        (crate::fixtures::unix_now() > deadline + 2).then_some(())
+        (unix_now() > deadline + 2).then_some(())
     });
     let rec = up.record();
     assert_eq!(rec["upgrade"]["phase"], "pending", "{rec}");
@@ -160,7 +160,7 @@ fn a_hub_down_past_the_deadline_delays_the_commit_and_fails_nothing() {
             .contains("waiting for the hub past the deadline"),
         "the watcher says why it waits"
     );
-    let back = crate::fixtures::unix_now();
+    let back = unix_now();
     up.hub = Some(TestHub::start_on(
         &dir,
         &listen,
@@ -206,7 +206,7 @@ fn a_hub_away_past_its_bound_rolls_back_without_blame_and_halts_nothing() {
     // hub 15 s to answer it, which would have blamed the version after all).
     let finished = rec["upgrade"]["finished_at"].as_u64().expect("finished_at");
     wait_for(Duration::from_secs(30), "the proof window passed", || {
-        (crate::fixtures::unix_now() > finished + 16).then_some(())
+        (unix_now() > finished + 16).then_some(())
     });
     // It hears of a failure, not of a rollback, and halts nothing.
     up.hub = Some(TestHub::start_on(

@@ -206,7 +206,6 @@ fn u64_of(n: i64) -> u64 {
     n.max(0) as u64
 }
 
-/// Gives `scope` the next generation.
 /// The next number of the counter `key` in `meta` (jobs, rollouts, enrolment tokens,
 /// audit lines).
 fn next_seq(tx: &rusqlite::Transaction<'_>, key: &str, path: &str) -> Result<i64, StoreError> {
@@ -218,6 +217,7 @@ fn next_seq(tx: &rusqlite::Transaction<'_>, key: &str, path: &str) -> Result<i64
     .map_err(sql(path))
 }
 
+/// Gives `scope` the next generation.
 fn bump_scope(tx: &rusqlite::Transaction<'_>, scope: &str, path: &str) -> Result<u64, StoreError> {
     let generation = next_generation(tx, path)?;
     tx.execute(
