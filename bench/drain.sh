@@ -12,8 +12,7 @@
 #
 #   bash bench/drain.sh [JOBS]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 JOBS=${1:-12}
 make_work drainbench
 signed_hub 1.0.0 1.0.1 1.0.2

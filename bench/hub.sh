@@ -15,8 +15,7 @@
 # (default: one each, as the agents have). ETCD=0 leaves etcd out. The last line is one
 # JSON object with both.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 hub_bench_args "$@"
 ETCD=${ETCD:-1}
 if [ "$ETCD" = 1 ]; then

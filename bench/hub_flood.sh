@@ -8,8 +8,7 @@
 # RAILGRID_BIN=path runs another build of the hub (say, an older one) with the same client;
 # FLOOD_PAD_KIB (default 1024) is what each flood connection sends of its headers.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 FLOOD=${1:-6000}
 HONEST=${2:-200}
 ROUNDS=${3:-5}

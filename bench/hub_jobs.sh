@@ -6,8 +6,7 @@
 #
 #   bash bench/hub_jobs.sh [JOBS] [CONCURRENCY]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 JOBS=${1:-500}
 CONC=${2:-4}
 build_release hub_job_bench

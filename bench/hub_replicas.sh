@@ -7,8 +7,7 @@
 #
 #   bash bench/hub_replicas.sh [AGENTS] [ROUNDS] [BUSY_CLIENTS] [BUSY_SECS]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 hub_bench_args "$@"
 PGBIN=$(dirname "$(command -v initdb || ls -d /usr/lib/postgresql/*/bin/initdb | sort -V | tail -1)")
 [ -x "$PGBIN/initdb" ] || { echo "PostgreSQL is not installed (apt-get install postgresql)" >&2; exit 1; }

@@ -7,8 +7,7 @@
 #
 #   bash bench/hub_route.sh [AGENTS] [JOBS] [MAX_JOBS] [LABEL_SETS]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 AGENTS=${1:-1000}
 JOBS=${2:-10000}
 MAX_JOBS=${3:-4}

@@ -5,8 +5,7 @@
 #
 #   bash bench/jobs.sh [JOBS] [CONCURRENCY]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 JOBS=${1:-2000}
 CONC=${2:-4}
 build_release job_bench

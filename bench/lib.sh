@@ -1,6 +1,7 @@
-# Sourced by the benchmarks after `cd` to the repository: the steps they share, taken one
-# way, so that two benchmarks measured side by side were also set up alike.
+# Sourced by the benchmarks: the steps they share, taken one way, so that two benchmarks
+# measured side by side were also set up alike. They run from the repository's root.
 set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # The release binary and the named examples.
 build_release() {

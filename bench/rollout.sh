@@ -10,8 +10,7 @@
 #
 #   bash bench/rollout.sh [AGENTS] [SETTLE_MS] [MAX_PARALLEL]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 AGENTS=${1:-200}
 SETTLE=${2:-1000}
 PARALLEL=${3:-10}

@@ -10,8 +10,7 @@
 #
 #   bash bench/rollout_hosts.sh [HOSTS]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 HOSTS=${1:-4}
 make_work rollouthosts
 signed_hub 1.0.0 1.0.1 1.0.2

@@ -12,8 +12,7 @@
 #
 #   bash bench/upgrade.sh [AGENTS]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-. bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 N=${1:-50}
 cargo build --release --quiet --example upgrade_bench
 make_work upgradebench
