@@ -227,18 +227,7 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
     hub.admin_ok(&["agent", "label", "c1", "tier=ci"]);
     hub.admin_ok(&["agent", "label", "p1", "tier=prod"]);
     let ci: PathBuf = dir.path().join("ci.token");
-    hub.admin_ok(&[
-        "token",
-        "create",
-        "--name",
-        "ci",
-        "--scope",
-        "jobs:submit,jobs:read",
-        "--select",
-        "tier=ci",
-        "--token-out",
-        &path_str(&ci),
-    ]);
+    hub.create_token("ci", "jobs:submit,jobs:read", &["--select", "tier=ci"], &ci);
     // Its jobs run on the agents it reaches, by id or by selector, never elsewhere.
     let out = with_token(
         &hub,

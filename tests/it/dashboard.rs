@@ -67,16 +67,7 @@ fn an_operator_follows_the_fleet_a_live_job_and_a_rollout_in_a_real_browser() {
         .to_owned();
     wait_ready(&hub, &["d1"]);
     let viewer = dir.path().join("viewer.token");
-    hub.admin_ok(&[
-        "token",
-        "create",
-        "--name",
-        "viewer",
-        "--scope",
-        "agents:read,jobs:read",
-        "--token-out",
-        &path_str(&viewer),
-    ]);
+    hub.create_token("viewer", "agents:read,jobs:read", &[], &viewer);
     let viewer = read_lossy(&viewer).trim().to_owned();
 
     // Not logged in: the login page. A wrong token is refused there, and sets nothing.

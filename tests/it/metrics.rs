@@ -123,16 +123,7 @@ fn the_hub_and_the_agent_are_scraped_by_a_real_prometheus() {
     assert_eq!(code, 200);
     promtool(&tls, "the hub (TLS)");
     let reader = dir.path().join("reader.token");
-    hub.admin_ok(&[
-        "token",
-        "create",
-        "--name",
-        "jobs-only",
-        "--scope",
-        "jobs:read",
-        "--token-out",
-        &path_str(&reader),
-    ]);
+    hub.create_token("jobs-only", "jobs:read", &[], &reader);
     let (code, body) = hub.curl("GET", "/metrics", Some(read_lossy(&reader).trim()), None);
     assert_eq!(code, 403, "{body}");
     assert!(body.contains("agents:read"), "{body}");

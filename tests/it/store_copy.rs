@@ -82,16 +82,7 @@ fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a
     };
     assert_eq!(halted(&hub)["agent"], "s1");
     let ci = dir.path().join("ci.token");
-    hub.admin_ok(&[
-        "token",
-        "create",
-        "--name",
-        "ci",
-        "--scope",
-        "jobs:read",
-        "--token-out",
-        &path_str(&ci),
-    ]);
+    hub.create_token("ci", "jobs:read", &[], &ci);
     let agents_before = hub.admin_json(&["agent", "list"]);
     let logs_before = hub.admin_ok(&["job", "logs", "hello"]);
 

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::store::{HaltRow, Labels, ReleaseRow, ReportRow, Snapshot, Store, MUST_RESET};
+use super::store::{HaltRow, Labels, ReleaseRow, ReportRow, ScopeRow, Snapshot, Store, MUST_RESET};
 use super::token;
 use crate::proto::desired::{self, DesiredRunner, DesiredState};
 use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView, ReleaseView};
@@ -78,6 +78,15 @@ const MAX_LIMIT: usize = 100_000;
 struct Scope {
     generation: u64,
     settings: DesiredSettings,
+}
+
+impl From<ScopeRow> for Scope {
+    fn from(row: ScopeRow) -> Self {
+        Self {
+            generation: row.generation,
+            settings: row.settings,
+        }
+    }
 }
 
 /// What changes about an agent, behind its own lock.
@@ -261,31 +270,21 @@ impl<S: Store> Fleet<S> {
         max_wait: Duration,
         job_limits: JobLimits,
     ) -> Result<Self, FleetError> {
+        let mut snap = store.load().await?;
+        let (fleet, mut own) = snap.take_scopes();
+        let fleet = fleet.map(Scope::from).unwrap_or_default();
         let Snapshot {
             agents,
-            scopes,
             open_jobs,
             generation,
             releases,
             halts,
-        } = store.load().await?;
+            ..
+        } = snap;
         tracing::debug!(agents = agents.len(), generation, "loaded the fleet");
-        let mut fleet = Scope::default();
-        let mut own: HashMap<String, Scope> = HashMap::new();
-        for s in scopes {
-            let scope = Scope {
-                generation: s.generation,
-                settings: s.settings,
-            };
-            if s.scope.is_empty() {
-                fleet = scope;
-            } else {
-                own.insert(s.scope, scope);
-            }
-        }
         let mut map = HashMap::with_capacity(agents.len());
         for a in agents {
-            let own = own.remove(&a.id).unwrap_or_default();
+            let own = own.remove(&a.id).map(Scope::from).unwrap_or_default();
             let generation = own.generation.max(fleet.generation);
             // A report that no longer parses is dropped: the agent sends a new one.
             let hub_labels = stored_labels(&a);

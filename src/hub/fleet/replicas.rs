@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{stored_labels, AgentEntry, AgentState, Fleet, FleetError, Releases, Scope};
-use crate::hub::store::{AgentRow, AgentSnapshot, Event, FleetSnapshot, Snapshot, Store};
+use crate::hub::store::{AgentRow, AgentSnapshot, Event, FleetSnapshot, Store};
 use crate::util;
 
 /// How often the store is asked whether a change was missed.
@@ -204,37 +204,22 @@ impl<S: Store> Fleet<S> {
     /// Loads everything and merges it.
     async fn reload(&self) -> Result<(), FleetError> {
         let _one = self.changes.lock().await;
-        let Snapshot {
-            agents,
-            scopes,
-            open_jobs,
-            generation,
-            releases,
-            halts,
-        } = self.store.load().await?;
-        let mut own: HashMap<String, _> = HashMap::new();
-        let mut fleet = None;
-        for s in scopes {
-            if s.scope.is_empty() {
-                fleet = Some(s);
-            } else {
-                own.insert(s.scope.clone(), s);
-            }
-        }
+        let mut snap = self.store.load().await?;
+        let (fleet, mut own) = snap.take_scopes();
         let mut jobs: HashMap<String, Vec<_>> = HashMap::new();
-        for j in open_jobs {
+        for j in snap.open_jobs {
             jobs.entry(j.agent.clone()).or_default().push(j);
         }
         self.adopt_queue(jobs.remove("").unwrap_or_default());
         if self.adopt_fleet(FleetSnapshot {
             scope: fleet,
-            generation,
-            releases,
-            halts,
+            generation: snap.generation,
+            releases: snap.releases,
+            halts: snap.halts,
         }) {
             self.bump_fleet().await?;
         }
-        for agent in agents {
+        for agent in snap.agents {
             let scope = own.remove(&agent.id);
             let open_jobs = jobs.remove(&agent.id).unwrap_or_default();
             if let Some(entry) = self.adopt_agent(AgentSnapshot {

@@ -16,6 +16,7 @@ pub(crate) mod postgres;
 pub(crate) mod rollouts;
 pub(crate) mod sqlite;
 
+use std::collections::HashMap;
 use std::future::Future;
 
 use thiserror::Error;
@@ -364,6 +365,22 @@ pub(crate) struct Snapshot {
     pub(crate) generation: u64,
     pub(crate) releases: Vec<ReleaseRow>,
     pub(crate) halts: Vec<HaltRow>,
+}
+
+impl Snapshot {
+    /// Its scopes apart: the fleet's (once it has been set) and each agent's own, by id.
+    pub(crate) fn take_scopes(&mut self) -> (Option<ScopeRow>, HashMap<String, ScopeRow>) {
+        let mut fleet = None;
+        let mut own = HashMap::new();
+        for s in std::mem::take(&mut self.scopes) {
+            if s.scope.is_empty() {
+                fleet = Some(s);
+            } else {
+                own.insert(s.scope.clone(), s);
+            }
+        }
+        (fleet, own)
+    }
 }
 
 /// One published release artifact: a version for one platform. Its bytes are a file in
