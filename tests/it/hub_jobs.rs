@@ -65,13 +65,18 @@ impl Fleet {
         self.hub().admin(&all)
     }
 
-    /// `hub job submit --agent a1 [flags] -- argv`: the job's id.
-    fn submit(&self, flags: &[&str], argv: &[&str]) -> String {
+    /// `hub job submit --agent a1 [flags] -- argv`, as it ended.
+    fn submit_output(&self, flags: &[&str], argv: &[&str]) -> Output {
         let mut args = vec!["submit", "--agent", "a1"];
         args.extend_from_slice(flags);
         args.push("--");
         args.extend_from_slice(argv);
-        let out = self.jobs(&args);
+        self.jobs(&args)
+    }
+
+    /// [`Self::submit_output`] that must succeed: the job's id.
+    fn submit(&self, flags: &[&str], argv: &[&str]) -> String {
+        let out = self.submit_output(flags, argv);
         assert!(
             out.status.success(),
             "submit failed: {}",
@@ -148,20 +153,10 @@ fn code(out: &Output) -> Option<i32> {
 fn a_job_runs_on_its_agent_and_its_output_and_exit_code_come_back_through_the_hub() {
     let mut f = Fleet::new(&[]);
     f.start_agent();
-    let out = f.jobs(&[
-        "submit",
-        "--agent",
-        "a1",
-        "--id",
-        "j-exit",
-        "--wait",
-        "--env",
-        "WHO=hub",
-        "--",
-        "sh",
-        "-c",
-        "echo out $WHO; echo err >&2; exit 7",
-    ]);
+    let out = f.submit_output(
+        &["--id", "j-exit", "--wait", "--env", "WHO=hub"],
+        &["sh", "-c", "echo out $WHO; echo err >&2; exit 7"],
+    );
     assert_eq!(
         code(&out),
         Some(7),
@@ -185,17 +180,7 @@ fn a_job_runs_on_its_agent_and_its_output_and_exit_code_come_back_through_the_hu
     let id = f.submit(&[], &["sh", "-c", "kill -TERM $$"]);
     let out = f.jobs(&["wait", &id]);
     assert_eq!(code(&out), Some(128 + 15));
-    let out = f.jobs(&[
-        "submit",
-        "--agent",
-        "a1",
-        "--wait",
-        "--timeout",
-        "1s",
-        "--",
-        "sleep",
-        "30",
-    ]);
+    let out = f.submit_output(&["--wait", "--timeout", "1s"], &["sleep", "30"]);
     assert_eq!(
         code(&out),
         Some(124),
@@ -207,7 +192,7 @@ fn a_job_runs_on_its_agent_and_its_output_and_exit_code_come_back_through_the_hu
     assert_eq!(list.as_array().map(Vec::len), Some(3));
     assert_eq!(list[2]["id"], "j-exit", "newest first");
     // An id is one job: a second submission of it is refused.
-    let again = f.jobs(&["submit", "--agent", "a1", "--id", "j-exit", "--", "true"]);
+    let again = f.submit_output(&["--id", "j-exit"], &["true"]);
     assert_eq!(code(&again), Some(1));
     assert!(String::from_utf8_lossy(&again.stderr).contains("exists already"));
 }
@@ -253,7 +238,7 @@ fn jobs_for_an_agent_that_is_away_wait_at_the_hub_bounded_and_start_when_it_retu
             .contains("agent a1 has never reconciled"),
         "{v}"
     );
-    let refused = f.jobs(&["submit", "--agent", "a1", "--", "true"]);
+    let refused = f.submit_output(&[], &["true"]);
     assert_eq!(code(&refused), Some(1));
     let why = String::from_utf8_lossy(&refused.stderr);
     assert!(
@@ -290,16 +275,7 @@ fn jobs_for_an_agent_that_is_away_wait_at_the_hub_bounded_and_start_when_it_retu
 fn a_spec_the_runner_refuses_ends_at_the_hub_as_rejected_with_the_runner_s_reason() {
     let mut f = Fleet::new(&[]);
     f.start_agent();
-    let out = f.jobs(&[
-        "submit",
-        "--agent",
-        "a1",
-        "--wait",
-        "--cwd",
-        "../../etc",
-        "--",
-        "true",
-    ]);
+    let out = f.submit_output(&["--wait", "--cwd", "../../etc"], &["true"]);
     assert_eq!(code(&out), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -547,9 +523,7 @@ fn the_jobs_of_a_revoked_agent_end_and_never_reach_an_agent_enrolled_again_under
 fn the_hub_keeps_its_cap_of_a_stream_and_says_so() {
     let mut f = Fleet::new(&["--max-job-output", "1000"]);
     f.start_agent();
-    let out = f.jobs(&[
-        "submit", "--agent", "a1", "--id", "big", "--wait", "--", "seq", "1", "10000",
-    ]);
+    let out = f.submit_output(&["--id", "big", "--wait"], &["seq", "1", "10000"]);
     assert_eq!(code(&out), Some(0));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -595,7 +569,7 @@ fn hub_job_commands_say_what_the_local_ones_say() {
     let mut f = Fleet::new(&[]);
     f.start_agent();
     // A program that is not there: the runner's reason, and 127, as `railgrid job` says.
-    let out = f.jobs(&["submit", "--agent", "a1", "--wait", "--", "nosuchprog"]);
+    let out = f.submit_output(&["--wait"], &["nosuchprog"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), Some(127), "{err}");
     assert!(
@@ -604,22 +578,18 @@ fn hub_job_commands_say_what_the_local_ones_say() {
     );
 
     // Both streams, each where it belongs; --owner and limits reach the runner.
-    let out = f.jobs(&[
-        "submit",
-        "--agent",
-        "a1",
-        "--id",
-        "both",
-        "--owner",
-        "ci",
-        "--open-files",
-        "64",
-        "--wait",
-        "--",
-        "sh",
-        "-c",
-        "echo out; echo err >&2; ulimit -n; exit 3",
-    ]);
+    let out = f.submit_output(
+        &[
+            "--id",
+            "both",
+            "--owner",
+            "ci",
+            "--open-files",
+            "64",
+            "--wait",
+        ],
+        &["sh", "-c", "echo out; echo err >&2; ulimit -n; exit 3"],
+    );
     assert_eq!(
         code(&out),
         Some(3),

@@ -12,10 +12,7 @@ fn nothing_outside_the_image_is_read_written_or_removed() {
     fs::create_dir_all(&victim).expect("victim");
     fs::write(victim.join("data"), "precious\n").expect("data");
     std::os::unix::fs::symlink(dir.path().join("victim"), root.join("etc/railgrid")).expect("link");
-    refused_saying(
-        install(&["--root", &r, "--runner-user", "nobody"]),
-        "is a symlink",
-    );
+    refused_saying(install_at(&r, &["--runner-user", "nobody"]), "is a symlink");
     refused_saying(
         uninstall(&["--root", &r, "--purge", "--yes"]),
         "is a symlink",
@@ -33,7 +30,7 @@ fn nothing_outside_the_image_is_read_written_or_removed() {
         format!("state_dir = \"{escape}\"\n[runner]\nuser = \"nobody\"\n"),
     )
     .expect("config");
-    refused_saying(install(&["--root", &r]), "plain absolute paths");
+    refused_saying(install_at(&r, &[]), "plain absolute paths");
     let said = ok(uninstall(&["--root", &r, "--purge", "--yes"]));
     assert!(said.contains("not removed: remove it by hand"), "{said}");
     assert_eq!(read_lossy(&victim.join("data")), "precious\n");
@@ -58,7 +55,7 @@ fn uninstall_then_install_again_still_restores_the_image_on_purge() {
     let root = image(dir.path());
     let before = contents(&snapshot(&root));
     let r = path_str(&root);
-    ok(install(&["--root", &r, "--runner-user", "nobody"]));
+    ok(install_at(&r, &["--runner-user", "nobody"]));
     let said = ok(uninstall(&["--root", &r]));
     assert!(said.contains("kept"), "{said}");
     assert!(
@@ -70,8 +67,8 @@ fn uninstall_then_install_again_still_restores_the_image_on_purge() {
         "the binary goes"
     );
     // Installs at another prefix and back, then a purge: everything goes.
-    ok(install(&["--root", &r, "--prefix", "/opt/rg"]));
-    let said = ok(install(&["--root", &r, "--prefix", "/usr/local"]));
+    ok(install_at(&r, &["--prefix", "/opt/rg"]));
+    let said = ok(install_at(&r, &["--prefix", "/usr/local"]));
     assert!(
         said.contains("the binary of the install at prefix /opt/rg"),
         "{said}"
@@ -89,7 +86,7 @@ fn files_other_accounts_own_are_refused_or_made_roots_again() {
     let dir = tempdir();
     let root = image(dir.path());
     let r = path_str(&root);
-    ok(install(&["--root", &r, "--runner-user", "nobody"]));
+    ok(install_at(&r, &["--runner-user", "nobody"]));
     let bin = root.join("usr/local/bin/railgrid");
     let chown =
         |path: &Path, uid: u32| std::os::unix::fs::chown(path, Some(uid), None).expect("chown");
@@ -97,7 +94,7 @@ fn files_other_accounts_own_are_refused_or_made_roots_again() {
     // The binary, the same bytes but another account's and writable by all: rewritten.
     chown(&bin, 65534);
     fs::set_permissions(&bin, fs::Permissions::from_mode(0o777)).expect("chmod");
-    let said = ok(install(&["--root", &r]));
+    let said = ok(install_at(&r, &[]));
     assert!(said.contains("owner uid 65534 and mode 0777"), "{said}");
     assert_eq!(
         (fs::metadata(&bin).expect("bin").uid(), mode(&bin)),
@@ -108,17 +105,14 @@ fn files_other_accounts_own_are_refused_or_made_roots_again() {
     let prev = root.join("usr/local/bin/railgrid.prev");
     fs::write(&prev, "#!/bin/sh\n").expect("prev");
     chown(&prev, 65534);
-    refused_saying(
-        install(&["--root", &r]),
-        "railgrid.prev is owned by uid 65534",
-    );
+    refused_saying(install_at(&r, &[]), "railgrid.prev is owned by uid 65534");
     fs::remove_file(&prev).expect("rm prev");
 
     // The binary's directory, or one above it, in another account's hands.
     for d in ["usr/local/bin", "usr/local"] {
         let path = root.join(d);
         chown(&path, 65534);
-        let err = refused(install(&["--root", &r]));
+        let err = refused(install_at(&r, &[]));
         assert!(
             err.contains(&format!("{} is owned by uid 65534", path.display())),
             "{err}"
@@ -126,13 +120,13 @@ fn files_other_accounts_own_are_refused_or_made_roots_again() {
         chown(&path, 0);
     }
     fs::set_permissions(root.join("usr/local"), fs::Permissions::from_mode(0o777)).expect("chmod");
-    refused_saying(install(&["--root", &r]), "mode 0777");
+    refused_saying(install_at(&r, &[]), "mode 0777");
     fs::set_permissions(root.join("usr/local"), fs::Permissions::from_mode(0o755)).expect("chmod");
 
     // The config's directory, opened up: tightened again.
     fs::set_permissions(root.join("etc/railgrid"), fs::Permissions::from_mode(0o755))
         .expect("chmod");
-    let said = ok(install(&["--root", &r]));
+    let said = ok(install_at(&r, &[]));
     assert!(said.contains("directory, mode 0755 to 0700"), "{said}");
     assert_eq!(mode(&root.join("etc/railgrid")), 0o700);
 }
@@ -167,10 +161,10 @@ fn odd_files_in_the_image_are_refused_without_reading_them() {
 
     // A config that is not ours: where, never what (it may hold a secret).
     fs::write(&config, "[runner]\ndelegate_cgroup = \"SECRET-hunter2\"\n").expect("config");
-    let err = refused_saying(install(&["--root", &r]), "at line 2");
+    let err = refused_saying(install_at(&r, &[]), "at line 2");
     assert!(!err.contains("hunter2"), "{err}");
     fs::write(&config, "SECRET_hunter2 = 1\n").expect("config");
-    let err = refused(install(&["--root", &r]));
+    let err = refused(install_at(&r, &[]));
     assert!(!err.contains("hunter2"), "{err}");
 
     // A config of ours that the agent would refuse at start: refused now, not at boot.
@@ -179,7 +173,7 @@ fn odd_files_in_the_image_are_refused_without_reading_them() {
         "[runner]\nuser = \"nobody\"\nstop_grace = \"99h\"\n",
     )
     .expect("config");
-    let err = refused(install(&["--root", &r]));
+    let err = refused(install_at(&r, &[]));
     assert!(
         err.contains("would not load") && err.contains("stop_grace"),
         "{err}"
@@ -254,7 +248,7 @@ fn an_image_cannot_point_roots_writes_elsewhere_or_race_them() {
     let victim = dir.path().join("victim");
     fs::write(&victim, "precious\n").expect("victim");
     std::os::unix::fs::symlink(&victim, root.join("etc/passwd-")).expect("link");
-    let err = refused(install(&["--root", &r]));
+    let err = refused(install_at(&r, &[]));
     assert!(
         err.contains("etc/passwd-") && err.contains("not a regular file"),
         "{err}"
@@ -272,23 +266,23 @@ fn an_image_cannot_point_roots_writes_elsewhere_or_race_them() {
     )
     .expect("passwd");
     refused_saying(
-        install(&["--root", &r, "--runner-user", "operator"]),
+        install_at(&r, &["--runner-user", "operator"]),
         "primary group 0",
     );
 
     // An image another account owns could be swapped under a running install.
     std::os::unix::fs::chown(&root, Some(65534), None).expect("chown");
     refused_saying(
-        install(&["--root", &r, "--runner-user", "nobody"]),
+        install_at(&r, &["--runner-user", "nobody"]),
         "is owned by uid 65534",
     );
     std::os::unix::fs::chown(&root, Some(0), None).expect("chown");
 
     // A unit another account owns is written again as root's.
-    ok(install(&["--root", &r, "--runner-user", "nobody"]));
+    ok(install_at(&r, &["--runner-user", "nobody"]));
     let unit = root.join("etc/systemd/system/railgrid-agent.service");
     std::os::unix::fs::chown(&unit, Some(65534), None).expect("chown");
-    let said = ok(install(&["--root", &r]));
+    let said = ok(install_at(&r, &[]));
     assert!(said.contains("owner uid 65534 to this account's"), "{said}");
     assert_eq!(fs::metadata(&unit).expect("unit").uid(), 0);
 
@@ -312,7 +306,7 @@ fn an_image_cannot_point_roots_writes_elsewhere_or_race_them() {
             .expect("flock probe");
         (!probe.success()).then_some(())
     });
-    let out = install(&["--root", &r, "--dry-run"]);
+    let out = install_at(&r, &["--dry-run"]);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(

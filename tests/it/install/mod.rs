@@ -25,6 +25,13 @@ fn install(args: &[&str]) -> Output {
         .expect("agent install")
 }
 
+/// `agent install --root ROOT ARGS`: an install into the image at `root`.
+fn install_at(root: &str, args: &[&str]) -> Output {
+    let mut all = vec!["--root", root];
+    all.extend_from_slice(args);
+    install(&all)
+}
+
 fn uninstall(args: &[&str]) -> Output {
     railgrid()
         .args(["agent", "uninstall"])
@@ -156,22 +163,23 @@ fn install_into_an_image_writes_every_file_and_uninstall_purge_leaves_it_as_it_w
     fs::write(&ca, cert.pem()).expect("ca");
     let key = trusted_key(dir.path());
     let r = path_str(&root);
-    let said = ok(install(&[
-        "--root",
+    let said = ok(install_at(
         &r,
-        "--hub",
-        "https://hub.example:8443",
-        "--agent-id",
-        "build-17",
-        "--token-file",
-        &path_str(&token),
-        "--ca-file",
-        &path_str(&ca),
-        "--trusted-key",
-        &key,
-        "--runner-user",
-        "nobody",
-    ]));
+        &[
+            "--hub",
+            "https://hub.example:8443",
+            "--agent-id",
+            "build-17",
+            "--token-file",
+            &path_str(&token),
+            "--ca-file",
+            &path_str(&ca),
+            "--trusted-key",
+            &key,
+            "--runner-user",
+            "nobody",
+        ],
+    ));
     assert!(said.contains("installed"), "{said}");
     assert!(
         !said.contains("tok-123"),
@@ -263,9 +271,9 @@ fn install_again_changes_nothing_and_a_changed_flag_changes_only_its_key() {
     let dir = tempdir();
     let root = image(dir.path());
     let r = path_str(&root);
-    ok(install(&["--root", &r, "--runner-user", "nobody"]));
+    ok(install_at(&r, &["--runner-user", "nobody"]));
     let first = snapshot(&root);
-    let said = ok(install(&["--root", &r, "--runner-user", "nobody"]));
+    let said = ok(install_at(&r, &["--runner-user", "nobody"]));
     assert!(
         said.contains("nothing to change: already installed"),
         "{said}"
@@ -277,7 +285,7 @@ fn install_again_changes_nothing_and_a_changed_flag_changes_only_its_key() {
     assert_eq!(snapshot(&root), first, "not a file was rewritten");
 
     // No --runner-user now: the config's account stays.
-    let said = ok(install(&["--root", &r]));
+    let said = ok(install_at(&r, &[]));
     assert!(said.contains("nothing to change"), "{said}");
 
     // The operator's edits survive a change made by flags.
@@ -290,14 +298,15 @@ fn install_again_changes_nothing_and_a_changed_flag_changes_only_its_key() {
     fs::write(&config, &edited).expect("edit");
     let token = dir.path().join("t");
     fs::write(&token, "secret-token\n").expect("token");
-    let said = ok(install(&[
-        "--root",
+    let said = ok(install_at(
         &r,
-        "--hub",
-        "https://hub.example",
-        "--token-file",
-        &path_str(&token),
-    ]));
+        &[
+            "--hub",
+            "https://hub.example",
+            "--token-file",
+            &path_str(&token),
+        ],
+    ));
     assert!(said.contains("hub.url = \"https://hub.example\""), "{said}");
     assert!(
         said.contains("hub.token_file = \"/etc/railgrid/token\""),
@@ -323,22 +332,19 @@ fn install_again_changes_nothing_and_a_changed_flag_changes_only_its_key() {
         "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
     )
     .expect("ca");
-    let err = refused(install(&["--root", &r, "--ca-file", &path_str(&bad_ca)]));
+    let err = refused(install_at(&r, &["--ca-file", &path_str(&bad_ca)]));
     assert!(
         err.contains("--ca-file") && err.contains("bad-ca.pem"),
         "{err}"
     );
+    refused_saying(install_at(&r, &["--hub", "http://hub.example"]), "https://");
     refused_saying(
-        install(&["--root", &r, "--hub", "http://hub.example"]),
-        "https://",
-    );
-    refused_saying(
-        install(&["--root", &r, "--trusted-key", "RWnot-a-key"]),
+        install_at(&r, &["--trusted-key", "RWnot-a-key"]),
         "not a minisign public key",
     );
-    refused_saying(install(&["--root", &r, "--prefix", "opt/x"]), "--prefix");
+    refused_saying(install_at(&r, &["--prefix", "opt/x"]), "--prefix");
     refused_saying(
-        install(&["--root", &r, "--runner-user", "root"]),
+        install_at(&r, &["--runner-user", "root"]),
         "never runs as root",
     );
     assert_eq!(snapshot(&root), now);
@@ -351,16 +357,17 @@ fn install_with_an_enrolment_token_keeps_it_private_and_writes_no_agent_token() 
     let r = path_str(&root);
     let enrol = dir.path().join("enrol");
     fs::write(&enrol, "rge_0123456789abcdef\n").expect("enrol token");
-    let said = ok(install(&[
-        "--root",
+    let said = ok(install_at(
         &r,
-        "--runner-user",
-        "nobody",
-        "--hub",
-        "https://hub.example",
-        "--enrol-token",
-        &path_str(&enrol),
-    ]));
+        &[
+            "--runner-user",
+            "nobody",
+            "--hub",
+            "https://hub.example",
+            "--enrol-token",
+            &path_str(&enrol),
+        ],
+    ));
     assert!(
         said.contains("hub.enrol_token_file = \"/etc/railgrid/enrol.token\""),
         "{said}"
@@ -378,7 +385,7 @@ fn install_with_an_enrolment_token_keeps_it_private_and_writes_no_agent_token() 
     let other = dir.path().join("other");
     fs::create_dir(&other).expect("dir");
     let o = path_str(&image(&other));
-    let err = refused(install(&["--root", &o, "--enrol-token", &path_str(&enrol)]));
+    let err = refused(install_at(&o, &["--enrol-token", &path_str(&enrol)]));
     assert!(
         err.contains("give --hub URL too") || err.contains("belong to a hub"),
         "{err}"
@@ -397,7 +404,7 @@ fn a_config_that_is_not_railgrids_is_refused_and_left_alone() {
     .expect("foreign");
     let before = snapshot(&root);
     let err = refused_saying(
-        install(&["--root", &path_str(&root)]),
+        install_at(&path_str(&root), &[]),
         "is not a railgrid agent config",
     );
     assert!(err.contains("etc/railgrid/agent.toml"), "{err}");
@@ -411,17 +418,18 @@ fn dry_run_prints_every_action_and_file_and_changes_nothing() {
     let before = snapshot(&root);
     let token = dir.path().join("t");
     fs::write(&token, "do-not-print-me\n").expect("token");
-    let said = ok(install(&[
-        "--root",
+    let said = ok(install_at(
         &path_str(&root),
-        "--dry-run",
-        "--hub",
-        "https://hub.example",
-        "--token-file",
-        &path_str(&token),
-        "--prefix",
-        "/opt/rg",
-    ]));
+        &[
+            "--dry-run",
+            "--hub",
+            "https://hub.example",
+            "--token-file",
+            &path_str(&token),
+            "--prefix",
+            "/opt/rg",
+        ],
+    ));
     for path in [
         "opt/rg/bin/railgrid",
         "etc/railgrid/agent.toml",
@@ -488,14 +496,10 @@ fn the_rendered_unit_passes_systemd_analyze_verify() {
         assert!(top.is_dir(), "{} is missing on this host", top.display());
         let dir = tempdir();
         let root = image(dir.path());
-        ok(install(&[
-            "--root",
+        ok(install_at(
             &path_str(&root),
-            "--prefix",
-            prefix,
-            "--runner-user",
-            "nobody",
-        ]));
+            &["--prefix", prefix, "--runner-user", "nobody"],
+        ));
         let out = in_image(
             &root,
             "exec systemd-analyze verify --man=no /etc/systemd/system/railgrid-agent.service",
@@ -599,7 +603,7 @@ fn the_runner_account_is_created_once_as_a_system_account() {
     seed_accounts(&root);
     let host_passwd = fs::read(Path::new("/etc/passwd")).expect("host passwd");
     let r = path_str(&root);
-    let said = ok(install(&["--root", &r]));
+    let said = ok(install_at(&r, &[]));
     assert!(
         said.contains("create  account railgrid: useradd --prefix"),
         "{said}"
@@ -636,7 +640,7 @@ fn the_runner_account_is_created_once_as_a_system_account() {
     assert!(config.contains("user = \"railgrid\""), "{config}");
 
     // Again: the account is found, not added twice.
-    let said = ok(install(&["--root", &r]));
+    let said = ok(install_at(&r, &[]));
     assert!(
         said.contains(&format!("keep    account railgrid: exists (uid {uid})")),
         "{said}"
