@@ -31,28 +31,25 @@ pub const ROOT: &str = "root";
 pub const ROOT_NAME: &str = "root";
 
 /// `POST /v1/admin/tokens`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenRequest {
     pub name: String,
     pub scopes: Vec<String>,
     /// The job scopes reach only agents whose hub labels match.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_secs: Option<u64>,
 }
 
 /// An admin token as listed (never its secret).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenView {
     pub name: String,
     pub scopes: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
     pub created_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_ms: Option<u64>,
 }
 
@@ -65,12 +62,11 @@ pub struct TokenMade<V> {
 }
 
 /// `POST /v1/admin/enrol-tokens`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnrolTokenRequest {
     /// How many hosts it enrols (unbounded when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uses: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_secs: Option<u64>,
     /// Hub labels every host it enrols gets.
     #[serde(default)]
@@ -78,19 +74,17 @@ pub struct EnrolTokenRequest {
 }
 
 /// An enrolment token as listed (never its secret).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnrolTokenView {
     /// `et1`, `et2` …
     pub id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_uses: Option<u64>,
     pub uses: u64,
     #[serde(default)]
     pub labels: crate::proto::labels::Labels,
     pub created_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_ms: Option<u64>,
 }
 

@@ -15,12 +15,10 @@ pub struct Admission {
 
 /// `PUT /v1/admission` body: the limits to change; a field left out (or null) keeps its
 /// value. `max_jobs` and `max_jobs_per_owner` must be at least 1.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdmissionChange {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_jobs: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_jobs_per_owner: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_queued: Option<usize>,
 }

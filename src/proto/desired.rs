@@ -46,6 +46,7 @@ pub fn is_version(v: &str) -> bool {
 }
 
 /// The response body of `POST /v1/agents/{id}/reconcile`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredState {
     /// Bumped by every change; the agent reports the one it applied as
@@ -53,11 +54,9 @@ pub struct DesiredState {
     #[serde(default)]
     pub generation: u64,
     /// How long the agent waits between reconciles when the hub asks for no long poll.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll_interval_secs: Option<u64>,
     /// The agent version the hub wants here; `None` keeps whatever runs. Acted on by the
     /// self-upgrade; until then only reported.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<DesiredAgent>,
     #[serde(default)]
     pub runner: DesiredRunner,
@@ -73,11 +72,9 @@ pub struct DesiredState {
     #[serde(default = "enabled_by_default", skip_serializing_if = "is_true")]
     pub accept_jobs: bool,
     /// When a drain cancels what still runs (Unix ms, the hub's clock); `None`: never.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_deadline_ms: Option<u64>,
     /// A new token for this agent (a rotation): stored before it is used, and taken out
     /// of the state before anything keeps or shows it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_token: Option<NewToken>,
 }
 
@@ -170,6 +167,7 @@ pub struct Artifact {
 }
 
 /// The runner as the hub (or the config file) wants it.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredRunner {
     /// False: no runner on this host (its jobs are stopped and reaped).
@@ -180,13 +178,9 @@ pub struct DesiredRunner {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub drain_first: bool,
     /// Job engine limits; `None` keeps the runner's own defaults.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_jobs: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_jobs_per_owner: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_queued: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_bytes: Option<u64>,
 }
 
@@ -218,6 +212,27 @@ mod tests {
         let d: DesiredState = serde_json::from_str("{}").expect("parse");
         assert_eq!(d, DesiredState::default());
         assert!(d.runner.enabled);
+    }
+
+    /// An agent of an older release refuses nothing it does not know, but a `null` where it
+    /// expects a number is still an error somewhere: what is unset stays off the wire.
+    #[test]
+    fn what_is_unset_is_left_out_of_the_wire() {
+        let d = DesiredState {
+            runner: DesiredRunner {
+                max_jobs: Some(2),
+                ..DesiredRunner::default()
+            },
+            ..DesiredState::default()
+        };
+        let json = serde_json::to_string(&d).expect("serialize");
+        assert!(!json.contains("null"), "{json}");
+        assert!(json.contains(r#""max_jobs":2"#), "{json}");
+        assert!(!json.contains("poll_interval_secs"), "{json}");
+        assert_eq!(
+            serde_json::from_str::<DesiredState>(&json).expect("parse"),
+            d
+        );
     }
 
     #[test]

@@ -69,16 +69,15 @@ impl DrainView {
 
 /// What the agent tells its hub of a drain in force on the host (in each report), and
 /// what `agent status` shows.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DrainReport {
     /// Every reason in force, joined (`drained on the host; upgrade to 1.4.0`).
     pub reason: String,
     #[serde(default)]
     pub since_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
     /// Jobs the runner still holds (running and queued); `None` when it could not be asked.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jobs_left: Option<u64>,
     /// True when the drain came from the host (`railgrid agent drain`): only the host
     /// ends it.

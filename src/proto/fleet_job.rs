@@ -23,15 +23,13 @@ pub struct DesiredJob {
 }
 
 /// One hub job as its agent sees it, in the report's `jobs`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobReport {
     pub id: String,
     pub state: JobState,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// What the job printed, past the runner's cap too.
     #[serde(default)]
@@ -39,7 +37,6 @@ pub struct JobReport {
     #[serde(default)]
     pub stderr_bytes: u64,
     /// Why the runner kept less than the job printed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_truncated: Option<Truncation>,
     /// The job has ended and the hub has acknowledged every byte the runner kept of it.
     #[serde(default)]
@@ -56,22 +53,18 @@ pub struct OutputAck {
 
 /// `POST /v1/admin/jobs` body: the job for one agent (`agent`), or for any agent whose
 /// labels match `selector` (then it waits in the fleet's queue until one has room).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct HubJobSubmit {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
     /// A label selector (`queue=build,os=linux`, docs/hub.md, "Routing jobs").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
     /// 0–100, default [`DEFAULT_PRIORITY`]: higher first, then submission order.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<u8>,
     /// A selected job no agent took within this ends `expired`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_timeout_secs: Option<u64>,
     /// A selected job that ends `lost` is queued again as `ID.2`, `ID.3` … up to this
     /// many times (at most [`MAX_RETRIES`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retries: Option<u8>,
     pub spec: JobSpec,
 }

@@ -75,14 +75,12 @@ impl AgentView {
 }
 
 /// `POST /v1/admin/drain` and `/v1/admin/resume`: the agents, by id or by selector.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DrainRequest {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
     /// Drain only: cancel what still runs this many seconds from now.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_secs: Option<u64>,
 }
 
@@ -98,29 +96,22 @@ pub struct LabelChange {
 /// Desired settings of one scope (the fleet, or one agent's overrides). A field left out
 /// is not set here: an agent's own setting wins over the fleet's, field by field, and a
 /// setting nobody sets keeps the agent's own (config file) value.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredSettings {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner_enabled: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_jobs: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_jobs_per_owner: Option<usize>,
     /// The agent version wanted (acted on by the self-upgrade).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
     /// True: `version` may be older than what runs (an explicit rollback).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollback: Option<bool>,
     /// False: the agent is drained (`hub agent drain`): it gets no new job.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accept_jobs: Option<bool>,
     /// When the drain cancels what still runs on the agent (Unix ms).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_deadline_ms: Option<u64>,
     /// True: a disabled runner stops at once (`desired set --runner-enabled false
     /// --force`) instead of draining first.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub force_stop: Option<bool>,
 }
 

@@ -98,11 +98,10 @@ impl JobState {
 
 /// Why a job's spooled output is shorter than what it printed, per stream: the cap was
 /// reached, or the spool file could not be written (a full disk).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Truncation {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdout: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stderr: Option<String>,
 }
 

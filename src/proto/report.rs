@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 pub use super::fleet_job::JobReport;
 
 /// The request body of a reconcile.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentReport {
     /// The agent's own version (`railgrid version`).
@@ -26,14 +27,11 @@ pub struct AgentReport {
     #[serde(default)]
     pub runner: RunnerReport,
     /// The self-upgrade's progress, once there is one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<UpgradeReport>,
     /// How many jobs the runner holds, when the agent could ask it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jobs_summary: Option<JobsSummary>,
     /// The drain in force on the host (the hub's, the host's own, an upgrade's), while
     /// there is one: the hub routes no job to it meanwhile.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<super::drain::DrainReport>,
     /// The hub's jobs on this host, each as the agent sees it now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -41,36 +39,33 @@ pub struct AgentReport {
 }
 
 /// The runner as the agent's supervisor sees it.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunnerReport {
     /// `running`, `starting`, `backoff`, `stopped`, `disabled`, … (the supervisor's states;
     /// a hub shows a state it does not know as it is).
     #[serde(default)]
     pub state: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pid: Option<u32>,
     /// Launches over the agent's life.
     #[serde(default)]
     pub starts: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
 }
 
 /// Where a self-upgrade stands.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UpgradeReport {
     /// `idle`, `downloading`, `verifying`, `switching`, `committed`, `rolled_back`,
     /// `refused`, ….
     #[serde(default)]
     pub state: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bad_versions: Vec<String>,
     /// What the upgrade waits for (`draining`: `waiting for 2 job(s) (deadline …)`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
 }
 

@@ -50,26 +50,23 @@ pub const REVERTING: &str = "reverting";
 pub const REVERTED: &str = "reverted";
 
 /// `POST /v1/admin/rollouts`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RolloutRequest {
     pub version: String,
     /// Only the agents whose labels match (all agents when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
     /// Cumulative sizes: counts (`1`) or percentages (`10%`) of the selection
     /// ([`DEFAULT_WAVES`] when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waves: Option<String>,
     /// How long after the last commit of a wave the next one starts.
     #[serde(default)]
     pub soak_secs: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_parallel: Option<usize>,
     /// Members that may fail to take the version before the rollout stops.
     #[serde(default)]
     pub max_failures: usize,
     /// The rollout stops where it is if it has not finished this long after its start.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_secs: Option<u64>,
 }
 
@@ -83,6 +80,7 @@ pub struct AbortRequest {
 }
 
 /// One member of a rollout, as `rollout status` shows it.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemberView {
     pub agent: String,
@@ -91,19 +89,14 @@ pub struct MemberView {
     pub state: String,
     /// What it does now, in words: `draining (waiting for 2 job(s))`, `switching
     /// (downloading)`, `not connected`, the error of a failure …
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     /// The version it ran when the rollout started.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_version: Option<String>,
     /// The version it reports now.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
     /// When the version was put in its desired state (Unix ms).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub given_ms: Option<u64>,
     /// When it reached its last state (Unix ms).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_ms: Option<u64>,
 }
 
@@ -117,29 +110,25 @@ pub struct WaveView {
 }
 
 /// A rollout as `rollout status` shows it.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RolloutView {
     pub id: String,
     pub version: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
     pub waves_spec: String,
     pub soak_secs: u64,
     pub max_parallel: usize,
     pub max_failures: usize,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
     pub state: String,
     /// Why it is in its state (what halted or stopped it, who paused it …).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The wave under way (0-based).
     pub wave: usize,
     pub created_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_ms: Option<u64>,
     /// What it waits for now, in words.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
     /// Members by stored state.
     pub counts: std::collections::BTreeMap<String, usize>,
