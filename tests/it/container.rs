@@ -57,15 +57,9 @@ fn rootfs() -> PathBuf {
                 let mut args: Vec<&str> = RECIPE.split_whitespace().skip(1).collect();
                 let tmp_s = path_str(&tmp);
                 args.extend([tmp_s.as_str(), MIRROR]);
-                let out = Command::new("debootstrap")
-                    .args(&args)
-                    .stdin(Stdio::null())
-                    .output()
-                    .expect("debootstrap: run scripts/install-test-prerequisites.sh");
-                assert!(
-                    out.status.success(),
-                    "debootstrap failed: {}",
-                    String::from_utf8_lossy(&out.stderr)
+                run_ok(
+                    Command::new("debootstrap").args(&args),
+                    "debootstrap (scripts/install-test-prerequisites.sh installs it)",
                 );
                 for junk in [
                     "var/lib/apt/lists",

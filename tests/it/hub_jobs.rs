@@ -506,7 +506,7 @@ fn the_jobs_of_a_revoked_agent_end_and_never_reach_an_agent_enrolled_again_under
             (Some(state), Some(true)),
             "{v}"
         );
-        assert!(v["error"].as_str().unwrap_or("").contains("revoked"), "{v}");
+        assert_says(&v, "error", "revoked");
     }
     // Enrolled again under the same id (another host, say): none of it is handed over.
     let token = f.hub().enrol("a1");

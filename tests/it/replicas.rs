@@ -497,10 +497,7 @@ fn replicas_without_their_database_refuse_agents_who_keep_their_runner_until_it_
         "the agent told the replicas lost their database",
         || {
             let h = hub_status(&host);
-            h["last_error"]
-                .as_str()
-                .is_some_and(|e| e.contains("lost its database"))
-                .then_some(())
+            says(&h, "last_error", "lost its database").then_some(())
         },
     );
     assert_eq!(

@@ -98,10 +98,7 @@ fn the_agent_reaps_the_jobs_of_a_runner_that_could_not_stop_them() {
 
     let (_agent, rec) = stubborn_record(&host);
     assert_eq!(rec["state"], "lost", "{rec}");
-    assert!(
-        rec["error"].as_str().expect("error").contains("reap"),
-        "{rec}"
-    );
+    assert_says(&rec, "error", "reap");
 }
 
 #[test]

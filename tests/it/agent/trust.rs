@@ -41,11 +41,10 @@ fn the_agent_cannot_be_inspected_by_processes_of_its_own_account() {
 
 /// The version `program version --json` reports.
 fn reported_version(program: &Path) -> String {
-    let out = Command::new(program)
-        .args(["version", "--json"])
-        .output()
-        .expect("version");
-    assert!(out.status.success(), "{out:?}");
+    let out = run_ok(
+        Command::new(program).args(["version", "--json"]),
+        "version --json",
+    );
     let v: Value = serde_json::from_slice(&out.stdout).expect("version json");
     v["version"].as_str().expect("version").to_owned()
 }

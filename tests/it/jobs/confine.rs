@@ -196,14 +196,9 @@ fn the_runner_pins_no_file_system_or_file_beside_its_state_dir() {
     let id = submit_ok(&r, json!({"argv": ["true"]}));
     assert_eq!(r.wait(&id)["state"], "succeeded");
 
-    let out = Command::new("umount")
-        .arg(&sibling)
-        .output()
-        .expect("umount");
-    assert!(
-        out.status.success(),
-        "the sibling file system could not be unmounted while the runner runs: {}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new("umount").arg(&sibling),
+        "the sibling file system could not be unmounted while the runner runs",
     );
     let before = free();
     fs::remove_file(&big).expect("rm");
@@ -278,12 +273,7 @@ fn landlock_keeps_a_job_out_of_the_state_dir_and_other_workspaces_and_its_signal
     let rec = r.wait(&id);
     let out = r.output(&id, "stdout");
     assert_eq!(rec["state"], "succeeded", "{rec} {out}");
-    assert!(
-        rec["confinement"]
-            .as_str()
-            .is_some_and(|c| c.contains("landlock")),
-        "{rec}"
-    );
+    assert_says(&rec, "confinement", "landlock");
     for line in ["kept", "READ_ETC", "READ_LATE"] {
         assert!(
             out.contains(line),

@@ -139,10 +139,7 @@ fn runner_reap_ends_a_dead_runners_jobs_and_never_a_live_ones() {
     r.start(&[]);
     let rec = r.job("orphan");
     assert_eq!(rec["state"], "lost", "{rec}");
-    assert!(
-        rec["error"].as_str().expect("error").contains("reap"),
-        "{rec}"
-    );
+    assert_says(&rec, "error", "reap");
     if is_root() {
         // jobs.db and its WAL files still belong to the runner's account.
         let nobody = uzers::get_user_by_name("nobody").expect("nobody").uid();

@@ -52,10 +52,7 @@ fn a_replaced_binary_that_fails_its_test_run_is_not_run_and_the_runner_keeps_the
     fs::write(&garbage, vec![0u8; 4096]).expect("garbage");
     replace_by_hand(&up, &garbage);
     let u = up.wait_upgrade("refused");
-    assert!(
-        u["error"].as_str().unwrap_or_default().contains("test run"),
-        "{u}"
-    );
+    assert_says(&u, "error", "test run");
     // A runner restart launches from the pinned bytes, not from the garbage.
     let st = up.status();
     let runner = st["runner"]["pid"].as_i64().expect("runner") as i32;
