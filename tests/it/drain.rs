@@ -92,7 +92,7 @@ fn a_drain_keeps_running_jobs_whole_sends_new_work_elsewhere_and_cancels_at_its_
     let out = submit(&hub, &["--agent", "d1", "--id", "later", "--", "true"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let later = wait_job(&hub, "later", "waiting for the drain", |v| {
-        says(&v, "waiting", "agent d1 is draining (drained by the hub)")
+        says(v, "waiting", "agent d1 is draining (drained by the hub)")
     });
     assert_eq!(later["state"], "pending", "{later:#}");
 

@@ -281,8 +281,7 @@ impl AccessStore for PgStore {
             .await
             .map_err(&e)?;
         }
-        let generation = bump_scope(&tx, &en.id, &self.url).await?;
-        self.commit_change(tx, &en.id, Some(generation)).await?;
+        let generation = self.bump_and_commit(tx, &en.id).await?;
         Ok(Enrolled::Done {
             generation,
             via: token.id,
@@ -400,25 +399,17 @@ impl AccessStore for PgStore {
         next_sha256: &str,
         now_ms: u64,
     ) -> Result<bool, StoreError> {
-        let e = self.err();
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(&e)?;
-        let n = tx
-            .execute(
+        // The agent's scope moves: the other hubs load it, and refuse its old token too.
+        let promoted = self
+            .change_agent(
+                id,
                 "UPDATE agents SET token_sha256 = next_token_sha256, next_token_sha256 = NULL,
                      rotate_asked = 0, token_issued_ms = $3
                  WHERE id = $1 AND next_token_sha256 = $2 AND revoked_at IS NULL",
                 &[&id, &next_sha256, &(now_ms as i64)],
             )
-            .await
-            .map_err(&e)?;
-        if n == 0 {
-            return Ok(false);
-        }
-        // The other hubs load the agent: its old token is refused there too.
-        let generation = bump_scope(&tx, id, &self.url).await?;
-        self.commit_change(tx, id, Some(generation)).await?;
-        Ok(true)
+            .await?;
+        Ok(promoted.is_some())
     }
 
     async fn replace_secret(&self, name: &str, value: &str) -> Result<(), StoreError> {

@@ -374,6 +374,35 @@ impl PgStore {
         Ok(())
     }
 
+    /// A change to one scope that moves it: its generation is bumped, the change commits,
+    /// and the generation is returned.
+    async fn bump_and_commit(
+        &self,
+        tx: deadpool_postgres::Transaction<'_>,
+        scope: &str,
+    ) -> Result<u64, StoreError> {
+        let generation = bump_scope(&tx, scope, &self.url).await?;
+        self.commit_change(tx, scope, Some(generation)).await?;
+        Ok(generation)
+    }
+
+    /// One statement on agent `id`'s row; when it changed the row, the agent's scope moves
+    /// (the other hubs reload it) and its new generation is returned; else nothing changed.
+    async fn change_agent(
+        &self,
+        id: &str,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<u64>, StoreError> {
+        let e = self.err();
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(&e)?;
+        if tx.execute(statement, params).await.map_err(&e)? == 0 {
+            return Ok(None);
+        }
+        self.bump_and_commit(tx, id).await.map(Some)
+    }
+
     /// [`Self::commit_change`] for several agents' scopes, each with the generation it
     /// took.
     async fn commit_changes(
@@ -649,28 +678,16 @@ impl Store for PgStore {
         if inserted == 0 {
             return Ok(None);
         }
-        let generation = bump_scope(&tx, id, &self.url).await?;
-        self.commit_change(tx, id, Some(generation)).await?;
-        Ok(Some(generation))
+        self.bump_and_commit(tx, id).await.map(Some)
     }
 
     async fn revoke(&self, id: &str, now: u64) -> Result<Option<u64>, StoreError> {
-        let e = self.err();
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(&e)?;
-        let n = tx
-            .execute(
-                "UPDATE agents SET revoked_at = $2 WHERE id = $1",
-                &[&id, &(now as i64)],
-            )
-            .await
-            .map_err(&e)?;
-        if n == 0 {
-            return Ok(None);
-        }
-        let generation = bump_scope(&tx, id, &self.url).await?;
-        self.commit_change(tx, id, Some(generation)).await?;
-        Ok(Some(generation))
+        self.change_agent(
+            id,
+            "UPDATE agents SET revoked_at = $2 WHERE id = $1",
+            &[&id, &(now as i64)],
+        )
+        .await
     }
 
     async fn renumber(&self) -> Result<u64, StoreError> {
@@ -815,8 +832,7 @@ impl Store for PgStore {
         tx.execute("UPDATE agents SET labels = $2 WHERE id = $1", &[&id, &json])
             .await
             .map_err(&e)?;
-        let generation = bump_scope(&tx, id, &self.url).await?;
-        self.commit_change(tx, id, Some(generation)).await?;
+        let generation = self.bump_and_commit(tx, id).await?;
         Ok(Some((generation, labels)))
     }
 

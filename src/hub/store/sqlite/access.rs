@@ -266,8 +266,7 @@ impl AccessStore for SqliteStore {
                 )
                 .map_err(&e)?;
             }
-            let generation = bump_scope(&tx, &en.id, path)?;
-            tx.commit().map_err(&e)?;
+            let generation = bump_and_commit(tx, &en.id, path)?;
             Ok(Enrolled::Done {
                 generation,
                 via: token.id,

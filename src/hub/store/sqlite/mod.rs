@@ -229,6 +229,18 @@ fn bump_scope(tx: &rusqlite::Transaction<'_>, scope: &str, path: &str) -> Result
     Ok(generation)
 }
 
+/// A change to one scope that moves it: its generation is bumped, the change commits,
+/// and the generation is returned.
+fn bump_and_commit(
+    tx: rusqlite::Transaction<'_>,
+    scope: &str,
+    path: &str,
+) -> Result<u64, StoreError> {
+    let generation = bump_scope(&tx, scope, path)?;
+    tx.commit().map_err(sql(path))?;
+    Ok(generation)
+}
+
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
     stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
@@ -504,9 +516,7 @@ impl Store for SqliteStore {
                 params![id, hash, now as i64],
             )
             .map_err(&e)?;
-            let generation = bump_scope(&tx, &id, path)?;
-            tx.commit().map_err(&e)?;
-            Ok(Some(generation))
+            bump_and_commit(tx, &id, path).map(Some)
         })
         .await
     }
@@ -525,9 +535,7 @@ impl Store for SqliteStore {
             if n == 0 {
                 return Ok(None);
             }
-            let generation = bump_scope(&tx, &id, path)?;
-            tx.commit().map_err(&e)?;
-            Ok(Some(generation))
+            bump_and_commit(tx, &id, path).map(Some)
         })
         .await
     }
@@ -646,9 +654,7 @@ impl Store for SqliteStore {
                 ],
             )
             .map_err(&e)?;
-            let generation = bump_scope(&tx, "", path)?;
-            tx.commit().map_err(&e)?;
-            Ok(generation)
+            bump_and_commit(tx, "", path)
         })
         .await
     }
@@ -680,8 +686,7 @@ impl Store for SqliteStore {
                 params![id, json],
             )
             .map_err(&e)?;
-            let generation = bump_scope(&tx, &id, path)?;
-            tx.commit().map_err(&e)?;
+            let generation = bump_and_commit(tx, &id, path)?;
             Ok(Some((generation, labels)))
         })
         .await
@@ -703,9 +708,7 @@ impl Store for SqliteStore {
                 None => tx.execute("DELETE FROM halts WHERE version = ?1", params![version]),
             }
             .map_err(&e)?;
-            let generation = bump_scope(&tx, "", path)?;
-            tx.commit().map_err(&e)?;
-            Ok(generation)
+            bump_and_commit(tx, "", path)
         })
         .await
     }
