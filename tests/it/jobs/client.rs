@@ -23,8 +23,12 @@ fn lines_of(pipe: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Recei
 }
 
 impl Client {
-    fn spawn(mut cmd: Command) -> Self {
-        let mut child = cmd
+    /// `job submit --id ID -- sh -c SCRIPT` in the foreground, once the script printed
+    /// `ready`.
+    fn submitted(r: &Runner, id: &str, script: &str) -> Self {
+        let mut child = r
+            .cli()
+            .args(["submit", "--id", id, "--", "sh", "-c", script])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -32,12 +36,14 @@ impl Client {
             .expect("spawn client");
         let out = lines_of(child.stdout.take().expect("stdout"));
         let err = lines_of(child.stderr.take().expect("stderr"));
-        Self {
+        let client = Self {
             guard: Guard::new(child),
             out,
             err,
             err_seen: Vec::new(),
-        }
+        };
+        client.wait_line("ready");
+        client
     }
 
     fn wait_line(&self, want: &str) {
@@ -100,18 +106,7 @@ fn a_job_that_cannot_start_says_why_and_exits_as_a_shell_would() {
 fn interrupting_a_submitted_job_cancels_it_and_a_second_interrupt_detaches() {
     let r = Runner::started(&[]);
     // Ends on SIGTERM: the first interrupt cancels it and the client exits as it did.
-    let mut cmd = r.cli();
-    cmd.args([
-        "submit",
-        "--id",
-        "calm",
-        "--",
-        "sh",
-        "-c",
-        "echo ready; exec sleep 1000",
-    ]);
-    let mut client = Client::spawn(cmd);
-    client.wait_line("ready");
+    let mut client = Client::submitted(&r, "calm", "echo ready; exec sleep 1000");
     client.guard.signal(Signal::SIGINT);
     let (code, err) = client.exit();
     assert_eq!(code, Some(128 + 15), "{err}");
@@ -120,18 +115,7 @@ fn interrupting_a_submitted_job_cancels_it_and_a_second_interrupt_detaches() {
 
     // Ignores SIGTERM, so cancelling takes its grace: SIGTERM to the client cancels, a
     // Ctrl-C then detaches, and the job is still stopped.
-    let mut cmd = r.cli();
-    cmd.args([
-        "submit",
-        "--id",
-        "stubborn",
-        "--",
-        "sh",
-        "-c",
-        "trap '' TERM; echo ready; exec sleep 1000",
-    ]);
-    let mut client = Client::spawn(cmd);
-    client.wait_line("ready");
+    let mut client = Client::submitted(&r, "stubborn", "trap '' TERM; echo ready; exec sleep 1000");
     client.guard.signal(Signal::SIGTERM);
     client.wait_err("cancelling job stubborn");
     client.guard.signal(Signal::SIGINT);
