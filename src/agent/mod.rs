@@ -411,7 +411,7 @@ async fn reclaim_orphan_runner(cfg: &AgentConfig) -> Result<Option<i32>, AgentEr
 }
 
 /// `f` on a blocking thread: its panic is the agent's error, naming `what`.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     what: &'static str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, AgentError> {

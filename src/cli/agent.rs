@@ -2,6 +2,7 @@
 
 use super::*;
 
+/// The running agent a command is about: its state directory, or the config naming it.
 #[derive(Debug, Args)]
 pub struct AgentTarget {
     /// Config file naming the state directory.

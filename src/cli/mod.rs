@@ -23,13 +23,13 @@ use crate::supervisor;
 /// `--log-format`, for the commands that run long enough to log.
 #[derive(Debug, Clone, Copy, Args)]
 pub struct LogFlags {
-    /// How log lines are written: text, or a JSON object a line (an agent's runner writes
-    /// as its agent does).
+    /// How log lines are written: text, or a JSON object a line (on stderr and in the
+    /// command's log file; the agent passes its own to its runner).
     #[arg(
         long = "log-format",
         value_enum,
         value_name = "FORMAT",
-        env = "RAILGRID_LOG_FORMAT",
+        env = crate::env_vars::LOG_FORMAT,
         default_value = "text"
     )]
     pub format: crate::logging::LogFormat,

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
+use super::admin::clean;
 use super::interrupts::{follow_or_cancel, Interrupts, DETACHED};
+use super::table::Table;
 use super::{print_stdout, usage};
 use crate::agent::config::{self, Flags};
 use crate::cli::{JobCommand, JobSubmitArgs, JobTarget};
@@ -53,23 +55,17 @@ pub(super) fn run(target: JobTarget, command: JobCommand) -> anyhow::Result<Exit
                 if json {
                     return print_stdout(&serde_json::to_string_pretty(&jobs)?);
                 }
-                let mut out = format!(
-                    "{:<36} {:<10} {:<6} {:<10} ARGV",
-                    "ID", "STATE", "EXIT", "OWNER"
+                let mut table = Table::new(
+                    "{:<36} {:<10} {:<6} {:<10} {}",
+                    &["ID", "STATE", "EXIT", "OWNER", "ARGV"],
                 );
                 for j in &jobs {
-                    out.push_str(&format!(
-                        "\n{:<36} {:<10} {:<6} {:<10} {}",
-                        j.id,
-                        j.state.as_str(),
-                        j.exit_code
-                            .map(|c| c.to_string())
-                            .unwrap_or_else(|| "-".into()),
-                        j.owner,
-                        j.spec.argv.join(" ")
-                    ));
+                    let exit = j.exit_code.map_or("-".into(), |c| c.to_string());
+                    // Another owner's argv, made safe for this terminal.
+                    let argv = clean(&j.spec.argv.join(" "));
+                    table.row(&[&j.id, &j.state.as_str(), &exit, &j.owner, &argv]);
                 }
-                print_stdout(&out)
+                print_stdout(table.finish().trim_end())
             }
             JobCommand::Status { id, json } => {
                 let rec = client.get(&id).await.map_err(api_err)?;

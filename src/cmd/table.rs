@@ -22,7 +22,9 @@ pub(super) struct Table {
 impl Table {
     /// A table laid out as `layout` says, in `format!`'s words: `{:<N}` and `{:>N}` pad a
     /// column to N characters on the right or on the left, `{}` is an unpadded column,
-    /// anything else is written as it is. Its first row is `header`.
+    /// text outside braces is written as it is. Any other column is a programming error,
+    /// which panics when the table is made.
+    /// Its first row is `header`.
     pub(super) fn new(layout: &str, header: &[&str]) -> Self {
         let mut table = Self {
             layout: parse(layout),
@@ -65,13 +67,18 @@ fn parse(layout: &str) -> Vec<Piece> {
             pieces.push(Piece::Text(rest[..open].to_owned()));
         }
         let spec = &rest[open + 1..close];
-        let width = |w: &str| w.parse().expect("a column's width is a number");
-        pieces.push(match spec.strip_prefix(":<") {
-            Some(w) => Piece::Left(width(w)),
-            None => match spec.strip_prefix(":>") {
-                Some(w) => Piece::Right(width(w)),
-                None => Piece::Rest,
-            },
+        let width = |w: &str| {
+            w.parse()
+                .unwrap_or_else(|_| panic!("a column's width is a number: {{{spec}}}"))
+        };
+        pieces.push(if spec.is_empty() {
+            Piece::Rest
+        } else if let Some(w) = spec.strip_prefix(":<") {
+            Piece::Left(width(w))
+        } else if let Some(w) = spec.strip_prefix(":>") {
+            Piece::Right(width(w))
+        } else {
+            panic!("a column is {{}}, {{:<N}} or {{:>N}}, not {{{spec}}}")
         });
         rest = &rest[close + 1..];
     }
@@ -99,6 +106,12 @@ mod tests {
             let _ = writeln!(want, "{a:<6} {b:>9}  {c:<4} {d}");
         }
         assert_eq!(t.finish(), want);
+    }
+
+    #[test]
+    #[should_panic(expected = "not {:^5}")]
+    fn a_column_it_cannot_pad_is_refused() {
+        Table::new("{:<3} {:^5}", &["A", "B"]);
     }
 
     #[test]

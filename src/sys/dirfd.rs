@@ -231,9 +231,11 @@ impl Dir {
         }
     }
 
-    /// Bytes an unprivileged writer may still use on this directory's file system.
+    /// Bytes an unprivileged writer may still use on this directory's file system. Asked
+    /// of the descriptor itself (fstatfs takes an O_PATH one since Linux 3.12): a
+    /// directory the account may only traverse answers too.
     pub fn free_space(&self) -> io::Result<u64> {
-        let st = nix::sys::statvfs::fstatvfs(&self.open_self()?)?;
+        let st = nix::sys::statvfs::fstatvfs(&self.0)?;
         #[allow(clippy::unnecessary_cast)]
         Ok((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
     }
@@ -261,7 +263,7 @@ impl Dir {
     }
 
     /// The directory itself, opened for reading through this descriptor: an O_PATH
-    /// descriptor can be neither fsynced nor asked for its file system's space.
+    /// descriptor cannot be fsynced.
     fn open_self(&self) -> io::Result<OwnedFd> {
         Ok(fcntl::openat(
             self.0.as_fd(),

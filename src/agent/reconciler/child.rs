@@ -32,17 +32,11 @@ pub(super) async fn build(
     exe: &Arc<PinnedExe>,
 ) -> Result<Supervisor, AgentError> {
     let (cfg, desired, exe) = (cfg.clone(), desired.clone(), exe.clone());
-    tokio::task::spawn_blocking(move || {
+    crate::agent::blocking("runner supervisor build", move || {
         crate::agent::dirs::prepare(&cfg)?;
         Ok(Supervisor::new(runner_config(&cfg, &desired, &exe)?)?)
     })
-    .await
-    .unwrap_or_else(|source| {
-        Err(AgentError::Task {
-            what: "runner supervisor build",
-            source,
-        })
-    })
+    .await?
 }
 
 /// The supervisor configuration of the runner child.

@@ -178,3 +178,30 @@ fn a_client_without_access_to_the_socket_is_told_whose_it_is() {
         "{err}"
     );
 }
+
+#[test]
+fn job_list_writes_a_row_a_job_under_its_header_with_control_characters_made_safe() {
+    let r = Runner::started(&[]);
+    run_ok(
+        r.cli()
+            .args(["submit", "--id", "esc", "--", "echo", "\x1b[2Jgone"]),
+        "job submit",
+    );
+    let out = run_ok(r.cli().arg("list"), "job list");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    let header = lines.next().unwrap_or_default();
+    assert!(
+        header.starts_with("ID ") && header.ends_with(" OWNER      ARGV"),
+        "{text}"
+    );
+    let row = lines.next().unwrap_or_default();
+    assert!(
+        row.starts_with("esc ") && row.contains(" succeeded ") && row.ends_with(" echo ?[2Jgone"),
+        "{text}"
+    );
+    assert!(
+        !text.contains('\x1b'),
+        "an escape sequence reached the terminal: {text:?}"
+    );
+}

@@ -60,15 +60,17 @@ impl PgStore {
     }
 
     /// Revokes the row of `table` whose `key` is `value` at `now_ms` (a second revocation
-    /// keeps the first time): the row as it then is, with `columns`, if there is one.
-    async fn revoke(
+    /// keeps the first time): the row as it then is, with `columns`, if there is one. The
+    /// row is decoded before the commit: one that does not decode revokes nothing.
+    async fn revoke_row<T>(
         &self,
         table: &str,
         key: &str,
         columns: &str,
         value: &str,
         now_ms: u64,
-    ) -> Result<Option<tokio_postgres::Row>, StoreError> {
+        decode: impl Fn(&tokio_postgres::Row) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, StoreError> {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
@@ -82,6 +84,7 @@ impl PgStore {
             )
             .await
             .map_err(&e)?;
+        let row = row.as_ref().map(decode).transpose()?;
         self.commit_tokens(tx).await?;
         Ok(row)
     }
@@ -133,10 +136,16 @@ impl AccessStore for PgStore {
         name: &str,
         now_ms: u64,
     ) -> Result<Option<AdminTokenRow>, StoreError> {
-        let row = self
-            .revoke("admin_tokens", "name", ADMIN_TOKEN_COLUMNS, name, now_ms)
-            .await?;
-        Ok(row.as_ref().map(admin_token_row))
+        let decode = |r: &_| Ok(admin_token_row(r));
+        self.revoke_row(
+            "admin_tokens",
+            "name",
+            ADMIN_TOKEN_COLUMNS,
+            name,
+            now_ms,
+            decode,
+        )
+        .await
     }
 
     async fn create_enrol_token(&self, row: &EnrolTokenRow) -> Result<EnrolTokenRow, StoreError> {
@@ -185,10 +194,16 @@ impl AccessStore for PgStore {
         id: &str,
         now_ms: u64,
     ) -> Result<Option<EnrolTokenRow>, StoreError> {
-        let row = self
-            .revoke("enrol_tokens", "id", ENROL_TOKEN_COLUMNS, id, now_ms)
-            .await?;
-        row.map(|r| enrol_row(&self.url, &r)).transpose()
+        let decode = |r: &_| enrol_row(&self.url, r);
+        self.revoke_row(
+            "enrol_tokens",
+            "id",
+            ENROL_TOKEN_COLUMNS,
+            id,
+            now_ms,
+            decode,
+        )
+        .await
     }
 
     async fn self_enrol(&self, en: &Enrolment, agent_sha256: &str) -> Result<Enrolled, StoreError> {
