@@ -44,10 +44,7 @@ for r in a b; do
     --store "$STORE" --max-connections $((AGENTS + 1000)) 2>"$WORK/$r.log" &
   hubs+=($!)
 done
-for r in a b; do
-  for _ in $(seq 400); do [ -s "$WORK/$r/hub.json" ] && break; sleep 0.05; done
-  [ -s "$WORK/$r/hub.json" ] || { cat "$WORK/$r.log" >&2; exit 1; }
-done
+for r in a b; do hub_url "$WORK/$r"; done
 # One replica made the admin token: the other's data dir gets a copy, as an operator's would.
 for r in a b; do [ -s "$WORK/$r/admin.token" ] && token="$WORK/$r/admin.token"; done
 for r in a b; do [ "$WORK/$r/admin.token" = "$token" ] || install -m 600 "$token" "$WORK/$r/admin.token"; done

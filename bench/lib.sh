@@ -35,12 +35,12 @@ release_key() {
   KEY=$(sed -n 2p "$WORK/k.pub")
 }
 
-# Waits for the hub whose data directory is $1 (default $WORK/hub) to say where it
-# listens, then sets URL to it.
+# Waits up to 20 s for the hub whose data directory is $1 (default $WORK/hub; its log
+# beside it, $1.log) to say where it listens, then sets URL to it.
 hub_url() {
   local dir=${1:-$WORK/hub} _
-  for _ in $(seq 200); do [ -s "$dir/hub.json" ] && break; sleep 0.05; done
-  [ -s "$dir/hub.json" ] || { echo "the hub at $dir did not start" >&2; exit 1; }
+  for _ in $(seq 400); do [ -s "$dir/hub.json" ] && break; sleep 0.05; done
+  [ -s "$dir/hub.json" ] || { echo "the hub at $dir did not start" >&2; cat "$dir.log" >&2 2>/dev/null; exit 1; }
   URL=$(sed -n 's/.*"url": *"\([^"]*\)".*/\1/p' "$dir/hub.json")
 }
 

@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 use railgrid::hub_client;
-use railgrid::proto::desired::DesiredState;
 use railgrid::proto::report::AgentReport;
 use tokio::sync::mpsc;
 
@@ -34,6 +33,8 @@ use measure::{percentile, usage};
 mod agent_link;
 #[path = "common/hub_dir.rs"]
 mod hub_dir;
+#[path = "common/hub_http.rs"]
+mod hub_http;
 use hub_dir::HubDir as Hub;
 
 impl Hub {
@@ -64,27 +65,6 @@ fn report(generation: u64) -> AgentReport {
         jobs_summary: None,
         jobs: Vec::new(),
     }
-}
-
-async fn reconcile(
-    http: &reqwest::Client,
-    url: &str,
-    auth: &reqwest::header::HeaderValue,
-    generation: u64,
-    wait: u64,
-) -> anyhow::Result<DesiredState> {
-    let body = serde_json::to_vec(&report(generation))?;
-    let resp = http
-        .post(url)
-        .query(&[("wait", wait)])
-        .header(reqwest::header::AUTHORIZATION, auth.clone())
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(body)
-        .timeout(Duration::from_secs(wait + 30))
-        .send()
-        .await?;
-    anyhow::ensure!(resp.status().is_success(), "reconcile: {}", resp.status());
-    Ok(serde_json::from_slice(&resp.bytes().await?)?)
 }
 
 /// The database's transaction count, if `BENCH_DB_XACTS` says how to get it.
@@ -295,8 +275,12 @@ async fn busy_phase(
         let (url, auth) = (url.clone(), auth.clone());
         let (http, count, stop) = (hubs[*r].http.clone(), count.clone(), stop.clone());
         clients.spawn(async move {
+            let report = report(latest);
             while !stop.load(Ordering::Relaxed) {
-                if reconcile(&http, &url, &auth, latest, 0).await.is_ok() {
+                if hub_http::reconcile(&http, &url, &auth, &report, 0)
+                    .await
+                    .is_ok()
+                {
                     count.fetch_add(1, Ordering::Relaxed);
                 }
             }

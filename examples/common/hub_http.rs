@@ -2,6 +2,9 @@
 //! reconcile (held up to `wait` seconds) and a release download checked against its
 //! SHA-256.
 
+// Each example takes what it needs of this module.
+#![allow(dead_code)]
+
 use std::time::Duration;
 
 use railgrid::proto::desired::DesiredState;
