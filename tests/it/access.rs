@@ -16,10 +16,6 @@ use crate::fixtures::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 /// An agent of `host` that enrols (if it has no token yet) as `id` with `enrol`.
 fn enrolling(hub: &TestHub, host: &Host, id: &str, enrol: &Path) -> std::process::Command {
     let (url, ca) = (hub.url.clone(), path_str(&hub.ca()));
@@ -236,7 +232,7 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
             "job", "submit", "--agent", "c1", "--wait", "--", "echo", "ci",
         ],
     );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_succeeded(&out);
     assert_eq!(text(&out.stdout), "ci\n");
     let out = with_token(&hub, &ci, &["job", "submit", "--agent", "p1", "--", "true"]);
     let err = text(&out.stderr);
@@ -262,7 +258,7 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
                 "true",
             ],
         );
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_succeeded(&out);
         let v = hub.admin_json(&["job", "status", &id]);
         assert_eq!(v["agent"], "c1", "{v:#}");
         assert_eq!(v["scope"], "tier=ci");

@@ -6,7 +6,6 @@
 use std::fs;
 use std::process::Command;
 
-use super::hub_jobs::marks_dir;
 use super::replicas::sim_reconcile;
 use super::routing::{running, start_member, submit, wait_job, wait_ready};
 use super::webdriver::Browser;
@@ -37,9 +36,7 @@ fn page_with_cookie(hub: &TestHub, path: &str, cookie: &str) -> (u16, String) {
 #[test]
 fn an_operator_follows_the_fleet_a_live_job_and_a_rollout_in_a_real_browser() {
     let dir = tempdir();
-    let key = keygen(dir.path(), "publisher");
-    let public = path_str(&key.public);
-    let hub = TestHub::start(&dir.path().join("hub"), &["--release-key", &public]);
+    let (key, hub) = signed_hub(dir.path());
     hub.admin_ok(&["desired", "set", "--fleet", "--max-jobs", "1"]);
     let member = start_member(&hub, "d1", "build");
 
@@ -107,7 +104,7 @@ fn an_operator_follows_the_fleet_a_live_job_and_a_rollout_in_a_real_browser() {
     browser.screenshot(&shots().join("fleet.png"));
 
     // A job's output grows on its page while it runs; the state follows when it ends.
-    let marks = marks_dir(&member.host);
+    let marks = member.host.marks_dir();
     let script = format!(
         "echo first-line; while [ ! -e {m}/go-live ]; do sleep 0.05; done; echo second-line",
         m = marks.display()

@@ -5,22 +5,22 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 
 use crate::fixtures::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// A tmpfs mounted for one test and the runner on it. Dropping it kills the runner (which
-/// stops its jobs), then unmounts, even when the test failed half-way.
+/// A tmpfs mounted for one test and the runner on it. Dropping it stops the runner (SIGTERM:
+/// it stops its jobs; SIGKILL after a grace), then unmounts, even when the test failed
+/// half-way.
 struct FullDisk {
-    runner: Option<Child>,
-    // Unmounted after the runner is killed and before the directory is removed.
+    runner: Option<Guard>,
+    // Unmounted after the runner is stopped and before the directory is removed.
     _mount: Mounted,
     dir: tempfile::TempDir,
 }
@@ -84,7 +84,7 @@ impl FullDisk {
             .spawn()
             .expect("spawn runner");
         let pid = child.id() as i32;
-        self.runner = Some(child);
+        self.runner = Some(Guard::new(child));
         wait_for(LIMIT, "the runner to answer", || {
             let h = get_json(&self.socket(), "/v1/health")?;
             (h["pid"] == pid).then_some(())
@@ -92,9 +92,9 @@ impl FullDisk {
     }
 
     fn kill_runner(&mut self, sig: Signal) {
-        if let Some(mut child) = self.runner.take() {
-            let _ = kill(Pid::from_raw(child.id() as i32), sig);
-            let _status = wait_for(LIMIT, "the runner to exit", || child.try_wait().ok()?);
+        if let Some(mut runner) = self.runner.take() {
+            runner.signal(sig);
+            runner.wait_output(LIMIT);
         }
     }
 
@@ -122,15 +122,6 @@ impl FullDisk {
             .spawn()
             .expect("spawn railgrid job");
         Guard::new(child)
-    }
-}
-
-impl Drop for FullDisk {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.runner.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 

@@ -11,7 +11,6 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use super::hub_jobs::marks_dir;
 use super::routing::{
     member_cmd, release, running, start_member, status, submit, submit_gated, wait_job, wait_ready,
 };
@@ -48,7 +47,7 @@ fn submit_whole(hub: &TestHub, marks: &Path, agent: &str, id: &str) {
         hub,
         &["--agent", agent, "--id", id, "--", "sh", "-c", &script],
     );
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_succeeded(&out);
 }
 
 fn local_submit(state: &Path) -> Output {
@@ -60,10 +59,6 @@ fn local_submit(state: &Path) -> Output {
         .expect("job submit")
 }
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 #[test]
 fn a_drain_keeps_running_jobs_whole_sends_new_work_elsewhere_and_cancels_at_its_deadline() {
     let dir = tempdir();
@@ -72,7 +67,7 @@ fn a_drain_keeps_running_jobs_whole_sends_new_work_elsewhere_and_cancels_at_its_
     let mut d1 = start_member(&hub, "d1", "build");
     let _d2 = start_member(&hub, "d2", "build");
     wait_ready(&hub, &["d1", "d2"]);
-    let marks = marks_dir(&d1.host);
+    let marks = d1.host.marks_dir();
 
     // A running job on d1, then the drain: it finishes, whole.
     submit_whole(&hub, &marks, "d1", "keep");
@@ -90,7 +85,7 @@ fn a_drain_keeps_running_jobs_whole_sends_new_work_elsewhere_and_cancels_at_its_
     let e = wait_job(&hub, "elsewhere", "running", running);
     assert_eq!(e["agent"], "d2", "{e:#}");
     let out = submit(&hub, &["--agent", "d1", "--id", "later", "--", "true"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_succeeded(&out);
     let later = wait_job(&hub, "later", "waiting for the drain", |v| {
         says(v, "waiting", "agent d1 is draining (drained by the hub)")
     });
@@ -161,7 +156,7 @@ fn a_drain_keeps_running_jobs_whole_sends_new_work_elsewhere_and_cancels_at_its_
         .arg(&state)
         .output()
         .expect("agent drain");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_succeeded(&out);
     let v = wait_drained(&hub, "d1", 0);
     assert_eq!(v["report"]["drain"]["host"], true, "{v:#}");
     assert_eq!(v["accept_jobs"], true, "the hub's own setting is untouched");
@@ -200,7 +195,7 @@ fn a_drain_keeps_running_jobs_whole_sends_new_work_elsewhere_and_cancels_at_its_
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(err.contains("the host takes jobs again"), "{err}");
     let out = local_submit(&state);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_succeeded(&out);
     assert!(!state.join("host-drain.json").exists());
     assert!(!state.join("runner/drain.json").exists());
 

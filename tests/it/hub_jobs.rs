@@ -3,7 +3,6 @@
 //! parties killed and restarted under running jobs.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -115,8 +114,7 @@ impl Fleet {
 
     /// The runner's record of a job, from its socket.
     fn runner_job(&self, id: &str) -> Option<Value> {
-        let (status, body) = http(&self.host.socket(), "GET", &format!("/v1/jobs/{id}"), None)?;
-        (status == 200).then(|| serde_json::from_str(&body).ok())?
+        get_json(&self.host.socket(), &format!("/v1/jobs/{id}"))
     }
 
     fn spool(&self, id: &str, stream: &str) -> Vec<u8> {
@@ -131,14 +129,6 @@ impl Fleet {
         guard.wait_output(LIMIT);
         self.hub = Some(TestHub::start_on(&self.hub_dir, &listen, &[]));
     }
-}
-
-/// A directory every account may write: where jobs leave marks a test counts.
-pub(crate) fn marks_dir(host: &Host) -> PathBuf {
-    let d = host.path("marks");
-    fs::create_dir_all(&d).expect("marks dir");
-    fs::set_permissions(&d, fs::Permissions::from_mode(0o777)).expect("chmod");
-    d
 }
 
 fn runs(marks: &Path, id: &str) -> usize {
@@ -210,7 +200,7 @@ fn a_cancel_from_the_hub_ends_the_running_job_s_process_group() {
     assert!(alive(pid));
     let asked = Instant::now();
     let out = f.jobs(&["cancel", &id]);
-    assert!(out.status.success());
+    assert_succeeded(&out);
     let v = f.wait_done(&id);
     assert_eq!(v["state"], "cancelled");
     assert_eq!(v["signal"], 15);
@@ -225,19 +215,13 @@ fn a_cancel_from_the_hub_ends_the_running_job_s_process_group() {
 #[test]
 fn jobs_for_an_agent_that_is_away_wait_at_the_hub_bounded_and_start_when_it_returns() {
     let mut f = Fleet::new(&["--max-open-jobs", "2"]);
-    let marks = marks_dir(&f.host);
+    let marks = f.host.marks_dir();
     let m = path_str(&marks);
     let first = f.submit(&["--id", "w1"], &["sh", "-c", &format!("echo x >> {m}/w1")]);
     let second = f.submit(&["--id", "w2"], &["sh", "-c", &format!("echo x >> {m}/w2")]);
     let v = f.status(&first);
     assert_eq!(v["state"], "pending");
-    assert!(
-        v["waiting"]
-            .as_str()
-            .unwrap_or("")
-            .contains("agent a1 has never reconciled"),
-        "{v}"
-    );
+    assert_says(&v, "waiting", "agent a1 has never reconciled");
     let refused = f.submit_output(&[], &["true"]);
     assert_eq!(code(&refused), Some(1));
     let why = String::from_utf8_lossy(&refused.stderr);
@@ -248,16 +232,13 @@ fn jobs_for_an_agent_that_is_away_wait_at_the_hub_bounded_and_start_when_it_retu
 
     // A job cancelled before its agent was ever sent it ends at once, at the hub.
     let out = f.jobs(&["cancel", &second]);
-    assert!(out.status.success());
+    assert_succeeded(&out);
     let v = f.status(&second);
     assert_eq!(
         (v["state"].as_str(), v["done"].as_bool()),
         (Some("cancelled"), Some(true))
     );
-    assert!(v["error"]
-        .as_str()
-        .unwrap_or("")
-        .contains("before agent a1 was sent it"));
+    assert_says(&v, "error", "before agent a1 was sent it");
 
     f.start_agent();
     let v = f.wait_done(&first);
@@ -337,7 +318,7 @@ fn seq_bytes(n: u32) -> Vec<u8> {
 fn slow_job_under_way(id: &str) -> (Fleet, PathBuf) {
     let mut f = Fleet::new(&[]);
     f.start_agent();
-    let marks = marks_dir(&f.host);
+    let marks = f.host.marks_dir();
     let argv = slow_seq(&marks, id);
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     f.submit(&["--id", id], &argv);
@@ -395,7 +376,7 @@ fn an_agent_killed_mid_job_does_not_run_it_again_and_its_output_and_end_reach_th
 fn an_agent_killed_as_its_runner_takes_a_job_does_not_run_it_twice() {
     let mut f = Fleet::new(&[]);
     f.start_agent();
-    let marks = marks_dir(&f.host);
+    let marks = f.host.marks_dir();
     let m = path_str(&marks);
     let id = f.submit(
         &["--id", "early"],
@@ -533,13 +514,7 @@ fn the_hub_keeps_its_cap_of_a_stream_and_says_so() {
     let v = f.status("big");
     assert_eq!(v["stdout_stored"], 1000);
     assert_eq!(v["stdout_bytes"], seq_bytes(10_000).len());
-    assert!(
-        v["output_truncated"]["stdout"]
-            .as_str()
-            .unwrap_or("")
-            .contains("48894"),
-        "{v}"
-    );
+    assert_says(&v["output_truncated"], "stdout", "48894");
     assert_eq!(f.logs("big", "stdout"), &seq_bytes(10_000)[..1000]);
 
     // A done job takes no more output, from its own agent either.
@@ -614,7 +589,7 @@ fn hub_job_commands_say_what_the_local_ones_say() {
     // A cancelled job shows the code a shell shows (143), not the signal's number.
     let id = f.submit(&["--id", "term"], &["sleep", "600"]);
     f.wait_status(&id, "running", |v| v["state"] == "running");
-    assert!(f.jobs(&["cancel", &id]).status.success());
+    assert_succeeded(&f.jobs(&["cancel", &id]));
     f.wait_done(&id);
     let list = String::from_utf8_lossy(&f.jobs(&["list"]).stdout).into_owned();
     let row = list

@@ -580,7 +580,7 @@ fn two_replicas_dispatch_one_queue_and_no_job_is_assigned_or_run_twice() {
         });
         (ready.count() == 2).then_some(())
     });
-    let marks = super::hub_jobs::marks_dir(&h1);
+    let marks = h1.marks_dir();
     let ran = marks.join("ran");
     let script = format!("echo $0 >> {}", ran.display());
     // Submitted at once through both replicas, so that both dispatch from one queue.

@@ -10,7 +10,6 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use super::hub_jobs::marks_dir;
 use crate::fixtures::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -144,7 +143,7 @@ fn selected_jobs_reach_only_matching_agents_with_room_in_priority_order_and_surv
     ];
     let ids: Vec<&str> = members.iter().map(|m| m.id).collect();
     wait_ready(&hub, &ids);
-    let marks = marks_dir(&members[0].host);
+    let marks = members[0].host.marks_dir();
 
     // Two build agents, one slot each: two of three run, on both, the third waits.
     for id in ["s1", "s2", "s3"] {
@@ -356,7 +355,7 @@ fn the_jobs_of_an_agent_gone_past_the_hubs_patience_end_lost_and_are_retried_els
         start_member(&hub, "p2", "build"),
     ];
     wait_ready(&hub, &["p1", "p2"]);
-    let marks = marks_dir(&members[0].host);
+    let marks = members[0].host.marks_dir();
     submit_gated(&hub, &marks, "gone", &["--retry", "1"]);
     let first = wait_job(&hub, "gone", "running", running);
     let on = first["agent"].as_str().expect("agent").to_owned();

@@ -22,10 +22,6 @@ fn copy(from: &std::path::Path, to: &str) -> Output {
         .expect("hub store copy")
 }
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
 fn connected(hub: &TestHub, id: &str) -> bool {
     let v = hub.admin_json(&["agent", "show", id]);
     v["connected"] == true && v["report"]["runner"]["state"] == "running"
@@ -35,9 +31,7 @@ fn connected(hub: &TestHub, id: &str) -> bool {
 fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a_replica() {
     let Some(pg) = Postgres::start() else { return };
     let dir = tempdir();
-    let key = keygen(dir.path(), "publisher");
-    let public = path_str(&key.public);
-    let hub = TestHub::start(&dir.path().join("hub"), &["--release-key", &public]);
+    let (key, hub) = signed_hub(dir.path());
     let _member = start_member(&hub, "d1", "build");
     wait_for(LIMIT, "d1 connected", || {
         connected(&hub, "d1").then_some(())
@@ -56,7 +50,7 @@ fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a
             "echo hello from sqlite; echo and its stderr >&2",
         ],
     );
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_succeeded(&out);
 
     // A release, sent to a simulated agent that rolls it back: the version is halted.
     let artifact = dir.path().join("artifact");
@@ -124,7 +118,7 @@ fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a
     fs::write(&bin, good).expect("restore");
     let out = copy(&hub_dir, &url);
     let said = text(&out.stdout);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_succeeded(&out);
     for part in [
         "agents",
         "jobs",
@@ -154,7 +148,11 @@ fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a
     let rdir = dir.path().join("replica");
     fs::create_dir_all(&rdir).expect("replica dir");
     fs::copy(hub_dir.join("admin.token"), rdir.join("admin.token")).expect("admin token");
-    let replica = TestHub::start_on(&rdir, &listen, &["--store", &url, "--release-key", &public]);
+    let replica = TestHub::start_on(
+        &rdir,
+        &listen,
+        &["--store", &url, "--release-key", &path_str(&key.public)],
+    );
     wait_for(LIMIT, "d1 back, through the replica", || {
         connected(&replica, "d1").then_some(())
     });
@@ -189,6 +187,6 @@ fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a
             "after the copy",
         ],
     );
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_succeeded(&out);
     assert!(text(&out.stdout).contains("after the copy"));
 }

@@ -9,7 +9,6 @@ use std::path::Path;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use super::hub_jobs::marks_dir;
 use crate::fixtures::*;
 
 /// A hub job on a1 that says `start`, waits for its gate, then says `done`.
@@ -53,7 +52,7 @@ fn local_submit(up: &Up) -> std::process::Output {
 fn an_upgrade_waits_for_a_running_job_and_switches_after_it() {
     let mut up = Up::new();
     up.start_agent();
-    let marks = marks_dir(&up.host);
+    let marks = up.host.marks_dir();
     submit_gated(&up, &marks, "build");
     up.offer_v2();
     let u = wait_for(LIMIT, "the upgrade waiting for the job", || {
@@ -95,7 +94,7 @@ fn past_its_drain_deadline_an_upgrade_cancels_what_runs_naming_itself() {
     let mut up = Up::new();
     up.env.push(("RAILGRID_UPGRADE_DRAIN_DEADLINE", "2s"));
     up.start_agent();
-    let marks = marks_dir(&up.host);
+    let marks = up.host.marks_dir();
     submit_gated(&up, &marks, "stuck");
     up.offer_v2();
     up.wait_upgrade("committed");
@@ -113,7 +112,7 @@ fn past_its_drain_deadline_an_upgrade_cancels_what_runs_naming_itself() {
 fn an_agent_killed_while_it_drains_for_an_upgrade_keeps_its_binary_and_the_drain() {
     let mut up = Up::new();
     up.start_agent();
-    let marks = marks_dir(&up.host);
+    let marks = up.host.marks_dir();
     submit_gated(&up, &marks, "held");
     up.offer_v2();
     up.wait_upgrade("draining");

@@ -18,7 +18,6 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
-use sha2::Digest;
 
 use crate::fixtures::*;
 

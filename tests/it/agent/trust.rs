@@ -117,13 +117,12 @@ fn a_runner_restarted_after_the_binary_was_replaced_runs_the_agents_own_bytes() 
         .output()
         .expect("status");
     let st: Value = serde_json::from_slice(&out.stdout).expect("status json");
-    let original = fs::read(BIN).expect("read the binary");
-    let sha: String = sha2::Sha256::digest(&original)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let sha = sha256_hex(Path::new(BIN));
     assert_eq!(st["exe"]["sha256"], sha.as_str(), "{st}");
-    assert_eq!(st["exe"]["size"], original.len() as u64);
+    assert_eq!(
+        st["exe"]["size"],
+        fs::metadata(BIN).expect("the binary").len()
+    );
     assert_eq!(
         st["exe"]["path"],
         path_str(&fs::canonicalize(&exe).expect("canonical")).as_str()

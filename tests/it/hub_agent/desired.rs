@@ -65,13 +65,7 @@ fn the_hubs_desired_state_stops_and_starts_the_runner() {
         let st = h.host.status();
         (st["upgrade"]["state"] == "refused").then_some(st)
     });
-    assert!(
-        st["upgrade"]["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("no [upgrade] trusted_keys"),
-        "{st:#}"
-    );
+    assert_says(&st["upgrade"], "error", "no [upgrade] trusted_keys");
     let log = h.host.agent_log();
     assert!(log.contains("the upgrade takes it from here"), "{log}");
     assert!(

@@ -53,7 +53,6 @@ fn ok(out: Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A command that must refuse with exit 2; its stderr.
 /// The error of a refused command, which must say `words`.
 fn refused_saying(out: Output, words: &str) -> String {
     let err = refused(out);
@@ -61,6 +60,7 @@ fn refused_saying(out: Output, words: &str) -> String {
     err
 }
 
+/// A command that must refuse with exit 2; its stderr.
 fn refused(out: Output) -> String {
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(

@@ -137,28 +137,6 @@ fn a_restarted_runner_kills_what_a_killed_one_left_in_a_job_cgroup() {
     assert!(!cg.dir.join(format!("job-{id}")).exists());
 }
 
-/// Unmounts (lazily) when dropped, then removes the mount point (a temp dir whose own
-/// removal failed while it was mounted): declared before the runner, so that it goes after.
-struct Unmount(PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
-fn mount_tmpfs(at: &Path, size: &str) {
-    let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o"])
-        .arg(format!("size={size},mode=0755"))
-        .arg("tmpfs")
-        .arg(at)
-        .status()
-        .expect("mount");
-    assert!(ok.success(), "mount tmpfs at {}", at.display());
-}
-
 /// The runner's Landlock rules name the entries beside the path to its state dir; it once
 /// held a descriptor on each for its whole life, so a file system mounted beside them
 /// could not be unmounted ("target is busy") and a file deleted there kept its space.
@@ -168,19 +146,15 @@ fn the_runner_pins_no_file_system_or_file_beside_its_state_dir() {
         return;
     }
     let dir = tempdir();
-    mount_tmpfs(dir.path(), "64m");
-    let _outer = Unmount(dir.path().to_owned());
+    // Declared before the runner, so unmounted after it: the temp dir, whose own removal
+    // failed while it was mounted, goes with the mount.
+    let outer = Mounted::tmpfs(dir.path(), "64m", "0755");
     let sibling = dir.path().join("sibling");
     fs::create_dir(&sibling).expect("mkdir");
-    mount_tmpfs(&sibling, "1m");
-    let _inner = Unmount(sibling.clone());
+    let _inner = Mounted::tmpfs(&sibling, "1m", "0755");
     let big = dir.path().join("big");
     fs::write(&big, vec![7u8; 32 << 20]).expect("big file");
-    let top = dir.path().to_owned();
-    let free = || {
-        let s = nix::sys::statvfs::statvfs(&top).expect("statvfs");
-        s.blocks_available() as u64 * s.fragment_size() as u64
-    };
+    let free = || outer.free();
     let mut r = Runner::in_dir(dir);
     r.start(&[]);
     let health = get_json(&r.socket(), "/v1/health").expect("health");

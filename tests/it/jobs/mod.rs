@@ -4,7 +4,7 @@
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -26,6 +26,19 @@ fn submit_ok(r: &Runner, spec: Value) -> String {
     let (status, body) = r.submit(spec);
     assert_eq!(status, 201, "{body}");
     body["id"].as_str().expect("id").to_owned()
+}
+
+/// `spec` is refused as an invalid spec (400) with a message that names `part`; the
+/// message.
+fn refused_spec(r: &Runner, spec: Value, part: &str) -> String {
+    let (status, body) = r.submit(spec);
+    assert_eq!(status, 400, "{part}: {body}");
+    assert_eq!(body["error"]["code"], "invalid_spec", "{body}");
+    assert_says(&body["error"], "message", part);
+    body["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// One GET with the token, returning the whole response, headers included (lower-cased

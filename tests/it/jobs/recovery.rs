@@ -177,12 +177,10 @@ fn what_a_dead_runners_job_left_in_its_group_after_its_leader_exited_is_killed()
     r.guard.as_mut().expect("runner").own_group(pgid);
     let rec = r.wait(&id);
     assert_eq!(rec["state"], "lost", "{rec}");
-    assert!(
-        rec["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("what it left in its process group was killed"),
-        "{rec}"
+    assert_says(
+        &rec,
+        "error",
+        "what it left in its process group was killed",
     );
     wait_for(LIMIT, "the group to be empty", || {
         live_in_group(pgid).is_empty().then_some(())

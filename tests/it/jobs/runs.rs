@@ -625,12 +625,3 @@ fn a_job_starts_clean_and_a_failed_launch_names_its_cause() {
         "{err}"
     );
 }
-
-/// `spec` is refused as an invalid spec (400) with a message that names `part`.
-fn refused_spec(r: &Runner, spec: Value, part: &str) {
-    let (status, body) = r.submit(spec);
-    assert_eq!(status, 400, "{body}");
-    assert_eq!(body["error"]["code"], "invalid_spec", "{body}");
-    let message = body["error"]["message"].as_str().expect("message");
-    assert!(message.contains(part), "{part:?} not in {body}");
-}

@@ -17,7 +17,7 @@ fn a_binary_replaced_by_hand_is_test_run_and_taken_in_lockstep() {
     up.start_agent();
     let old = sha256_hex(&up.exe());
     // A job runs: the agent drains, and takes the new file once the job is done.
-    let marks = crate::hub_jobs::marks_dir(&up.host);
+    let marks = up.host.marks_dir();
     let gate = marks.join("go");
     let script = format!("while [ ! -e {} ]; do sleep 0.05; done", gate.display());
     up.hub().admin_ok(&[

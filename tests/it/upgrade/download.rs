@@ -195,11 +195,7 @@ fn a_disk_that_fills_during_the_download_loses_the_download_and_nothing_else() {
         (proxy.reached.load(Ordering::SeqCst) >= 1).then_some(())
     });
     let filler = up.bin_dir().join("filler");
-    {
-        let mut f = fs::File::create(&filler).expect("filler");
-        let block = vec![0u8; 1024 * 1024];
-        while f.write_all(&block).is_ok() {}
-    }
+    fill(&filler);
     gate.open();
     failed_for_space(&up.wait_upgrade("failed"));
     fs::remove_file(&filler).expect("remove filler");
@@ -216,11 +212,5 @@ fn a_disk_that_fills_during_the_download_loses_the_download_and_nothing_else() {
 
 /// An upgrade record that failed for want of disk space.
 fn failed_for_space(upgrade: &Value) {
-    assert!(
-        upgrade["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("not enough space"),
-        "{upgrade}"
-    );
+    assert_says(upgrade, "error", "not enough space");
 }
