@@ -4,6 +4,34 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// A Prometheus counter that carries its own name and help, so that what it counts is
+/// said where it is declared.
+pub(crate) struct Counter {
+    name: &'static str,
+    help: &'static str,
+    n: AtomicU64,
+}
+
+impl Counter {
+    pub(crate) const fn new(name: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            help,
+            n: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn inc(&self) {
+        self.n.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn render(&self, out: &mut String) {
+        let (name, n) = (self.name, self.n.load(Ordering::Relaxed));
+        gauge(out, name, self.help, "counter");
+        let _ = writeln!(out, "{name} {n}");
+    }
+}
+
 /// A Prometheus histogram over fixed buckets.
 pub(crate) struct Histogram {
     bounds: &'static [f64],
@@ -89,6 +117,19 @@ mod tests {
         assert!(out.contains("x_seconds_bucket{le=\"+Inf\"} 4\n"), "{out}");
         assert!(out.contains("x_seconds_count 4\n"), "{out}");
         assert!(out.contains("x_seconds_sum 23.5\n"), "{out}");
+    }
+
+    #[test]
+    fn a_counter_says_its_name_help_and_count() {
+        static C: Counter = Counter::new("x_total", "Things.");
+        C.inc();
+        C.inc();
+        let mut out = String::new();
+        C.render(&mut out);
+        assert_eq!(
+            out,
+            "# HELP x_total Things.\n# TYPE x_total counter\nx_total 2\n"
+        );
     }
 
     #[test]

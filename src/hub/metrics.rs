@@ -10,10 +10,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::metrics_text::{escape, gauge, labelled, Histogram};
+use crate::metrics_text::{escape, gauge, labelled, Counter, Histogram};
 
 /// Upper bounds of the dispatch latency buckets, in seconds.
 const DISPATCH_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
@@ -22,10 +21,20 @@ const DURATION_BUCKETS: &[f64] = &[
     0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0,
 ];
 
-pub(crate) static RECONCILES: AtomicU64 = AtomicU64::new(0);
-pub(crate) static WAKEUPS: AtomicU64 = AtomicU64::new(0);
-pub(crate) static STORE_ERRORS: AtomicU64 = AtomicU64::new(0);
-pub(crate) static ENROLMENTS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static RECONCILES: Counter =
+    Counter::new("railgrid_reconciles_total", "Reconciles this hub answered.");
+pub(crate) static WAKEUPS: Counter = Counter::new(
+    "railgrid_wakeups_total",
+    "Held polls woken by a change of their agent's desired state.",
+);
+pub(crate) static STORE_ERRORS: Counter = Counter::new(
+    "railgrid_store_errors_total",
+    "Requests that failed on the hub's database.",
+);
+pub(crate) static ENROLMENTS: Counter = Counter::new(
+    "railgrid_enrolments_total",
+    "Hosts that enrolled themselves with an enrolment token.",
+);
 pub(crate) static DISPATCH: Histogram = Histogram::new(DISPATCH_BUCKETS);
 pub(crate) static JOB_DURATION: Histogram = Histogram::new(DURATION_BUCKETS);
 /// Jobs that ended, by (state, what cancelled it).
@@ -149,30 +158,8 @@ pub(crate) fn render(g: &Gauges, replica: &str) -> String {
         "railgrid_job_duration_seconds",
         "From a job's start on its agent to its end, as the hub heard them.",
     );
-    for (name, help, value) in [
-        (
-            "railgrid_reconciles_total",
-            "Reconciles this hub answered.",
-            RECONCILES.load(Ordering::Relaxed),
-        ),
-        (
-            "railgrid_wakeups_total",
-            "Held polls woken by a change of their agent's desired state.",
-            WAKEUPS.load(Ordering::Relaxed),
-        ),
-        (
-            "railgrid_store_errors_total",
-            "Requests that failed on the hub's database.",
-            STORE_ERRORS.load(Ordering::Relaxed),
-        ),
-        (
-            "railgrid_enrolments_total",
-            "Hosts that enrolled themselves with an enrolment token.",
-            ENROLMENTS.load(Ordering::Relaxed),
-        ),
-    ] {
-        gauge(&mut out, name, help, "counter");
-        let _ = writeln!(out, "{name} {value}");
+    for counter in [&RECONCILES, &WAKEUPS, &STORE_ERRORS, &ENROLMENTS] {
+        counter.render(&mut out);
     }
     gauge(
         &mut out,

@@ -468,7 +468,7 @@ impl<S: Store> Fleet<S> {
             moved
         });
         if moved && entry.polls.load(Ordering::Relaxed) > 0 {
-            crate::hub::metrics::WAKEUPS.fetch_add(1, Ordering::Relaxed);
+            crate::hub::metrics::WAKEUPS.inc();
         }
     }
 

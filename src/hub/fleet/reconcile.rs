@@ -134,7 +134,7 @@ impl<S: Store> Fleet<S> {
         if entry.is_revoked() || util::lock(&entry.state).token_sha256 != token {
             return Err(FleetError::Revoked(entry.id.clone()));
         }
-        crate::hub::metrics::RECONCILES.fetch_add(1, Ordering::Relaxed);
+        crate::hub::metrics::RECONCILES.inc();
         let mut desired = self.desired_for(&entry, true);
         desired.new_token = self
             .token_for_answer(&entry, presented)

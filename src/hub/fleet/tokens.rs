@@ -55,7 +55,7 @@ impl<S: Store> Fleet<S> {
                 labels,
             } => {
                 self.enrolled(&req.id, hash, e.now_ms / 1000, generation, labels);
-                crate::hub::metrics::ENROLMENTS.fetch_add(1, Ordering::Relaxed);
+                crate::hub::metrics::ENROLMENTS.inc();
                 tracing::info!(agent = %req.id, enrol_token = %via, %peer, host = %host, "agent enrolled itself");
                 self.kick();
                 Ok((

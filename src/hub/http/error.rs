@@ -52,7 +52,7 @@ impl IntoResponse for ApiError {
 impl From<FleetError> for ApiError {
     fn from(e: FleetError) -> Self {
         if matches!(e, FleetError::Store(_)) {
-            crate::hub::metrics::STORE_ERRORS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            crate::hub::metrics::STORE_ERRORS.inc();
         }
         let status = match &e {
             FleetError::NoSuchAgent(_) => StatusCode::NOT_FOUND,
