@@ -107,11 +107,10 @@ fn hosts_enrol_themselves_as_far_as_their_token_goes_and_rotated_tokens_never_lo
         .stderr(std::process::Stdio::piped())
         .output()
         .expect("third");
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("enrolment token et1 enrols no host: it has enrolled as many hosts as it may"),
-        "{err}"
+    exited_saying(
+        &out,
+        2,
+        "enrolment token et1 enrols no host: it has enrolled as many hosts as it may",
     );
     let listed = hub.admin_ok(&["enrol-token", "list"]);
     assert!(listed.contains("2/2"), "{listed}");
@@ -125,8 +124,7 @@ fn hosts_enrol_themselves_as_far_as_their_token_goes_and_rotated_tokens_never_lo
         .stderr(std::process::Stdio::piped())
         .output()
         .expect("same id");
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = exited(&out, 2);
     assert!(
         err.contains("agent id \"e1\" is taken: enrolled at") && err.contains("this host, at"),
         "{err}"
@@ -235,8 +233,7 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
     assert_succeeded(&out);
     assert_eq!(text(&out.stdout), "ci\n");
     let out = with_token(&hub, &ci, &["job", "submit", "--agent", "p1", "--", "true"]);
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = exited(&out, 1);
     assert!(
         err.contains("403") && err.contains("agent p1 does not"),
         "{err}"

@@ -214,11 +214,7 @@ fn job_ends_on_a_full_disk_are_held_shown_and_recorded_when_space_returns() {
         "{body}"
     );
     let out = disk.cli(&["submit", "--", "true"]).wait_output(LIMIT);
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("disk is full"),
-        "{out:?}"
-    );
+    exited_saying(&out, 1, "disk is full");
 
     // Waiting and cancelling go on until the end is recorded, then report it.
     let mut wait = disk.cli(&["wait", "a"]);
@@ -280,8 +276,7 @@ fn a_full_hub_disk_is_said_to_be_full_and_a_change_goes_through_once_there_is_ro
     let filler = disk.path.join("filler");
     fill(&filler);
     let out = hub.admin(&["desired", "set", "--fleet", "--max-jobs", "2"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = exited(&out, 1);
     assert!(err.contains("507") && err.contains("disk is full"), "{err}");
     let (code, body) = hub.curl(
         "PUT",

@@ -93,12 +93,7 @@ fn a_drain_keeps_running_jobs_whole_sends_new_work_elsewhere_and_cancels_at_its_
 
     // A local job on the drained host is refused with the reason.
     let out = local_submit(&d1.host.state());
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("this host is draining: drained by the hub"),
-        "{err}"
-    );
+    exited_saying(&out, 1, "this host is draining: drained by the hub");
 
     // `drain --wait` returns once the running job is done, and it is whole.
     let mut waiter = Guard::new(
@@ -110,9 +105,7 @@ fn a_drain_keeps_running_jobs_whole_sends_new_work_elsewhere_and_cancels_at_its_
     );
     release(&hub, &marks, "keep");
     let out = waiter.wait_output(LIMIT);
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
-    assert!(err.contains("agent d1 is idle"), "{err}");
+    exited_saying(&out, 0, "agent d1 is idle");
     let keep = status(&hub, "keep");
     assert_eq!(
         (keep["state"].as_str(), keep["exit_code"].as_i64()),
@@ -132,11 +125,10 @@ fn a_drain_keeps_running_jobs_whole_sends_new_work_elsewhere_and_cancels_at_its_
     submit_whole(&hub, &marks, "d1", "cut");
     wait_job(&hub, "cut", "running", running);
     let out = hub.admin(&["agent", "drain", "d1", "--deadline", "1s", "--wait"]);
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("job cut on d1 was cancelled at the drain's deadline"),
-        "{err}"
+    exited_saying(
+        &out,
+        1,
+        "job cut on d1 was cancelled at the drain's deadline",
     );
     let cut = status(&hub, "cut");
     assert_eq!(cut["state"], "cancelled", "{cut:#}");
@@ -183,17 +175,13 @@ fn a_drain_keeps_running_jobs_whole_sends_new_work_elsewhere_and_cancels_at_its_
         "{shown}"
     );
     let out = local_submit(&state);
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("drained on the host"), "{err}");
+    exited_saying(&out, 1, "drained on the host");
     let out = railgrid()
         .args(["agent", "resume", "--state-dir"])
         .arg(&state)
         .output()
         .expect("agent resume");
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
-    assert!(err.contains("the host takes jobs again"), "{err}");
+    exited_saying(&out, 0, "the host takes jobs again");
     let out = local_submit(&state);
     assert_succeeded(&out);
     assert!(!state.join("host-drain.json").exists());

@@ -60,8 +60,7 @@ fn keys_are_made_once_and_a_signed_binary_verifies_with_its_version() {
     assert_eq!(mode(&sk), 0o600);
     let before = fs::read(&sk).expect("key");
     let again = release(&["keygen", "--secret-key", &sks, "--public-key", &pks]);
-    assert_eq!(again.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&again.stderr).contains("never overwritten"));
+    exited_saying(&again, 2, "never overwritten");
     assert_eq!(fs::read(&sk).expect("key"), before, "a key was overwritten");
 
     // A copy of this very binary: its version comes from running it.
@@ -83,15 +82,13 @@ fn keys_are_made_once_and_a_signed_binary_verifies_with_its_version() {
     bytes[last] ^= 1;
     fs::write(&bin, &bytes).expect("tamper");
     let bad = release(&["verify", "--public-key", &pks, &bins]);
-    assert_eq!(bad.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("does not verify"));
+    exited_saying(&bad, 1, "does not verify");
 
     // Not a railgrid binary: the version must be given.
     let other = dir.path().join("notes.txt");
     fs::write(&other, "hello").expect("file");
     let no_version = release(&["sign", "--secret-key", &sks, &path_str(&other)]);
-    assert_eq!(no_version.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&no_version.stderr).contains("give --version V"));
+    exited_saying(&no_version, 2, "give --version V");
     ok(&release(&[
         "sign",
         "--secret-key",
@@ -180,8 +177,7 @@ fn an_encrypted_key_signs_only_with_its_password_file_and_never_prompts() {
     let f = path_str(&file);
     // stdin is null: a prompt would fail, not hang; none is made.
     let no_pw = release(&["sign", "--secret-key", &sk, "--version", "1.0.0", &f]);
-    assert_eq!(no_pw.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&no_pw.stderr).contains("give its --password-file"));
+    exited_saying(&no_pw, 2, "give its --password-file");
     let bad = release(&[
         "sign",
         "--secret-key",
@@ -192,8 +188,7 @@ fn an_encrypted_key_signs_only_with_its_password_file_and_never_prompts() {
         "1.0.0",
         &f,
     ]);
-    assert_eq!(bad.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("with that password"));
+    exited_saying(&bad, 1, "with that password");
     assert!(!Path::new(&format!("{f}.minisig")).exists());
     ok(&release(&[
         "sign",

@@ -215,9 +215,7 @@ fn a_release_that_crashes_at_start_stops_at_the_canary_and_reaches_no_other_agen
     );
     // Not resumed while the version is halted; aborted, it frees its agents.
     let out = rig.hub().admin(&["rollout", "resume", &id]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("still halted"), "{err}");
+    exited_saying(&out, 1, "still halted");
     let v = rig.hub().admin_json(&["rollout", "abort", &id]);
     assert_eq!(v["state"], "aborted");
     assert_eq!(member(&v, "c1")["state"], "skipped", "{v:#}");

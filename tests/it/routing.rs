@@ -200,11 +200,10 @@ fn selected_jobs_reach_only_matching_agents_with_room_in_priority_order_and_surv
         "{x:#}"
     );
     let waited = hub.admin(&["job", "wait", "x"]);
-    let err = String::from_utf8_lossy(&waited.stderr);
-    assert_eq!(waited.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("expired: no agent took it within its queue timeout"),
-        "{err}"
+    exited_saying(
+        &waited,
+        1,
+        "expired: no agent took it within its queue timeout",
     );
     assert_eq!(status(&hub, "x")["state"], "expired");
 

@@ -83,12 +83,7 @@ fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a
     // Refused while the hub serves its data dir, and nothing is written.
     let url = pg.create_db("copied");
     let out = copy(&hub.dir, &url);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("another hub is serving data dir"),
-        "{}",
-        text(&out.stderr)
-    );
+    exited_saying(&out, 2, "another hub is serving data dir");
     let tables = "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'";
     assert_eq!(pg.sql("copied", tables), "0");
 
@@ -108,8 +103,7 @@ fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a
     let good = fs::read(&bin).expect("binary");
     fs::write(&bin, b"tampered").expect("tamper");
     let out = copy(&hub_dir, &url);
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = exited(&out, 2);
     assert!(
         err.contains(&path_str(&bin)) && err.contains("does not hold"),
         "{err}"
@@ -136,12 +130,7 @@ fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a
 
     // A second copy is refused: the database is not empty any more.
     let out = copy(&hub_dir, &url);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stderr).contains("is not empty"),
-        "{}",
-        text(&out.stderr)
-    );
+    exited_saying(&out, 2, "is not empty");
 
     // A replica at the old address, with a data dir of its own (the admin token copied
     // for the admin commands): the agent comes back with its token, through its pinned CA.

@@ -124,8 +124,7 @@ fn root_child_requests_are_refused_before_anything_starts() {
         ])
         .output()
         .expect("run");
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = exited(&out, 2);
     if is_root() {
         assert!(
             err.contains("refusing to run the child as root") && err.contains("--user"),
@@ -141,8 +140,7 @@ fn root_child_requests_are_refused_before_anything_starts() {
             .args(["supervise", "--log", &log, "--", "sh", "-c", &script])
             .output()
             .expect("run");
-        assert_eq!(out.status.code(), Some(2), "{out:?}");
-        assert!(String::from_utf8_lossy(&out.stderr).contains("pass --user NAME"));
+        exited_saying(&out, 2, "pass --user NAME");
     } else {
         eprintln!("SKIPPED part: root without --user (needs root)");
     }
@@ -306,8 +304,7 @@ fn stop_takes_down_the_whole_group_including_a_term_ignorer() {
 
     sup.signal(Signal::SIGTERM);
     let out = sup.wait_output(Duration::from_secs(1) + Duration::from_secs(10));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let err = exited(&out, 0);
     assert!(
         err.contains("SIGKILL"),
         "the TERM-ignoring grandchild needed SIGKILL:\n{err}"
@@ -339,8 +336,7 @@ fn a_crashing_child_is_restarted_with_growing_pauses() {
     });
     sup.signal(Signal::SIGTERM);
     let out = sup.wait_output(LIMIT);
-    assert_eq!(out.status.code(), Some(0));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = exited(&out, 0);
 
     let starts: Vec<u128> = text
         .lines()
@@ -385,8 +381,7 @@ fn lock_flag_reclaims_a_stale_holder_before_the_first_start() {
     holder.reap();
     sup.signal(Signal::SIGTERM);
     let out = sup.wait_output(LIMIT);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let err = exited(&out, 0);
     assert!(
         err.contains("reclaimed stale lock holder") && err.contains(&pid.to_string()),
         "{err}"
@@ -427,8 +422,7 @@ fn paths_the_child_account_cannot_reach_are_refused_up_front() {
         "/bin/true",
     ])
     .wait_output(LIMIT);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = exited(&out, 2);
     assert!(
         err.contains(&private) && err.contains("0700") && err.contains("search"),
         "{err}"
@@ -439,9 +433,7 @@ fn paths_the_child_account_cannot_reach_are_refused_up_front() {
     fs::set_permissions(&program, fs::Permissions::from_mode(0o700)).expect("chmod");
     let program_s = path_str(&program);
     let out = supervise(&["--log", &log, "--user", "nobody", "--", &program_s]).wait_output(LIMIT);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("cannot run as uid"), "{err}");
+    exited_saying(&out, 2, "cannot run as uid");
 }
 
 /// The pid a child printed as `<label> <pid>` in the log.
@@ -488,8 +480,7 @@ fn stop_does_not_wait_for_a_process_that_escaped_the_group() {
 
     sup.signal(Signal::SIGTERM);
     let out = sup.wait_output(LIMIT);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let err = exited(&out, 0);
     assert!(
         alive(escapee) && holds_a_pipe(escapee),
         "the test needs the escapee to outlive the stop with the pipe open"
@@ -539,8 +530,7 @@ fn stop_after_a_crash_does_not_wait_for_an_escapee_of_the_crashed_child() {
 
     sup.signal(Signal::SIGTERM);
     let out = sup.wait_output(LIMIT);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let err = exited(&out, 0);
     assert!(
         err.contains("exited with status 3"),
         "the child should have crashed once:\n{err}"

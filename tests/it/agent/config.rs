@@ -63,12 +63,7 @@ fn configuration_errors_exit_2_naming_file_and_key() {
             .arg(host.state())
             .output()
             .expect("run");
-        assert_eq!(out.status.code(), Some(2));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("set runner.user (e.g. --runner-user nobody)"),
-            "{err}"
-        );
+        exited_saying(&out, 2, "set runner.user (e.g. --runner-user nobody)");
     } else {
         eprintln!("SKIPPED part: root without runner.user (needs root)");
     }
@@ -124,8 +119,7 @@ fn a_reload_keeps_the_running_config_when_the_new_one_is_broken() {
     )
     .expect("write");
     let out = reload(&host);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = exited(&out, 1);
     assert!(
         err.contains("refused the new configuration") && err.contains("runner.stop_grace"),
         "{err}"
@@ -160,11 +154,7 @@ fn a_reload_keeps_the_running_config_when_the_new_one_is_broken() {
         .arg(host.state())
         .output()
         .expect("reload");
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("not signalling either"),
-        "{out:?}"
-    );
+    exited_saying(&out, 1, "not signalling either");
     drop(agent);
     let out = railgrid()
         .args(["agent", "reload", "--state-dir"])
@@ -267,8 +257,7 @@ fn a_runner_dir_of_another_account_is_refused_not_reowned() {
         .args(["--runner-user", "daemon"])
         .output()
         .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = exited(&out, 2);
     assert!(
         err.contains(&host.state().join("runner").display().to_string()) && err.contains("daemon"),
         "{err}"
@@ -358,8 +347,7 @@ fn runner_job_path_is_every_jobs_path_unless_the_job_sets_its_own() {
         })
         .output()
         .expect("check-config");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = exited(&out, 2);
     assert!(
         err.contains("runner.job_path") && err.contains("not an absolute"),
         "{err}"

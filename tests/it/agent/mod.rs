@@ -144,8 +144,7 @@ fn sigterm_stops_the_runner_and_exits_zero() {
     assert!(!host.socket().exists(), "the socket was left behind");
     assert_eq!(host.status()["running"], false);
     let out = agent_status(&host.state());
-    assert_eq!(out.status.code(), Some(3));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("agent not running"));
+    exited_saying(&out, 3, "agent not running");
 }
 
 #[test]
@@ -231,8 +230,7 @@ fn a_second_runner_on_a_held_lock_fails_naming_the_holder() {
             .env_clear();
     }
     let out = cmd.output().expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = exited(&out, 1);
     assert!(
         err.contains(&format!("another runner (pid {runner}) holds")),
         "{err}"
@@ -255,6 +253,5 @@ fn the_runner_refuses_root() {
         .arg(host.state())
         .output()
         .expect("run");
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("refusing to run the runner as root"));
+    exited_saying(&out, 2, "refusing to run the runner as root");
 }

@@ -22,8 +22,7 @@ fn a_second_agent_on_a_live_state_dir_refuses_and_touches_nothing() {
 
     let mut second = Guard::new(host.agent_cmd(&[]).spawn().expect("spawn agent"));
     let out = second.wait_output(LIMIT);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = exited(&out, 2);
     assert!(
         err.contains(&format!("another agent (pid {})", first.pid())),
         "{err}"

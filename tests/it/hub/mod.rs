@@ -442,9 +442,7 @@ fn a_second_hub_on_the_same_data_dir_is_refused() {
         .args(["--listen", "127.0.0.1:0", "--tls-self-signed"])
         .output()
         .expect("second hub");
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("another hub is serving"), "{err}");
+    exited_saying(&out, 2, "another hub is serving");
 }
 
 #[test]
@@ -475,15 +473,12 @@ fn admin_commands_reach_a_hub_from_elsewhere_with_its_url_token_and_ca() {
 
     // Without the hub's CA, its certificate is not trusted.
     let out = run(&[]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("could not reach the hub"), "{err}");
+    exited_saying(&out, 1, "could not reach the hub");
 
     // A token file others can read is refused before anything is sent.
     std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let out = run(&["--ca-file", ca.to_str().expect("utf-8")]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("chmod 600"));
+    exited_saying(&out, 2, "chmod 600");
 }
 
 #[test]
@@ -680,9 +675,7 @@ fn admin_command_mistakes_are_usage_errors_and_leave_nothing_half_done() {
         .args(["agent", "list"])
         .output()
         .expect("run");
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("still running?"), "{err}");
+    exited_saying(&out, 1, "still running?");
 }
 
 #[test]

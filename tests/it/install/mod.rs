@@ -53,25 +53,6 @@ fn ok(out: Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The error of a refused command, which must say `words`.
-fn refused_saying(out: Output, words: &str) -> String {
-    let err = refused(out);
-    assert!(err.contains(words), "{err}");
-    err
-}
-
-/// A command that must refuse with exit 2; its stderr.
-fn refused(out: Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "stdout:\n{}\nstderr:\n{err}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    err
-}
-
 /// Everything under `dir`: path → (mode, uid, size, inode, mtime, contents' hash).
 type Snapshot = BTreeMap<PathBuf, (u32, u32, u64, u64, i64, String)>;
 

@@ -170,8 +170,7 @@ fn a_client_without_access_to_the_socket_is_told_whose_it_is() {
         .gid(daemon.primary_group_id())
         .output()
         .expect("list");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let err = exited(&out, 1);
     assert!(
         err.contains("belongs to the runner's account (nobody)")
             && !err.contains("is the agent running"),

@@ -25,8 +25,7 @@ fn a_stop_budget_cuts_kill_graces_and_leaves_no_job_alive() {
     guard.own_group(pid);
     guard.signal(Signal::SIGTERM);
     let out = guard.wait_output(LIMIT);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let err = exited(&out, 0);
     assert!(
         live_in_group(pid).is_empty(),
         "the job outlived the runner's stop"
@@ -228,8 +227,7 @@ fn jobs_started_with_fork_and_exec_behave_as_with_clone() {
         .args(["submit", "--", "no-such-program"])
         .output()
         .expect("submit");
-    assert_eq!(out.status.code(), Some(127), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not found in PATH"));
+    exited_saying(&out, 127, "not found in PATH");
 
     // Its own process group, and killed whole on timeout.
     let id = submit_ok(

@@ -338,9 +338,7 @@ fn submit_wait_behaves_like_running_the_program() {
         .args(["submit", "--wait", "--timeout", "1s", "--", "sleep", "1000"])
         .output()
         .expect("submit");
-    assert_eq!(out.status.code(), Some(124), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("timed out after 1s"), "{err}");
+    let err = exited_saying(&out, 124, "timed out after 1s");
     assert_eq!(err.lines().count(), 1, "one line: {err}");
 
     let out = r
