@@ -230,7 +230,7 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
             "job", "submit", "--agent", "c1", "--wait", "--", "echo", "ci",
         ],
     );
-    assert_succeeded(&out);
+    succeeded(&out);
     assert_eq!(text(&out.stdout), "ci\n");
     let out = with_token(&hub, &ci, &["job", "submit", "--agent", "p1", "--", "true"]);
     let err = exited(&out, 1);
@@ -255,7 +255,7 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
                 "true",
             ],
         );
-        assert_succeeded(&out);
+        succeeded(&out);
         let v = hub.admin_json(&["job", "status", &id]);
         assert_eq!(v["agent"], "c1", "{v:#}");
         assert_eq!(v["scope"], "tier=ci");

@@ -44,7 +44,7 @@ fn completions_load_in_bash() {
         .output()
         .expect("bash");
     let said = String::from_utf8_lossy(&out.stdout);
-    assert_succeeded(&out);
+    succeeded(&out);
     assert!(said.contains("railgrid"), "{said}");
     let bad = railgrid()
         .args(["completions", "tcsh"])
@@ -99,7 +99,7 @@ fn check_config_release_verify_and_a_dry_run_install_speak_json() {
         .args(["--runner-user", "nobody"])
         .output()
         .expect("check-config");
-    assert_succeeded(&out);
+    succeeded(&out);
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["runner"]["user"], "nobody", "{v:#}");
 
@@ -131,7 +131,7 @@ fn check_config_release_verify_and_a_dry_run_install_speak_json() {
             .args(&args)
             .output()
             .expect("release");
-        assert_succeeded(&out);
+        succeeded(&out);
     }
     let out = railgrid()
         .args(["release", "verify", "--json", "--public-key"])
@@ -158,7 +158,7 @@ fn check_config_release_verify_and_a_dry_run_install_speak_json() {
         .arg(&root)
         .output()
         .expect("install");
-    assert_succeeded(&out);
+    succeeded(&out);
     let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let steps = v["steps"].as_array().expect("steps");
     assert!(
@@ -192,7 +192,7 @@ fn man_pages_are_made_for_every_command() {
     }
     let dir = tempdir();
     let out = Command::new(&man).arg(dir.path()).output().expect("man");
-    assert_succeeded(&out);
+    succeeded(&out);
     let page = read_lossy(&dir.path().join("railgrid-hub-rollout-start.1"));
     assert!(
         page.contains(".TH") && page.contains("max\\-parallel"),

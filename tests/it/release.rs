@@ -17,16 +17,6 @@ fn release(args: &[&str]) -> Output {
         .expect("railgrid release")
 }
 
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn minisign(args: &[&str]) -> Output {
     let out = Command::new("minisign")
         .args(args)
@@ -49,7 +39,7 @@ fn keys_are_made_once_and_a_signed_binary_verifies_with_its_version() {
     let dir = tempdir();
     let (sk, pk) = (dir.path().join("rel.key"), dir.path().join("rel.pub"));
     let (sks, pks) = (path_str(&sk), path_str(&pk));
-    let said = ok(&release(&[
+    let said = succeeded(&release(&[
         "keygen",
         "--secret-key",
         &sks,
@@ -67,10 +57,10 @@ fn keys_are_made_once_and_a_signed_binary_verifies_with_its_version() {
     let bin = dir.path().join("railgrid");
     fs::copy(BIN, &bin).expect("copy");
     let bins = path_str(&bin);
-    let said = ok(&release(&["sign", "--secret-key", &sks, &bins]));
+    let said = succeeded(&release(&["sign", "--secret-key", &sks, &bins]));
     let version = env!("CARGO_PKG_VERSION");
     assert!(said.contains(&format!("version {version}")), "{said}");
-    let said = ok(&release(&["verify", "--public-key", &pks, &bins]));
+    let said = succeeded(&release(&["verify", "--public-key", &pks, &bins]));
     assert!(
         said.contains(&format!("version:{version}\tfile:railgrid\tsha256:")),
         "{said}"
@@ -89,7 +79,7 @@ fn keys_are_made_once_and_a_signed_binary_verifies_with_its_version() {
     fs::write(&other, "hello").expect("file");
     let no_version = release(&["sign", "--secret-key", &sks, &path_str(&other)]);
     exited_saying(&no_version, 2, "give --version V");
-    ok(&release(&[
+    succeeded(&release(&[
         "sign",
         "--secret-key",
         &sks,
@@ -102,7 +92,7 @@ fn keys_are_made_once_and_a_signed_binary_verifies_with_its_version() {
     let line = line.lines().nth(1).expect("key line");
     let line_file = dir.path().join("line.pub");
     fs::write(&line_file, line).expect("line");
-    ok(&release(&[
+    succeeded(&release(&[
         "verify",
         "--public-key",
         &path_str(&line_file),
@@ -119,14 +109,14 @@ fn railgrid_and_the_minisign_tool_read_each_other_s_keys_and_signatures() {
 
     // railgrid's key and signature, checked by minisign.
     let (sk, pk) = (dir.path().join("r.key"), dir.path().join("r.pub"));
-    ok(&release(&[
+    succeeded(&release(&[
         "keygen",
         "--secret-key",
         &path_str(&sk),
         "--public-key",
         &path_str(&pk),
     ]));
-    ok(&release(&[
+    succeeded(&release(&[
         "sign",
         "--secret-key",
         &path_str(&sk),
@@ -144,7 +134,7 @@ fn railgrid_and_the_minisign_tool_read_each_other_s_keys_and_signatures() {
     assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
     let s = minisign(&["-S", "-s", &path_str(&msk), "-m", &f, "-t", "version:3.0.0"]);
     assert!(s.status.success(), "{}", String::from_utf8_lossy(&s.stderr));
-    let said = ok(&release(&["verify", "--public-key", &path_str(&mpk), &f]));
+    let said = succeeded(&release(&["verify", "--public-key", &path_str(&mpk), &f]));
     assert!(said.contains("trusted comment: version:3.0.0"), "{said}");
     // And railgrid's key does not pass minisign's signature.
     let other = release(&["verify", "--public-key", &path_str(&pk), &f]);
@@ -163,7 +153,7 @@ fn an_encrypted_key_signs_only_with_its_password_file_and_never_prompts() {
         path_str(&dir.path().join("e.pub")),
     );
     let pws = path_str(&pw);
-    ok(&release(&[
+    succeeded(&release(&[
         "keygen",
         "--secret-key",
         &sk,
@@ -190,7 +180,7 @@ fn an_encrypted_key_signs_only_with_its_password_file_and_never_prompts() {
     ]);
     exited_saying(&bad, 1, "with that password");
     assert!(!Path::new(&format!("{f}.minisig")).exists());
-    ok(&release(&[
+    succeeded(&release(&[
         "sign",
         "--secret-key",
         &sk,

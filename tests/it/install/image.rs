@@ -31,7 +31,7 @@ fn nothing_outside_the_image_is_read_written_or_removed() {
     )
     .expect("config");
     refused_saying(install_at(&r, &[]), "plain absolute paths");
-    let said = ok(uninstall(&["--root", &r, "--purge", "--yes"]));
+    let said = succeeded(&uninstall(&["--root", &r, "--purge", "--yes"]));
     assert!(said.contains("not removed: remove it by hand"), "{said}");
     assert_eq!(read_lossy(&victim.join("data")), "precious\n");
 
@@ -55,8 +55,8 @@ fn uninstall_then_install_again_still_restores_the_image_on_purge() {
     let root = image(dir.path());
     let before = contents(&snapshot(&root));
     let r = path_str(&root);
-    ok(install_at(&r, &["--runner-user", "nobody"]));
-    let said = ok(uninstall(&["--root", &r]));
+    succeeded(&install_at(&r, &["--runner-user", "nobody"]));
+    let said = succeeded(&uninstall(&["--root", &r]));
     assert!(said.contains("kept"), "{said}");
     assert!(
         root.join("etc/railgrid/agent.toml").exists(),
@@ -67,14 +67,14 @@ fn uninstall_then_install_again_still_restores_the_image_on_purge() {
         "the binary goes"
     );
     // Installs at another prefix and back, then a purge: everything goes.
-    ok(install_at(&r, &["--prefix", "/opt/rg"]));
-    let said = ok(install_at(&r, &["--prefix", "/usr/local"]));
+    succeeded(&install_at(&r, &["--prefix", "/opt/rg"]));
+    let said = succeeded(&install_at(&r, &["--prefix", "/usr/local"]));
     assert!(
         said.contains("the binary of the install at prefix /opt/rg"),
         "{said}"
     );
     assert!(!root.join("opt/rg/bin/railgrid").exists());
-    ok(uninstall(&["--root", &r, "--purge", "--yes"]));
+    succeeded(&uninstall(&["--root", &r, "--purge", "--yes"]));
     assert_eq!(contents(&snapshot(&root)), before);
 }
 
@@ -86,7 +86,7 @@ fn files_other_accounts_own_are_refused_or_made_roots_again() {
     let dir = tempdir();
     let root = image(dir.path());
     let r = path_str(&root);
-    ok(install_at(&r, &["--runner-user", "nobody"]));
+    succeeded(&install_at(&r, &["--runner-user", "nobody"]));
     let bin = root.join("usr/local/bin/railgrid");
     let chown =
         |path: &Path, uid: u32| std::os::unix::fs::chown(path, Some(uid), None).expect("chown");
@@ -94,7 +94,7 @@ fn files_other_accounts_own_are_refused_or_made_roots_again() {
     // The binary, the same bytes but another account's and writable by all: rewritten.
     chown(&bin, 65534);
     fs::set_permissions(&bin, fs::Permissions::from_mode(0o777)).expect("chmod");
-    let said = ok(install_at(&r, &[]));
+    let said = succeeded(&install_at(&r, &[]));
     assert!(said.contains("owner uid 65534 and mode 0777"), "{said}");
     assert_eq!(
         (fs::metadata(&bin).expect("bin").uid(), mode(&bin)),
@@ -126,7 +126,7 @@ fn files_other_accounts_own_are_refused_or_made_roots_again() {
     // The config's directory, opened up: tightened again.
     fs::set_permissions(root.join("etc/railgrid"), fs::Permissions::from_mode(0o755))
         .expect("chmod");
-    let said = ok(install_at(&r, &[]));
+    let said = succeeded(&install_at(&r, &[]));
     assert!(said.contains("directory, mode 0755 to 0700"), "{said}");
     assert_eq!(mode(&root.join("etc/railgrid")), 0o700);
 }
@@ -279,10 +279,10 @@ fn an_image_cannot_point_roots_writes_elsewhere_or_race_them() {
     std::os::unix::fs::chown(&root, Some(0), None).expect("chown");
 
     // A unit another account owns is written again as root's.
-    ok(install_at(&r, &["--runner-user", "nobody"]));
+    succeeded(&install_at(&r, &["--runner-user", "nobody"]));
     let unit = root.join("etc/systemd/system/railgrid-agent.service");
     std::os::unix::fs::chown(&unit, Some(65534), None).expect("chown");
-    let said = ok(install_at(&r, &[]));
+    let said = succeeded(&install_at(&r, &[]));
     assert!(said.contains("owner uid 65534 to this account's"), "{said}");
     assert_eq!(fs::metadata(&unit).expect("unit").uid(), 0);
 

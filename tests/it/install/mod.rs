@@ -41,18 +41,6 @@ fn uninstall(args: &[&str]) -> Output {
         .expect("agent uninstall")
 }
 
-/// A command that must succeed; its stdout.
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Everything under `dir`: path → (mode, uid, size, inode, mtime, contents' hash).
 type Snapshot = BTreeMap<PathBuf, (u32, u32, u64, u64, i64, String)>;
 
@@ -107,13 +95,15 @@ fn mode(path: &Path) -> u32 {
 /// A minisign public key line, made by `railgrid release keygen`.
 fn trusted_key(dir: &Path) -> String {
     let (sk, pk) = (dir.join("rel.key"), dir.join("rel.pub"));
-    ok(railgrid()
-        .args(["release", "keygen", "--secret-key"])
-        .arg(&sk)
-        .arg("--public-key")
-        .arg(&pk)
-        .output()
-        .expect("keygen"));
+    succeeded(
+        &railgrid()
+            .args(["release", "keygen", "--secret-key"])
+            .arg(&sk)
+            .arg("--public-key")
+            .arg(&pk)
+            .output()
+            .expect("keygen"),
+    );
     read_lossy(&pk)
         .lines()
         .nth(1)
@@ -144,7 +134,7 @@ fn install_into_an_image_writes_every_file_and_uninstall_purge_leaves_it_as_it_w
     fs::write(&ca, cert.pem()).expect("ca");
     let key = trusted_key(dir.path());
     let r = path_str(&root);
-    let said = ok(install_at(
+    let said = succeeded(&install_at(
         &r,
         &[
             "--hub",
@@ -231,14 +221,14 @@ fn install_into_an_image_writes_every_file_and_uninstall_purge_leaves_it_as_it_w
         .arg(&ca)
         .output()
         .expect("check-config");
-    let shown = ok(check);
+    let shown = succeeded(&check);
     assert!(shown.contains("agent_id = \"build-17\""), "{shown}");
 
     // Without --yes and without a terminal: refused, nothing removed.
     refused_saying(uninstall(&["--root", &r, "--purge"]), "give --yes");
     assert!(config.exists() && bin.exists());
 
-    let said = ok(uninstall(&["--root", &r, "--purge", "--yes"]));
+    let said = succeeded(&uninstall(&["--root", &r, "--purge", "--yes"]));
     assert!(said.contains("uninstalled"), "{said}");
     assert_eq!(
         contents(&snapshot(&root)),
@@ -252,9 +242,9 @@ fn install_again_changes_nothing_and_a_changed_flag_changes_only_its_key() {
     let dir = tempdir();
     let root = image(dir.path());
     let r = path_str(&root);
-    ok(install_at(&r, &["--runner-user", "nobody"]));
+    succeeded(&install_at(&r, &["--runner-user", "nobody"]));
     let first = snapshot(&root);
-    let said = ok(install_at(&r, &["--runner-user", "nobody"]));
+    let said = succeeded(&install_at(&r, &["--runner-user", "nobody"]));
     assert!(
         said.contains("nothing to change: already installed"),
         "{said}"
@@ -266,7 +256,7 @@ fn install_again_changes_nothing_and_a_changed_flag_changes_only_its_key() {
     assert_eq!(snapshot(&root), first, "not a file was rewritten");
 
     // No --runner-user now: the config's account stays.
-    let said = ok(install_at(&r, &[]));
+    let said = succeeded(&install_at(&r, &[]));
     assert!(said.contains("nothing to change"), "{said}");
 
     // The operator's edits survive a change made by flags.
@@ -279,7 +269,7 @@ fn install_again_changes_nothing_and_a_changed_flag_changes_only_its_key() {
     fs::write(&config, &edited).expect("edit");
     let token = dir.path().join("t");
     fs::write(&token, "secret-token\n").expect("token");
-    let said = ok(install_at(
+    let said = succeeded(&install_at(
         &r,
         &[
             "--hub",
@@ -338,7 +328,7 @@ fn install_with_an_enrolment_token_keeps_it_private_and_writes_no_agent_token() 
     let r = path_str(&root);
     let enrol = dir.path().join("enrol");
     fs::write(&enrol, "rge_0123456789abcdef\n").expect("enrol token");
-    let said = ok(install_at(
+    let said = succeeded(&install_at(
         &r,
         &[
             "--runner-user",
@@ -399,7 +389,7 @@ fn dry_run_prints_every_action_and_file_and_changes_nothing() {
     let before = snapshot(&root);
     let token = dir.path().join("t");
     fs::write(&token, "do-not-print-me\n").expect("token");
-    let said = ok(install_at(
+    let said = succeeded(&install_at(
         &path_str(&root),
         &[
             "--dry-run",
@@ -477,7 +467,7 @@ fn the_rendered_unit_passes_systemd_analyze_verify() {
         assert!(top.is_dir(), "{} is missing on this host", top.display());
         let dir = tempdir();
         let root = image(dir.path());
-        ok(install_at(
+        succeeded(&install_at(
             &path_str(&root),
             &["--prefix", prefix, "--runner-user", "nobody"],
         ));
@@ -584,7 +574,7 @@ fn the_runner_account_is_created_once_as_a_system_account() {
     seed_accounts(&root);
     let host_passwd = fs::read(Path::new("/etc/passwd")).expect("host passwd");
     let r = path_str(&root);
-    let said = ok(install_at(&r, &[]));
+    let said = succeeded(&install_at(&r, &[]));
     assert!(
         said.contains("create  account railgrid: useradd --prefix"),
         "{said}"
@@ -621,7 +611,7 @@ fn the_runner_account_is_created_once_as_a_system_account() {
     assert!(config.contains("user = \"railgrid\""), "{config}");
 
     // Again: the account is found, not added twice.
-    let said = ok(install_at(&r, &[]));
+    let said = succeeded(&install_at(&r, &[]));
     assert!(
         said.contains(&format!("keep    account railgrid: exists (uid {uid})")),
         "{said}"
@@ -634,7 +624,7 @@ fn the_runner_account_is_created_once_as_a_system_account() {
     );
 
     // Uninstall keeps it, and says how to remove it.
-    let said = ok(uninstall(&["--root", &r, "--purge", "--yes"]));
+    let said = succeeded(&uninstall(&["--root", &r, "--purge", "--yes"]));
     assert!(said.contains("kept the account railgrid"), "{said}");
     assert!(said.contains("userdel railgrid"), "{said}");
     assert_eq!(line(&root), lines);

@@ -452,7 +452,7 @@ fn rlimits_apply_and_are_reported() {
         .args(["sh", "-c", "ulimit -n; ulimit -t"])
         .output()
         .expect("job submit");
-    assert_succeeded(&out);
+    succeeded(&out);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "48\n5\n");
 }
 
