@@ -111,17 +111,9 @@ impl FullDisk {
     }
 
     fn cli(&self, args: &[&str]) -> Guard {
-        let child = railgrid()
-            .arg("job")
-            .arg("--socket")
-            .arg(self.socket())
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn railgrid job");
-        Guard::new(child)
+        let mut cmd = railgrid();
+        cmd.arg("job").arg("--socket").arg(self.socket()).args(args);
+        Guard::spawn_piped(&mut cmd, "railgrid job")
     }
 }
 

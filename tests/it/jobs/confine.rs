@@ -4,22 +4,12 @@ use super::*;
 
 /// Starts the runner as nobody inside `cgroup` (a directory of a delegated one).
 fn start_runner_in(r: &mut Runner, cgroup: &Path) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_railgrid"));
+    let mut cmd = railgrid();
     cmd.args(["runner", "run", "--state-dir"])
         .arg(r.state())
         .env_clear()
         .env("PATH", "/usr/bin:/bin");
-    let mut cmd = in_cgroup(&cmd, cgroup, Some("nobody"));
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let child = cmd.spawn().expect("spawn runner");
-    let pid = child.id() as i32;
-    r.guard = Some(Guard::new(child));
-    wait_for(LIMIT, "the runner to answer", || {
-        let h = get_json(&r.socket(), "/v1/health")?;
-        (h["pid"] == pid).then_some(())
-    });
+    r.launch(in_cgroup(&cmd, cgroup, Some("nobody")));
 }
 
 /// A job script whose escapee leaves the process group (setsid) and ignores SIGTERM:
