@@ -52,8 +52,9 @@ trait Backend {
         self.open()
     }
 
-    /// Sets the generation counter, as a long-lived hub would have moved it.
-    fn set_generation(&self, n: u64);
+    /// Runs one statement on the database behind the store's back: a long-lived hub's
+    /// counters, or a row no hub would write.
+    fn sql(&self, statement: &str);
 }
 
 struct Sqlite(tempfile::TempDir);
@@ -65,13 +66,10 @@ impl Backend for Sqlite {
         SqliteStore::open(&self.0.path().join("hub.db")).expect("open the SQLite store")
     }
 
-    fn set_generation(&self, n: u64) {
+    fn sql(&self, statement: &str) {
         let conn = rusqlite::Connection::open(self.0.path().join("hub.db")).expect("open");
-        conn.execute(
-            "UPDATE meta SET value = ?1 WHERE key = 'generation'",
-            [n as i64],
-        )
-        .expect("set the generation");
+        conn.execute(statement, [])
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
     }
 }
 
@@ -96,11 +94,8 @@ impl Backend for Postgres<'_> {
             .expect("connect to PostgreSQL")
     }
 
-    fn set_generation(&self, n: u64) {
-        self.pg.sql(
-            &self.db,
-            &format!("UPDATE meta SET value = {n} WHERE key = 'generation'"),
-        );
+    fn sql(&self, statement: &str) {
+        self.pg.sql(&self.db, statement);
     }
 }
 
@@ -129,7 +124,7 @@ async fn postgres_keeps_every_promise() {
     assert_eq!(n, CASES);
 }
 
-const CASES: usize = 12;
+const CASES: usize = 13;
 
 /// Runs each case on a fresh database from `fresh`.
 async fn every_case<B: Backend>(mut fresh: impl FnMut() -> B) {
@@ -144,6 +139,7 @@ async fn every_case<B: Backend>(mut fresh: impl FnMut() -> B) {
     a_write_from_an_older_copy_never_undoes_an_end(&fresh()).await;
     rollouts_hold_their_agents_and_move_only_from_the_state_read(&fresh()).await;
     an_enrolment_token_enrols_as_many_hosts_as_it_may_and_never_takes_an_id(&fresh()).await;
+    a_token_is_revoked_even_when_its_row_no_longer_reads(&fresh()).await;
     admin_tokens_audit_and_rotation_are_kept(&fresh()).await;
 }
 
@@ -203,7 +199,10 @@ async fn what_is_stored_is_loaded_again(b: &impl Backend) {
 
 async fn no_generation_past_the_protocols_bound_is_handed_out(b: &impl Backend) {
     let store = b.open().await;
-    b.set_generation(MAX_GENERATION - 1);
+    b.sql(&format!(
+        "UPDATE meta SET value = {} WHERE key = 'generation'",
+        MAX_GENERATION - 1
+    ));
     let last = store.set_scope("", &settings(1), None).await.expect("last");
     assert_eq!(last, Ok(MAX_GENERATION));
     let e = store
@@ -850,6 +849,46 @@ async fn an_enrolment_token_enrols_as_many_hosts_as_it_may_and_never_takes_an_id
         store.self_enrol(&unknown, "a5").await.expect("unknown"),
         Enrolled::UnknownToken
     );
+}
+
+/// Revoking is what an operator does about a leaked token: a row the store cannot read
+/// back must not keep the token working.
+async fn a_token_is_revoked_even_when_its_row_no_longer_reads(b: &impl Backend) {
+    use crate::hub::store::access::{EnrolTokenRow, Enrolled, Enrolment};
+    let store = b.open().await;
+    let t = store
+        .create_enrol_token(&EnrolTokenRow {
+            sha256: "et".into(),
+            created_ms: 1,
+            ..EnrolTokenRow::default()
+        })
+        .await
+        .expect("create");
+    b.sql(&format!(
+        "UPDATE enrol_tokens SET labels = 'not json' WHERE id = '{}'",
+        t.id
+    ));
+    let err = store
+        .revoke_enrol_token(&t.id, 5)
+        .await
+        .expect_err("a row that does not decode is an error");
+    assert!(err.to_string().contains("labels"), "{err}");
+    // Readable again: it was revoked all the same.
+    b.sql(&format!(
+        "UPDATE enrol_tokens SET labels = '{{}}' WHERE id = '{}'",
+        t.id
+    ));
+    let en = Enrolment {
+        id: "h1".into(),
+        token_sha256: "et".into(),
+        now_ms: 10,
+        peer: "10.0.0.1".into(),
+        host: "h1.example".into(),
+    };
+    match store.self_enrol(&en, "a1").await.expect("enrol") {
+        Enrolled::Refused { via, .. } => assert_eq!(via, t.id),
+        other => panic!("a revoked token enrolled: {other:?}"),
+    }
 }
 
 async fn admin_tokens_audit_and_rotation_are_kept(b: &impl Backend) {
