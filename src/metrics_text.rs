@@ -26,9 +26,8 @@ impl Counter {
     }
 
     pub(crate) fn render(&self, out: &mut String) {
-        let (name, n) = (self.name, self.n.load(Ordering::Relaxed));
-        gauge(out, name, self.help, "counter");
-        let _ = writeln!(out, "{name} {n}");
+        let n = self.n.load(Ordering::Relaxed);
+        sample(out, self.name, self.help, "counter", n);
     }
 }
 
@@ -87,6 +86,18 @@ pub(crate) fn escape(v: &str) -> String {
 
 pub(crate) fn gauge(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// A series of one unlabelled sample, with its HELP and TYPE lines.
+pub(crate) fn sample(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    kind: &str,
+    value: impl std::fmt::Display,
+) {
+    gauge(out, name, help, kind);
+    let _ = writeln!(out, "{name} {value}");
 }
 
 pub(crate) fn labelled(

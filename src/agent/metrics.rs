@@ -17,7 +17,7 @@ use super::config::MetricsSettings;
 use super::reporter::ReporterHandle;
 use super::runner_link::RunnerLink;
 use super::AgentError;
-use crate::metrics_text::{escape, gauge, Histogram};
+use crate::metrics_text::{escape, gauge, sample, Histogram};
 
 /// Upper bounds of the reconcile buckets, in seconds (a long poll is held up to 30 s).
 const RECONCILE_BUCKETS: &[f64] = &[0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 45.0, 60.0];
@@ -87,11 +87,6 @@ async fn scrape(reporter: &ReporterHandle, runner: &RunnerLink) -> Response {
     resp
 }
 
-fn one(out: &mut String, name: &str, help: &str, kind: &str, value: impl std::fmt::Display) {
-    gauge(out, name, help, kind);
-    let _ = writeln!(out, "{name} {value}");
-}
-
 fn render(st: &super::status::AgentStatus) -> String {
     let mut out = String::with_capacity(4096);
     let info = crate::build_info::current();
@@ -111,7 +106,7 @@ fn render(st: &super::status::AgentStatus) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default();
-    one(
+    sample(
         &mut out,
         "railgrid_agent_runner_up",
         "1 while the runner runs.",
@@ -131,7 +126,7 @@ fn render(st: &super::status::AgentStatus) -> String {
             u8::from(state == s)
         );
     }
-    one(
+    sample(
         &mut out,
         "railgrid_agent_runner_starts_total",
         "Runners started since the agent started.",
@@ -139,21 +134,21 @@ fn render(st: &super::status::AgentStatus) -> String {
         st.runner.starts,
     );
     let hub = st.hub.as_ref();
-    one(
+    sample(
         &mut out,
         "railgrid_agent_hub_connected",
         "1 when the last reconcile got a desired state from the hub.",
         "gauge",
         u8::from(hub.is_some_and(|h| h.connected)),
     );
-    one(
+    sample(
         &mut out,
         "railgrid_agent_hub_last_contact_timestamp_seconds",
         "When the hub last answered (Unix seconds; 0: never).",
         "gauge",
         hub.and_then(|h| h.last_contact).unwrap_or(0),
     );
-    one(
+    sample(
         &mut out,
         "railgrid_agent_hub_generation",
         "The generation of the desired state applied.",
@@ -190,14 +185,14 @@ fn render(st: &super::status::AgentStatus) -> String {
         escape(upgrade)
     );
     let drain = st.drain.as_ref();
-    one(
+    sample(
         &mut out,
         "railgrid_agent_draining",
         "1 while a drain is in force on the host.",
         "gauge",
         u8::from(drain.is_some()),
     );
-    one(
+    sample(
         &mut out,
         "railgrid_agent_drain_jobs_left",
         "Jobs left on a draining host.",

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
-use crate::metrics_text::{escape, gauge, labelled, Counter, Histogram};
+use crate::metrics_text::{escape, gauge, labelled, sample, Counter, Histogram};
 
 /// Upper bounds of the dispatch latency buckets, in seconds.
 const DISPATCH_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
@@ -161,13 +161,13 @@ pub(crate) fn render(g: &Gauges, replica: &str) -> String {
     for counter in [&RECONCILES, &WAKEUPS, &STORE_ERRORS, &ENROLMENTS] {
         counter.render(&mut out);
     }
-    gauge(
+    sample(
         &mut out,
         "railgrid_polls_held",
         "Long polls this hub holds now.",
         "gauge",
+        g.polls_held,
     );
-    let _ = writeln!(out, "railgrid_polls_held {}", g.polls_held);
     gauge(
         &mut out,
         "railgrid_upgrades_total",

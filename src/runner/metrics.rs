@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 
-use crate::metrics_text::{gauge, labelled, Histogram};
+use crate::metrics_text::{gauge, labelled, sample, Histogram};
 
 /// Upper bounds of the job duration buckets, in seconds.
 const DURATION_BUCKETS: &[f64] = &[
@@ -40,47 +40,50 @@ pub(crate) struct Now<'a> {
 
 pub(crate) fn render(now: &Now<'_>) -> String {
     let mut out = String::with_capacity(4096);
-    let mut one = |name: &str, help: &str, kind: &str, value: u64| {
-        gauge(&mut out, name, help, kind);
-        let _ = writeln!(out, "{name} {value}");
-    };
-    one(
+    sample(
+        &mut out,
         "railgrid_runner_jobs_running",
         "Jobs running now.",
         "gauge",
         now.running,
     );
-    one(
+    sample(
+        &mut out,
         "railgrid_runner_jobs_queued",
         "Jobs admitted and waiting for a slot.",
         "gauge",
         now.queued,
     );
-    one(
+    sample(
+        &mut out,
         "railgrid_runner_max_jobs",
         "Jobs the runner runs at once, at most.",
         "gauge",
         now.max_jobs,
     );
-    one(
+    sample(
+        &mut out,
         "railgrid_runner_spool_bytes",
         "Bytes finished jobs keep on disk (spools and workspaces).",
         "gauge",
         now.kept_bytes,
     );
-    one(
+    sample(
+        &mut out,
         "railgrid_runner_finished_jobs",
         "Finished jobs kept (records and files).",
         "gauge",
         now.finished_jobs,
     );
-    one(
+    sample(
+        &mut out,
         "railgrid_runner_commits_pending",
         "Job state changes held in memory for want of room on disk.",
         "gauge",
         now.commits_pending,
     );
-    one(
+    sample(
+        &mut out,
         "railgrid_runner_draining",
         "1 while a drain is in force (no new job is taken).",
         "gauge",
