@@ -23,8 +23,7 @@ use crate::supervisor;
 /// `--log-format`, for the commands that run long enough to log.
 #[derive(Debug, Clone, Copy, Args)]
 pub struct LogFlags {
-    /// How log lines are written: text, or a JSON object a line (on stderr and in the
-    /// command's log file; the agent passes its own to its runner).
+    /// How log lines are written: text, or one JSON object a line.
     #[arg(
         long = "log-format",
         value_enum,
