@@ -326,27 +326,27 @@ fn what_exec_cannot_take_is_refused_at_submission_naming_it() {
     let r = Runner::started(&[]);
     // Linux's MAX_ARG_STRLEN: 128 KiB per string, its NUL included.
     const STRLEN: usize = 128 * 1024;
-    let refused = |spec: Value, needle: &str| {
+    let refused_briefly = |spec: Value, needle: &str| {
         let message = refused_spec(&r, spec, needle);
         assert!(
             message.len() < 400,
             "the message repeats the value: {message}"
         );
     };
-    refused(
+    refused_briefly(
         json!({"argv": ["true"], "env": {"BIG": "x".repeat(200 * 1024)}}),
         "variable BIG",
     );
-    refused(
+    refused_briefly(
         json!({"argv": ["true"], "env": {"BIG": "x".repeat(STRLEN - "BIG=".len())}}),
         "variable BIG",
     );
-    refused(json!({"argv": ["echo", "x".repeat(STRLEN)]}), "argv[1]");
+    refused_briefly(json!({"argv": ["echo", "x".repeat(STRLEN)]}), "argv[1]");
     // Each string fits; all together are more than the runner passes to exec.
     let env: serde_json::Map<String, Value> = (0..9)
         .map(|i| (format!("V{i}"), json!("x".repeat(120 * 1024))))
         .collect();
-    refused(json!({"argv": ["true"], "env": env}), "1048576");
+    refused_briefly(json!({"argv": ["true"], "env": env}), "1048576");
 
     // What is accepted, exec takes: the longest single strings, and nearly all of the
     // total, reach the program whole.
