@@ -458,6 +458,11 @@ pub enum HubAgentCommand {
         /// Write the token to FILE (created 0600) instead of printing it.
         #[arg(long, value_name = "FILE")]
         token_out: Option<PathBuf>,
+        /// Give the id of a revoked agent to a new one, which starts with none of the old
+        /// one's settings, labels or jobs (a revoked id is refused otherwise, so that a
+        /// retired host's name is never taken over by mistake).
+        #[arg(long)]
+        reuse_revoked_id: bool,
     },
     /// Every agent: last seen, version, platform, runner, generations, connected.
     List,

@@ -162,11 +162,15 @@ fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
 
 async fn agent(c: AdminClient, cmd: HubAgentCommand, json: bool) -> anyhow::Result<String> {
     match cmd {
-        HubAgentCommand::Add { id, token_out } => {
+        HubAgentCommand::Add {
+            id,
+            token_out,
+            reuse_revoked_id,
+        } => {
             // The file first: a token the hub hands out and nobody can store is lost, and
             // the agent would have to be revoked and added again.
             let file = token_out.as_deref().map(create_token_file).transpose()?;
-            let enrolled = match c.enrol(&id).await {
+            let enrolled = match c.enrol(&id, reuse_revoked_id).await {
                 Ok(e) => e,
                 Err(e) => {
                     if let Some(path) = &token_out {

@@ -259,8 +259,15 @@ impl AdminClient {
         })
     }
 
-    pub(crate) async fn enrol(&self, id: &str) -> Result<Enrolled, AdminError> {
-        let body = EnrolRequest { id: id.to_owned() };
+    pub(crate) async fn enrol(
+        &self,
+        id: &str,
+        reuse_revoked: bool,
+    ) -> Result<Enrolled, AdminError> {
+        let body = EnrolRequest {
+            id: id.to_owned(),
+            reuse_revoked,
+        };
         self.call(Method::POST, "/v1/admin/agents", Some(&body))
             .await
     }

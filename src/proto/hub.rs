@@ -10,6 +10,10 @@ use super::report::AgentReport;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnrolRequest {
     pub id: String,
+    /// Takes the id of a revoked agent for a new one, which starts with none of the old
+    /// one's settings, labels or jobs (without it, a revoked id is refused).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reuse_revoked: bool,
 }
 
 /// The answer to an enrolment: the agent's token, shown this once (the hub keeps only

@@ -1,4 +1,4 @@
-//! Agent labels (DESIGN.md, "Operating a fleet", item 15): `key=value` pairs that route
+//! Agent labels (docs/hub.md, "Routing jobs"): `key=value` pairs that route
 //! jobs. A host declares some, the agent adds `os`, `arch` and `hostname` itself, and the
 //! hub sets others; the hub's win. Keys are `[a-z0-9][a-z0-9._/-]{0,62}`, values
 //! `[A-Za-z0-9._-]{0,63}`: neither can hold `,`, `=`, a space or a parenthesis, so a label

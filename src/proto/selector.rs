@@ -1,4 +1,4 @@
-//! Label selectors (DESIGN.md, "Operating a fleet", item 16), in the grammar of
+//! Label selectors (docs/hub.md, "Selectors and the fleet's queue"), in the grammar of
 //! Kubernetes' label selectors: requirements joined by commas, each one of `key`
 //! (exists), `!key` (absent), `key=value` (`==` too), `key!=value`, `key in (a,b)` and
 //! `key notin (a,b)`. A job that names one is routed to any agent whose labels match.
@@ -87,6 +87,68 @@ impl Selector {
 
     pub fn requirements(&self) -> &[Requirement] {
         &self.0
+    }
+
+    /// Whether every set of labels this selector matches also matches `outer`: a token
+    /// selecting `outer` may make one selecting `self` (docs/security.md, "Rights never
+    /// grow by delegation"). Decided key by key, exactly: the states a key may be in
+    /// under `self` (absent, or one of some values) must all be states `outer` allows.
+    pub fn within(&self, outer: &Selector) -> bool {
+        outer.0.iter().all(|r| {
+            let key = r.key();
+            let mine = self
+                .0
+                .iter()
+                .filter(|m| m.key() == key)
+                .fold(States::all(), |acc, m| acc.and(&States::of(m)));
+            mine.subset(&States::of(r))
+        })
+    }
+}
+
+/// The states one key may be in (`None`: absent; `Some(v)`: the value `v`), as a set:
+/// either the few listed, or all but the few listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum States {
+    Only(BTreeSet<Option<String>>),
+    AllBut(BTreeSet<Option<String>>),
+}
+
+impl States {
+    fn all() -> Self {
+        States::AllBut(BTreeSet::new())
+    }
+
+    fn of(r: &Requirement) -> Self {
+        let values = |s: &BTreeSet<String>| s.iter().cloned().map(Some).collect();
+        match r {
+            Requirement::Exists(_) => States::AllBut([None].into()),
+            Requirement::Absent(_) => States::Only([None].into()),
+            Requirement::Eq(_, v) => States::Only([Some(v.clone())].into()),
+            Requirement::Ne(_, v) => States::AllBut([Some(v.clone())].into()),
+            Requirement::In(_, s) => States::Only(values(s)),
+            Requirement::NotIn(_, s) => States::AllBut(values(s)),
+        }
+    }
+
+    fn and(&self, other: &States) -> States {
+        use States::{AllBut, Only};
+        match (self, other) {
+            (Only(a), Only(b)) => Only(a.intersection(b).cloned().collect()),
+            (Only(a), AllBut(x)) | (AllBut(x), Only(a)) => Only(a.difference(x).cloned().collect()),
+            (AllBut(x), AllBut(y)) => AllBut(x.union(y).cloned().collect()),
+        }
+    }
+
+    fn subset(&self, of: &States) -> bool {
+        use States::{AllBut, Only};
+        match (self, of) {
+            (Only(a), Only(b)) => a.is_subset(b),
+            (Only(a), AllBut(x)) => a.is_disjoint(x),
+            // Values are unbounded: all but a few is never inside a few.
+            (AllBut(_), Only(_)) => false,
+            (AllBut(x), AllBut(y)) => y.is_subset(x),
+        }
     }
 }
 
@@ -316,6 +378,40 @@ mod tests {
         assert!(!matches("spot in (yes,no)", host));
         assert!(matches("k8s.io/arch in (x86_64)", "k8s.io/arch=x86_64"));
         assert!(matches("empty=", "empty="));
+    }
+
+    #[test]
+    fn a_selector_is_within_another_when_everything_it_matches_the_other_matches() {
+        let within = |inner: &str, outer: &str| {
+            Selector::parse(inner)
+                .expect("inner")
+                .within(&Selector::parse(outer).expect("outer"))
+        };
+        for (inner, outer) in [
+            ("tier=ci", "tier=ci"),
+            ("tier=ci,queue=build", "tier=ci"),
+            ("tier=ci", "tier in (ci,dev)"),
+            ("tier in (ci)", "tier!=prod"),
+            ("tier=ci", "tier"),
+            ("tier=ci", "tier notin (prod,stage)"),
+            ("!tier", "tier!=prod"),
+            ("tier in (a,b),tier!=b", "tier=a"),
+            ("tier!=prod,tier!=stage", "tier notin (prod,stage)"),
+        ] {
+            assert!(within(inner, outer), "{inner} within {outer}");
+        }
+        for (inner, outer) in [
+            ("queue=build", "tier=ci"),
+            ("tier in (ci,prod)", "tier=ci"),
+            ("tier", "tier=ci"),
+            ("tier!=prod", "tier=ci"),
+            ("tier!=prod", "tier"),
+            ("tier notin (prod)", "tier notin (prod,stage)"),
+            ("!tier", "tier"),
+            ("tier=ci", "!tier"),
+        ] {
+            assert!(!within(inner, outer), "{inner} not within {outer}");
+        }
     }
 
     #[test]

@@ -341,3 +341,134 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
     assert_eq!(code, 401);
     drop(members);
 }
+
+/// `with_token`, which must be refused 403 saying `words`.
+fn forbidden(hub: &TestHub, token: &Path, args: &[&str], words: &str) {
+    let out = with_token(hub, token, args);
+    let err = exited(&out, 1);
+    assert!(
+        err.contains("403") && err.contains(words),
+        "{args:?} must be refused saying {words:?}: {err}"
+    );
+}
+
+#[test]
+fn rights_never_grow_by_delegation_and_a_revoked_id_is_never_taken_over() {
+    let dir = tempdir();
+    let hub = TestHub::start(&dir.path().join("hub"), &[]);
+    for (id, tier) in [("c1", "tier=ci"), ("p1", "tier=prod")] {
+        hub.enrol(id);
+        hub.admin_ok(&["agent", "label", id, tier]);
+    }
+    hub.set_desired("p1", &["--max-jobs", "3"]);
+
+    // A token that may only make tokens makes none wider than itself.
+    let minter = dir.path().join("minter.token");
+    hub.create_token("minter", "tokens:write", &[], &minter);
+    let wide = ["token", "create", "--name", "wide", "--scope", "audit:read"];
+    forbidden(&hub, &minter, &wide, "audit:read is not among them");
+    forbidden(&hub, &minter, &["enrol-token", "create"], "agents:write");
+
+    // A selected token: everything it makes selects within its selection, everything it
+    // does lands on agents its selection matches, before and after.
+    let ci = dir.path().join("ci.token");
+    let scopes = "agents:read,agents:write,jobs:submit,tokens:write,rollouts:write";
+    hub.create_token("ci", scopes, &["--select", "tier=ci"], &ci);
+    fn make<'a>(name: &'a str, select: Option<&'a str>) -> Vec<&'a str> {
+        let mut args = vec!["token", "create", "--name", name, "--scope", "jobs:submit"];
+        args.extend(select.map(|s| ["--select", s]).into_iter().flatten());
+        args
+    }
+    forbidden(&hub, &ci, &make("n1", None), "must select within it");
+    forbidden(
+        &hub,
+        &ci,
+        &make("n2", Some("tier!=prod")),
+        "reaches further",
+    );
+    let narrower = with_token(&hub, &ci, &make("n3", Some("tier=ci,queue=build")));
+    succeeded(&narrower);
+    forbidden(&hub, &ci, &["enrol-token", "create"], "must give labels");
+    succeeded(&with_token(
+        &hub,
+        &ci,
+        &["enrol-token", "create", "--label", "tier=ci"],
+    ));
+    for args in [
+        vec!["agent", "label", "p1", "tier=ci"],
+        vec!["agent", "drain", "p1"],
+        vec!["agent", "resume", "p1"],
+        vec!["desired", "set", "--agent", "p1", "--max-jobs", "1"],
+        vec!["agent", "revoke", "p1"],
+        vec!["agent", "rotate", "p1"],
+        vec!["agent", "show", "p1"],
+        vec!["job", "submit", "--agent", "p1", "--", "true"],
+    ] {
+        forbidden(&hub, &ci, &args, "agent p1 does not");
+    }
+    forbidden(
+        &hub,
+        &ci,
+        &["agent", "label", "c1", "tier=prod"],
+        "agent c1 does not once relabelled",
+    );
+    for args in [
+        vec!["desired", "set", "--fleet", "--max-jobs", "1"],
+        vec!["rollout", "start", "--version", "9.9.9"],
+    ] {
+        forbidden(&hub, &ci, &args, "match tier=ci: ");
+    }
+    let listed = with_token(&hub, &ci, &["agent", "list", "--json"]);
+    let listed: Value = serde_json::from_str(&succeeded(&listed)).expect("agent list");
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed:#}");
+    assert_eq!(listed[0]["id"], "c1");
+    succeeded(&with_token(&hub, &ci, &["agent", "drain", "c1"]));
+    let v = hub.admin_json(&["agent", "show", "p1"]);
+    assert_eq!(v["hub_labels"]["tier"], "prod", "untouched: {v:#}");
+
+    // A revoked agent's id: never given to an enrolling host, nor a job pinned to it; given
+    // again only when asked, to a new agent with nothing of the old one.
+    hub.admin_ok(&["agent", "revoke", "p1"]);
+    let enrol = dir.path().join("enrol.token");
+    hub.admin_ok(&["enrol-token", "create", "--token-out", &path_str(&enrol)]);
+    let (code, body) = hub.curl(
+        "POST",
+        "/v1/enrol",
+        Some(&token_of(&enrol)),
+        Some(r#"{"id":"p1","hostname":"intruder"}"#),
+    );
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("never given to an enrolling host"), "{body}");
+    let out = hub.admin(&["job", "submit", "--agent", "p1", "--", "true"]);
+    let err = exited(&out, 1);
+    assert!(err.contains("409") && err.contains("was revoked"), "{err}");
+    let out = hub.admin(&["agent", "add", "p1"]);
+    assert!(exited(&out, 1).contains("--reuse-revoked-id"));
+    hub.admin_ok(&["agent", "add", "p1", "--reuse-revoked-id"]);
+    let v = hub.admin_json(&["agent", "show", "p1"]);
+    assert_eq!(v["hub_labels"], serde_json::json!({}), "{v:#}");
+    let d = hub.admin_json(&["desired", "show", "--agent", "p1"]);
+    assert!(d["settings"]["max_jobs"].is_null(), "{d:#}");
+
+    // Every action and every refusal names its target in the audit log.
+    let audit = hub.admin_json(&["audit", "list"]);
+    let lines = audit.as_array().expect("lines");
+    for (action, outcome) in [
+        ("POST /v1/admin/agents/{id}/labels", "403"),
+        ("POST /v1/admin/agents/{id}/revoke", "403"),
+        ("POST /v1/admin/agents/{id}/revoke", "200"),
+        ("PUT /v1/admin/desired/agents/{id}", "403"),
+    ] {
+        assert!(
+            lines.iter().any(|l| l["action"] == action
+                && l["target"] == "p1"
+                && l["outcome"]
+                    .as_str()
+                    .is_some_and(|o| o.starts_with(outcome))),
+            "no {action} {outcome} on p1: {audit:#}"
+        );
+    }
+    assert!(lines
+        .iter()
+        .all(|l| l["target"] != "-" || !l["action"].as_str().is_some_and(|a| a.contains('{'))));
+}

@@ -15,6 +15,7 @@
 //! Task: [`AuditPruner`] deletes audit lines past their retention, hourly.
 
 mod audit;
+mod delegation;
 mod scopes;
 
 use std::collections::HashMap;
@@ -32,7 +33,8 @@ use crate::proto::selector::Selector;
 use crate::util;
 
 pub(crate) use self::audit::{AuditPruner, Audited};
-pub(crate) use self::scopes::scope_of;
+pub(crate) use self::delegation::Exceeds;
+pub(crate) use self::scopes::{is_fleet_wide, scope_of};
 
 /// How often the admin tokens are loaded again without a reason.
 const REFRESH: Duration = Duration::from_secs(10);
@@ -65,6 +67,8 @@ pub(crate) enum AccessError {
         source: std::io::Error,
     },
     #[error(transparent)]
+    Exceeds(#[from] Exceeds),
+    #[error(transparent)]
     Store(#[from] super::store::StoreError),
 }
 
@@ -75,7 +79,7 @@ pub(crate) enum Caller {
     Token {
         name: String,
         scopes: Vec<String>,
-        /// The agents its job scopes reach (by their hub labels).
+        /// The agents it reaches (by their hub labels), whatever it does to them.
         selector: Option<Selector>,
     },
 }
@@ -93,14 +97,6 @@ impl Caller {
         match self {
             Caller::Root => true,
             Caller::Token { scopes, .. } => scopes.iter().any(|s| s == scope),
-        }
-    }
-
-    /// The hub labels an agent must match for this caller's job scopes (`None`: any).
-    pub(crate) fn job_selector(&self) -> Option<&Selector> {
-        match self {
-            Caller::Root => None,
-            Caller::Token { selector, .. } => selector.as_ref(),
         }
     }
 }
@@ -211,9 +207,11 @@ impl<S: Store> Access<S> {
         })
     }
 
-    /// Makes a scoped admin token; its secret is in the answer only.
+    /// Makes a scoped admin token for `caller`, within its rights; its secret is in the
+    /// answer only.
     pub(crate) async fn create_token(
         &self,
+        caller: &Caller,
         req: &TokenRequest,
     ) -> Result<TokenMade<TokenView>, AccessError> {
         let bad = |field, why: String| AccessError::Bad { field, why };
@@ -256,6 +254,7 @@ impl<S: Store> Access<S> {
             .as_deref()
             .map(|s| Selector::parse(s).map_err(|e| bad("selector", e.to_string())))
             .transpose()?;
+        caller.may_grant(&scopes, selector.as_ref())?;
         let now = util::unix_now_ms();
         let expires_ms = ttl(req.ttl_secs, now)?;
         let secret = token::new_admin_token().map_err(AccessError::Random)?;
@@ -285,12 +284,26 @@ impl<S: Store> Access<S> {
         Ok(rows.iter().map(token_view).collect())
     }
 
-    pub(crate) async fn revoke_token(&self, name: &str) -> Result<TokenView, AccessError> {
+    /// Revokes token `name`, if `caller` could have made it.
+    pub(crate) async fn revoke_token(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<TokenView, AccessError> {
+        let no_such = || AccessError::NoSuchToken(util::clip(name).into_owned());
+        let rows = self.store.admin_tokens().await?;
+        let target = rows.iter().find(|r| r.name == name).ok_or_else(no_such)?;
+        let view = token_view(target);
+        let selector = view
+            .selector
+            .as_deref()
+            .and_then(|s| Selector::parse(s).ok());
+        caller.may_grant(&view.scopes, selector.as_ref())?;
         let row = self
             .store
             .revoke_admin_token(name, util::unix_now_ms())
             .await?
-            .ok_or_else(|| AccessError::NoSuchToken(util::clip(name).into_owned()))?;
+            .ok_or_else(no_such)?;
         tracing::info!(token = %row.name, "admin token revoked");
         let view = token_view(&row);
         util::write(&self.tokens).insert(row.sha256.clone(), row);
@@ -333,14 +346,17 @@ impl<S: Store> Access<S> {
         Ok(secret)
     }
 
+    /// Makes an enrolment token for `caller`, whose hosts it must reach.
     pub(crate) async fn create_enrol_token(
         &self,
+        caller: &Caller,
         req: &EnrolTokenRequest,
     ) -> Result<TokenMade<EnrolTokenView>, AccessError> {
         crate::proto::labels::check(&req.labels, false).map_err(|e| AccessError::Bad {
             field: "labels",
             why: e.to_string(),
         })?;
+        caller.may_enrol(&req.labels)?;
         if req.uses == Some(0) {
             return Err(AccessError::Bad {
                 field: "uses",
@@ -375,12 +391,21 @@ impl<S: Store> Access<S> {
             .collect())
     }
 
-    pub(crate) async fn revoke_enrol_token(&self, id: &str) -> Result<EnrolTokenView, AccessError> {
+    /// Revokes enrolment token `id`, if `caller` could have made it.
+    pub(crate) async fn revoke_enrol_token(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<EnrolTokenView, AccessError> {
+        let no_such = || AccessError::NoSuchEnrolToken(util::clip(id).into_owned());
+        let rows = self.store.enrol_tokens().await?;
+        let target = rows.iter().find(|r| r.id == id).ok_or_else(no_such)?;
+        caller.may_enrol(&target.labels)?;
         let row = self
             .store
             .revoke_enrol_token(id, util::unix_now_ms())
             .await?
-            .ok_or_else(|| AccessError::NoSuchEnrolToken(util::clip(id).into_owned()))?;
+            .ok_or_else(no_such)?;
         tracing::info!(enrol_token = %row.id, "enrolment token revoked");
         Ok(enrol_view(&row))
     }

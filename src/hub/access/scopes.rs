@@ -52,6 +52,24 @@ const ROUTES: &[(Method, &str, &str)] = &[
     (Method::GET, "/audit", AUDIT_READ),
 ];
 
+/// The admin routes that act on the whole fleet: a token with a selection may not use
+/// them, whatever its scopes (docs/security.md, "Rights never grow by delegation").
+const FLEET_WIDE: &[(Method, &str)] = &[
+    (Method::PUT, "/desired/fleet"),
+    (Method::PUT, "/releases/{version}/{platform}"),
+    (Method::POST, "/releases/{version}/resume"),
+    (Method::POST, "/rollouts"),
+    (Method::POST, "/rollouts/{id}/pause"),
+    (Method::POST, "/rollouts/{id}/resume"),
+    (Method::POST, "/rollouts/{id}/abort"),
+];
+
+/// Whether `method` on the admin route `route` acts on the whole fleet.
+pub(crate) fn is_fleet_wide(method: &Method, route: &str) -> bool {
+    let route = route.strip_prefix("/v1/admin").unwrap_or(route);
+    FLEET_WIDE.iter().any(|(m, r)| m == method && *r == route)
+}
+
 /// The scope `method` on the admin route `route` (its pattern, as the router matched
 /// it, with or without the `/v1/admin` prefix) needs; [`ROOT`] for one not listed.
 pub(crate) fn scope_of(method: &Method, route: &str) -> &'static str {
@@ -77,5 +95,13 @@ mod tests {
         for (m, r, _) in ROUTES {
             assert!(seen.insert((m.clone(), *r)), "{m} {r} listed twice");
         }
+        for (m, r) in FLEET_WIDE {
+            assert!(seen.contains(&(m.clone(), *r)), "{m} {r} is not a route");
+        }
+        assert!(is_fleet_wide(&Method::PUT, "/v1/admin/desired/fleet"));
+        assert!(!is_fleet_wide(
+            &Method::PUT,
+            "/v1/admin/desired/agents/{id}"
+        ));
     }
 }

@@ -13,8 +13,13 @@ use crate::proto::selector::Selector;
 const MAX_DEADLINE_SECS: u64 = 366 * 24 * 3600;
 
 impl<S: Store> Fleet<S> {
-    /// Drains the agents `req` names; each as it is now.
-    pub(crate) async fn drain(&self, req: &DrainRequest) -> Result<Vec<AgentView>, FleetError> {
+    /// Drains the agents `req` names that a token reaching agents matching `reach` may
+    /// act on; each as it is now.
+    pub(crate) async fn drain(
+        &self,
+        req: &DrainRequest,
+        reach: Option<&Selector>,
+    ) -> Result<Vec<AgentView>, FleetError> {
         let deadline_ms = match req.deadline_secs {
             Some(s) if s > MAX_DEADLINE_SECS => {
                 return Err(FleetError::BadSetting {
@@ -34,11 +39,16 @@ impl<S: Store> Fleet<S> {
             },
             clear: Vec::new(),
         };
-        self.change_each(req, &change, "drained").await
+        self.change_each(req, reach, &change, "drained").await
     }
 
-    /// Ends the hub's drain of the agents `req` names (a drain their host keeps stays).
-    pub(crate) async fn resume(&self, req: &DrainRequest) -> Result<Vec<AgentView>, FleetError> {
+    /// Ends the hub's drain of the agents `req` names (a drain their host keeps stays),
+    /// as [`Self::drain`] picks them.
+    pub(crate) async fn resume(
+        &self,
+        req: &DrainRequest,
+        reach: Option<&Selector>,
+    ) -> Result<Vec<AgentView>, FleetError> {
         if req.deadline_secs.is_some() {
             return Err(FleetError::BadSetting {
                 field: "deadline_secs".into(),
@@ -49,18 +59,21 @@ impl<S: Store> Fleet<S> {
             set: DesiredSettings::default(),
             clear: vec!["accept_jobs".into(), "drain_deadline_ms".into()],
         };
-        self.change_each(req, &change, "resumed").await
+        self.change_each(req, reach, &change, "resumed").await
     }
 
+    /// Applies `change` to each agent `req` names; a selector picks, among those it
+    /// matches, the ones `reach` matches too.
     async fn change_each(
         &self,
         req: &DrainRequest,
+        reach: Option<&Selector>,
         change: &DesiredChange,
         what: &str,
     ) -> Result<Vec<AgentView>, FleetError> {
         let ids = match (&req.agent, &req.selector) {
             (Some(id), None) => {
-                if self.entry(id)?.is_revoked() {
+                if self.reach(id, reach)?.is_revoked() {
                     return Err(FleetError::Revoked(id.clone()));
                 }
                 vec![id.clone()]
@@ -77,7 +90,18 @@ impl<S: Store> Fleet<S> {
                         why: format!("no agent matches {selector}"),
                     });
                 }
-                ids
+                let reached: Vec<String> = ids
+                    .iter()
+                    .filter(|id| self.reach(id, reach).is_ok())
+                    .cloned()
+                    .collect();
+                if let (true, Some(sel)) = (reached.is_empty(), reach) {
+                    return Err(FleetError::OutOfScope(format!(
+                        "this token reaches only agents whose hub labels match {sel}; none of the {} agents matching {selector} does",
+                        ids.len()
+                    )));
+                }
+                reached
             }
             _ => {
                 return Err(FleetError::BadSetting {
@@ -86,8 +110,17 @@ impl<S: Store> Fleet<S> {
                 })
             }
         };
+        self.change_ids(&ids, change, what).await
+    }
+
+    async fn change_ids(
+        &self,
+        ids: &[String],
+        change: &DesiredChange,
+        what: &str,
+    ) -> Result<Vec<AgentView>, FleetError> {
         let mut views = Vec::with_capacity(ids.len());
-        for id in &ids {
+        for id in ids {
             self.change(Some(id), change).await?;
             views.push(self.view_of(id)?);
         }

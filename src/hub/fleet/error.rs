@@ -10,8 +10,10 @@ pub(crate) enum FleetError {
     NoSuchAgent(String),
     #[error("the token is not valid for agent {0:?}")]
     BadToken(String),
-    #[error("agent {0:?} was revoked; enrol it again with `railgrid hub agent add {0}`")]
+    #[error("agent {0:?} was revoked; to give its id to a new agent (with none of the old one's settings, labels or jobs): `railgrid hub agent add {0} --reuse-revoked-id`")]
     Revoked(String),
+    #[error("agent id {id:?} was revoked{at}: the id of a revoked agent is never given to an enrolling host; enrol this one under another --agent-id (or, deliberately, `railgrid hub agent add {id} --reuse-revoked-id`)")]
+    IdRetired { id: String, at: String },
     #[error("agent {0:?} is already enrolled; revoke it first to give it a new token")]
     Exists(String),
     #[error("invalid agent id {id:?}: {why}")]
@@ -28,7 +30,7 @@ pub(crate) enum FleetError {
     QueueFull(usize),
     #[error("the token is not valid for job {0:?}")]
     JobToken(String),
-    #[error("agent {0:?} is revoked: it takes no jobs until it is enrolled again")]
+    #[error("agent {0:?} was revoked: a job pinned to it is refused (its id is never given to another host by itself)")]
     RevokedAgent(String),
     #[error("no release {0:?} is published")]
     NoSuchRelease(String),

@@ -38,13 +38,30 @@ impl<S: Store> Fleet<S> {
         agents
     }
 
+    /// Agent `id`, if a token that reaches only agents matching `reach` (`None`: any)
+    /// may act on it.
+    pub(crate) fn reach(
+        &self,
+        id: &str,
+        reach: Option<&Selector>,
+    ) -> Result<std::sync::Arc<super::AgentEntry>, FleetError> {
+        let entry = self.entry(id)?;
+        if let Some(sel) = reach {
+            self.check_scope(&entry, sel)?;
+        }
+        Ok(entry)
+    }
+
     /// Sets `set` on agent `id` and removes `remove` (the hub's labels only: a label its
-    /// host reports stays, under the hub's if both name a key).
+    /// host reports stays, under the hub's if both name a key), for a token that reaches
+    /// only agents matching `reach`: the agent must match it before and after, so that
+    /// a relabel moves no agent into a token's reach, nor out of it.
     pub(crate) async fn change_labels(
         &self,
         id: &str,
         set: &Labels,
         remove: &[String],
+        reach: Option<&Selector>,
     ) -> Result<AgentView, FleetError> {
         let bad = |e: labels::LabelError| FleetError::BadSetting {
             field: "labels".into(),
@@ -56,6 +73,20 @@ impl<S: Store> Fleet<S> {
         }
         let entry = self.entry(id)?;
         let _one = self.changes.lock().await;
+        if let Some(sel) = reach {
+            let mut after = util::lock(&entry.state).hub_labels.clone();
+            self.check_scope(&entry, sel)?;
+            for k in remove {
+                after.remove(k);
+            }
+            after.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
+            out_of_reach(id, &after, sel).map_err(|e| match e {
+                FleetError::OutOfScope(why) => {
+                    FleetError::OutOfScope(format!("{why} once relabelled"))
+                }
+                e => e,
+            })?;
+        }
         let Some((generation, now)) = self.store.change_labels(id, set, remove).await? else {
             return Err(FleetError::Revoked(id.to_owned()));
         };
@@ -72,4 +103,15 @@ impl<S: Store> Fleet<S> {
         self.kick();
         Ok(self.view(&entry))
     }
+}
+
+/// Refuses agent `id` with hub labels `labels` to a token that reaches only agents
+/// matching `sel`.
+pub(super) fn out_of_reach(id: &str, labels: &Labels, sel: &Selector) -> Result<(), FleetError> {
+    if sel.matches(labels) {
+        return Ok(());
+    }
+    Err(FleetError::OutOfScope(format!(
+        "this token reaches only agents whose hub labels match {sel}; agent {id} does not"
+    )))
 }

@@ -42,7 +42,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::store::{HaltRow, Labels, ReleaseRow, ReportRow, ScopeRow, Snapshot, Store, MUST_RESET};
+use super::store::{
+    Enrol, HaltRow, Labels, ReleaseRow, ReportRow, ScopeRow, Snapshot, Store, MUST_RESET,
+};
 use super::token;
 use crate::proto::desired::{self, DesiredRunner, DesiredState};
 use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView, ReleaseView};
@@ -473,7 +475,9 @@ impl<S: Store> Fleet<S> {
     }
 
     /// Enrols `id` and returns its token (the hub keeps only its hash).
-    pub(crate) async fn enrol(&self, id: &str) -> Result<String, FleetError> {
+    /// Enrols agent `id` (a revoked id only with `reuse_revoked`, as a new agent); its
+    /// token.
+    pub(crate) async fn enrol(&self, id: &str, reuse_revoked: bool) -> Result<String, FleetError> {
         check_id(id)?;
         let _one = self.changes.lock().await;
         let token = token::new_agent_token().map_err(|e| FleetError::BadSetting {
@@ -482,8 +486,15 @@ impl<S: Store> Fleet<S> {
         })?;
         let hash = token::sha256_hex(&token);
         let now = crate::util::unix_now();
-        let Some(generation) = self.store.enrol(id, &hash, now).await? else {
-            return Err(FleetError::Exists(id.to_owned()));
+        let generation = match self.store.enrol(id, &hash, now, reuse_revoked).await? {
+            Enrol::Done(generation) => generation,
+            Enrol::Exists => return Err(FleetError::Exists(id.to_owned())),
+            Enrol::Revoked => {
+                return Err(FleetError::IdRetired {
+                    id: id.to_owned(),
+                    at: String::new(),
+                })
+            }
         };
         self.enrolled(id, hash, now, generation, Labels::new());
         tracing::info!(agent = %id, "agent enrolled");
@@ -506,6 +517,10 @@ impl<S: Store> Fleet<S> {
                     st.observed_generation = 0;
                     // A new agent under the id: what the hub said of the old one goes.
                     st.hub_labels = hub_labels;
+                    st.own = Scope {
+                        generation,
+                        settings: DesiredSettings::default(),
+                    };
                     st.next_token_sha256 = None;
                     st.rotate_asked = false;
                     st.token_issued_ms = now.saturating_mul(1000);

@@ -67,6 +67,13 @@ impl<S: Store> Fleet<S> {
                 ))
             }
             Enrolled::UnknownToken => Err((FleetError::BadEnrolToken, none)),
+            Enrolled::Retired { revoked_ms } => Err((
+                FleetError::IdRetired {
+                    id: req.id.clone(),
+                    at: format!(" {}", describe(revoked_ms, None, None)),
+                },
+                none,
+            )),
             Enrolled::Refused { via, why } => Err((
                 FleetError::EnrolRefused {
                     id: via.clone(),

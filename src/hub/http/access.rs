@@ -33,10 +33,11 @@ pub(super) fn about(mut resp: Response, target: impl Into<String>) -> Response {
 
 pub(super) async fn create_token<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     body: Body,
 ) -> ApiResult<Response> {
     let req: TokenRequest = parse(body).await?;
-    let made = hub.access.create_token(&req).await?;
+    let made = hub.access.create_token(&caller, &req).await?;
     let name = made.view.name.clone();
     Ok(about(
         (StatusCode::CREATED, Json(made)).into_response(),
@@ -50,9 +51,10 @@ pub(super) async fn tokens<S: Store>(State(hub): State<Arc<Hub<S>>>) -> ApiResul
 
 pub(super) async fn revoke_token<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     ApiPath(name): ApiPath<String>,
 ) -> ApiResult<Response> {
-    Ok(Json(hub.access.revoke_token(&name).await?).into_response())
+    Ok(Json(hub.access.revoke_token(&caller, &name).await?).into_response())
 }
 
 #[derive(Serialize)]
@@ -67,10 +69,11 @@ pub(super) async fn rotate_root<S: Store>(State(hub): State<Arc<Hub<S>>>) -> Api
 
 pub(super) async fn create_enrol_token<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     body: Body,
 ) -> ApiResult<Response> {
     let req: EnrolTokenRequest = parse(body).await?;
-    let made = hub.access.create_enrol_token(&req).await?;
+    let made = hub.access.create_enrol_token(&caller, &req).await?;
     let id = made.view.id.clone();
     Ok(about((StatusCode::CREATED, Json(made)).into_response(), id))
 }
@@ -81,9 +84,10 @@ pub(super) async fn enrol_tokens<S: Store>(State(hub): State<Arc<Hub<S>>>) -> Ap
 
 pub(super) async fn revoke_enrol_token<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
-    Ok(Json(hub.access.revoke_enrol_token(&id).await?).into_response())
+    Ok(Json(hub.access.revoke_enrol_token(&caller, &id).await?).into_response())
 }
 
 /// `POST /v1/admin/agents/rotate`: `{"agents": [...]}` or `{"all": true}`.
@@ -102,6 +106,7 @@ struct Rotating {
 
 pub(super) async fn rotate_agents<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     body: Body,
 ) -> ApiResult<Response> {
     let req: RotateRequest = parse(body).await?;
@@ -110,6 +115,12 @@ pub(super) async fn rotate_agents<S: Store>(
             StatusCode::BAD_REQUEST,
             "give either agents or all",
         ));
+    }
+    if req.all {
+        caller.fleet_wide("rotating every agent's token")?;
+    }
+    for id in &req.agents {
+        hub.fleet.reach(id, caller.selection())?;
     }
     let ids = (!req.all).then_some(req.agents.as_slice());
     let agents = hub.fleet.rotate_tokens(ids).await?;

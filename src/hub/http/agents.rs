@@ -8,13 +8,14 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::Deserialize;
 
-use super::access::about;
+use super::access::{about, CallerOf};
 use super::error::{ApiError, ApiResult};
 use super::extract::{bearer, parse, parse_capped, read_body, ApiPath, MAX_BODY_BYTES};
 use super::state::Hub;
+use crate::hub::access::Caller;
 use crate::hub::fleet::{AgentEntry, Poll};
 use crate::hub::serve::Peer;
 use crate::hub::store::Store;
@@ -22,6 +23,7 @@ use crate::hub::unproven::proven;
 use crate::proto::hub::{
     DesiredChange, DrainRequest, EnrolRequest, Enrolled, LabelChange, SETTINGS,
 };
+use crate::proto::labels::Labels;
 use crate::proto::report::AgentReport;
 
 /// A report may carry up to a thousand jobs' states.
@@ -151,10 +153,13 @@ async fn rotation<S: Store>(hub: &Hub<S>, id: &str, peer: Option<Peer>, outcome:
 
 pub(super) async fn enrol<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     body: Body,
 ) -> ApiResult<Response> {
     let req: EnrolRequest = parse(body).await?;
-    let token = hub.fleet.enrol(&req.id).await?;
+    // A new agent has no hub labels yet.
+    caller.reach(&req.id, &Labels::new())?;
+    let token = hub.fleet.enrol(&req.id, req.reuse_revoked).await?;
     let id = req.id.clone();
     Ok(about(
         (StatusCode::CREATED, Json(Enrolled { id: req.id, token })).into_response(),
@@ -162,60 +167,81 @@ pub(super) async fn enrol<S: Store>(
     ))
 }
 
-pub(super) async fn list<S: Store>(State(hub): State<Arc<Hub<S>>>) -> ApiResult<Response> {
+/// The agents the caller reaches, by id.
+pub(super) async fn list<S: Store>(
+    State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
+) -> ApiResult<Response> {
     hub.fleet.adopt_reports().await?;
-    Ok(Json(hub.fleet.list()).into_response())
+    let mut all = hub.fleet.list();
+    if let Some(sel) = caller.selection() {
+        all.retain(|a| sel.matches(&a.hub_labels));
+    }
+    Ok(Json(all).into_response())
 }
 
 pub(super) async fn show<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
     hub.fleet.adopt_reports().await?;
+    hub.fleet.reach(&id, caller.selection())?;
     Ok(Json(hub.fleet.view_of(&id)?).into_response())
 }
 
 pub(super) async fn revoke<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
+    hub.fleet.reach(&id, caller.selection())?;
     Ok(Json(hub.fleet.revoke(&id).await?).into_response())
 }
 
 pub(super) async fn labels<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     ApiPath(id): ApiPath<String>,
     body: Body,
 ) -> ApiResult<Response> {
     let change: LabelChange = parse(body).await?;
     let view = hub
         .fleet
-        .change_labels(&id, &change.set, &change.remove)
+        .change_labels(&id, &change.set, &change.remove, caller.selection())
         .await?;
     Ok(Json(view).into_response())
 }
 
 pub(super) async fn drain<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     body: Body,
 ) -> ApiResult<Response> {
-    drain_or_resume(&hub, body, false).await
+    drain_or_resume(&hub, &caller, body, false).await
 }
 
 pub(super) async fn resume<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     body: Body,
 ) -> ApiResult<Response> {
-    drain_or_resume(&hub, body, true).await
+    drain_or_resume(&hub, &caller, body, true).await
 }
 
-async fn drain_or_resume<S: Store>(hub: &Hub<S>, body: Body, resume: bool) -> ApiResult<Response> {
+async fn drain_or_resume<S: Store>(
+    hub: &Hub<S>,
+    caller: &Caller,
+    body: Body,
+    resume: bool,
+) -> ApiResult<Response> {
     let req: DrainRequest = parse(body).await?;
     let target = drained(&req);
+    let reach = caller.selection();
     let views = if resume {
-        hub.fleet.resume(&req).await?
+        hub.fleet.resume(&req, reach).await?
     } else {
-        hub.fleet.drain(&req).await?
+        hub.fleet.drain(&req, reach).await?
     };
     Ok(about(Json(views).into_response(), target))
 }
@@ -243,17 +269,21 @@ pub(super) async fn set_fleet<S: Store>(
 
 pub(super) async fn agent_desired<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
+    hub.fleet.reach(&id, caller.selection())?;
     Ok(Json(hub.fleet.desired_view(Some(&id))?).into_response())
 }
 
 pub(super) async fn set_agent<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     ApiPath(id): ApiPath<String>,
     body: Body,
 ) -> ApiResult<Response> {
     let change = parse_change(body).await?;
+    hub.fleet.reach(&id, caller.selection())?;
     Ok(Json(hub.fleet.change(Some(&id), &change).await?).into_response())
 }
 /// A desired change with only the settings this hub knows: an admin's typo must not pass

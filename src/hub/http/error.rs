@@ -69,7 +69,7 @@ impl From<FleetError> for ApiError {
             FleetError::NotHalted(_) => StatusCode::CONFLICT,
             FleetError::BadEnrolToken => StatusCode::UNAUTHORIZED,
             FleetError::EnrolRefused { .. } | FleetError::OutOfScope(_) => StatusCode::FORBIDDEN,
-            FleetError::IdTaken { .. } => StatusCode::CONFLICT,
+            FleetError::IdTaken { .. } | FleetError::IdRetired { .. } => StatusCode::CONFLICT,
             FleetError::NoSuchRollout(_) | FleetError::NotForPlatform { .. } => {
                 StatusCode::NOT_FOUND
             }
@@ -103,6 +103,13 @@ impl From<FleetError> for ApiError {
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
+/// What a caller's rights do not reach: 403, naming its selection or scopes.
+impl From<crate::hub::access::Exceeds> for ApiError {
+    fn from(e: crate::hub::access::Exceeds) -> Self {
+        ApiError::new(StatusCode::FORBIDDEN, e.to_string())
+    }
+}
+
 impl From<crate::hub::access::AccessError> for ApiError {
     fn from(e: crate::hub::access::AccessError) -> Self {
         use crate::hub::access::AccessError;
@@ -114,6 +121,7 @@ impl From<crate::hub::access::AccessError> for ApiError {
                 tracing::error!(error = %crate::error_chain(&e), "a token could not be made");
                 StatusCode::INTERNAL_SERVER_ERROR
             }
+            AccessError::Exceeds(_) => StatusCode::FORBIDDEN,
             AccessError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         match e {

@@ -58,7 +58,7 @@ pub(super) async fn submit<S: Store>(
     body: Body,
 ) -> ApiResult<Response> {
     let req: HubJobSubmit = parse(body).await?;
-    let view = hub.fleet.submit_job(req, caller.job_selector()).await?;
+    let view = hub.fleet.submit_job(req, caller.selection()).await?;
     let target = format!(
         "{} on {}",
         view.id,
@@ -81,7 +81,7 @@ pub(super) async fn submit_group<S: Store>(
 ) -> ApiResult<Response> {
     let req: HubGroupSubmit = parse(body).await?;
     let target = req.selector.clone();
-    let view = hub.fleet.submit_group(req, caller.job_selector()).await?;
+    let view = hub.fleet.submit_group(req, caller.selection()).await?;
     let target = format!("group {} on {target}", view.group);
     Ok(about(
         (StatusCode::CREATED, Json(view)).into_response(),
@@ -129,7 +129,7 @@ pub(super) async fn list<S: Store>(
         group: q.group.as_deref(),
     };
     let mut jobs = hub.fleet.jobs(filter, q.before, limit).await?;
-    if let Some(sel) = caller.job_selector() {
+    if let Some(sel) = caller.selection() {
         jobs.retain(|j| hub.fleet.job_in_scope(j, sel));
     }
     Ok(Json(jobs).into_response())
@@ -140,7 +140,7 @@ pub(super) async fn status<S: Store>(
     Extension(caller): CallerOf,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
-    Ok(Json(hub.fleet.job_for(&id, caller.job_selector()).await?).into_response())
+    Ok(Json(hub.fleet.job_for(&id, caller.selection()).await?).into_response())
 }
 
 #[derive(Deserialize)]
@@ -155,7 +155,7 @@ pub(super) async fn wait<S: Store>(
     ApiPath(id): ApiPath<String>,
     q: Result<Query<WaitQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
-    hub.fleet.job_for(&id, caller.job_selector()).await?;
+    hub.fleet.job_for(&id, caller.selection()).await?;
     let secs = query(q)?.timeout_secs.unwrap_or(DEFAULT_WAIT_SECS);
     if secs > MAX_WAIT_SECS {
         return Err(ApiError::new(
@@ -172,7 +172,7 @@ pub(super) async fn cancel<S: Store>(
     Extension(caller): CallerOf,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Response> {
-    hub.fleet.job_for(&id, caller.job_selector()).await?;
+    hub.fleet.job_for(&id, caller.selection()).await?;
     Ok(Json(hub.fleet.cancel_job(&id).await?).into_response())
 }
 
@@ -192,7 +192,7 @@ pub(super) async fn output<S: Store>(
     ApiPath((id, stream)): ApiPath<(String, String)>,
     q: Result<Query<OutputQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
-    hub.fleet.job_for(&id, caller.job_selector()).await?;
+    hub.fleet.job_for(&id, caller.selection()).await?;
     let q = query(q)?;
     let stream = stream_of(&stream)?;
     let limit = q.limit.unwrap_or(MAX_SLICE).clamp(1, MAX_SLICE);

@@ -36,9 +36,12 @@ pub(crate) use self::metrics::plain as metrics_router;
 pub(crate) use self::releases::SIGNATURE_HEADER;
 pub(crate) use self::state::Hub;
 use crate::build_info;
-use crate::hub::access::{scope_of, Audited};
+use crate::hub::access::{is_fleet_wide, scope_of, Audited, Caller};
 use crate::hub::store::Store;
 use crate::hub::unproven::proven;
+
+/// Where the admin routes are.
+const ADMIN_PREFIX: &str = "/v1/admin";
 
 pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
     let admin = Router::new()
@@ -108,7 +111,7 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
             "/v1/releases/{version}/{platform}",
             get(releases::download::<S>),
         )
-        .nest("/v1/admin", admin)
+        .nest(ADMIN_PREFIX, admin)
         .merge(ui::router::<S>())
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
@@ -144,20 +147,15 @@ async fn gate<S: Store>(
             format!("{why} (the admin token is in the hub's data dir, admin.token)"),
         )
         .into_response(),
-        Ok(c) if !c.may(scope) => ApiError::new(
-            StatusCode::FORBIDDEN,
-            format!(
-                "token {:?} lacks the scope {scope} that {method} {route} needs",
-                c.name()
-            ),
-        )
-        .into_response(),
-        Ok(c) => {
-            proven();
-            let mut req = req;
-            req.extensions_mut().insert(c.clone());
-            next.run(req).await
-        }
+        Ok(c) => match refusal(c, scope, &method, &route) {
+            Some(e) => e.into_response(),
+            None => {
+                proven();
+                let mut req = req;
+                req.extensions_mut().insert(c.clone());
+                next.run(req).await
+            }
+        },
     };
     let status = resp.status();
     let refused = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
@@ -185,8 +183,35 @@ async fn gate<S: Store>(
     resp
 }
 
+/// Why a known caller may not use `method` on `route`, if it may not: a scope it lacks,
+/// or a selection on a route that acts on the whole fleet.
+fn refusal(c: &Caller, scope: &str, method: &Method, route: &str) -> Option<ApiError> {
+    if !c.may(scope) {
+        return Some(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "token {:?} lacks the scope {scope} that {method} {route} needs",
+                c.name()
+            ),
+        ));
+    }
+    if is_fleet_wide(method, route) {
+        return c
+            .fleet_wide(&format!("{method} {route}"))
+            .err()
+            .map(ApiError::from);
+    }
+    None
+}
+
 /// The values a path gives its route's `{…}` parts (`web-1` for `/agents/{id}/revoke`).
+/// The router nested under `/v1/admin` matches the whole route but sees the path without
+/// that prefix: the two are read from the same place on.
 fn path_values(route: &str, path: &str) -> String {
+    let route = match path.strip_prefix(ADMIN_PREFIX) {
+        Some(_) => route,
+        None => route.strip_prefix(ADMIN_PREFIX).unwrap_or(route),
+    };
     let values: Vec<&str> = route
         .split('/')
         .zip(path.split('/'))
@@ -225,4 +250,24 @@ async fn health<S: Store>(State(hub): State<Arc<Hub<S>>>) -> Json<HubHealth> {
         agents,
         polls_held,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::path_values;
+
+    #[test]
+    fn a_routes_values_are_read_from_the_path_seen_inside_or_outside_the_nest() {
+        for path in ["/agents/web-1/revoke", "/v1/admin/agents/web-1/revoke"] {
+            assert_eq!(path_values("/v1/admin/agents/{id}/revoke", path), "web-1");
+        }
+        assert_eq!(
+            path_values(
+                "/v1/admin/releases/{version}/{platform}",
+                "/releases/1.2.3/linux-x86_64"
+            ),
+            "1.2.3/linux-x86_64"
+        );
+        assert_eq!(path_values("/v1/admin/agents", "/agents"), "-");
+    }
 }

@@ -125,6 +125,8 @@ pub(crate) enum Enrolled {
     UnknownToken,
     /// The token enrols no host now: why, and its id.
     Refused { via: String, why: &'static str },
+    /// The id was revoked (at this time, ms): it is never given to a host again.
+    Retired { revoked_ms: u64 },
     /// The id is enrolled (and not revoked): by whom, from where.
     Taken {
         enrolled_ms: u64,

@@ -152,9 +152,12 @@ fn settings(max_jobs: usize) -> DesiredSettings {
 
 async fn what_is_stored_is_loaded_again(b: &impl Backend) {
     let store = b.open().await;
-    let g1 = store.enrol("a", "hash-a", 100).await.expect("enrol");
-    assert_eq!(g1, Some(1));
-    assert_eq!(store.enrol("a", "other", 101).await.expect("again"), None);
+    let g1 = store.enrol("a", "hash-a", 100, false).await.expect("enrol");
+    assert_eq!(g1, Enrol::Done(1));
+    assert_eq!(
+        store.enrol("a", "other", 101, true).await.expect("again"),
+        Enrol::Exists
+    );
     let g2 = store
         .set_scope("", &settings(4), None)
         .await
@@ -192,9 +195,28 @@ async fn what_is_stored_is_loaded_again(b: &impl Backend) {
     assert_eq!(snap.scopes[0].scope, "");
     assert_eq!(snap.scopes[0].settings, settings(4));
     assert_eq!(snap.scopes[1].generation, 4);
-    // A revoked agent re-enrols with a new token and a new generation.
-    let g = store.enrol("a", "hash-b", 400).await.expect("re-enrol");
-    assert_eq!(g, Some(5));
+    // A revoked id is given again only when asked, to a new agent: a new token, a new
+    // generation, none of the old one's own settings.
+    let refused = store
+        .enrol("a", "hash-b", 400, false)
+        .await
+        .expect("refused");
+    assert_eq!(refused, Enrol::Revoked);
+    let g = store
+        .enrol("a", "hash-b", 400, true)
+        .await
+        .expect("re-enrol");
+    assert_eq!(g, Enrol::Done(5));
+    let snap = store.load().await.expect("load");
+    let own = snap
+        .scopes
+        .iter()
+        .find(|s| s.scope == "a")
+        .expect("a's scope");
+    assert_eq!(
+        (own.generation, &own.settings),
+        (5, &DesiredSettings::default())
+    );
 }
 
 async fn no_generation_past_the_protocols_bound_is_handed_out(b: &impl Backend) {
@@ -257,7 +279,7 @@ fn job(id: &str) -> JobRow {
 
 async fn output_is_taken_once_by_offset_capped_and_read_back_from_any_offset(b: &impl Backend) {
     let store = b.open().await;
-    store.enrol("a", "h", 1).await.expect("enrol");
+    store.enrol("a", "h", 1, false).await.expect("enrol");
     let (seq, _) = store
         .insert_job(&job("j"))
         .await
@@ -303,7 +325,7 @@ async fn output_is_taken_once_by_offset_capped_and_read_back_from_any_offset(b: 
 
 async fn jobs_are_listed_newest_first_and_only_done_ones_are_pruned(b: &impl Backend) {
     let store = b.open().await;
-    store.enrol("a", "h", 1).await.expect("enrol");
+    store.enrol("a", "h", 1, false).await.expect("enrol");
     for id in ["j1", "j2", "j3"] {
         store.insert_job(&job(id)).await.expect("insert");
     }
@@ -361,8 +383,8 @@ async fn a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_lis
     b: &impl Backend,
 ) {
     let store = b.open().await;
-    store.enrol("a", "h", 1).await.expect("enrol");
-    store.enrol("b", "h", 1).await.expect("enrol");
+    store.enrol("a", "h", 1, false).await.expect("enrol");
+    store.enrol("b", "h", 1, false).await.expect("enrol");
     let queued = |id: &str| JobRow {
         agent: String::new(),
         progress: JobProgress {
@@ -483,7 +505,7 @@ async fn a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_lis
 
 async fn releases_halts_and_renumbering_move_the_fleets_generation(b: &impl Backend) {
     let store = b.open().await;
-    store.enrol("a", "h", 1).await.expect("enrol");
+    store.enrol("a", "h", 1, false).await.expect("enrol");
     let release = ReleaseRow {
         version: "1.2.3".into(),
         os: "linux".into(),
@@ -529,7 +551,7 @@ async fn releases_halts_and_renumbering_move_the_fleets_generation(b: &impl Back
 async fn the_hubs_labels_merge_and_go_with_a_revoked_agent(b: &impl Backend) {
     let store = b.open().await;
     let labels = |text: &str| crate::proto::labels::parse_list(text).expect("labels");
-    store.enrol("a", "h", 1).await.expect("enrol");
+    store.enrol("a", "h", 1, false).await.expect("enrol");
     let none = store.change_labels("nobody", &labels("x=1"), &[]).await;
     assert_eq!(none.expect("unknown"), None);
     let set = store
@@ -553,7 +575,7 @@ async fn the_hubs_labels_merge_and_go_with_a_revoked_agent(b: &impl Backend) {
         None,
         "a revoked agent takes no labels"
     );
-    store.enrol("a", "h2", 6).await.expect("re-enrol");
+    store.enrol("a", "h2", 6, true).await.expect("re-enrol");
     let agents = store.load().await.expect("load").agents;
     assert_eq!(
         agents[0].labels, "{}",
@@ -575,7 +597,7 @@ fn progress(state: &str, done: bool) -> JobProgress {
 /// it waited for the database): the newer, a job done, stands.
 async fn a_write_from_an_older_copy_never_undoes_an_end(b: &impl Backend) {
     let store = b.open().await;
-    store.enrol("a", "h", 1).await.expect("enrol");
+    store.enrol("a", "h", 1, false).await.expect("enrol");
     store.insert_job(&job("j")).await.expect("insert");
     let done = vec![("j".to_owned(), progress("failed", true))];
     store.update_jobs("a", done, true).await.expect("done");
@@ -841,6 +863,30 @@ async fn an_enrolment_token_enrols_as_many_hosts_as_it_may_and_never_takes_an_id
             ..
         }
     ));
+    // A revoked agent's id is never given to an enrolling host, however good its token.
+    let second = store
+        .create_enrol_token(&EnrolTokenRow {
+            sha256: "et2".into(),
+            created_ms: 1,
+            ..EnrolTokenRow::default()
+        })
+        .await
+        .expect("second token");
+    store.revoke("h2", 25).await.expect("revoke h2");
+    let retake = Enrolment {
+        token_sha256: "et2".into(),
+        ..host("h2", 26_000)
+    };
+    assert_eq!(
+        store.self_enrol(&retake, "a6").await.expect("retired"),
+        Enrolled::Retired { revoked_ms: 25_000 }
+    );
+    assert_eq!(
+        store.enrol_tokens().await.expect("list")[1].uses,
+        0,
+        "{} spent no use",
+        second.id
+    );
     let unknown = Enrolment {
         token_sha256: "nope".into(),
         ..host("h5", 22)
@@ -943,7 +989,7 @@ async fn admin_tokens_audit_and_rotation_are_kept(b: &impl Backend) {
     assert_eq!(store.prune_audit(25).await.expect("prune"), 2);
     assert_eq!(store.audit(0, None, 100).await.expect("left").len(), 1);
 
-    store.enrol("a", "old", 1).await.expect("enrol");
+    store.enrol("a", "old", 1, false).await.expect("enrol");
     let asked = store.ask_rotation(None).await.expect("ask");
     assert_eq!(
         asked.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),

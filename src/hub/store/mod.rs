@@ -270,6 +270,17 @@ impl JobRow {
     }
 }
 
+/// What an enrolment by an admin did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Enrol {
+    /// Enrolled; its scope took this generation.
+    Done(u64),
+    /// Enrolled already, and not revoked: nothing changed.
+    Exists,
+    /// Revoked, and not asked to reuse its id: nothing changed.
+    Revoked,
+}
+
 /// The outcome of an output upload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Appended {
@@ -425,15 +436,16 @@ pub(crate) trait Store:
 {
     fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send;
 
-    /// Enrols `id`, or re-enrols a revoked one with a new token; the agent's own scope
-    /// gets a fresh generation so that its first reconcile is answered at once. Returns
-    /// that generation, or `None` (nothing changed) when `id` is enrolled and not revoked.
+    /// Enrols `id` (a revoked one only with `reuse_revoked`, as a new agent: its labels
+    /// and own settings cleared); the agent's own scope gets a fresh generation so that
+    /// its first reconcile is answered at once.
     fn enrol(
         &self,
         id: &str,
         token_sha256: &str,
         now: u64,
-    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+        reuse_revoked: bool,
+    ) -> impl Future<Output = Result<Enrol, StoreError>> + Send;
 
     /// Revokes `id` and gives its scope the next generation, which is returned (so that
     /// replicas see the change); `None` when `id` is not enrolled.

@@ -679,16 +679,10 @@ impl<S: Store> Fleet<S> {
         self.save_jobs(entry, updates, bump).await
     }
 
-    /// Refuses `entry` to a token whose job scopes reach only agents matching `sel` (by
-    /// the labels the hub set: a host's own cannot widen a token's reach).
+    /// Refuses `entry` to a token that reaches only agents matching `sel` (by the labels
+    /// the hub set: a host's own cannot widen a token's reach).
     pub(super) fn check_scope(&self, entry: &AgentEntry, sel: &Selector) -> Result<(), FleetError> {
-        if sel.matches(&util::lock(&entry.state).hub_labels) {
-            return Ok(());
-        }
-        Err(FleetError::OutOfScope(format!(
-            "this token runs and sees jobs only on agents whose hub labels match {sel}; agent {} does not",
-            entry.id
-        )))
+        super::labels::out_of_reach(&entry.id, &util::lock(&entry.state).hub_labels, sel)
     }
 
     /// Whether a token whose job scopes reach agents matching `sel` may see or cancel

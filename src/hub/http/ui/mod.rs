@@ -159,9 +159,13 @@ async fn fleet<S: Store>(State(hub): State<Arc<Hub<S>>>, headers: HeaderMap) -> 
         "Fleet",
         "Fleet",
         false,
-        |_| async move {
+        |caller| async move {
             h.fleet.adopt_reports().await.map_err(text)?;
-            Ok(pages::fleet(&h.fleet.list()))
+            let mut all = h.fleet.list();
+            if let Some(sel) = caller.selection() {
+                all.retain(|a| sel.matches(&a.hub_labels));
+            }
+            Ok(pages::fleet(&all))
         },
     )
     .await
@@ -182,7 +186,7 @@ async fn jobs<S: Store>(State(hub): State<Arc<Hub<S>>>, headers: HeaderMap) -> R
                 .jobs(JobFilter::default(), None, LISTED_JOBS)
                 .await
                 .map_err(text)?;
-            if let Some(sel) = caller.job_selector() {
+            if let Some(sel) = caller.selection() {
                 all.retain(|j| h.fleet.job_in_scope(j, sel));
             }
             Ok(pages::jobs(&all))
@@ -207,7 +211,7 @@ async fn job<S: Store>(
         |caller| async move {
             let j = h
                 .fleet
-                .job_for(&id, caller.job_selector())
+                .job_for(&id, caller.selection())
                 .await
                 .map_err(text)?;
             Ok(pages::job(&j))
@@ -240,7 +244,7 @@ async fn output<S: Store>(
     let Some(stream) = Stream::parse(&stream) else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    if hub.fleet.job_for(&id, caller.job_selector()).await.is_err() {
+    if hub.fleet.job_for(&id, caller.selection()).await.is_err() {
         return StatusCode::NOT_FOUND.into_response();
     }
     match hub

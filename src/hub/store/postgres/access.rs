@@ -236,18 +236,21 @@ impl AccessStore for PgStore {
             .map_err(&e)?;
         let mut again = false;
         if let Some(row) = existing {
-            if row.get::<_, Option<i64>>(0).is_none() {
-                // The same token's enrolment of an agent never seen: its answer was lost
-                // on the way, and the host asks again.
-                again = row.get::<_, Option<i64>>(4).is_none()
-                    && row.get::<_, Option<String>>(5).as_deref() == Some(token.id.as_str());
-                if !again {
-                    return Ok(Enrolled::Taken {
-                        enrolled_ms: u64_of(row.get(1)).saturating_mul(1000),
-                        peer: row.get(2),
-                        host: row.get(3),
-                    });
-                }
+            if let Some(revoked) = row.get::<_, Option<i64>>(0) {
+                return Ok(Enrolled::Retired {
+                    revoked_ms: u64_of(revoked).saturating_mul(1000),
+                });
+            }
+            // The same token's enrolment of an agent never seen: its answer was lost on
+            // the way, and the host asks again.
+            again = row.get::<_, Option<i64>>(4).is_none()
+                && row.get::<_, Option<String>>(5).as_deref() == Some(token.id.as_str());
+            if !again {
+                return Ok(Enrolled::Taken {
+                    enrolled_ms: u64_of(row.get(1)).saturating_mul(1000),
+                    peer: row.get(2),
+                    host: row.get(3),
+                });
             }
         }
         if let Some(why) = token.refusal(en.now_ms, Some(again)) {
@@ -265,7 +268,7 @@ impl AccessStore for PgStore {
                      token_issued_ms = excluded.token_issued_ms,
                      enrolled_via = excluded.enrolled_via, enrolled_peer = excluded.enrolled_peer,
                      enrolled_host = excluded.enrolled_host
-                 WHERE agents.revoked_at IS NOT NULL OR $9",
+                 WHERE $9",
                 &[
                     &en.id,
                     &agent_sha256,

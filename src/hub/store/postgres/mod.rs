@@ -41,8 +41,8 @@ use self::tls::{split_root_cert, tls_config, Tls};
 use super::sqlite::{parse_settings, MIGRATIONS};
 use super::{
     merge_labels, plan_append, AgentRow, AgentSnapshot, AppendPlan, Appended, Assigned, Assignment,
-    Event, FleetSnapshot, HaltRow, JobFilter, JobProgress, JobRow, JobStore, Labels, ReleaseRow,
-    ReportRow, Snapshot, Store, StoreError, Stream,
+    Enrol, Event, FleetSnapshot, HaltRow, JobFilter, JobProgress, JobRow, JobStore, Labels,
+    ReleaseRow, ReportRow, Snapshot, Store, StoreError, Stream,
 };
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
@@ -644,7 +644,8 @@ impl Store for PgStore {
         id: &str,
         token_sha256: &str,
         now: u64,
-    ) -> Result<Option<u64>, StoreError> {
+        reuse_revoked: bool,
+    ) -> Result<Enrol, StoreError> {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
@@ -657,8 +658,18 @@ impl Store for PgStore {
             .map_err(&e)?;
         if let Some(row) = existing {
             if row.get::<_, Option<i64>>(0).is_none() {
-                return Ok(None);
+                return Ok(Enrol::Exists);
             }
+            if !reuse_revoked {
+                return Ok(Enrol::Revoked);
+            }
+            // A new agent under the id: none of the old one's own settings.
+            tx.execute(
+                "UPDATE desired SET settings = '{}' WHERE scope = $1",
+                &[&id],
+            )
+            .await
+            .map_err(&e)?;
         }
         // Two replicas enrolling one id at once: the second waits on the first's row
         // and finds it enrolled.
@@ -676,9 +687,9 @@ impl Store for PgStore {
             .await
             .map_err(&e)?;
         if inserted == 0 {
-            return Ok(None);
+            return Ok(Enrol::Exists);
         }
-        self.bump_and_commit(tx, id).await.map(Some)
+        self.bump_and_commit(tx, id).await.map(Enrol::Done)
     }
 
     async fn revoke(&self, id: &str, now: u64) -> Result<Option<u64>, StoreError> {

@@ -220,6 +220,11 @@ impl AccessStore for SqliteStore {
                 .optional()
                 .map_err(&e)?;
             let mut again = false;
+            if let Some((Some(revoked), ..)) = existing {
+                return Ok(Enrolled::Retired {
+                    revoked_ms: u64_of(revoked).saturating_mul(1000),
+                });
+            }
             if let Some((None, at, peer, host, seen, via)) = existing {
                 // The same token's enrolment of an agent never seen: its answer was lost
                 // on the way, and the host asks again.

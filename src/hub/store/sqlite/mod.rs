@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{
-    merge_labels, plan_append, AgentRow, AppendPlan, Appended, Assigned, Assignment, HaltRow,
-    JobFilter, JobProgress, JobRow, JobStore, Labels, ReleaseRow, ReportRow, ScopeRow, Snapshot,
-    Store, StoreError, Stream, OPEN_STATES,
+    merge_labels, plan_append, AgentRow, AppendPlan, Appended, Assigned, Assignment, Enrol,
+    HaltRow, JobFilter, JobProgress, JobRow, JobStore, Labels, ReleaseRow, ReportRow, ScopeRow,
+    Snapshot, Store, StoreError, Stream, OPEN_STATES,
 };
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
@@ -490,7 +490,8 @@ impl Store for SqliteStore {
         id: &str,
         token_sha256: &str,
         now: u64,
-    ) -> Result<Option<u64>, StoreError> {
+        reuse_revoked: bool,
+    ) -> Result<Enrol, StoreError> {
         let (id, hash) = (id.to_owned(), token_sha256.to_owned());
         self.with(move |conn, path| {
             let e = sql(path);
@@ -503,8 +504,18 @@ impl Store for SqliteStore {
                 )
                 .optional()
                 .map_err(&e)?;
-            if matches!(existing, Some(None)) {
-                return Ok(None);
+            match existing {
+                Some(None) => return Ok(Enrol::Exists),
+                Some(Some(_)) if !reuse_revoked => return Ok(Enrol::Revoked),
+                // A new agent under the id: none of the old one's own settings.
+                Some(Some(_)) => {
+                    tx.execute(
+                        "UPDATE desired SET settings = '{}' WHERE scope = ?1",
+                        params![id],
+                    )
+                    .map_err(&e)?;
+                }
+                None => {}
             }
             tx.execute(
                 "INSERT INTO agents (id, token_sha256, enrolled_at, observed_generation)
@@ -516,7 +527,7 @@ impl Store for SqliteStore {
                 params![id, hash, now as i64],
             )
             .map_err(&e)?;
-            bump_and_commit(tx, &id, path).map(Some)
+            bump_and_commit(tx, &id, path).map(Enrol::Done)
         })
         .await
     }
