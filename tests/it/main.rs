@@ -22,6 +22,7 @@ mod install;
 mod jobs;
 mod layout;
 mod lock;
+mod log_lines;
 mod metrics;
 mod prerequisites;
 mod readme;

@@ -1,6 +1,15 @@
 //! The process's log: text for a person, or one JSON object a line for a collector
 //! (`--log-format json`, `RAILGRID_LOG_FORMAT=json`), on stderr and, for the agent, in its
 //! rolling file. `RAILGRID_LOG` takes a filter such as `debug` or `railgrid=trace`.
+//!
+//! Much of what is logged comes from clients and jobs (a host's name, an error an agent
+//! reports, a job's argv). One line is one event whatever they hold: in text, every field
+//! and the message are written through [`escape`], so that no control character, escape
+//! sequence or bidirectional override reaches a terminal or forges a line; JSON escapes
+//! the controls itself, and the rest on the way out (docs/security.md, "Logs say what
+//! happened, and only that").
+
+mod escape;
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,11 +53,18 @@ pub(crate) fn init(
     // NO_COLOR (no-color.org): no escape codes, even on a terminal.
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let layer = |writer: tracing_subscriber::fmt::writer::BoxMakeWriter, ansi: bool| {
-        let base = tracing_subscriber::fmt::layer().with_writer(writer);
         if json {
-            base.json().with_current_span(false).boxed()
+            tracing_subscriber::fmt::layer()
+                .with_writer(escape::JsonSafe(writer))
+                .json()
+                .with_current_span(false)
+                .boxed()
         } else {
-            base.with_ansi(ansi).with_target(false).boxed()
+            let base = tracing_subscriber::fmt::layer().with_writer(writer);
+            base.with_ansi(ansi)
+                .with_target(false)
+                .fmt_fields(escape::EscapedFields)
+                .boxed()
         }
     };
     let mut layers = Vec::new();
