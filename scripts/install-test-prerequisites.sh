@@ -2,7 +2,7 @@
 # Installs every tool the test suite uses, by Debian package name (Debian 12, Ubuntu), and
 # only what is missing. Run it once as root before `cargo test`; `.ci/run` runs it too.
 #
-#   sudo bash scripts/install-test-prerequisites.sh [--bench]
+#   bash scripts/install-test-prerequisites.sh [--bench]
 #
 # `--bench` also installs the benchmarks' peers and build tools (the `bench_need` lines),
 # which the tests do not use.
@@ -27,9 +27,10 @@ need() {
 # The README's examples and the tests' HTTP client; a C compiler for them and for SQLite.
 need curl curl
 need cc gcc libc6-dev
-# Process tests: flock and setpriv (util-linux), a shell, perl for setpgrp in a job.
+# Process tests: flock, setpriv and prlimit (util-linux), a shell, perl for setpgrp in a job.
 need flock util-linux
 need setpriv util-linux
+need prlimit util-linux
 need bash bash
 need perl perl-base
 # Release signing interoperates with the minisign tool.

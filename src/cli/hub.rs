@@ -401,9 +401,10 @@ pub struct HubServeArgs {
     /// The URL agents use, written to hub.json (default: https://<listen address>).
     #[arg(long, value_name = "URL")]
     pub url: Option<String>,
-    /// Connections served at once; past it, 503 with Retry-After.
-    #[arg(long, value_name = "N", default_value_t = 20_000)]
-    pub max_connections: usize,
+    /// Connections served at once; past it, 503 with Retry-After [default: 20000, or
+    /// what the open-files limit leaves room for when that is less].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
     /// The longest a reconcile is held open, whatever the agent asks.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "30s")]
     pub max_wait: Duration,

@@ -130,7 +130,7 @@ fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
         listen: a.listen,
         tls,
         url: a.url,
-        max_connections: a.max_connections.max(1),
+        max_connections: a.max_connections.map(|n| n.max(1)),
         max_wait: a.max_wait,
         poll_interval: Duration::from_secs(30),
         job_limits: crate::hub::fleet::JobLimits {
@@ -299,10 +299,10 @@ fn desired_change(a: &HubDesiredSetArgs) -> DesiredChange {
     }
 }
 
-/// Labels less `os`, `arch` and `hostname`, which the table shows in their own columns.
-fn without_automatic(labels: &crate::proto::labels::Labels) -> crate::proto::labels::Labels {
+/// Labels less `os` and `arch`, which the table shows in a column of their own.
+fn without_platform(labels: &crate::proto::labels::Labels) -> crate::proto::labels::Labels {
     let mut rest = labels.clone();
-    for k in crate::proto::labels::AUTOMATIC {
+    for k in ["os", "arch"] {
         rest.remove(k);
     }
     rest
@@ -348,7 +348,7 @@ fn agent_table(agents: &[AgentView]) -> String {
                         Some(w) => clean(&format!("{}: {w}", u.state)),
                         None => clean(&u.state),
                     }),
-                shown_labels(&without_automatic(&a.labels)),
+                shown_labels(&without_platform(&a.labels)),
             ]
         })
         .collect();

@@ -105,7 +105,12 @@ impl AdminError {
             | AdminError::NoToken
             | AdminError::OpenToken { .. }
             | AdminError::Read { .. }
-            | AdminError::HubFile { .. } => true,
+            | AdminError::HubFile { .. }
+            | AdminError::Client(
+                HubClientError::ReadCa { .. }
+                | HubClientError::BadCa { .. }
+                | HubClientError::NoCertificate { .. },
+            ) => true,
             _ => false,
         }
     }

@@ -58,6 +58,8 @@ const DB_FILE: &str = "hub.db";
 const RELEASES_DIR: &str = "releases";
 /// Descriptors kept out of the connection cap: the database, the overflow answers, logs.
 const FILES_KEPT: usize = 512;
+/// Connections served at once when `--max-connections` is not given.
+const DEFAULT_MAX_CONNECTIONS: usize = 20_000;
 
 #[derive(Debug, Error)]
 pub(crate) enum HubError {
@@ -157,7 +159,8 @@ pub(crate) struct ServeOptions {
     pub(crate) tls: TlsSource,
     /// The URL agents and admins use, when it is not `https://<listen address>`.
     pub(crate) url: Option<String>,
-    pub(crate) max_connections: usize,
+    /// `None`: [`DEFAULT_MAX_CONNECTIONS`], or fewer if the open-files limit says so.
+    pub(crate) max_connections: Option<usize>,
     pub(crate) max_wait: Duration,
     pub(crate) poll_interval: Duration,
     pub(crate) job_limits: fleet::JobLimits,
@@ -206,13 +209,18 @@ pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
         opts,
         _lock,
         release_keys,
+        tls,
     } = prepared;
     match opts.store.clone() {
         None => {
             let data = opts.data_dir.clone();
             let tls_source = opts.tls.clone();
             let keys = tokio::task::spawn_blocking(move || {
-                Ok::<_, HubError>((admin_token(&data)?, tls::server_config(&data, &tls_source)?))
+                let tls = match tls {
+                    Some(tls) => tls,
+                    None => tls::server_config(&data, &tls_source)?,
+                };
+                Ok::<_, HubError>((admin_token(&data)?, tls))
             })
             .await
             .map_err(|e| HubError::DataDir {
@@ -229,7 +237,11 @@ pub(crate) async fn serve(opts: ServeOptions) -> Result<(), HubError> {
             if let TlsSource::SelfSigned { .. } = &opts.tls {
                 shared::self_signed_ca(&store, &opts.data_dir).await?;
             }
-            let keys = (admin_sha256, tls::server_config(&opts.data_dir, &opts.tls)?);
+            let tls = match tls {
+                Some(tls) => tls,
+                None => tls::server_config(&opts.data_dir, &opts.tls)?,
+            };
+            let keys = (admin_sha256, tls);
             run(Arc::new(store), opts, keys, release_keys, signals).await
         }
     }
@@ -260,19 +272,26 @@ async fn run<S: Store>(
     // Connections past the open-files limit would be refused by the kernel (EMFILE)
     // instead of answered 503: keep the cap under it, with room for the database, the
     // overflow answers and the log.
-    let mut opts = opts;
+    let asked = opts.max_connections;
+    let mut max_connections = asked.unwrap_or(DEFAULT_MAX_CONNECTIONS);
     match crate::sys::raise_open_files_limit() {
         Ok(n) => {
             let room = (n as usize).saturating_sub(FILES_KEPT).max(1);
-            if room < opts.max_connections {
-                tracing::warn!(
+            match asked {
+                Some(asked) if room < asked => tracing::warn!(
                     open_files = n,
-                    asked = opts.max_connections,
+                    asked,
                     max_connections = room,
                     "--max-connections is above what the open-files limit allows; lowered (raise LimitNOFILE to serve more)"
-                );
-                opts.max_connections = room;
+                ),
+                None if room < max_connections => tracing::info!(
+                    open_files = n,
+                    max_connections = room,
+                    "serving at most this many connections at once, as the open-files limit allows (raise LimitNOFILE to serve more)"
+                ),
+                _ => {}
             }
+            max_connections = max_connections.min(room);
         }
         Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
     }
@@ -366,14 +385,7 @@ async fn run<S: Store>(
             _ = int.recv() => "SIGINT",
         }
     };
-    let why = serve::accept_loop(
-        listener,
-        tls,
-        http::Conns::new(hub),
-        opts.max_connections,
-        stop,
-    )
-    .await;
+    let why = serve::accept_loop(listener, tls, http::Conns::new(hub), max_connections, stop).await;
     tracing::info!("{why} received: stopping the hub");
     flusher.stop();
     dispatcher.stop();
@@ -406,20 +418,20 @@ struct Prepared {
     opts: ServeOptions,
     _lock: std::fs::File,
     release_keys: Vec<minisign::PublicKey>,
+    /// The TLS configuration from the operator's files (`None`: self-signed, made in the
+    /// data dir).
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
-/// The data dir (0700), its lock and the release keys: blocking work, done before
-/// anything listens.
+/// The operator's files (certificate, key, release keys), then the data dir (0700) and
+/// its lock: blocking work, done before anything listens. Every input is checked before
+/// anything is written, so a bad one leaves the data dir as it was.
 fn prepare(data: &Path, opts: &ServeOptions) -> Result<Prepared, HubError> {
     use std::os::unix::fs::PermissionsExt;
-    let dir_err = |source| HubError::DataDir {
-        path: data.to_owned(),
-        source,
+    let tls = match &opts.tls {
+        TlsSource::Files { .. } => Some(tls::server_config(data, &opts.tls)?),
+        TlsSource::SelfSigned { .. } => None,
     };
-    std::fs::create_dir_all(data).map_err(dir_err)?;
-    std::fs::set_permissions(data, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
-    let lock = lock_data_dir(data)?;
-    sweep_releases(&data.join(RELEASES_DIR));
     let release_keys = opts
         .release_keys
         .iter()
@@ -430,6 +442,14 @@ fn prepare(data: &Path, opts: &ServeOptions) -> Result<Prepared, HubError> {
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let dir_err = |source| HubError::DataDir {
+        path: data.to_owned(),
+        source,
+    };
+    std::fs::create_dir_all(data).map_err(dir_err)?;
+    std::fs::set_permissions(data, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
+    let lock = lock_data_dir(data)?;
+    sweep_releases(&data.join(RELEASES_DIR));
     for key in &release_keys {
         tracing::info!(key_id = %crate::release::id_of(key), "taking releases signed by this key");
     }
@@ -437,6 +457,7 @@ fn prepare(data: &Path, opts: &ServeOptions) -> Result<Prepared, HubError> {
         opts: opts.clone(),
         _lock: lock,
         release_keys,
+        tls,
     })
 }
 

@@ -489,8 +489,9 @@ fn the_jobs_of_a_revoked_agent_end_and_never_reach_an_agent_enrolled_again_under
         );
         assert_says(&v, "error", "revoked");
     }
-    // Enrolled again under the same id (another host, say): none of it is handed over.
-    let token = f.hub().enrol("a1");
+    // Enrolled again under the same id (another host, say), deliberately: none of it is
+    // handed over.
+    let token = f.hub().enrol_again("a1");
     let (code, body) = f.hub().reconcile("a1", read_lossy(&token).trim(), 0);
     assert_eq!(code, 200, "{body}");
     let desired: Value = serde_json::from_str(&body).expect("json");

@@ -150,6 +150,25 @@ fn hub_inputs_that_are_no_regular_small_files_exit_2_at_once() {
             err.contains(&fifo_s) || err.contains("/dev/zero"),
             "{what}: the path is named: {err}"
         );
+        // Every input is checked before anything is written.
+        for made in ["admin.token", "hub.db", "ca.pem"] {
+            assert!(!data.join(made).exists(), "{what}: {made} was written");
+        }
+    }
+
+    // The admin client's CA file, as anything but a small regular file: exit 2.
+    let token = dir.path().join("admin.token");
+    fs::write(&token, "rgh_t0ken\n").expect("token");
+    fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod");
+    for ca in [fifo_s.as_str(), "/dev/zero"] {
+        let mut cmd = railgrid();
+        cmd.args(["hub", "--hub", "https://hub.invalid", "--ca-file", ca])
+            .arg("--token-file")
+            .arg(&token)
+            .args(["agent", "list"]);
+        let err = fails_at_once(&format!("hub --ca-file {ca}"), cmd);
+        assert!(err.contains(ca), "{err}");
     }
 }
 

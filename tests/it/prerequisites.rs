@@ -6,7 +6,7 @@
 use std::path::Path;
 
 /// What installs the prerequisites, as the README says.
-pub const INSTALL: &str = "sudo bash scripts/install-test-prerequisites.sh";
+pub const INSTALL: &str = "bash scripts/install-test-prerequisites.sh";
 
 fn on_path(tool: &str) -> bool {
     let path = std::env::var_os("PATH").unwrap_or_default();

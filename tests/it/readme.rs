@@ -32,7 +32,7 @@ const MARKER: &str = "<!-- readme-test";
 const UNMARKED: &[&str] = &[
     "cargo build --release",
     "./target/release/railgrid agent install",
-    "sudo bash scripts/install-test-prerequisites.sh",
+    "bash scripts/install-test-prerequisites.sh",
     // A build step of its own (an example binary): the same man pages the CLI test
     // parses the definitions of.
     "cargo run --example man",

@@ -14,7 +14,7 @@ mod pg;
 
 /// What tests/it/fixtures/pg.rs takes from the integration tests' support module.
 mod support {
-    pub(super) const INSTALL: &str = "sudo bash scripts/install-test-prerequisites.sh";
+    pub(super) const INSTALL: &str = "bash scripts/install-test-prerequisites.sh";
 
     pub(super) fn is_root() -> bool {
         nix::unistd::geteuid().is_root()

@@ -288,8 +288,10 @@ fn a_revoked_token_is_refused_and_its_held_poll_answered_at_once() {
     assert_eq!(code, 401);
     assert_eq!(hub.admin_json(&["agent", "show", "gone"])["revoked"], true);
 
-    // Enrolled again: a new token; the old one stays refused.
-    let fresh = token(&hub.enrol("gone"));
+    // Its id given again only when asked: a new token; the old one stays refused.
+    let out = hub.admin(&["agent", "add", "gone"]);
+    exited_saying(&out, 1, "--reuse-revoked-id");
+    let fresh = token(&hub.enrol_again("gone"));
     assert_ne!(fresh, t);
     let (code, _) = hub.reconcile("gone", &t, g);
     assert_eq!(code, 401);
@@ -429,6 +431,32 @@ fn past_its_connection_cap_the_hub_answers_503_with_retry_after() {
     });
     assert!(out.to_ascii_lowercase().contains("retry-after: 5"), "{out}");
     assert!(out.contains("connection limit"), "{out}");
+}
+
+#[test]
+fn under_a_low_open_files_limit_the_hub_serves_fewer_connections_blaming_no_flag_it_was_not_given()
+{
+    let tmp = tempdir();
+    let data = tmp.path().join("hub");
+    let mut cmd = Command::new("prlimit");
+    cmd.args(["--nofile=1024:1024", "--", env!("CARGO_BIN_EXE_railgrid")])
+        .args([
+            "hub",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-self-signed",
+        ])
+        .arg("--data-dir")
+        .arg(&data);
+    let mut hub = Guard::spawn_piped(&mut cmd, "hub serve under prlimit");
+    wait_for(Duration::from_secs(20), "hub.json", || {
+        data.join("hub.json").exists().then_some(())
+    });
+    hub.signal(nix::sys::signal::Signal::SIGTERM);
+    let log = text(&hub.wait_output(Duration::from_secs(20)).stderr);
+    assert!(log.contains("as the open-files limit allows"), "{log}");
+    assert!(!log.contains("--max-connections"), "{log}");
 }
 
 #[test]

@@ -158,8 +158,8 @@ fn a_revoked_token_shows_in_status_and_the_runner_keeps_running() {
     );
     h.assert_token_kept_secret();
 
-    // Enrolled again: the new token in the same file, and SIGHUP reads it.
-    let fresh = hub.enrol("a1");
+    // Enrolled again (deliberately): the new token in the same file, and SIGHUP reads it.
+    let fresh = hub.enrol_again("a1");
     assert_eq!(fresh, h.token_file);
     let new_token = read_lossy(&fresh).trim().to_owned();
     assert_ne!(new_token, h.token);
@@ -380,6 +380,8 @@ fn the_hosts_labels_and_the_hubs_reach_agent_list_and_a_sighup_changes_the_hosts
     );
     let table = hub.admin_ok(&["agent", "list"]);
     assert!(table.contains("queue=build,tier=prod,zone=b"), "{table}");
+    // The host's name is a label the table shows (os and arch have a column).
+    assert!(table.contains("hostname="), "{table}");
     let detail = hub.admin_ok(&["agent", "show", "a1"]);
     assert!(detail.contains("by hub:    tier=prod,zone=b"), "{detail}");
     // The report that follows (the change answered the held poll) says how many jobs
