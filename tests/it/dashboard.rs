@@ -77,7 +77,12 @@ fn an_operator_follows_the_fleet_a_live_job_and_a_rollout_in_a_real_browser() {
     browser.click("#login");
     let error = browser.wait_text("#error", "the login refused", |t| !t.is_empty());
     assert!(error.contains("not a token of this hub"), "{error}");
-    assert!(browser.cookies().is_empty(), "{:?}", browser.cookies());
+    let is_session = |c: &serde_json::Value| c["name"] == "railgrid_session";
+    assert!(
+        !browser.cookies().iter().any(is_session),
+        "{:?}",
+        browser.cookies()
+    );
 
     // Logged in: the fleet, under a cookie scripts cannot read.
     browser.type_into("#token", &viewer);
@@ -163,7 +168,12 @@ fn an_operator_follows_the_fleet_a_live_job_and_a_rollout_in_a_real_browser() {
     wait_for(LIMIT, "the login page after logout", || {
         browser.url().ends_with("/ui/login").then_some(())
     });
-    assert!(browser.cookies().is_empty(), "{:?}", browser.cookies());
+    let is_session = |c: &serde_json::Value| c["name"] == "railgrid_session";
+    assert!(
+        !browser.cookies().iter().any(is_session),
+        "{:?}",
+        browser.cookies()
+    );
     let (code, to) = page_with_cookie(&hub, "/ui/", &session);
     assert_eq!(code, 303, "{to}");
     assert!(to.ends_with("/ui/login"), "{to}");
@@ -186,3 +196,101 @@ fn an_operator_follows_the_fleet_a_live_job_and_a_rollout_in_a_real_browser() {
 }
 
 const LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A login POST made with curl: `headers` sent, the status and the session cookie set.
+fn post_login(hub: &TestHub, headers: &[String], body: &str) -> (u16, Option<String>) {
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "-i", "-o", "-", "--max-time", "10", "--cacert"])
+        .arg(hub.ca());
+    for h in headers {
+        cmd.args(["-H", h]);
+    }
+    let out = cmd
+        .args(["--data-raw", body])
+        .arg(format!("{}/ui/login", hub.url))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let session = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("set-cookie: railgrid_session="))
+        .find_map(|c| c.split(';').next().map(|v| format!("railgrid_session={v}")));
+    (code, session)
+}
+
+/// The login form's CSRF cookie and value, as a browser gets them.
+fn login_form(hub: &TestHub) -> (String, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "-i", "--max-time", "10", "--cacert"])
+        .arg(hub.ca())
+        .arg(format!("{}/ui/login", hub.url))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let cookie = text
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .and_then(|c| c.split(';').next())
+        .expect("a login cookie")
+        .to_owned();
+    let value = text
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|v| v.split('"').next())
+        .expect("a csrf field")
+        .to_owned();
+    (cookie, value)
+}
+
+#[test]
+fn a_login_comes_from_the_hubs_own_form_and_one_token_never_ends_anothers_sessions() {
+    let dir = tempdir();
+    let hub = TestHub::start(&dir.path().join("hub"), &[]);
+    let viewer = dir.path().join("viewer.token");
+    hub.create_token("viewer", "agents:read", &[], &viewer);
+    let viewer = read_lossy(&viewer).trim().to_owned();
+    let host = hub.url.trim_start_matches("https://").to_owned();
+    let login = |token: &str, origin: &str| {
+        let (cookie, csrf) = login_form(&hub);
+        let headers = [format!("Origin: {origin}"), format!("Cookie: {cookie}")];
+        post_login(&hub, &headers, &format!("token={token}&csrf={csrf}"))
+    };
+
+    // Another site's form: refused whatever it carries, and no session.
+    assert_eq!(login(&viewer, "https://evil.example"), (403, None));
+    let (code, session) = post_login(
+        &hub,
+        &[format!("Origin: https://{host}")],
+        &format!("token={viewer}"),
+    );
+    assert_eq!((code, session), (403, None), "no CSRF value");
+    let (code, session) = post_login(
+        &hub,
+        &[format!("Cookie: {}", login_form(&hub).0)],
+        &format!("token={viewer}&csrf=guessed"),
+    );
+    assert_eq!((code, session), (403, None), "another CSRF value");
+
+    // The hub's own form: a session. The root's survives any number of the viewer's.
+    let (code, root) = login(&hub.admin_token(), &format!("https://{host}"));
+    assert_eq!(code, 303);
+    let root = root.expect("the root's session");
+    let mut viewers = Vec::new();
+    for _ in 0..40 {
+        let (code, s) = login(&viewer, &format!("https://{host}"));
+        assert_eq!(code, 303);
+        viewers.push(s.expect("a viewer's session"));
+    }
+    assert_eq!(page_with_cookie(&hub, "/ui/", &root).0, 200);
+    assert_eq!(page_with_cookie(&hub, "/ui/", &viewers[39]).0, 200);
+    assert_eq!(
+        page_with_cookie(&hub, "/ui/", &viewers[0]).0,
+        303,
+        "the viewer's oldest session ended"
+    );
+}

@@ -15,6 +15,9 @@ use crate::util;
 pub(super) const LIFETIME: Duration = Duration::from_secs(8 * 3600);
 /// Sessions kept at once, at most: past it the oldest go.
 const MAX_SESSIONS: usize = 10_000;
+/// Sessions of one token at once, at most: past it that token's oldest goes, so that
+/// logins with one token never end another token's sessions.
+pub(super) const MAX_PER_TOKEN: usize = 16;
 /// The cookie.
 pub(super) const COOKIE: &str = "railgrid_session";
 
@@ -25,12 +28,15 @@ pub(super) struct Session {
     pub(super) token_sha256: String,
     pub(super) csrf: String,
     pub(super) until: Instant,
+    /// The order sessions were opened in: the lowest is the oldest.
+    serial: u64,
 }
 
 #[derive(Default)]
 pub(crate) struct Sessions {
     /// By the SHA-256 of the session id.
     all: Mutex<HashMap<String, Session>>,
+    opened: std::sync::atomic::AtomicU64,
 }
 
 impl Sessions {
@@ -42,8 +48,27 @@ impl Sessions {
             token_sha256,
             csrf,
             until: Instant::now() + LIFETIME,
+            serial: self
+                .opened
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         let mut all = util::lock(&self.all);
+        let now = Instant::now();
+        all.retain(|_, s| s.token_sha256 != session.token_sha256 || s.until > now);
+        let own = all
+            .values()
+            .filter(|s| s.token_sha256 == session.token_sha256)
+            .count();
+        if own >= MAX_PER_TOKEN {
+            let oldest = all
+                .iter()
+                .filter(|(_, s)| s.token_sha256 == session.token_sha256)
+                .min_by_key(|(_, s)| s.serial)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                all.remove(&k);
+            }
+        }
         if all.len() >= MAX_SESSIONS {
             all.retain(|_, s| s.until > Instant::now());
             if all.len() >= MAX_SESSIONS {
@@ -105,5 +130,20 @@ mod tests {
             Some("xyz")
         );
         assert_eq!(cookie("a=1", COOKIE), None);
+    }
+
+    #[test]
+    fn logins_with_one_token_end_only_that_tokens_oldest_sessions() {
+        let s = Sessions::default();
+        let (root, _) = s.open("root".into()).expect("root");
+        let mut viewer = Vec::new();
+        for _ in 0..MAX_PER_TOKEN * 3 {
+            viewer.push(s.open("viewer".into()).expect("viewer").0);
+        }
+        assert!(s.get(&root).is_some(), "another token's session is kept");
+        let live = viewer.iter().filter(|id| s.get(id).is_some()).count();
+        assert_eq!(live, MAX_PER_TOKEN);
+        assert!(s.get(viewer.last().expect("last")).is_some());
+        assert!(s.get(&viewer[0]).is_none(), "its own oldest went");
     }
 }

@@ -28,6 +28,11 @@ use crate::hub::store::{JobFilter, Store};
 use crate::proto::access::{AGENTS_READ, JOBS_READ};
 use crate::proto::job::Stream;
 
+/// The login form's CSRF cookie, and how long a login form may be sent after it was
+/// loaded.
+const LOGIN_COOKIE: &str = "railgrid_login";
+const LOGIN_FORM_LIFETIME: std::time::Duration = std::time::Duration::from_secs(3600);
+
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 /// What a page of jobs lists.
 const LISTED_JOBS: usize = 100;
@@ -63,9 +68,11 @@ async fn headers(req: Request, next: Next) -> Response {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    // Not `no-referrer`: under it a browser sends `Origin: null` with the login form, and
+    // the hub could no longer tell its own form from another site's.
     h.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -324,12 +331,56 @@ async fn rollout<S: Store>(
 }
 
 async fn login_page() -> Response {
-    html(StatusCode::OK, pages::login(None))
+    login_form(StatusCode::OK, None)
+}
+
+/// The login form with a new CSRF value, in the form and in a cookie of its own
+/// (`SameSite=Strict`, for the login route only): a login must come from this very form,
+/// never from another site's (which can set neither).
+fn login_form(status: StatusCode, error: Option<&str>) -> Response {
+    let Ok(csrf) = crate::hub::token::new_session_id() else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let mut resp = html(status, pages::login(error, &csrf));
+    let cookie = format!(
+        "{LOGIN_COOKIE}={csrf}; Path=/ui/login; HttpOnly; Secure; SameSite=Strict; Max-Age={}",
+        LOGIN_FORM_LIFETIME.as_secs()
+    );
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        resp.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    resp
+}
+
+/// Why a login POST is not this hub's own form's, if it is not: an `Origin` other than
+/// the hub's, or a CSRF value that is not the login cookie's.
+fn cross_site(headers: &HeaderMap, csrf: &str) -> Option<&'static str> {
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let same = origin
+            .to_str()
+            .ok()
+            .zip(host)
+            .is_some_and(|(o, h)| o.strip_prefix("https://") == Some(h));
+        if !same {
+            return Some("the login form was sent from another site");
+        }
+    }
+    let cookie = headers
+        .get(header::COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|c| session::cookie(c, LOGIN_COOKIE));
+    let matches = cookie.is_some_and(|c| {
+        !csrf.is_empty() && crate::hub::token::sha256_hex(c) == crate::hub::token::sha256_hex(csrf)
+    });
+    (!matches).then_some("the login form's CSRF value does not match: load the login page again")
 }
 
 #[derive(Deserialize)]
 struct LoginForm {
     token: String,
+    #[serde(default)]
+    csrf: String,
 }
 
 fn peer(req_peer: Option<axum::Extension<crate::hub::serve::Peer>>) -> String {
@@ -339,29 +390,37 @@ fn peer(req_peer: Option<axum::Extension<crate::hub::serve::Peer>>) -> String {
 async fn login<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
     p: Option<axum::Extension<crate::hub::serve::Peer>>,
+    headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
     let peer = peer(p);
     let token = form.token.trim();
-    let caller = hub.access.who(token).await;
-    let (resp, name, outcome) = match caller {
-        None => (
-            html(
-                StatusCode::UNAUTHORIZED,
-                pages::login(Some("not a token of this hub")),
-            ),
+    let refused = cross_site(&headers, &form.csrf);
+    // No token is looked at for a form that is not this hub's.
+    let caller = match refused {
+        Some(_) => None,
+        None => hub.access.who(token).await,
+    };
+    let (resp, name, outcome) = match (refused, caller) {
+        (Some(why), _) => (
+            login_form(StatusCode::FORBIDDEN, Some(why)),
+            "-".to_owned(),
+            format!("403 {why}"),
+        ),
+        (None, None) => (
+            login_form(StatusCode::UNAUTHORIZED, Some("not a token of this hub")),
             "-".to_owned(),
             "401 not a token of this hub".to_owned(),
         ),
-        Some(c) if !c.may(AGENTS_READ) && !c.may(JOBS_READ) => {
+        (None, Some(c)) if !c.may(AGENTS_READ) && !c.may(JOBS_READ) => {
             let why = format!("token {:?} has neither agents:read nor jobs:read", c.name());
             (
-                html(StatusCode::FORBIDDEN, pages::login(Some(&why))),
+                login_form(StatusCode::FORBIDDEN, Some(&why)),
                 c.name().to_owned(),
                 format!("403 {why}"),
             )
         }
-        Some(c) => match hub.sessions.open(crate::hub::token::sha256_hex(token)) {
+        (None, Some(c)) => match hub.sessions.open(crate::hub::token::sha256_hex(token)) {
             None => (
                 StatusCode::INTERNAL_SERVER_ERROR.into_response(),
                 c.name().to_owned(),
@@ -377,6 +436,13 @@ async fn login<S: Store>(
                 if let Ok(v) = HeaderValue::from_str(&cookie) {
                     resp.headers_mut().insert(header::SET_COOKIE, v);
                 }
+                // The login form's value is spent.
+                resp.headers_mut().append(
+                    header::SET_COOKIE,
+                    HeaderValue::from_static(
+                        "railgrid_login=; Path=/ui/login; HttpOnly; Secure; SameSite=Strict; Max-Age=0",
+                    ),
+                );
                 (resp, c.name().to_owned(), "303 session opened".to_owned())
             }
         },

@@ -65,12 +65,14 @@ pub(super) fn layout(title: &str, here: &str, csrf: &str, refresh: bool, body: &
     )
 }
 
-pub(super) fn login(error: Option<&str>) -> String {
+/// The login form, carrying `csrf` (the value of the login cookie set with it).
+pub(super) fn login(error: Option<&str>, csrf: &str) -> String {
     let error = error
         .map(|e| format!("<p class=\"error\" id=\"error\">{}</p>", esc(e)))
         .unwrap_or_default();
+    let csrf = esc(csrf);
     format!(
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Log in · railgrid</title><link rel=\"stylesheet\" href=\"/ui/assets/style.css\"></head><body><form class=\"login\" method=\"post\" action=\"/ui/login\"><h1>railgrid</h1><p>A hub token with <code>agents:read</code> or <code>jobs:read</code>; the session lasts 8 hours, or until you log out.</p>{error}<label>Token<input type=\"password\" name=\"token\" id=\"token\" autocomplete=\"off\" required></label><button type=\"submit\" id=\"login\">Log in</button></form></body></html>\n"
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Log in · railgrid</title><link rel=\"stylesheet\" href=\"/ui/assets/style.css\"></head><body><form class=\"login\" method=\"post\" action=\"/ui/login\"><h1>railgrid</h1><p>A hub token with <code>agents:read</code> or <code>jobs:read</code>; the session lasts 8 hours, or until you log out.</p>{error}<input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><label>Token<input type=\"password\" name=\"token\" id=\"token\" autocomplete=\"off\" required></label><button type=\"submit\" id=\"login\">Log in</button></form></body></html>\n"
     )
 }
 
