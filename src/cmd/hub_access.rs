@@ -220,9 +220,15 @@ pub(super) async fn audit(
     }
     let mut out = String::new();
     for l in &lines {
+        // A line that stands for refusals alike within its minute says how many.
+        let times = if l.count > 1 {
+            format!(" (×{} this minute)", l.count)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "{} {:<16} {:<15} {:<40} {:<24} {}",
+            "{} {:<16} {:<15} {:<40} {:<24} {}{times}",
             when(Some(l.at_ms)),
             clean(&l.token),
             clean(&l.peer),

@@ -37,6 +37,46 @@ pub(crate) static ENROLMENTS: Counter = Counter::new(
 );
 pub(crate) static DISPATCH: Histogram = Histogram::new(DISPATCH_BUCKETS);
 pub(crate) static JOB_DURATION: Histogram = Histogram::new(DURATION_BUCKETS);
+/// Where an authentication failed, as `railgrid_auth_failures_total` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuthRoute {
+    /// The admin API (`/v1/admin/…`).
+    Admin,
+    /// The dashboard's login.
+    Login,
+    /// A host's enrolment (`POST /v1/enrol`).
+    Enrol,
+    /// The agents' routes: reconcile, output upload, release download.
+    Agent,
+}
+
+impl AuthRoute {
+    const ALL: [AuthRoute; 4] = [
+        AuthRoute::Admin,
+        AuthRoute::Login,
+        AuthRoute::Enrol,
+        AuthRoute::Agent,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            AuthRoute::Admin => "admin",
+            AuthRoute::Login => "login",
+            AuthRoute::Enrol => "enrol",
+            AuthRoute::Agent => "agent",
+        }
+    }
+}
+
+static AUTH_FAILURES: [std::sync::atomic::AtomicU64; 4] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 4];
+
+/// An authentication failed on `route` (a token unknown, revoked or expired, or a login
+/// form from elsewhere).
+pub(crate) fn auth_failed(route: AuthRoute) {
+    AUTH_FAILURES[route as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Jobs that ended, by (state, what cancelled it).
 static JOBS_ENDED: Mutex<BTreeMap<(String, &'static str), u64>> = Mutex::new(BTreeMap::new());
 /// Upgrades agents reported ending, by outcome.
@@ -180,6 +220,20 @@ pub(crate) fn render(g: &Gauges, replica: &str) -> String {
             .copied()
             .unwrap_or(0);
         let _ = writeln!(out, "railgrid_upgrades_total{{outcome=\"{outcome}\"}} {n}");
+    }
+    gauge(
+        &mut out,
+        "railgrid_auth_failures_total",
+        "Failed authentications, by route (admin, login, enrol, agent); past a source's burst they are answered 429.",
+        "counter",
+    );
+    for route in AuthRoute::ALL {
+        let n = AUTH_FAILURES[route as usize].load(std::sync::atomic::Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "railgrid_auth_failures_total{{route=\"{}\"}} {n}",
+            route.name()
+        );
     }
     gauge(&mut out, "railgrid_rollouts", "Rollouts by state.", "gauge");
     labelled(&mut out, "railgrid_rollouts", "state", &g.rollouts);

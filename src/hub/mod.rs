@@ -365,7 +365,7 @@ async fn run<S: Store>(
     let flusher = ReportFlusher::spawn(fleet.clone());
     let dispatcher = Dispatcher::spawn(fleet.clone());
     let roller = Roller::spawn(fleet.clone());
-    let pruner = access::AuditPruner::spawn(store, opts.keep_audit);
+    let keeper = access::AuditKeeper::spawn(access.clone(), opts.keep_audit);
     // Another replica made or revoked a token: loaded at once, not at the next refresh.
     let tokens = {
         let (access, mut moved) = (access.clone(), fleet.tokens_moved());
@@ -390,7 +390,8 @@ async fn run<S: Store>(
     flusher.stop();
     dispatcher.stop();
     roller.stop();
-    pruner.stop();
+    keeper.stop();
+    access.flush_refusals().await;
     if let Some((_, task)) = metrics {
         task.abort();
     }

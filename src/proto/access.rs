@@ -112,4 +112,12 @@ pub struct AuditEntry {
     pub target: String,
     /// The HTTP status and, for a refusal, why.
     pub outcome: String,
+    /// How many requests alike it stands for: refusals are kept as one line per source,
+    /// token, route, target and outcome a minute.
+    #[serde(default = "one")]
+    pub count: u64,
+}
+
+fn one() -> u64 {
+    1
 }

@@ -472,3 +472,120 @@ fn rights_never_grow_by_delegation_and_a_revoked_id_is_never_taken_over() {
         .iter()
         .all(|l| l["target"] != "-" || !l["action"].as_str().is_some_and(|a| a.contains('{'))));
 }
+
+/// `curl -i` with `token` as the bearer: the status and the `Retry-After` it gave.
+fn status_of(
+    hub: &TestHub,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Option<&str>,
+) -> (u16, Option<String>) {
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args([
+        "-sS",
+        "-i",
+        "-o",
+        "-",
+        "--max-time",
+        "10",
+        "-X",
+        method,
+        "--cacert",
+    ])
+    .arg(hub.ca())
+    .args(["-H", &format!("Authorization: Bearer {token}")]);
+    if let Some(b) = body {
+        cmd.args(["-H", "Content-Type: application/json", "--data-raw", b]);
+    }
+    let out = cmd
+        .arg(format!("{}{path}", hub.url))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let retry = text
+        .lines()
+        .find_map(|l| l.strip_prefix("retry-after: "))
+        .map(|v| v.trim().to_owned());
+    (code, retry)
+}
+
+#[test]
+fn failed_authentication_is_throttled_per_source_counted_and_kept_in_few_audit_lines() {
+    let dir = tempdir();
+    let hub = TestHub::start(&dir.path().join("hub"), &[]);
+    let enrol = dir.path().join("enrol.token");
+    hub.admin_ok(&["enrol-token", "create", "--token-out", &path_str(&enrol)]);
+    let root = hub.admin_token();
+
+    // A burst of wrong tokens is answered 401, then 429 with Retry-After (the bucket
+    // refills at one a second: however slow this machine, the burst runs out).
+    let until_429 = |method: &str, path: &str, body: Option<&str>| {
+        for tries in 1..=200 {
+            match status_of(&hub, method, path, "rgh_wrong", body) {
+                (401, _) => {}
+                (429, Some(retry)) if retry.parse::<u64>().is_ok_and(|n| n >= 1) => return tries,
+                other => panic!("{method} {path}: {other:?}"),
+            }
+        }
+        panic!("{method} {path}: never throttled");
+    };
+    let admin_failures = until_429("GET", "/v1/admin/agents", None);
+    assert!(admin_failures > 20, "a burst of 20 first: {admin_failures}");
+    // Every route with a token throttles this source for a wrong one now…
+    for (method, path, body) in [
+        ("POST", "/v1/agents/a1/reconcile", Some(report(0))),
+        ("POST", "/v1/enrol", Some(r#"{"id":"h1"}"#.to_owned())),
+        ("GET", "/v1/releases/1.0.0/linux-x86_64?agent=a1", None),
+    ] {
+        assert!(
+            until_429(method, path, body.as_deref()) <= 5,
+            "{method} {path}"
+        );
+    }
+    // …and serves one that authenticates, as before.
+    assert_eq!(
+        status_of(&hub, "GET", "/v1/admin/agents", &root, None).0,
+        200
+    );
+    let (code, _) = status_of(
+        &hub,
+        "POST",
+        "/v1/enrol",
+        &token_of(&enrol),
+        Some(r#"{"id":"h1","hostname":"h1"}"#),
+    );
+    assert_eq!(code, 201, "a good enrolment token still enrols");
+
+    // Counted by route, and kept in the audit log as a few lines with counts.
+    let (code, metrics) = hub.curl("GET", "/metrics", Some(&root), None);
+    assert_eq!(code, 200);
+    let admin = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("railgrid_auth_failures_total{route=\"admin\"} "))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert_eq!(admin, Some(admin_failures as u64), "{metrics}");
+    let lines = wait_for(LIMIT, "the refusals counted in the audit log", || {
+        let audit = hub.admin_json(&["audit", "list"]);
+        let lines = audit.as_array()?.clone();
+        let counted: u64 = lines
+            .iter()
+            .filter(|l| l["action"] == "GET /v1/admin/agents" && l["token"] == "-")
+            .map(|l| l["count"].as_u64().unwrap_or(0))
+            .sum();
+        (counted == admin_failures as u64).then_some(lines)
+    });
+    let refusals = lines
+        .iter()
+        .filter(|l| l["action"] == "GET /v1/admin/agents" && l["token"] == "-")
+        .count();
+    assert!(
+        refusals <= 4,
+        "{admin_failures} refusals in {refusals} lines: {lines:#?}"
+    );
+}

@@ -12,13 +12,16 @@
 //! loads them again when another replica says they changed, when a token it does not know
 //! is shown (at most once a second), and every [`REFRESH`].
 //!
-//! Task: [`AuditPruner`] deletes audit lines past their retention, hourly.
+//! Task: [`AuditKeeper`] counts refusals into the audit log and deletes its lines past
+//! their retention.
 
 mod audit;
 mod delegation;
 mod scopes;
+mod throttle;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -26,15 +29,17 @@ use std::time::{Duration, Instant};
 use super::store::access::{AdminTokenRow, EnrolTokenRow};
 use super::store::Store;
 use super::token;
+use crate::hub::metrics::AuthRoute;
 use crate::proto::access::{
     EnrolTokenRequest, EnrolTokenView, TokenMade, TokenRequest, TokenView, ROOT_NAME, SCOPES,
 };
 use crate::proto::selector::Selector;
 use crate::util;
 
-pub(crate) use self::audit::{AuditPruner, Audited};
+pub(crate) use self::audit::{AuditKeeper, Audited};
 pub(crate) use self::delegation::Exceeds;
 pub(crate) use self::scopes::{is_fleet_wide, scope_of};
+use self::throttle::{Bucket, Throttle};
 
 /// How often the admin tokens are loaded again without a reason.
 const REFRESH: Duration = Duration::from_secs(10);
@@ -101,13 +106,6 @@ impl Caller {
     }
 }
 
-/// An enrolment token's rate: a bucket of [`ENROL_BURST`] filling at one per
-/// [`ENROL_EVERY`].
-struct Bucket {
-    level: f64,
-    at: Instant,
-}
-
 pub(crate) struct Access<S: Store> {
     store: Arc<S>,
     /// Where the single hub keeps `admin.token`.
@@ -116,8 +114,16 @@ pub(crate) struct Access<S: Store> {
     root_sha256: RwLock<String>,
     /// Admin tokens by SHA-256.
     tokens: RwLock<HashMap<String, AdminTokenRow>>,
+    /// The SHA-256 of every enrolment token (spent, expired and revoked ones too): a
+    /// source past its burst of failures still enrols with a token this hub made.
+    enrol_tokens: RwLock<std::collections::HashSet<String>>,
     loaded: Mutex<Option<Instant>>,
+    /// Each enrolment token's rate: a bucket of [`ENROL_BURST`] filling at one per
+    /// [`ENROL_EVERY`].
     enrolments: Mutex<HashMap<String, Bucket>>,
+    /// Failed authentications, per source.
+    pub(crate) throttle: Throttle,
+    refusals: audit::Refusals,
 }
 
 impl<S: Store> Access<S> {
@@ -132,8 +138,11 @@ impl<S: Store> Access<S> {
             data_dir,
             root_sha256: RwLock::new(root_sha256),
             tokens: RwLock::new(HashMap::new()),
+            enrol_tokens: RwLock::new(std::collections::HashSet::new()),
             loaded: Mutex::new(None),
             enrolments: Mutex::new(HashMap::new()),
+            throttle: Throttle::default(),
+            refusals: audit::Refusals::default(),
         };
         access.reload().await?;
         Ok(access)
@@ -143,6 +152,8 @@ impl<S: Store> Access<S> {
     pub(crate) async fn reload(&self) -> Result<(), AccessError> {
         let rows = self.store.admin_tokens().await?;
         *util::write(&self.tokens) = rows.into_iter().map(|r| (r.sha256.clone(), r)).collect();
+        let enrol = self.store.enrol_tokens().await?;
+        *util::write(&self.enrol_tokens) = enrol.into_iter().map(|r| r.sha256).collect();
         if self.replicated {
             if let Some(root) = self.store.get_secret(super::shared::ADMIN_SECRET).await? {
                 *util::write(&self.root_sha256) = root;
@@ -374,6 +385,7 @@ impl<S: Store> Access<S> {
             ..EnrolTokenRow::default()
         };
         let row = self.store.create_enrol_token(&row).await?;
+        util::write(&self.enrol_tokens).insert(row.sha256.clone());
         tracing::info!(enrol_token = %row.id, uses = ?row.max_uses, "enrolment token made");
         Ok(TokenMade {
             token: secret,
@@ -410,6 +422,26 @@ impl<S: Store> Access<S> {
         Ok(enrol_view(&row))
     }
 
+    /// Whether `token` is an enrolment token of this hub (made on another replica a
+    /// moment ago too), by its hash in memory.
+    pub(crate) async fn is_enrol_token(&self, token: &str) -> bool {
+        let sha = token::sha256_hex(token);
+        if util::read(&self.enrol_tokens).contains(&sha) {
+            return true;
+        }
+        if self.due(MISS_RELOAD) && self.reload().await.is_ok() {
+            return util::read(&self.enrol_tokens).contains(&sha);
+        }
+        false
+    }
+
+    /// A failed authentication on `route` from `peer`: counted, and `Some(wait)` once
+    /// the source is past its burst (answered 429 then; throttle.rs).
+    pub(crate) fn failed(&self, route: AuthRoute, peer: Option<IpAddr>) -> Option<Duration> {
+        crate::hub::metrics::auth_failed(route);
+        self.throttle.failed(peer)
+    }
+
     /// Whether an enrolment with `token` may be tried now (its rate, per token and
     /// replica); a token nobody knows spends a bucket of its own, which it never gets.
     pub(crate) fn may_enrol(&self, token: &str) -> bool {
@@ -417,21 +449,12 @@ impl<S: Store> Access<S> {
         let mut all = util::lock(&self.enrolments);
         // Bounded: buckets full again are forgotten.
         if all.len() > 10_000 {
-            all.retain(|_, b| b.at.elapsed() < ENROL_EVERY.mul_f64(ENROL_BURST));
+            all.retain(|_, b| !b.is_full(ENROL_BURST, ENROL_EVERY));
         }
-        let b = all.entry(key).or_insert(Bucket {
-            level: ENROL_BURST,
-            at: Instant::now(),
-        });
-        let refill = b.at.elapsed().as_secs_f64() / ENROL_EVERY.as_secs_f64();
-        b.level = (b.level + refill).min(ENROL_BURST);
-        b.at = Instant::now();
-        if b.level >= 1.0 {
-            b.level -= 1.0;
-            true
-        } else {
-            false
-        }
+        all.entry(key)
+            .or_insert_with(|| Bucket::full(ENROL_BURST))
+            .take(ENROL_BURST, ENROL_EVERY)
+            .is_ok()
     }
 }
 

@@ -3,6 +3,7 @@
 //! rotation (`/v1/admin/agents/rotate`), the audit log (`/v1/admin/audit`), and a host's
 //! own enrolment (`POST /v1/enrol`, with an enrolment token).
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -16,6 +17,7 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{bearer, parse, ApiPath};
 use super::state::Hub;
 use crate::hub::access::{Audited, Caller};
+use crate::hub::metrics::AuthRoute;
 use crate::hub::store::Store;
 use crate::hub::unproven::proven;
 use crate::proto::access::{EnrolTokenRequest, SelfEnrol, TokenRequest};
@@ -160,10 +162,23 @@ pub(super) async fn enrol<S: Store>(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let peer = peer.map_or_else(|| "-".to_owned(), |p| p.0 .0.ip().to_string());
+    let ip = peer_ip(peer.as_ref());
+    let peer = ip.map_or_else(|| "-".to_owned(), |ip| ip.to_string());
     let token = bearer(&headers).ok().map(str::to_owned);
-    let (resp, via, id) = match token {
-        None => (
+    // A source past its burst of failures is not looked up in the store, unless its token
+    // is one this hub made (known by its hash in memory).
+    let exhausted = match (hub.access.throttle.exhausted(ip), &token) {
+        (Some(wait), Some(t)) if !hub.access.is_enrol_token(t).await => Some(wait),
+        (Some(wait), None) => Some(wait),
+        _ => None,
+    };
+    let (resp, via, id) = match (exhausted, token) {
+        (Some(wait), _) => (
+            ApiError::throttled(wait).into_response(),
+            "-".to_owned(),
+            "-".to_owned(),
+        ),
+        (None, None) => (
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "missing `Authorization: Bearer <enrolment token>` (hub enrol-token create)",
@@ -172,7 +187,7 @@ pub(super) async fn enrol<S: Store>(
             "-".to_owned(),
             "-".to_owned(),
         ),
-        Some(t) if !hub.access.may_enrol(&t) => (
+        (None, Some(t)) if !hub.access.may_enrol(&t) => (
             ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too many enrolments with this token: retry in a few seconds",
@@ -181,7 +196,7 @@ pub(super) async fn enrol<S: Store>(
             "-".to_owned(),
             "-".to_owned(),
         ),
-        Some(t) => match parse::<SelfEnrol>(body).await {
+        (None, Some(t)) => match parse::<SelfEnrol>(body).await {
             Err(e) => (e.into_response(), "-".to_owned(), "-".to_owned()),
             Ok(req) => {
                 let id = crate::util::clip(&req.id).into_owned();
@@ -199,22 +214,68 @@ pub(super) async fn enrol<S: Store>(
             }
         },
     };
-    let status = resp.status();
-    let outcome = match resp.extensions().get::<super::error::Refusal>() {
-        Some(r) => format!("{} {}", status.as_u16(), r.0),
-        None => status.as_u16().to_string(),
+    // A token unknown, spent, expired or revoked is a failed authentication.
+    let failed = matches!(
+        resp.status(),
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+    );
+    let resp = match failed
+        .then(|| hub.access.failed(AuthRoute::Enrol, ip))
+        .flatten()
+    {
+        Some(wait) => ApiError::throttled(wait).into_response(),
+        None => resp,
     };
-    hub.access
-        .audit(Audited {
-            token: &via,
-            peer: &peer,
-            action: "POST /v1/enrol",
-            target: &id,
-            outcome: &outcome,
-        })
-        .await;
+    let line = Audited {
+        token: &via,
+        peer: &peer,
+        action: "POST /v1/enrol",
+        target: &id,
+        outcome: &super::error::outcome(&resp),
+    };
+    if super::error::is_refusal(resp.status()) {
+        hub.access.refused(line).await;
+    } else {
+        hub.access.audit(line).await;
+    }
     resp
 }
 
 /// The caller of an admin request, as the gate put it in the request.
 pub(super) type CallerOf = Extension<Caller>;
+
+/// The address of a request's peer, when it came over TCP.
+pub(super) fn peer_ip(peer: Option<&Extension<crate::hub::serve::Peer>>) -> Option<IpAddr> {
+    peer.map(|p| p.0 .0.ip())
+}
+
+/// `result` of checking a token on one of the hub's own routes (not the admin gate's):
+/// a refusal (401) is counted, answered 429 past its source's burst, and kept in the
+/// audit log as `action` on `target`.
+pub(super) async fn checked<S: Store, T>(
+    hub: &Hub<S>,
+    route: AuthRoute,
+    peer: Option<IpAddr>,
+    (action, target): (&str, &str),
+    result: ApiResult<T>,
+) -> ApiResult<T> {
+    let err = match result {
+        Ok(t) => return Ok(t),
+        Err(e) if e.status() != StatusCode::UNAUTHORIZED => return Err(e),
+        Err(e) => e,
+    };
+    let err = match hub.access.failed(route, peer) {
+        Some(wait) => ApiError::throttled(wait),
+        None => err,
+    };
+    hub.access
+        .refused(Audited {
+            token: "-",
+            peer: &peer.map_or_else(|| "-".to_owned(), |ip| ip.to_string()),
+            action,
+            target,
+            outcome: &err.outcome(),
+        })
+        .await;
+    Err(err)
+}

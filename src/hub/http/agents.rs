@@ -11,12 +11,13 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 
-use super::access::{about, CallerOf};
+use super::access::{about, checked, peer_ip, CallerOf};
 use super::error::{ApiError, ApiResult};
 use super::extract::{bearer, parse, parse_capped, read_body, ApiPath, MAX_BODY_BYTES};
 use super::state::Hub;
 use crate::hub::access::Caller;
 use crate::hub::fleet::{AgentEntry, Poll};
+use crate::hub::metrics::AuthRoute;
 use crate::hub::serve::Peer;
 use crate::hub::store::Store;
 use crate::hub::unproven::proven;
@@ -44,12 +45,20 @@ pub(super) async fn reconcile<S: Store>(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let admitted = {
-        let t = bearer(&headers).map_err(|why| ApiError::new(StatusCode::UNAUTHORIZED, why))?;
-        // The token before the body: an unauthenticated caller learns nothing from its
-        // body's errors.
-        admit(&hub, &id, t)?
-    };
+    // The token before the body: an unauthenticated caller learns nothing from its body's
+    // errors.
+    let admitted = bearer(&headers)
+        .map_err(|why| ApiError::new(StatusCode::UNAUTHORIZED, why))
+        .and_then(|t| admit(&hub, &id, t));
+    let action = ("POST /v1/agents/{id}/reconcile", id.as_str());
+    let admitted = checked(
+        &hub,
+        AuthRoute::Agent,
+        peer_ip(peer.as_ref()),
+        action,
+        admitted,
+    )
+    .await?;
     // Nothing of the request is kept while the poll is held: its headers hold on to the
     // connection's read buffer, which hyper would then have to allocate again to notice
     // the agent going away (docs/benchmarks.md, "Memory per held poll").

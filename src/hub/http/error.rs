@@ -13,6 +13,8 @@ use crate::proto::hub::ErrorBody;
 pub(crate) struct ApiError {
     status: StatusCode,
     message: String,
+    /// Seconds for a `Retry-After`.
+    retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -20,8 +22,53 @@ impl ApiError {
         Self {
             status,
             message: message.into(),
+            retry_after: None,
         }
     }
+
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// What the client is told.
+    pub(crate) fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// How it ends a request, for the audit log.
+    pub(crate) fn outcome(&self) -> String {
+        format!("{} {}", self.status.as_u16(), self.message)
+    }
+
+    /// 429: the source failed to authenticate too often; it may try again in `wait`.
+    pub(crate) fn throttled(wait: std::time::Duration) -> Self {
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: format!(
+                "too many failed authentications from this address: retry in {} s",
+                secs.max(1)
+            ),
+            retry_after: Some(secs.max(1)),
+        }
+    }
+}
+
+/// How a request ended, for the audit log: its status and, for a refusal, why.
+pub(crate) fn outcome(resp: &Response) -> String {
+    let status = resp.status();
+    match resp.extensions().get::<Refusal>() {
+        Some(r) => format!("{} {}", status.as_u16(), r.0),
+        None => status.as_u16().to_string(),
+    }
+}
+
+/// Whether `status` refuses the caller (as the audit log counts refusals).
+pub(crate) fn is_refusal(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS
+    )
 }
 
 /// What a refused request was told, for the audit log.
@@ -39,6 +86,10 @@ impl IntoResponse for ApiError {
         )
             .into_response();
         resp.extensions_mut().insert(refusal);
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 header::WWW_AUTHENTICATE,

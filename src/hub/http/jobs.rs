@@ -13,11 +13,12 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 
-use super::access::{about, CallerOf};
+use super::access::{about, checked, peer_ip, CallerOf};
 use super::error::{ApiError, ApiResult};
 use super::extract::{bearer, parse, query, read_body, ApiPath};
 use super::state::Hub;
 use crate::hub::fleet::Upload;
+use crate::hub::metrics::AuthRoute;
 use crate::hub::store::{Appended, JobFilter, Store, Stream};
 use crate::proto::fleet_job::{HubGroupSubmit, HubJobSubmit, OutputAck};
 use crate::proto::selector::Selector;
@@ -274,12 +275,12 @@ struct GapBody {
 
 pub(super) async fn upload<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    peer: Option<Extension<crate::hub::serve::Peer>>,
     ApiPath((id, stream)): ApiPath<(String, String)>,
     q: Result<Query<UploadQuery>, QueryRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let t = bearer(&headers).map_err(|why| ApiError::new(StatusCode::UNAUTHORIZED, why))?;
     let stream = stream_of(&stream)?;
     let offset = offset_of(query(q)?.offset)?;
     let upload = Upload {
@@ -288,7 +289,23 @@ pub(super) async fn upload<S: Store>(
         offset,
     };
     // The token before the body, as for a reconcile.
-    hub.fleet.authorize_upload(&upload, t).await?;
+    let authorized = match bearer(&headers) {
+        Ok(t) => hub
+            .fleet
+            .authorize_upload(&upload, t)
+            .await
+            .map_err(ApiError::from),
+        Err(why) => Err(ApiError::new(StatusCode::UNAUTHORIZED, why)),
+    };
+    let action = ("PUT /v1/jobs/{id}/output/{stream}", upload.job.as_str());
+    checked(
+        &hub,
+        AuthRoute::Agent,
+        peer_ip(peer.as_ref()),
+        action,
+        authorized,
+    )
+    .await?;
     crate::hub::unproven::proven();
     let data = read_body(body, MAX_UPLOAD).await?;
     match hub.fleet.upload(&upload, data).await? {

@@ -37,6 +37,7 @@ pub(crate) use self::releases::SIGNATURE_HEADER;
 pub(crate) use self::state::Hub;
 use crate::build_info;
 use crate::hub::access::{is_fleet_wide, scope_of, Audited, Caller};
+use crate::hub::metrics::AuthRoute;
 use crate::hub::store::Store;
 use crate::hub::unproven::proven;
 
@@ -130,10 +131,10 @@ async fn gate<S: Store>(
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let route = matched.map_or_else(|| path.clone(), |m| m.as_str().to_owned());
-    let peer = req
+    let peer_ip = req
         .extensions()
         .get::<crate::hub::serve::Peer>()
-        .map_or_else(|| "-".to_owned(), |p| p.0.ip().to_string());
+        .map(|p| p.0.ip());
     let scope = scope_of(&method, &route);
     let caller = match bearer(req.headers()) {
         Ok(t) => hub.access.who(t).await.ok_or(
@@ -142,10 +143,13 @@ async fn gate<S: Store>(
         Err(why) => Err(why),
     };
     let resp = match &caller {
-        Err(why) => ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            format!("{why} (the admin token is in the hub's data dir, admin.token)"),
-        )
+        Err(why) => match hub.access.failed(AuthRoute::Admin, peer_ip) {
+            Some(wait) => ApiError::throttled(wait),
+            None => ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                format!("{why} (the admin token is in the hub's data dir, admin.token)"),
+            ),
+        }
         .into_response(),
         Ok(c) => match refusal(c, scope, &method, &route) {
             Some(e) => e.into_response(),
@@ -157,28 +161,25 @@ async fn gate<S: Store>(
             }
         },
     };
-    let status = resp.status();
-    let refused = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
+    let refused = error::is_refusal(resp.status());
     if method != Method::GET || refused {
-        let outcome = match resp.extensions().get::<error::Refusal>() {
-            Some(r) => format!("{} {}", status.as_u16(), r.0),
-            None => status.as_u16().to_string(),
-        };
         let target = resp
             .extensions()
             .get::<access::Target>()
             .map(|t| t.0.clone())
             .unwrap_or_else(|| path_values(&route, &path));
-        let token = caller.as_ref().map_or("-", |c| c.name());
-        hub.access
-            .audit(Audited {
-                token,
-                peer: &peer,
-                action: &format!("{method} {route}"),
-                target: &target,
-                outcome: &outcome,
-            })
-            .await;
+        let line = Audited {
+            token: caller.as_ref().map_or("-", |c| c.name()),
+            peer: &peer_ip.map_or_else(|| "-".to_owned(), |ip| ip.to_string()),
+            action: &format!("{method} {route}"),
+            target: &target,
+            outcome: &error::outcome(&resp),
+        };
+        if refused {
+            hub.access.refused(line).await;
+        } else {
+            hub.access.audit(line).await;
+        }
     }
     resp
 }

@@ -22,9 +22,11 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::access::{checked, peer_ip};
 use super::error::{ApiError, ApiResult};
 use super::extract::{bearer, ApiPath};
 use super::state::Hub;
+use crate::hub::metrics::AuthRoute;
 use crate::hub::store::{ReleaseRow, Store};
 use crate::proto::desired::is_version;
 use crate::release::{self, SignatureError, MAX_RELEASE};
@@ -354,18 +356,29 @@ async fn fetch_shared<S: Store>(
 /// `GET /v1/releases/{version}/{os}-{arch}?agent=ID`, with the agent's token.
 pub(super) async fn download<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    peer: Option<axum::Extension<crate::hub::serve::Peer>>,
     ApiPath((v, plat)): ApiPath<(String, String)>,
     query: Result<Query<DownloadQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let t = bearer(&headers).map_err(|why| ApiError::new(StatusCode::UNAUTHORIZED, why))?;
     let Query(q) = query.map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             format!("invalid query: {} (give ?agent=ID)", e.body_text()),
         )
     })?;
-    hub.fleet.authorize(&q.agent, t)?;
+    let authorized = bearer(&headers)
+        .map_err(|why| ApiError::new(StatusCode::UNAUTHORIZED, why))
+        .and_then(|t| Ok(hub.fleet.authorize(&q.agent, t)?));
+    let action = ("GET /v1/releases/{version}/{platform}", q.agent.as_str());
+    let _agent = checked(
+        &hub,
+        AuthRoute::Agent,
+        peer_ip(peer.as_ref()),
+        action,
+        authorized,
+    )
+    .await?;
     crate::hub::unproven::proven();
     version(&v)?;
     let (os, arch) = platform(&plat)?;

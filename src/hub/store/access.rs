@@ -55,7 +55,11 @@ pub(crate) const ADMIN_TOKEN_COLUMNS: &str =
     "name, sha256, scopes, selector, created_ms, expires_ms, revoked_ms";
 pub(crate) const ENROL_TOKEN_COLUMNS: &str =
     "id, sha256, max_uses, uses, labels, created_ms, expires_ms, revoked_ms";
-pub(crate) const AUDIT_COLUMNS: &str = "seq, at_ms, token, peer, action, target, outcome";
+pub(crate) const AUDIT_COLUMNS: &str = "seq, at_ms, token, peer, action, target, outcome, count";
+
+/// The migration that lets one audit line stand for many refusals alike (portable SQL).
+pub(crate) const AUDIT_COUNT_MIGRATION: &str =
+    "ALTER TABLE audit ADD COLUMN count BIGINT NOT NULL DEFAULT 1;";
 
 /// A scoped admin token, as stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -180,8 +184,15 @@ pub(crate) trait AccessStore: Send + Sync + 'static {
         agent_sha256: &str,
     ) -> impl Future<Output = Result<Enrolled, StoreError>> + Send;
 
-    /// Appends to the audit log.
-    fn append_audit(&self, row: &AuditRow) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Appends to the audit log; the line's `seq`.
+    fn append_audit(&self, row: &AuditRow) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Adds `n` to the count of audit line `seq` (refusals alike within its minute).
+    fn add_audit_count(
+        &self,
+        seq: u64,
+        n: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The audit log since `since_ms`, of `token` when given, newest last, at most `limit`
     /// (the newest).

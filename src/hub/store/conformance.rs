@@ -979,10 +979,14 @@ async fn admin_tokens_audit_and_rotation_are_kept(b: &impl Backend) {
             outcome: "201".into(),
             ..AuditEntry::default()
         };
-        store.append_audit(&line).await.expect("append");
+        let seq = store.append_audit(&line).await.expect("append");
+        assert_eq!(seq, at / 10);
     }
+    // A line that stands for refusals alike counts them.
+    store.add_audit_count(2, 41).await.expect("count");
     let all = store.audit(0, None, 100).await.expect("audit");
     assert_eq!(all.iter().map(|l| l.seq).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(all.iter().map(|l| l.count).collect::<Vec<_>>(), [1, 42, 1]);
     assert_eq!(store.audit(15, None, 100).await.expect("since").len(), 2);
     assert_eq!(store.audit(0, Some("ci"), 100).await.expect("ci").len(), 1);
     assert_eq!(store.audit(0, None, 1).await.expect("newest")[0].at_ms, 30);

@@ -20,10 +20,12 @@ use axum::routing::{get, post};
 use axum::{Form, Router};
 use serde::Deserialize;
 
+use super::error::ApiError;
 use super::extract::ApiPath;
 use super::session::{self, Session, COOKIE, LIFETIME};
 use super::state::Hub;
 use crate::hub::access::{Audited, Caller};
+use crate::hub::metrics::AuthRoute;
 use crate::hub::store::{JobFilter, Store};
 use crate::proto::access::{AGENTS_READ, JOBS_READ};
 use crate::proto::job::Stream;
@@ -393,6 +395,7 @@ async fn login<S: Store>(
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
+    let ip = p.as_ref().map(|p| p.0 .0.ip());
     let peer = peer(p);
     let token = form.token.trim();
     let refused = cross_site(&headers, &form.csrf);
@@ -447,15 +450,34 @@ async fn login<S: Store>(
             }
         },
     };
-    hub.access
-        .audit(Audited {
-            token: &name,
-            peer: &peer,
-            action: "POST /ui/login",
-            target: "-",
-            outcome: &outcome,
-        })
-        .await;
+    // Every refused login is a failed authentication, throttled per source.
+    let refusal = super::error::is_refusal(resp.status());
+    let throttled = refusal
+        .then(|| hub.access.failed(AuthRoute::Login, ip))
+        .flatten();
+    let (resp, outcome) = match throttled {
+        Some(wait) => {
+            let err = ApiError::throttled(wait);
+            let mut resp = login_form(StatusCode::TOO_MANY_REQUESTS, Some(err.message()));
+            if let Ok(v) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            (resp, err.outcome())
+        }
+        None => (resp, outcome),
+    };
+    let line = Audited {
+        token: &name,
+        peer: &peer,
+        action: "POST /ui/login",
+        target: "-",
+        outcome: &outcome,
+    };
+    if refusal {
+        hub.access.refused(line).await;
+    } else {
+        hub.access.audit(line).await;
+    }
     resp
 }
 
@@ -507,15 +529,18 @@ async fn logout<S: Store>(
             "403 CSRF value does not match",
         )
     };
-    hub.access
-        .audit(Audited {
-            token: &name,
-            peer: &peer,
-            action: "POST /ui/logout",
-            target: "-",
-            outcome,
-        })
-        .await;
+    let line = Audited {
+        token: &name,
+        peer: &peer,
+        action: "POST /ui/logout",
+        target: "-",
+        outcome,
+    };
+    if same {
+        hub.access.audit(line).await;
+    } else {
+        hub.access.refused(line).await;
+    }
     resp
 }
 

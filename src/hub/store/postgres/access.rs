@@ -45,6 +45,7 @@ fn audit_row(r: &tokio_postgres::Row) -> AuditRow {
         action: r.get(4),
         target: r.get(5),
         outcome: r.get(6),
+        count: u64_of(r.get(7)),
     }
 }
 
@@ -307,14 +308,14 @@ impl AccessStore for PgStore {
         })
     }
 
-    async fn append_audit(&self, row: &AuditRow) -> Result<(), StoreError> {
+    async fn append_audit(&self, row: &AuditRow) -> Result<u64, StoreError> {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
         let seq = next_seq(&tx, "audit_seq", &self.url).await?;
         tx.execute(
-            "INSERT INTO audit (seq, at_ms, token, peer, action, target, outcome)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO audit (seq, at_ms, token, peer, action, target, outcome, count)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             &[
                 &seq,
                 &(row.at_ms as i64),
@@ -323,11 +324,24 @@ impl AccessStore for PgStore {
                 &row.action,
                 &row.target,
                 &row.outcome,
+                &(row.count.max(1) as i64),
             ],
         )
         .await
         .map_err(&e)?;
-        tx.commit().await.map_err(&e)
+        tx.commit().await.map_err(&e)?;
+        Ok(u64_of(seq))
+    }
+
+    async fn add_audit_count(&self, seq: u64, n: u64) -> Result<(), StoreError> {
+        let conn = self.conn().await?;
+        conn.execute(
+            "UPDATE audit SET count = count + $2 WHERE seq = $1",
+            &[&(seq as i64), &(n as i64)],
+        )
+        .await
+        .map(drop)
+        .map_err(self.err())
     }
 
     async fn audit(

@@ -57,6 +57,7 @@ fn audit_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AuditRow> {
         action: r.get(4)?,
         target: r.get(5)?,
         outcome: r.get(6)?,
+        count: u64_of(r.get(7)?),
     })
 }
 
@@ -281,15 +282,15 @@ impl AccessStore for SqliteStore {
         .await
     }
 
-    async fn append_audit(&self, row: &AuditRow) -> Result<(), StoreError> {
+    async fn append_audit(&self, row: &AuditRow) -> Result<u64, StoreError> {
         let row = row.clone();
         self.with(move |conn, path| {
             let e = sql(path);
             let tx = conn.transaction().map_err(&e)?;
             let seq = next_seq(&tx, "audit_seq", path)?;
             tx.execute(
-                "INSERT INTO audit (seq, at_ms, token, peer, action, target, outcome)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT INTO audit (seq, at_ms, token, peer, action, target, outcome, count)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 params![
                     seq,
                     row.at_ms as i64,
@@ -297,11 +298,25 @@ impl AccessStore for SqliteStore {
                     row.peer,
                     row.action,
                     row.target,
-                    row.outcome
+                    row.outcome,
+                    row.count.max(1) as i64
                 ],
             )
             .map_err(&e)?;
-            tx.commit().map_err(&e)
+            tx.commit().map_err(&e)?;
+            Ok(u64_of(seq))
+        })
+        .await
+    }
+
+    async fn add_audit_count(&self, seq: u64, n: u64) -> Result<(), StoreError> {
+        self.with(move |conn, path| {
+            conn.execute(
+                "UPDATE audit SET count = count + ?2 WHERE seq = ?1",
+                params![seq as i64, n as i64],
+            )
+            .map(drop)
+            .map_err(sql(path))
         })
         .await
     }

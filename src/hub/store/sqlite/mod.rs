@@ -118,6 +118,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     super::rollouts::MIGRATION,
     // 10: scoped admin tokens, enrolment tokens, the audit log, agent token rotation.
     super::access::MIGRATION,
+    // 11: an audit line that stands for many refusals alike.
+    super::access::AUDIT_COUNT_MIGRATION,
 ];
 
 /// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
