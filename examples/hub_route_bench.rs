@@ -11,22 +11,21 @@
 //! spread (the most jobs one agent got, over its fair share); and the dispatch rate
 //! alone: JOBS queued while every runner is stopped, then all runners started.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
-use railgrid::hub_client;
-use railgrid::proto::desired::DesiredState;
-use railgrid::proto::job::JobState;
-use railgrid::proto::report::{AgentReport, JobReport, JobsSummary, RunnerReport};
 use serde_json::json;
 use tokio::sync::mpsc;
 
 #[path = "common/hub_dir.rs"]
 mod hub_dir;
 use hub_dir::HubDir as Hub;
+#[path = "common/sim_agent.rs"]
+mod sim_agent;
+use sim_agent::{agent, Sim, Started};
 
 /// Jobs in the idle-fleet latency phase, each submitted once the last one started.
 const LATENCY_RUNS: usize = 200;
@@ -40,114 +39,6 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-/// A job reached an agent: (job id, agent index, when).
-type Started = (String, usize, Instant);
-
-/// Who a simulated agent is.
-struct Sim {
-    i: usize,
-    id: String,
-    token: String,
-    labels: railgrid::proto::labels::Labels,
-    max_jobs: u64,
-}
-
-/// One simulated agent: reports its labels and a running runner, takes each job whose
-/// spec it is sent (telling `started`), and reports it `succeeded` with all its output.
-async fn agent(
-    hub: Arc<Hub>,
-    sim: Sim,
-    started: mpsc::UnboundedSender<Started>,
-    mut serving: tokio::sync::watch::Receiver<bool>,
-) {
-    let Sim {
-        i,
-        id,
-        token,
-        labels,
-        max_jobs,
-    } = sim;
-    let url = format!("{}/v1/agents/{id}/reconcile", hub.url);
-    let auth = hub_client::bearer(&token).expect("header");
-    let mut generation = 0;
-    let mut mine: HashSet<String> = HashSet::new();
-    loop {
-        let report = AgentReport {
-            version: "bench".into(),
-            os: "linux".into(),
-            arch: "x86_64".into(),
-            hostname: id.clone(),
-            labels: labels.clone(),
-            observed_generation: generation,
-            runner: RunnerReport {
-                state: if *serving.borrow_and_update() {
-                    "running"
-                } else {
-                    "stopped"
-                }
-                .into(),
-                ..RunnerReport::default()
-            },
-            upgrade: None,
-            drain: None,
-            jobs_summary: Some(JobsSummary {
-                running: 0,
-                queued: 0,
-                max_jobs,
-            }),
-            jobs: mine
-                .iter()
-                .map(|j| JobReport {
-                    id: j.clone(),
-                    state: JobState::Succeeded,
-                    exit_code: Some(0),
-                    signal: None,
-                    error: None,
-                    stdout_bytes: 0,
-                    stderr_bytes: 0,
-                    output_truncated: None,
-                    output_done: true,
-                })
-                .collect(),
-        };
-        let sent = hub
-            .http
-            .post(&url)
-            .query(&[("wait", 30)])
-            .header(reqwest::header::AUTHORIZATION, auth.clone())
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(serde_json::to_vec(&report).expect("json"))
-            .timeout(Duration::from_secs(60))
-            .send();
-        // The runner stopped or started under a held poll: report it now, as an agent does.
-        let sent = tokio::select! {
-            r = sent => r,
-            _ = serving.changed() => continue,
-        };
-        let desired: DesiredState = match sent {
-            Ok(r) if r.status().is_success() => {
-                match r.bytes().await.map(|b| serde_json::from_slice(&b)) {
-                    Ok(Ok(d)) => d,
-                    _ => continue,
-                }
-            }
-            _ => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            }
-        };
-        generation = desired.generation;
-        let now = Instant::now();
-        let listed: HashSet<&str> = desired.jobs.iter().map(|j| j.id.as_str()).collect();
-        mine.retain(|j| listed.contains(j.as_str()));
-        for j in &desired.jobs {
-            if j.spec.is_some() && mine.insert(j.id.clone()) {
-                let _ = started.send((j.id.clone(), i, now));
-            }
-        }
-    }
 }
 
 struct Bench {
@@ -329,6 +220,7 @@ async fn run(
             token: token.clone(),
             labels,
             max_jobs,
+            hold: Duration::ZERO,
         };
         tokio::spawn(agent(hub.clone(), sim, tx.clone(), serving_rx.clone()));
         if k % 100 == 99 {

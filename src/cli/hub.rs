@@ -419,6 +419,10 @@ pub struct HubServeArgs {
     /// Done jobs kept, with their output; older ones are deleted.
     #[arg(long, value_name = "N", default_value_t = 10_000)]
     pub keep_done_jobs: usize,
+    /// A queued job gains a point of priority for each DUR it waits (capped at 100), so
+    /// that a stream of higher-priority jobs never starves it; `0`: strict priority.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "3s")]
+    pub priority_aging: Duration,
     /// How long an agent may go unseen before the jobs it was sent end `lost` (and
     /// `--retry` runs them elsewhere); `0`: wait for it for ever.
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "10m")]

@@ -138,6 +138,7 @@ fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
             max_output: a.max_job_output,
             keep_done: a.keep_done_jobs,
             agent_patience: (!a.agent_patience.is_zero()).then_some(a.agent_patience),
+            priority_aging: (!a.priority_aging.is_zero()).then_some(a.priority_aging),
         },
         release_keys: a
             .release_key

@@ -379,7 +379,13 @@ fn job_detail(j: &HubJobView) -> String {
     if let Some(s) = &j.selector {
         line("selector", clean(s));
     }
-    line("priority", j.priority.to_string());
+    match j.effective_priority {
+        Some(e) if e != j.priority => line(
+            "priority",
+            format!("{} ({e} with its wait in the queue)", j.priority),
+        ),
+        _ => line("priority", j.priority.to_string()),
+    }
     if j.attempt > 1 || j.retries > 0 {
         line(
             "attempt",

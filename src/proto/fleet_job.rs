@@ -118,6 +118,10 @@ pub struct HubJobView {
     pub scope: Option<String>,
     #[serde(default = "default_priority")]
     pub priority: u8,
+    /// While it is queued: its priority with what its wait added (`hub serve
+    /// --priority-aging`), at most 100, which the queue orders by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective_priority: Option<u8>,
     /// Which run of the job this is (1: the first; `n` for `ID.n`, the retry of a lost
     /// attempt).
     #[serde(default = "first_attempt")]

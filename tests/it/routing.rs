@@ -176,6 +176,13 @@ fn selected_jobs_reach_only_matching_agents_with_room_in_priority_order_and_surv
     let lo = status(&hub, "lo");
     assert_eq!(lo["state"], "queued", "{lo:#}");
     assert_eq!(lo["waiting"], "2 agents match, all full");
+    // Waiting ages it (a point each 3 s by default), and its status says so.
+    let lo = wait_job(&hub, "lo", "priority gained by waiting", |v| {
+        v["effective_priority"].as_u64() > Some(10)
+    });
+    assert_eq!(lo["priority"], 10, "{lo:#}");
+    let text = hub.admin_ok(&["job", "status", "lo"]);
+    assert!(text.contains("with its wait in the queue"), "{text}");
 
     // A selector nothing matches is taken, says so, and expires.
     let out = submit(

@@ -334,7 +334,7 @@ impl<S: Store> Fleet<S> {
             newest: AtomicU64::new(generation),
             poll_interval,
             job_index: RwLock::new(job_index),
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Queue::new(job_limits.priority_aging)),
             dispatch_kick: tokio::sync::Notify::new(),
             rollout_kick: tokio::sync::Notify::new(),
             tokens_moved: watch::Sender::new(0),

@@ -57,6 +57,26 @@ pub(crate) struct JobLimits {
     pub(crate) agent_patience: Option<Duration>,
     /// Done jobs kept, newest first; older ones are deleted with their output.
     pub(crate) keep_done: usize,
+    /// A queued job gains a point of priority each this long it waits (`None`: strict
+    /// priority), so that every queued job runs eventually (queue.rs).
+    pub(crate) priority_aging: Option<Duration>,
+}
+
+/// What `hub serve --priority-aging` is unless given: a priority-0 job goes before a
+/// priority-100 job submitted 5 minutes after it.
+pub(crate) const DEFAULT_PRIORITY_AGING: Duration = Duration::from_secs(3);
+
+impl JobLimits {
+    /// `priority`, after `waited_ms` in the queue, as the queue orders it: at most
+    /// [`MAX_PRIORITY`].
+    pub(crate) fn effective_priority(&self, priority: u8, waited_ms: u64) -> u8 {
+        let gained = self
+            .priority_aging
+            .map_or(0, |every| waited_ms / (every.as_millis() as u64).max(1));
+        u64::from(priority)
+            .saturating_add(gained)
+            .min(u64::from(MAX_PRIORITY)) as u8
+    }
 }
 
 impl Default for JobLimits {
@@ -66,6 +86,7 @@ impl Default for JobLimits {
             max_output: 16 * 1024 * 1024,
             keep_done: 10_000,
             agent_patience: Some(Duration::from_secs(600)),
+            priority_aging: Some(DEFAULT_PRIORITY_AGING),
         }
     }
 }

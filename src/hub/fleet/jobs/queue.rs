@@ -2,7 +2,11 @@
 //! an eligible agent has room (docs/hub.md, "Routing jobs").
 //!
 //! Jobs are kept in one lane per distinct selector, each ordered by priority (higher
-//! first) then submission order. A dispatch round ([`Fleet::dispatch`]) takes a look at
+//! first) then submission order. With aging (`hub serve --priority-aging DUR`, a point
+//! each DUR waited), a job's priority grows while it waits, so a stream of higher ones
+//! never starves it. Growing at one rate for all, it never changes the order of two
+//! queued jobs over time: a job ranks by `created - priority × DUR` (the earlier, the
+//! sooner), a number fixed at submission, and the lanes stay sorted maps. A dispatch round ([`Fleet::dispatch`]) takes a look at
 //! the fleet once, not once per job: which agents may take work now and how much, and,
 //! per lane, which of them match. It then hands out the best head of all lanes, again
 //! and again, each to the least-loaded matching agent (open jobs / its `max_jobs`, then
@@ -43,8 +47,8 @@ const TICK: Duration = Duration::from_secs(1);
 /// When an agent's report does not say how many jobs its runner admits.
 const UNKNOWN_MAX_JOBS: usize = 1;
 
-/// Priority first (higher), then submission order.
-type Key = (Reverse<u8>, u64);
+/// Its rank (lower first), then submission order.
+type Key = (i64, u64);
 
 /// A job in the queue.
 #[derive(Debug)]
@@ -53,8 +57,15 @@ pub(in crate::hub::fleet) struct Queued {
 }
 
 impl Queued {
-    fn key(&self) -> Key {
-        (Reverse(self.row.priority), self.row.seq)
+    /// Strict: by priority alone. Aging by a point each `aging_ms`: by when a job of
+    /// priority 0 submitted at that time would rank with it (module doc).
+    fn key(&self, aging_ms: u64) -> Key {
+        let priority = i64::from(self.row.priority);
+        let rank = match aging_ms {
+            0 => -priority,
+            every => (self.row.created_ms as i64).saturating_sub(priority * every as i64),
+        };
+        (rank, self.row.seq)
     }
 }
 
@@ -85,6 +96,8 @@ impl Takers {
 /// The queued jobs, by selector.
 #[derive(Default)]
 pub(in crate::hub::fleet) struct Queue {
+    /// A point of priority each this many ms waited; 0: strict.
+    aging_ms: u64,
     lanes: HashMap<String, Lane>,
     /// Each job's lane and key.
     index: HashMap<String, (String, Key)>,
@@ -92,6 +105,13 @@ pub(in crate::hub::fleet) struct Queue {
 }
 
 impl Queue {
+    pub(in crate::hub::fleet) fn new(aging: Option<Duration>) -> Self {
+        Self {
+            aging_ms: aging.map_or(0, |a| (a.as_millis() as u64).max(1)),
+            ..Self::default()
+        }
+    }
+
     pub(in crate::hub::fleet) fn len(&self) -> usize {
         self.index.len()
     }
@@ -126,7 +146,7 @@ impl Queue {
             }
         };
         let q = Queued { row };
-        let key = q.key();
+        let key = q.key(self.aging_ms);
         if let Some(d) = q.row.queue_deadline_ms {
             self.deadlines.insert((d, q.row.id.clone()));
         }
@@ -704,8 +724,10 @@ fn plan(lanes: &[Option<&Lane>], slots: &mut [Slot]) -> Vec<(String, usize)> {
         }
         let (fits, taken) = &mut progress[n];
         let Some(lane) = lanes[n] else { continue };
-        let mut jobs = lane.jobs.values().skip(*taken);
-        let Some(job) = jobs.next() else { continue };
+        let mut jobs = lane.jobs.iter().skip(*taken);
+        let Some((_, job)) = jobs.next() else {
+            continue;
+        };
         // A retry goes to another agent than the one it was lost on, when one has room.
         let avoided = |i: usize| Some(&slots[i].entry.id) == job.row.avoid.as_ref();
         let Some(best) = fits
@@ -725,8 +747,8 @@ fn plan(lanes: &[Option<&Lane>], slots: &mut [Slot]) -> Vec<(String, usize)> {
         slots[best].open += 1;
         slots[best].last_assigned_ms = now;
         *taken += 1;
-        if let Some(next) = jobs.next() {
-            heads.push(Reverse((next.key(), n)));
+        if let Some((key, _)) = jobs.next() {
+            heads.push(Reverse((*key, n)));
         }
     }
     plan
@@ -744,6 +766,40 @@ mod tests {
             queue_deadline_ms: deadline,
             ..JobRow::queued_for_tests(id)
         }
+    }
+
+    #[test]
+    fn an_aging_queue_lets_a_low_job_pass_the_high_ones_that_came_long_after_it() {
+        use super::super::JobLimits;
+        let every = Duration::from_secs(3);
+        let mut q = Queue::new(Some(every));
+        let at = |id: &str, seq: u64, priority: u8, created_ms: u64| JobRow {
+            created_ms,
+            ..row(id, seq, priority, "x", None)
+        };
+        q.insert(at("low", 1, 0, 1_000_000));
+        // High ones within the 100 points × 3 s it takes the low one to catch up…
+        q.insert(at("high-soon", 2, 100, 1_000_000 + 299_000));
+        // …go first; those after, not.
+        q.insert(at("high-late", 3, 100, 1_000_000 + 301_000));
+        q.insert(at("same-later", 4, 0, 1_000_001));
+        let mut order = Vec::new();
+        while let Some((_, id)) = q.head("x") {
+            order.push(id.clone());
+            q.remove(&id);
+        }
+        assert_eq!(order, ["high-soon", "low", "same-later", "high-late"]);
+        let strict = JobLimits {
+            priority_aging: None,
+            ..JobLimits::default()
+        };
+        assert_eq!(strict.effective_priority(10, 3_600_000), 10);
+        let aging = JobLimits {
+            priority_aging: Some(every),
+            ..JobLimits::default()
+        };
+        assert_eq!(aging.effective_priority(10, 9_500), 13);
+        assert_eq!(aging.effective_priority(90, 3_600_000), 100);
     }
 
     #[test]

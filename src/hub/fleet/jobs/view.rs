@@ -21,6 +21,13 @@ pub(super) fn view(row: JobRow, limits: &JobLimits) -> HubJobView {
         (r, h) => r.or(h),
     };
     let runner = p.runner_truncated.unwrap_or_default();
+    // Queued: what its wait added, as the queue ranks it.
+    let effective_priority = (row.agent.is_empty() && !p.done).then(|| {
+        limits.effective_priority(
+            row.priority,
+            crate::util::unix_now_ms().saturating_sub(row.created_ms),
+        )
+    });
     let output_truncated = Truncation::of(
         join(runner.stdout, hub_cut(row.stdout_length, row.stdout_stored)),
         join(runner.stderr, hub_cut(row.stderr_length, row.stderr_stored)),
@@ -31,6 +38,7 @@ pub(super) fn view(row: JobRow, limits: &JobLimits) -> HubJobView {
         selector: row.selector,
         scope: row.scope,
         priority: row.priority,
+        effective_priority,
         attempt: row.attempt,
         retries: row.retries,
         queue_deadline_ms: row.queue_deadline_ms,
