@@ -35,6 +35,10 @@ pub(crate) static ENROLMENTS: Counter = Counter::new(
     "railgrid_enrolments_total",
     "Hosts that enrolled themselves with an enrolment token.",
 );
+pub(crate) static UNPROVEN_COMMITS: Counter = Counter::new(
+    "railgrid_rollout_unproven_claims_total",
+    "Rollout steps that ignored a member's claim of the version, made without the hub having served it the artifact.",
+);
 pub(crate) static DISPATCH: Histogram = Histogram::new(DISPATCH_BUCKETS);
 pub(crate) static JOB_DURATION: Histogram = Histogram::new(DURATION_BUCKETS);
 /// Where an authentication failed, as `railgrid_auth_failures_total` counts it.
@@ -198,7 +202,13 @@ pub(crate) fn render(g: &Gauges, replica: &str) -> String {
         "railgrid_job_duration_seconds",
         "From a job's start on its agent to its end, as the hub heard them.",
     );
-    for counter in [&RECONCILES, &WAKEUPS, &STORE_ERRORS, &ENROLMENTS] {
+    for counter in [
+        &RECONCILES,
+        &WAKEUPS,
+        &STORE_ERRORS,
+        &ENROLMENTS,
+        &UNPROVEN_COMMITS,
+    ] {
         counter.render(&mut out);
     }
     sample(

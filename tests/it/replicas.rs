@@ -669,6 +669,18 @@ pub(super) fn sim_reconcile(
     )
 }
 
+/// Simulated agent `id` downloads `version`'s artifact as an agent does, with its token:
+/// the evidence a rollout counts its commit on.
+pub(super) fn sim_fetch(hub: &TestHub, (id, token): (&str, &str), version: &str) {
+    let path = format!(
+        "/v1/releases/{version}/{}-{}?agent={id}",
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    );
+    let (code, body) = hub.curl("GET", &path, Some(token), None);
+    assert_eq!(code, 200, "{body}");
+}
+
 #[test]
 fn one_replica_drives_a_rollout_and_another_takes_it_over_when_it_dies() {
     let Some(pg) = Postgres::start() else { return };
@@ -715,6 +727,7 @@ fn one_replica_drives_a_rollout_and_another_takes_it_over_when_it_dies() {
         }
     });
     let committed = Some(("committed", "2.0.0"));
+    sim_fetch(other, sim(0), "2.0.0");
     generations[0] = sim_reconcile(other, sim(0), g, "2.0.0", committed, "2.0.0").0;
     // The replica that drives dies; the other takes the lease over and goes on.
     holder.guard.signal(Signal::SIGKILL);
@@ -729,6 +742,7 @@ fn one_replica_drives_a_rollout_and_another_takes_it_over_when_it_dies() {
         },
     );
     assert!(drives(other), "{}", other.log());
+    sim_fetch(other, sim(1), "2.0.0");
     sim_reconcile(other, sim(1), generations[1], "2.0.0", committed, "2.0.0");
     let v = wait_for(LIMIT, "the rollout done", || {
         let v = status();

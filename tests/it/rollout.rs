@@ -346,3 +346,87 @@ fn unix_ms() -> u64 {
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
+
+#[test]
+fn a_member_counts_as_committed_only_once_the_hub_served_it_the_artifact() {
+    use super::replicas::{sim_fetch, sim_reconcile};
+    let dir = tempdir();
+    let (key, hub) = signed_hub(dir.path());
+    let artifact = dir.path().join("artifact");
+    fs::write(&artifact, b"not run: the agents here are simulated").expect("artifact");
+    release(&hub, &key, dir.path(), "2.0.0", &artifact);
+    let tokens: Vec<String> = ["s1", "s2"]
+        .iter()
+        .map(|id| read_lossy(&hub.enrol(id)).trim().to_owned())
+        .collect();
+    let sim = |i: usize| (["s1", "s2"][i], tokens[i].as_str());
+    let mut g = [0u64; 2];
+    for (i, g) in g.iter_mut().enumerate() {
+        *g = sim_reconcile(&hub, sim(i), 0, "1.0.0", None, "2.0.0").0;
+    }
+    hub.admin_ok(&["agent", "label", "s1", "rollout=canary"]);
+    let said = hub.admin_ok(&[
+        "rollout",
+        "start",
+        "--version",
+        "2.0.0",
+        "--waves",
+        "1,100%",
+    ]);
+    assert!(said.starts_with("rollout r1 started"), "{said}");
+    let committed = Some(("committed", "2.0.0"));
+    let member = |id: &str| {
+        let v = hub.admin_json(&["rollout", "status", "r1"]);
+        let m = v["waves"]
+            .as_array()?
+            .iter()
+            .flat_map(|w| w["members"].as_array().into_iter().flatten())
+            .find(|m| m["agent"] == id)?
+            .clone();
+        Some((m, v))
+    };
+
+    // The canary says it committed, never having fetched the artifact; the other says it
+    // runs the version before it is offered: neither counts, the second wave waits.
+    g[0] = wait_for(LIMIT, "the canary given 2.0.0", || {
+        let (next, given) = sim_reconcile(&hub, sim(0), g[0], "1.0.0", None, "2.0.0");
+        given.then_some(next)
+    });
+    g[1] = sim_reconcile(&hub, sim(1), g[1], "2.0.0", committed, "1.0.0").0;
+    g[0] = sim_reconcile(&hub, sim(0), g[0], "2.0.0", committed, "2.0.0").0;
+    let (m, v) = wait_for(LIMIT, "the canary's claim ignored", || {
+        let (m, v) = member("s1")?;
+        m["detail"]
+            .as_str()?
+            .contains("not counted")
+            .then_some((m, v))
+    });
+    assert!(v["counts"].get("committed").is_none(), "{v:#}");
+    assert_eq!(v["wave"], 0, "{v:#}");
+    assert_ne!(m["state"], "committed", "{m:#}");
+    let (_, metrics) = hub.curl("GET", "/metrics", Some(&hub.admin_token()), None);
+    assert!(
+        !metrics.contains("railgrid_rollout_unproven_claims_total 0\n"),
+        "{metrics}"
+    );
+    assert!(hub
+        .log()
+        .contains("claims the version without having fetched"));
+
+    // Served the artifact, its commit counts; the second wave is given the version, and
+    // the other member counts once it too has fetched it.
+    sim_fetch(&hub, sim(0), "2.0.0");
+    sim_reconcile(&hub, sim(0), g[0], "2.0.0", committed, "2.0.0");
+    wait_for(LIMIT, "the second wave given the version", || {
+        g[1] = sim_reconcile(&hub, sim(1), g[1], "2.0.0", committed, "2.0.0").0;
+        let (m, _) = member("s2")?;
+        m["detail"].as_str()?.contains("not counted").then_some(())
+    });
+    sim_fetch(&hub, sim(1), "2.0.0");
+    let v = wait_for(LIMIT, "the rollout done", || {
+        sim_reconcile(&hub, sim(1), g[1], "2.0.0", committed, "2.0.0");
+        let v = hub.admin_json(&["rollout", "status", "r1"]);
+        (v["state"] == "done").then_some(v)
+    });
+    assert_eq!(v["counts"]["committed"], 2, "{v:#}");
+}

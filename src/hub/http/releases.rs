@@ -27,6 +27,7 @@ use super::error::{ApiError, ApiResult};
 use super::extract::{bearer, ApiPath};
 use super::state::Hub;
 use crate::hub::metrics::AuthRoute;
+use crate::hub::store::rollouts::Fetch;
 use crate::hub::store::{ReleaseRow, Store};
 use crate::proto::desired::is_version;
 use crate::release::{self, SignatureError, MAX_RELEASE};
@@ -371,7 +372,7 @@ pub(super) async fn download<S: Store>(
         .map_err(|why| ApiError::new(StatusCode::UNAUTHORIZED, why))
         .and_then(|t| Ok(hub.fleet.authorize(&q.agent, t)?));
     let action = ("GET /v1/releases/{version}/{platform}", q.agent.as_str());
-    let _agent = checked(
+    checked(
         &hub,
         AuthRoute::Agent,
         peer_ip(peer.as_ref()),
@@ -418,7 +419,19 @@ pub(super) async fn download<S: Store>(
         .map_err(|e| internal(format!("could not read {}", path.display()), &e))?;
     let length = last + 1 - first;
     let file = tokio::fs::File::from_std(file);
-    let stream = futures_util::stream::unfold((file, length), |(mut file, left)| async move {
+    // Once every byte asked for is read for the connection, the agent is served them: a
+    // rollout's evidence that it fetched the version (docs/hub.md, "Rollouts").
+    let served = Fetch {
+        agent: q.agent.clone(),
+        version: v.clone(),
+        first,
+        end: last + 1,
+        size,
+        now_ms: 0,
+    };
+    let fleet = hub.fleet.clone();
+    let state = (file, length, Some((fleet, served)));
+    let stream = futures_util::stream::unfold(state, |(mut file, left, mut done)| async move {
         if left == 0 {
             return None;
         }
@@ -429,13 +442,19 @@ pub(super) async fn download<S: Store>(
                     std::io::ErrorKind::UnexpectedEof,
                     "the release file is shorter than recorded",
                 )),
-                (file, 0),
+                (file, 0, None),
             )),
             Ok(n) => {
                 buf.truncate(n);
-                Some((Ok(bytes::Bytes::from(buf)), (file, left - n as u64)))
+                let left = left - n as u64;
+                // The last bytes read (hyper stops asking once Content-Length is met).
+                if let (0, Some((fleet, mut served))) = (left, done.take()) {
+                    served.now_ms = crate::util::unix_now_ms();
+                    fleet.record_fetch(served).await;
+                }
+                Some((Ok(bytes::Bytes::from(buf)), (file, left, done)))
             }
-            Err(e) => Some((Err(e), (file, 0))),
+            Err(e) => Some((Err(e), (file, 0, None))),
         }
     });
     let mut resp = Response::new(Body::from_stream(stream));

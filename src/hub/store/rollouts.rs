@@ -49,6 +49,39 @@ pub(crate) const MIGRATION: &str = "INSERT INTO meta (key, value) VALUES ('rollo
         expires_ms BIGINT NOT NULL
     );";
 
+/// The migration that keeps which agent was served which release's artifact, whole, and
+/// when: a rollout counts a member's commit only on that evidence (portable SQL).
+pub(crate) const FETCH_MIGRATION: &str = "CREATE TABLE release_fetches (
+        agent TEXT NOT NULL,
+        version TEXT NOT NULL,
+        served BIGINT NOT NULL,
+        fetched_ms BIGINT,
+        PRIMARY KEY (agent, version)
+    );";
+
+/// Bytes `first..end` of release `version`'s artifact (`size` bytes) served to `agent`,
+/// with its own token, at `now_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fetch {
+    pub(crate) agent: String,
+    pub(crate) version: String,
+    pub(crate) first: u64,
+    pub(crate) end: u64,
+    pub(crate) size: u64,
+    pub(crate) now_ms: u64,
+}
+
+impl Fetch {
+    /// What a first row for it holds: the bytes served from the start, and the time the
+    /// artifact was served whole, if it was.
+    pub(crate) fn first_row(&self) -> (u64, Option<u64>) {
+        if self.first > 0 {
+            return (0, None);
+        }
+        (self.end, (self.end >= self.size).then_some(self.now_ms))
+    }
+}
+
 pub(crate) const ROLLOUT_COLUMNS: &str = "id, seq, version, selector, waves, soak_ms, max_parallel,
     max_failures, failures_accepted, deadline_ms, state, reason, wave, last_commit_ms,
     created_ms, finished_ms";
@@ -182,6 +215,17 @@ pub(crate) trait RolloutStore: Send + Sync + 'static {
         lease_until_ms: u64,
         p: &Progress,
     ) -> impl Future<Output = Result<Recorded, StoreError>> + Send;
+
+    /// Records bytes of an artifact served to an agent: they extend what it was served
+    /// from the start (a range past it is not counted), and once that is the whole
+    /// artifact, the time is the agent's fetch of the version.
+    fn record_fetch(&self, f: &Fetch) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// When each agent was last served release `version`'s artifact whole.
+    fn fetches(
+        &self,
+        version: &str,
+    ) -> impl Future<Output = Result<Vec<(String, u64)>, StoreError>> + Send;
 
     /// Takes lease `name` for `holder` until `until_ms` if it is free, expired (as of
     /// `now_ms`) or `holder`'s already; true when `holder` holds it now.

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use super::{Fleet, FleetError, MUST_RESET};
 use crate::hub::store::rollouts::{
-    MemberRow, Progress, Recorded, RolloutRow, StateMove, ROLLOUT_LEASE,
+    Fetch, MemberRow, Progress, Recorded, RolloutRow, StateMove, ROLLOUT_LEASE,
 };
 use crate::hub::store::Store;
 use crate::proto::hub::{DesiredChange, DesiredSettings};
@@ -201,6 +201,30 @@ impl<S: Store> Fleet<S> {
         })
     }
 
+    /// Bytes of a release's artifact served to an agent: kept as evidence of its fetch
+    /// (a failure is logged; the agent's commit then goes uncounted, never counted wrongly).
+    pub(crate) async fn record_fetch(&self, f: Fetch) {
+        if let Err(e) = self.store.record_fetch(&f).await {
+            tracing::error!(error = %util::error_chain(&e), agent = %f.agent, version = %f.version, "could not record that an agent fetched a release");
+        }
+    }
+
+    /// What is seen of each member's agent now, with when each was last served
+    /// `version`'s artifact whole.
+    async fn seen_with_fetches(
+        &self,
+        version: &str,
+        members: &[MemberRow],
+    ) -> Result<Vec<Seen>, FleetError> {
+        let fetched: std::collections::HashMap<String, u64> =
+            self.store.fetches(version).await?.into_iter().collect();
+        let mut seen = self.seen(members);
+        for (s, m) in seen.iter_mut().zip(members) {
+            s.fetched_ms = fetched.get(&m.agent).copied();
+        }
+        Ok(seen)
+    }
+
     /// What is seen of each member's agent now.
     fn seen(&self, members: &[MemberRow]) -> Vec<Seen> {
         let now = util::unix_now_ms();
@@ -226,6 +250,7 @@ impl<S: Store> Fleet<S> {
                     fresh: st.observed_generation != MUST_RESET
                         && st.observed_generation >= st.own.generation,
                     away_ms,
+                    fetched_ms: None,
                 }
             })
             .collect()
@@ -419,7 +444,7 @@ impl<S: Store> Fleet<S> {
         members: &[MemberRow],
         other_active: bool,
     ) -> Result<bool, FleetError> {
-        let seen = self.seen(members);
+        let seen = self.seen_with_fetches(&r.version, members).await?;
         let facts = Facts {
             now_ms: util::unix_now_ms(),
             halted: util::read(&self.releases).halt_of(&r.version),
@@ -427,6 +452,9 @@ impl<S: Store> Fleet<S> {
             other_active,
         };
         let s = step::step(r, members, &seen, &facts);
+        for agent in &s.unproven {
+            unproven_claim(&r.id, &r.version, agent);
+        }
         let unchanged = s.members.is_empty()
             && s.moved.is_none()
             && s.wave == r.wave
@@ -541,6 +569,27 @@ impl<S: Store> Fleet<S> {
 }
 
 /// Drives the rollouts while this hub holds their lease; a handle that stops the task.
+/// When each agent's ignored claim was last logged (one hub per process).
+static UNPROVEN_LOGGED: std::sync::Mutex<Option<std::collections::HashMap<String, u64>>> =
+    std::sync::Mutex::new(None);
+
+/// A member claimed the version without evidence: counted each time it is ignored, and
+/// logged once a minute per agent at most (a hostile agent may claim it every second).
+fn unproven_claim(rollout: &str, version: &str, agent: &str) {
+    crate::hub::metrics::UNPROVEN_COMMITS.inc();
+    let now = util::unix_now_ms();
+    let mut logged = util::lock(&UNPROVEN_LOGGED);
+    let logged = logged.get_or_insert_with(Default::default);
+    if logged.len() > 10_000 {
+        logged.retain(|_, at| now.saturating_sub(*at) < 60_000);
+    }
+    let last = logged.entry(agent.to_owned()).or_insert(0);
+    if now.saturating_sub(*last) >= 60_000 {
+        *last = now;
+        tracing::warn!(%rollout, %version, %agent, "a rollout member claims the version without having fetched its artifact from the hub: not counted, and its wave waits");
+    }
+}
+
 pub(crate) struct Roller(tokio::task::JoinHandle<()>);
 
 impl Roller {

@@ -10,6 +10,12 @@
 //! and the next one starts once the soak since the last commit has passed. After the
 //! last wave the rollout is `done`.
 //!
+//! A member's word alone moves nothing (docs/hub.md, "Rollouts"): its commit counts only
+//! once the hub served that very agent the version's artifact after it was given the
+//! version ([`Seen::fetched_ms`]); a claim without it is ignored (and said, in the
+//! member's row and [`Step::unproven`]), and holds its wave up. A member that stops
+//! running the version before its wave's soak is over has failed.
+//!
 //! Back (`rolling_back`): the members that committed are given the version each ran
 //! before (with `rollback`), in the same waves and bound, until none is left.
 
@@ -44,7 +50,17 @@ pub(crate) struct Seen {
     pub(crate) fresh: bool,
     /// How long since it was last seen, when it is not connected (ms).
     pub(crate) away_ms: u64,
+    /// When the hub last served it the rollout's version's artifact whole.
+    pub(crate) fetched_ms: Option<u64>,
 }
+
+/// How far the hubs' clocks may disagree: a fetch this much before a member was given
+/// the version (by another replica's clock) still counts as after.
+pub(crate) const CLOCK_SKEW_MS: u64 = 5_000;
+
+/// What a member that claims the version without evidence is told, in its row.
+pub(crate) const UNPROVEN: &str =
+    "reports the version, but the hub never served this agent its artifact after giving it: not counted";
 
 impl Seen {
     /// Runs `version`, committed.
@@ -76,6 +92,13 @@ impl Seen {
                         "switching" | PENDING_COMMIT | UPGRADE_COMMITTED
                     )
             })
+    }
+
+    /// It was served the artifact after it was given the version at `given_ms` (any
+    /// fetch, for a member never given it by this rollout).
+    fn fetched_since(&self, given_ms: Option<u64>) -> bool {
+        self.fetched_ms
+            .is_some_and(|f| given_ms.is_none_or(|g| f.saturating_add(CLOCK_SKEW_MS) >= g))
     }
 
     /// Busy with an upgrade to `version` (a failed one tried again, say).
@@ -145,6 +168,8 @@ pub(crate) struct Step {
     pub(crate) after: Vec<Act>,
     /// What must be done before a final state is stored (it is the last word).
     pub(crate) before: Vec<Act>,
+    /// Members whose claim of the version was ignored for want of evidence.
+    pub(crate) unproven: Vec<String>,
 }
 
 /// Decides one step of `r` over `members` (in order), with `seen` giving each member's
@@ -239,9 +264,16 @@ fn observe(r: &RolloutRow, m: &mut [MemberRow], seen: &[Seen], f: &Facts, out: &
             }
             continue;
         }
-        if s.committed(&r.version) {
+        if s.committed(&r.version) && s.fetched_since(row.given_ms) {
             set(row, COMMITTED, now, None);
             out.last_commit_ms = Some(now);
+        } else if (s.committed(&r.version) || s.runs(&r.version)) && !s.fetched_since(row.given_ms)
+        {
+            // Its word alone: ignored, said, and the wave waits.
+            out.unproven.push(row.agent.clone());
+            if row.error.as_deref() != Some(UNPROVEN) {
+                row.error = Some(UNPROVEN.into());
+            }
         } else if let Some(e) = s
             .upgrade_ended(&r.version, &[UPGRADE_ROLLED_BACK])
             .filter(|_| s.fresh)
@@ -343,8 +375,8 @@ fn advance(r: &RolloutRow, m: &mut [MemberRow], seen: &[Seen], f: &Facts, out: &
                 }
                 continue;
             }
-            if s.runs(&r.version) {
-                // There already: it keeps it.
+            if s.runs(&r.version) && s.fetched_since(None) {
+                // There already, with the artifact served to it by the hub: it keeps it.
                 set(row, COMMITTED, now, None);
                 row.given_ms = Some(now);
                 give(out, row, &r.version, false);
@@ -377,6 +409,11 @@ fn advance(r: &RolloutRow, m: &mut [MemberRow], seen: &[Seen], f: &Facts, out: &
             if !soaked {
                 return;
             }
+            // Healthy for the whole soak: a member that no longer runs the version
+            // has failed, and the next wave waits for the judgement of it.
+            if soak_broken(r, m, seen, w, now) {
+                return;
+            }
             out.wave = w + 1;
             continue;
         }
@@ -387,6 +424,25 @@ fn advance(r: &RolloutRow, m: &mut [MemberRow], seen: &[Seen], f: &Facts, out: &
         }
         return;
     }
+}
+
+/// Marks failed the members of wave `w` that committed and, connected, no longer run
+/// the version; whether there was one.
+fn soak_broken(r: &RolloutRow, m: &mut [MemberRow], seen: &[Seen], w: usize, now: u64) -> bool {
+    let mut broken = false;
+    for (row, s) in m.iter_mut().zip(seen) {
+        if row.wave == w && row.state == COMMITTED && s.known && s.connected && !s.runs(&r.version)
+        {
+            let runs = s.version.as_deref().unwrap_or("nothing");
+            let why = format!(
+                "stopped running {} during its wave's soak (runs {runs})",
+                r.version
+            );
+            set(row, FAILED, now, Some(why));
+            broken = true;
+        }
+    }
+    broken
 }
 
 /// Members upgrading now: given the version, or failed and trying again.

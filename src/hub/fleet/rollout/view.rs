@@ -29,6 +29,7 @@ fn detail(r: &RolloutRow, m: &MemberRow, s: &Seen) -> Option<String> {
         return Some("revoked".into());
     }
     match m.state.as_str() {
+        GIVEN if m.error.as_deref() == Some(super::step::UNPROVEN) => m.error.clone(),
         GIVEN | REVERTING => {
             if !s.connected {
                 return Some("not connected: it takes the version when it is back".into());

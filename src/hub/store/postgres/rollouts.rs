@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::hub::store::rollouts::{
-    active_states_sql, overlapping, unstarted, MemberRow, Progress, Recorded, RolloutRow,
+    active_states_sql, overlapping, unstarted, Fetch, MemberRow, Progress, Recorded, RolloutRow,
     RolloutStore, StateMove, MEMBER_COLUMNS, ROLLOUT_COLUMNS, ROLLOUT_LEASE,
 };
 
@@ -282,6 +282,49 @@ impl RolloutStore for PgStore {
         }
         tx.commit().await.map_err(&e)?;
         Ok(Recorded::Written)
+    }
+
+    async fn record_fetch(&self, f: &Fetch) -> Result<(), StoreError> {
+        let (served, fetched) = f.first_row();
+        let conn = self.conn().await?;
+        conn.execute(
+            "INSERT INTO release_fetches (agent, version, served, fetched_ms)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (agent, version) DO UPDATE SET
+                 served = CASE WHEN $5 <= release_fetches.served AND $6 > release_fetches.served
+                     THEN $6 ELSE release_fetches.served END,
+                 fetched_ms = CASE WHEN $5 <= release_fetches.served AND $6 >= $7
+                     THEN $8 ELSE release_fetches.fetched_ms END",
+            &[
+                &f.agent,
+                &f.version,
+                &(served as i64),
+                &fetched.map(|t| t as i64),
+                &(f.first as i64),
+                &(f.end as i64),
+                &(f.size as i64),
+                &(f.now_ms as i64),
+            ],
+        )
+        .await
+        .map(drop)
+        .map_err(self.err())
+    }
+
+    async fn fetches(&self, version: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        let conn = self.conn().await?;
+        let rows = conn
+            .query(
+                "SELECT agent, fetched_ms FROM release_fetches
+                 WHERE version = $1 AND fetched_ms IS NOT NULL",
+                &[&version],
+            )
+            .await
+            .map_err(self.err())?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1).max(0) as u64))
+            .collect())
     }
 
     async fn take_lease(

@@ -120,6 +120,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     super::access::MIGRATION,
     // 11: an audit line that stands for many refusals alike.
     super::access::AUDIT_COUNT_MIGRATION,
+    // 12: which agent was served which release's artifact, for a rollout's evidence.
+    super::rollouts::FETCH_MIGRATION,
 ];
 
 /// Takes the next generation, never past [`MAX_GENERATION`] (no row then).

@@ -40,6 +40,7 @@ fn idle(version: &str) -> Seen {
         own_version: None,
         fresh: true,
         away_ms: 0,
+        fetched_ms: None,
     }
 }
 
@@ -97,7 +98,10 @@ fn abort_with_rollback(r: &mut RolloutRow) {
     r.wave = 0;
 }
 
+/// Served the artifact by the hub (later than any step of these tests), switched and
+/// committed.
 fn commit(s: &mut Seen) {
+    s.fetched_ms = Some(1 << 40);
     s.version = Some(V.into());
     s.upgrade = upgrade("committed", V, None);
 }
@@ -184,8 +188,9 @@ fn never_more_than_max_parallel_are_under_way() {
     commit(&mut seen[1]);
     run(&mut r, &mut m, &mut seen, 2, None);
     assert_eq!(states(&m), [GIVEN, COMMITTED, GIVEN, PENDING, PENDING]);
-    // A member already on the version takes no place.
+    // A member already on the version (the hub served it the artifact) takes no place.
     seen[4] = idle(V);
+    seen[4].fetched_ms = Some(0);
     run(&mut r, &mut m, &mut seen, 3, None);
     assert_eq!(states(&m), [GIVEN, COMMITTED, GIVEN, PENDING, COMMITTED]);
 }
@@ -461,4 +466,58 @@ fn a_whole_fleet_rollout_leaves_the_fleets_version_alone_while_another_holds_age
     let s = step(&r, &m, &seen, &other);
     assert_eq!(s.moved, Some((DONE.into(), None)));
     assert!(s.before.is_empty(), "{s:?}");
+}
+
+#[test]
+fn a_members_word_alone_counts_for_nothing_and_holds_its_wave_up() {
+    let (mut r, mut m, mut seen) = rollout(&[1, 1, 1]);
+    run(&mut r, &mut m, &mut seen, 11_000, None);
+    // The canary says it committed, never having fetched the artifact: not counted.
+    seen[0].version = Some(V.into());
+    seen[0].upgrade = upgrade("committed", V, None);
+    let s = run(&mut r, &mut m, &mut seen, 12_000, None);
+    assert_eq!(states(&m), [GIVEN, PENDING, PENDING]);
+    assert_eq!(s.unproven, ["a0"]);
+    assert_eq!(m[0].error.as_deref(), Some(UNPROVEN));
+    // A fetch from before it was given the version is no evidence either.
+    seen[0].fetched_ms = Some(11_000 - CLOCK_SKEW_MS - 1);
+    run(&mut r, &mut m, &mut seen, 13_000, None);
+    assert_eq!(states(&m), [GIVEN, PENDING, PENDING]);
+    // Served it after: its commit counts, and the next wave starts.
+    seen[0].fetched_ms = Some(12_500);
+    run(&mut r, &mut m, &mut seen, 14_000, None);
+    assert_eq!(states(&m), [COMMITTED, GIVEN, PENDING]);
+    // A member that says it runs the version before it is offered is given it like any
+    // other, and counts only with the evidence.
+    seen[2] = idle(V);
+    commit(&mut seen[1]);
+    let s = run(&mut r, &mut m, &mut seen, 15_000, None);
+    assert_eq!(states(&m), [COMMITTED, COMMITTED, GIVEN]);
+    let s = if s.unproven.is_empty() {
+        run(&mut r, &mut m, &mut seen, 16_000, None)
+    } else {
+        s
+    };
+    assert_eq!(s.unproven, ["a2"]);
+    assert_eq!(r.state, RUNNING);
+}
+
+#[test]
+fn a_member_that_stops_running_the_version_during_its_soak_has_failed() {
+    let (mut r, mut m, mut seen) = rollout(&[1, 1]);
+    r.soak_ms = 10_000;
+    run(&mut r, &mut m, &mut seen, 1_000, None);
+    commit(&mut seen[0]);
+    run(&mut r, &mut m, &mut seen, 2_000, None);
+    assert_eq!(states(&m), [COMMITTED, PENDING]);
+    // It runs the old version again (restored by hand, say) before the soak is over.
+    seen[0] = idle(OLD);
+    run(&mut r, &mut m, &mut seen, 12_500, None);
+    assert_eq!(states(&m), [FAILED, PENDING]);
+    assert!(
+        m[0].error
+            .as_deref()
+            .is_some_and(|e| e.contains("during its wave's soak")),
+        "{m:?}"
+    );
 }
