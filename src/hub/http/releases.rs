@@ -419,18 +419,16 @@ pub(super) async fn download<S: Store>(
         .map_err(|e| internal(format!("could not read {}", path.display()), &e))?;
     let length = last + 1 - first;
     let file = tokio::fs::File::from_std(file);
-    // Once every byte asked for is read for the connection, the agent is served them: a
-    // rollout's evidence that it fetched the version (docs/hub.md, "Rollouts").
+    // Once the artifact's last byte is read for the connection (the whole, or the range
+    // that ends a download resumed after an interruption, a hub's restart included), the
+    // agent has fetched the version: a rollout's evidence (docs/hub.md, "Rollouts").
     let served = Fetch {
         agent: q.agent.clone(),
         version: v.clone(),
-        first,
-        end: last + 1,
-        size,
         now_ms: 0,
     };
-    let fleet = hub.fleet.clone();
-    let state = (file, length, Some((fleet, served)));
+    let to_end = last + 1 >= size;
+    let state = (file, length, to_end.then(|| (hub.fleet.clone(), served)));
     let stream = futures_util::stream::unfold(state, |(mut file, left, mut done)| async move {
         if left == 0 {
             return None;
@@ -448,9 +446,11 @@ pub(super) async fn download<S: Store>(
                 buf.truncate(n);
                 let left = left - n as u64;
                 // The last bytes read (hyper stops asking once Content-Length is met).
-                if let (0, Some((fleet, mut served))) = (left, done.take()) {
-                    served.now_ms = crate::util::unix_now_ms();
-                    fleet.record_fetch(served).await;
+                if left == 0 {
+                    if let Some((fleet, mut served)) = done.take() {
+                        served.now_ms = crate::util::unix_now_ms();
+                        fleet.record_fetch(served).await;
+                    }
                 }
                 Some((Ok(bytes::Bytes::from(buf)), (file, left, done)))
             }

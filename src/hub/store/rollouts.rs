@@ -49,37 +49,22 @@ pub(crate) const MIGRATION: &str = "INSERT INTO meta (key, value) VALUES ('rollo
         expires_ms BIGINT NOT NULL
     );";
 
-/// The migration that keeps which agent was served which release's artifact, whole, and
-/// when: a rollout counts a member's commit only on that evidence (portable SQL).
+/// The migration that keeps when each agent was last served each release's artifact to
+/// its end: a rollout counts a member's commit only on that evidence (portable SQL).
 pub(crate) const FETCH_MIGRATION: &str = "CREATE TABLE release_fetches (
         agent TEXT NOT NULL,
         version TEXT NOT NULL,
-        served BIGINT NOT NULL,
-        fetched_ms BIGINT,
+        fetched_ms BIGINT NOT NULL,
         PRIMARY KEY (agent, version)
     );";
 
-/// Bytes `first..end` of release `version`'s artifact (`size` bytes) served to `agent`,
-/// with its own token, at `now_ms`.
+/// Release `version`'s artifact served to `agent`, with its own token, to its last
+/// byte, at `now_ms`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Fetch {
     pub(crate) agent: String,
     pub(crate) version: String,
-    pub(crate) first: u64,
-    pub(crate) end: u64,
-    pub(crate) size: u64,
     pub(crate) now_ms: u64,
-}
-
-impl Fetch {
-    /// What a first row for it holds: the bytes served from the start, and the time the
-    /// artifact was served whole, if it was.
-    pub(crate) fn first_row(&self) -> (u64, Option<u64>) {
-        if self.first > 0 {
-            return (0, None);
-        }
-        (self.end, (self.end >= self.size).then_some(self.now_ms))
-    }
 }
 
 pub(crate) const ROLLOUT_COLUMNS: &str = "id, seq, version, selector, waves, soak_ms, max_parallel,
@@ -216,12 +201,10 @@ pub(crate) trait RolloutStore: Send + Sync + 'static {
         p: &Progress,
     ) -> impl Future<Output = Result<Recorded, StoreError>> + Send;
 
-    /// Records bytes of an artifact served to an agent: they extend what it was served
-    /// from the start (a range past it is not counted), and once that is the whole
-    /// artifact, the time is the agent's fetch of the version.
+    /// Records an agent's fetch of a release's artifact (the latest one is kept).
     fn record_fetch(&self, f: &Fetch) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// When each agent was last served release `version`'s artifact whole.
+    /// When each agent was last served release `version`'s artifact.
     fn fetches(
         &self,
         version: &str,

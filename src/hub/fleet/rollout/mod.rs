@@ -210,7 +210,7 @@ impl<S: Store> Fleet<S> {
     }
 
     /// What is seen of each member's agent now, with when each was last served
-    /// `version`'s artifact whole.
+    /// `version`'s artifact to its last byte.
     async fn seen_with_fetches(
         &self,
         version: &str,

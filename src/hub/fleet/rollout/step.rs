@@ -50,7 +50,7 @@ pub(crate) struct Seen {
     pub(crate) fresh: bool,
     /// How long since it was last seen, when it is not connected (ms).
     pub(crate) away_ms: u64,
-    /// When the hub last served it the rollout's version's artifact whole.
+    /// When the hub last served it the rollout's version's artifact to its last byte.
     pub(crate) fetched_ms: Option<u64>,
 }
 

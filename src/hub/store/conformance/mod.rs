@@ -141,7 +141,7 @@ async fn every_case<B: Backend>(mut fresh: impl FnMut() -> B) {
     a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_listed(&fresh()).await;
     a_write_from_an_older_copy_never_undoes_an_end(&fresh()).await;
     rollouts_hold_their_agents_and_move_only_from_the_state_read(&fresh()).await;
-    an_agents_fetch_of_a_release_counts_only_from_its_first_byte(&fresh()).await;
+    the_latest_fetch_of_a_release_is_kept_per_agent(&fresh()).await;
     an_enrolment_token_enrols_as_many_hosts_as_it_may_and_never_takes_an_id(&fresh()).await;
     a_token_is_revoked_even_when_its_row_no_longer_reads(&fresh()).await;
     admin_tokens_audit_and_rotation_are_kept(&fresh()).await;
@@ -770,54 +770,24 @@ async fn rollouts_hold_their_agents_and_move_only_from_the_state_read(b: &impl B
     assert_eq!(store.get_rollout("r9").await.expect("get"), None);
 }
 
-async fn an_agents_fetch_of_a_release_counts_only_from_its_first_byte(b: &impl Backend) {
+async fn the_latest_fetch_of_a_release_is_kept_per_agent(b: &impl Backend) {
     use crate::hub::store::rollouts::Fetch;
     let store = b.open().await;
-    let fetch = |agent: &str, first: u64, end: u64, now_ms: u64| Fetch {
-        agent: agent.into(),
-        version: "2.0.0".into(),
-        first,
-        end,
-        size: 100,
-        now_ms,
-    };
-    // Only the tail: nothing counted, whatever comes after it.
-    store
-        .record_fetch(&fetch("a", 90, 100, 1))
-        .await
-        .expect("tail");
-    store
-        .record_fetch(&fetch("a", 50, 100, 2))
-        .await
-        .expect("middle");
-    // Resumed from where it stopped, to the end: fetched then.
-    store
-        .record_fetch(&fetch("b", 0, 40, 3))
-        .await
-        .expect("head");
-    store
-        .record_fetch(&fetch("b", 60, 100, 4))
-        .await
-        .expect("gap");
-    store
-        .record_fetch(&fetch("b", 40, 100, 5))
-        .await
-        .expect("rest");
-    // Whole, twice: the later one.
-    store
-        .record_fetch(&fetch("c", 0, 100, 6))
-        .await
-        .expect("whole");
-    store
-        .record_fetch(&fetch("c", 0, 100, 7))
-        .await
-        .expect("again");
-    store
-        .record_fetch(&fetch("a", 0, 10, 8))
-        .await
-        .expect("a's head");
+    for (agent, version, now_ms) in [
+        ("a", "2.0.0", 5),
+        ("b", "2.0.0", 6),
+        ("a", "2.0.0", 9),
+        ("a", "3.0.0", 7),
+    ] {
+        let f = Fetch {
+            agent: agent.into(),
+            version: version.into(),
+            now_ms,
+        };
+        store.record_fetch(&f).await.expect("record");
+    }
     let mut got = store.fetches("2.0.0").await.expect("fetches");
     got.sort();
-    assert_eq!(got, [("b".to_owned(), 5), ("c".to_owned(), 7)]);
+    assert_eq!(got, [("a".to_owned(), 9), ("b".to_owned(), 6)]);
     assert!(store.fetches("9.9.9").await.expect("none").is_empty());
 }

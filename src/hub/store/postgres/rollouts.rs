@@ -285,26 +285,11 @@ impl RolloutStore for PgStore {
     }
 
     async fn record_fetch(&self, f: &Fetch) -> Result<(), StoreError> {
-        let (served, fetched) = f.first_row();
         let conn = self.conn().await?;
         conn.execute(
-            "INSERT INTO release_fetches (agent, version, served, fetched_ms)
-             VALUES ($1, $2, $3, $4)
-             ON CONFLICT (agent, version) DO UPDATE SET
-                 served = CASE WHEN $5 <= release_fetches.served AND $6 > release_fetches.served
-                     THEN $6 ELSE release_fetches.served END,
-                 fetched_ms = CASE WHEN $5 <= release_fetches.served AND $6 >= $7
-                     THEN $8 ELSE release_fetches.fetched_ms END",
-            &[
-                &f.agent,
-                &f.version,
-                &(served as i64),
-                &fetched.map(|t| t as i64),
-                &(f.first as i64),
-                &(f.end as i64),
-                &(f.size as i64),
-                &(f.now_ms as i64),
-            ],
+            "INSERT INTO release_fetches (agent, version, fetched_ms) VALUES ($1, $2, $3)
+             ON CONFLICT (agent, version) DO UPDATE SET fetched_ms = excluded.fetched_ms",
+            &[&f.agent, &f.version, &(f.now_ms as i64)],
         )
         .await
         .map(drop)
@@ -315,8 +300,7 @@ impl RolloutStore for PgStore {
         let conn = self.conn().await?;
         let rows = conn
             .query(
-                "SELECT agent, fetched_ms FROM release_fetches
-                 WHERE version = $1 AND fetched_ms IS NOT NULL",
+                "SELECT agent, fetched_ms FROM release_fetches WHERE version = $1",
                 &[&version],
             )
             .await

@@ -255,25 +255,10 @@ impl RolloutStore for SqliteStore {
     async fn record_fetch(&self, f: &Fetch) -> Result<(), StoreError> {
         let f = f.clone();
         self.with(move |conn, path| {
-            let (served, fetched) = f.first_row();
             conn.execute(
-                "INSERT INTO release_fetches (agent, version, served, fetched_ms)
-                 VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (agent, version) DO UPDATE SET
-                     served = CASE WHEN ?5 <= release_fetches.served AND ?6 > release_fetches.served
-                         THEN ?6 ELSE release_fetches.served END,
-                     fetched_ms = CASE WHEN ?5 <= release_fetches.served AND ?6 >= ?7
-                         THEN ?8 ELSE release_fetches.fetched_ms END",
-                params![
-                    f.agent,
-                    f.version,
-                    served as i64,
-                    fetched.map(|t| t as i64),
-                    f.first as i64,
-                    f.end as i64,
-                    f.size as i64,
-                    f.now_ms as i64
-                ],
+                "INSERT INTO release_fetches (agent, version, fetched_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (agent, version) DO UPDATE SET fetched_ms = excluded.fetched_ms",
+                params![f.agent, f.version, f.now_ms as i64],
             )
             .map(drop)
             .map_err(sql(path))
@@ -284,17 +269,14 @@ impl RolloutStore for SqliteStore {
     async fn fetches(&self, version: &str) -> Result<Vec<(String, u64)>, StoreError> {
         let version = version.to_owned();
         self.with(move |conn, path| {
-            conn.prepare(
-                "SELECT agent, fetched_ms FROM release_fetches
-                 WHERE version = ?1 AND fetched_ms IS NOT NULL",
-            )
-            .and_then(|mut s| {
-                s.query_map(params![version], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
-                })?
-                .collect()
-            })
-            .map_err(sql(path))
+            conn.prepare("SELECT agent, fetched_ms FROM release_fetches WHERE version = ?1")
+                .and_then(|mut s| {
+                    s.query_map(params![version], |r| {
+                        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+                    })?
+                    .collect()
+                })
+                .map_err(sql(path))
         })
         .await
     }
