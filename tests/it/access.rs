@@ -473,7 +473,7 @@ fn rights_never_grow_by_delegation_and_a_revoked_id_is_never_taken_over() {
         .all(|l| l["target"] != "-" || !l["action"].as_str().is_some_and(|a| a.contains('{'))));
 }
 
-/// `curl -i` with `token` as the bearer: the status and the `Retry-After` it gave.
+/// A request with `token` as the bearer: the status and the `Retry-After` it gave.
 fn status_of(
     hub: &TestHub,
     method: &str,
@@ -481,33 +481,11 @@ fn status_of(
     token: &str,
     body: Option<&str>,
 ) -> (u16, Option<String>) {
-    let mut cmd = std::process::Command::new("curl");
-    cmd.args([
-        "-sS",
-        "-i",
-        "-o",
-        "-",
-        "--max-time",
-        "10",
-        "-X",
-        method,
-        "--cacert",
-    ])
-    .arg(hub.ca())
-    .args(["-H", &format!("Authorization: Bearer {token}")]);
-    if let Some(b) = body {
-        cmd.args(["-H", "Content-Type: application/json", "--data-raw", b]);
+    let mut headers = vec![format!("Authorization: Bearer {token}")];
+    if body.is_some() {
+        headers.push("Content-Type: application/json".into());
     }
-    let out = cmd
-        .arg(format!("{}{path}", hub.url))
-        .output()
-        .expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
+    let (code, text) = hub.curl_head(method, path, &headers, body);
     let retry = text
         .lines()
         .find_map(|l| l.strip_prefix("retry-after: "))

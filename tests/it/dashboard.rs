@@ -197,25 +197,9 @@ fn an_operator_follows_the_fleet_a_live_job_and_a_rollout_in_a_real_browser() {
 
 const LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// A login POST made with curl: `headers` sent, the status and the session cookie set.
+/// A login POST with `headers`: the status and the session cookie set.
 fn post_login(hub: &TestHub, headers: &[String], body: &str) -> (u16, Option<String>) {
-    let mut cmd = Command::new("curl");
-    cmd.args(["-sS", "-i", "-o", "-", "--max-time", "10", "--cacert"])
-        .arg(hub.ca());
-    for h in headers {
-        cmd.args(["-H", h]);
-    }
-    let out = cmd
-        .args(["--data-raw", body])
-        .arg(format!("{}/ui/login", hub.url))
-        .output()
-        .expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
+    let (code, text) = hub.curl_head("POST", "/ui/login", headers, Some(body));
     let session = text
         .lines()
         .filter_map(|l| l.strip_prefix("set-cookie: railgrid_session="))
@@ -225,13 +209,7 @@ fn post_login(hub: &TestHub, headers: &[String], body: &str) -> (u16, Option<Str
 
 /// The login form's CSRF cookie and value, as a browser gets them.
 fn login_form(hub: &TestHub) -> (String, String) {
-    let out = Command::new("curl")
-        .args(["-sS", "-i", "--max-time", "10", "--cacert"])
-        .arg(hub.ca())
-        .arg(format!("{}/ui/login", hub.url))
-        .output()
-        .expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (_, text) = hub.curl_head("GET", "/ui/login", &[], None);
     let cookie = text
         .lines()
         .find_map(|l| l.strip_prefix("set-cookie: "))

@@ -32,6 +32,7 @@ mod listen;
 mod rollouts;
 mod rows;
 mod tls;
+mod tx;
 
 pub(crate) use self::copy::CopyTarget;
 use self::listen::{Listener, Seen};
@@ -39,6 +40,7 @@ use self::rows::*;
 pub(crate) use self::tls::redact;
 use self::tls::{split_root_cert, tls_config, Tls};
 use super::sqlite::{parse_settings, MIGRATIONS};
+use self::tx::{next_generation, notify, snapshot};
 use super::{
     merge_labels, plan_append, AgentRow, AgentSnapshot, AppendPlan, Appended, Assigned, Assignment,
     Enrol, Event, FleetSnapshot, HaltRow, JobFilter, JobProgress, JobRow, JobStore, Labels,
@@ -436,43 +438,6 @@ impl PgStore {
     }
 }
 
-/// A read-only transaction that sees one snapshot; rolled back if dropped (a pooled
-/// connection never goes back to the pool inside it).
-async fn snapshot(
-    conn: &mut Object,
-) -> Result<deadpool_postgres::Transaction<'_>, tokio_postgres::Error> {
-    conn.build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await
-}
-
-/// Tells the other hubs, on commit.
-async fn notify(
-    tx: &deadpool_postgres::Transaction<'_>,
-    payload: &str,
-) -> Result<(), tokio_postgres::Error> {
-    tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &payload])
-        .await
-        .map(drop)
-}
-
-async fn next_generation(
-    tx: &deadpool_postgres::Transaction<'_>,
-    url: &str,
-) -> Result<u64, StoreError> {
-    let err = |source| StoreError::Postgres {
-        url: url.to_owned(),
-        source,
-    };
-    let row = tx
-        .query_opt(NEXT_GENERATION, &[&(MAX_GENERATION as i64)])
-        .await
-        .map_err(err)?;
-    row.map(|r| u64_of(r.get(0)))
-        .ok_or_else(|| StoreError::GenerationsExhausted(url.to_owned()))
-}
 
 /// The next number of the counter `key` in `meta` (jobs, rollouts, enrolment tokens,
 /// audit lines). Its row stays locked until the transaction ends: two replicas take turns.
