@@ -18,15 +18,16 @@ make_work authflood
 serve_hub "$BIN"
 trap 'kill -TERM $hub 2>/dev/null; wait $hub 2>/dev/null; rm -rf "$WORK"' EXIT
 hub_url
+# The database and its write-ahead log (SQLite reuses the log's pages once checkpointed).
 db_bytes() { cat "$WORK"/hub/hub.db* 2>/dev/null | wc -c; }
 "$BIN" hub --data-dir "$WORK/hub" agent list >/dev/null
 before=$(db_bytes)
-urls=$(for _ in $(seq "$PER"); do printf '%s/v1/admin/agents ' "$URL"; done)
+urls=$(for _ in $(seq "$PER"); do printf -- '-o /dev/null %s/v1/admin/agents ' "$URL"; done)
 export URL WORK urls
 start=$(date +%s.%N)
 seq 0 $((SOURCES - 1)) | xargs -P 8 -I{} bash -c '
   n={}; addr="127.0.$((n / 250 + 1)).$((n % 250 + 2))"
-  curl -sS --cacert "$WORK/hub/ca.pem" --interface "$addr" -o /dev/null -w "%{http_code}\n" \
+  curl -sS --cacert "$WORK/hub/ca.pem" --interface "$addr" -w "%{http_code}\n" \
     -H "Authorization: Bearer rgh_wrong" $urls' >"$WORK/codes"
 end=$(date +%s.%N)
 # An admin with the right token, right after the flood.
