@@ -39,8 +39,8 @@ use self::listen::{Listener, Seen};
 use self::rows::*;
 pub(crate) use self::tls::redact;
 use self::tls::{split_root_cert, tls_config, Tls};
-use super::sqlite::{parse_settings, MIGRATIONS};
 use self::tx::{next_generation, notify, snapshot};
+use super::sqlite::{parse_settings, MIGRATIONS};
 use super::{
     merge_labels, plan_append, AgentRow, AgentSnapshot, AppendPlan, Appended, Assigned, Assignment,
     Enrol, Event, FleetSnapshot, HaltRow, JobFilter, JobProgress, JobRow, JobStore, Labels,
@@ -437,7 +437,6 @@ impl PgStore {
         tx.commit().await.map_err(&e)
     }
 }
-
 
 /// The next number of the counter `key` in `meta` (jobs, rollouts, enrolment tokens,
 /// audit lines). Its row stays locked until the transaction ends: two replicas take turns.
