@@ -33,6 +33,11 @@ need setpriv util-linux
 need prlimit util-linux
 need bash bash
 need perl perl-base
+# Sandboxed jobs build for real (git, make), and a runner whose kernel refuses user
+# namespaces is made with bubblewrap's --disable-userns.
+need git git
+need make make
+need bwrap bubblewrap
 # Release signing interoperates with the minisign tool.
 need minisign minisign
 # Upgrade tests strip the binary they copy and mount a small tmpfs.
@@ -70,6 +75,10 @@ bench_need runsv runit
 bench_need supervisord supervisor
 bench_need etcd etcd-server
 bench_need protoc protobuf-compiler libprotobuf-dev
+# bench/sandbox.sh beside bubblewrap (a test prerequisite already) and podman, whose
+# default runtime (crun) refuses a hybrid cgroup layout: runc.
+bench_need podman podman
+bench_need runc runc
 
 if [ "${#missing[@]}" -eq 0 ]; then
     echo "every test prerequisite is installed"

@@ -26,6 +26,10 @@ pub(crate) const RUNNER_MAX_OUTPUT_BYTES: &str = "RAILGRID_RUNNER_MAX_OUTPUT_BYT
 pub(crate) const RUNNER_DELEGATE_CGROUP: &str = "RAILGRID_RUNNER_DELEGATE_CGROUP";
 pub(crate) const RUNNER_JOB_PATH: &str = "RAILGRID_RUNNER_JOB_PATH";
 pub(crate) const RUNNER_MAX_KEPT_BYTES: &str = "RAILGRID_RUNNER_MAX_KEPT_BYTES";
+pub(crate) const RUNNER_SANDBOX: &str = "RAILGRID_RUNNER_SANDBOX";
+pub(crate) const RUNNER_SANDBOX_SHARED: &str = "RAILGRID_RUNNER_SANDBOX_SHARED";
+pub(crate) const RUNNER_SANDBOX_TMP_SIZE: &str = "RAILGRID_RUNNER_SANDBOX_TMP_SIZE";
+pub(crate) const RUNNER_SANDBOX_ALLOW_SYSCALLS: &str = "RAILGRID_RUNNER_SANDBOX_ALLOW_SYSCALLS";
 pub(crate) const HUB_URL: &str = "RAILGRID_HUB_URL";
 /// `text` or `json`: how `agent run`, `runner run` and `hub serve` (and every other
 /// command) write their log lines.

@@ -70,6 +70,32 @@ pub struct RunnerArgs {
     /// fork) or `fork` (always fork and exec).
     #[arg(long, value_enum, default_value_t = JobLaunch::Auto)]
     pub job_launch: JobLaunch,
+    /// A sandbox for every job (namespaces, private /tmp, the host read-only, seccomp):
+    /// `auto` where the kernel allows it, `required` (jobs are refused where it does
+    /// not), or `off` (the agent passes runner.sandbox).
+    #[arg(long, value_enum, default_value_t = SandboxFlag::Auto)]
+    pub sandbox: SandboxFlag,
+    /// A directory every sandboxed job may write, shared between jobs (a compiler
+    /// cache, say); repeatable (runner.sandbox_shared).
+    #[arg(long, value_name = "DIR")]
+    pub sandbox_shared: Vec<PathBuf>,
+    /// The size of each sandboxed job's private /tmp and /var/tmp.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::runner::sandbox::DEFAULT_TMP_BYTES)]
+    pub sandbox_tmp_size: u64,
+    /// The size of each sandboxed job's /dev/shm.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::runner::sandbox::DEFAULT_SHM_BYTES)]
+    pub sandbox_shm_size: u64,
+    /// A system call to take off the sandbox's seccomp deny list (repeatable;
+    /// docs/security.md lists them).
+    #[arg(long, value_name = "NAME")]
+    pub sandbox_allow_syscall: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SandboxFlag {
+    Auto,
+    Required,
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

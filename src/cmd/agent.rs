@@ -277,6 +277,7 @@ pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
                 "bytes": h.kept_bytes,
                 "max_bytes": h.max_kept_bytes,
             });
+            value["runner"]["sandbox"] = h.sandbox.clone().into();
         }
         print_stdout(&serde_json::to_string_pretty(&value)?)?;
     } else {
@@ -291,6 +292,7 @@ pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
                 super::job::mib(h.kept_bytes),
                 super::job::mib(h.max_kept_bytes)
             ));
+            text.push_str(&format!("\nsandbox:    {} (runner.sandbox)", h.sandbox));
         }
         print_stdout(&text)?;
     }
@@ -304,7 +306,7 @@ pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// What the runner's finished jobs keep, from its health, where this account may reach its
+/// What the runner's finished jobs keep and its sandbox, from its health, where this account may reach its
 /// socket (root, or the runner's account) within a second; `None` otherwise.
 fn runner_kept(state_dir: &std::path::Path) -> Option<crate::proto::health::Health> {
     let socket = crate::runner::Paths::new(state_dir).socket;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use super::usage;
 use crate::cli::{ReapArgs, RunnerArgs};
 use crate::runner::engine::EngineConfig;
+use crate::runner::sandbox::SandboxMode;
 use crate::runner::{self, RunnerError};
 
 pub(super) fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
@@ -30,6 +31,17 @@ pub(super) fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
             .transpose()
             .map_err(|m| usage(anyhow::anyhow!("--job-path: {m}")))?,
         force_fork: args.job_launch == crate::cli::JobLaunch::Fork,
+        sandbox: crate::runner::sandbox::SandboxConfig {
+            mode: match args.sandbox {
+                crate::cli::SandboxFlag::Auto => SandboxMode::Auto,
+                crate::cli::SandboxFlag::Required => SandboxMode::Required,
+                crate::cli::SandboxFlag::Off => SandboxMode::Off,
+            },
+            shared: args.sandbox_shared,
+            tmp_bytes: args.sandbox_tmp_size,
+            shm_bytes: args.sandbox_shm_size,
+            allow_syscalls: args.sandbox_allow_syscall,
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

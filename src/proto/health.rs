@@ -20,6 +20,10 @@ pub struct Health {
     /// What keeps jobs away from the runner: `landlock+signals`, `landlock` or `none`.
     #[serde(default)]
     pub isolation: String,
+    /// What keeps jobs away from each other and the host: `namespaces+seccomp` (a sandbox
+    /// for every job), or `none: why` (`runner.sandbox`, docs/security.md).
+    #[serde(default)]
+    pub sandbox: String,
     /// Job state changes held in memory because the job database could not take them (a
     /// full disk); written as soon as it can.
     #[serde(default)]

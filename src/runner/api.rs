@@ -146,6 +146,9 @@ impl From<EngineError> for ApiError {
             EngineError::Draining { .. } => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "draining", message)
             }
+            EngineError::NoSandbox { .. } => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "no_sandbox", message)
+            }
             EngineError::Drain(super::engine::DrainError::Invalid(_)) => {
                 Self::new(StatusCode::BAD_REQUEST, "invalid_drain", message)
             }
@@ -283,6 +286,7 @@ async fn health(State(api): State<Api>) -> Json<Health> {
         jobs_queued: queued as u64,
         confinement: api.engine.confinement().to_owned(),
         isolation: api.engine.isolation().to_owned(),
+        sandbox: api.engine.sandbox(),
         commits_pending: api.engine.commits_pending() as u64,
         reconciling: api.engine.reconciling() > 0,
         leftovers: api.engine.reconciling() as u64,

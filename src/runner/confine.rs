@@ -56,6 +56,8 @@ const CPU_PERIOD_US: u64 = 100_000;
 pub struct Tiers<'a> {
     pub cgroups: Option<&'a CgroupTier>,
     pub fs: Option<&'a FsGuard>,
+    /// The sandbox, held or not (it says which).
+    pub sandbox: Option<&'a crate::runner::sandbox::Sandboxing>,
 }
 
 /// The cgroup tier, when the runner's cgroup is delegated to it.
@@ -411,6 +413,18 @@ impl FsGuard {
         for dir in std::iter::once(workspace).chain(cwd) {
             ruleset.allow(std::os::fd::AsFd::as_fd(dir), true)?;
         }
+        Ok(ruleset)
+    }
+
+    /// The ruleset of a sandboxed job: its whole root, from `/` down. The sandbox itself
+    /// keeps the runner's directory out of it (a tmpfs over it, but for the job's own
+    /// workspace); what Landlock still adds is its scoping of signals and abstract Unix
+    /// sockets (ABI 6).
+    pub fn ruleset_sandboxed(&self) -> io::Result<Ruleset> {
+        use std::os::fd::AsFd;
+        let mut ruleset = Ruleset::new(self.abi)?;
+        let (root, _) = open_entry(Path::new("/"))?;
+        ruleset.allow(root.as_fd(), true)?;
         Ok(ruleset)
     }
 

@@ -22,6 +22,9 @@ pub mod job;
 pub mod leftover;
 pub(crate) mod metrics;
 pub mod process;
+pub mod sandbox;
+#[cfg(target_os = "linux")]
+mod seccomp;
 pub mod serve;
 pub mod spec;
 pub mod store;

@@ -12,6 +12,8 @@ pub enum JobProcess {
         pid: ProcessId,
         fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
         status: Option<ExitStatus>,
+        /// A sandbox's PID 1 (which `pid` is): the job's own status comes from it.
+        init: Option<crate::sys::sandbox::Init>,
     },
     Std(tokio::process::Child),
 }
@@ -20,12 +22,16 @@ impl JobProcess {
     #[cfg(target_os = "linux")]
     /// A process that cannot be watched is not left running: its group is killed and it is
     /// reaped before the error returns.
-    pub fn from_launched(l: crate::sys::launch::Launched) -> io::Result<Self> {
+    pub fn from_launched(
+        l: crate::sys::launch::Launched,
+        init: Option<crate::sys::sandbox::Init>,
+    ) -> io::Result<Self> {
         match crate::sys::launch::watch_pidfd(l.pidfd) {
             Ok(fd) => Ok(JobProcess::Pidfd {
                 pid: l.pid,
                 fd,
                 status: None,
+                init,
             }),
             Err(e) => {
                 let _ = crate::sys::group::signal_group(l.pid, crate::sys::group::Sig::SIGKILL);
@@ -49,13 +55,24 @@ impl crate::proc_tree::Reapable for JobProcess {
     async fn wait(&mut self) -> io::Result<ExitStatus> {
         match self {
             #[cfg(target_os = "linux")]
-            JobProcess::Pidfd { pid, fd, status } => {
+            JobProcess::Pidfd {
+                pid,
+                fd,
+                status,
+                init,
+            } => {
                 use std::os::unix::process::ExitStatusExt;
                 loop {
                     if let Some(s) = status {
                         return Ok(*s);
                     }
                     if let Some(raw) = crate::sys::launch::reap(pid.get(), false)? {
+                        // A sandbox's PID 1 leaves the job's own status; killed before the
+                        // job ended, its own says how.
+                        let raw = init
+                            .as_ref()
+                            .and_then(crate::sys::sandbox::Init::job_status)
+                            .unwrap_or(raw);
                         *status = Some(ExitStatus::from_raw(raw));
                         continue;
                     }

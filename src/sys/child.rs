@@ -109,6 +109,16 @@ pub enum Step {
     Chdir,
     Landlock,
     Exec,
+    /// A sandbox's namespaces (`clone` with them, or the cgroup namespace).
+    Namespaces,
+    /// A sandbox's uid and gid maps.
+    IdMaps,
+    /// A mount of a sandbox's file system.
+    Mounts,
+    PivotRoot,
+    Hostname,
+    NoNewPrivs,
+    Seccomp,
 }
 
 impl Step {
@@ -125,6 +135,13 @@ impl Step {
             6 => Step::Chdir,
             7 => Step::Landlock,
             8 => Step::Exec,
+            9 => Step::Namespaces,
+            10 => Step::IdMaps,
+            11 => Step::Mounts,
+            12 => Step::PivotRoot,
+            13 => Step::Hostname,
+            14 => Step::NoNewPrivs,
+            15 => Step::Seccomp,
             _ => Step::Clone,
         }
     }
@@ -141,6 +158,13 @@ impl std::fmt::Display for Step {
             Step::Chdir => "chdir to its working directory",
             Step::Landlock => "restrict itself to its Landlock ruleset",
             Step::Exec => "execve",
+            Step::Namespaces => "make its namespaces (user, mount, PID, IPC, UTS, cgroup)",
+            Step::IdMaps => "map its uid and gid in its user namespace",
+            Step::Mounts => "mount its file system",
+            Step::PivotRoot => "enter its own root (pivot_root)",
+            Step::Hostname => "set its hostname",
+            Step::NoNewPrivs => "set no_new_privs",
+            Step::Seccomp => "install its seccomp filter",
         })
     }
 }

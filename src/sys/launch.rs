@@ -76,58 +76,123 @@ struct Shared<'a> {
 
 const STACK_SIZE: usize = 64 * 1024;
 
+/// What a clone child reads of a [`LaunchSpec`] as raw pointers: the null-terminated
+/// argv and environment, the program candidates, and the stdio sources (copied above 2
+/// where one is itself 0, 1 or 2: the child moves them onto 0, 1 and 2, and a source could
+/// be overwritten before it is used). They borrow the spec and live as long as this.
+pub(super) struct Strings {
+    pub(super) programs: Vec<*const libc::c_char>,
+    pub(super) argv: Vec<*const libc::c_char>,
+    pub(super) env: Vec<*const libc::c_char>,
+    pub(super) stdio: [RawFd; 3],
+    _lifted: Vec<OwnedFd>,
+}
+
+impl Strings {
+    pub(super) fn new(spec: &LaunchSpec<'_>) -> io::Result<Self> {
+        let terminated = |all: &[CString]| -> Vec<*const libc::c_char> {
+            all.iter()
+                .map(|a| a.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        let mut lifted = Vec::new();
+        let mut stdio = [0; 3];
+        for (slot, fd) in [spec.stdin, spec.stdout, spec.stderr].iter().enumerate() {
+            stdio[slot] = if fd.as_raw_fd() < 3 {
+                // F_DUPFD_CLOEXEC from 3 up.
+                let high = fd.try_clone_to_owned()?;
+                let raw = high.as_raw_fd();
+                lifted.push(high);
+                raw
+            } else {
+                fd.as_raw_fd()
+            };
+        }
+        Ok(Self {
+            programs: spec.programs.iter().map(|p| p.as_ptr()).collect(),
+            argv: terminated(spec.argv),
+            env: terminated(spec.env),
+            stdio,
+            _lifted: lifted,
+        })
+    }
+}
+
+/// Every signal blocked on this thread for as long as it lives (around a clone: no handler
+/// of the runner may run in the child before it has reset them), the old mask back after.
+pub(super) struct BlockedSignals(libc::sigset_t);
+
+impl BlockedSignals {
+    pub(super) fn all() -> Self {
+        let mut all = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        // SAFETY: sigfillset initialises `all`; pthread_sigmask reads it and fills `old`.
+        unsafe {
+            libc::sigfillset(all.as_mut_ptr());
+            libc::pthread_sigmask(libc::SIG_SETMASK, all.as_ptr(), old.as_mut_ptr());
+            Self(old.assume_init())
+        }
+    }
+}
+
+impl Drop for BlockedSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `all`.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Tries each program in turn as execvp would: a path that is missing or not a directory
+/// on the way goes on to the next; any other refusal ends the search; "permission
+/// denied" wins if one was seen, so a program found but not executable is not reported
+/// as missing. Returns only on failure, with the errno to report.
+///
+/// # Safety
+/// Only in a child before exec, with `programs` (`len` of them), `argv` and `env` valid.
+pub(super) unsafe fn exec_first(
+    programs: *const *const libc::c_char,
+    len: usize,
+    argv: *const *const libc::c_char,
+    env: *const *const libc::c_char,
+) -> libc::c_int {
+    let mut denied = false;
+    for i in 0..len {
+        libc::execve(*programs.add(i), argv, env);
+        let errno = *libc::__errno_location();
+        if errno == libc::EACCES {
+            denied = true;
+        } else if errno != libc::ENOENT && errno != libc::ENOTDIR {
+            return errno;
+        }
+    }
+    if denied {
+        libc::EACCES
+    } else {
+        libc::ENOENT
+    }
+}
+
 /// Starts the process. Returns once it has exec'd (or failed to).
 pub fn launch(spec: &LaunchSpec<'_>) -> Result<Launched, LaunchError> {
     let fail = |step: Step| move |source: io::Error| LaunchError { step, source };
-    // Null-terminated pointer arrays; they borrow `spec` and outlive the child's use.
-    let argv: Vec<*const libc::c_char> = spec
-        .argv
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let env: Vec<*const libc::c_char> = spec
-        .env
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let programs: Vec<*const libc::c_char> = spec.programs.iter().map(|p| p.as_ptr()).collect();
-    // The child moves the stdio sources onto 0, 1 and 2; a source that is itself one of
-    // those could be overwritten before it is used, so it is first copied above them.
-    let mut lifted = Vec::new();
-    let mut stdio = [0; 3];
-    for (slot, fd) in [spec.stdin, spec.stdout, spec.stderr].iter().enumerate() {
-        stdio[slot] = if fd.as_raw_fd() < 3 {
-            // F_DUPFD_CLOEXEC from 3 up.
-            let high = fd.try_clone_to_owned().map_err(fail(Step::Stdio))?;
-            let raw = high.as_raw_fd();
-            lifted.push(high);
-            raw
-        } else {
-            fd.as_raw_fd()
-        };
-    }
+    let strings = Strings::new(spec).map_err(fail(Step::Stdio))?;
     let shared = Shared {
         spec,
-        programs: programs.as_ptr(),
-        programs_len: programs.len(),
-        argv: argv.as_ptr(),
-        env: env.as_ptr(),
-        stdio,
+        programs: strings.programs.as_ptr(),
+        programs_len: strings.programs.len(),
+        argv: strings.argv.as_ptr(),
+        env: strings.env.as_ptr(),
+        stdio: strings.stdio,
         step: AtomicI32::new(0),
         errno: AtomicI32::new(0),
     };
 
     let stack = Stack::new().map_err(fail(Step::Clone))?;
     let mut pidfd: libc::c_int = -1;
-    let mut all = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
-    let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
-    // SAFETY: sigfillset initialises `all`; pthread_sigmask reads it and fills `old`.
-    unsafe {
-        libc::sigfillset(all.as_mut_ptr());
-        libc::pthread_sigmask(libc::SIG_SETMASK, all.as_ptr(), old.as_mut_ptr());
-    }
+    let mask = BlockedSignals::all();
     // SAFETY: `child` runs on its own stack (`stack.top()`, valid until after the clone
     // returns, which with CLONE_VFORK is after the child exec'd or exited) and only reads
     // `shared`, which lives on this frame for as long. CLONE_PIDFD stores the pidfd in
@@ -142,12 +207,9 @@ pub fn launch(spec: &LaunchSpec<'_>) -> Result<Launched, LaunchError> {
         )
     };
     let clone_err = io::Error::last_os_error();
-    // SAFETY: restores the mask saved above.
-    unsafe {
-        libc::pthread_sigmask(libc::SIG_SETMASK, old.as_ptr(), std::ptr::null_mut());
-    }
+    drop(mask);
     drop(stack);
-    drop(lifted);
+    drop(strings);
     if pid < 0 {
         return Err(LaunchError {
             step: Step::Clone,
@@ -220,34 +282,25 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        // As execvp: a path that is missing or not a directory on the way goes on to the
-        // next; any other refusal is remembered, and "permission denied" wins if one was
-        // seen, so a program found but not executable is not reported as missing.
-        let mut denied = false;
-        for i in 0..sh.programs_len {
-            libc::execve(*sh.programs.add(i), sh.argv, sh.env);
-            let errno = *libc::__errno_location();
-            if errno == libc::EACCES {
-                denied = true;
-            } else if errno != libc::ENOENT && errno != libc::ENOTDIR {
-                return fail(Step::Exec);
-            }
-        }
-        // As the fork path: "not executable" if one was found but refused, else "not
-        // found" (an entry that is not a directory counts as not found, as for execvp).
-        *libc::__errno_location() = if denied { libc::EACCES } else { libc::ENOENT };
+        *libc::__errno_location() = exec_first(sh.programs, sh.programs_len, sh.argv, sh.env);
         fail(Step::Exec)
     }
 }
 
-/// The child's stack: mapped fresh, with a guard page below it.
-struct Stack {
+/// A child's stack: mapped fresh, with a guard page below it.
+#[derive(Debug)]
+pub(super) struct Stack {
     base: *mut libc::c_void,
     len: usize,
 }
 
+// SAFETY: the mapping is owned by this value alone; moving it to another thread moves
+// the ownership of the memory with it.
+unsafe impl Send for Stack {}
+unsafe impl Sync for Stack {}
+
 impl Stack {
-    fn new() -> io::Result<Self> {
+    pub(super) fn new() -> io::Result<Self> {
         let page = super::page_size();
         let len = STACK_SIZE + page;
         // SAFETY: an anonymous private mapping; checked for MAP_FAILED below.
@@ -273,7 +326,7 @@ impl Stack {
     }
 
     /// The highest address: stacks grow down on every architecture we build for.
-    fn top(&self) -> *mut libc::c_void {
+    pub(super) fn top(&self) -> *mut libc::c_void {
         // SAFETY: one past the end of our mapping, which is 16-byte aligned (page aligned).
         unsafe { self.base.cast::<u8>().add(self.len).cast() }
     }

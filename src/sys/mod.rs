@@ -19,6 +19,8 @@ pub mod memory;
 pub mod pipe;
 #[cfg(target_os = "linux")]
 pub mod procfs;
+#[cfg(target_os = "linux")]
+pub mod sandbox;
 pub mod spawn;
 pub mod start;
 

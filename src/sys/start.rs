@@ -71,6 +71,25 @@ pub struct Plan<'a> {
     pub landlock: Option<BorrowedFd<'a>>,
 }
 
+#[cfg(target_os = "linux")]
+impl Plan<'_> {
+    /// The plan as the clone paths read it.
+    fn spec(&self) -> super::launch::LaunchSpec<'_> {
+        super::launch::LaunchSpec {
+            programs: &self.programs,
+            argv: &self.argv,
+            env: &self.env,
+            cwd: self.cwd,
+            stdin: self.stdin.as_fd(),
+            stdout: self.stdout.as_fd(),
+            stderr: self.stderr.as_fd(),
+            limits: self.limits,
+            cgroup_procs: self.cgroup_procs,
+            landlock: self.landlock,
+        }
+    }
+}
+
 /// A started job process, leader of its own session and process group.
 pub enum Started {
     /// From the clone path: its pid and a pidfd to wait on.
@@ -113,24 +132,21 @@ pub fn start(plan: Plan<'_>, method: Method) -> Result<Started, StartError> {
     }
 }
 
+/// Starts the process of `plan` in a sandbox made as `sb` says (see `sys::sandbox`): its
+/// PID 1 (pid and pidfd), and what PID 1 leaves the job's status in.
+#[cfg(target_os = "linux")]
+pub fn start_sandboxed(
+    plan: Plan<'_>,
+    sb: &super::sandbox::Sandbox<'_>,
+) -> Result<(super::launch::Launched, super::sandbox::Init), super::sandbox::SandboxError> {
+    super::sandbox::launch(&plan.spec(), sb)
+}
+
 /// Without fork (see `sys::launch`): setsid, join the job's cgroup, rlimits, stdio,
 /// chdir, Landlock, exec.
 #[cfg(target_os = "linux")]
 fn clone_vfork(plan: Plan<'_>) -> Result<Started, StartError> {
-    use super::launch::{launch, LaunchSpec};
-    let launched = launch(&LaunchSpec {
-        programs: &plan.programs,
-        argv: &plan.argv,
-        env: &plan.env,
-        cwd: plan.cwd,
-        stdin: plan.stdin.as_fd(),
-        stdout: plan.stdout.as_fd(),
-        stderr: plan.stderr.as_fd(),
-        limits: plan.limits,
-        cgroup_procs: plan.cgroup_procs,
-        landlock: plan.landlock,
-    })
-    .map_err(|e| StartError {
+    let launched = super::launch::launch(&plan.spec()).map_err(|e| StartError {
         step: Some(e.step),
         source: e.source,
     })?;

@@ -38,7 +38,7 @@ fn an_operator_follows_the_fleet_a_live_job_and_a_rollout_in_a_real_browser() {
     let dir = tempdir();
     let (key, hub) = signed_hub(dir.path());
     hub.admin_ok(&["desired", "set", "--fleet", "--max-jobs", "1"]);
-    let member = start_member(&hub, "d1", "build");
+    let _member = start_member(&hub, "d1", "build");
 
     // A simulated agent in a rollout of its own (a real one would upgrade for real).
     let sim_token = read_lossy(&hub.enrol("s1")).trim().to_owned();
@@ -109,7 +109,7 @@ fn an_operator_follows_the_fleet_a_live_job_and_a_rollout_in_a_real_browser() {
     browser.screenshot(&shots().join("fleet.png"));
 
     // A job's output grows on its page while it runs; the state follows when it ends.
-    let marks = member.host.marks_dir();
+    let marks = hub.marks();
     let script = format!(
         "echo first-line; while [ ! -e {m}/go-live ]; do sleep 0.05; done; echo second-line",
         m = marks.display()

@@ -67,7 +67,7 @@ fn a_drain_keeps_running_jobs_whole_sends_new_work_elsewhere_and_cancels_at_its_
     let mut d1 = start_member(&hub, "d1", "build");
     let _d2 = start_member(&hub, "d2", "build");
     wait_ready(&hub, &["d1", "d2"]);
-    let marks = d1.host.marks_dir();
+    let marks = hub.marks();
 
     // A running job on d1, then the drain: it finishes, whole.
     submit_whole(&hub, &marks, "d1", "keep");

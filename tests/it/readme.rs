@@ -1,7 +1,8 @@
 //! The README, followed as written: every shell block marked `<!-- readme-test … -->` is
 //! run in order, as a reader would run it, with `/var/tmp/` moved into a directory of the
-//! test's own and the hub's port 7443 replaced by a free one (a reader's quick-start hub
-//! may still be running). `PATH` holds `~/.cargo/bin` and the system's directories only,
+//! test's own, `/srv/hello-src` into another one outside the scratch directories jobs get
+//! their own of, and the hub's port 7443 replaced by a free one (a reader's quick-start
+//! hub may still be running). `PATH` holds `~/.cargo/bin` and the system's directories only,
 //! and `railgrid` is in none of them until the block that installs it.
 //!
 //! Markers: `readme-test` (the block must exit 0), `readme-test: expect: TEXT` (and print
@@ -181,12 +182,21 @@ fn the_readme_works_as_written() {
     fs::set_permissions(root, fs::Permissions::from_mode(0o755)).expect("chmod");
     fs::create_dir(root.join("home")).expect("mkdir home");
     let var_tmp = format!("{}/", root.display());
+    // Where jobs see the host's own file system (read-only): not under /tmp.
+    fs::create_dir_all("/srv").expect("mkdir /srv");
+    let srv = tempfile::Builder::new()
+        .prefix("railgrid-readme")
+        .tempdir_in("/srv")
+        .expect("a directory in /srv");
+    fs::set_permissions(srv.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let hello_src = srv.path().join("hello-src");
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
         l.local_addr().expect("addr").port()
     };
     let reader = |text: &str| {
         text.replace("/var/tmp/", &var_tmp)
+            .replace("/srv/hello-src", &path_str(&hello_src))
             .replace("127.0.0.1:7443", &format!("127.0.0.1:{port}"))
     };
 

@@ -555,7 +555,8 @@ fn start_builder(host: &Host, id: &str, first: &TestHub, second: &TestHub) -> Gu
         "--label",
         "queue=build",
     ]);
-    cmd.stderr(Stdio::null());
+    cmd.env("RAILGRID_RUNNER_SANDBOX_SHARED", first.marks())
+        .stderr(Stdio::null());
     Guard::new(cmd.spawn().expect("spawn agent"))
 }
 
@@ -578,7 +579,7 @@ fn two_replicas_dispatch_one_queue_and_no_job_is_assigned_or_run_twice() {
         });
         (ready.count() == 2).then_some(())
     });
-    let marks = h1.marks_dir();
+    let marks = pair.a().marks();
     let ran = marks.join("ran");
     let script = format!("echo $0 >> {}", ran.display());
     // Submitted at once through both replicas, so that both dispatch from one queue.

@@ -31,6 +31,7 @@ pub(super) fn member_cmd(
     let token = hub.dir.with_file_name(format!("{id}.token"));
     let mut cmd = host.agent_cmd(&["--label", &format!("queue={queue}")]);
     cmd.args(hub.link(id, &token))
+        .env("RAILGRID_RUNNER_SANDBOX_SHARED", hub.marks())
         .stderr(std::process::Stdio::null());
     cmd
 }
@@ -143,7 +144,7 @@ fn selected_jobs_reach_only_matching_agents_with_room_in_priority_order_and_surv
     ];
     let ids: Vec<&str> = members.iter().map(|m| m.id).collect();
     wait_ready(&hub, &ids);
-    let marks = members[0].host.marks_dir();
+    let marks = hub.marks();
 
     // Two build agents, one slot each: two of three run, on both, the third waits.
     for id in ["s1", "s2", "s3"] {
@@ -361,7 +362,7 @@ fn the_jobs_of_an_agent_gone_past_the_hubs_patience_end_lost_and_are_retried_els
         start_member(&hub, "p2", "build"),
     ];
     wait_ready(&hub, &["p1", "p2"]);
-    let marks = members[0].host.marks_dir();
+    let marks = hub.marks();
     submit_gated(&hub, &marks, "gone", &["--retry", "1"]);
     let first = wait_job(&hub, "gone", "running", running);
     let on = first["agent"].as_str().expect("agent").to_owned();

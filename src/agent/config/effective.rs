@@ -75,6 +75,20 @@ impl AgentConfig {
                     format!("{} (the default)", crate::supervisor::DEFAULT_PATH)
                 }))
             }
+            Key::Sandbox => Value::from(r.sandbox.mode.clone().unwrap_or_else(|| "auto".into())),
+            Key::SandboxShared => Value::Array(
+                r.sandbox
+                    .shared
+                    .iter()
+                    .map(|p| Value::from(p.display().to_string()))
+                    .collect(),
+            ),
+            Key::SandboxTmpSize => number(
+                r.sandbox
+                    .tmp_size
+                    .unwrap_or(crate::runner::sandbox::DEFAULT_TMP_BYTES),
+            ),
+            Key::SandboxAllowSyscalls => list(&r.sandbox.allow_syscalls),
             Key::MaxKeptBytes => number(
                 r.max_kept_bytes
                     .unwrap_or(crate::runner::engine::DEFAULT_MAX_KEPT_BYTES),

@@ -24,7 +24,7 @@ mod tests;
 pub(crate) use self::error::ConfigError;
 pub(crate) use self::raw::{Flags, RawConfig};
 pub(crate) use self::settings::{
-    AgentConfig, HubSettings, MetricsSettings, RunnerSettings, UpgradeSettings,
+    AgentConfig, HubSettings, MetricsSettings, RunnerSettings, SandboxSettings, UpgradeSettings,
 };
 use self::sources::{invalid, Key, Origin, Sources};
 use crate::env_vars;
@@ -109,6 +109,51 @@ fn default_user_dir(env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
                 .map(|h| PathBuf::from(h).join(".local/state"))
         })?;
     Some(base.join("railgrid"))
+}
+
+/// The `[runner] sandbox*` settings: a known mode, absolute shared directories, and a
+/// list of names (the runner checks the directories as its own account, and the names
+/// against its deny list).
+fn sandbox_settings(src: &Sources<'_>) -> Result<SandboxSettings, ConfigError> {
+    let list = |key: Key| -> Vec<String> {
+        src.get(key)
+            .map(|(text, _)| {
+                text.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mode = match src.get(Key::Sandbox) {
+        Some((m, _)) if ["auto", "required", "off"].contains(&m.as_str()) => Some(m),
+        Some((m, origin)) => {
+            return Err(invalid(
+                &origin,
+                format!("{m:?}: give auto, required or off"),
+            ))
+        }
+        None => None,
+    };
+    let mut shared = Vec::new();
+    if let Some((_, origin)) = src.get(Key::SandboxShared) {
+        for dir in list(Key::SandboxShared) {
+            if !Path::new(&dir).is_absolute() {
+                return Err(invalid(
+                    &origin,
+                    format!("{dir:?}: give absolute directories"),
+                ));
+            }
+            shared.push(PathBuf::from(dir));
+        }
+    }
+    Ok(SandboxSettings {
+        mode,
+        shared,
+        tmp_size: src.optional(Key::SandboxTmpSize, "a number of bytes")?,
+        allow_syscalls: list(Key::SandboxAllowSyscalls),
+    })
 }
 
 /// Loads the configuration for the process's own environment.
@@ -226,6 +271,7 @@ fn resolve(
             }
             None => None,
         },
+        sandbox: sandbox_settings(&src)?,
     };
 
     let hub = hub_settings(&src, host, &state_dir)?;

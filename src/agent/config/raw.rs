@@ -66,6 +66,10 @@ pub(crate) struct RawRunner {
     pub(crate) delegate_cgroup: Option<bool>,
     pub(crate) job_path: Option<String>,
     pub(crate) max_kept_bytes: Option<u64>,
+    pub(crate) sandbox: Option<String>,
+    pub(crate) sandbox_shared: Option<Vec<String>>,
+    pub(crate) sandbox_tmp_size: Option<u64>,
+    pub(crate) sandbox_allow_syscalls: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

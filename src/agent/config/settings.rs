@@ -28,6 +28,18 @@ pub(crate) struct RunnerSettings {
     /// Bytes finished jobs keep on disk (spools and workspaces); `None`: the runner's
     /// default.
     pub(crate) max_kept_bytes: Option<u64>,
+    /// Every job's sandbox (`runner.sandbox*`, passed to the runner).
+    pub(crate) sandbox: SandboxSettings,
+}
+
+/// `runner.sandbox`: `auto`, `required` or `off`; the directories shared by every job;
+/// the size of each job's /tmp; the system calls taken off the seccomp deny list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct SandboxSettings {
+    pub(crate) mode: Option<String>,
+    pub(crate) shared: Vec<PathBuf>,
+    pub(crate) tmp_size: Option<u64>,
+    pub(crate) allow_syscalls: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

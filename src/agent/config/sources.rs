@@ -123,6 +123,10 @@ settings! {
     DelegateCgroup: runner.delegate_cgroup, env RUNNER_DELEGATE_CGROUP;
     JobPath: runner.job_path, env RUNNER_JOB_PATH;
     MaxKeptBytes: runner.max_kept_bytes, env RUNNER_MAX_KEPT_BYTES;
+    Sandbox: runner.sandbox, env RUNNER_SANDBOX;
+    SandboxShared: runner.sandbox_shared, env RUNNER_SANDBOX_SHARED;
+    SandboxTmpSize: runner.sandbox_tmp_size, env RUNNER_SANDBOX_TMP_SIZE;
+    SandboxAllowSyscalls: runner.sandbox_allow_syscalls, env RUNNER_SANDBOX_ALLOW_SYSCALLS;
     HubUrl: hub.url, env HUB_URL, flag "--hub" => hub;
     AgentId: hub.agent_id, env HUB_AGENT_ID, flag "--agent-id" => agent_id;
     TokenFile: hub.token_file, env HUB_TOKEN_FILE, flag "--token-file" => token_file;

@@ -101,6 +101,19 @@ pub(super) fn runner_run_args(cfg: &AgentConfig, desired: &DesiredRunner) -> Vec
             args.push(v.into());
         }
     }
+    let sb = &cfg.runner.sandbox;
+    if let Some(mode) = &sb.mode {
+        args.extend(["--sandbox".into(), mode.into()]);
+    }
+    if let Some(size) = sb.tmp_size {
+        args.extend(["--sandbox-tmp-size".into(), size.to_string().into()]);
+    }
+    for dir in &sb.shared {
+        args.extend(["--sandbox-shared".into(), dir.as_os_str().to_owned()]);
+    }
+    for name in &sb.allow_syscalls {
+        args.extend(["--sandbox-allow-syscall".into(), name.into()]);
+    }
     args
 }
 

@@ -135,6 +135,7 @@ pub(super) fn restart_reasons(old: &RunnerSpec, new: &RunnerSpec) -> Vec<&'stati
         ("delegate_cgroup", a.delegate_cgroup != b.delegate_cgroup),
         ("job_path", a.job_path != b.job_path),
         ("max_kept_bytes", a.max_kept_bytes != b.max_kept_bytes),
+        ("sandbox", a.sandbox != b.sandbox),
         (
             "max_output_bytes",
             da.max_output_bytes != db.max_output_bytes,
@@ -194,6 +195,7 @@ mod tests {
                 delegate_cgroup: Some(false),
                 job_path: Some("/opt/bin:/usr/bin".into()),
                 max_kept_bytes: None,
+                sandbox: Default::default(),
             },
             hub: None,
             labels: Default::default(),

@@ -175,6 +175,9 @@ impl Engine {
                 reason: d.reason.clone(),
             });
         }
+        if let Some(why) = self.sandbox_refusal() {
+            return Err(EngineError::NoSandbox { why });
+        }
         {
             let s = self.sched();
             let max = s.limits.admission.max_queued;

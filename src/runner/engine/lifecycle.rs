@@ -228,6 +228,7 @@ impl Engine {
             Tiers {
                 cgroups: self.inner.cgroups.as_ref(),
                 fs: self.inner.fs_guard.as_ref(),
+                sandbox: Some(&self.inner.sandbox),
             },
             notify,
         )

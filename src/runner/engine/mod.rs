@@ -48,6 +48,7 @@ use self::admission::{Limits, Sched};
 pub use self::retention::Totals;
 use super::confine::{CgroupTier, FsGuard};
 use super::job::{self, JobError, JobPaths};
+use super::sandbox::Sandboxing;
 use super::spec::SpecError;
 use super::store::{Store, StoreError};
 use crate::proto::job::JobSpec;
@@ -74,6 +75,8 @@ pub struct EngineConfig {
     pub job_path: Option<String>,
     /// Start jobs with fork and exec even where `clone` with a pidfd works.
     pub force_fork: bool,
+    /// Every job's sandbox (`runner.sandbox*`).
+    pub sandbox: crate::runner::sandbox::SandboxConfig,
 }
 
 impl Default for EngineConfig {
@@ -91,6 +94,7 @@ impl Default for EngineConfig {
             max_kept_bytes: DEFAULT_MAX_KEPT_BYTES,
             job_path: None,
             force_fork: false,
+            sandbox: crate::runner::sandbox::SandboxConfig::default(),
         }
     }
 }
@@ -115,6 +119,10 @@ pub enum EngineError {
     Draining { reason: String },
     #[error(transparent)]
     Drain(#[from] DrainError),
+    #[error("this runner requires a sandbox for every job (runner.sandbox = \"required\"), and this host cannot make one: {why}")]
+    NoSandbox { why: String },
+    #[error(transparent)]
+    Sandbox(crate::runner::sandbox::SandboxError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("internal task failed: {0}")]
@@ -152,6 +160,8 @@ struct Inner {
     fs_guard: Option<FsGuard>,
     /// How job processes are started on this host.
     launch: job::LaunchMethod,
+    /// Every job's sandbox, where the host lets the runner make one.
+    sandbox: Sandboxing,
     /// When the stop must be done by; set by `shutdown`.
     stop_deadline: watch::Sender<Option<Instant>>,
     /// Leftovers of a previous runner (jobs and job cgroups) not yet ended.
@@ -184,6 +194,12 @@ impl Engine {
         let limits = Limits::new(cfg.max_jobs, cfg.max_jobs_per_owner, cfg.max_queued)?;
         let paths = JobPaths::open(&runner_dir).map_err(EngineError::Job)?;
         let force_fork = cfg.force_fork;
+        let sandbox = {
+            let (config, dir) = (cfg.sandbox.clone(), runner_dir.clone());
+            blocking(move || Sandboxing::detect(config, &dir))
+                .await?
+                .map_err(EngineError::Sandbox)?
+        };
         let db = runner_dir.join("jobs.db");
         let store = Arc::new(blocking(move || Store::open(&db)).await??);
         let drain_file = runner_dir.join(drain::DRAIN_FILE);
@@ -205,6 +221,7 @@ impl Engine {
                 cgroups: CgroupTier::detect(),
                 fs_guard: runner_dir.parent().and_then(FsGuard::detect),
                 launch: job::LaunchMethod::detect(force_fork),
+                sandbox,
                 stop_deadline: watch::channel(None).0,
                 reconciling: AtomicUsize::new(0),
                 drain: watch::channel(drain).0,
@@ -249,6 +266,23 @@ impl Engine {
             .fs_guard
             .as_ref()
             .map_or("none", FsGuard::isolation)
+    }
+
+    /// Which sandbox jobs get: `namespaces+seccomp`, or `none: why`.
+    pub fn sandbox(&self) -> String {
+        match self.inner.sandbox.unavailable() {
+            None => "namespaces+seccomp".into(),
+            Some(why) => format!("none: {why}"),
+        }
+    }
+
+    /// Why a job is refused for want of a sandbox (`runner.sandbox = "required"` on a
+    /// host that refuses one).
+    pub(super) fn sandbox_refusal(&self) -> Option<String> {
+        let s = &self.inner.sandbox;
+        (s.mode() == crate::runner::sandbox::SandboxMode::Required)
+            .then(|| s.unavailable().map(str::to_owned))
+            .flatten()
     }
 
     /// `clone-vfork` or `fork`: how jobs are started (see `job::LaunchMethod`).

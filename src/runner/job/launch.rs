@@ -39,6 +39,9 @@ pub(super) struct Launch<'a> {
     pub(super) cgroup_procs: Option<BorrowedFd<'a>>,
     /// The Landlock ruleset the child restricts itself with.
     pub(super) landlock: Option<BorrowedFd<'a>>,
+    /// The sandbox it starts in, when it does.
+    #[cfg(target_os = "linux")]
+    pub(super) sandbox: Option<crate::sys::sandbox::Sandbox<'a>>,
 }
 
 impl Launch<'_> {
@@ -64,6 +67,15 @@ impl Launch<'_> {
             landlock: self.landlock,
         };
         let spawn_err = spawn_error(program);
+        #[cfg(target_os = "linux")]
+        if let Some(sb) = &self.sandbox {
+            return match start::start_sandboxed(plan, sb) {
+                Ok((launched, init)) => {
+                    JobProcess::from_launched(launched, Some(init)).map_err(spawn_err)
+                }
+                Err(e) => Err(sandbox_error(self.spec, &search, e)),
+            };
+        }
         let started = start::start(plan, method).map_err(|e| {
             // A program looked up in PATH and not found is said as a shell says it, by
             // either path; any other failure names its step where it is known.
@@ -83,10 +95,34 @@ impl Launch<'_> {
         match started {
             #[cfg(target_os = "linux")]
             start::Started::Pidfd(launched) => {
-                JobProcess::from_launched(launched).map_err(spawn_err)
+                JobProcess::from_launched(launched, None).map_err(spawn_err)
             }
             start::Started::Child(child) => Ok(JobProcess::Std(child)),
         }
+    }
+}
+
+/// A sandboxed start that failed: at exec, as any start says it; before, naming the step
+/// (and the mount) of the sandbox.
+#[cfg(target_os = "linux")]
+fn sandbox_error(spec: &JobSpec, search: &str, e: crate::sys::sandbox::SandboxError) -> JobError {
+    let program = &spec.argv[0];
+    // Its workspace or cwd is found again in the job's namespaces, by descriptor checks:
+    // not the directory that was checked any more (ESTALE), or a symlink now (ELOOP).
+    let swapped = matches!(e.source.raw_os_error(), Some(libc::ESTALE | libc::ELOOP));
+    if let (Step::Mounts, true, Some(cwd)) = (e.step, swapped, &spec.cwd) {
+        return JobError::CwdChanged { cwd: cwd.clone() };
+    }
+    let failure = crate::sys::errno::failure(&e.source);
+    if e.step == Step::Exec {
+        if let Some(said) = not_found_in_path(program, search, failure) {
+            return spawn_error(program)(said);
+        }
+    }
+    JobError::Launch {
+        program: program.to_owned(),
+        step: e.step,
+        source: e.source,
     }
 }
 

@@ -105,6 +105,8 @@ pub enum JobError {
         path: PathBuf,
         source: io::Error,
     },
+    #[error("field cwd {:?} changed while the job started (a symlink or another directory swapped in): it was not entered", clip(.cwd))]
+    CwdChanged { cwd: String },
     #[error("{path} already exists, so it cannot be the new workspace of job {id}: choose another id (the work root may hold shared checkouts)")]
     WorkspaceExists { id: String, path: PathBuf },
     #[error("could not prepare {path}")]
@@ -228,7 +230,13 @@ pub fn start(
     tiers: Tiers<'_>,
     on_output: Arc<dyn Fn() + Send + Sync>,
 ) -> Result<Started, JobError> {
-    let Tiers { cgroups: tier, fs } = tiers;
+    let Tiers {
+        cgroups: tier,
+        fs,
+        sandbox,
+    } = tiers;
+    #[cfg(target_os = "linux")]
+    let sandboxed = sandbox.filter(|s| s.held());
     let cap = baseline.output_cap;
     let ws = paths.workspace(id);
     let spool_dir = paths.spool_dir(id);
@@ -248,20 +256,51 @@ pub fn start(
     };
     #[cfg(target_os = "linux")]
     let ruleset = fs
-        .map(|g| g.ruleset_for(&workspace.dir, workspace.cwd.as_ref()))
+        .map(|g| match sandboxed {
+            Some(_) => g.ruleset_sandboxed(),
+            None => g.ruleset_for(&workspace.dir, workspace.cwd.as_ref()),
+        })
         .transpose()
         .map_err(|source| JobError::Landlock {
             workspace: ws.clone(),
             source,
         })?;
+    #[cfg(target_os = "linux")]
+    let job_sandbox = sandboxed
+        .map(|s| {
+            let cwd = workspace
+                .cwd
+                .as_ref()
+                .zip(workspace.cwd_rel.as_deref())
+                .map(|(dir, rel)| (rel, dir.as_fd()));
+            s.plan(id, workspace.dir.as_fd(), cwd)
+        })
+        .transpose()
+        .map_err(io_err(&ws))?;
     #[cfg(not(target_os = "linux"))]
     let ruleset: Option<()> = fs.and(None);
-    let plan = confine::plan(
+    let mut plan = confine::plan(
         tier,
         id,
         &spec.limits.clone().unwrap_or_default(),
         ruleset.is_some(),
     );
+    // Which sandbox held, and why not where none did.
+    #[cfg(target_os = "linux")]
+    let held = job_sandbox.is_some();
+    #[cfg(not(target_os = "linux"))]
+    let held = false;
+    if held {
+        plan.confinement = format!("sandbox+{}", plan.confinement);
+        // What it shares with every other job, named in its record.
+        let shared = sandbox.map_or(&[][..], |s| s.shared());
+        if !shared.is_empty() {
+            let dirs: Vec<_> = shared.iter().map(|d| d.display().to_string()).collect();
+            plan.confinement = format!("{}; shared: {}", plan.confinement, dirs.join(", "));
+        }
+    } else if let Some(why) = sandbox.and_then(|s| s.unavailable()) {
+        plan.confinement = format!("{}; no sandbox: {why}", plan.confinement);
+    }
     let stdio = Stdio3 {
         stdin: stdin_r,
         stdout: out_w,
@@ -281,6 +320,8 @@ pub fn start(
         limits: plan.rlimits,
         cgroup_procs,
         landlock,
+        #[cfg(target_os = "linux")]
+        sandbox: job_sandbox.as_ref().zip(sandboxed).map(|(j, s)| j.spec(s)),
     }
     .run(baseline.launch);
     #[cfg(target_os = "linux")]

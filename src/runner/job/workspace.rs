@@ -17,6 +17,8 @@ pub struct Workspace {
     pub dir: Dir,
     /// The spec's `cwd`, when it names one.
     pub cwd: Option<Dir>,
+    /// Where that is, relative to the work root (`..` folded: no symlink on the way).
+    pub cwd_rel: Option<PathBuf>,
 }
 
 impl Workspace {
@@ -75,7 +77,11 @@ pub fn prepare_workspace(
     dir.make_child("tmp", 0o700)
         .map_err(planted(ws.join("tmp")))?;
     let Some(cwd) = cwd else {
-        return Ok(Workspace { dir, cwd: None });
+        return Ok(Workspace {
+            dir,
+            cwd: None,
+            cwd_rel: None,
+        });
     };
     let outside = |resolved: PathBuf| JobError::CwdOutside {
         cwd: cwd.to_owned(),
@@ -137,6 +143,7 @@ pub fn prepare_workspace(
     Ok(Workspace {
         dir,
         cwd: Some(opened),
+        cwd_rel: Some(lexical_normal(&rel)),
     })
 }
 

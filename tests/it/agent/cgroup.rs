@@ -56,7 +56,8 @@ fn a_root_agent_without_a_service_manager_gives_its_jobs_a_cgroup_nothing_escape
         eprintln!("SKIPPED: this test must run in the root cgroup of a cgroup v2 hierarchy");
         return;
     };
-    let mut agent = host.start_agent();
+    // The cgroup tier alone: the escapees' pids, as they print them, are the host's.
+    let mut agent = host.start_agent_with(&[("RAILGRID_RUNNER_SANDBOX", "off")]);
     let runner = host.wait_runner("a runner", |_| true);
     let health = get_json(&host.socket(), "/v1/health").expect("health");
     assert_eq!(health["confinement"], "cgroup", "{health}");
@@ -108,7 +109,9 @@ fn a_delegated_agent_empties_the_runners_cgroup_tree_when_the_runner_could_not()
     };
     let host = Host::new();
     let mut cmd = in_cgroup(&host.agent_cmd(&[]), &cg.dir, None);
-    cmd.env("RAILGRID_RUNNER_DELEGATE_CGROUP", "true")
+    // The cgroup tier alone: the escapee's pid, as it writes it, is the host's.
+    cmd.env("RAILGRID_RUNNER_SANDBOX", "off")
+        .env("RAILGRID_RUNNER_DELEGATE_CGROUP", "true")
         .env("RAILGRID_RUNNER_STOP_GRACE", "1s")
         .env("RAILGRID_RUNNER_INITIAL_BACKOFF", "100ms")
         .stdin(Stdio::null())

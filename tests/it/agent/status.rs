@@ -131,15 +131,22 @@ fn agent_status_shows_where_things_are_and_json_always_parses() {
     ] {
         assert!(text.contains(&want), "{want:?} in:\n{text}");
     }
-    // What finished jobs keep, from the runner, on a line of its own.
+    // What finished jobs keep and the sandbox they get, from the runner, on lines of
+    // their own.
     assert!(
         text.lines()
             .any(|l| l.starts_with("kept:       0 finished jobs")),
         "{text}"
     );
+    assert!(
+        text.lines()
+            .any(|l| l == "sandbox:    namespaces+seccomp (runner.sandbox)"),
+        "{text}"
+    );
     let v: Value = serde_json::from_slice(&status(true).stdout).expect("json");
     assert_eq!(v["running"], true);
     assert_eq!(v["runner"]["kept"]["finished_jobs"], 0, "{v}");
+    assert_eq!(v["runner"]["sandbox"], "namespaces+seccomp", "{v}");
 
     agent.signal(Signal::SIGTERM);
     let _ = agent.wait_output(LIMIT);

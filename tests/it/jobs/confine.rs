@@ -3,9 +3,11 @@
 use super::*;
 
 /// Starts the runner as nobody inside `cgroup` (a directory of a delegated one).
+/// The cgroup tier alone (a job's pids, as it writes them, are the host's; the sandbox
+/// over it is tests/it/jobs/sandbox.rs).
 fn start_runner_in(r: &mut Runner, cgroup: &Path) {
     let mut cmd = railgrid();
-    cmd.args(["runner", "run", "--state-dir"])
+    cmd.args(["runner", "run", "--sandbox", "off", "--state-dir"])
         .arg(r.state())
         .env_clear()
         .env("PATH", "/usr/bin:/bin");
@@ -146,7 +148,7 @@ fn the_runner_pins_no_file_system_or_file_beside_its_state_dir() {
     fs::write(&big, vec![7u8; 32 << 20]).expect("big file");
     let free = || outer.free();
     let mut r = Runner::in_dir(dir);
-    r.start(&[]);
+    r.start(&["--sandbox", "off"]);
     let health = get_json(&r.socket(), "/v1/health").expect("health");
     if !health["isolation"]
         .as_str()
@@ -184,7 +186,8 @@ fn the_runner_pins_no_file_system_or_file_beside_its_state_dir() {
 
 #[test]
 fn landlock_keeps_a_job_out_of_the_state_dir_and_other_workspaces_and_its_signals_in() {
-    let r = Runner::started(&[]);
+    // Landlock alone: the sandbox hides the state dir itself (tests/it/jobs/sandbox.rs).
+    let r = Runner::started(&["--sandbox", "off"]);
     let health = get_json(&r.socket(), "/v1/health").expect("health");
     let isolation = health["isolation"].as_str().unwrap_or_default().to_owned();
     if !isolation.starts_with("landlock") {

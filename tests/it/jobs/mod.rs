@@ -19,6 +19,7 @@ mod client;
 mod confine;
 mod recovery;
 mod runs;
+mod sandbox;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
