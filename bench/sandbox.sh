@@ -78,16 +78,16 @@ for mode in off required; do
   runners+=($!)
   sock="$state/runner/runner.sock"
   for _ in $(seq 200); do curl -sf --unix-socket "$sock" http://localhost/v1/health >/dev/null && break; sleep 0.05; done
-  echo "sandbox=$mode health: $(curl -s --unix-socket "$sock" http://localhost/v1/health | sed 's/.*"sandbox":"\([^"]*\)".*/\1/')"
+  echo "sandbox=$mode health: $(curl -s --unix-socket "$sock" http://localhost/v1/health | sed 's/.*"sandbox":"\(\([^"\\]\|\\.\)*\)".*/\1/')"
   ./target/release/examples/job_bench "$sock" "$JOBS" "$CONC" | sed "s/^/$mode /" | tee "$WORK/$mode.out"
 done
 
 get() { sed -n "s/^$1 $2=//p" "$WORK/$1.out"; }
 awk -v raw="$raw" -v bw="$bwrap" -v pm="$podman" \
   -v off="$(get off latency_p50_ms)" -v on="$(get required latency_p50_ms)" \
-  -v ratio="$(get required ratio)" 'BEGIN {
+  -v ratio="$(get required ratio)" -v ratio_off="$(get off ratio)" 'BEGIN {
   added = on - off; bw_added = bw - raw
   printf "sandbox adds %.2f ms to a job start (p50 to first byte); bubblewrap adds %.2f ms to a bare start: %.2f of it (target <= 0.5)\n", added, bw_added, added / bw_added
-  printf "throughput with the sandbox: %.2f of a raw fork/exec/wait loop (target >= 0.5)\n", ratio
+  printf "throughput with the sandbox: %.2f of a raw fork/exec/wait loop (target >= 0.5; without it %.2f)\n", ratio, ratio_off
   printf "podman start / sandboxed job start: %.0fx (target >= 50)\n", pm / on
 }'
