@@ -654,7 +654,8 @@ unsafe fn apply(m: &Mount) -> bool {
 
 /// [`Mount::BindChecked`]: opens `rel` beneath `base` with no symlink, no magic link and
 /// nothing outside it on the way (`openat2`), checks it is `(dev, ino)`, and binds it
-/// from its descriptor.
+/// from its descriptor. (The runner's own descriptor cannot be bound: its mount is in the
+/// runner's namespace, and the kernel binds only from the caller's.)
 ///
 /// # Safety
 /// Only in PID 1, in its new mount namespace.
@@ -678,13 +679,18 @@ unsafe fn bind_checked(base: &CStr, rel: &CStr, (dev, ino): (u64, u64), target: 
         mode: 0,
         resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
     };
-    let fd = libc::syscall(
+    let mut fd = libc::syscall(
         libc::SYS_openat2,
         dir,
         rel.as_ptr(),
         &how as *const OpenHow,
         std::mem::size_of::<OpenHow>(),
     ) as libc::c_int;
+    if fd < 0 && *libc::__errno_location() == libc::ENOSYS {
+        // Where a seccomp filter hides openat2 (systemd-nspawn's in Debian 12, for one), a
+        // plain open: the inode check below still refuses anything but the very directory.
+        fd = libc::openat(dir, rel.as_ptr(), flags as libc::c_int | libc::O_NOFOLLOW);
+    }
     libc::close(dir);
     if fd < 0 {
         return false;
