@@ -41,10 +41,9 @@ fn the_agent_cannot_be_inspected_by_processes_of_its_own_account() {
 
 /// The version `program version --json` reports.
 fn reported_version(program: &Path) -> String {
-    let out = run_ok(
-        Command::new(program).args(["version", "--json"]),
-        "version --json",
-    );
+    let out = fresh(|| Command::new(program).args(["version", "--json"]).output())
+        .expect("version --json");
+    assert!(out.status.success(), "version --json: {}", out.status);
     let v: Value = serde_json::from_slice(&out.stdout).expect("version json");
     v["version"].as_str().expect("version").to_owned()
 }
@@ -91,7 +90,7 @@ fn a_runner_restarted_after_the_binary_was_replaced_runs_the_agents_own_bytes() 
     let staged = bin.join(".railgrid.new");
     let other = build_of_another_version(&staged);
 
-    let _agent = Guard::new(host.agent_cmd_from(&exe, &[]).spawn().expect("spawn agent"));
+    let _agent = Guard::new(fresh(|| host.agent_cmd_from(&exe, &[]).spawn()).expect("spawn agent"));
     let first = host.wait_runner("the first runner", |_| true);
     let health = get_json(&host.socket(), "/v1/health").expect("health");
     assert_eq!(health["version"], own.as_str());
