@@ -68,7 +68,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use self::config::{AgentConfig, ConfigError, MAX_STOP_GRACE};
 use self::drain::DrainHandle;
-use self::hub::{HubError, HubHandle};
+use self::hub::{HubHandle, HubLinkError};
 use self::jobs::JobsHandle;
 use self::notify::Notifier;
 use self::reconciler::{Reconciler, REAP_TIMEOUT};
@@ -168,7 +168,7 @@ pub(crate) enum AgentError {
         source: tokio::task::JoinError,
     },
     #[error("the hub settings cannot be used")]
-    Hub(#[source] HubError),
+    Hub(#[source] HubLinkError),
     #[error("the runner at {} did not take the new admission limits", socket.display())]
     Admission {
         socket: PathBuf,

@@ -97,54 +97,86 @@ pub struct LabelChange {
     pub remove: Vec<String>,
 }
 
-/// Desired settings of one scope (the fleet, or one agent's overrides). A field left out
-/// is not set here: an agent's own setting wins over the fleet's, field by field, and a
-/// setting nobody sets keeps the agent's own (config file) value.
-#[serde_with::skip_serializing_none]
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DesiredSettings {
-    pub runner_enabled: Option<bool>,
-    pub max_jobs: Option<usize>,
-    pub max_jobs_per_owner: Option<usize>,
-    /// The agent version wanted (acted on by the self-upgrade).
-    pub version: Option<String>,
-    /// True: `version` may be older than what runs (an explicit rollback).
-    pub rollback: Option<bool>,
-    /// False: the agent is drained (`hub agent drain`): it gets no new job.
-    pub accept_jobs: Option<bool>,
-    /// When the drain cancels what still runs on the agent (Unix ms).
-    pub drain_deadline_ms: Option<u64>,
-    /// True: a disabled runner stops at once (`desired set --runner-enabled false
-    /// --force`) instead of draining first.
-    pub force_stop: Option<bool>,
+/// Declares every desired setting once: its name (the field, what `clear` takes, what
+/// errors list), its type, what it means and the check a value set must pass. A new
+/// setting is one line here; merging, clearing and checking follow.
+macro_rules! desired_settings {
+    ($( $(#[doc = $doc:literal])* $name:ident: $ty:ty $(, checked by $check:path)?; )*) => {
+        /// Desired settings of one scope (the fleet, or one agent's overrides). A field
+        /// left out is not set here: an agent's own setting wins over the fleet's, field by
+        /// field, and a setting nobody sets keeps the agent's own (config file) value.
+        #[serde_with::skip_serializing_none]
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+        pub struct DesiredSettings {
+            $( $(#[doc = $doc])* pub $name: Option<$ty>, )*
+        }
+
+        /// Every desired setting by name, as `clear` takes them and errors list them.
+        pub const SETTINGS: &[&str] = &[$(stringify!($name)),*];
+
+        impl DesiredSettings {
+            /// `self` with every field `over` sets taken from `over`.
+            pub fn overlaid(&self, over: &DesiredSettings) -> DesiredSettings {
+                DesiredSettings {
+                    $( $name: over.$name.as_ref().or(self.$name.as_ref()).cloned(), )*
+                }
+            }
+
+            /// Unsets the setting called `name`; false when no setting is called that.
+            pub fn clear(&mut self, name: &str) -> bool {
+                match name {
+                    $( stringify!($name) => { self.$name = None; true } )*
+                    _ => false,
+                }
+            }
+
+            /// The first setting given here whose value its check refuses, and why.
+            pub fn refused(&self) -> Option<(&'static str, String)> {
+                $($(
+                    if let Some(v) = &self.$name {
+                        if let Err(why) = $check(v) {
+                            return Some((stringify!($name), why));
+                        }
+                    }
+                )?)*
+                None
+            }
+        }
+    };
 }
 
-/// Every desired setting by name, as `clear` takes them and errors list them.
-pub const SETTINGS: &[&str] = &[
-    "runner_enabled",
-    "max_jobs",
-    "max_jobs_per_owner",
-    "version",
-    "rollback",
-    "accept_jobs",
-    "drain_deadline_ms",
-    "force_stop",
-];
+desired_settings! {
+    runner_enabled: bool;
+    max_jobs: usize, checked by limit;
+    max_jobs_per_owner: usize, checked by limit;
+    /// The agent version wanted (acted on by the self-upgrade).
+    version: String, checked by version;
+    /// True: `version` may be older than what runs (an explicit rollback).
+    rollback: bool;
+    /// False: the agent is drained (`hub agent drain`): it gets no new job.
+    accept_jobs: bool;
+    /// When the drain cancels what still runs on the agent (Unix ms).
+    drain_deadline_ms: u64;
+    /// True: a disabled runner stops at once (`desired set --runner-enabled false
+    /// --force`) instead of draining first.
+    force_stop: bool;
+}
 
-impl DesiredSettings {
-    /// `self` with every field `over` sets taken from `over`.
-    pub fn overlaid(&self, over: &DesiredSettings) -> DesiredSettings {
-        DesiredSettings {
-            runner_enabled: over.runner_enabled.or(self.runner_enabled),
-            max_jobs: over.max_jobs.or(self.max_jobs),
-            max_jobs_per_owner: over.max_jobs_per_owner.or(self.max_jobs_per_owner),
-            version: over.version.clone().or_else(|| self.version.clone()),
-            rollback: over.rollback.or(self.rollback),
-            accept_jobs: over.accept_jobs.or(self.accept_jobs),
-            drain_deadline_ms: over.drain_deadline_ms.or(self.drain_deadline_ms),
-            force_stop: over.force_stop.or(self.force_stop),
-        }
+/// The largest admission limit the hub passes on (the runner's own bound).
+pub const MAX_LIMIT: usize = 100_000;
+
+fn limit(n: &usize) -> Result<(), String> {
+    if *n == 0 || *n > MAX_LIMIT {
+        return Err(format!("{n} is out of range (1 to {MAX_LIMIT})"));
     }
+    Ok(())
+}
+
+fn version(v: &String) -> Result<(), String> {
+    if !super::desired::is_version(v) {
+        return Err(format!("{v:?} is not a version (such as 1.4.0)"));
+    }
+    Ok(())
 }
 
 /// `PUT /v1/admin/desired/…` body: the fields to set (`set`) and those to unset

@@ -22,7 +22,7 @@ use thiserror::Error;
 use tokio::time::Instant;
 
 use super::job;
-use super::store::{Outcome, Recorded, Store, StoreError};
+use super::store::{JobStoreError, Outcome, Recorded, Store};
 use crate::proc_tree::Group;
 use crate::proto::job::{JobRecord, JobState};
 use crate::supervisor::lock;
@@ -42,7 +42,7 @@ pub enum LeftoverError {
     #[error(transparent)]
     Lock(#[from] lock::LockError),
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(#[from] JobStoreError),
     #[error("internal task failed while reaping {path}: {message}")]
     Task { path: PathBuf, message: String },
 }
@@ -113,7 +113,7 @@ pub fn find(
     #[cfg_attr(not(target_os = "linux"), allow(unused_variables))] tier: Option<
         &super::confine::CgroupTier,
     >,
-) -> Result<(Vec<Leftover>, EndedCgroups), StoreError> {
+) -> Result<(Vec<Leftover>, EndedCgroups), JobStoreError> {
     let stale = store.in_states(&[JobState::Starting, JobState::Running])?;
     #[cfg(target_os = "linux")]
     {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 
-use super::HubError;
+use super::HubLinkError;
 use crate::agent::config::HubSettings;
 use crate::hub_client::{self, HubClientError};
 use crate::proto::desired::DesiredState;
@@ -64,22 +64,22 @@ impl Connection {
 
     /// Reads the token file and the CA file and builds the client. Blocking (two small
     /// file reads): called on a blocking thread, or before the runtime matters.
-    pub(crate) fn load(settings: &HubSettings) -> Result<Self, HubError> {
+    pub(crate) fn load(settings: &HubSettings) -> Result<Self, HubLinkError> {
         let path = &settings.token_file;
         let text = crate::small_file::read_string(path, crate::small_file::TOKEN_MAX).map_err(
-            |source| HubError::TokenRead {
+            |source| HubLinkError::TokenRead {
                 path: path.clone(),
                 source,
             },
         )?;
         let token = text.trim();
         if token.is_empty() {
-            return Err(HubError::TokenEmpty { path: path.clone() });
+            return Err(HubLinkError::TokenEmpty { path: path.clone() });
         }
-        let auth =
-            hub_client::bearer(token).map_err(|_| HubError::TokenInvalid { path: path.clone() })?;
+        let auth = hub_client::bearer(token)
+            .map_err(|_| HubLinkError::TokenInvalid { path: path.clone() })?;
         let client = hub_client::build(settings.ca_file.as_deref(), CONNECT_TIMEOUT)
-            .map_err(HubError::Client)?;
+            .map_err(HubLinkError::Client)?;
         Ok(Self {
             settings: settings.clone(),
             client,
@@ -103,9 +103,9 @@ impl Connection {
         &self,
         report: &AgentReport,
         wait: Duration,
-    ) -> Result<DesiredState, HubError> {
+    ) -> Result<DesiredState, HubLinkError> {
         let url = self.url(wait);
-        let body = serde_json::to_vec(report).map_err(|source| HubError::Encode {
+        let body = serde_json::to_vec(report).map_err(|source| HubLinkError::Encode {
             url: url.clone(),
             source,
         })?;
@@ -123,11 +123,13 @@ impl Connection {
         let bytes = hub_client::read_capped(resp, MAX_ANSWER)
             .await
             .map_err(|e| match e {
-                HubClientError::Body { source, .. } if source.is_timeout() => HubError::Timeout {
-                    url: url.clone(),
-                    after: REQUEST_TIMEOUT,
-                },
-                other => HubError::Client(other),
+                HubClientError::Body { source, .. } if source.is_timeout() => {
+                    HubLinkError::Timeout {
+                        url: url.clone(),
+                        after: REQUEST_TIMEOUT,
+                    }
+                }
+                other => HubLinkError::Client(other),
             })?;
         if status == reqwest::StatusCode::OK {
             return self.desired(url, &bytes);
@@ -135,19 +137,19 @@ impl Connection {
         let message = self.error_text(&bytes);
         let code = status.as_u16();
         if status == reqwest::StatusCode::BAD_REQUEST && message.contains("observed_generation") {
-            return Err(HubError::GenerationRefused { url, message });
+            return Err(HubLinkError::GenerationRefused { url, message });
         }
         if matches!(
             status,
             reqwest::StatusCode::UNAUTHORIZED | reqwest::StatusCode::FORBIDDEN
         ) {
-            return Err(HubError::Refused {
+            return Err(HubLinkError::Refused {
                 url,
                 status: code,
                 message,
             });
         }
-        Err(HubError::Status {
+        Err(HubLinkError::Status {
             url,
             status: code,
             message,
@@ -155,9 +157,9 @@ impl Connection {
     }
 
     /// The desired state in a 200 answer, if it is one this agent takes.
-    pub(super) fn desired(&self, url: String, body: &[u8]) -> Result<DesiredState, HubError> {
+    pub(super) fn desired(&self, url: String, body: &[u8]) -> Result<DesiredState, HubLinkError> {
         let mut desired: DesiredState =
-            serde_json::from_slice(body).map_err(|e| HubError::Decode {
+            serde_json::from_slice(body).map_err(|e| HubLinkError::Decode {
                 why: self.hub_text(&e.to_string()),
                 url: url.clone(),
             })?;
@@ -168,7 +170,7 @@ impl Connection {
         }
         desired
             .check()
-            .map_err(|source| HubError::Invalid { url, source })?;
+            .map_err(|source| HubLinkError::Invalid { url, source })?;
         Ok(desired)
     }
 
@@ -228,19 +230,19 @@ impl Connection {
     }
 }
 
-fn request_error(url: &str, e: reqwest::Error) -> HubError {
+fn request_error(url: &str, e: reqwest::Error) -> HubLinkError {
     if e.is_timeout() {
         let after = if e.is_connect() {
             CONNECT_TIMEOUT
         } else {
             REQUEST_TIMEOUT
         };
-        return HubError::Timeout {
+        return HubLinkError::Timeout {
             url: url.to_owned(),
             after,
         };
     }
-    HubError::Request {
+    HubLinkError::Request {
         url: url.to_owned(),
         // The message names the URL once already.
         source: e.without_url(),
@@ -249,7 +251,7 @@ fn request_error(url: &str, e: reqwest::Error) -> HubError {
 
 /// Checks that the hub settings can be used (the token file holds a token, the CA file
 /// a certificate) without contacting the hub: `agent check-config`.
-pub(crate) fn check(settings: &HubSettings) -> Result<(), HubError> {
+pub(crate) fn check(settings: &HubSettings) -> Result<(), HubLinkError> {
     match &settings.enrol_token_file {
         // Not enrolled yet: the enrolment token stands in for the agent's own.
         Some(enrol) if !settings.token_file.exists() => Connection::load(&HubSettings {
@@ -298,11 +300,11 @@ mod tests {
         let err = Connection::load(&settings(dir.path(), " \n"))
             .err()
             .expect("empty");
-        assert!(matches!(err, HubError::TokenEmpty { .. }), "{err}");
+        assert!(matches!(err, HubLinkError::TokenEmpty { .. }), "{err}");
         let err = Connection::load(&settings(dir.path(), "tok1\ntok2"))
             .err()
             .expect("two lines");
-        assert!(matches!(err, HubError::TokenInvalid { .. }), "{err}");
+        assert!(matches!(err, HubLinkError::TokenInvalid { .. }), "{err}");
         assert!(!err.to_string().contains("tok1"), "{err}");
     }
 

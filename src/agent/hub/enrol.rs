@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
 
-use super::HubError;
+use super::HubLinkError;
 use crate::agent::config::HubSettings;
 use crate::hub_client;
 use crate::proto::access::SelfEnrol;
@@ -26,7 +26,7 @@ const RETRY_MAX: Duration = Duration::from_secs(60);
 const MAX_ANSWER: usize = 64 * 1024;
 
 /// Enrols this host unless its token file exists; then the token file holds its token.
-pub(crate) async fn enrol_if_needed(settings: &HubSettings) -> Result<(), HubError> {
+pub(crate) async fn enrol_if_needed(settings: &HubSettings) -> Result<(), HubLinkError> {
     let Some(enrol_file) = &settings.enrol_token_file else {
         return Ok(());
     };
@@ -38,30 +38,30 @@ pub(crate) async fn enrol_if_needed(settings: &HubSettings) -> Result<(), HubErr
         crate::small_file::read_string(&path, crate::small_file::TOKEN_MAX)
     })
     .await
-    .map_err(|source| HubError::Task {
+    .map_err(|source| HubLinkError::Task {
         what: "enrolment token read",
         source,
     })?
-    .map_err(|source| HubError::TokenRead {
+    .map_err(|source| HubLinkError::TokenRead {
         path: enrol_file.clone(),
         source,
     })?;
     let token = text.trim().to_owned();
     if token.is_empty() {
-        return Err(HubError::TokenEmpty {
+        return Err(HubLinkError::TokenEmpty {
             path: enrol_file.clone(),
         });
     }
-    let auth = hub_client::bearer(&token).map_err(|_| HubError::TokenInvalid {
+    let auth = hub_client::bearer(&token).map_err(|_| HubLinkError::TokenInvalid {
         path: enrol_file.clone(),
     })?;
     let client = hub_client::build(settings.ca_file.as_deref(), CONNECT_TIMEOUT)
-        .map_err(HubError::Client)?;
+        .map_err(HubLinkError::Client)?;
     let body = serde_json::to_vec(&SelfEnrol {
         id: settings.agent_id.clone(),
         hostname: crate::sys::hostname().unwrap_or_default(),
     })
-    .map_err(|source| HubError::Encode {
+    .map_err(|source| HubLinkError::Encode {
         url: settings.urls[0].clone(),
         source,
     })?;
@@ -82,10 +82,10 @@ pub(crate) async fn enrol_if_needed(settings: &HubSettings) -> Result<(), HubErr
                 let status = resp.status();
                 let bytes = hub_client::read_capped(resp, MAX_ANSWER)
                     .await
-                    .map_err(HubError::Client)?;
+                    .map_err(HubLinkError::Client)?;
                 if status == reqwest::StatusCode::CREATED {
                     let enrolled: Enrolled =
-                        serde_json::from_slice(&bytes).map_err(|e| HubError::Decode {
+                        serde_json::from_slice(&bytes).map_err(|e| HubLinkError::Decode {
                             url: url.clone(),
                             why: redact(&e.to_string(), &token),
                         })?;
@@ -98,7 +98,7 @@ pub(crate) async fn enrol_if_needed(settings: &HubSettings) -> Result<(), HubErr
                 if status.as_u16() == 429 || status.is_server_error() {
                     format!("{url} answered {}: {message}", status.as_u16())
                 } else {
-                    return Err(HubError::EnrolRefused {
+                    return Err(HubLinkError::EnrolRefused {
                         url,
                         status: status.as_u16(),
                         message,
@@ -118,9 +118,9 @@ pub(crate) async fn enrol_if_needed(settings: &HubSettings) -> Result<(), HubErr
 
 /// Writes the agent's own token where the agent reads it from (0600, fsynced, replacing
 /// nothing but a file of the same name half written).
-async fn keep(settings: &HubSettings, token: &str, url: &str) -> Result<(), HubError> {
+async fn keep(settings: &HubSettings, token: &str, url: &str) -> Result<(), HubLinkError> {
     if hub_client::bearer(token).is_err() || !token.starts_with("rga_") {
-        return Err(HubError::Decode {
+        return Err(HubLinkError::Decode {
             url: url.to_owned(),
             why: "the token the hub sent is not an agent token".into(),
         });
@@ -131,11 +131,11 @@ async fn keep(settings: &HubSettings, token: &str, url: &str) -> Result<(), HubE
         crate::util::write_atomic(&path, line.as_bytes(), 0o600)
     })
     .await
-    .map_err(|source| HubError::Task {
+    .map_err(|source| HubLinkError::Task {
         what: "token write",
         source,
     })?;
-    written.map_err(|source| HubError::TokenWrite {
+    written.map_err(|source| HubLinkError::TokenWrite {
         path: settings.token_file.clone(),
         source,
     })?;

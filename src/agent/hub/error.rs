@@ -10,7 +10,7 @@ use crate::hub_client::HubClientError;
 use crate::proto::desired;
 
 #[derive(Debug, Error)]
-pub(crate) enum HubError {
+pub(crate) enum HubLinkError {
     #[error("could not read the hub token file {path}")]
     TokenRead {
         path: PathBuf,
@@ -82,15 +82,15 @@ pub(crate) enum HubError {
     },
 }
 
-impl HubError {
+impl HubLinkError {
     /// The hub could not be reached, or said it cannot serve now: nothing this build
     /// did. A TLS failure, a refused token or an answer this build cannot take is not
     /// (a new build that broke its TLS or its reports must not look healthy).
     pub(crate) fn is_away(&self) -> bool {
         match self {
-            HubError::Timeout { .. } => true,
-            HubError::Status { status, .. } => *status >= 500 || *status == 429,
-            HubError::Request { source, .. } => {
+            HubLinkError::Timeout { .. } => true,
+            HubLinkError::Status { status, .. } => *status >= 500 || *status == 429,
+            HubLinkError::Request { source, .. } => {
                 let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source);
                 while let Some(e) = cause {
                     // An io::Error's own `source` skips the error it wraps: look inside.

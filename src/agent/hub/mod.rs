@@ -44,7 +44,7 @@ use tokio::time::Instant;
 use self::connection::WAIT;
 pub(crate) use self::connection::{check, Connection};
 pub(crate) use self::enrol::enrol_if_needed;
-pub(crate) use self::error::HubError;
+pub(crate) use self::error::HubLinkError;
 use self::pace::{Backoff, Pace};
 use super::config::HubSettings;
 use super::desired::Observed;
@@ -358,7 +358,7 @@ impl HubTask {
         let loaded = tokio::task::spawn_blocking(move || Connection::load(&load))
             .await
             .unwrap_or_else(|source| {
-                Err(HubError::Task {
+                Err(HubLinkError::Task {
                     what: "hub settings reload",
                     source,
                 })
@@ -459,7 +459,7 @@ impl HubTask {
     /// Acts on the answer to the reconcile sent at `sent`.
     async fn answered(
         &mut self,
-        answer: Result<DesiredState, HubError>,
+        answer: Result<DesiredState, HubLinkError>,
         sent: Instant,
         wait: Duration,
     ) -> Next {
@@ -480,7 +480,7 @@ impl HubTask {
             }
             Err(e) => {
                 self.hub_failed(&e);
-                if matches!(e, HubError::GenerationRefused { .. }) && !self.reset {
+                if matches!(e, HubLinkError::GenerationRefused { .. }) && !self.reset {
                     // Retrying the same report would be refused for ever.
                     let applied = self.observed.borrow().desired.generation;
                     tracing::warn!(applied, "the hub refuses the generation this agent reports: reporting generation 0, and taking the hub's answer as a reset");
@@ -517,7 +517,7 @@ impl HubTask {
         if desired.generation < applied.generation && !reset {
             // A hub restored from an older backup: never go back. The reference hub moves
             // past the reported generation; another one is asked again after the backoff.
-            let e = HubError::NotApplied {
+            let e = HubLinkError::NotApplied {
                 generation: desired.generation,
                 why: format!(
                     "it is older than the applied generation {}",
@@ -543,7 +543,7 @@ impl HubTask {
             }
             let refused = self.observed.borrow().refused.clone();
             if let Some(why) = refused {
-                let e = HubError::NotApplied {
+                let e = HubLinkError::NotApplied {
                     generation: desired.generation,
                     why,
                 };
@@ -625,7 +625,7 @@ impl HubTask {
         }
     }
 
-    fn hub_failed(&mut self, e: &HubError) {
+    fn hub_failed(&mut self, e: &HubLinkError) {
         let away = e.is_away();
         self.reached
             .send_if_modified(|c| std::mem::replace(&mut c.away, away) != away);
@@ -656,7 +656,7 @@ impl HubTask {
         self.publish();
     }
 
-    fn apply_failed(&mut self, e: &HubError) {
+    fn apply_failed(&mut self, e: &HubLinkError) {
         let message = crate::error_chain(e);
         if self.apply_failure.as_deref() != Some(message.as_str()) {
             tracing::warn!(error = %message, "the hub's desired state is not applied; keeping the one in force");

@@ -72,8 +72,6 @@ const FLUSH_EVERY: Duration = Duration::from_secs(1);
 const MAX_ID_LEN: usize = 128;
 /// How often, at most, the hub logs that one agent reports a generation ahead of it.
 const AHEAD_LOG_EVERY: Duration = Duration::from_secs(60);
-/// The largest admission limit the hub passes on (the runner's own bound).
-const MAX_LIMIT: usize = 100_000;
 
 /// One desired-settings scope and the generation of its last change.
 #[derive(Debug, Clone, Default)]

@@ -316,43 +316,18 @@ pub(super) fn changed(
 ) -> Result<DesiredSettings, FleetError> {
     let mut next = current.overlaid(&change.set);
     for field in &change.clear {
-        match field.as_str() {
-            "runner_enabled" => next.runner_enabled = None,
-            "max_jobs" => next.max_jobs = None,
-            "max_jobs_per_owner" => next.max_jobs_per_owner = None,
-            "version" => next.version = None,
-            "rollback" => next.rollback = None,
-            "accept_jobs" => next.accept_jobs = None,
-            "drain_deadline_ms" => next.drain_deadline_ms = None,
-            "force_stop" => next.force_stop = None,
-            other => {
-                return Err(FleetError::BadSetting {
-                    field: format!("clear[{other:?}]"),
-                    why: format!("not a desired setting ({})", SETTINGS.join(", ")),
-                })
-            }
-        }
-    }
-    for (field, v) in [
-        ("max_jobs", change.set.max_jobs),
-        ("max_jobs_per_owner", change.set.max_jobs_per_owner),
-    ] {
-        if let Some(n) = v {
-            if n == 0 || n > MAX_LIMIT {
-                return Err(FleetError::BadSetting {
-                    field: field.into(),
-                    why: format!("{n} is out of range (1 to {MAX_LIMIT})"),
-                });
-            }
-        }
-    }
-    if let Some(v) = &change.set.version {
-        if !desired::is_version(v) {
+        if !next.clear(field) {
             return Err(FleetError::BadSetting {
-                field: "version".into(),
-                why: format!("{v:?} is not a version (such as 1.4.0)"),
+                field: format!("clear[{field:?}]"),
+                why: format!("not a desired setting ({})", SETTINGS.join(", ")),
             });
         }
+    }
+    if let Some((field, why)) = change.set.refused() {
+        return Err(FleetError::BadSetting {
+            field: field.into(),
+            why,
+        });
     }
     Ok(next)
 }

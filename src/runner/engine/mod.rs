@@ -50,7 +50,7 @@ use super::confine::{CgroupTier, FsGuard};
 use super::job::{self, JobError, JobPaths};
 use super::sandbox::Sandboxing;
 use super::spec::SpecError;
-use super::store::{Store, StoreError};
+use super::store::{JobStoreError, Store};
 use crate::proto::job::JobSpec;
 
 /// What finished jobs may keep on disk by default, spools and workspaces together.
@@ -124,7 +124,7 @@ pub enum EngineError {
     #[error(transparent)]
     Sandbox(crate::runner::sandbox::SandboxError),
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(#[from] JobStoreError),
     #[error("internal task failed: {0}")]
     Task(String),
 }

@@ -10,7 +10,7 @@
 //! lock held too long) is not dropped: the writer holds it in memory, in order, and tries
 //! again with backoff until it is committed. Meanwhile reads show it (`commit_pending`),
 //! so the API never reports a job that ended as still running. New jobs are refused while
-//! the disk is full or too many changes are held (see [`StoreError::is_disk_full`]).
+//! the disk is full or too many changes are held (see [`JobStoreError::is_disk_full`]).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -52,7 +52,7 @@ pub struct Outcome {
 }
 
 #[derive(Debug, Error)]
-pub enum StoreError {
+pub enum JobStoreError {
     #[error("job database {path}")]
     Sql {
         path: PathBuf,
@@ -88,12 +88,12 @@ pub enum StoreError {
     },
 }
 
-impl StoreError {
+impl JobStoreError {
     /// The write failed for want of room: the API answers 507, not 500.
     pub fn is_disk_full(&self) -> bool {
         match self {
-            StoreError::Full { .. } | StoreError::Backlog { .. } => true,
-            StoreError::Sql { source, .. } => {
+            JobStoreError::Full { .. } | JobStoreError::Backlog { .. } => true,
+            JobStoreError::Sql { source, .. } => {
                 source.sqlite_error_code() == Some(ErrorCode::DiskFull)
             }
             _ => false,
@@ -104,8 +104,8 @@ impl StoreError {
     /// lock is free, or the I/O error has passed.
     fn is_transient(&self) -> bool {
         match self {
-            StoreError::Commit { .. } | StoreError::Full { .. } => true,
-            StoreError::Sql { source, .. } => matches!(
+            JobStoreError::Commit { .. } | JobStoreError::Full { .. } => true,
+            JobStoreError::Sql { source, .. } => matches!(
                 source.sqlite_error_code(),
                 Some(
                     ErrorCode::DiskFull
@@ -169,23 +169,23 @@ pub struct Store {
 /// not cancel the write; a failure nobody waits for is logged.
 #[must_use = "a write's failure is only seen by awaiting it"]
 pub struct Pending<T> {
-    rx: oneshot::Receiver<Result<T, StoreError>>,
+    rx: oneshot::Receiver<Result<T, JobStoreError>>,
     path: Arc<Path>,
 }
 
 impl<T> Pending<T> {
     /// Blocks until the write has been committed. Not on a runtime thread.
-    pub fn wait(self) -> Result<T, StoreError> {
+    pub fn wait(self) -> Result<T, JobStoreError> {
         let path = self.path;
         self.rx.blocking_recv().unwrap_or_else(|_| {
-            Err(StoreError::WriterGone {
+            Err(JobStoreError::WriterGone {
                 path: path.to_path_buf(),
             })
         })
     }
 
     /// A pending that has already failed.
-    fn failed(path: Arc<Path>, e: StoreError) -> Self {
+    fn failed(path: Arc<Path>, e: JobStoreError) -> Self {
         let (tx, rx) = oneshot::channel();
         let _ = tx.send(Err(e));
         Self { rx, path }
@@ -193,7 +193,7 @@ impl<T> Pending<T> {
 }
 
 impl<T> std::future::Future for Pending<T> {
-    type Output = Result<T, StoreError>;
+    type Output = Result<T, JobStoreError>;
 
     fn poll(
         mut self: std::pin::Pin<&mut Self>,
@@ -201,7 +201,7 @@ impl<T> std::future::Future for Pending<T> {
     ) -> std::task::Poll<Self::Output> {
         std::pin::Pin::new(&mut self.rx).poll(cx).map(|r| {
             r.unwrap_or_else(|_| {
-                Err(StoreError::WriterGone {
+                Err(JobStoreError::WriterGone {
                     path: self.path.to_path_buf(),
                 })
             })
@@ -217,7 +217,7 @@ pub fn now_ms() -> i64 {
 impl Store {
     /// Opens (creating, mode 0600 through the runner's umask) and migrates the database,
     /// and starts its writer thread.
-    pub fn open(path: &Path) -> Result<Self, StoreError> {
+    pub fn open(path: &Path) -> Result<Self, JobStoreError> {
         let writer_conn = connect(path)?;
         migrate(&writer_conn, path)?;
         let read = connect(path)?;
@@ -243,7 +243,7 @@ impl Store {
         let writer = std::thread::Builder::new()
             .name("jobs-db-writer".into())
             .spawn(move || writer.run(rx))
-            .map_err(|source| StoreError::Thread {
+            .map_err(|source| JobStoreError::Thread {
                 path: path.to_path_buf(),
                 source,
             })?;
@@ -281,18 +281,18 @@ impl Store {
     /// Queues `f` for the writer.
     fn write<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection, &Path) -> Result<T, StoreError> + Send + 'static,
+        f: impl FnOnce(&Connection, &Path) -> Result<T, JobStoreError> + Send + 'static,
     ) -> Pending<T> {
         let (tx, rx) = oneshot::channel();
         let path = self.path.clone();
         let w: Write = Box::new(move |conn, lost| {
             let result = match lost {
                 Lost::No => in_savepoint(conn, &path, f),
-                Lost::Yes { full: true } => Err(StoreError::Full {
+                Lost::Yes { full: true } => Err(JobStoreError::Full {
                     path: path.to_path_buf(),
                     reason: "an earlier write in its transaction found the disk full".into(),
                 }),
-                Lost::Yes { full: false } => Err(StoreError::Commit {
+                Lost::Yes { full: false } => Err(JobStoreError::Commit {
                     path: path.to_path_buf(),
                     reason: "its transaction could not begin, or an earlier write rolled it back"
                         .into(),
@@ -301,11 +301,11 @@ impl Store {
             let full = matches!(&result, Err(e) if e.is_disk_full());
             let reply: writer::Reply = Box::new(move |failed: Option<&(String, bool)>| {
                 let result = match (result, failed) {
-                    (Ok(_), Some((reason, true))) => Err(StoreError::Full {
+                    (Ok(_), Some((reason, true))) => Err(JobStoreError::Full {
                         path: path.to_path_buf(),
                         reason: reason.to_owned(),
                     }),
-                    (Ok(_), Some((reason, false))) => Err(StoreError::Commit {
+                    (Ok(_), Some((reason, false))) => Err(JobStoreError::Commit {
                         path: path.to_path_buf(),
                         reason: reason.to_owned(),
                     }),
@@ -325,14 +325,14 @@ impl Store {
     }
 
     /// Inserts a queued job, or finds the job that already has this id. Refused with
-    /// [`StoreError::Full`] when the disk is full, or [`StoreError::Backlog`] while
+    /// [`JobStoreError::Full`] when the disk is full, or [`JobStoreError::Backlog`] while
     /// [`MAX_HELD`] changes wait to be written.
     pub fn insert(&self, id: &str, spec: &JobSpec) -> Pending<Inserted> {
         let held = self.held_count();
         if held >= self.max_held {
             return Pending::failed(
                 self.path.clone(),
-                StoreError::Backlog {
+                JobStoreError::Backlog {
                     path: self.path.to_path_buf(),
                     count: held,
                 },
@@ -359,13 +359,13 @@ impl Store {
                 .execute(params![now])
             })
             .map_err(|source| match source.sqlite_error_code() {
-                Some(ErrorCode::DiskFull) => StoreError::Full {
+                Some(ErrorCode::DiskFull) => JobStoreError::Full {
                     path: path.to_owned(),
                     reason: source.to_string(),
                 },
                 _ => sql(path)(source),
             })?;
-            let rec = get_on(c, path, &id)?.ok_or_else(|| StoreError::Sql {
+            let rec = get_on(c, path, &id)?.ok_or_else(|| JobStoreError::Sql {
                 path: path.to_owned(),
                 source: rusqlite::Error::QueryReturnedNoRows,
             })?;
@@ -374,7 +374,7 @@ impl Store {
     }
 
     /// The record, with the changes held in memory laid over it.
-    pub fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
+    pub fn get(&self, id: &str) -> Result<Option<JobRecord>, JobStoreError> {
         if self.held_count() == 0 {
             let conn = crate::util::lock(&self.read);
             return get_on(&conn, &self.path, id);
@@ -398,7 +398,7 @@ impl Store {
         owner: Option<&str>,
         before: Option<i64>,
         limit: u32,
-    ) -> Result<Vec<JobRecord>, StoreError> {
+    ) -> Result<Vec<JobRecord>, JobStoreError> {
         const LIST: &str = concat!(
             "SELECT ",
             columns!(),
@@ -440,13 +440,16 @@ impl Store {
         Ok(recs)
     }
 
-    fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, JobStoreError> {
         let conn = crate::util::lock(&self.read);
         f(&conn).map_err(sql(&self.path))
     }
 
     /// Jobs in these states as committed, oldest first.
-    pub fn in_states(&self, states: &[JobState]) -> Result<Vec<JobRecord>, StoreError> {
+    pub fn in_states(&self, states: &[JobState]) -> Result<Vec<JobRecord>, JobStoreError> {
         let conn = crate::util::lock(&self.read);
         query_on(&conn, &self.path, &in_states_sql(states), [])
     }
@@ -458,7 +461,7 @@ impl Store {
     pub fn read_only_in_states(
         path: &Path,
         states: &[JobState],
-    ) -> Result<Vec<JobRecord>, StoreError> {
+    ) -> Result<Vec<JobRecord>, JobStoreError> {
         use rusqlite::OpenFlags;
         let conn = Connection::open_with_flags(
             path,
@@ -531,7 +534,7 @@ impl Store {
     }
 
     /// Up to `limit` finished jobs, oldest first: `(id, spooled bytes)`.
-    pub fn finished_oldest_first(&self, limit: u32) -> Result<Vec<(String, u64)>, StoreError> {
+    pub fn finished_oldest_first(&self, limit: u32) -> Result<Vec<(String, u64)>, JobStoreError> {
         self.with(|c| {
             let mut stmt = c.prepare_cached(
                 "SELECT id, spooled_bytes FROM jobs \
@@ -545,7 +548,7 @@ impl Store {
     }
 
     /// How many finished jobs there are and how many spooled bytes they hold.
-    pub fn finished_totals(&self) -> Result<(usize, u64), StoreError> {
+    pub fn finished_totals(&self) -> Result<(usize, u64), JobStoreError> {
         self.with(|c| {
             c.query_row(
                 "SELECT COUNT(*), COALESCE(SUM(spooled_bytes), 0) FROM jobs \
@@ -557,7 +560,7 @@ impl Store {
     }
 
     /// State changes of one job, oldest first.
-    pub fn transitions(&self, id: &str) -> Result<Vec<(String, i64)>, StoreError> {
+    pub fn transitions(&self, id: &str) -> Result<Vec<(String, i64)>, JobStoreError> {
         self.with(|c| {
             let mut stmt = c.prepare_cached(
                 "SELECT t.state, t.at_ms FROM transitions t JOIN jobs j ON j.seq = t.job_seq \

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use super::StoreError;
+use super::JobStoreError;
 use crate::proto::job::{JobRecord, JobState};
 
 /// Schema migrations, applied in order; `user_version` records how many ran.
@@ -58,14 +58,14 @@ macro_rules! columns {
 
 pub(super) const GET: &str = concat!("SELECT ", columns!(), " FROM jobs WHERE id = ?1");
 
-pub(super) fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
-    move |source| StoreError::Sql {
+pub(super) fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> JobStoreError + '_ {
+    move |source| JobStoreError::Sql {
         path: path.to_owned(),
         source,
     }
 }
 
-pub(super) fn connect(path: &Path) -> Result<Connection, StoreError> {
+pub(super) fn connect(path: &Path) -> Result<Connection, JobStoreError> {
     let conn = Connection::open(path).map_err(sql(path))?;
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(sql(path))?;
@@ -78,12 +78,12 @@ pub(super) fn connect(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), JobStoreError> {
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .map_err(sql(path))?;
     if version as usize > MIGRATIONS.len() {
-        return Err(StoreError::TooNew {
+        return Err(JobStoreError::TooNew {
             path: path.to_owned(),
             found: version,
             known: MIGRATIONS.len(),
@@ -102,14 +102,14 @@ pub(super) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
 pub(super) fn record(
     path: &Path,
     row: &Row<'_>,
-) -> rusqlite::Result<Result<JobRecord, StoreError>> {
+) -> rusqlite::Result<Result<JobRecord, JobStoreError>> {
     let id: String = row.get(1)?;
     let spec_text: String = row.get(3)?;
     let state_text: String = row.get(4)?;
     let spec = match serde_json::from_str(&spec_text) {
         Ok(s) => s,
         Err(source) => {
-            return Ok(Err(StoreError::Spec {
+            return Ok(Err(JobStoreError::Spec {
                 path: path.to_owned(),
                 id,
                 source,
@@ -146,7 +146,7 @@ pub(super) fn get_on(
     c: &Connection,
     path: &Path,
     id: &str,
-) -> Result<Option<JobRecord>, StoreError> {
+) -> Result<Option<JobRecord>, JobStoreError> {
     let mut stmt = c.prepare_cached(GET).map_err(sql(path))?;
     stmt.query_row(params![id], |r| record(path, r))
         .optional()
@@ -159,7 +159,7 @@ pub(super) fn query_on(
     path: &Path,
     sql_text: &str,
     params: impl rusqlite::Params,
-) -> Result<Vec<JobRecord>, StoreError> {
+) -> Result<Vec<JobRecord>, JobStoreError> {
     let rows = c
         .prepare_cached(sql_text)
         .and_then(|mut stmt| {

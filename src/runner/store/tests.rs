@@ -112,7 +112,7 @@ fn a_failing_write_does_not_undo_the_others_committed_with_it() {
     go.send(()).unwrap();
     let _ = held.wait();
     assert!(matches!(b.wait().unwrap(), Inserted::New(_)));
-    assert!(matches!(bad.wait(), Err(StoreError::Sql { .. })));
+    assert!(matches!(bad.wait(), Err(JobStoreError::Sql { .. })));
     assert!(matches!(c.wait().unwrap(), Inserted::New(_)));
     drop(store);
     let store = Store::open(&dir.path().join("jobs.db")).unwrap();
@@ -266,7 +266,7 @@ fn new_jobs_are_refused_while_too_many_changes_are_held() {
     let r = held(store.mark_running("a", 2, None, "none").wait().unwrap());
     let refused = store.insert("b", &spec(&["true"])).wait();
     assert!(
-        matches!(&refused, Err(e @ StoreError::Backlog { count: 2, .. }) if e.is_disk_full()),
+        matches!(&refused, Err(e @ JobStoreError::Backlog { count: 2, .. }) if e.is_disk_full()),
         "{:?}",
         refused.err()
     );
@@ -316,7 +316,7 @@ fn a_real_full_database_refuses_inserts_as_disk_full() {
     big.stdin = Some("x".repeat(256 * 1024));
     let refused = store.insert("big", &big).wait();
     assert!(
-        matches!(&refused, Err(e @ StoreError::Full { .. }) if e.is_disk_full()),
+        matches!(&refused, Err(e @ JobStoreError::Full { .. }) if e.is_disk_full()),
         "{:?}",
         refused.err()
     );
@@ -352,7 +352,10 @@ fn a_store_dropped_with_held_changes_stops() {
     fill(&store, u32::MAX);
     let later = held(store.mark_starting("a", 1).wait().unwrap());
     drop(store);
-    assert!(matches!(later.wait(), Err(StoreError::WriterGone { .. })));
+    assert!(matches!(
+        later.wait(),
+        Err(JobStoreError::WriterGone { .. })
+    ));
 }
 
 /// A database as schema 1 left it, holding the row `insert` writes.
@@ -395,7 +398,7 @@ fn a_newer_schema_is_refused() {
     drop(c);
     assert!(matches!(
         Store::open(&path),
-        Err(StoreError::TooNew { found: 99, .. })
+        Err(JobStoreError::TooNew { found: 99, .. })
     ));
 }
 

@@ -13,7 +13,7 @@ use rusqlite::{params, Connection, ErrorCode};
 use tokio::sync::oneshot;
 
 use super::schema::sql;
-use super::{Outcome, Pending, Recorded, StoreError};
+use super::{JobStoreError, Outcome, Pending, Recorded};
 use crate::proto::job::{JobRecord, JobState};
 
 /// Runs a write's statements (or, when told the batch's transaction is gone, only fails);
@@ -33,7 +33,7 @@ pub(super) type Reply = Box<dyn FnOnce(Option<&(String, bool)>) + Send>;
 /// What the writer is sent: a one-off write, or a state change it holds until committed.
 pub(super) enum Msg {
     Write(Write),
-    Change(Transition, oneshot::Sender<Result<Recorded, StoreError>>),
+    Change(Transition, oneshot::Sender<Result<Recorded, JobStoreError>>),
 }
 
 /// More writes than this wait for the next transaction, so that no caller waits behind an
@@ -93,7 +93,7 @@ impl Transition {
     /// Sets the job's columns and records the transition. Running it twice changes nothing
     /// more than running it once, but for a second row in `transitions`: it is only run
     /// again when the first did not commit.
-    pub(super) fn apply_sql(&self, c: &Connection, path: &Path) -> Result<(), StoreError> {
+    pub(super) fn apply_sql(&self, c: &Connection, path: &Path) -> Result<(), JobStoreError> {
         let state = self.state().as_str();
         let id = &self.id;
         match &self.change {
@@ -225,8 +225,8 @@ impl Held {
 pub(super) fn in_savepoint<T>(
     c: &Connection,
     path: &Path,
-    f: impl FnOnce(&Connection, &Path) -> Result<T, StoreError>,
-) -> Result<T, StoreError> {
+    f: impl FnOnce(&Connection, &Path) -> Result<T, JobStoreError>,
+) -> Result<T, JobStoreError> {
     c.execute_batch("SAVEPOINT write").map_err(sql(path))?;
     let result = f(c, path).and_then(|v| {
         c.execute_batch("RELEASE write").map_err(sql(path))?;
@@ -247,9 +247,9 @@ pub(super) struct Unsaved {
 
 pub(super) enum Answer {
     /// Its caller waits for the first try.
-    First(oneshot::Sender<Result<Recorded, StoreError>>),
+    First(oneshot::Sender<Result<Recorded, JobStoreError>>),
     /// Its caller was told `Held`, and waits for the commit.
-    Later(oneshot::Sender<Result<(), StoreError>>),
+    Later(oneshot::Sender<Result<(), JobStoreError>>),
 }
 
 /// One write of a batch, once run, before its commit.
@@ -262,7 +262,7 @@ pub(super) enum Tried {
     Applied,
     /// Not run, or run and refused for a reason that may pass: held for the next try.
     Deferred,
-    Failed(StoreError),
+    Failed(JobStoreError),
 }
 
 /// The writer thread's state. It takes whatever is queued, runs it in one transaction,
@@ -315,14 +315,14 @@ impl Writer {
     }
 
     /// Test hook: fails the next change as a full disk would.
-    pub(super) fn fault(&self) -> Option<StoreError> {
+    pub(super) fn fault(&self) -> Option<JobStoreError> {
         #[cfg(test)]
         {
             let take = self
                 .faults
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
             if take.is_ok() {
-                return Some(StoreError::Sql {
+                return Some(JobStoreError::Sql {
                     path: self.path.to_path_buf(),
                     source: rusqlite::Error::SqliteFailure(
                         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
@@ -491,7 +491,7 @@ impl Writer {
         self.unsaved.push_back(Unsaved { t: u.t, reply });
     }
 
-    pub(super) fn fail(&mut self, u: Unsaved, e: StoreError) {
+    pub(super) fn fail(&mut self, u: Unsaved, e: JobStoreError) {
         tracing::error!(db = %self.path.display(), job = %u.t.id, state = u.t.state().as_str(), error = %crate::error_chain(&e), "could not record a job's change");
         match u.reply {
             Answer::First(tx) => {

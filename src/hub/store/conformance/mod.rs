@@ -62,6 +62,12 @@ trait Backend {
 
 struct Sqlite(tempfile::TempDir);
 
+impl Sqlite {
+    fn fresh() -> Self {
+        Sqlite(tempfile::tempdir().expect("tempdir"))
+    }
+}
+
 impl Backend for Sqlite {
     type Store = SqliteStore;
 
@@ -76,12 +82,26 @@ impl Backend for Sqlite {
     }
 }
 
-struct Postgres<'a> {
-    pg: &'a pg::Postgres,
+/// A database of its own on the one server every case of this process shares.
+struct Postgres {
+    pg: &'static pg::Postgres,
     db: String,
 }
 
-impl Backend for Postgres<'_> {
+impl Postgres {
+    fn fresh() -> Self {
+        static CASES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let pg = pg::Postgres::shared();
+        let db = format!(
+            "case{}",
+            CASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        pg.create_db(&db);
+        Postgres { pg, db }
+    }
+}
+
+impl Backend for Postgres {
     type Store = PgStore;
 
     async fn open(&self) -> PgStore {
@@ -102,49 +122,45 @@ impl Backend for Postgres<'_> {
     }
 }
 
-#[tokio::test]
-async fn sqlite_keeps_every_promise() {
-    let mut n = 0;
-    every_case(|| {
-        n += 1;
-        Sqlite(tempfile::tempdir().expect("tempdir"))
-    })
-    .await;
-    assert_eq!(n, CASES);
+/// Each case is a test of its own on each backend, on a fresh database: one that fails
+/// hides no other.
+macro_rules! cases {
+    ($($case:ident),* $(,)?) => {
+        mod on_sqlite {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    super::$case(&super::Sqlite::fresh()).await;
+                }
+            )*
+        }
+
+        mod on_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(&super::Postgres::fresh()).await;
+                }
+            )*
+        }
+    };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_keeps_every_promise() {
-    let pg = pg::Postgres::start().expect("PostgreSQL");
-    let mut n = 0;
-    every_case(|| {
-        n += 1;
-        let db = format!("case{n}");
-        pg.create_db(&db);
-        Postgres { pg: &pg, db }
-    })
-    .await;
-    assert_eq!(n, CASES);
-}
-
-const CASES: usize = 14;
-
-/// Runs each case on a fresh database from `fresh`.
-async fn every_case<B: Backend>(mut fresh: impl FnMut() -> B) {
-    what_is_stored_is_loaded_again(&fresh()).await;
-    no_generation_past_the_protocols_bound_is_handed_out(&fresh()).await;
-    a_change_from_a_stale_copy_is_refused_with_the_stored_settings(&fresh()).await;
-    output_is_taken_once_by_offset_capped_and_read_back_from_any_offset(&fresh()).await;
-    jobs_are_listed_newest_first_and_only_done_ones_are_pruned(&fresh()).await;
-    releases_halts_and_renumbering_move_the_fleets_generation(&fresh()).await;
-    the_hubs_labels_merge_and_go_with_a_revoked_agent(&fresh()).await;
-    a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_listed(&fresh()).await;
-    a_write_from_an_older_copy_never_undoes_an_end(&fresh()).await;
-    rollouts_hold_their_agents_and_move_only_from_the_state_read(&fresh()).await;
-    the_latest_fetch_of_a_release_is_kept_per_agent(&fresh()).await;
-    an_enrolment_token_enrols_as_many_hosts_as_it_may_and_never_takes_an_id(&fresh()).await;
-    a_token_is_revoked_even_when_its_row_no_longer_reads(&fresh()).await;
-    admin_tokens_audit_and_rotation_are_kept(&fresh()).await;
+cases! {
+    what_is_stored_is_loaded_again,
+    no_generation_past_the_protocols_bound_is_handed_out,
+    a_change_from_a_stale_copy_is_refused_with_the_stored_settings,
+    output_is_taken_once_by_offset_capped_and_read_back_from_any_offset,
+    jobs_are_listed_newest_first_and_only_done_ones_are_pruned,
+    releases_halts_and_renumbering_move_the_fleets_generation,
+    the_hubs_labels_merge_and_go_with_a_revoked_agent,
+    a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_listed,
+    a_write_from_an_older_copy_never_undoes_an_end,
+    rollouts_hold_their_agents_and_move_only_from_the_state_read,
+    the_latest_fetch_of_a_release_is_kept_per_agent,
+    an_enrolment_token_enrols_as_many_hosts_as_it_may_and_never_takes_an_id,
+    a_token_is_revoked_even_when_its_row_no_longer_reads,
+    admin_tokens_audit_and_rotation_are_kept,
 }
 
 fn settings(max_jobs: usize) -> DesiredSettings {
