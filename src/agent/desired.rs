@@ -54,7 +54,7 @@ pub(crate) enum DesiredError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Observed {
     /// The desired state in force, as it was given (a hub's limits not yet merged with
-    /// the config file's).
+    /// the config file's), without jobs: the hub task hands those to the jobs task.
     pub(super) desired: DesiredState,
     /// How many desired states from the hub have been handled (applied or refused): the
     /// hub task waits for this to move before it reports again.
@@ -71,7 +71,9 @@ pub(crate) fn path(state_dir: &Path) -> PathBuf {
 }
 
 /// Keeps `desired` in `<state>/desired.json` (0600, replaced atomically): a start while
-/// the hub is unreachable begins from it. Blocking (fsync).
+/// the hub is unreachable begins from it. It holds settings only (never a job's spec,
+/// which may carry what its submitter would not have on every host's disk). Blocking
+/// (fsync).
 pub(super) fn persist(state_dir: &Path, desired: &DesiredState) -> Result<(), DesiredError> {
     let path = path(state_dir);
     let mut bytes = serde_json::to_vec_pretty(desired).map_err(|e| DesiredError::Write {
@@ -119,7 +121,11 @@ pub(super) async fn initial_from_hub(cfg: &AgentConfig) -> DesiredState {
             })
         });
     match kept {
-        Ok(Some(d)) => {
+        Ok(Some(mut d)) => {
+            // Jobs are the runner's once it has them, and the hub's until then: what an
+            // older agent kept of them is not a job to start.
+            d.jobs.clear();
+            d.cancel_jobs.clear();
             tracing::info!(generation = d.generation, runner_enabled = d.runner.enabled, path = %path(&cfg.state_dir).display(), "starting from the desired state the hub gave last");
             d
         }

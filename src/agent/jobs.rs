@@ -1,11 +1,14 @@
 //! Jobs through the hub, on the agent's side.
 //!
 //! Task: [`JobsTask`], one per agent with a hub; the agent's main loop holds its
-//! [`JobsHandle`], the hub task a [`JobReports`] to read.
-//! - In: the desired state the reconciler applied ([`Observed`]): its `jobs` and
-//!   `cancel_jobs`. Each listed job gets a follower; a job the hub no longer lists is
-//!   done at the hub, and its follower goes. The link to the hub the hub task publishes
-//!   (a SIGHUP's new token, another replica), for the uploads.
+//! [`JobsHandle`], the hub task a [`JobsLink`].
+//! - In: the jobs the hub offers, handed over by the hub task from every answer it takes
+//!   ([`JobsLink::offer`]): its `jobs` and `cancel_jobs`. They never pass through the
+//!   reconciler: runner settings it refuses hold no job back, and no job spec is written
+//!   to `desired.json` (the runner's database is a job's record once it has it; the hub
+//!   offers again what it has not seen reported). Each listed job gets a follower; a job
+//!   the hub no longer lists is done at the hub, and its follower goes. The link to the
+//!   hub the hub task publishes (a SIGHUP's new token, another replica), for the uploads.
 //! - Out, to the runner: each job that comes with its spec, submitted with the hub's id
 //!   (idempotent: the runner answers 200 for a job it has, and starts nothing), in the
 //!   hub's order; cancels.
@@ -23,11 +26,10 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, watch, Semaphore};
 
-use super::desired::Observed;
 use super::runner_link::RunnerLink;
 use super::upload::{upload_stream, Links};
 use crate::proto::drain::DrainReport;
-use crate::proto::fleet_job::JobReport;
+use crate::proto::fleet_job::{DesiredJob, JobReport};
 use crate::proto::job::{JobRecord, JobSpec, JobState, Truncation};
 use crate::runner::client::{Client, ClientError};
 use crate::runner::job::Stream;
@@ -45,10 +47,19 @@ const RETRY_MAX: Duration = Duration::from_secs(10);
 const MAX_ERROR: usize = 256;
 const MAX_REASON: usize = 128;
 
-/// The latest report of each followed job; a change moves `moved`.
+/// What the hub offers this host: its jobs (a spec with those not yet seen reported) and
+/// the ids of those to cancel, in the hub's order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Offer {
+    jobs: Vec<DesiredJob>,
+    cancel: Vec<String>,
+}
+
+/// The latest report of each followed job (a change moves `moved`), and the hub's offer.
 struct Reports {
     map: Mutex<HashMap<String, JobReport>>,
     moved: watch::Sender<u64>,
+    offered: watch::Sender<Offer>,
 }
 
 impl Reports {
@@ -74,16 +85,29 @@ impl Reports {
 
 /// The way to the jobs task.
 pub(super) struct JobsHandle {
-    reports: JobReports,
+    link: JobsLink,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-/// The followed jobs' latest reports, for the hub task to send with each reconcile.
+/// The hub task's side of the jobs task: the hub's offer in, the followed jobs' latest
+/// reports out, to go with each reconcile.
 #[derive(Clone)]
-pub(super) struct JobReports(Arc<Reports>);
+pub(super) struct JobsLink(Arc<Reports>);
 
-impl JobReports {
+impl JobsLink {
+    /// Hands over what a hub's answer offers: `jobs`, and `cancel` of them.
+    pub(super) fn offer(&self, jobs: Vec<DesiredJob>, cancel: Vec<String>) {
+        let offer = Offer { jobs, cancel };
+        self.0.offered.send_if_modified(|o| {
+            let changed = *o != offer;
+            if changed {
+                *o = offer;
+            }
+            changed
+        });
+    }
+
     /// Every followed job's latest report, in no order.
     pub(super) fn reports(&self) -> Vec<JobReport> {
         crate::util::lock(&self.0.map).values().cloned().collect()
@@ -98,7 +122,6 @@ impl JobReports {
 impl JobsHandle {
     /// Starts the task.
     pub(super) fn spawn(
-        observed: watch::Receiver<Observed>,
         runner: RunnerLink,
         link: Links,
         drain: watch::Receiver<Option<DrainReport>>,
@@ -106,10 +129,11 @@ impl JobsHandle {
         let reports = Arc::new(Reports {
             map: Mutex::new(HashMap::new()),
             moved: watch::Sender::new(0),
+            offered: watch::Sender::new(Offer::default()),
         });
         let (stop, stop_rx) = oneshot::channel();
         let task = JobsTask {
-            observed,
+            offered: reports.offered.subscribe(),
             stop: stop_rx,
             runner,
             client: None,
@@ -117,19 +141,18 @@ impl JobsHandle {
             drain,
             reports: reports.clone(),
             followers: HashMap::new(),
-            generation: None,
             turn: None,
             slots: Arc::new(Semaphore::new(FOLLOWED)),
         };
         Self {
-            reports: JobReports(reports),
+            link: JobsLink(reports),
             stop: Some(stop),
             task: tokio::spawn(task.run()),
         }
     }
 
-    pub(super) fn reports(&self) -> JobReports {
-        self.reports.clone()
+    pub(super) fn link(&self) -> JobsLink {
+        self.link.clone()
     }
 
     /// Ends every follower (the runner's jobs go on; a restarted agent follows them again
@@ -150,7 +173,7 @@ struct Follower {
 }
 
 struct JobsTask {
-    observed: watch::Receiver<Observed>,
+    offered: watch::Receiver<Offer>,
     stop: oneshot::Receiver<()>,
     runner: RunnerLink,
     /// The runner's API client, taken when the first job comes.
@@ -160,8 +183,6 @@ struct JobsTask {
     drain: watch::Receiver<Option<DrainReport>>,
     reports: Arc<Reports>,
     followers: HashMap<String, Follower>,
-    /// The generation of the desired state converged to last.
-    generation: Option<u64>,
     /// Says when the follower started last has submitted its job: the next one submits
     /// after it, so the runner queues the hub's jobs in the hub's order.
     turn: Option<oneshot::Receiver<()>>,
@@ -174,7 +195,7 @@ impl JobsTask {
             self.converge().await;
             tokio::select! {
                 // Cancel-safe: a watch receiver keeps its seen-version between polls.
-                r = self.observed.changed() => if r.is_err() { break },
+                r = self.offered.changed() => if r.is_err() { break },
                 // Cancel-safe: polled by reference, it resolves once.
                 _ = &mut self.stop => break,
             }
@@ -186,16 +207,11 @@ impl JobsTask {
     }
 
     async fn converge(&mut self) {
-        // Taken out at once: the reconciler cannot publish while this is borrowed.
-        let (generation, jobs, cancel_jobs) = {
-            let o = self.observed.borrow_and_update();
-            let d = &o.desired;
-            if self.generation == Some(d.generation) {
-                return;
-            }
-            (d.generation, d.jobs.clone(), d.cancel_jobs.clone())
-        };
-        self.generation = Some(generation);
+        // Taken out at once: the hub task cannot offer while this is borrowed.
+        let Offer {
+            jobs,
+            cancel: cancel_jobs,
+        } = self.offered.borrow_and_update().clone();
         let runner = match &self.client {
             Some(r) => r.clone(),
             None if jobs.is_empty() => return,

@@ -267,19 +267,15 @@ pub(crate) async fn run(
         runner: runner.clone(),
         drain: drain.for_upgrade(),
     });
-    // The hub's jobs on this host, followed from the desired state in force, are this
-    // loop's; the hub task reads their reports and publishes the link their uploads take.
+    // The hub's jobs on this host, as the hub task hands them over from each answer, are
+    // this loop's; the hub task reads their reports and publishes the link their uploads
+    // take.
     let (hub, jobs) = match hub {
         Some(conn) => {
-            let jobs = JobsHandle::spawn(
-                reconciler.observed(),
-                runner.clone(),
-                links_tx.subscribe(),
-                drain.report(),
-            );
+            let jobs = JobsHandle::spawn(runner.clone(), links_tx.subscribe(), drain.report());
             let ctx = hub::HubCtx {
                 runner: runner.clone(),
-                jobs: jobs.reports(),
+                jobs: jobs.link(),
                 labels: cfg.labels.clone(),
                 reconciler: reconciler.clone(),
                 reporter: reporter.clone(),

@@ -48,7 +48,7 @@ pub(crate) use self::error::HubLinkError;
 use self::pace::{Backoff, Pace};
 use super::config::HubSettings;
 use super::desired::Observed;
-use super::jobs::JobReports;
+use super::jobs::JobsLink;
 use super::reconciler::ReconcilerHandle;
 use super::reporter::ReporterHandle;
 use super::runner_link::RunnerLink;
@@ -105,8 +105,9 @@ pub(super) struct HubHandle {
 pub(super) struct HubCtx {
     /// For the runner's job counts, in each report that finds it running.
     pub(super) runner: RunnerLink,
-    /// The hub's jobs on this host; their reports go with every reconcile.
-    pub(super) jobs: JobReports,
+    /// The hub's jobs on this host: what each answer offers goes in, their reports go
+    /// with every reconcile.
+    pub(super) jobs: JobsLink,
     /// The labels the host declares (`agent.labels`).
     pub(super) labels: Labels,
     pub(super) reconciler: ReconcilerHandle,
@@ -202,7 +203,7 @@ struct HubTask {
     /// The replica in use, for the upgrader's downloads.
     links: watch::Sender<Option<super::upload::HubLink>>,
     /// The hub's jobs on this host; their reports go with every reconcile.
-    jobs: JobReports,
+    jobs: JobsLink,
     jobs_moved: watch::Receiver<u64>,
     /// The labels the host declares, as the last configuration read says.
     labels: Labels,
@@ -527,6 +528,13 @@ impl HubTask {
             self.apply_failed(&e);
             return Next::Pause(self.backoff.next());
         }
+        // The jobs go to the jobs task from here, whatever becomes of the runner settings
+        // beside them; the reconciler and desired.json see settings only.
+        let mut desired = desired;
+        self.jobs.offer(
+            std::mem::take(&mut desired.jobs),
+            std::mem::take(&mut desired.cancel_jobs),
+        );
         let news = desired != applied;
         if news {
             if reset {

@@ -425,3 +425,77 @@ fn the_hosts_labels_and_the_hubs_reach_agent_list_and_a_sighup_changes_the_hosts
         "{kept:#}"
     );
 }
+
+/// What the fake hub of [`runner_settings_the_agent_cannot_apply_hold_no_job_back`] says:
+/// every upload taken whole, and to a reconcile the desired state of `phase`.
+fn jobs_apart_hub(req: &str, phase: usize) -> (&'static str, String) {
+    if let Some(offset) = req
+        .strip_prefix("PUT ")
+        .and_then(|r| r.split_once("offset="))
+        .and_then(|(_, r)| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        let body = req.split_once("\r\n\r\n").map_or(0, |(_, b)| b.len());
+        return ("200 OK", format!(r#"{{"length": {}}}"#, offset + body));
+    }
+    let job = r#"{"id": "j1", "spec": {"id": "j1", "argv": ["echo", "hi"]}}"#;
+    let answer = match phase {
+        0 => r#"{"generation": 1, "poll_interval_secs": 1, "runner": {"enabled": true}}"#.into(),
+        // A spool cap needs a new runner, which this host cannot build for now.
+        1 => format!(
+            r#"{{"generation": 2, "poll_interval_secs": 1, "runner": {{"enabled": true, "max_output_bytes": 65536}}, "jobs": [{job}]}}"#
+        ),
+        _ => format!(
+            r#"{{"generation": 3, "poll_interval_secs": 1, "runner": {{"enabled": true, "max_output_bytes": 65536}}, "jobs": [{job}]}}"#
+        ),
+    };
+    ("200 OK", answer)
+}
+
+#[test]
+fn runner_settings_the_agent_cannot_apply_hold_no_job_back() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let ca = TestCa::new();
+    let phase = std::sync::Arc::new(AtomicUsize::new(0));
+    let p = phase.clone();
+    let hub = FakeHub::scripted(ca.server(), move |req| {
+        jobs_apart_hub(req, p.load(Ordering::SeqCst))
+    });
+    let h = HubHost::new(&ca.pem());
+    let _agent = h.start_agent(&hub.url);
+    h.wait_status("generation 1 applied", LIMIT, |st| {
+        st["hub"]["generation"] == 1 && st["runner"]["state"] == "running"
+    });
+    // A new runner cannot be built while its log directory is not one.
+    let logs = h.host.path("logs");
+    let aside = h.host.path("logs.aside");
+    fs::rename(&logs, &aside).expect("move the log directory aside");
+    fs::write(&logs, "").expect("a file in its place");
+    phase.store(1, Ordering::SeqCst);
+    let st = h.wait_hub_error("generation 2", LIMIT);
+    assert_eq!(st["hub"]["generation"], 1, "{st:#}");
+    // The job in the refused answer ran all the same, and its end reached the hub.
+    wait_for(LIMIT, "j1 reported succeeded", || {
+        hub.requests()
+            .iter()
+            .any(|r| {
+                r.starts_with("POST ")
+                    && report_of(r)["jobs"].as_array().is_some_and(|js| {
+                        js.iter()
+                            .any(|j| j["id"] == "j1" && j["state"] == "succeeded")
+                    })
+            })
+            .then_some(())
+    });
+    fs::remove_file(&logs).expect("the file");
+    fs::rename(&aside, &logs).expect("the log directory back");
+    phase.store(2, Ordering::SeqCst);
+    h.wait_status("generation 3 applied", LIMIT, |st| {
+        st["hub"]["generation"] == 3
+    });
+    // What is kept on disk is settings, never a job's spec.
+    let kept: Value =
+        serde_json::from_str(&read_lossy(&h.host.state().join("desired.json"))).expect("kept");
+    assert_eq!(kept["generation"], 3, "{kept:#}");
+    assert!(kept.get("jobs").is_none(), "{kept:#}");
+}
