@@ -2,12 +2,15 @@
 //! HTTP, `GET /metrics` only, in Prometheus' text format. The agent's own (its runner's
 //! state and restarts, the hub link and its reconciles, the upgrade, the drain) from the
 //! status the reporter last wrote, and then its runner's (jobs by state, their durations,
-//! spool bytes, the confinement tier) from the runner's socket.
+//! spool bytes, the confinement tier) from the runner's socket; and the room left on the
+//! state directory's file system, where the runner keeps jobs' records, workspaces and
+//! output.
 //!
 //! Task: [`MetricsHandle`], one per agent with metrics; the listener is bound before the
 //! agent starts anything, so a port in use is a configuration error (exit 2).
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::http::{header, HeaderValue, StatusCode};
@@ -37,6 +40,7 @@ impl MetricsHandle {
         settings: &MetricsSettings,
         reporter: ReporterHandle,
         runner: RunnerLink,
+        state_dir: PathBuf,
     ) -> Result<Self, AgentError> {
         let listener = tokio::net::TcpListener::bind(settings.listen)
             .await
@@ -50,7 +54,8 @@ impl MetricsHandle {
                 "/metrics",
                 axum::routing::get(move || {
                     let (reporter, runner) = (reporter.clone(), runner.clone());
-                    async move { scrape(&reporter, &runner).await }
+                    let state_dir = state_dir.clone();
+                    async move { scrape(&reporter, &runner, state_dir).await }
                 }),
             )
             .fallback(|| async { (StatusCode::NOT_FOUND, "only /metrics is served here\n") });
@@ -66,8 +71,32 @@ impl MetricsHandle {
     }
 }
 
-async fn scrape(reporter: &ReporterHandle, runner: &RunnerLink) -> Response {
+async fn scrape(reporter: &ReporterHandle, runner: &RunnerLink, state_dir: PathBuf) -> Response {
     let mut out = render(&reporter.latest());
+    // A file system that does not answer in time (a hung network mount) leaves these out.
+    let space = tokio::task::spawn_blocking(move || nix::sys::statvfs::statvfs(&state_dir));
+    if let Ok(Ok(Ok(st))) = tokio::time::timeout(RUNNER_TIMEOUT, space).await {
+        #[allow(clippy::unnecessary_cast)]
+        let (frag, avail, size) = (
+            st.fragment_size() as u64,
+            st.blocks_available() as u64,
+            st.blocks() as u64,
+        );
+        sample(
+            &mut out,
+            "railgrid_agent_state_fs_avail_bytes",
+            "Bytes an unprivileged writer may still use on the state directory's file system.",
+            "gauge",
+            avail.saturating_mul(frag),
+        );
+        sample(
+            &mut out,
+            "railgrid_agent_state_fs_size_bytes",
+            "The size of the state directory's file system, in bytes.",
+            "gauge",
+            size.saturating_mul(frag),
+        );
+    }
     // The runner's own, when it answers in time.
     let runner_part = async {
         let client = runner.client().await.ok()?;

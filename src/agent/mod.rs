@@ -242,7 +242,15 @@ pub(crate) async fn run(
     ));
     // Before the runner starts: a port in use is a configuration error.
     let metrics = match &cfg.metrics {
-        Some(m) => Some(metrics::MetricsHandle::spawn(m, reporter.clone(), runner.clone()).await?),
+        Some(m) => Some(
+            metrics::MetricsHandle::spawn(
+                m,
+                reporter.clone(),
+                runner.clone(),
+                cfg.state_dir.clone(),
+            )
+            .await?,
+        ),
         None => None,
     };
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(None);

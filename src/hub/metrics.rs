@@ -117,6 +117,7 @@ pub(crate) struct Gauges {
     pub(crate) by_version: BTreeMap<String, u64>,
     pub(crate) open_jobs: BTreeMap<String, u64>,
     pub(crate) queue_depth: BTreeMap<String, u64>,
+    pub(crate) queue_oldest_secs: BTreeMap<String, u64>,
     pub(crate) polls_held: u64,
     pub(crate) rollouts: BTreeMap<String, u64>,
     pub(crate) rollout_members: BTreeMap<String, u64>,
@@ -179,6 +180,18 @@ pub(crate) fn render(g: &Gauges, replica: &str) -> String {
         "gauge",
     );
     labelled(&mut out, "railgrid_queue_depth", "selector", &g.queue_depth);
+    gauge(
+        &mut out,
+        "railgrid_queue_oldest_seconds",
+        "How long the job waiting longest in the fleet's queue has waited, by selector.",
+        "gauge",
+    );
+    labelled(
+        &mut out,
+        "railgrid_queue_oldest_seconds",
+        "selector",
+        &g.queue_oldest_secs,
+    );
     gauge(
         &mut out,
         "railgrid_jobs_ended_total",

@@ -1,7 +1,8 @@
 //! Metrics, as a real monitoring system takes them: the hub's (over TLS with a token, and
 //! in plain HTTP on --metrics-listen) and the agent's with its runner's, checked by
 //! `promtool check metrics` and scraped by a real Prometheus, whose query returns the
-//! jobs just run.
+//! jobs just run; and the alert and recording rules of packaging/prometheus, loaded by that
+//! Prometheus and tested with `promtool test rules`.
 
 use std::fs;
 use std::process::{Command, Stdio};
@@ -135,6 +136,19 @@ fn the_hub_and_the_agent_are_scraped_by_a_real_prometheus() {
     assert_eq!(code, 200);
     promtool(&agent, "the agent");
     assert!(agent.contains("railgrid_agent_runner_up 1"), "{agent}");
+    assert!(
+        agent.contains("railgrid_agent_state_fs_size_bytes "),
+        "{agent}"
+    );
+    // Every metric the rules name is one a hub or an agent exports.
+    let rules = read_lossy(std::path::Path::new(RULES));
+    for name in metric_names(&rules) {
+        let exported = format!("# TYPE {name} ");
+        assert!(
+            plain.contains(&exported) || agent.contains(&exported),
+            "{RULES} names {name}, which neither the hub nor the agent exports"
+        );
+    }
 
     // A real Prometheus scrapes both, and a query returns the jobs just run.
     let prom_port = free_port();
@@ -142,7 +156,8 @@ fn the_hub_and_the_agent_are_scraped_by_a_real_prometheus() {
     fs::write(
         &config,
         format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: hub\n    static_configs:\n      - targets: ['{hub_metrics}']\n  - job_name: agent\n    static_configs:\n      - targets: ['127.0.0.1:{agent_port}']\n"
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: hub\n    static_configs:\n      - targets: ['{hub_metrics}']\n  - job_name: agent\n    static_configs:\n      - targets: ['127.0.0.1:{agent_port}']\n",
+            fs::canonicalize(RULES).expect("the rules").display()
         ),
     )
     .expect("config");
@@ -178,4 +193,67 @@ fn the_hub_and_the_agent_are_scraped_by_a_real_prometheus() {
         prom_value(&prom, "railgrid_agents{state=\"connected\"}")
     });
     assert_eq!(up, 1.0);
+    // Prometheus loaded the rules and evaluates them without an error.
+    let loaded = wait_for(LIMIT, "the rules evaluated", || {
+        let (code, body) = get(&format!("{prom}/api/v1/rules"));
+        let v: Value = serde_json::from_str(&body).ok()?;
+        let groups = v["data"]["groups"].as_array()?.clone();
+        let evaluated = groups.len() == 2
+            && groups.iter().all(|g| {
+                g["rules"].as_array().is_some_and(|r| {
+                    r.iter()
+                        .all(|r| r["lastEvaluation"] != "0001-01-01T00:00:00Z")
+                })
+            });
+        (code == 200 && evaluated).then_some(groups)
+    });
+    for g in &loaded {
+        for r in g["rules"].as_array().expect("rules") {
+            assert_eq!(r["health"], "ok", "{r}");
+        }
+    }
+    let ratio = wait_for(LIMIT, "the disk ratio recorded", || {
+        prom_value(&prom, "railgrid:agent_state_fs_avail:ratio")
+    });
+    assert!((0.0..=1.0).contains(&ratio), "{ratio}");
+}
+
+/// The alert and recording rules operators load (docs/operations.md, "Alerts").
+const RULES: &str = "packaging/prometheus/railgrid.rules.yml";
+
+/// The `railgrid_…` metrics an expression text names (a histogram's by its family).
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for (i, _) in text.match_indices("railgrid_") {
+        if text[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        let name: String = text[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let family = name.strip_suffix("_bucket").unwrap_or(&name).to_owned();
+        names.insert(family);
+    }
+    names
+}
+
+#[test]
+fn the_alert_rules_fire_and_stay_quiet_as_their_tests_say() {
+    for args in [
+        &["check", "rules", "railgrid.rules.yml"][..],
+        &["test", "rules", "railgrid.test.yml"][..],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir("packaging/prometheus")
+            .output()
+            .expect("promtool (scripts/install-test-prerequisites.sh installs it)");
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -1,5 +1,5 @@
 //! What the fleet is now, counted for a metrics scrape: agents by state and version, open
-//! jobs by state, the queue by selector, held polls, and the rollouts that are not over.
+//! jobs by state, the queue by selector (and how long its oldest job has waited), held polls, and the rollouts that are not over.
 
 use super::*;
 use crate::hub::metrics::Gauges;
@@ -35,8 +35,11 @@ impl<S: Store> Fleet<S> {
         }
         {
             let q = util::lock(&self.queue);
-            for (text, n) in q.depths() {
+            let now = util::unix_now_ms();
+            for (text, n, oldest_ms) in q.depths() {
                 *g.open_jobs.entry(QUEUED.into()).or_default() += n;
+                g.queue_oldest_secs
+                    .insert(text.clone(), now.saturating_sub(oldest_ms) / 1000);
                 g.queue_depth.insert(text, n);
             }
         }

@@ -168,11 +168,19 @@ impl Queue {
         Some(q.row)
     }
 
-    /// How many jobs wait under each selector (and scope, after a `|`).
-    pub(in crate::hub::fleet) fn depths(&self) -> Vec<(String, u64)> {
+    /// How many jobs wait under each selector (and scope, after a `|`), and when the
+    /// one waiting longest was submitted (Unix ms).
+    pub(in crate::hub::fleet) fn depths(&self) -> Vec<(String, u64, u64)> {
         self.lanes
             .iter()
-            .map(|(text, lane)| (text.replace('\u{1f}', " | scope "), lane.jobs.len() as u64))
+            .map(|(text, lane)| {
+                let oldest = lane.jobs.values().map(|q| q.row.created_ms).min();
+                (
+                    text.replace('\u{1f}', " | scope "),
+                    lane.jobs.len() as u64,
+                    oldest.unwrap_or(0),
+                )
+            })
             .collect()
     }
 
