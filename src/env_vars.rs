@@ -30,6 +30,7 @@ pub(crate) const RUNNER_SANDBOX: &str = "RAILGRID_RUNNER_SANDBOX";
 pub(crate) const RUNNER_SANDBOX_SHARED: &str = "RAILGRID_RUNNER_SANDBOX_SHARED";
 pub(crate) const RUNNER_SANDBOX_TMP_SIZE: &str = "RAILGRID_RUNNER_SANDBOX_TMP_SIZE";
 pub(crate) const RUNNER_SANDBOX_ALLOW_SYSCALLS: &str = "RAILGRID_RUNNER_SANDBOX_ALLOW_SYSCALLS";
+pub(crate) const RUNNER_NETWORK: &str = "RAILGRID_RUNNER_NETWORK";
 pub(crate) const HUB_URL: &str = "RAILGRID_HUB_URL";
 /// `text` or `json`: how `agent run`, `runner run` and `hub serve` (and every other
 /// command) write their log lines.

@@ -402,8 +402,10 @@ impl Job {
                         tokio::time::sleep(pause.next()).await;
                         continue;
                     }
+                    // Refused for good: a bad spec, an id taken, one too large, or a
+                    // network wider than the host's policy (403).
                     Err(ClientError::Api {
-                        status: 400 | 409 | 413 | 422,
+                        status: 400 | 403 | 409 | 413 | 422,
                         message,
                         ..
                     }) => {

@@ -574,8 +574,12 @@ pub struct HubDesiredSetArgs {
     /// a downgrade otherwise).
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
     pub rollback: Option<bool>,
+    /// The network jobs reach unless they ask for less: `none` (loopback of their own)
+    /// or `open` (docs/security.md, "Egress").
+    #[arg(long, value_name = "POLICY")]
+    pub network: Option<crate::proto::job::Network>,
     /// Unset a setting here (repeatable): runner_enabled, max_jobs, max_jobs_per_owner,
-    /// version, rollback.
+    /// version, rollback, network.
     #[arg(long, value_name = "FIELD")]
     pub clear: Vec<String>,
 }

@@ -100,6 +100,10 @@ pub struct JobSpecArgs {
     pub owner: Option<String>,
     #[command(flatten)]
     pub limits: JobLimitArgs,
+    /// The network the job may reach: `none` (loopback of its own only) or `open`; never
+    /// wider than the runner's `runner.network` (default: the runner's).
+    #[arg(long, value_name = "POLICY")]
+    pub network: Option<crate::proto::job::Network>,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM")]
     pub command: Vec<String>,

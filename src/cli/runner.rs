@@ -89,6 +89,11 @@ pub struct RunnerArgs {
     /// docs/security.md lists them).
     #[arg(long, value_name = "NAME")]
     pub sandbox_allow_syscall: Vec<String>,
+    /// The network jobs reach unless they ask for less: `open` (the host's) or `none` (a
+    /// network namespace of their own, loopback only; needs the sandbox) (the agent
+    /// passes runner.network).
+    #[arg(long, value_name = "POLICY", default_value = "open")]
+    pub network: crate::proto::job::Network,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

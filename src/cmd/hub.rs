@@ -294,6 +294,7 @@ fn desired_change(a: &HubDesiredSetArgs) -> DesiredChange {
             max_jobs_per_owner: a.max_jobs_per_owner,
             version: a.version.clone(),
             rollback: a.rollback,
+            network: a.network,
             ..DesiredSettings::default()
         },
         clear: a.clear.clone(),
@@ -497,6 +498,9 @@ fn desired_text(v: &DesiredView) -> String {
     let _ = writeln!(out, "version:             {}", show(s.version.clone()));
     if let Some(r) = s.rollback {
         let _ = writeln!(out, "rollback:            {r}");
+    }
+    if let Some(n) = s.network {
+        let _ = writeln!(out, "network:             {n}");
     }
     if let Some(e) = &v.effective {
         let _ = writeln!(

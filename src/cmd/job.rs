@@ -148,6 +148,7 @@ pub(super) fn spec_of(a: crate::cli::JobSpecArgs) -> JobSpec {
         timeout_secs: a.timeout.map(|d| d.as_secs().max(1)),
         owner: a.owner,
         limits: limits_of(&a.limits),
+        network: a.network,
         ..JobSpec::default()
     }
 }

@@ -41,6 +41,7 @@ pub(super) fn run(args: RunnerArgs) -> anyhow::Result<ExitCode> {
             tmp_bytes: args.sandbox_tmp_size,
             shm_bytes: args.sandbox_shm_size,
             allow_syscalls: args.sandbox_allow_syscall,
+            network: args.network,
         },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

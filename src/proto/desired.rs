@@ -182,6 +182,10 @@ pub struct DesiredRunner {
     pub max_jobs_per_owner: Option<usize>,
     pub max_queued: Option<usize>,
     pub max_output_bytes: Option<u64>,
+    /// The network jobs reach unless they ask for less; `None` keeps the host's own
+    /// (`runner.network`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::proto::job::Network>,
 }
 
 /// A desired state that says nothing of the runner still wants one: the embedded default
@@ -199,6 +203,7 @@ impl Default for DesiredRunner {
             max_jobs_per_owner: None,
             max_queued: None,
             max_output_bytes: None,
+            network: None,
         }
     }
 }
@@ -353,6 +358,7 @@ mod tests {
                 max_jobs_per_owner: Some(2),
                 max_queued: Some(10),
                 max_output_bytes: Some(1 << 20),
+                network: Some(crate::proto::job::Network::None),
             },
             jobs: vec![DesiredJob {
                 id: "j1".into(),

@@ -160,6 +160,9 @@ desired_settings! {
     /// True: a disabled runner stops at once (`desired set --runner-enabled false
     /// --force`) instead of draining first.
     force_stop: bool;
+    /// The network jobs reach unless they ask for less (`none`, `open`; docs/security.md,
+    /// "Egress"): the host's `runner.network` when no scope sets it.
+    network: crate::proto::job::Network;
 }
 
 /// The largest admission limit the hub passes on (the runner's own bound).

@@ -42,6 +42,47 @@ pub struct JobSpec {
     pub owner: Option<String>,
     pub stdin: Option<String>,
     pub limits: Option<Limits>,
+    /// The network the job may reach: narrower than the runner's policy, never wider
+    /// (docs/security.md, "Egress"). `None`: the runner's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
+}
+
+/// A job's network (docs/security.md, "Egress"), from the narrowest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Network {
+    /// A network namespace of its own with loopback only: nothing outside the job.
+    None,
+    /// The host's network, as an unsandboxed process has it.
+    Open,
+}
+
+impl Network {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::None => "none",
+            Network::Open => "open",
+        }
+    }
+}
+
+impl std::fmt::Display for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Network {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Network::None),
+            "open" => Ok(Network::Open),
+            other => Err(format!("{other:?} is not a network policy (none, open)")),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -146,8 +146,11 @@ impl From<EngineError> for ApiError {
             EngineError::Draining { .. } => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "draining", message)
             }
-            EngineError::NoSandbox { .. } => {
+            EngineError::NoSandbox { .. } | EngineError::NoNetworkSandbox { .. } => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "no_sandbox", message)
+            }
+            EngineError::NetworkWider { .. } => {
+                Self::new(StatusCode::FORBIDDEN, "network_policy", message)
             }
             EngineError::Drain(super::engine::DrainError::Invalid(_)) => {
                 Self::new(StatusCode::BAD_REQUEST, "invalid_drain", message)

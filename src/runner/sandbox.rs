@@ -38,6 +38,8 @@ pub struct SandboxConfig {
     pub shm_bytes: u64,
     /// System calls taken off the default deny list.
     pub allow_syscalls: Vec<String>,
+    /// The network a job may reach unless it asks for less (`runner.network`).
+    pub network: crate::proto::job::Network,
 }
 
 /// A job's `/tmp` and `/var/tmp`, each, unless configured.
@@ -53,6 +55,7 @@ impl Default for SandboxConfig {
             tmp_bytes: DEFAULT_TMP_BYTES,
             shm_bytes: DEFAULT_SHM_BYTES,
             allow_syscalls: Vec::new(),
+            network: crate::proto::job::Network::Open,
         }
     }
 }
@@ -185,7 +188,7 @@ impl Sandboxing {
         let dir = crate::sys::dirfd::Dir::open(&work).map_err(|e| e.to_string())?;
         // The probe binds the work root itself where a job's workspace would be.
         let plan = self
-            .plan(".", dir.as_fd(), None)
+            .plan(".", dir.as_fd(), None, self.config.network)
             .map_err(|e| e.to_string())?;
         let spec = crate::sys::launch::LaunchSpec {
             programs: &[],
@@ -240,16 +243,23 @@ impl Sandboxing {
         &self.config.shared
     }
 
+    /// The network a job gets unless it asks for less (`runner.network`).
+    pub fn network(&self) -> crate::proto::job::Network {
+        self.config.network
+    }
+
     /// Job `id`'s sandbox: its workspace (open as `workspace`) and its working directory
     /// (`cwd`: where it is under the work root, and open) bound read-write, each from its
     /// descriptor (the very directory that was checked, never a path looked up again), the
-    /// rest of the runner's directory hidden.
+    /// rest of the runner's directory hidden; a network namespace of its own when its
+    /// `network` is `none`.
     #[cfg(target_os = "linux")]
     pub fn plan(
         &self,
         id: &str,
         workspace: BorrowedFd<'_>,
         cwd: Option<(&Path, BorrowedFd<'_>)>,
+        network: crate::proto::job::Network,
     ) -> io::Result<JobSandbox> {
         let mut b = Builder {
             root: &self.root,
@@ -327,6 +337,7 @@ impl Sandboxing {
             .collect();
         let start = work.join(cwd.map_or(ws_rel.as_path(), |(rel, _)| rel));
         Ok(JobSandbox {
+            own_network: network == crate::proto::job::Network::None,
             mounts: b.mounts,
             cwd: c(&start),
             hostname: c_str(&format!("job-{host}")),
@@ -404,6 +415,8 @@ impl Builder<'_> {
 /// One job's sandbox, made before its launch.
 #[derive(Debug)]
 pub struct JobSandbox {
+    /// Its network namespace (`network = "none"`).
+    own_network: bool,
     #[cfg(target_os = "linux")]
     mounts: Vec<crate::sys::sandbox::Mount>,
     #[cfg(not(target_os = "linux"))]
@@ -424,6 +437,7 @@ impl JobSandbox {
             hostname: &self.hostname,
             cwd: &self.cwd,
             seccomp: s.filter.as_ref(),
+            own_network: self.own_network,
         }
     }
 }

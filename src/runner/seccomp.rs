@@ -297,7 +297,11 @@ mod tests {
             } else if nr == libc::SYS_clone3 as u32 {
                 assert_eq!(got, ENOSYS, "clone3");
             } else if nr == libc::SYS_clone as u32 || nr == libc::SYS_unshare as u32 {
-                assert_eq!(got, libc::SECCOMP_RET_ALLOW, "call {nr} without CLONE_NEWUSER");
+                assert_eq!(
+                    got,
+                    libc::SECCOMP_RET_ALLOW,
+                    "call {nr} without CLONE_NEWUSER"
+                );
                 assert_eq!(run(&prog, arch, nr, newuser | 0x11), EPERM, "call {nr}");
             } else {
                 assert_eq!(got, libc::SECCOMP_RET_ALLOW, "call {nr}");

@@ -119,6 +119,8 @@ pub enum Step {
     Hostname,
     NoNewPrivs,
     Seccomp,
+    /// The loopback of a sandbox's own network namespace.
+    Loopback,
 }
 
 impl Step {
@@ -142,6 +144,7 @@ impl Step {
             13 => Step::Hostname,
             14 => Step::NoNewPrivs,
             15 => Step::Seccomp,
+            16 => Step::Loopback,
             _ => Step::Clone,
         }
     }
@@ -158,13 +161,14 @@ impl std::fmt::Display for Step {
             Step::Chdir => "chdir to its working directory",
             Step::Landlock => "restrict itself to its Landlock ruleset",
             Step::Exec => "execve",
-            Step::Namespaces => "make its namespaces (user, mount, PID, IPC, UTS, cgroup)",
+            Step::Namespaces => "make its namespaces (user, mount, PID, IPC, UTS, cgroup, network)",
             Step::IdMaps => "map its uid and gid in its user namespace",
             Step::Mounts => "mount its file system",
             Step::PivotRoot => "enter its own root (pivot_root)",
             Step::Hostname => "set its hostname",
             Step::NoNewPrivs => "set no_new_privs",
             Step::Seccomp => "install its seccomp filter",
+            Step::Loopback => "bring up the loopback of its network namespace",
         })
     }
 }

@@ -101,6 +101,8 @@ pub struct Sandbox<'a> {
     pub cwd: &'a CStr,
     /// A seccomp filter the job installs last before exec.
     pub seccomp: Option<&'a Filter>,
+    /// A network namespace of its own, with its loopback up and nothing else.
+    pub own_network: bool,
 }
 
 /// Seccomp-BPF programs, as `prctl(PR_SET_SECCOMP)` takes each, installed in order (the
@@ -263,6 +265,11 @@ fn run(
         mount: AtomicI32::new(-1),
         errno: AtomicI32::new(0),
     };
+    let net = if sb.own_network {
+        libc::CLONE_NEWNET
+    } else {
+        0
+    };
     let flags = libc::CLONE_VM
         | libc::CLONE_PIDFD
         | libc::CLONE_NEWUSER
@@ -270,6 +277,7 @@ fn run(
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS
+        | net
         | libc::SIGCHLD;
     let mut pidfd: libc::c_int = -1;
     let mask = super::launch::BlockedSignals::all();
@@ -396,6 +404,9 @@ extern "C" fn init(arg: *mut libc::c_void) -> libc::c_int {
         if libc::sethostname(sh.sb.hostname.as_ptr(), sh.sb.hostname.to_bytes().len()) < 0 {
             return bail(sh, Step::Hostname);
         }
+        if sh.sb.own_network && !loopback_up() {
+            return bail(sh, Step::Loopback);
+        }
         if sh.probe {
             libc::close(sh.ready);
             libc::_exit(0);
@@ -428,6 +439,28 @@ extern "C" fn init(arg: *mut libc::c_void) -> libc::c_int {
         }
         reap_and_forward(job, cell)
     }
+}
+
+/// Brings up the loopback interface of PID 1's new network namespace (down when made),
+/// which its user namespace's capabilities allow.
+///
+/// # Safety
+/// Only in PID 1, after its id maps are written.
+unsafe fn loopback_up() -> bool {
+    let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+    if s < 0 {
+        return false;
+    }
+    let mut req: libc::ifreq = std::mem::zeroed();
+    for (to, from) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *to = *from as libc::c_char;
+    }
+    let ok = libc::ioctl(s, libc::SIOCGIFFLAGS, &mut req) == 0 && {
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        libc::ioctl(s, libc::SIOCSIFFLAGS, &req) == 0
+    };
+    libc::close(s);
+    ok
 }
 
 /// Closes every descriptor but those in `keep` (-1: none).

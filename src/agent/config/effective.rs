@@ -89,6 +89,7 @@ impl AgentConfig {
                     .unwrap_or(crate::runner::sandbox::DEFAULT_TMP_BYTES),
             ),
             Key::SandboxAllowSyscalls => list(&r.sandbox.allow_syscalls),
+            Key::Network => Value::from(r.sandbox.network.clone().unwrap_or_else(|| "open".into())),
             Key::MaxKeptBytes => number(
                 r.max_kept_bytes
                     .unwrap_or(crate::runner::engine::DEFAULT_MAX_KEPT_BYTES),

@@ -136,6 +136,13 @@ fn sandbox_settings(src: &Sources<'_>) -> Result<SandboxSettings, ConfigError> {
         }
         None => None,
     };
+    let network = match src.get(Key::Network) {
+        Some((n, origin)) => match n.parse::<crate::proto::job::Network>() {
+            Ok(_) => Some(n),
+            Err(why) => return Err(invalid(&origin, why)),
+        },
+        None => None,
+    };
     let mut shared = Vec::new();
     if let Some((_, origin)) = src.get(Key::SandboxShared) {
         for dir in list(Key::SandboxShared) {
@@ -153,6 +160,7 @@ fn sandbox_settings(src: &Sources<'_>) -> Result<SandboxSettings, ConfigError> {
         shared,
         tmp_size: src.optional(Key::SandboxTmpSize, "a number of bytes")?,
         allow_syscalls: list(Key::SandboxAllowSyscalls),
+        network,
     })
 }
 

@@ -70,6 +70,7 @@ pub(crate) struct RawRunner {
     pub(crate) sandbox_shared: Option<Vec<String>>,
     pub(crate) sandbox_tmp_size: Option<u64>,
     pub(crate) sandbox_allow_syscalls: Option<Vec<String>>,
+    pub(crate) network: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

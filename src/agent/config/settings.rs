@@ -33,13 +33,15 @@ pub(crate) struct RunnerSettings {
 }
 
 /// `runner.sandbox`: `auto`, `required` or `off`; the directories shared by every job;
-/// the size of each job's /tmp; the system calls taken off the seccomp deny list.
+/// the size of each job's /tmp; the system calls taken off the seccomp deny list; and
+/// `runner.network`, which the sandbox keeps.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct SandboxSettings {
     pub(crate) mode: Option<String>,
     pub(crate) shared: Vec<PathBuf>,
     pub(crate) tmp_size: Option<u64>,
     pub(crate) allow_syscalls: Vec<String>,
+    pub(crate) network: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

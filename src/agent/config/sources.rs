@@ -127,6 +127,7 @@ settings! {
     SandboxShared: runner.sandbox_shared, env RUNNER_SANDBOX_SHARED;
     SandboxTmpSize: runner.sandbox_tmp_size, env RUNNER_SANDBOX_TMP_SIZE;
     SandboxAllowSyscalls: runner.sandbox_allow_syscalls, env RUNNER_SANDBOX_ALLOW_SYSCALLS;
+    Network: runner.network, env RUNNER_NETWORK;
     HubUrl: hub.url, env HUB_URL, flag "--hub" => hub;
     AgentId: hub.agent_id, env HUB_AGENT_ID, flag "--agent-id" => agent_id;
     TokenFile: hub.token_file, env HUB_TOKEN_FILE, flag "--token-file" => token_file;

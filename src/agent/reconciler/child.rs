@@ -114,6 +114,9 @@ pub(super) fn runner_run_args(cfg: &AgentConfig, desired: &DesiredRunner) -> Vec
     for name in &sb.allow_syscalls {
         args.extend(["--sandbox-allow-syscall".into(), name.into()]);
     }
+    if let Some(network) = desired.network {
+        args.extend(["--network".into(), network.as_str().into()]);
+    }
     args
 }
 

@@ -18,6 +18,7 @@ pub(crate) fn standalone(cfg: &AgentConfig, prev: Option<&DesiredState>) -> Desi
         max_jobs_per_owner: r.max_jobs_per_owner,
         max_queued: r.max_queued,
         max_output_bytes: r.max_output_bytes,
+        network: None,
     };
     let generation = match prev {
         None => 1,
@@ -59,6 +60,10 @@ impl RunnerSpec {
                 max_jobs_per_owner: None,
                 max_queued: None,
                 max_output_bytes: None,
+                sandbox: crate::agent::config::SandboxSettings {
+                    network: None,
+                    ..r.sandbox.clone()
+                },
                 ..r.clone()
             },
             desired: DesiredRunner {
@@ -73,6 +78,10 @@ impl RunnerSpec {
                 ),
                 max_queued: Some(d.max_queued.or(r.max_queued).unwrap_or(defaults.max_queued)),
                 max_output_bytes: d.max_output_bytes.or(r.max_output_bytes),
+                // The hub's, else the file's (checked when it was loaded).
+                network: d
+                    .network
+                    .or_else(|| r.sandbox.network.as_deref()?.parse().ok()),
             },
         }
     }
@@ -140,6 +149,7 @@ pub(super) fn restart_reasons(old: &RunnerSpec, new: &RunnerSpec) -> Vec<&'stati
             "max_output_bytes",
             da.max_output_bytes != db.max_output_bytes,
         ),
+        ("network", da.network != db.network),
     ]
     .into_iter()
     .filter_map(|(name, differs)| differs.then_some(name))

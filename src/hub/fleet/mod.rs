@@ -450,6 +450,7 @@ impl<S: Store> Fleet<S> {
                 max_jobs_per_owner: s.max_jobs_per_owner,
                 max_queued: None,
                 max_output_bytes: None,
+                network: s.network,
             },
             jobs,
             cancel_jobs,

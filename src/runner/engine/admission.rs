@@ -178,6 +178,9 @@ impl Engine {
         if let Some(why) = self.sandbox_refusal() {
             return Err(EngineError::NoSandbox { why });
         }
+        if let Some(e) = self.network_refusal(&spec) {
+            return Err(e);
+        }
         {
             let s = self.sched();
             let max = s.limits.admission.max_queued;

@@ -121,6 +121,13 @@ pub enum EngineError {
     Drain(#[from] DrainError),
     #[error("this runner requires a sandbox for every job (runner.sandbox = \"required\"), and this host cannot make one: {why}")]
     NoSandbox { why: String },
+    #[error("the job asks for network \"{asked}\", wider than this runner's policy (runner.network = \"{policy}\"): a job may narrow it, never widen it")]
+    NetworkWider {
+        asked: crate::proto::job::Network,
+        policy: crate::proto::job::Network,
+    },
+    #[error("network \"none\" is kept by the job's sandbox, and this host cannot make one: {why}")]
+    NoNetworkSandbox { why: String },
     #[error(transparent)]
     Sandbox(crate::runner::sandbox::SandboxError),
     #[error(transparent)]
@@ -274,6 +281,24 @@ impl Engine {
             None => "namespaces+seccomp".into(),
             Some(why) => format!("none: {why}"),
         }
+    }
+
+    /// Why `spec` is refused for its network: wider than the runner's policy, or `none`
+    /// where no sandbox can keep it.
+    pub(super) fn network_refusal(&self, spec: &JobSpec) -> Option<EngineError> {
+        let policy = self.inner.sandbox.network();
+        let asked = spec.network.unwrap_or(policy);
+        if asked > policy {
+            return Some(EngineError::NetworkWider { asked, policy });
+        }
+        if asked == crate::proto::job::Network::None {
+            if let Some(why) = self.inner.sandbox.unavailable() {
+                return Some(EngineError::NoNetworkSandbox {
+                    why: why.to_owned(),
+                });
+            }
+        }
+        None
     }
 
     /// Why a job is refused for want of a sandbox (`runner.sandbox = "required"` on a

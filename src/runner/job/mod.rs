@@ -87,6 +87,8 @@ pub use crate::proto::job::Stream;
 
 #[derive(Debug, Error)]
 pub enum JobError {
+    #[error("network \"none\" needs the job's sandbox, which it does not have here")]
+    NoNetworkNamespace,
     #[error("field cwd {:?} resolves to {resolved}, outside the workspace root {root}", clip(.cwd))]
     CwdOutside {
         cwd: String,
@@ -237,6 +239,11 @@ pub fn start(
     } = tiers;
     #[cfg(target_os = "linux")]
     let sandboxed = sandbox.filter(|s| s.held());
+    // Admission refused a wider one, and `none` without a sandbox to keep it.
+    let network = spec
+        .network
+        .or(sandbox.map(|s| s.network()))
+        .unwrap_or(crate::proto::job::Network::Open);
     let cap = baseline.output_cap;
     let ws = paths.workspace(id);
     let spool_dir = paths.spool_dir(id);
@@ -273,7 +280,7 @@ pub fn start(
                 .as_ref()
                 .zip(workspace.cwd_rel.as_deref())
                 .map(|(dir, rel)| (rel, dir.as_fd()));
-            s.plan(id, workspace.dir.as_fd(), cwd)
+            s.plan(id, workspace.dir.as_fd(), cwd, network)
         })
         .transpose()
         .map_err(io_err(&ws))?;
@@ -290,8 +297,14 @@ pub fn start(
     let held = job_sandbox.is_some();
     #[cfg(not(target_os = "linux"))]
     let held = false;
+    if network == crate::proto::job::Network::None && !held {
+        return Err(JobError::NoNetworkNamespace);
+    }
     if held {
         plan.confinement = format!("sandbox+{}", plan.confinement);
+        if network == crate::proto::job::Network::None {
+            plan.confinement = format!("{}; network: none", plan.confinement);
+        }
         // What it shares with every other job, named in its record.
         let shared = sandbox.map_or(&[][..], |s| s.shared());
         if !shared.is_empty() {

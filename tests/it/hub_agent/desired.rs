@@ -499,3 +499,57 @@ fn runner_settings_the_agent_cannot_apply_hold_no_job_back() {
     assert_eq!(kept["generation"], 3, "{kept:#}");
     assert!(kept.get("jobs").is_none(), "{kept:#}");
 }
+
+#[test]
+fn the_hubs_network_policy_reaches_the_runner_and_a_job_cannot_widen_it() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    let _agent = h.start_agent(&hub.url);
+    h.host.wait_runner("a runner", |_| true);
+    hub.admin_ok(&["desired", "set", "--fleet", "--network", "none"]);
+    let g = hub_generation(&hub, "a1");
+    h.wait_status("network none applied", APPLIED, connected_at(g));
+    assert!(
+        h.host
+            .agent_log()
+            .contains("restarting the runner: network changed"),
+        "{}",
+        h.host.agent_log()
+    );
+    // A job through the hub gets a network namespace of its own.
+    let out = hub.admin(&[
+        "job", "submit", "--agent", "a1", "--id", "n1", "--wait", "--", "true",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The runner's own record says so (the hub's does not carry the confinement).
+    let out = railgrid()
+        .args(["job", "--state-dir"])
+        .arg(h.host.state())
+        .args(["status", "n1", "--json"])
+        .output()
+        .expect("job status");
+    let rec: Value = serde_json::from_slice(&out.stdout).expect("the runner's record");
+    assert_says(&rec, "confinement", "; network: none");
+    // One that asks for the host's network is refused by the runner, saying why.
+    let out = hub.admin(&[
+        "job",
+        "submit",
+        "--agent",
+        "a1",
+        "--id",
+        "n2",
+        "--network",
+        "open",
+        "--wait",
+        "--",
+        "true",
+    ]);
+    assert!(!out.status.success());
+    let rec = hub.admin_json(&["job", "status", "n2"]);
+    assert_eq!(rec["state"], "rejected", "{rec}");
+    assert_says(&rec, "error", "runner.network = \"none\"");
+}

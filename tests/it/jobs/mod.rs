@@ -17,6 +17,7 @@ mod admission;
 mod api;
 mod client;
 mod confine;
+mod network;
 mod recovery;
 mod runs;
 mod sandbox;
