@@ -278,6 +278,7 @@ pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
                 "max_bytes": h.max_kept_bytes,
             });
             value["runner"]["sandbox"] = h.sandbox.clone().into();
+            value["runner"]["network"] = h.network.clone().into();
         }
         print_stdout(&serde_json::to_string_pretty(&value)?)?;
     } else {
@@ -293,6 +294,10 @@ pub(super) fn status(args: AgentStatusArgs) -> anyhow::Result<ExitCode> {
                 super::job::mib(h.max_kept_bytes)
             ));
             text.push_str(&format!("\nsandbox:    {} (runner.sandbox)", h.sandbox));
+            text.push_str(&format!(
+                "\nnetwork:    {} (runner.network, or the hub's)",
+                h.network
+            ));
         }
         print_stdout(&text)?;
     }

@@ -24,6 +24,10 @@ pub struct Health {
     /// for every job), or `none: why` (`runner.sandbox`, docs/security.md).
     #[serde(default)]
     pub sandbox: String,
+    /// The network jobs reach unless they ask for less: `open` or `none` (the hub's
+    /// `network`, else `runner.network`; docs/security.md, "Egress").
+    #[serde(default)]
+    pub network: String,
     /// Job state changes held in memory because the job database could not take them (a
     /// full disk); written as soon as it can.
     #[serde(default)]

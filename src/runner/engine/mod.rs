@@ -283,6 +283,11 @@ impl Engine {
         }
     }
 
+    /// The network jobs reach unless they ask for less.
+    pub fn network(&self) -> crate::proto::job::Network {
+        self.inner.sandbox.network()
+    }
+
     /// Why `spec` is refused for its network: wider than the runner's policy, or `none`
     /// where no sandbox can keep it.
     pub(super) fn network_refusal(&self, spec: &JobSpec) -> Option<EngineError> {

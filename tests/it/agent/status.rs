@@ -143,10 +143,16 @@ fn agent_status_shows_where_things_are_and_json_always_parses() {
             .any(|l| l == "sandbox:    namespaces+seccomp (runner.sandbox)"),
         "{text}"
     );
+    assert!(
+        text.lines()
+            .any(|l| l == "network:    open (runner.network, or the hub's)"),
+        "{text}"
+    );
     let v: Value = serde_json::from_slice(&status(true).stdout).expect("json");
     assert_eq!(v["running"], true);
     assert_eq!(v["runner"]["kept"]["finished_jobs"], 0, "{v}");
     assert_eq!(v["runner"]["sandbox"], "namespaces+seccomp", "{v}");
+    assert_eq!(v["runner"]["network"], "open", "{v}");
 
     agent.signal(Signal::SIGTERM);
     let _ = agent.wait_output(LIMIT);

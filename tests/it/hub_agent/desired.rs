@@ -516,6 +516,10 @@ fn the_hubs_network_policy_reaches_the_runner_and_a_job_cannot_widen_it() {
         "{}",
         h.host.agent_log()
     );
+    // `agent status` says so once the new runner answers.
+    wait_for(LIMIT, "agent status saying network none", || {
+        (h.status_json()["runner"]["network"] == "none").then_some(())
+    });
     // A job through the hub gets a network namespace of its own.
     let out = hub.admin(&[
         "job", "submit", "--agent", "a1", "--id", "n1", "--wait", "--", "true",
