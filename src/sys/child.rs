@@ -97,6 +97,21 @@ pub(super) unsafe fn set_rlimits(l: Rlimits) -> bool {
     true
 }
 
+/// Records that a child failed at `step`, with the errno it left, in the cells (shared
+/// with the runner) the runner reads once the child has gone.
+pub(super) fn record_failure(
+    step_cell: &std::sync::atomic::AtomicI32,
+    errno_cell: &std::sync::atomic::AtomicI32,
+    step: Step,
+) {
+    use std::sync::atomic::Ordering;
+    let errno = std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EINVAL);
+    errno_cell.store(errno, Ordering::SeqCst);
+    step_cell.store(step.code(), Ordering::SeqCst);
+}
+
 /// The step of the launch that failed, so that an error says "chdir" rather than only the
 /// errno.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

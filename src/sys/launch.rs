@@ -240,13 +240,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `Shared` of the suspended parent frame (see `launch`).
     let sh = unsafe { &*(arg as *const Shared<'_>) };
     let fail = |step: Step| -> libc::c_int {
-        sh.errno.store(
-            io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EINVAL),
-            Ordering::SeqCst,
-        );
-        sh.step.store(step.code(), Ordering::SeqCst);
+        super::child::record_failure(&sh.step, &sh.errno, step);
         // SAFETY: _exit ends the child at once, without running the parent's atexit work.
         unsafe { libc::_exit(127) }
     };

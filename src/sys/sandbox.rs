@@ -338,13 +338,7 @@ fn run(
 
 /// Records `step` (and the errno) for the runner.
 fn failed(sh: &Shared<'_>, step: Step) -> libc::c_int {
-    sh.errno.store(
-        io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EINVAL),
-        Ordering::SeqCst,
-    );
-    sh.step.store(step.code(), Ordering::SeqCst);
+    super::child::record_failure(&sh.step, &sh.errno, step);
     127
 }
 
