@@ -25,3 +25,4 @@ pub mod labels;
 pub mod report;
 pub mod rollout;
 pub mod selector;
+pub mod spec;

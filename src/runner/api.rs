@@ -16,13 +16,13 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::engine::{Engine, EngineError, Until};
 use super::job::Stream;
-use super::spec;
 use crate::build_info;
 use crate::proto::admission::{Admission, AdmissionChange};
 use crate::proto::drain::{Drain, DrainView};
 use crate::proto::health::Health;
 use crate::proto::job::Submitted;
 use crate::proto::job::{JobRecord, JobSpec, JobState};
+use crate::proto::spec;
 use crate::util::clip;
 
 /// Request bodies above this are refused (413): a spec with 1 MiB of stdin fits.

@@ -26,7 +26,6 @@ pub mod sandbox;
 #[cfg(target_os = "linux")]
 mod seccomp;
 pub mod serve;
-pub mod spec;
 pub mod store;
 pub mod token;
 

@@ -54,7 +54,7 @@ impl<S: Store> Fleet<S> {
         let member_id = |agent: &str| format!("{group}.{agent}");
         if let Some(long) = agents
             .iter()
-            .find(|a| !crate::runner::spec::valid_id(&member_id(a)))
+            .find(|a| !crate::proto::spec::valid_id(&member_id(a)))
         {
             return Err(bad(
                 "spec.id",

@@ -42,7 +42,7 @@ fn next_attempt(lost: &JobRow, agent: &str, now_ms: u64) -> Option<JobRow> {
     };
     let attempt = lost.attempt + 1;
     let id = format!("{base}.{attempt}");
-    if !crate::runner::spec::valid_id(&id) {
+    if !crate::proto::spec::valid_id(&id) {
         return None;
     }
     let mut spec = lost.spec.clone();

@@ -49,9 +49,9 @@ pub use self::retention::Totals;
 use super::confine::{CgroupTier, FsGuard};
 use super::job::{self, JobError, JobPaths};
 use super::sandbox::Sandboxing;
-use super::spec::SpecError;
 use super::store::{JobStoreError, Store};
 use crate::proto::job::JobSpec;
+use crate::proto::spec::SpecError;
 
 /// What finished jobs may keep on disk by default, spools and workspaces together.
 pub const DEFAULT_MAX_KEPT_BYTES: u64 = 4 * 1024 * 1024 * 1024;

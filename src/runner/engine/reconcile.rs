@@ -11,8 +11,8 @@ use super::admission::Queued;
 use super::retention::Totals;
 use super::{blocking, Engine, EngineError};
 use crate::proto::job::JobState;
+use crate::proto::spec;
 use crate::runner::leftover::{self, Context, Leftover};
-use crate::runner::spec;
 use crate::runner::store::Recorded;
 
 impl Engine {

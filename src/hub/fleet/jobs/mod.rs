@@ -380,7 +380,7 @@ impl<S: Store> Fleet<S> {
             Some(id) => id,
             None => super::token::new_job_id().map_err(|e| bad("spec.id", e.to_string()))?,
         };
-        if !crate::runner::spec::valid_id(&id) {
+        if !crate::proto::spec::valid_id(&id) {
             return Err(bad(
                 "spec.id",
                 format!(

@@ -1,4 +1,5 @@
-//! The validation of job specs (the type itself is a wire type: `proto::job::JobSpec`).
+//! The validation of job specs (the type itself is `proto::job::JobSpec`): one check for
+//! the runner that runs a job and the hub that takes it for an agent.
 //!
 //! A spec is checked completely before anything is stored or started; every refusal names
 //! the field (and the variable, for the environment) so a client can fix it.
@@ -110,7 +111,7 @@ impl JobSpec {
         }
         for (k, v) in &self.env {
             env_policy::check(k, v).map_err(SpecError::Env)?;
-            if k == super::job::JOB_ID_VAR {
+            if k == crate::env_vars::JOB_ID {
                 return Err(SpecError::Reserved { name: k.clone() });
             }
             // `NAME=VALUE` is one string to exec.
