@@ -248,6 +248,15 @@ impl Sandboxing {
         self.config.network
     }
 
+    /// The network of a job that asked for `asked`: the policy where it asked nothing.
+    /// Whether it asked for more is admission's to refuse.
+    pub fn network_of(
+        &self,
+        asked: Option<crate::proto::job::Network>,
+    ) -> crate::proto::job::Network {
+        asked.unwrap_or(self.config.network)
+    }
+
     /// Job `id`'s sandbox: its workspace (open as `workspace`) and its working directory
     /// (`cwd`: where it is under the work root, and open) bound read-write, each from its
     /// descriptor (the very directory that was checked, never a path looked up again), the

@@ -292,7 +292,7 @@ impl Engine {
     /// where no sandbox can keep it.
     pub(super) fn network_refusal(&self, spec: &JobSpec) -> Option<EngineError> {
         let policy = self.inner.sandbox.network();
-        let asked = spec.network.unwrap_or(policy);
+        let asked = self.inner.sandbox.network_of(spec.network);
         if asked > policy {
             return Some(EngineError::NetworkWider { asked, policy });
         }

@@ -240,10 +240,10 @@ pub fn start(
     #[cfg(target_os = "linux")]
     let sandboxed = sandbox.filter(|s| s.held());
     // Admission refused a wider one, and `none` without a sandbox to keep it.
-    let network = spec
-        .network
-        .or(sandbox.map(|s| s.network()))
-        .unwrap_or(crate::proto::job::Network::Open);
+    let network = match sandbox {
+        Some(s) => s.network_of(spec.network),
+        None => spec.network.unwrap_or(crate::proto::job::Network::Open),
+    };
     let cap = baseline.output_cap;
     let ws = paths.workspace(id);
     let spool_dir = paths.spool_dir(id);
