@@ -36,6 +36,8 @@ need perl perl-base
 # Sandboxed jobs build for real (git, make), and a runner whose kernel refuses user
 # namespaces is made with bubblewrap's --disable-userns.
 need git git
+# Egress tests: a TLS handshake naming another host than its CONNECT (s_client -proxy).
+need openssl openssl
 need make make
 need bwrap bubblewrap
 # Release signing interoperates with the minisign tool.

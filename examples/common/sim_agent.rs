@@ -87,6 +87,7 @@ pub(crate) async fn agent(
                     stderr_bytes: 0,
                     output_truncated: None,
                     output_done: true,
+                    egress_denied: Vec::new(),
                 })
                 .collect(),
         };

@@ -289,6 +289,7 @@ fn report_of(rec: &JobRecord, output_done: bool) -> JobReport {
             stderr: t.stderr.as_deref().map(|s| cut(s, MAX_REASON)),
         }),
         output_done,
+        egress_denied: rec.egress_denied.clone(),
     }
 }
 
@@ -304,6 +305,7 @@ fn ended_here(id: &str, state: JobState, error: String) -> JobReport {
         stderr_bytes: 0,
         output_truncated: None,
         output_done: true,
+        egress_denied: Vec::new(),
     }
 }
 

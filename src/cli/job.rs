@@ -17,7 +17,7 @@ pub struct JobTarget {
 #[derive(Debug, Subcommand)]
 pub enum JobCommand {
     /// Submit a job: argv after `--`, never a shell string.
-    Submit(JobSubmitArgs),
+    Submit(Box<JobSubmitArgs>),
     /// Delete finished jobs, oldest first: their records, output and workspaces. Running
     /// and queued jobs are never touched.
     Prune {
@@ -100,10 +100,19 @@ pub struct JobSpecArgs {
     pub owner: Option<String>,
     #[command(flatten)]
     pub limits: JobLimitArgs,
-    /// The network the job may reach: `none` (loopback of its own only) or `open`; never
-    /// wider than the runner's `runner.network` (default: the runner's).
-    #[arg(long, value_name = "POLICY")]
+    /// The network the job may reach: `none` (loopback of its own only), `open`, or
+    /// "allow RULE…"; never wider than the runner's `runner.network` (default: the
+    /// runner's; docs/security.md, "Egress").
+    #[arg(long, value_name = "POLICY", conflicts_with = "allow")]
     pub network: Option<crate::proto::job::Network>,
+    /// Network `allow`: let the job reach HOST:PORTS through the runner's proxy
+    /// (repeatable): github.com:443, '*.crates.io:443', 10.0.0.0/8:80,443, [::1]:8080.
+    #[arg(long, value_name = "HOST:PORTS")]
+    pub allow: Vec<crate::proto::egress::Rule>,
+    /// Give the job a network wider than its runner's policy (the hub's jobs:network
+    /// scope; the runner's own token locally).
+    #[arg(long)]
+    pub widen_network: bool,
     /// The program and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "PROGRAM")]
     pub command: Vec<String>,

@@ -294,7 +294,7 @@ fn desired_change(a: &HubDesiredSetArgs) -> DesiredChange {
             max_jobs_per_owner: a.max_jobs_per_owner,
             version: a.version.clone(),
             rollback: a.rollback,
-            network: a.network,
+            network: a.network.clone(),
             ..DesiredSettings::default()
         },
         clear: a.clear.clone(),
@@ -499,7 +499,7 @@ fn desired_text(v: &DesiredView) -> String {
     if let Some(r) = s.rollback {
         let _ = writeln!(out, "rollback:            {r}");
     }
-    if let Some(n) = s.network {
+    if let Some(n) = &s.network {
         let _ = writeln!(out, "network:             {n}");
     }
     if let Some(e) = &v.effective {

@@ -37,7 +37,7 @@ pub(super) fn run(target: JobTarget, command: JobCommand) -> anyhow::Result<Exit
     let rt = super::current_thread_runtime()?;
     rt.block_on(async move {
         match command {
-            JobCommand::Submit(args) => submit(&client, &socket, args).await,
+            JobCommand::Submit(args) => submit(&client, &socket, *args).await,
             JobCommand::List {
                 state,
                 owner,
@@ -139,8 +139,14 @@ fn api_err(e: ClientError) -> anyhow::Error {
 }
 
 /// The job the flags describe.
-pub(super) fn spec_of(a: crate::cli::JobSpecArgs) -> JobSpec {
-    JobSpec {
+pub(super) fn spec_of(a: crate::cli::JobSpecArgs) -> anyhow::Result<JobSpec> {
+    let network = match a.allow.is_empty() {
+        true => a.network,
+        false => Some(crate::proto::job::Network::Allow(
+            crate::proto::egress::Rules::new(a.allow).map_err(anyhow::Error::msg)?,
+        )),
+    };
+    Ok(JobSpec {
         id: a.id,
         argv: a.command,
         cwd: a.cwd,
@@ -148,9 +154,10 @@ pub(super) fn spec_of(a: crate::cli::JobSpecArgs) -> JobSpec {
         timeout_secs: a.timeout.map(|d| d.as_secs().max(1)),
         owner: a.owner,
         limits: limits_of(&a.limits),
-        network: a.network,
+        network,
+        widen_network: a.widen_network,
         ..JobSpec::default()
-    }
+    })
 }
 
 /// The limits the flags give, `None` for none.
@@ -170,7 +177,7 @@ async fn submit(
     socket: &std::path::Path,
     args: JobSubmitArgs,
 ) -> anyhow::Result<ExitCode> {
-    let spec = spec_of(args.job);
+    let spec = spec_of(args.job)?;
     // Before the submission: a Ctrl-C from then on is the job's to handle.
     let signals = if args.detach {
         None
@@ -290,6 +297,14 @@ fn render(r: &JobRecord) -> String {
         r.stderr_bytes,
         trunc(r.stderr_truncated)
     ));
+    for d in &r.egress_denied {
+        out.push_str(&format!(
+            "denied:   {} ×{}: {}\n",
+            crate::util::clip(&d.destination),
+            d.count,
+            crate::util::clip(&d.reason)
+        ));
+    }
     out.push_str(&format!(
         "confined: {}",
         r.confinement.as_deref().unwrap_or("-")

@@ -10,6 +10,7 @@ pub const SCOPES: &[&str] = &[
     JOBS_READ,
     JOBS_SUBMIT,
     JOBS_CANCEL,
+    JOBS_NETWORK,
     RELEASES_WRITE,
     ROLLOUTS_WRITE,
     TOKENS_WRITE,
@@ -20,6 +21,9 @@ pub const AGENTS_WRITE: &str = "agents:write";
 pub const JOBS_READ: &str = "jobs:read";
 pub const JOBS_SUBMIT: &str = "jobs:submit";
 pub const JOBS_CANCEL: &str = "jobs:cancel";
+/// A job submitted with it may be given a network wider than its runner's policy
+/// (`widen_network`; docs/security.md, "Egress").
+pub const JOBS_NETWORK: &str = "jobs:network";
 pub const RELEASES_WRITE: &str = "releases:write";
 pub const ROLLOUTS_WRITE: &str = "rollouts:write";
 pub const TOKENS_WRITE: &str = "tokens:write";

@@ -41,6 +41,9 @@ pub struct JobReport {
     /// The job has ended and the hub has acknowledged every byte the runner kept of it.
     #[serde(default)]
     pub output_done: bool,
+    /// What the job's egress proxy refused, by destination.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_denied: Vec<crate::proto::egress::Denial>,
 }
 
 /// The answer to `PUT /v1/jobs/{job}/output/{stream}?offset=N`, and to an upload the hub
@@ -176,6 +179,9 @@ pub struct HubJobView {
     /// yet having taken it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// What the job's egress proxy refused (network `allow`), by destination.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_denied: Vec<crate::proto::egress::Denial>,
 }
 
 fn default_priority() -> u8 {

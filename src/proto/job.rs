@@ -46,44 +46,13 @@ pub struct JobSpec {
     /// (docs/security.md, "Egress"). `None`: the runner's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// The submitter may give the job a network wider than the runner's policy: set by
+    /// the hub for a token with the `jobs:network` scope, or by the runner's own token.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub widen_network: bool,
 }
 
-/// A job's network (docs/security.md, "Egress"), from the narrowest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Network {
-    /// A network namespace of its own with loopback only: nothing outside the job.
-    None,
-    /// The host's network, as an unsandboxed process has it.
-    Open,
-}
-
-impl Network {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Network::None => "none",
-            Network::Open => "open",
-        }
-    }
-}
-
-impl std::fmt::Display for Network {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Network {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "none" => Ok(Network::None),
-            "open" => Ok(Network::Open),
-            other => Err(format!("{other:?} is not a network policy (none, open)")),
-        }
-    }
-}
+pub use super::egress::Network;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -179,6 +148,9 @@ pub struct JobRecord {
     pub created_ms: i64,
     pub started_ms: Option<i64>,
     pub finished_ms: Option<i64>,
+    /// What the job's egress proxy refused (network `allow`), by destination.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_denied: Vec<crate::proto::egress::Denial>,
     /// The state shown is held in memory: the database could not take it yet (a full
     /// disk), and the runner writes it as soon as it can. Lost if the runner dies first.
     #[serde(default)]

@@ -17,6 +17,7 @@ pub mod access;
 pub mod admission;
 pub mod desired;
 pub mod drain;
+pub mod egress;
 pub mod fleet_job;
 pub mod health;
 pub mod hub;

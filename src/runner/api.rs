@@ -290,7 +290,7 @@ async fn health(State(api): State<Api>) -> Json<Health> {
         confinement: api.engine.confinement().to_owned(),
         isolation: api.engine.isolation().to_owned(),
         sandbox: api.engine.sandbox(),
-        network: api.engine.network().as_str().into(),
+        network: api.engine.network().to_string(),
         commits_pending: api.engine.commits_pending() as u64,
         reconciling: api.engine.reconciling() > 0,
         leftovers: api.engine.reconciling() as u64,

@@ -84,6 +84,13 @@ pub(crate) fn render(now: &Now<'_>) -> String {
     );
     sample(
         &mut out,
+        "railgrid_runner_egress_denied_total",
+        "Connections jobs' egress proxies refused since the runner started (network allow).",
+        "counter",
+        crate::runner::egress::DENIED_TOTAL.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    sample(
+        &mut out,
         "railgrid_runner_draining",
         "1 while a drain is in force (no new job is taken).",
         "gauge",

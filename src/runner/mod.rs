@@ -17,6 +17,7 @@
 pub mod api;
 pub mod client;
 pub mod confine;
+pub mod egress;
 pub mod engine;
 pub mod job;
 pub mod leftover;

@@ -41,6 +41,15 @@ impl JobProcess {
         }
     }
 
+    /// The egress proxy's listening socket, made in the job's network namespace (once).
+    pub fn take_proxy(&mut self) -> Option<std::os::fd::OwnedFd> {
+        match self {
+            #[cfg(target_os = "linux")]
+            JobProcess::Pidfd { init, .. } => init.as_mut()?.take_proxy(),
+            JobProcess::Std(_) => None,
+        }
+    }
+
     pub fn pid(&self) -> Option<ProcessId> {
         match self {
             #[cfg(target_os = "linux")]

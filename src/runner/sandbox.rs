@@ -188,7 +188,7 @@ impl Sandboxing {
         let dir = crate::sys::dirfd::Dir::open(&work).map_err(|e| e.to_string())?;
         // The probe binds the work root itself where a job's workspace would be.
         let plan = self
-            .plan(".", dir.as_fd(), None, self.config.network)
+            .plan(".", dir.as_fd(), None, &self.config.network)
             .map_err(|e| e.to_string())?;
         let spec = crate::sys::launch::LaunchSpec {
             programs: &[],
@@ -244,17 +244,17 @@ impl Sandboxing {
     }
 
     /// The network a job gets unless it asks for less (`runner.network`).
-    pub fn network(&self) -> crate::proto::job::Network {
-        self.config.network
+    pub fn network(&self) -> &crate::proto::job::Network {
+        &self.config.network
     }
 
     /// The network of a job that asked for `asked`: the policy where it asked nothing.
     /// Whether it asked for more is admission's to refuse.
     pub fn network_of(
         &self,
-        asked: Option<crate::proto::job::Network>,
+        asked: Option<&crate::proto::job::Network>,
     ) -> crate::proto::job::Network {
-        asked.unwrap_or(self.config.network)
+        asked.unwrap_or(&self.config.network).clone()
     }
 
     /// Job `id`'s sandbox: its workspace (open as `workspace`) and its working directory
@@ -268,7 +268,7 @@ impl Sandboxing {
         id: &str,
         workspace: BorrowedFd<'_>,
         cwd: Option<(&Path, BorrowedFd<'_>)>,
-        network: crate::proto::job::Network,
+        network: &crate::proto::job::Network,
     ) -> io::Result<JobSandbox> {
         let mut b = Builder {
             root: &self.root,
@@ -346,7 +346,8 @@ impl Sandboxing {
             .collect();
         let start = work.join(cwd.map_or(ws_rel.as_path(), |(rel, _)| rel));
         Ok(JobSandbox {
-            own_network: network == crate::proto::job::Network::None,
+            own_network: network.own_namespace(),
+            proxy: matches!(network, crate::proto::job::Network::Allow(_)),
             mounts: b.mounts,
             cwd: c(&start),
             hostname: c_str(&format!("job-{host}")),
@@ -424,8 +425,10 @@ impl Builder<'_> {
 /// One job's sandbox, made before its launch.
 #[derive(Debug)]
 pub struct JobSandbox {
-    /// Its network namespace (`network = "none"`).
+    /// Its network namespace (`none` and `allow`).
     own_network: bool,
+    /// The egress proxy's socket in it (`allow`).
+    proxy: bool,
     #[cfg(target_os = "linux")]
     mounts: Vec<crate::sys::sandbox::Mount>,
     #[cfg(not(target_os = "linux"))]
@@ -447,6 +450,7 @@ impl JobSandbox {
             cwd: &self.cwd,
             seccomp: s.filter.as_ref(),
             own_network: self.own_network,
+            proxy_port: self.proxy.then_some(crate::runner::egress::PORT),
         }
     }
 }

@@ -136,6 +136,8 @@ pub enum Step {
     Seccomp,
     /// The loopback of a sandbox's own network namespace.
     Loopback,
+    /// The listening socket of the runner's proxy, in a sandbox's own network namespace.
+    Proxy,
 }
 
 impl Step {
@@ -160,6 +162,7 @@ impl Step {
             14 => Step::NoNewPrivs,
             15 => Step::Seccomp,
             16 => Step::Loopback,
+            17 => Step::Proxy,
             _ => Step::Clone,
         }
     }
@@ -184,6 +187,7 @@ impl std::fmt::Display for Step {
             Step::NoNewPrivs => "set no_new_privs",
             Step::Seccomp => "install its seccomp filter",
             Step::Loopback => "bring up the loopback of its network namespace",
+            Step::Proxy => "listen for the egress proxy in its network namespace",
         })
     }
 }

@@ -9,6 +9,8 @@ mod child;
 pub mod dirfd;
 pub mod errno;
 pub mod exe;
+#[cfg(target_os = "linux")]
+pub mod fdpass;
 pub mod group;
 #[cfg(target_os = "linux")]
 pub mod landlock;

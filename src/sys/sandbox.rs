@@ -103,6 +103,10 @@ pub struct Sandbox<'a> {
     pub seccomp: Option<&'a Filter>,
     /// A network namespace of its own, with its loopback up and nothing else.
     pub own_network: bool,
+    /// In that namespace, a TCP socket listening on `127.0.0.1:port`, made by PID 1 and
+    /// handed to the runner ([`Init::take_proxy`]): the egress proxy's door, which the
+    /// runner serves from the host's namespace.
+    pub proxy_port: Option<u16>,
 }
 
 /// Seccomp-BPF programs, as `prctl(PR_SET_SECCOMP)` takes each, installed in order (the
@@ -175,6 +179,7 @@ struct StatusCell {
 pub struct Init {
     cell: Arc<StatusCell>,
     _stack: Stack,
+    proxy: Option<OwnedFd>,
 }
 
 impl Init {
@@ -183,6 +188,11 @@ impl Init {
     pub fn job_status(&self) -> Option<i32> {
         let s = self.cell.status.load(Ordering::SeqCst);
         (s != i32::MIN).then_some(s)
+    }
+
+    /// The listening socket PID 1 made in the job's network namespace, once.
+    pub fn take_proxy(&mut self) -> Option<OwnedFd> {
+        self.proxy.take()
     }
 }
 
@@ -202,6 +212,8 @@ struct Shared<'a> {
     job_stack: *mut libc::c_void,
     /// PID 1 writes one byte here once the job has exec'd (or failed).
     ready: RawFd,
+    /// PID 1 sends the proxy's listening socket here (-1: no proxy).
+    proxy_tx: RawFd,
     cell: *const StatusCell,
     step: AtomicI32,
     mount: AtomicI32,
@@ -243,6 +255,10 @@ fn run(
         status: AtomicI32::new(i32::MIN),
     });
     let fprogs = sb.seccomp.map(Filter::fprogs).unwrap_or_default();
+    let proxy = match sb.proxy_port {
+        Some(_) if sb.own_network => Some(super::fdpass::pair().map_err(fail(Step::Proxy))?),
+        _ => None,
+    };
     // One sandbox made at a time (see `init` on the maps).
     let _one = SETUP
         .lock()
@@ -260,6 +276,7 @@ fn run(
         probe,
         job_stack: job_stack.top(),
         ready: ready_w.as_raw_fd(),
+        proxy_tx: proxy.as_ref().map_or(-1, |(_, tx)| tx.as_raw_fd()),
         cell: Arc::as_ptr(&cell),
         step: AtomicI32::new(0),
         mount: AtomicI32::new(-1),
@@ -322,6 +339,20 @@ fn run(
         });
     }
     drop(job_stack);
+    let proxy = match proxy {
+        Some((rx, _tx)) => match super::fdpass::recv_now(&rx) {
+            Ok(fd) => Some(fd),
+            Err(source) => {
+                let _ = super::launch::reap(pid, true);
+                return Err(SandboxError {
+                    step: Step::Proxy,
+                    mount: None,
+                    source,
+                });
+            }
+        },
+        None => None,
+    };
     let pid = ProcessId::new(pid).ok_or_else(|| SandboxError {
         step: Step::Clone,
         mount: None,
@@ -332,6 +363,7 @@ fn run(
         Init {
             cell,
             _stack: init_stack,
+            proxy,
         },
     ))
 }
@@ -358,6 +390,7 @@ extern "C" fn init(arg: *mut libc::c_void) -> libc::c_int {
             sh.stdio[1],
             sh.stdio[2],
             sh.ready,
+            sh.proxy_tx,
             sh.spec.cgroup_procs.map_or(-1, |f| f.as_raw_fd()),
             sh.spec.landlock.map_or(-1, |f| f.as_raw_fd()),
         ];
@@ -400,6 +433,11 @@ extern "C" fn init(arg: *mut libc::c_void) -> libc::c_int {
         }
         if sh.sb.own_network && !loopback_up() {
             return bail(sh, Step::Loopback);
+        }
+        if let (Some(port), true) = (sh.sb.proxy_port, sh.proxy_tx >= 0) {
+            if !hand_over_listener(port, sh.proxy_tx) {
+                return bail(sh, Step::Proxy);
+            }
         }
         if sh.probe {
             libc::close(sh.ready);
@@ -457,11 +495,37 @@ unsafe fn loopback_up() -> bool {
     ok
 }
 
+/// Listens on `127.0.0.1:port` in PID 1's network namespace and sends the socket to the
+/// runner through `tx`; PID 1 keeps neither.
+///
+/// # Safety
+/// Only in PID 1, after its loopback is up.
+unsafe fn hand_over_listener(port: u16, tx: RawFd) -> bool {
+    let s = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+    if s < 0 {
+        return false;
+    }
+    let mut addr: libc::sockaddr_in = std::mem::zeroed();
+    addr.sin_family = libc::AF_INET as libc::sa_family_t;
+    addr.sin_port = port.to_be();
+    addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    let ok = libc::bind(
+        s,
+        (&addr as *const libc::sockaddr_in).cast(),
+        std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+    ) == 0
+        && libc::listen(s, 1024) == 0
+        && super::fdpass::send(tx, s);
+    libc::close(s);
+    libc::close(tx);
+    ok
+}
+
 /// Closes every descriptor but those in `keep` (-1: none).
 ///
 /// # Safety
 /// Only in PID 1, before anything else opens one.
-unsafe fn close_all_but(mut keep: [RawFd; 6]) {
+unsafe fn close_all_but(mut keep: [RawFd; 7]) {
     keep.sort_unstable();
     let mut from: libc::c_uint = 0;
     for fd in keep {

@@ -114,8 +114,8 @@ pub(super) fn runner_run_args(cfg: &AgentConfig, desired: &DesiredRunner) -> Vec
     for name in &sb.allow_syscalls {
         args.extend(["--sandbox-allow-syscall".into(), name.into()]);
     }
-    if let Some(network) = desired.network {
-        args.extend(["--network".into(), network.as_str().into()]);
+    if let Some(network) = &desired.network {
+        args.extend(["--network".into(), network.to_string().into()]);
     }
     args
 }

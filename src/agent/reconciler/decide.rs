@@ -81,6 +81,7 @@ impl RunnerSpec {
                 // The hub's, else the file's (checked when it was loaded).
                 network: d
                     .network
+                    .clone()
                     .or_else(|| r.sandbox.network.as_deref()?.parse().ok()),
             },
         }

@@ -43,7 +43,7 @@ pub(super) async fn submit(
             selector: selector.to_string(),
             priority: a.priority,
             connected_only: a.connected_only,
-            spec: super::super::job::spec_of(a.job),
+            spec: super::super::job::spec_of(a.job)?,
         })
         .await?;
     let Some(mut signals) = signals else {

@@ -138,7 +138,7 @@ async fn submit(c: &AdminClient, a: HubJobSubmitArgs, json: bool) -> anyhow::Res
     if a.each {
         return group::submit(c, a, json).await;
     }
-    let spec = super::job::spec_of(a.job);
+    let spec = super::job::spec_of(a.job)?;
     // Before the submission: a Ctrl-C from then on cancels the job.
     let signals = if a.wait {
         Some(Interrupts::new()?)
@@ -478,6 +478,12 @@ fn job_detail(j: &HubJobView) -> String {
         if let Some(w) = &t.stderr {
             line("stderr cut", clean(w));
         }
+    }
+    for d in &j.egress_denied {
+        line(
+            "egress denied",
+            clean(&format!("{} ×{}: {}", d.destination, d.count, d.reason)),
+        );
     }
     out
 }

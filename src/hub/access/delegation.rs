@@ -11,7 +11,7 @@
 //!   off a wider one.
 
 use super::Caller;
-use crate::proto::access::AGENTS_WRITE;
+use crate::proto::access::{AGENTS_WRITE, JOBS_NETWORK};
 use crate::proto::labels::Labels;
 use crate::proto::selector::Selector;
 
@@ -36,6 +36,19 @@ impl Caller {
         match self {
             Caller::Root => None,
             Caller::Token { selector, .. } => selector.as_ref(),
+        }
+    }
+
+    /// Refuses a job asking for a network wider than its runner's policy
+    /// (`widen_network`) to a caller without `jobs:network`.
+    pub(crate) fn may_widen_network(&self) -> Result<(), Exceeds> {
+        match self {
+            Caller::Token { scopes, .. } if !scopes.iter().any(|s| s == JOBS_NETWORK) => {
+                Err(self.exceeds(format!(
+                    "has no scope {JOBS_NETWORK}: a job it submits may narrow its runner's network policy, never widen it (drop widen_network)"
+                )))
+            }
+            _ => Ok(()),
         }
     }
 

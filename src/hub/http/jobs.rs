@@ -59,6 +59,9 @@ pub(super) async fn submit<S: Store>(
     body: Body,
 ) -> ApiResult<Response> {
     let req: HubJobSubmit = parse(body).await?;
+    if req.spec.widen_network {
+        caller.may_widen_network()?;
+    }
     let view = hub.fleet.submit_job(req, caller.selection()).await?;
     let target = format!(
         "{} on {}",
@@ -81,6 +84,9 @@ pub(super) async fn submit_group<S: Store>(
     body: Body,
 ) -> ApiResult<Response> {
     let req: HubGroupSubmit = parse(body).await?;
+    if req.spec.widen_network {
+        caller.may_widen_network()?;
+    }
     let target = req.selector.clone();
     let view = hub.fleet.submit_group(req, caller.selection()).await?;
     let target = format!("group {} on {target}", view.group);

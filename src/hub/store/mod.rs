@@ -201,6 +201,8 @@ pub(crate) struct JobProgress {
     pub(crate) stdout_bytes: u64,
     pub(crate) stderr_bytes: u64,
     pub(crate) runner_truncated: Option<Truncation>,
+    /// What the job's egress proxy refused, as its agent last reported it.
+    pub(crate) egress_denied: Vec<crate::proto::egress::Denial>,
     /// Ended, and all of its output the hub will hold is there.
     pub(crate) done: bool,
 }

@@ -21,6 +21,8 @@ pub(super) struct RunningJob {
     pub(super) cancel: watch::Sender<Option<Cancel>>,
     pub(super) stdout: Option<Arc<SpoolStats>>,
     pub(super) stderr: Option<Arc<SpoolStats>>,
+    /// What its egress proxy refused so far.
+    pub(super) denials: Option<Arc<crate::runner::egress::Denials>>,
     /// Another job's workspace its `cwd` is in (`../ID/…`): retention leaves it alone.
     pub(super) uses: Option<String>,
 }
@@ -353,6 +355,7 @@ impl Engine {
                         owner,
                         cancel,
                         stdout: None,
+                        denials: None,
                         stderr: None,
                         uses: spec
                             .as_deref()

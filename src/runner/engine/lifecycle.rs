@@ -240,6 +240,7 @@ impl Engine {
             if let Some(run) = s.running.get_mut(id) {
                 run.stdout = Some(started.stdout.clone());
                 run.stderr = Some(started.stderr.clone());
+                run.denials = started.egress.as_ref().map(|e| e.denials.clone());
             }
         }
         // Not awaited: the job runs either way, and the writer applies writes in order, so
@@ -402,6 +403,11 @@ fn outcome_of(
         stdout_truncated: started.stdout.truncated.load(Ordering::Relaxed),
         stderr_truncated: started.stderr.truncated.load(Ordering::Relaxed),
         output_truncated: job::truncation(&started.stdout, &started.stderr),
+        egress_denied: started
+            .egress
+            .as_ref()
+            .map(|e| e.denials.snapshot())
+            .unwrap_or_default(),
     }
 }
 

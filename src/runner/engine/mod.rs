@@ -121,13 +121,15 @@ pub enum EngineError {
     Drain(#[from] DrainError),
     #[error("this runner requires a sandbox for every job (runner.sandbox = \"required\"), and this host cannot make one: {why}")]
     NoSandbox { why: String },
-    #[error("the job asks for network \"{asked}\", wider than this runner's policy (runner.network = \"{policy}\"): a job may narrow it, never widen it")]
+    #[error("the job asks for network \"{asked}\", wider than this runner's policy (runner.network = \"{policy}\"): a job may narrow it, never widen it, unless its submitter may (the hub's jobs:network scope)")]
     NetworkWider {
         asked: crate::proto::job::Network,
         policy: crate::proto::job::Network,
     },
-    #[error("network \"none\" is kept by the job's sandbox, and this host cannot make one: {why}")]
-    NoNetworkSandbox { why: String },
+    #[error(
+        "network \"{network}\" is kept by the job's sandbox, and this host cannot make one: {why}"
+    )]
+    NoNetworkSandbox { network: &'static str, why: String },
     #[error(transparent)]
     Sandbox(crate::runner::sandbox::SandboxError),
     #[error(transparent)]
@@ -284,7 +286,7 @@ impl Engine {
     }
 
     /// The network jobs reach unless they ask for less.
-    pub fn network(&self) -> crate::proto::job::Network {
+    pub fn network(&self) -> &crate::proto::job::Network {
         self.inner.sandbox.network()
     }
 
@@ -292,13 +294,17 @@ impl Engine {
     /// where no sandbox can keep it.
     pub(super) fn network_refusal(&self, spec: &JobSpec) -> Option<EngineError> {
         let policy = self.inner.sandbox.network();
-        let asked = self.inner.sandbox.network_of(spec.network);
-        if asked > policy {
-            return Some(EngineError::NetworkWider { asked, policy });
+        let asked = self.inner.sandbox.network_of(spec.network.as_ref());
+        if !spec.widen_network && !asked.within(policy) {
+            return Some(EngineError::NetworkWider {
+                asked,
+                policy: policy.clone(),
+            });
         }
-        if asked == crate::proto::job::Network::None {
+        if asked.own_namespace() {
             if let Some(why) = self.inner.sandbox.unavailable() {
                 return Some(EngineError::NoNetworkSandbox {
+                    network: asked.kind(),
                     why: why.to_owned(),
                 });
             }

@@ -72,6 +72,9 @@ impl Engine {
             if let (Some(out), Some(err)) = (&run.stdout, &run.stderr) {
                 rec.output_truncated = job::truncation(out, err);
             }
+            if let Some(d) = &run.denials {
+                rec.egress_denied = d.snapshot();
+            }
         }
     }
 

@@ -87,8 +87,8 @@ pub use crate::proto::job::Stream;
 
 #[derive(Debug, Error)]
 pub enum JobError {
-    #[error("network \"none\" needs the job's sandbox, which it does not have here")]
-    NoNetworkNamespace,
+    #[error("network \"{network}\" needs the job's sandbox, which it does not have here")]
+    NoNetworkNamespace { network: &'static str },
     #[error("field cwd {:?} resolves to {resolved}, outside the workspace root {root}", clip(.cwd))]
     CwdOutside {
         cwd: String,
@@ -127,6 +127,11 @@ pub enum JobError {
     #[error("could not start {}", clip(.program))]
     Spawn {
         program: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("could not serve the job's egress proxy")]
+    Proxy {
         #[source]
         source: io::Error,
     },
@@ -183,6 +188,8 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> JobError + '_ {
 /// A started job process and its output tasks.
 pub struct Started {
     pub child: JobProcess,
+    /// The job's egress proxy (network `allow`): ends when dropped.
+    pub egress: Option<super::egress::Egress>,
     pub pid: i32,
     pub stdout: Arc<SpoolStats>,
     pub stderr: Arc<SpoolStats>,
@@ -195,7 +202,13 @@ pub struct Started {
 
 /// The job's complete environment: the baseline, then the spec's variables (which were
 /// checked at submission and may override the baseline).
-fn job_env(ws: &Path, id: &str, spec: &JobSpec, path: &str) -> BTreeMap<String, String> {
+fn job_env(
+    ws: &Path,
+    id: &str,
+    spec: &JobSpec,
+    path: &str,
+    network: &crate::proto::job::Network,
+) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     env.insert("PATH".to_owned(), path.to_owned());
     env.insert("HOME".to_owned(), ws.to_string_lossy().into_owned());
@@ -208,6 +221,9 @@ fn job_env(ws: &Path, id: &str, spec: &JobSpec, path: &str) -> BTreeMap<String, 
     // spawning it and recording its pid.
     env.insert(JOB_ID_VAR.to_owned(), id.to_owned());
     env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    if let crate::proto::job::Network::Allow(_) = network {
+        super::egress::proxy_env(&mut env);
+    }
     env
 }
 
@@ -241,13 +257,16 @@ pub fn start(
     let sandboxed = sandbox.filter(|s| s.held());
     // Admission refused a wider one, and `none` without a sandbox to keep it.
     let network = match sandbox {
-        Some(s) => s.network_of(spec.network),
-        None => spec.network.unwrap_or(crate::proto::job::Network::Open),
+        Some(s) => s.network_of(spec.network.as_ref()),
+        None => spec
+            .network
+            .clone()
+            .unwrap_or(crate::proto::job::Network::Open),
     };
     let cap = baseline.output_cap;
     let ws = paths.workspace(id);
     let spool_dir = paths.spool_dir(id);
-    let env = job_env(&ws, id, spec, baseline.path);
+    let env = job_env(&ws, id, spec, baseline.path, &network);
 
     let (out_r, out_w) = pipe::pipe().map_err(io_err(&spool_dir))?;
     let (err_r, err_w) = pipe::pipe().map_err(io_err(&spool_dir))?;
@@ -280,7 +299,7 @@ pub fn start(
                 .as_ref()
                 .zip(workspace.cwd_rel.as_deref())
                 .map(|(dir, rel)| (rel, dir.as_fd()));
-            s.plan(id, workspace.dir.as_fd(), cwd, network)
+            s.plan(id, workspace.dir.as_fd(), cwd, &network)
         })
         .transpose()
         .map_err(io_err(&ws))?;
@@ -297,13 +316,15 @@ pub fn start(
     let held = job_sandbox.is_some();
     #[cfg(not(target_os = "linux"))]
     let held = false;
-    if network == crate::proto::job::Network::None && !held {
-        return Err(JobError::NoNetworkNamespace);
+    if network.own_namespace() && !held {
+        return Err(JobError::NoNetworkNamespace {
+            network: network.kind(),
+        });
     }
     if held {
         plan.confinement = format!("sandbox+{}", plan.confinement);
-        if network == crate::proto::job::Network::None {
-            plan.confinement = format!("{}; network: none", plan.confinement);
+        if network.own_namespace() {
+            plan.confinement = format!("{}; network: {network}", plan.confinement);
         }
         // What it shares with every other job, named in its record.
         let shared = sandbox.map_or(&[][..], |s| s.shared());
@@ -339,7 +360,7 @@ pub fn start(
     .run(baseline.launch);
     #[cfg(target_os = "linux")]
     let cgroup = cgroup.map(|c| c.cgroup);
-    let child = match launched {
+    let mut child = match launched {
         Ok(child) => child,
         Err(e) => {
             #[cfg(target_os = "linux")]
@@ -348,6 +369,29 @@ pub fn start(
             }
             return Err(e);
         }
+    };
+    // Its proxy, served from here on its socket in the job's network namespace; a job
+    // whose proxy cannot be served is not left running without one (it could reach
+    // nothing, and would fail for a reason nobody could see).
+    let egress = match (&network, child.take_proxy()) {
+        (crate::proto::job::Network::Allow(rules), fd) => {
+            let served = fd
+                .ok_or_else(|| io::Error::other("the sandbox handed over no proxy socket"))
+                .and_then(|fd| super::egress::start(fd, id, rules.clone()));
+            match served {
+                Ok(e) => Some(e),
+                Err(source) => {
+                    // Dropped unreaped: killed with its group (see `JobProcess`).
+                    drop(child);
+                    #[cfg(target_os = "linux")]
+                    if let Some(c) = cgroup {
+                        let _ = c.remove();
+                    }
+                    return Err(JobError::Proxy { source });
+                }
+            }
+        }
+        _ => None,
     };
     // The child's ends of the pipes were closed above (moved into the launch), so the
     // spool tasks see end-of-file when the job's last writer exits.
@@ -384,6 +428,7 @@ pub fn start(
     }
     Ok(Started {
         child,
+        egress,
         pid,
         stdout,
         stderr,

@@ -49,6 +49,7 @@ pub struct Outcome {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub output_truncated: Option<Truncation>,
+    pub egress_denied: Vec<crate::proto::egress::Denial>,
 }
 
 #[derive(Debug, Error)]

@@ -46,13 +46,15 @@ pub(super) const MIGRATIONS: &[&str] = &[
     // 3: why a job's spooled output is shorter than what it printed (JSON, see
     // `Truncation`); NULL when it is not, as for every job recorded before.
     "ALTER TABLE jobs ADD COLUMN output_truncated TEXT;",
+    // 4: what the job's egress proxy refused (JSON, see `Denial`); NULL when nothing.
+    "ALTER TABLE jobs ADD COLUMN egress_denied TEXT;",
 ];
 
 macro_rules! columns {
     () => {
         "seq, id, owner, spec, state, pid, start_time, exit_code, signal, error, confinement, \
          stdout_bytes, stderr_bytes, stdout_truncated, stderr_truncated, created_ms, started_ms, \
-         finished_ms, output_truncated"
+         finished_ms, output_truncated, egress_denied"
     };
 }
 
@@ -137,6 +139,10 @@ pub(super) fn record(
         output_truncated: row
             .get::<_, Option<String>>(18)?
             .and_then(|t| serde_json::from_str(&t).ok()),
+        egress_denied: row
+            .get::<_, Option<String>>(19)?
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default(),
         commit_pending: false,
         id,
     }))

@@ -120,10 +120,14 @@ impl Transition {
                     .output_truncated
                     .as_ref()
                     .and_then(|t| serde_json::to_string(t).ok());
+                let denied = (!o.egress_denied.is_empty())
+                    .then(|| serde_json::to_string(&o.egress_denied).ok())
+                    .flatten();
                 c.prepare_cached(update!(
                     ", exit_code = ?3, signal = ?4, error = ?5, stdout_bytes = ?6, \
                      stderr_bytes = ?7, stdout_truncated = ?8, stderr_truncated = ?9, \
-                     finished_ms = ?10, output_truncated = ?11, spooled_bytes = ?12"
+                     finished_ms = ?10, output_truncated = ?11, spooled_bytes = ?12, \
+                     egress_denied = ?13"
                 ))
                 .and_then(|mut s| {
                     s.execute(params![
@@ -138,7 +142,8 @@ impl Transition {
                         o.stderr_truncated,
                         self.at_ms,
                         truncated,
-                        o.spooled_bytes as i64
+                        o.spooled_bytes as i64,
+                        denied
                     ])
                 })
             }
@@ -177,6 +182,7 @@ impl Transition {
                 rec.stdout_truncated = o.stdout_truncated;
                 rec.stderr_truncated = o.stderr_truncated;
                 rec.output_truncated = o.output_truncated.clone();
+                rec.egress_denied = o.egress_denied.clone();
                 rec.finished_ms = Some(self.at_ms);
             }
         }

@@ -61,9 +61,154 @@ fn a_job_never_widens_the_runners_network_and_none_needs_the_sandbox() {
     assert_eq!(rec["state"], "succeeded", "{rec}");
     assert_says(&rec, "confinement", "; network: none");
 
+    // A submitter that may widen it says so (the runner's own token, here).
+    let wide = submit_ok(
+        &r,
+        json!({"argv": ["true"], "network": "open", "widen_network": true}),
+    );
+    let rec = r.wait(&wide);
+    assert_eq!(rec["state"], "succeeded", "{rec}");
+    assert!(!says(&rec, "confinement", "network"), "{rec}");
+
+    // Under an `allow` policy, a rule of the job's must lie inside one of the runner's.
+    let allow = Runner::started(&["--network", "allow *.example.com:443"]);
+    let id = submit_ok(
+        &allow,
+        json!({"argv": ["true"], "network": "allow api.example.com:443"}),
+    );
+    assert_eq!(allow.wait(&id)["state"], "succeeded");
+    for wider in ["allow example.com:443", "allow api.example.com:80", "open"] {
+        let (status, body) = allow.submit(json!({"argv": ["true"], "network": wider}));
+        assert_eq!(status, 403, "{wider}: {body}");
+        assert_eq!(body["error"]["code"], "network_policy", "{body}");
+    }
+
     let off = Runner::started(&["--network", "none", "--sandbox", "off"]);
     let (status, body) = off.submit(json!({"argv": ["true"]}));
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["code"], "no_sandbox", "{body}");
     assert_says(&body["error"], "message", "network \"none\"");
+}
+
+/// A bare repository served as git's dumb HTTP protocol reads it, and a small file.
+fn served_files(root: &Path) {
+    let git = |args: &[&str], dir: &Path| {
+        let out = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("git");
+        assert!(out.status.success(), "git {args:?}: {}", text(&out.stderr));
+    };
+    let src = root.join("src");
+    fs::create_dir_all(&src).expect("src");
+    fs::write(src.join("README"), "cloned through the proxy\n").expect("README");
+    git(&["init", "-q", "-b", "main"], &src);
+    git(&["add", "README"], &src);
+    git(&["commit", "-q", "-m", "one"], &src);
+    git(&["clone", "-q", "--bare", "src", "repo.git"], root);
+    git(&["update-server-info"], &root.join("repo.git"));
+    fs::write(root.join("hello.txt"), "hello over TLS\n").expect("hello");
+}
+
+#[test]
+fn with_network_allow_a_job_reaches_only_what_its_rules_name_and_its_status_lists_the_rest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    served_files(dir.path());
+    let ca = TestCa::new();
+    let server = FileServer::start(dir.path().to_owned(), ca.server());
+    // A port with no server: a rule for it by name only, which leads to loopback.
+    let spare = std::net::TcpListener::bind("127.0.0.1:0").expect("spare");
+    let (port, named_only) = (server.port, spare.local_addr().expect("addr").port());
+    drop(spare);
+    let r = Runner::started(&[]);
+    // The job asks for localhost: its own loopback is NO_PROXY, so it says otherwise.
+    let script = format!(
+        r#"unset NO_PROXY no_proxy
+        printf '%s\n' "$CA_PEM" > ca.pem
+        echo "proxy $HTTPS_PROXY"
+        curl -sS --cacert ca.pem https://localhost:{port}/hello.txt; echo "curl=$?"
+        GIT_SSL_CAINFO=$PWD/ca.pem git clone -q https://localhost:{port}/repo.git clone && cat clone/README; echo "git=$?"
+        curl -sS -o /dev/null --cacert ca.pem https://localhost:{other}/ 2>/dev/null; echo "other port=$?"
+        curl -sS -w '%{{http_code}}\n' http://169.254.169.254/latest/meta-data/; echo "metadata=$?"
+        curl -sS -o /dev/null --cacert ca.pem https://localhost:{named_only}/ 2>/dev/null; echo "named only=$?"
+        openssl s_client -proxy 127.0.0.1:3128 -connect localhost:{port} -servername evil.example </dev/null >/dev/null 2>&1; echo "fronted=$?"
+        curl --noproxy '*' -sS --max-time 5 https://localhost:{port}/hello.txt 2>/dev/null; echo "direct=$?"
+        "#,
+        other = port + 1,
+    );
+    let network = format!("allow localhost:{port} 127.0.0.1:{port} localhost:{named_only}");
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", script], "network": network, "env": {"CA_PEM": ca.pem()}}),
+    );
+    let rec = r.wait(&id);
+    let out = r.output(&id, "stdout");
+    assert_eq!(
+        rec["state"],
+        "succeeded",
+        "{rec}\n{out}\n{}",
+        r.output(&id, "stderr")
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "proxy http://127.0.0.1:3128",
+            "hello over TLS",
+            "curl=0",
+            "cloned through the proxy",
+            "git=0",
+            "other port=56",
+            "railgrid egress proxy: 169.254.169.254:80 refused: no rule allows the address 169.254.169.254 on port 80",
+            "403",
+            "metadata=0",
+            "named only=56",
+            "fronted=1",
+            "direct=7",
+        ],
+        "{out}"
+    );
+    assert_says(&rec, "confinement", &format!("; network: {network}"));
+    let denied = rec["egress_denied"]
+        .as_array()
+        .expect("egress_denied")
+        .clone();
+    let reason = |dest: String| {
+        denied
+            .iter()
+            .find(|d| d["destination"] == dest.as_str())
+            .map(|d| {
+                (
+                    d["count"].as_u64().unwrap_or(0),
+                    d["reason"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .unwrap_or_else(|| panic!("{dest} not denied: {denied:?}"))
+    };
+    assert_eq!(
+        reason(format!("localhost:{}", port + 1)).1,
+        format!("no rule allows localhost on port {}", port + 1)
+    );
+    assert_eq!(reason("169.254.169.254:80".into()).0, 1);
+    let named = reason(format!("localhost:{named_only}")).1;
+    assert!(
+        named.starts_with("localhost resolves to ")
+            && named.ends_with("(loopback), which no rule names"),
+        "{named}"
+    );
+    assert_eq!(
+        reason(format!("localhost:{port}")).1,
+        "the TLS handshake names evil.example, not localhost"
+    );
+    assert_eq!(denied.len(), 4, "{denied:?}");
+
+    // The text status lists them too.
+    let status = r.cli().args(["status", &id]).output().expect("job status");
+    assert!(
+        text(&status.stdout).contains("denied:   169.254.169.254:80 ×1: no rule allows"),
+        "{}",
+        text(&status.stdout)
+    );
 }

@@ -44,6 +44,8 @@ const SPEC_BUDGET: usize = 512 * 1024;
 const MAX_ERROR: usize = 1024;
 /// The longest truncation reason kept of a stream.
 const MAX_REASON: usize = 512;
+/// Kinds of egress refusal kept per job (the runner keeps 64, and one for the rest).
+const MAX_DENIALS: usize = 65;
 
 /// The hub's bounds on jobs.
 #[derive(Debug, Clone, Copy)]
@@ -274,6 +276,19 @@ fn merged(prev: &JobProgress, r: &JobReport, now: u64) -> JobProgress {
         stdout: t.stdout.as_deref().map(|s| cut(s, MAX_REASON)),
         stderr: t.stderr.as_deref().map(|s| cut(s, MAX_REASON)),
     });
+    if !r.egress_denied.is_empty() {
+        // As the runner bounds them; an agent's report is not trusted for size.
+        p.egress_denied = r
+            .egress_denied
+            .iter()
+            .take(MAX_DENIALS)
+            .map(|d| crate::proto::egress::Denial {
+                destination: cut(&d.destination, MAX_REASON),
+                reason: cut(&d.reason, MAX_REASON),
+                count: d.count,
+            })
+            .collect();
+    }
     p.done = ended(&p.state) && r.output_done;
     p
 }
@@ -855,8 +870,24 @@ mod tests {
             stderr_bytes: 0,
             output_truncated: None,
             output_done: false,
+            egress_denied: (0..100)
+                .map(|i| crate::proto::egress::Denial {
+                    destination: format!("{i}{}", "h".repeat(2000)),
+                    reason: "r".repeat(2000),
+                    count: 1,
+                })
+                .collect(),
         };
         let p = merged(&prev, &r, 7);
+        assert_eq!(
+            p.egress_denied.len(),
+            MAX_DENIALS,
+            "an agent's report is bounded"
+        );
+        assert!(p
+            .egress_denied
+            .iter()
+            .all(|d| d.destination.len() < MAX_REASON + 8));
         assert_eq!(
             (p.state.as_str(), p.done, p.finished_ms),
             ("succeeded", false, Some(7))

@@ -59,6 +59,7 @@ pub(super) fn view(row: JobRow, limits: &JobLimits) -> HubJobView {
         output_truncated,
         done: p.done,
         waiting: None,
+        egress_denied: p.egress_denied,
     }
 }
 

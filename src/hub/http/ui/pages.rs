@@ -183,7 +183,7 @@ pub(super) fn jobs(jobs: &[HubJobView]) -> String {
 pub(super) fn job(j: &HubJobView) -> String {
     let id = seg(&j.id);
     format!(
-        "<h1>Job {name}</h1><table><tr><th>State</th><td id=\"state\" data-refresh=\"{refresh}\">{state}{exit}</td></tr><tr><th>Agent</th><td>{agent}</td></tr><tr><th>Selector</th><td>{selector}</td></tr><tr><th>Command</th><td><code>{argv}</code></td></tr><tr><th>Created</th><td>{created}</td></tr><tr><th>Started</th><td>{started}</td></tr><tr><th>Finished</th><td>{finished}</td></tr><tr><th>Error</th><td>{error}</td></tr></table><h2>stdout</h2><pre id=\"stdout\" data-stream=\"/ui/jobs/{id}/output/stdout\"></pre><h2>stderr</h2><pre id=\"stderr\" class=\"err\" data-stream=\"/ui/jobs/{id}/output/stderr\"></pre>",
+        "<h1>Job {name}</h1><table><tr><th>State</th><td id=\"state\" data-refresh=\"{refresh}\">{state}{exit}</td></tr><tr><th>Agent</th><td>{agent}</td></tr><tr><th>Selector</th><td>{selector}</td></tr><tr><th>Command</th><td><code>{argv}</code></td></tr><tr><th>Created</th><td>{created}</td></tr><tr><th>Started</th><td>{started}</td></tr><tr><th>Finished</th><td>{finished}</td></tr><tr><th>Error</th><td>{error}</td></tr><tr><th>Network</th><td>{network}</td></tr></table>{denied}<h2>stdout</h2><pre id=\"stdout\" data-stream=\"/ui/jobs/{id}/output/stdout\"></pre><h2>stderr</h2><pre id=\"stderr\" class=\"err\" data-stream=\"/ui/jobs/{id}/output/stderr\"></pre>",
         name = esc(&j.id),
         refresh = !j.done,
         state = esc(&j.state),
@@ -195,7 +195,34 @@ pub(super) fn job(j: &HubJobView) -> String {
         started = crate::util::rfc3339_ms(j.started_ms),
         finished = crate::util::rfc3339_ms(j.finished_ms),
         error = esc(j.error.as_deref().unwrap_or("")),
+        network = esc(&j
+            .spec
+            .network
+            .as_ref()
+            .map_or_else(|| "the runner's policy".to_owned(), |n| n.to_string())),
+        denied = egress_denied(&j.egress_denied),
     )
+}
+
+/// What the job's egress proxy refused, as a table (nothing when it refused nothing).
+fn egress_denied(denied: &[crate::proto::egress::Denial]) -> String {
+    if denied.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "<h2>Egress denied</h2><table id=\"egress-denied\"><tr><th>Destination</th><th>Count</th><th>Why</th></tr>",
+    );
+    for d in denied {
+        let _ = write!(
+            out,
+            "<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+            esc(&d.destination),
+            d.count,
+            esc(&d.reason)
+        );
+    }
+    out.push_str("</table>");
+    out
 }
 
 pub(super) fn releases(all: &[ReleaseView]) -> String {

@@ -167,7 +167,8 @@ impl JobStore for PgStore {
                      stdout_bytes = GREATEST(stdout_bytes, $8),
                      stderr_bytes = GREATEST(stderr_bytes, $9),
                      runner_truncated = COALESCE($10, runner_truncated), done = $11,
-                     started_ms = COALESCE(started_ms, $12)
+                     started_ms = COALESCE(started_ms, $12),
+                     egress_denied = COALESCE($13, egress_denied)
                  WHERE id = $1 AND done = 0",
                 OPEN = OPEN_STATES
             ))
@@ -181,6 +182,9 @@ impl JobStore for PgStore {
                 .runner_truncated
                 .as_ref()
                 .map(|t| encode(&self.url, "a truncation to store", t))
+                .transpose()?;
+            let denied = (!p.egress_denied.is_empty())
+                .then(|| encode(&self.url, "egress refusals to store", &p.egress_denied))
                 .transpose()?;
             tx.execute(
                 &stmt,
@@ -197,6 +201,7 @@ impl JobStore for PgStore {
                     &truncated,
                     &(p.done as i64),
                     &p.started_ms.map(|m| m as i64),
+                    &denied,
                 ],
             )
             .await

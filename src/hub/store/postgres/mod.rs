@@ -94,7 +94,7 @@ const NEXT_GENERATION: &str =
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
     stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
-    queue_deadline_ms, job_group, attempt, retries, avoid, scope";
+    queue_deadline_ms, job_group, attempt, retries, avoid, scope, egress_denied";
 
 use super::OPEN_STATES;
 

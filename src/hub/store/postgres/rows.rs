@@ -51,6 +51,12 @@ pub(super) fn job_row(url: &str, r: &Row) -> Result<JobRow, StoreError> {
         .map(|t| serde_json::from_str(&t))
         .transpose()
         .map_err(corrupt(url, format!("the truncation of job {id:?}")))?;
+    let denied: Option<String> = r.get(28);
+    let egress_denied = denied
+        .map(|t| serde_json::from_str(&t))
+        .transpose()
+        .map_err(corrupt(url, format!("the egress refusals of job {id:?}")))?
+        .unwrap_or_default();
     Ok(JobRow {
         seq: u64_of(r.get(1)),
         agent: r.get(2),
@@ -67,6 +73,7 @@ pub(super) fn job_row(url: &str, r: &Row) -> Result<JobRow, StoreError> {
             stdout_bytes: u64_of(r.get(11)),
             stderr_bytes: u64_of(r.get(12)),
             runner_truncated,
+            egress_denied,
             done: r.get::<_, i64>(14) != 0,
         },
         stdout_length: u64_of(r.get(15)),

@@ -80,7 +80,8 @@ impl JobStore for SqliteStore {
                              stdout_bytes = MAX(stdout_bytes, ?8),
                              stderr_bytes = MAX(stderr_bytes, ?9),
                              runner_truncated = COALESCE(?10, runner_truncated), done = ?11,
-                             started_ms = COALESCE(started_ms, ?12)
+                             started_ms = COALESCE(started_ms, ?12),
+                             egress_denied = COALESCE(?13, egress_denied)
                          WHERE id = ?1 AND done = 0",
                         OPEN = OPEN_STATES
                     ))
@@ -90,6 +91,9 @@ impl JobStore for SqliteStore {
                         .runner_truncated
                         .as_ref()
                         .map(|t| encode(path, "a truncation to store", t))
+                        .transpose()?;
+                    let denied = (!p.egress_denied.is_empty())
+                        .then(|| encode(path, "egress refusals to store", &p.egress_denied))
                         .transpose()?;
                     stmt.execute(params![
                         id,
@@ -104,6 +108,7 @@ impl JobStore for SqliteStore {
                         truncated,
                         p.done as i64,
                         p.started_ms.map(|m| m as i64),
+                        denied,
                     ])
                     .map_err(&e)?;
                 }

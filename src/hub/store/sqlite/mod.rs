@@ -122,6 +122,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     super::access::AUDIT_COUNT_MIGRATION,
     // 12: which agent was served which release's artifact, for a rollout's evidence.
     super::rollouts::FETCH_MIGRATION,
+    // 13: what a job's egress proxy refused, by destination (JSON, see `Denial`).
+    "ALTER TABLE jobs ADD COLUMN egress_denied TEXT;",
 ];
 
 /// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
@@ -248,7 +250,7 @@ fn bump_and_commit(
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
     stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
-    queue_deadline_ms, job_group, attempt, retries, avoid, scope";
+    queue_deadline_ms, job_group, attempt, retries, avoid, scope, egress_denied";
 
 /// The raw columns of a job row, parsed afterwards (outside rusqlite's row closure, so
 /// that a record that does not parse is an error that names it).
@@ -258,7 +260,7 @@ type RawJob = (
     (i64, i64, Option<String>, i64),
     (i64, i64, i64, i64, Option<i64>),
     (Option<String>, i64, Option<i64>, Option<String>),
-    (i64, i64, Option<String>, Option<String>),
+    (i64, i64, Option<String>, Option<String>, Option<String>),
 );
 
 fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
@@ -276,7 +278,7 @@ fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
         (r.get(11)?, r.get(12)?, r.get(13)?, r.get(14)?),
         (r.get(15)?, r.get(16)?, r.get(17)?, r.get(18)?, r.get(19)?),
         (r.get(20)?, r.get(21)?, r.get(22)?, r.get(23)?),
-        (r.get(24)?, r.get(25)?, r.get(26)?, r.get(27)?),
+        (r.get(24)?, r.get(25)?, r.get(26)?, r.get(27)?, r.get(28)?),
     ))
 }
 
@@ -287,7 +289,7 @@ fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
         rest,
         lens,
         (selector, priority, queue_deadline, group),
-        (attempt, retries, avoid, scope),
+        (attempt, retries, avoid, scope, denied),
     ) = raw;
     let corrupt = |what: String| {
         let path = path.to_owned();
@@ -299,6 +301,11 @@ fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
         .map(|t| serde_json::from_str(&t))
         .transpose()
         .map_err(corrupt(format!("the truncation of job {id:?}")))?;
+    let egress_denied = denied
+        .map(|t| serde_json::from_str(&t))
+        .transpose()
+        .map_err(corrupt(format!("the egress refusals of job {id:?}")))?
+        .unwrap_or_default();
     Ok(JobRow {
         seq: u64_of(seq),
         agent,
@@ -315,6 +322,7 @@ fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
             stdout_bytes: u64_of(stdout_bytes),
             stderr_bytes: u64_of(stderr_bytes),
             runner_truncated,
+            egress_denied,
             done: done != 0,
         },
         stdout_length: u64_of(lens.0),

@@ -1,0 +1,85 @@
+//! What a job's proxy refused, counted by destination and reason: shown in the job's
+//! status and summed in the runner's metrics.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::proto::egress::Denial;
+
+/// Distinct (destination, reason) pairs kept per job; past it, refusals are still
+/// counted, under one last entry, so a job trying a million names costs a few KiB.
+pub(super) const MAX_KINDS: usize = 64;
+
+/// Every job's refusals, for the runner's metrics.
+pub static TOTAL: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Debug, Default)]
+pub struct Denials {
+    kinds: Mutex<BTreeMap<(String, String), u64>>,
+}
+
+impl Denials {
+    pub fn record(&self, destination: &str, reason: &str) {
+        TOTAL.fetch_add(1, Ordering::Relaxed);
+        let mut kinds = self
+            .kinds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut key = (clip(destination), clip(reason));
+        if kinds.len() >= MAX_KINDS && !kinds.contains_key(&key) {
+            key = (
+                "…".into(),
+                format!("more than {MAX_KINDS} kinds of refusal"),
+            );
+        }
+        *kinds.entry(key).or_default() += 1;
+    }
+
+    /// The refusals so far, most frequent first.
+    pub fn snapshot(&self) -> Vec<Denial> {
+        let kinds = self
+            .kinds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut all: Vec<Denial> = kinds
+            .iter()
+            .map(|((destination, reason), &count)| Denial {
+                destination: destination.clone(),
+                reason: reason.clone(),
+                count,
+            })
+            .collect();
+        all.sort_by_key(|d| std::cmp::Reverse(d.count));
+        all
+    }
+}
+
+/// What a job wrote, bounded: a destination or reason is shown, never trusted.
+fn clip(s: &str) -> String {
+    crate::util::prefix_bytes(s, 300).to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_counted_by_kind_and_bounded() {
+        let d = Denials::default();
+        for _ in 0..3 {
+            d.record("a.example:443", "no rule");
+        }
+        for i in 0..(MAX_KINDS * 2) {
+            d.record(&format!("h{i}.example:443"), "no rule");
+        }
+        let all = d.snapshot();
+        assert_eq!(all.len(), MAX_KINDS + 1);
+        assert_eq!(all[0].count, MAX_KINDS as u64 + 1, "{all:?}");
+        assert_eq!(all[0].destination, "…");
+        assert_eq!(
+            all.iter().map(|x| x.count).sum::<u64>(),
+            3 + 2 * MAX_KINDS as u64
+        );
+    }
+}
