@@ -556,4 +556,47 @@ fn the_hubs_network_policy_reaches_the_runner_and_a_job_cannot_widen_it() {
     let rec = hub.admin_json(&["job", "status", "n2"]);
     assert_eq!(rec["state"], "rejected", "{rec}");
     assert_says(&rec, "error", "runner.network = \"none\"");
+
+    // Widening takes jobs:network: a token without it is refused at the hub.
+    let narrow = tmp.path().join("ci.token");
+    hub.create_token("ci", "jobs:submit,jobs:read", &[], &narrow);
+    let allow = ["--allow", "127.0.0.1:9", "--widen-network"];
+    let out = railgrid()
+        .args(["hub", "--hub", &hub.url, "--ca-file"])
+        .arg(hub.ca())
+        .arg("--token-file")
+        .arg(&narrow)
+        .args(["job", "submit", "--agent", "a1", "--id", "n3"])
+        .args(allow)
+        .args(["--", "true"])
+        .output()
+        .expect("hub job submit");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("has no scope jobs:network"),
+        "{}",
+        text(&out.stderr)
+    );
+    // One that has it (the root token) gives the job an `allow` wider than `none`: what
+    // its proxy refused reaches the hub's status.
+    let script = "curl -sS -o /dev/null http://169.254.169.254/ || true";
+    let mut args = vec!["job", "submit", "--agent", "a1", "--id", "n4"];
+    args.extend(allow);
+    args.extend(["--wait", "--", "sh", "-c", script]);
+    let out = hub.admin(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let rec = hub.admin_json(&["job", "status", "n4"]);
+    assert_eq!(
+        rec["egress_denied"][0]["destination"], "169.254.169.254:80",
+        "{rec}"
+    );
+    assert_eq!(rec["egress_denied"][0]["count"], 1, "{rec}");
+    let status = hub.admin_ok(&["job", "status", "n4"]);
+    let line = status.lines().find(|l| l.starts_with("egress denied"));
+    assert!(
+        line.is_some_and(|l| l.ends_with(
+            "169.254.169.254:80 ×1: no rule allows the address 169.254.169.254 on port 80"
+        )),
+        "{status}"
+    );
 }

@@ -327,4 +327,25 @@ mod tests {
             "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;&quot;?"
         );
     }
+
+    #[test]
+    fn a_jobs_page_lists_what_its_proxy_refused_as_text() {
+        let mut j: HubJobView = serde_json::from_value(serde_json::json!({
+            "id": "j1", "agent": "a1", "spec": {"argv": ["true"], "network": "allow a.example:443"},
+            "state": "succeeded", "created_ms": 0,
+        }))
+        .expect("a view");
+        assert!(!job(&j).contains("Egress denied"));
+        j.egress_denied = vec![crate::proto::egress::Denial {
+            destination: "<b>evil</b>:443".into(),
+            reason: "no rule allows evil on port 443".into(),
+            count: 3,
+        }];
+        let page = job(&j);
+        assert!(page.contains("<td>allow a.example:443</td>"), "{page}");
+        assert!(
+            page.contains("<tr><td><code>&lt;b&gt;evil&lt;/b&gt;:443</code></td><td>3</td><td>no rule allows evil on port 443</td></tr>"),
+            "{page}"
+        );
+    }
 }
