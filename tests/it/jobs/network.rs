@@ -122,6 +122,22 @@ fn with_network_allow_a_job_reaches_only_what_its_rules_name_and_its_status_list
     let spare = std::net::TcpListener::bind("127.0.0.1:0").expect("spare");
     let (port, named_only) = (server.port, spare.local_addr().expect("addr").port());
     drop(spare);
+    // A plain HTTP service: what the proxy forwards, as the service saw it.
+    let plain = std::net::TcpListener::bind("127.0.0.1:0").expect("plain");
+    let plain_port = plain.local_addr().expect("addr").port();
+    let seen = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut s, _) = plain.accept().expect("accept");
+        let mut head = Vec::new();
+        let mut b = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut b).expect("read");
+            assert!(n > 0, "the request ended early");
+            head.extend_from_slice(&b[..n]);
+        }
+        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nplain ok\n");
+        String::from_utf8_lossy(&head).into_owned()
+    });
     let r = Runner::started(&[]);
     // The job asks for localhost: its own loopback is NO_PROXY, so it says otherwise.
     let script = format!(
@@ -130,6 +146,7 @@ fn with_network_allow_a_job_reaches_only_what_its_rules_name_and_its_status_list
         echo "proxy $HTTPS_PROXY"
         curl -sS --cacert ca.pem https://localhost:{port}/hello.txt; echo "curl=$?"
         GIT_SSL_CAINFO=$PWD/ca.pem git clone -q https://localhost:{port}/repo.git clone && cat clone/README; echo "git=$?"
+        curl -sS -H 'Proxy-Authorization: Basic c2VjcmV0' http://127.0.0.1:{plain_port}/x?y=1; echo "plain=$?"
         curl -sS -o /dev/null --cacert ca.pem https://localhost:{other}/ 2>/dev/null; echo "other port=$?"
         curl -sS -w '%{{http_code}}\n' http://169.254.169.254/latest/meta-data/; echo "metadata=$?"
         curl -sS -o /dev/null --cacert ca.pem https://localhost:{named_only}/ 2>/dev/null; echo "named only=$?"
@@ -138,7 +155,9 @@ fn with_network_allow_a_job_reaches_only_what_its_rules_name_and_its_status_list
         "#,
         other = port + 1,
     );
-    let network = format!("allow localhost:{port} 127.0.0.1:{port} localhost:{named_only}");
+    let network = format!(
+        "allow localhost:{port} 127.0.0.1:{port} localhost:{named_only} 127.0.0.1:{plain_port}"
+    );
     let id = submit_ok(
         &r,
         json!({"argv": ["sh", "-c", script], "network": network, "env": {"CA_PEM": ca.pem()}}),
@@ -160,6 +179,8 @@ fn with_network_allow_a_job_reaches_only_what_its_rules_name_and_its_status_list
             "curl=0",
             "cloned through the proxy",
             "git=0",
+            "plain ok",
+            "plain=0",
             "other port=56",
             "railgrid egress proxy: 169.254.169.254:80 refused: no rule allows the address 169.254.169.254 on port 80",
             "403",
@@ -171,6 +192,18 @@ fn with_network_allow_a_job_reaches_only_what_its_rules_name_and_its_status_list
         "{out}"
     );
     assert_says(&rec, "confinement", &format!("; network: {network}"));
+    // Forwarded in origin form, its Host the one allowed, the proxy's own headers dropped.
+    let head = seen.join().expect("the plain service");
+    assert!(head.starts_with("GET /x?y=1 HTTP/1.1\r\n"), "{head}");
+    assert!(
+        head.to_lowercase()
+            .contains(&format!("\r\nhost: 127.0.0.1:{plain_port}\r\n")),
+        "{head}"
+    );
+    assert!(
+        !head.to_lowercase().contains("proxy-authorization"),
+        "{head}"
+    );
     let denied = rec["egress_denied"]
         .as_array()
         .expect("egress_denied")
