@@ -112,7 +112,7 @@ fn replicas_started_at_once_make_one_schema_and_share_the_ca_and_admin_token() {
             "fresh",
             "SELECT count(*), max(version) FROM railgrid_migrations"
         ),
-        "13|1001",
+        "14|1001",
         "each migration once: the shared ones, then the replicas' own from 1001"
     );
     assert_eq!(
