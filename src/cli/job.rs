@@ -76,6 +76,11 @@ pub struct JobSubmitArgs {
     /// Print the job's id and return at once; the job runs on.
     #[arg(long)]
     pub detach: bool,
+    /// Give the job the contents of FILE as the environment variable NAME (repeatable;
+    /// one trailing newline dropped): never stored, never shown, masked in its output
+    /// (docs/security.md, "Secrets").
+    #[arg(long, value_name = "NAME=FILE")]
+    pub secret_file: Vec<String>,
 }
 
 /// A job as `job submit` and `hub job submit` alike describe it.

@@ -140,6 +140,13 @@ fn api_err(e: ClientError) -> anyhow::Error {
 
 /// The job the flags describe.
 pub(super) fn spec_of(a: crate::cli::JobSpecArgs) -> anyhow::Result<JobSpec> {
+    for (name, _) in &a.env {
+        if looks_like_a_credential(name) {
+            eprintln!(
+                "railgrid: warning: --env {name}: an --env value is stored with the job and shown to whoever may read its status (jobs:read at a hub); a credential belongs in a secret (--secret-file locally; docs/security.md, \"Secrets\")"
+            );
+        }
+    }
     let network = match a.allow.is_empty() {
         true => a.network,
         false => Some(crate::proto::job::Network::Allow(
@@ -160,6 +167,24 @@ pub(super) fn spec_of(a: crate::cli::JobSpecArgs) -> anyhow::Result<JobSpec> {
     })
 }
 
+/// Whether a variable's name says it holds a credential.
+fn looks_like_a_credential(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    [
+        "TOKEN",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "API_KEY",
+        "APIKEY",
+        "PRIVATE_KEY",
+        "CREDENTIAL",
+        "AUTH",
+    ]
+    .iter()
+    .any(|w| upper.contains(w))
+}
+
 /// The limits the flags give, `None` for none.
 fn limits_of(a: &crate::cli::JobLimitArgs) -> Option<Limits> {
     let limits = Limits {
@@ -172,19 +197,41 @@ fn limits_of(a: &crate::cli::JobLimitArgs) -> Option<Limits> {
     (limits != Limits::default()).then_some(limits)
 }
 
+/// `--secret-file NAME=FILE`: each file's contents, one trailing newline dropped.
+fn secret_files(args: &[String]) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let mut out = std::collections::BTreeMap::new();
+    for a in args {
+        let (name, path) = a
+            .split_once('=')
+            .with_context(|| format!("--secret-file {a:?}: give NAME=FILE"))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--secret-file {name}: reading {path}"))?;
+        let text = text
+            .strip_suffix('\n')
+            .map(|t| t.strip_suffix('\r').unwrap_or(t))
+            .unwrap_or(&text);
+        if out.insert(name.to_owned(), text.to_owned()).is_some() {
+            anyhow::bail!("--secret-file {name} is given twice");
+        }
+    }
+    Ok(out)
+}
+
 async fn submit(
     client: &Client,
     socket: &std::path::Path,
     args: JobSubmitArgs,
 ) -> anyhow::Result<ExitCode> {
-    let spec = spec_of(args.job)?;
+    let mut spec = spec_of(args.job)?;
+    let secrets = secret_files(&args.secret_file)?;
+    spec.secrets = secrets.keys().cloned().collect();
     // Before the submission: a Ctrl-C from then on is the job's to handle.
     let signals = if args.detach {
         None
     } else {
         Some(Interrupts::new()?)
     };
-    let (created, sub) = client.submit(&spec).await.map_err(api_err)?;
+    let (created, sub) = client.submit_with(&spec, &secrets).await.map_err(api_err)?;
     for w in &sub.warnings {
         eprintln!("railgrid: warning: {w}");
     }

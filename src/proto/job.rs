@@ -50,6 +50,10 @@ pub struct JobSpec {
     /// the hub for a token with the `jobs:network` scope, or by the runner's own token.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub widen_network: bool,
+    /// Secrets the job gets as environment variables of these names (docs/security.md,
+    /// "Secrets"): names only; their values travel beside the spec, never in it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 pub use super::egress::Network;

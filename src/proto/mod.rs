@@ -25,5 +25,6 @@ pub mod job;
 pub mod labels;
 pub mod report;
 pub mod rollout;
+pub mod secret;
 pub mod selector;
 pub mod spec;

@@ -46,6 +46,8 @@ pub const MIN_CPU_MILLIS: u64 = 10;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SpecError {
+    #[error(transparent)]
+    Secret(#[from] crate::proto::secret::SecretError),
     #[error("field argv is required and must name a program: [\"program\", \"arg\", ...]")]
     NoArgv,
     #[error("field argv[{index}] holds a NUL byte")]
@@ -92,6 +94,7 @@ pub enum SpecError {
 impl JobSpec {
     /// Checks everything that does not need the file system.
     pub fn validate(&self) -> Result<(), SpecError> {
+        crate::proto::secret::check_names(self)?;
         if self.argv.first().is_none_or(|p| p.is_empty()) {
             return Err(SpecError::NoArgv);
         }

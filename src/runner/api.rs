@@ -21,7 +21,7 @@ use crate::proto::admission::{Admission, AdmissionChange};
 use crate::proto::drain::{Drain, DrainView};
 use crate::proto::health::Health;
 use crate::proto::job::Submitted;
-use crate::proto::job::{JobRecord, JobSpec, JobState};
+use crate::proto::job::{JobRecord, JobState};
 use crate::proto::spec;
 use crate::util::clip;
 
@@ -370,7 +370,10 @@ async fn end_drain(State(api): State<Api>) -> ApiResult<Json<DrainView>> {
 }
 
 async fn submit(State(api): State<Api>, ApiBody(body): ApiBody) -> ApiResult<Response> {
-    let spec: JobSpec = serde_json::from_slice(&body).map_err(|e| {
+    let crate::proto::secret::Submission {
+        spec,
+        secret_values,
+    } = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_json",
@@ -378,7 +381,7 @@ async fn submit(State(api): State<Api>, ApiBody(body): ApiBody) -> ApiResult<Res
         )
     })?;
     let warnings = api.engine.unenforced(&spec);
-    let (created, rec) = api.engine.submit(spec).await?;
+    let (created, rec) = api.engine.submit(spec, secret_values).await?;
     let status = if created {
         StatusCode::CREATED
     } else {

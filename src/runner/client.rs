@@ -336,7 +336,27 @@ impl Client {
 
     /// Returns whether the job was created (false: an identical job already existed).
     pub async fn submit(&self, spec: &JobSpec) -> Result<(bool, Submitted), ClientError> {
-        let body = self.encode(spec)?;
+        self.submit_with(spec, &Default::default()).await
+    }
+
+    /// [`Self::submit`] with the values of the secrets `spec` names, which travel beside
+    /// it over the socket and are never stored.
+    pub async fn submit_with(
+        &self,
+        spec: &JobSpec,
+        secret_values: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(bool, Submitted), ClientError> {
+        #[derive(serde::Serialize)]
+        struct Body<'a> {
+            #[serde(flatten)]
+            spec: &'a JobSpec,
+            #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+            secret_values: &'a std::collections::BTreeMap<String, String>,
+        }
+        let body = self.encode(&Body {
+            spec,
+            secret_values,
+        })?;
         let (status, sub) = self.json(Method::POST, "/v1/jobs", Some(body)).await?;
         Ok((status == StatusCode::CREATED, sub))
     }

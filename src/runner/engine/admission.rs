@@ -150,8 +150,14 @@ impl Engine {
 
     /// Admits a job: 201 with a new record, 200 with the existing one for an identical
     /// resubmission.
-    pub async fn submit(&self, spec: JobSpec) -> Result<(bool, JobRecord), EngineError> {
+    pub async fn submit(
+        &self,
+        spec: JobSpec,
+        secrets: super::Secrets,
+    ) -> Result<(bool, JobRecord), EngineError> {
         spec.validate()?;
+        crate::proto::secret::check_values(&spec, &secrets)
+            .map_err(|e| EngineError::Spec(e.into()))?;
         if self.inner.shutting_down.load(Ordering::Relaxed) {
             return Err(EngineError::ShuttingDown);
         }
@@ -239,6 +245,9 @@ impl Engine {
                 return Err(e.into());
             }
         };
+        if !secrets.is_empty() {
+            crate::util::lock(&self.inner.secrets).insert(rec.id.clone(), secrets);
+        }
         self.sched()
             .queue
             .push_back(Queued::new(rec.id.clone(), rec.owner.clone(), spec));
@@ -278,6 +287,7 @@ impl Engine {
 
     /// Records a job taken off the queue as cancelled, with `error` saying why.
     pub(super) async fn finish_queued(&self, id: &str, error: String) -> Result<(), EngineError> {
+        crate::util::lock(&self.inner.secrets).remove(id);
         let outcome = Outcome {
             error: Some(error),
             ..Outcome::default()

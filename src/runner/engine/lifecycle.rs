@@ -210,10 +210,20 @@ impl Engine {
             };
             return Ok(Launched::Cancelled(JobState::Cancelled, outcome));
         }
+        // Its secrets' values, held since admission; a runner that restarted since has none.
+        let secrets = crate::util::lock(&self.inner.secrets)
+            .remove(id)
+            .unwrap_or_default();
+        if !spec.secrets.is_empty() && secrets.is_empty() {
+            return Err(EngineError::SecretsLost {
+                names: spec.secrets.join(", "),
+            });
+        }
         let started = job::start(
             &self.inner.paths,
             id,
             &spec,
+            &secrets,
             &workspace,
             job::Baseline {
                 output_cap: self.inner.cfg.max_output_bytes,

@@ -126,6 +126,8 @@ pub enum EngineError {
         asked: crate::proto::job::Network,
         policy: crate::proto::job::Network,
     },
+    #[error("the job's secrets ({names}) were held in this runner's memory only, and the runner that admitted it is gone: submit the job again")]
+    SecretsLost { names: String },
     #[error(
         "network \"{network}\" is kept by the job's sandbox, and this host cannot make one: {why}"
     )]
@@ -150,6 +152,9 @@ impl EngineError {
     }
 }
 
+/// A job's secrets, name to value.
+pub type Secrets = std::collections::BTreeMap<String, String>;
+
 struct Inner {
     cfg: EngineConfig,
     totals: Mutex<Totals>,
@@ -159,6 +164,9 @@ struct Inner {
     activity: watch::Sender<u64>,
     shutting_down: AtomicBool,
     ids: AtomicU64,
+    /// The values of admitted jobs' secrets, by job id, in memory only (docs/security.md,
+    /// "Secrets"): taken when the job starts, gone with it.
+    secrets: Mutex<std::collections::HashMap<String, Secrets>>,
     /// Serializes retention passes.
     retention: tokio::sync::Mutex<()>,
     /// Job tasks, awaited at shutdown.
@@ -226,6 +234,7 @@ impl Engine {
                 activity,
                 shutting_down: AtomicBool::new(false),
                 ids: AtomicU64::new(0),
+                secrets: Mutex::new(std::collections::HashMap::new()),
                 tasks: Mutex::new(tokio::task::JoinSet::new()),
                 cgroups: CgroupTier::detect(),
                 fs_guard: runner_dir.parent().and_then(FsGuard::detect),

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 mod launch;
+mod mask;
 mod spool;
 mod workspace;
 
@@ -206,6 +207,7 @@ fn job_env(
     ws: &Path,
     id: &str,
     spec: &JobSpec,
+    secrets: &BTreeMap<String, String>,
     path: &str,
     network: &crate::proto::job::Network,
 ) -> BTreeMap<String, String> {
@@ -221,6 +223,8 @@ fn job_env(
     // spawning it and recording its pid.
     env.insert(JOB_ID_VAR.to_owned(), id.to_owned());
     env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    // Names checked at admission: none is the baseline's, the spec's or a proxy's.
+    env.extend(secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
     if let crate::proto::job::Network::Allow(_) = network {
         super::egress::proxy_env(&mut env);
     }
@@ -243,6 +247,7 @@ pub fn start(
     paths: &JobPaths,
     id: &str,
     spec: &JobSpec,
+    secrets: &BTreeMap<String, String>,
     workspace: &Workspace,
     baseline: Baseline<'_>,
     tiers: Tiers<'_>,
@@ -266,7 +271,7 @@ pub fn start(
     let cap = baseline.output_cap;
     let ws = paths.workspace(id);
     let spool_dir = paths.spool_dir(id);
-    let env = job_env(&ws, id, spec, baseline.path, &network);
+    let env = job_env(&ws, id, spec, secrets, baseline.path, &network);
 
     let (out_r, out_w) = pipe::pipe().map_err(io_err(&spool_dir))?;
     let (err_r, err_w) = pipe::pipe().map_err(io_err(&spool_dir))?;
@@ -423,7 +428,9 @@ pub fn start(
             stream,
             path,
         };
-        let handle = tokio::spawn(async move { spool(rx, &target, cap, &stats, &*notify).await });
+        let masker = mask::Masker::new(secrets.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
+        let handle =
+            tokio::spawn(async move { spool(rx, &target, cap, &stats, &*notify, masker).await });
         spoolers.push(handle);
     }
     Ok(Started {

@@ -91,14 +91,17 @@ pub(super) async fn spool(
     cap: u64,
     stats: &SpoolStats,
     notify: &(dyn Fn() + Send + Sync),
+    mut masker: Option<super::mask::Masker>,
 ) {
     use tokio::io::AsyncReadExt;
-    let path = &target.path;
     let mut buf = vec![0u8; 64 * 1024];
-    let mut file: Option<File> = None;
-    let mut written = 0u64;
-    // The file could not be created or written: the rest is counted and dropped.
-    let mut broken = false;
+    let mut sink = Sink {
+        target,
+        cap,
+        file: None,
+        written: 0,
+        broken: false,
+    };
     // Once a drain is asked for: how much more may be taken, so a process outside the
     // group that writes without pause cannot keep the drain going.
     let mut drain_left: Option<usize> = None;
@@ -132,31 +135,62 @@ pub(super) async fn spool(
             },
         };
         stats.produced.fetch_add(n as u64, Ordering::Relaxed);
-        let keep = if broken {
+        // Masked before anything is written: a secret never reaches the disk.
+        let kept = match masker.as_mut() {
+            Some(m) => sink.put(&m.feed(&buf[..n]), stats),
+            None => sink.put(&buf[..n], stats),
+        };
+        // Followers only care about bytes they can read.
+        if kept > 0 {
+            notify();
+        }
+    }
+    if let Some(m) = masker.as_mut() {
+        sink.put(&m.finish(), stats);
+    }
+    notify();
+}
+
+/// A spool file as output goes into it.
+struct Sink<'a> {
+    target: &'a SpoolTarget,
+    cap: u64,
+    file: Option<File>,
+    written: u64,
+    /// The file could not be created or written: the rest is counted and dropped.
+    broken: bool,
+}
+
+impl Sink<'_> {
+    /// Writes what of `data` the cap leaves room for; how much it kept.
+    fn put(&mut self, data: &[u8], stats: &SpoolStats) -> usize {
+        let path = &self.target.path;
+        let n = data.len();
+        let keep = if self.broken {
             0
         } else {
-            (cap.saturating_sub(written) as usize).min(n)
+            (self.cap.saturating_sub(self.written) as usize).min(n)
         };
-        if keep > 0 && file.is_none() {
-            match target.open() {
-                Ok(f) => file = Some(f),
+        if keep > 0 && self.file.is_none() {
+            match self.target.open() {
+                Ok(f) => self.file = Some(f),
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "could not create spool file; dropping output");
                     stats.cut(|| spool_failure("creating", path, &e));
-                    broken = true;
+                    self.broken = true;
                 }
             }
         }
         let mut kept = 0;
-        if let (true, Some(f)) = (keep > 0, file.as_mut()) {
+        if let (true, Some(f)) = (keep > 0, self.file.as_mut()) {
             // By hand rather than `write_all`, to count what a failing write left in the
             // file.
             while kept < keep {
-                match f.write(&buf[kept..keep]) {
+                match f.write(&data[kept..keep]) {
                     Ok(0) => {
                         let e = io::Error::from(io::ErrorKind::WriteZero);
                         stats.cut(|| spool_failure("writing", path, &e));
-                        broken = true;
+                        self.broken = true;
                         break;
                     }
                     Ok(k) => kept += k,
@@ -164,26 +198,23 @@ pub(super) async fn spool(
                     Err(e) => {
                         tracing::warn!(path = %path.display(), error = %e, "could not write spool file; dropping the rest of the output");
                         stats.cut(|| spool_failure("writing", path, &e));
-                        broken = true;
+                        self.broken = true;
                         break;
                     }
                 }
             }
-            written += kept as u64;
-            stats.written.store(written, Ordering::Relaxed);
-            if broken {
-                file = None;
+            self.written += kept as u64;
+            stats.written.store(self.written, Ordering::Relaxed);
+            if self.broken {
+                self.file = None;
             }
         }
         if kept < n {
+            let cap = self.cap;
             stats.cut(|| format!("cap of {cap} bytes reached"));
         }
-        // Followers only care about bytes they can read.
-        if kept > 0 {
-            notify();
-        }
+        kept
     }
-    notify();
 }
 
 /// Where one stream is spooled: `<jobs>/<id>/<stream>`, made and opened through the spool
@@ -232,7 +263,7 @@ mod tests {
         let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(r)).unwrap();
         let stats = Arc::new(SpoolStats::default());
         let st = stats.clone();
-        let task = tokio::spawn(async move { spool(rx, &target, 1024, &st, &|| {}).await });
+        let task = tokio::spawn(async move { spool(rx, &target, 1024, &st, &|| {}, None).await });
         // Stands for a process that left the job's group with the pipe as its stdout.
         let escapee = File::from(w.try_clone().unwrap());
         let mut job = File::from(w);

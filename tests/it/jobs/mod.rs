@@ -21,6 +21,7 @@ mod network;
 mod recovery;
 mod runs;
 mod sandbox;
+mod secrets;
 
 const LIMIT: Duration = Duration::from_secs(30);
 

@@ -1,0 +1,126 @@
+//! Secrets given to a job (docs/security.md, "Secrets"): in its environment, in no record,
+//! answer, spool file or log line of the runner's, and masked in its output however it
+//! prints them.
+
+use super::*;
+
+const VALUE: &str = "tok-3f9a1c2e+5b7d/QZ";
+
+/// Every file under `dir` that holds `needle`.
+fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            for e in fs::read_dir(&p).into_iter().flatten().flatten() {
+                stack.push(e.path());
+            }
+        } else if meta.is_file() {
+            let data = fs::read(&p).unwrap_or_default();
+            if data.windows(needle.len()).any(|w| w == needle) {
+                found.push(p.display().to_string());
+            }
+        }
+    }
+    found
+}
+
+fn base64(s: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+#[test]
+fn a_secret_reaches_the_job_and_nothing_else_and_its_output_shows_it_masked() {
+    let mut r = Runner::started(&[]);
+    // A byte at a time, a pause between (each its own read of the pipe), then its base64
+    // in three alignments, on both streams.
+    let script = r#"v=$DEPLOY_TOKEN
+        while [ -n "$v" ]; do rest=${v#?}; printf '%s' "${v%"$rest"}"; v=$rest; sleep 0.02; done; echo
+        printf '%s' "$DEPLOY_TOKEN" | base64
+        printf 'x%s' "$DEPLOY_TOKEN" | base64
+        printf 'xy%s' "$DEPLOY_TOKEN" | base64 >&2
+        echo "length ${#DEPLOY_TOKEN}""#;
+    let file = r.dir.path().join("token");
+    fs::write(&file, format!("{VALUE}\n")).expect("token file");
+    let out = r
+        .cli()
+        .arg("submit")
+        .arg("--secret-file")
+        .arg(format!("DEPLOY_TOKEN={}", file.display()))
+        .args(["--detach", "--", "sh", "-c", script])
+        .output()
+        .expect("job submit");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_owned();
+    let rec = r.wait(&id);
+    assert_eq!(rec["state"], "succeeded", "{rec}");
+    assert_eq!(rec["spec"]["secrets"], json!(["DEPLOY_TOKEN"]), "{rec}");
+    let stdout = r.output(&id, "stdout");
+    let stderr = r.output(&id, "stderr");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "***DEPLOY_TOKEN***", "{stdout}");
+    assert!(
+        lines[1].contains("***DEPLOY_TOKEN***") && lines[2].contains("***DEPLOY_TOKEN***"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("***DEPLOY_TOKEN***"), "{stderr}");
+    assert_eq!(
+        lines[3],
+        format!("length {}", VALUE.len()),
+        "the job had it whole"
+    );
+    // Nowhere in the runner's answers, files or log.
+    let listed = get(&r.socket(), "/v1/jobs").expect("list").1;
+    for text in [&stdout, &stderr, &rec.to_string(), &listed] {
+        assert!(
+            !text.contains(VALUE) && !text.contains(&base64(VALUE)),
+            "{text}"
+        );
+    }
+    r.guard.as_ref().expect("runner").signal(Signal::SIGTERM);
+    let log = r.guard.as_mut().expect("runner").wait_output(LIMIT);
+    for needle in [VALUE.to_owned(), base64(VALUE)] {
+        assert_eq!(
+            files_holding(&r.state(), needle.as_bytes()),
+            Vec::<String>::new(),
+            "{needle}"
+        );
+        assert!(
+            !text(&log.stderr).contains(&needle),
+            "{}",
+            text(&log.stderr)
+        );
+    }
+}
+
+#[test]
+fn secrets_are_refused_unless_named_whole_and_long_enough_to_mask() {
+    let r = Runner::started(&[]);
+    let cases = [
+        (
+            json!({"argv": ["true"], "secrets": ["A_KEY"]}),
+            "has no value",
+        ),
+        (
+            json!({"argv": ["true"], "secrets": ["A_KEY"], "secret_values": {"A_KEY": "short"}}),
+            "at least 8",
+        ),
+        (
+            json!({"argv": ["true"], "secret_values": {"A_KEY": "long enough value"}}),
+            "not a secret the spec names",
+        ),
+        (
+            json!({"argv": ["true"], "secrets": ["PATH"], "secret_values": {"PATH": "long enough value"}}),
+            "the runner sets or refuses",
+        ),
+    ];
+    for (spec, says) in cases {
+        let (status, body) = r.submit(spec);
+        assert_eq!(status, 400, "{body}");
+        assert_says(&body["error"], "message", says);
+    }
+}
