@@ -221,9 +221,11 @@ impl Engine {
         }
         let started = job::start(
             &self.inner.paths,
-            id,
-            &spec,
-            &secrets,
+            job::Job {
+                id,
+                spec: &spec,
+                secrets: &secrets,
+            },
             &workspace,
             job::Baseline {
                 output_cap: self.inner.cfg.max_output_bytes,

@@ -231,6 +231,14 @@ fn job_env(
     env
 }
 
+/// The job to start: its id, its spec, and the values of the secrets it names.
+#[derive(Clone, Copy)]
+pub struct Job<'a> {
+    pub id: &'a str,
+    pub spec: &'a JobSpec,
+    pub secrets: &'a BTreeMap<String, String>,
+}
+
 /// What every job of this runner gets, whatever its spec.
 #[derive(Debug, Clone, Copy)]
 pub struct Baseline<'a> {
@@ -245,14 +253,13 @@ pub struct Baseline<'a> {
 /// (to wake followers).
 pub fn start(
     paths: &JobPaths,
-    id: &str,
-    spec: &JobSpec,
-    secrets: &BTreeMap<String, String>,
+    job: Job<'_>,
     workspace: &Workspace,
     baseline: Baseline<'_>,
     tiers: Tiers<'_>,
     on_output: Arc<dyn Fn() + Send + Sync>,
 ) -> Result<Started, JobError> {
+    let Job { id, spec, secrets } = job;
     let Tiers {
         cgroups: tier,
         fs,
