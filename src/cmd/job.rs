@@ -347,9 +347,9 @@ fn render(r: &JobRecord) -> String {
     for d in &r.egress_denied {
         out.push_str(&format!(
             "denied:   {} ×{}: {}\n",
-            crate::util::clip(&d.destination),
+            super::admin::clean(&d.destination),
             d.count,
-            crate::util::clip(&d.reason)
+            super::admin::clean(&d.reason)
         ));
     }
     out.push_str(&format!(

@@ -121,11 +121,17 @@ impl Rules {
     /// The first rule naming the address `ip` (or a range holding it) with `port`: what
     /// an address literal needs, and what a special address (loopback, link-local,
     /// private) needs whatever name led to it.
+    /// A special address needs a range of /8 or narrower: `0.0.0.0/0` or `[::/0]` means
+    /// "the Internet", never the metadata address or the host's loopback.
     pub fn for_address(&self, ip: IpAddr, port: u16) -> Option<&Rule> {
         let ip = ip.to_canonical();
+        let narrow = |h: &Host| match h {
+            Host::Net(_, len) => special(ip).is_none() || *len >= 8,
+            _ => false,
+        };
         self.0
             .iter()
-            .find(|r| r.ports.contains(port) && r.host.holds(ip))
+            .find(|r| r.ports.contains(port) && r.host.holds(ip) && narrow(&r.host))
     }
 }
 
@@ -213,7 +219,7 @@ impl Host {
     /// An address or a range (`ADDR/LEN`), with no host bits set.
     fn address(s: &str) -> Option<Self> {
         let (addr, len) = match s.split_once('/') {
-            Some((a, l)) => (a.parse::<IpAddr>().ok()?, Some(l.parse::<u8>().ok()?)),
+            Some((a, l)) => (a.parse::<IpAddr>().ok()?, Some(decimal(l)? as u8)),
             None => (s.parse::<IpAddr>().ok()?, None),
         };
         let addr = addr.to_canonical();
@@ -271,11 +277,26 @@ pub fn host_name(name: &str) -> Option<String> {
         && name.split('.').all(|l| {
             !l.is_empty()
                 && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
                 && l.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         })
-        && name.parse::<IpAddr>().is_err();
+        // `2130706433`, `0x7f.1`: an address in another spelling, not a name.
+        && !name
+            .rsplit('.')
+            .next()
+            .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()) || l.starts_with("0x"));
     ok.then_some(name)
+}
+
+/// A number as written plainly: digits only, no sign, no leading zero.
+fn decimal(s: &str) -> Option<u32> {
+    let plain = !s.is_empty()
+        && s.len() <= 5
+        && s.bytes().all(|b| b.is_ascii_digit())
+        && (s == "0" || !s.starts_with('0'));
+    plain.then(|| s.parse().ok()).flatten()
 }
 
 fn mask(ip: IpAddr, len: u8) -> IpAddr {
@@ -328,8 +349,8 @@ impl FromStr for Ports {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let port = |p: &str| match p.parse::<u16>() {
-            Ok(n) if n > 0 => Ok(n),
+        let port = |p: &str| match decimal(p).and_then(|n| u16::try_from(n).ok()) {
+            Some(n) if n > 0 => Ok(n),
             _ => Err(format!("{p:?} is not a port (1-65535)")),
         };
         let ranges = s
@@ -362,7 +383,9 @@ pub fn special(ip: IpAddr) -> Option<&'static str> {
                 _ if a.is_private() => "private",
                 _ if a.is_unspecified() || o[0] == 0 => "unspecified",
                 [100, b, ..] if (64..128).contains(&b) => "shared address space",
-                [192, 0, 0, _] | [198, 18..=19, ..] => "reserved",
+                [192, 0, 0, _] | [198, 18..=19, ..] | [192, 88, 99, _] => "reserved",
+                // Azure's platform address (its metadata and DNS beside the VM's).
+                [168, 63, 129, 16] => "cloud platform",
                 _ if a.is_multicast() || a.is_broadcast() || o[0] >= 240 => "not unicast",
                 _ if a.is_documentation() => "documentation",
                 _ => return None,
@@ -376,9 +399,12 @@ pub fn special(ip: IpAddr) -> Option<&'static str> {
                 x if x & 0xffc0 == 0xfe80 => "link-local",
                 x if x & 0xfe00 == 0xfc00 => "private",
                 x if x & 0xff00 == 0xff00 => "not unicast",
+                x if x & 0xffc0 == 0xfec0 => "site-local",
                 0x64 if s[1] == 0xff9b => "translated",
+                0x2002 => "translated",
+                0x2001 if s[1] == 0 => "translated",
                 0x2001 if s[1] == 0xdb8 => "documentation",
-                0 => "reserved",
+                0 | 0x100 => "reserved",
                 _ => return None,
             })
         }
@@ -435,6 +461,12 @@ mod tests {
             "allow 10.0.0.0/33:443",
             "allow exa mple.com:443",
             "allow a..b:443",
+            "allow 2130706433:443",
+            "allow 0x7f.1:443",
+            "allow -.-:443",
+            "allow a.example:+443",
+            "allow a.example:0443",
+            "allow 10.0.0.0/+8:443",
         ] {
             assert!(s.parse::<Network>().is_err(), "{s:?} parsed");
         }
@@ -492,6 +524,16 @@ mod tests {
             .is_none());
         assert!(rules.for_address("fd12::1".parse().unwrap(), 80).is_some());
         assert!(rules.for_address("fe80::1".parse().unwrap(), 80).is_none());
+        // The whole Internet is not the host's loopback nor the metadata address.
+        let Network::Allow(all) = net("allow 0.0.0.0/0:80 [::/0]:80") else {
+            unreachable!()
+        };
+        assert!(all
+            .for_address("93.184.215.14".parse().unwrap(), 80)
+            .is_some());
+        for ip in ["169.254.169.254", "127.0.0.1", "::1", "fd00:ec2::254"] {
+            assert!(all.for_address(ip.parse().unwrap(), 80).is_none(), "{ip}");
+        }
     }
 
     #[test]

@@ -270,9 +270,11 @@ pub(super) async fn fleet_desired<S: Store>(State(hub): State<Arc<Hub<S>>>) -> A
 
 pub(super) async fn set_fleet<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
+    Extension(caller): CallerOf,
     body: Body,
 ) -> ApiResult<Response> {
     let change = parse_change(body).await?;
+    may_set_network(&caller, &change)?;
     Ok(Json(hub.fleet.change(None, &change).await?).into_response())
 }
 
@@ -293,8 +295,25 @@ pub(super) async fn set_agent<S: Store>(
 ) -> ApiResult<Response> {
     let change = parse_change(body).await?;
     hub.fleet.reach(&id, caller.selection())?;
+    may_set_network(&caller, &change)?;
     Ok(Json(hub.fleet.change(Some(&id), &change).await?).into_response())
 }
+/// A network policy set to anything but `none`, or cleared (which lets the host's own
+/// `runner.network` apply), may widen what jobs reach: it takes `jobs:network`, as a
+/// job's own widening does (docs/security.md, "Egress").
+fn may_set_network(caller: &crate::hub::access::Caller, change: &DesiredChange) -> ApiResult<()> {
+    let sets_wider = change
+        .set
+        .network
+        .as_ref()
+        .is_some_and(|n| *n != crate::proto::job::Network::None);
+    let clears = change.clear.iter().any(|c| c == "network");
+    if sets_wider || clears {
+        caller.may_widen_network()?;
+    }
+    Ok(())
+}
+
 /// A desired change with only the settings this hub knows: an admin's typo must not pass
 /// as "nothing to change" (agents' messages, unlike an admin's, may carry fields a newer
 /// peer added, and there unknown fields are ignored).

@@ -8,7 +8,12 @@ use crate::proto::egress::{host_name, special, Rules};
 
 /// Why a connection was refused: said in the proxy's 403 and counted in the job's status.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Refused(pub String);
+pub(super) struct Refused {
+    pub(super) why: String,
+    /// An address was refused (a literal, or a special one a name led to), which the job's
+    /// record keeps room for.
+    pub(super) address: bool,
+}
 
 /// What the proxy does with a request for `host:port`.
 #[derive(Debug)]
@@ -38,16 +43,23 @@ where
     if let Some(ip) = address_of(host) {
         return match rules.for_address(ip, port) {
             Some(_) => Verdict::Connect(vec![SocketAddr::new(ip.to_canonical(), port)]),
-            None => Verdict::Refused(Refused(format!(
-                "no rule allows the address {ip} on port {port}"
-            ))),
+            None => Verdict::Refused(Refused {
+                why: format!("no rule allows the address {ip} on port {port}"),
+                address: true,
+            }),
         };
     }
     let Some(name) = host_name(host) else {
-        return Verdict::Refused(Refused("not a host name".into()));
+        return Verdict::Refused(Refused {
+            why: "not a host name".into(),
+            address: false,
+        });
     };
     if rules.for_name(&name, port).is_none() {
-        return Verdict::Refused(Refused(format!("no rule allows {name} on port {port}")));
+        return Verdict::Refused(Refused {
+            why: format!("no rule allows {name} on port {port}"),
+            address: false,
+        });
     }
     let addrs = match resolve(name.clone(), port).await {
         Ok(a) if !a.is_empty() => a,
@@ -62,10 +74,13 @@ where
         return Verdict::Connect(ok);
     }
     let first = refused[0].ip();
-    Verdict::Refused(Refused(format!(
-        "{name} resolves to {first} ({}), which no rule names",
-        special(first).unwrap_or("special")
-    )))
+    Verdict::Refused(Refused {
+        why: format!(
+            "{name} resolves to {first} ({}), which no rule names",
+            special(first).unwrap_or("special")
+        ),
+        address: true,
+    })
 }
 
 #[cfg(test)]
@@ -94,7 +109,7 @@ mod tests {
     async fn verdict(r: &str, host: &str, port: u16, ips: &'static [&'static str]) -> String {
         match decide(&rules(r), host, port, resolves_to(ips)).await {
             Verdict::Connect(a) => format!("connect {a:?}"),
-            Verdict::Refused(Refused(why)) => format!("refused: {why}"),
+            Verdict::Refused(r) => format!("refused: {}", r.why),
             Verdict::Unresolved(why) => format!("unresolved: {why}"),
         }
     }

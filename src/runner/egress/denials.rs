@@ -10,6 +10,9 @@ use crate::proto::egress::Denial;
 /// Distinct (destination, reason) pairs kept per job; past it, refusals are still
 /// counted, under one last entry, so a job trying a million names costs a few KiB.
 pub(super) const MAX_KINDS: usize = 64;
+/// More room kept for refusals of addresses (a literal, or a special address a name led
+/// to): a job cannot hide its try at the metadata address behind a flood of names.
+pub(super) const MAX_ADDRESS_KINDS: usize = 16;
 
 /// Every job's refusals, for the runner's metrics.
 pub static TOTAL: AtomicU64 = AtomicU64::new(0);
@@ -17,23 +20,36 @@ pub static TOTAL: AtomicU64 = AtomicU64::new(0);
 #[derive(Debug, Default)]
 pub struct Denials {
     kinds: Mutex<BTreeMap<(String, String), u64>>,
+    /// Kinds counted apart, in the room [`MAX_ADDRESS_KINDS`] keeps.
+    addresses: Mutex<usize>,
+    total: AtomicU64,
 }
 
 impl Denials {
-    pub fn record(&self, destination: &str, reason: &str) {
+    /// Counts one refusal; how many this job has had.
+    pub fn record(&self, destination: &str, reason: &str, address: bool) -> u64 {
         TOTAL.fetch_add(1, Ordering::Relaxed);
         let mut kinds = self
             .kinds
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut key = (clip(destination), clip(reason));
-        if kinds.len() >= MAX_KINDS && !kinds.contains_key(&key) {
-            key = (
-                "…".into(),
-                format!("more than {MAX_KINDS} kinds of refusal"),
-            );
+        if !kinds.contains_key(&key) {
+            let mut addresses = self
+                .addresses
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if address && *addresses < MAX_ADDRESS_KINDS {
+                *addresses += 1;
+            } else if kinds.len() - *addresses >= MAX_KINDS {
+                key = (
+                    "…".into(),
+                    format!("more than {MAX_KINDS} kinds of refusal"),
+                );
+            }
         }
         *kinds.entry(key).or_default() += 1;
+        self.total.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// The refusals so far, most frequent first.
@@ -68,18 +84,19 @@ mod tests {
     fn refusals_are_counted_by_kind_and_bounded() {
         let d = Denials::default();
         for _ in 0..3 {
-            d.record("a.example:443", "no rule");
+            d.record("a.example:443", "no rule", false);
         }
         for i in 0..(MAX_KINDS * 2) {
-            d.record(&format!("h{i}.example:443"), "no rule");
+            d.record(&format!("h{i}.example:443"), "no rule", false);
         }
+        // An address after the flood still has a line of its own.
+        let n = d.record("169.254.169.254:80", "no rule allows the address", true);
+        assert_eq!(n, 4 + 2 * MAX_KINDS as u64);
         let all = d.snapshot();
-        assert_eq!(all.len(), MAX_KINDS + 1);
+        assert_eq!(all.len(), MAX_KINDS + 2);
         assert_eq!(all[0].count, MAX_KINDS as u64 + 1, "{all:?}");
         assert_eq!(all[0].destination, "…");
-        assert_eq!(
-            all.iter().map(|x| x.count).sum::<u64>(),
-            3 + 2 * MAX_KINDS as u64
-        );
+        assert!(all.iter().any(|x| x.destination == "169.254.169.254:80"));
+        assert_eq!(all.iter().map(|x| x.count).sum::<u64>(), n);
     }
 }

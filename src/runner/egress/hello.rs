@@ -23,6 +23,9 @@ pub(super) fn read(bytes: &[u8]) -> Hello {
     match bytes {
         [] => return Hello::Incomplete,
         [0x16, ..] => {}
+        // Another TLS record first (a warning alert, say) would slip the handshake past.
+        [0x14..=0x18] => return Hello::Incomplete,
+        [0x14..=0x18, 3, ..] => return Hello::Malformed,
         _ => return Hello::NotTls,
     }
     if bytes.len() < 5 {
@@ -164,6 +167,8 @@ mod tests {
         }
         assert_eq!(read(b"GET / HTTP/1.1\r\n"), Hello::NotTls);
         assert_eq!(read(b"SSH-2.0-OpenSSH"), Hello::NotTls);
+        // A warning alert before the handshake is not let through unread.
+        assert_eq!(read(&[0x15, 3, 1, 0, 2, 1, 0x5a]), Hello::Malformed);
     }
 
     #[test]

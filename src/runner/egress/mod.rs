@@ -56,6 +56,8 @@ pub fn start(listener: OwnedFd, job: &str, rules: Rules) -> io::Result<Egress> {
         rules,
         denials: denials.clone(),
         stop,
+        slots: Arc::new(tokio::sync::Semaphore::new(proxy::MAX_CONNECTIONS)),
+        lookups: Arc::new(tokio::sync::Semaphore::new(proxy::MAX_LOOKUPS)),
     });
     let task = tokio::spawn(proxy.serve(listener));
     Ok(Egress {

@@ -35,6 +35,11 @@ const HEADER_READ: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long a tunnel's first bytes may take to show whether they are a TLS handshake.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a name lookup may take, and how many of one job's run at once.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const MAX_LOOKUPS: usize = 8;
+/// Refusals logged per job before only every 1000th is.
+const LOGGED: u64 = 20;
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -45,12 +50,18 @@ pub(super) struct Proxy {
     pub(super) denials: Arc<Denials>,
     /// Ends every connection and tunnel when its sender goes (the job has ended).
     pub(super) stop: tokio::sync::watch::Receiver<()>,
+    /// One per connection, and one more per tunnel for its whole life (hyper lets the
+    /// connection go once it is upgraded): [`MAX_CONNECTIONS`] in all.
+    pub(super) slots: Arc<Semaphore>,
+    /// Name lookups in flight: each takes a thread of the runner's blocking pool, which a
+    /// job must not fill.
+    pub(super) lookups: Arc<Semaphore>,
 }
 
 impl Proxy {
     /// Serves `listener` until the task is aborted (when the job ends).
     pub(super) async fn serve(self: Arc<Self>, listener: TcpListener) {
-        let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let permits = self.slots.clone();
         let mut http = hyper::server::conn::http1::Builder::new();
         http.timer(TokioTimer::new())
             .header_read_timeout(HEADER_READ)
@@ -98,9 +109,30 @@ impl Proxy {
             );
         };
         let destination = format!("{host}:{port}");
+        // A tunnel outlives its connection's slot: it takes its own before the 200.
+        let tunnel_slot = match req.method() == Method::CONNECT {
+            true => match self.slots.clone().try_acquire_owned() {
+                Ok(s) => Some(s),
+                Err(_) => {
+                    let text = format!("railgrid egress proxy: {MAX_CONNECTIONS} connections of this job are open already\n");
+                    return answer(StatusCode::SERVICE_UNAVAILABLE, &text);
+                }
+            },
+            false => None,
+        };
+        let lookups = self.lookups.clone();
+        let resolve = |name: String, port: u16| async move {
+            let _turn = lookups.acquire_owned().await;
+            match tokio::time::timeout(LOOKUP_TIMEOUT, resolve(name, port)).await {
+                Ok(r) => r,
+                Err(_) => Err(std::io::Error::other(format!(
+                    "no answer within {LOOKUP_TIMEOUT:?}"
+                ))),
+            }
+        };
         let addrs = match decide(&self.rules, &host, port, resolve).await {
             Verdict::Connect(a) => a,
-            Verdict::Refused(Refused(why)) => return self.refuse(&destination, &why),
+            Verdict::Refused(r) => return self.refuse(&destination, &r),
             Verdict::Unresolved(why) => return answer(StatusCode::BAD_GATEWAY, &why),
         };
         let upstream = match connect(&addrs).await {
@@ -111,20 +143,22 @@ impl Proxy {
                 return answer(StatusCode::BAD_GATEWAY, &text);
             }
         };
-        if req.method() == Method::CONNECT {
-            tokio::spawn(self.tunnel(req, upstream, host, destination));
+        if let Some(slot) = tunnel_slot {
+            tokio::spawn(async move {
+                self.tunnel(req, upstream, host, destination).await;
+                drop(slot);
+            });
             return Response::new(empty());
         }
         forward(req, upstream, &host, port).await
     }
 
     /// Counts the refusal and says it in a 403.
-    fn refuse(&self, destination: &str, why: &str) -> Response<Body> {
-        self.denials.record(destination, why);
-        tracing::info!(job = %self.job, destination, reason = why, "egress refused");
+    fn refuse(&self, destination: &str, r: &Refused) -> Response<Body> {
+        self.note(destination, &r.why, r.address);
         answer(
             StatusCode::FORBIDDEN,
-            &format!("railgrid egress proxy: {destination} refused: {why}\n"),
+            &format!("railgrid egress proxy: {destination} refused: {}\n", r.why),
         )
     }
 
@@ -141,29 +175,46 @@ impl Proxy {
             return;
         };
         let mut client = TokioIo::new(upgraded);
-        let first = match first_bytes(&mut client, &upstream).await {
+        let mut stop = self.stop.clone();
+        let first = tokio::select! {
+            r = first_bytes(&mut client, &upstream) => r,
+            _ = stop.changed() => return,
+        };
+        let first = match first {
             Ok(b) => b,
             Err(why) => {
-                self.denials.record(&destination, &why);
-                tracing::info!(job = %self.job, destination, reason = why, "egress refused");
+                self.note(&destination, &why, false);
                 return;
             }
         };
         if let Hello::ServerName(Some(name)) = hello::read(&first) {
-            if host_name(&host).as_deref() != Some(name.as_str()) {
-                let why = format!("the TLS handshake names {name}, not {host}");
-                self.denials.record(&destination, &why);
-                tracing::info!(job = %self.job, destination, reason = why, "egress refused");
+            // A name the job wrote is shown only once it is a host name.
+            let why = match host_name(&name) {
+                Some(n) if host_name(&host).as_deref() == Some(n.as_str()) => None,
+                Some(n) => Some(format!("the TLS handshake names {n}, not {host}")),
+                None => Some("the TLS handshake names no host name".to_owned()),
+            };
+            if let Some(why) = why {
+                self.note(&destination, &why, false);
                 return;
             }
         }
         if upstream.write_all(&first).await.is_err() {
             return;
         }
-        let mut stop = self.stop.clone();
         tokio::select! {
             _ = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, COPY_BUF, COPY_BUF) => {}
             _ = stop.changed() => {}
+        }
+    }
+}
+
+impl Proxy {
+    /// Counts a refusal, and logs it while the job has not refused many.
+    fn note(&self, destination: &str, why: &str, address: bool) {
+        let n = self.denials.record(destination, why, address);
+        if n <= LOGGED || n % 1000 == 0 {
+            tracing::info!(job = %self.job, destination, reason = why, refused = n, "egress refused");
         }
     }
 }
@@ -213,14 +264,18 @@ async fn first_bytes<C: AsyncRead + Unpin>(
 ) -> Result<Vec<u8>, String> {
     let mut buf = Vec::with_capacity(2048);
     let mut chunk = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
     tokio::select! {
         r = client.read(&mut chunk) => match r {
             Ok(0) | Err(_) => return Ok(buf),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         },
         _ = upstream.readable() => return Ok(buf),
+        // Neither side spoke: a handshake held back to slip past the check later.
+        _ = tokio::time::sleep_until(deadline) => {
+            return Err("nothing was said in the tunnel in time".into())
+        }
     }
-    let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
     while hello::read(&buf) == Hello::Incomplete && buf.len() < hello::MAX_RECORD {
         match tokio::time::timeout_at(deadline, client.read(&mut chunk)).await {
             Ok(Ok(0)) | Ok(Err(_)) => {

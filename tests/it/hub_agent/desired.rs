@@ -572,6 +572,26 @@ fn the_hubs_network_policy_reaches_the_runner_and_a_job_cannot_widen_it() {
         .output()
         .expect("hub job submit");
     assert!(!out.status.success());
+    // So does a desired network that may widen what jobs reach, set or cleared.
+    let ops = tmp.path().join("ops.token");
+    hub.create_token("ops", "agents:write", &[], &ops);
+    for change in [&["--network", "open"][..], &["--clear", "network"][..]] {
+        let out = railgrid()
+            .args(["hub", "--hub", &hub.url, "--ca-file"])
+            .arg(hub.ca())
+            .arg("--token-file")
+            .arg(&ops)
+            .args(["desired", "set", "--agent", "a1"])
+            .args(change)
+            .output()
+            .expect("hub desired set");
+        assert!(!out.status.success(), "{change:?}");
+        assert!(
+            text(&out.stderr).contains("has no scope jobs:network"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
     assert!(
         text(&out.stderr).contains("has no scope jobs:network"),
         "{}",

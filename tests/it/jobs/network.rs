@@ -245,3 +245,61 @@ fn with_network_allow_a_job_reaches_only_what_its_rules_name_and_its_status_list
         text(&status.stdout)
     );
 }
+
+#[test]
+fn a_job_holds_at_most_its_proxys_share_of_tunnels_and_the_runner_answers_throughout() {
+    let ca = TestCa::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = FileServer::start(dir.path().to_owned(), ca.server());
+    let port = server.port;
+    let r = Runner::started(&[]);
+    // 300 tunnels opened and held (the server waits for a handshake that never comes);
+    // what their CONNECTs got within two seconds, in order.
+    let script = format!(
+        r#"perl -MIO::Socket::INET -e '
+            my (%got, @held);
+            for (1..300) {{
+                my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:3128") or die "connect: $!";
+                print $s "CONNECT localhost:{port} HTTP/1.1\r\nHost: localhost\r\n\r\n";
+                push @held, $s;
+            }}
+            my $read = 0;
+            eval {{
+                local $SIG{{ALRM}} = sub {{ die }};
+                alarm 2;
+                for my $s (@held) {{
+                    my ($code) = (<$s> // "") =~ m{{^HTTP/1.1 (\d+)}};
+                    $got{{$code // "none"}}++;
+                    $read++;
+                }}
+                alarm 0;
+            }};
+            $got{{none}} += 300 - $read;
+            print join(" ", map {{ "$_=$got{{$_}}" }} sort keys %got), "\n";'"#
+    );
+    let id = submit_ok(
+        &r,
+        json!({"argv": ["sh", "-c", script], "network": format!("allow localhost:{port} 127.0.0.1:{port}")}),
+    );
+    // Meanwhile the runner answers.
+    let health = get_json(&r.socket(), "/v1/health");
+    assert!(
+        health.is_some(),
+        "the runner did not answer while the job held its tunnels"
+    );
+    let rec = r.wait(&id);
+    let out = r.output(&id, "stdout");
+    assert_eq!(
+        rec["state"],
+        "succeeded",
+        "{rec}\n{}",
+        r.output(&id, "stderr")
+    );
+    let count = |code: &str| {
+        out.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{code}=")))
+            .map_or(0, |n| n.parse::<u32>().expect("count"))
+    };
+    assert!(count("200") <= 256 && count("200") >= 100, "{out}");
+    assert_eq!(count("200") + count("503") + count("none"), 300, "{out}");
+}

@@ -44,8 +44,9 @@ const SPEC_BUDGET: usize = 512 * 1024;
 const MAX_ERROR: usize = 1024;
 /// The longest truncation reason kept of a stream.
 const MAX_REASON: usize = 512;
-/// Kinds of egress refusal kept per job (the runner keeps 64, and one for the rest).
-const MAX_DENIALS: usize = 65;
+/// Kinds of egress refusal kept per job (the runner keeps 64, 16 more for addresses,
+/// and one for the rest).
+const MAX_DENIALS: usize = 81;
 
 /// The hub's bounds on jobs.
 #[derive(Debug, Clone, Copy)]
