@@ -53,12 +53,28 @@ fn stream_of(s: &str) -> ApiResult<Stream> {
     })
 }
 
+/// The hub keeps no secrets yet: a job naming one is refused here rather than at its
+/// runner, which would have no value to give it.
+fn no_secrets(spec: &crate::proto::job::JobSpec) -> ApiResult<()> {
+    if spec.secrets.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::BAD_REQUEST,
+        format!(
+            "field secrets ({}): this hub does not hold secrets; a job is given one only by its host's runner (railgrid job submit --secret-file NAME=FILE)",
+            spec.secrets.join(", ")
+        ),
+    ))
+}
+
 pub(super) async fn submit<S: Store>(
     State(hub): State<Arc<Hub<S>>>,
     Extension(caller): CallerOf,
     body: Body,
 ) -> ApiResult<Response> {
     let req: HubJobSubmit = parse(body).await?;
+    no_secrets(&req.spec)?;
     if req.spec.widen_network {
         caller.may_widen_network()?;
     }
@@ -84,6 +100,7 @@ pub(super) async fn submit_group<S: Store>(
     body: Body,
 ) -> ApiResult<Response> {
     let req: HubGroupSubmit = parse(body).await?;
+    no_secrets(&req.spec)?;
     if req.spec.widen_network {
         caller.may_widen_network()?;
     }
