@@ -417,29 +417,8 @@ pub fn start(
             let _ = tx.write_all(text.as_bytes()).await;
         });
     }
-    let stdout = Arc::new(SpoolStats::default());
-    let stderr = Arc::new(SpoolStats::default());
-    let mut spoolers = Vec::new();
-    for (reader, stream, stats) in [
-        (out_r, Stream::Stdout, &stdout),
-        (err_r, Stream::Stderr, &stderr),
-    ] {
-        let path = paths.spool_file(id, stream);
-        let stats = stats.clone();
-        let notify = on_output.clone();
-        let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))
-            .map_err(io_err(&path))?;
-        let target = SpoolTarget {
-            root: paths.spool.clone(),
-            id: id.to_owned(),
-            stream,
-            path,
-        };
-        let masker = mask::Masker::new(secrets.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
-        let handle =
-            tokio::spawn(async move { spool(rx, &target, cap, &stats, &*notify, masker).await });
-        spoolers.push(handle);
-    }
+    let (stdout, stderr, spoolers) =
+        spool_streams(paths, id, cap, [out_r, err_r], secrets, on_output)?;
     Ok(Started {
         child,
         egress,
@@ -451,4 +430,44 @@ pub fn start(
         #[cfg(target_os = "linux")]
         cgroup,
     })
+}
+
+/// One spool task per stream, each masking the job's secrets before a byte is written.
+fn spool_streams(
+    paths: &JobPaths,
+    id: &str,
+    cap: u64,
+    [out_r, err_r]: [File; 2],
+    secrets: &BTreeMap<String, String>,
+    on_output: Arc<dyn Fn() + Send + Sync>,
+) -> Result<
+    (
+        Arc<SpoolStats>,
+        Arc<SpoolStats>,
+        Vec<tokio::task::JoinHandle<()>>,
+    ),
+    JobError,
+> {
+    let (stdout, stderr): (Arc<SpoolStats>, Arc<SpoolStats>) = Default::default();
+    let mut spoolers = Vec::new();
+    for (reader, stream, stats) in [
+        (out_r, Stream::Stdout, &stdout),
+        (err_r, Stream::Stderr, &stderr),
+    ] {
+        let path = paths.spool_file(id, stream);
+        let rx = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))
+            .map_err(io_err(&path))?;
+        let target = SpoolTarget {
+            root: paths.spool.clone(),
+            id: id.to_owned(),
+            stream,
+            path,
+        };
+        let (stats, notify) = (stats.clone(), on_output.clone());
+        let masker = mask::Masker::new(secrets.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
+        spoolers.push(tokio::spawn(async move {
+            spool(rx, &target, cap, &stats, &*notify, masker).await
+        }));
+    }
+    Ok((stdout, stderr, spoolers))
 }
