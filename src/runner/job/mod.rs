@@ -432,6 +432,13 @@ pub fn start(
     })
 }
 
+/// Both streams' counters and their spool tasks.
+type Spooled = (
+    Arc<SpoolStats>,
+    Arc<SpoolStats>,
+    Vec<tokio::task::JoinHandle<()>>,
+);
+
 /// One spool task per stream, each masking the job's secrets before a byte is written.
 fn spool_streams(
     paths: &JobPaths,
@@ -440,14 +447,7 @@ fn spool_streams(
     [out_r, err_r]: [File; 2],
     secrets: &BTreeMap<String, String>,
     on_output: Arc<dyn Fn() + Send + Sync>,
-) -> Result<
-    (
-        Arc<SpoolStats>,
-        Arc<SpoolStats>,
-        Vec<tokio::task::JoinHandle<()>>,
-    ),
-    JobError,
-> {
+) -> Result<Spooled, JobError> {
     let (stdout, stderr): (Arc<SpoolStats>, Arc<SpoolStats>) = Default::default();
     let mut spoolers = Vec::new();
     for (reader, stream, stats) in [
