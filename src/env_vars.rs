@@ -75,3 +75,5 @@ pub(crate) const WATCHDOG_PID: &str = "WATCHDOG_PID";
 /// in `/proc/<pid>/environ` by the next runner when a job was spawned but its pid never
 /// recorded. Never read from railgrid's own environment.
 pub(crate) const JOB_ID: &str = "RAILGRID_JOB_ID";
+/// Set in a job given secrets as files to the directory that holds them.
+pub(crate) const SECRETS_DIR: &str = "RAILGRID_SECRETS_DIR";

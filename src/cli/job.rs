@@ -81,6 +81,10 @@ pub struct JobSubmitArgs {
     /// (docs/security.md, "Secrets").
     #[arg(long, value_name = "NAME=FILE")]
     pub secret_file: Vec<String>,
+    /// Give the job the contents of FILE as the file NAME in $RAILGRID_SECRETS_DIR
+    /// (/tmp/secrets, 0400, on its private tmpfs; needs the sandbox) (repeatable).
+    #[arg(long, value_name = "NAME=FILE")]
+    pub secret_mount: Vec<String>,
 }
 
 /// A job as `job submit` and `hub job submit` alike describe it.

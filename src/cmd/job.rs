@@ -197,21 +197,26 @@ fn limits_of(a: &crate::cli::JobLimitArgs) -> Option<Limits> {
     (limits != Limits::default()).then_some(limits)
 }
 
-/// `--secret-file NAME=FILE`: each file's contents, one trailing newline dropped.
-fn secret_files(args: &[String]) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+/// `--secret-file NAME=FILE` (or `--secret-mount`, `flag`): each file's contents, for a
+/// variable (`variable`) with one trailing newline dropped.
+fn secret_files(
+    flag: &str,
+    args: &[String],
+    variable: bool,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
     let mut out = std::collections::BTreeMap::new();
     for a in args {
         let (name, path) = a
             .split_once('=')
-            .with_context(|| format!("--secret-file {a:?}: give NAME=FILE"))?;
+            .with_context(|| format!("{flag} {a:?}: give NAME=FILE"))?;
         let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--secret-file {name}: reading {path}"))?;
-        let text = text
-            .strip_suffix('\n')
-            .map(|t| t.strip_suffix('\r').unwrap_or(t))
-            .unwrap_or(&text);
+            .with_context(|| format!("{flag} {name}: reading {path}"))?;
+        let text = match text.strip_suffix('\n') {
+            Some(t) if variable => t.strip_suffix('\r').unwrap_or(t),
+            _ => &text,
+        };
         if out.insert(name.to_owned(), text.to_owned()).is_some() {
-            anyhow::bail!("--secret-file {name} is given twice");
+            anyhow::bail!("{flag} {name} is given twice");
         }
     }
     Ok(out)
@@ -223,8 +228,15 @@ async fn submit(
     args: JobSubmitArgs,
 ) -> anyhow::Result<ExitCode> {
     let mut spec = spec_of(args.job)?;
-    let secrets = secret_files(&args.secret_file)?;
+    let mut secrets = secret_files("--secret-file", &args.secret_file, true)?;
     spec.secrets = secrets.keys().cloned().collect();
+    let mounted = secret_files("--secret-mount", &args.secret_mount, false)?;
+    spec.secret_files = mounted.keys().cloned().collect();
+    for (name, value) in mounted {
+        if secrets.insert(name.clone(), value).is_some() {
+            anyhow::bail!("secret {name} is given both as a variable and as a file");
+        }
+    }
     // Before the submission: a Ctrl-C from then on is the job's to handle.
     let signals = if args.detach {
         None

@@ -54,6 +54,10 @@ pub struct JobSpec {
     /// "Secrets"): names only; their values travel beside the spec, never in it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
+    /// Secrets the job gets as files of these names, 0400 in a directory of its private
+    /// tmpfs (`$RAILGRID_SECRETS_DIR`, `/tmp/secrets`), never in its workspace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_files: Vec<String>,
 }
 
 pub use super::egress::Network;

@@ -63,12 +63,21 @@ pub enum SecretError {
     Nul(String),
 }
 
+/// Where a job finds the secrets it is given as files (its private tmpfs).
+pub const FILES_DIR: &str = "/tmp/secrets";
+
+/// Every secret a spec names, as variables then as files.
+pub fn names(spec: &JobSpec) -> impl Iterator<Item = &String> {
+    spec.secrets.iter().chain(&spec.secret_files)
+}
+
 /// Checks the names a spec gives its secrets.
 pub fn check_names(spec: &JobSpec) -> Result<(), SecretError> {
-    if spec.secrets.len() > MAX_SECRETS {
-        return Err(SecretError::TooMany(spec.secrets.len()));
+    let all: Vec<&String> = names(spec).collect();
+    if all.len() > MAX_SECRETS {
+        return Err(SecretError::TooMany(all.len()));
     }
-    for (i, name) in spec.secrets.iter().enumerate() {
+    for (i, &name) in all.iter().enumerate() {
         let ok = name
             .bytes()
             .next()
@@ -78,13 +87,20 @@ pub fn check_names(spec: &JobSpec) -> Result<(), SecretError> {
         if !ok {
             return Err(SecretError::BadName(name.clone()));
         }
-        if spec.secrets[..i].contains(name) {
+        if all[..i].contains(&name) {
             return Err(SecretError::Twice(name.clone()));
         }
         if spec.env.contains_key(name) {
             return Err(SecretError::AlsoInEnv(name.clone()));
         }
-        let reserved = ["PATH", "HOME", "TMPDIR", "LANG", crate::env_vars::JOB_ID];
+        let reserved = [
+            "PATH",
+            "HOME",
+            "TMPDIR",
+            "LANG",
+            crate::env_vars::JOB_ID,
+            crate::env_vars::SECRETS_DIR,
+        ];
         if reserved.contains(&name.as_str())
             || name.to_ascii_uppercase().ends_with("_PROXY")
             || crate::env_policy::check(name, "").is_err()
@@ -99,7 +115,7 @@ pub fn check_names(spec: &JobSpec) -> Result<(), SecretError> {
 /// masked.
 pub fn check_values(spec: &JobSpec, values: &BTreeMap<String, String>) -> Result<(), SecretError> {
     check_names(spec)?;
-    for name in &spec.secrets {
+    for name in names(spec) {
         let v = values
             .get(name)
             .ok_or_else(|| SecretError::Missing(name.clone()))?;
@@ -110,7 +126,7 @@ pub fn check_values(spec: &JobSpec, values: &BTreeMap<String, String>) -> Result
             return Err(SecretError::Nul(name.clone()));
         }
     }
-    if let Some(extra) = values.keys().find(|k| !spec.secrets.contains(k)) {
+    if let Some(extra) = values.keys().find(|k| !names(spec).any(|n| n == *k)) {
         return Err(SecretError::Unnamed(extra.clone()));
     }
     Ok(())

@@ -188,7 +188,7 @@ impl Sandboxing {
         let dir = crate::sys::dirfd::Dir::open(&work).map_err(|e| e.to_string())?;
         // The probe binds the work root itself where a job's workspace would be.
         let plan = self
-            .plan(".", dir.as_fd(), None, &self.config.network)
+            .plan(".", dir.as_fd(), None, &self.config.network, &[])
             .map_err(|e| e.to_string())?;
         let spec = crate::sys::launch::LaunchSpec {
             programs: &[],
@@ -269,6 +269,7 @@ impl Sandboxing {
         workspace: BorrowedFd<'_>,
         cwd: Option<(&Path, BorrowedFd<'_>)>,
         network: &crate::proto::job::Network,
+        files: &[(&str, &[u8])],
     ) -> io::Result<JobSandbox> {
         let mut b = Builder {
             root: &self.root,
@@ -276,6 +277,19 @@ impl Sandboxing {
             made: Vec::new(),
         };
         b.tmpfs(Path::new("/tmp"), self.config.tmp_bytes, "1777");
+        // Secrets as files: on the job's private /tmp, never in its workspace.
+        if !files.is_empty() {
+            let dir = Path::new(crate::proto::secret::FILES_DIR);
+            b.mounts.push(Mount::PrivateDir {
+                path: c(&b.under(dir)),
+            });
+            for (name, value) in files {
+                b.mounts.push(Mount::File {
+                    path: c(&b.under(&dir.join(name))),
+                    content: crate::sys::sandbox::Hidden(value.to_vec()),
+                });
+            }
+        }
         if self.var_tmp {
             b.tmpfs(Path::new("/var/tmp"), self.config.tmp_bytes, "1777");
         }
@@ -470,6 +484,8 @@ fn describe(m: &crate::sys::sandbox::Mount) -> String {
         Mount::Symlink { at, .. } => format!("the symlink {}", s(at)),
         Mount::Proc { target } => format!("/proc at {}", s(target)),
         Mount::Devpts { target } => format!("devpts at {}", s(target)),
+        Mount::PrivateDir { path } => format!("the directory {}", s(path)),
+        Mount::File { path, .. } => format!("the secret file {}", s(path)),
     }
 }
 

@@ -85,6 +85,20 @@ pub enum Mount {
     Proc { target: CString },
     /// A devpts instance of the job's own.
     Devpts { target: CString },
+    /// A directory made 0700 where a tmpfs made before allows it.
+    PrivateDir { path: CString },
+    /// A file made (never opened if it exists) 0400 with `content`.
+    File { path: CString, content: Hidden },
+}
+
+/// Bytes a `Debug` of a mount never shows (a secret's value).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Hidden(pub Vec<u8>);
+
+impl std::fmt::Debug for Hidden {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "({} bytes)", self.0.len())
+    }
 }
 
 /// What makes a job's sandbox, beyond its launch.
@@ -740,7 +754,34 @@ unsafe fn apply(m: &Mount) -> bool {
                 c"newinstance,ptmxmode=0666,mode=620".as_ptr().cast(),
             ) == 0
         }
+        Mount::PrivateDir { path } => libc::mkdir(path.as_ptr(), 0o700) == 0,
+        Mount::File { path, content } => write_new(path, &content.0),
     }
+}
+
+/// [`Mount::File`]: a new file, 0400, holding `content`.
+///
+/// # Safety
+/// Only in PID 1, in its new mount namespace.
+unsafe fn write_new(path: &CStr, content: &[u8]) -> bool {
+    let fd = libc::open(
+        path.as_ptr(),
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        0o400,
+    );
+    if fd < 0 {
+        return false;
+    }
+    let mut at = 0;
+    while at < content.len() {
+        let n = libc::write(fd, content[at..].as_ptr().cast(), content.len() - at);
+        if n <= 0 {
+            libc::close(fd);
+            return false;
+        }
+        at += n as usize;
+    }
+    libc::close(fd) == 0
 }
 
 /// [`Mount::BindChecked`]: opens `rel` beneath `base` with no symlink, no magic link and

@@ -56,14 +56,17 @@ fn stream_of(s: &str) -> ApiResult<Stream> {
 /// The hub keeps no secrets yet: a job naming one is refused here rather than at its
 /// runner, which would have no value to give it.
 fn no_secrets(spec: &crate::proto::job::JobSpec) -> ApiResult<()> {
-    if spec.secrets.is_empty() {
+    let names: Vec<&str> = crate::proto::secret::names(spec)
+        .map(String::as_str)
+        .collect();
+    if names.is_empty() {
         return Ok(());
     }
     Err(ApiError::new(
         StatusCode::BAD_REQUEST,
         format!(
             "field secrets ({}): this hub does not hold secrets; a job is given one only by its host's runner (railgrid job submit --secret-file NAME=FILE)",
-            spec.secrets.join(", ")
+            names.join(", ")
         ),
     ))
 }

@@ -189,6 +189,14 @@ impl Engine {
         if let Some(e) = self.network_refusal(&spec) {
             return Err(e);
         }
+        if let (false, Some(why)) = (
+            spec.secret_files.is_empty(),
+            self.inner.sandbox.unavailable(),
+        ) {
+            return Err(EngineError::NoSandbox {
+                why: format!("secrets as files are kept on the job's private tmpfs: {why}"),
+            });
+        }
         {
             let s = self.sched();
             let max = s.limits.admission.max_queued;

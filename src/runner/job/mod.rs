@@ -131,6 +131,10 @@ pub enum JobError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "secrets as files need the job's sandbox (its private tmpfs), which it does not have here"
+    )]
+    NoSecretFiles,
     #[error("could not serve the job's egress proxy")]
     Proxy {
         #[source]
@@ -224,7 +228,17 @@ fn job_env(
     env.insert(JOB_ID_VAR.to_owned(), id.to_owned());
     env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     // Names checked at admission: none is the baseline's, the spec's or a proxy's.
-    env.extend(secrets.iter().map(|(k, v)| (k.clone(), v.clone())));
+    for name in &spec.secrets {
+        if let Some(v) = secrets.get(name) {
+            env.insert(name.clone(), v.clone());
+        }
+    }
+    if !spec.secret_files.is_empty() {
+        env.insert(
+            crate::env_vars::SECRETS_DIR.to_owned(),
+            crate::proto::secret::FILES_DIR.to_owned(),
+        );
+    }
     if let crate::proto::job::Network::Allow(_) = network {
         super::egress::proxy_env(&mut env);
     }
@@ -311,7 +325,12 @@ pub fn start(
                 .as_ref()
                 .zip(workspace.cwd_rel.as_deref())
                 .map(|(dir, rel)| (rel, dir.as_fd()));
-            s.plan(id, workspace.dir.as_fd(), cwd, &network)
+            let files: Vec<(&str, &[u8])> = spec
+                .secret_files
+                .iter()
+                .filter_map(|n| Some((n.as_str(), secrets.get(n)?.as_bytes())))
+                .collect();
+            s.plan(id, workspace.dir.as_fd(), cwd, &network, &files)
         })
         .transpose()
         .map_err(io_err(&ws))?;
@@ -332,6 +351,9 @@ pub fn start(
         return Err(JobError::NoNetworkNamespace {
             network: network.kind(),
         });
+    }
+    if !spec.secret_files.is_empty() && !held {
+        return Err(JobError::NoSecretFiles);
     }
     if held {
         plan.confinement = format!("sandbox+{}", plan.confinement);

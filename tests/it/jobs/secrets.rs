@@ -5,6 +5,8 @@
 use super::*;
 
 const VALUE: &str = "tok-3f9a1c2e+5b7d/QZ";
+const KEY_LINE: &str = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC";
+const KEY: &str = "-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END KEY-----\n";
 
 /// Every file under `dir` that holds `needle`.
 fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
@@ -43,14 +45,21 @@ fn a_secret_reaches_the_job_and_nothing_else_and_its_output_shows_it_masked() {
         printf '%s' "$DEPLOY_TOKEN" | base64
         printf 'x%s' "$DEPLOY_TOKEN" | base64
         printf 'xy%s' "$DEPLOY_TOKEN" | base64 >&2
-        echo "length ${#DEPLOY_TOKEN}""#;
+        echo "length ${#DEPLOY_TOKEN}"
+        stat -c %a "$RAILGRID_SECRETS_DIR/DEPLOY_KEY"
+        cat "$RAILGRID_SECRETS_DIR/DEPLOY_KEY"; echo
+        grep -rl MIIEvQIBADAN "$HOME" || echo "not in the workspace""#;
     let file = r.dir.path().join("token");
     fs::write(&file, format!("{VALUE}\n")).expect("token file");
+    let key_file = r.dir.path().join("key");
+    fs::write(&key_file, KEY).expect("key file");
     let out = r
         .cli()
         .arg("submit")
         .arg("--secret-file")
         .arg(format!("DEPLOY_TOKEN={}", file.display()))
+        .arg("--secret-mount")
+        .arg(format!("DEPLOY_KEY={}", key_file.display()))
         .args(["--detach", "--", "sh", "-c", script])
         .output()
         .expect("job submit");
@@ -73,9 +82,16 @@ fn a_secret_reaches_the_job_and_nothing_else_and_its_output_shows_it_masked() {
         format!("length {}", VALUE.len()),
         "the job had it whole"
     );
+    assert_eq!(
+        lines[4..],
+        ["400", "***DEPLOY_KEY***", "not in the workspace"],
+        "{stdout}"
+    );
+    assert_eq!(rec["spec"]["secret_files"], json!(["DEPLOY_KEY"]), "{rec}");
     // Nowhere in the runner's answers, files or log.
     let listed = get(&r.socket(), "/v1/jobs").expect("list").1;
     for text in [&stdout, &stderr, &rec.to_string(), &listed] {
+        assert!(!text.contains(KEY_LINE), "{text}");
         assert!(
             !text.contains(VALUE) && !text.contains(&base64(VALUE)),
             "{text}"
@@ -83,7 +99,7 @@ fn a_secret_reaches_the_job_and_nothing_else_and_its_output_shows_it_masked() {
     }
     r.guard.as_ref().expect("runner").signal(Signal::SIGTERM);
     let log = r.guard.as_mut().expect("runner").wait_output(LIMIT);
-    for needle in [VALUE.to_owned(), base64(VALUE)] {
+    for needle in [VALUE.to_owned(), base64(VALUE), KEY_LINE.to_owned()] {
         assert_eq!(
             files_holding(&r.state(), needle.as_bytes()),
             Vec::<String>::new(),
@@ -123,4 +139,27 @@ fn secrets_are_refused_unless_named_whole_and_long_enough_to_mask() {
         assert_eq!(status, 400, "{body}");
         assert_says(&body["error"], "message", says);
     }
+}
+
+#[test]
+fn a_job_admitted_by_a_runner_that_died_fails_rather_than_run_without_its_secrets() {
+    // One job at a time, so the second one is still queued when the runner dies.
+    let mut r = Runner::started(&["--max-jobs", "1"]);
+    let first = submit_ok(&r, json!({"argv": ["sleep", "60"]}));
+    wait_for(LIMIT, "the first job to run", || {
+        (r.job(&first)["state"] == "running").then_some(())
+    });
+    let queued = submit_ok(
+        &r,
+        json!({"argv": ["true"], "secrets": ["A_KEY"], "secret_values": {"A_KEY": VALUE}}),
+    );
+    let mut old = r.guard.take().expect("runner");
+    old.signal(Signal::SIGKILL);
+    let _ = old.wait_output(LIMIT);
+    r.start(&[]);
+    let rec = r.wait(&queued);
+    assert_eq!(rec["state"], "failed", "{rec}");
+    assert_says(&rec, "error", "held in this runner's memory only");
+    assert_says(&rec, "error", "A_KEY");
+    assert_eq!(r.wait(&first)["state"], "lost");
 }
