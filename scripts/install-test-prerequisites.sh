@@ -58,6 +58,11 @@ need nsenter util-linux
 # Hub replica tests start a PostgreSQL cluster of their own (initdb, pg_ctl; psql).
 need initdb postgresql
 need psql postgresql-client
+# The Debian package is checked with lintian, and taken apart with dpkg-deb (dpkg) and
+# objdump (binutils) as it is built.
+need lintian lintian
+need dpkg-deb dpkg
+need objdump binutils
 # Metrics tests check the exposition with promtool and scrape it with a real Prometheus.
 need promtool prometheus
 need prometheus prometheus

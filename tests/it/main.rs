@@ -24,6 +24,8 @@ mod layout;
 mod lock;
 mod log_lines;
 mod metrics;
+#[cfg(target_os = "linux")]
+mod package;
 mod prerequisites;
 mod readme;
 mod release;

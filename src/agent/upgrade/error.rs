@@ -11,6 +11,12 @@ use crate::sys::exe::ExeError;
 
 #[derive(Debug, Error)]
 pub(crate) enum UpgradeError {
+    #[error("{path} belongs to the package {package}: the package manager upgrades it (apt install railgrid={version}, or ./railgrid_{version}_<arch>.deb), never the agent (docs/upgrade.md)")]
+    Packaged {
+        path: PathBuf,
+        package: String,
+        version: String,
+    },
     #[error("no [upgrade] trusted_keys are configured: every upgrade from the hub is refused (add the publisher's RW… key line, or --trusted-key)")]
     NoKeys,
     #[error("the hub has no release of {version} for {platform}")]
@@ -85,6 +91,7 @@ impl UpgradeError {
         matches!(
             self,
             UpgradeError::NoKeys
+                | UpgradeError::Packaged { .. }
                 | UpgradeError::NoArtifact { .. }
                 | UpgradeError::Downgrade { .. }
                 | UpgradeError::Unordered { .. }

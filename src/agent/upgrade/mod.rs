@@ -28,6 +28,7 @@ mod candidate;
 mod commit;
 mod error;
 mod fetch;
+mod packaged;
 pub(crate) mod record;
 pub(crate) mod service;
 mod switch;
@@ -507,6 +508,13 @@ impl UpgradeTask {
             });
         }
         self.forget_other_bad(&version).await;
+        if let Some(package) = packaged::dpkg_owner(self.ctx.exe.path()) {
+            return Err(UpgradeError::Packaged {
+                path: self.ctx.exe.path().to_owned(),
+                package,
+                version,
+            });
+        }
         if self.keys.is_empty() {
             return Err(UpgradeError::NoKeys);
         }
