@@ -38,6 +38,8 @@ mod supervisor_api;
 #[cfg(target_os = "linux")]
 mod systemd;
 #[cfg(target_os = "linux")]
+mod systemd_package;
+#[cfg(target_os = "linux")]
 mod systemd_upgrade;
 mod upgrade;
 mod upgrade_drain;
