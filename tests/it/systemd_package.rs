@@ -2,7 +2,8 @@
 //! packaging/cloud-init/user-data.yaml says (its files written and its commands run as
 //! cloud-init would), enrolled with an enrolment token, a job run through the hub; a
 //! rollout refused (the package's binary is the package manager's), a newer package taken
-//! instead; then purged, and the container is as it was.
+//! instead, a rollout refused after it too and an older package taken back; then removed
+//! (configuration and state kept) and purged, and the container is as it was.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -147,6 +148,13 @@ fn a_host_installs_the_package_enrols_runs_a_job_takes_a_newer_package_and_purge
     assert!(c
         .ok("getent passwd railgrid")
         .contains(":/var/lib/railgrid/runner:/usr/sbin/nologin"));
+    // Its scripts run again change nothing.
+    let installed = c.ok("getent passwd railgrid; stat -c '%a %U' /etc/railgrid /etc/railgrid/*");
+    c.ok(&format!("apt-get install -y --reinstall {SHARE}/{v1}"));
+    assert_eq!(
+        c.ok("getent passwd railgrid; stat -c '%a %U' /etc/railgrid /etc/railgrid/*"),
+        installed
+    );
     for cmd in &cmds[2..] {
         c.ok(cmd);
     }
@@ -200,6 +208,33 @@ fn a_host_installs_the_package_enrols_runs_a_job_takes_a_newer_package_and_purge
     wait_for(LIMIT, "the agent on the newer package", || {
         let st = status(&c);
         (st["version"] == V2 && st["hub"]["connected"] == true).then_some(())
+    });
+    assert_eq!(c.ok("dpkg --verify railgrid"), "");
+    // The other order: a rollout after the package, refused the same way; and a rollback
+    // is the package manager's too.
+    let v1_version = builds().v1_version.clone();
+    release(&hub, &key, dir.path(), &v1_version, &builds().v1);
+    hub.admin_ok(&[
+        "desired",
+        "set",
+        "--agent",
+        &id,
+        "--version",
+        &v1_version,
+        "--rollback",
+        "true",
+    ]);
+    wait_for(LIMIT, "the rollback by rollout refused", || {
+        let st = status(&c);
+        (st["upgrade"]["state"] == "refused" && st["upgrade"]["target"] == v1_version.as_str())
+            .then_some(())
+    });
+    c.ok(&format!(
+        "apt-get install -y --allow-downgrades {SHARE}/{v1}"
+    ));
+    wait_for(LIMIT, "the agent back on the older package", || {
+        let st = status(&c);
+        (st["version"] == v1_version.as_str() && st["hub"]["connected"] == true).then_some(())
     });
     assert_eq!(c.ok("dpkg --verify railgrid"), "");
 
