@@ -22,30 +22,11 @@ use crate::file_error::FileError;
 use crate::proto::labels::{self, Labels};
 use crate::sys::exe::PinnedExe;
 
-/// Reads a small file named by `flag` (a token, a CA).
+/// Reads a small file named by `flag` (a token, a CA), the one way an operator-named file
+/// is read (`small_file`: no FIFO, no device, bounded).
 fn read_small(path: &Path, flag: &str) -> Result<Vec<u8>, InstallError> {
-    let invalid = |why: String| InstallError::Invalid(format!("{flag} {}: {why}", path.display()));
-    let meta = std::fs::metadata(path).map_err(|e| invalid(e.to_string()))?;
-    if !meta.is_file() || meta.len() > MAX_SECRET_BYTES {
-        return Err(invalid(format!(
-            "not a regular file of at most {MAX_SECRET_BYTES} bytes"
-        )));
-    }
-    // Bounded, and never blocking on a FIFO, whatever the path names since the check.
-    let read = || -> std::io::Result<Vec<u8>> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)?;
-        if !f.metadata()?.is_file() {
-            return Err(std::io::Error::other("not a regular file"));
-        }
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_SECRET_BYTES), &mut bytes)?;
-        Ok(bytes)
-    };
-    read().map_err(|e| invalid(e.to_string()))
+    crate::small_file::read(path, MAX_SECRET_BYTES)
+        .map_err(|e| InstallError::Invalid(format!("{flag} {}: {e}", path.display())))
 }
 
 /// The token as the agent will read it: one line an HTTP header can carry.
