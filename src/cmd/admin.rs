@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{print_stdout, usage};
-use crate::hub::admin::{AdminClient, AdminError, Target};
+use crate::hub_client::admin::{AdminClient, AdminError, Target};
 
 /// Runs one admin call on a small runtime; a missing target or token is a usage error.
 pub(super) fn admin<F, Fut>(target: &Target, f: F) -> anyhow::Result<ExitCode>

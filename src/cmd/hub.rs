@@ -11,9 +11,9 @@ use crate::cli::{
     DesiredScope, HubAgentCommand, HubArgs, HubCommand, HubDesiredCommand, HubDesiredSetArgs,
     HubServeArgs, HubStoreCommand,
 };
-use crate::hub::admin::{AdminClient, Target};
 use crate::hub::tls::TlsSource;
 use crate::hub::{self, ServeOptions};
+use crate::hub_client::admin::{AdminClient, Target};
 use crate::proto::hub::{AgentView, DesiredChange, DesiredSettings, DesiredView, LabelChange};
 
 pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {

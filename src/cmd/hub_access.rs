@@ -8,7 +8,7 @@ use super::admin::clean;
 use super::table::Table;
 use super::token_file::{create_token_file, write_token};
 use crate::cli::{HubAuditCommand, HubEnrolTokenCommand, HubTokenCommand};
-use crate::hub::admin::{AdminClient, Target};
+use crate::hub_client::admin::{AdminClient, Target};
 use crate::proto::access::{EnrolTokenRequest, EnrolTokenView, TokenRequest, TokenView};
 
 use crate::util::rfc3339_ms as when;
@@ -23,7 +23,7 @@ async fn deliver<F, V>(
 ) -> anyhow::Result<String>
 where
     F: std::future::Future<
-        Output = Result<crate::proto::access::TokenMade<V>, crate::hub::admin::AdminError>,
+        Output = Result<crate::proto::access::TokenMade<V>, crate::hub_client::admin::AdminError>,
     >,
     V: serde::Serialize,
 {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::admin::clean;
 use super::print_stdout;
 use crate::cli::{HubAgentsArgs, HubDrainArgs};
-use crate::hub::admin::{AdminClient, Target};
+use crate::hub_client::admin::{AdminClient, Target};
 use crate::proto::fleet_job::HubJobView;
 use crate::proto::hub::{AgentView, DrainRequest};
 

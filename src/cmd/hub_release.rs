@@ -6,7 +6,7 @@ use super::admin::{ago, clean};
 use super::table::Table;
 use super::usage;
 use crate::cli::HubReleaseCommand;
-use crate::hub::admin::AdminClient;
+use crate::hub_client::admin::AdminClient;
 use crate::proto::hub::ReleaseView;
 
 pub(super) async fn run(

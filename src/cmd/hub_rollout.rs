@@ -7,7 +7,7 @@ use super::admin::clean;
 use super::table::Table;
 use super::usage;
 use crate::cli::{HubRolloutCommand, HubRolloutStartArgs};
-use crate::hub::admin::AdminClient;
+use crate::hub_client::admin::AdminClient;
 use crate::proto::rollout::{AbortRequest, RolloutRequest, RolloutView};
 
 pub(super) async fn run(

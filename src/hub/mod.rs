@@ -20,7 +20,6 @@
 //! `--tls-self-signed` `ca.pem` and `tls/ca.key` (0600).
 
 pub(crate) mod access;
-pub(crate) mod admin;
 pub(crate) mod config;
 pub(crate) mod copy;
 pub(crate) mod fleet;
@@ -39,7 +38,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use self::fleet::{Dispatcher, Fleet, FleetError, ReplicaSync, ReportFlusher, Roller};
@@ -48,10 +46,7 @@ use self::store::sqlite::SqliteStore;
 use self::store::{Store, StoreError};
 use self::tls::{TlsError, TlsSource};
 
-pub(crate) use http::SIGNATURE_HEADER;
-
-pub(crate) const ADMIN_TOKEN_FILE: &str = "admin.token";
-pub(crate) const HUB_FILE: &str = "hub.json";
+pub(crate) use crate::proto::hub_dir::{HubFile, ADMIN_TOKEN_FILE, HUB_FILE};
 const LOCK_FILE: &str = "hub.lock";
 const DB_FILE: &str = "hub.db";
 /// Published release binaries, each named by its SHA-256.
@@ -174,20 +169,6 @@ pub(crate) struct ServeOptions {
     pub(crate) agent_token_max_age: Option<Duration>,
     /// Where `/metrics` is served in plain HTTP, without a token (a private network).
     pub(crate) metrics_listen: Option<SocketAddr>,
-}
-
-/// `<data>/hub.json`: where the hub serves, for the admin commands on its host.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct HubFile {
-    pub(crate) url: String,
-    pub(crate) listen: String,
-    pub(crate) pid: u32,
-    /// The CA agents pin, when the hub made its own.
-    #[serde(default)]
-    pub(crate) ca_file: Option<PathBuf>,
-    /// Where `/metrics` is served in plain HTTP (`--metrics-listen`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) metrics: Option<String>,
 }
 
 /// Serves until SIGTERM or SIGINT.

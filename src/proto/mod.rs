@@ -21,6 +21,7 @@ pub mod egress;
 pub mod fleet_job;
 pub mod health;
 pub mod hub;
+pub(crate) mod hub_dir;
 pub mod job;
 pub mod labels;
 pub mod report;

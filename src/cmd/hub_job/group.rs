@@ -13,7 +13,7 @@ use super::super::print_stdout;
 use super::super::table::Table;
 use super::{ended, follow_stream, shell_exit};
 use crate::cli::HubJobSubmitArgs;
-use crate::hub::admin::{AdminClient, AdminError};
+use crate::hub_client::admin::{AdminClient, AdminError};
 use crate::proto::fleet_job::{HubGroupSubmit, HubJobView};
 use crate::proto::job::JobState;
 

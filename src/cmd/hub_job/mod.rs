@@ -12,7 +12,7 @@ use super::table::Table;
 
 mod group;
 use crate::cli::{HubJobCommand, HubJobSubmitArgs};
-use crate::hub::admin::{AdminClient, AdminError, Target};
+use crate::hub_client::admin::{AdminClient, AdminError, Target};
 use crate::proto::fleet_job::{HubJobSubmit, HubJobView};
 use crate::proto::job::JobState;
 
@@ -272,7 +272,7 @@ async fn print_all(
 /// (then flushed).
 async fn write_slice(
     out: &mut (impl tokio::io::AsyncWrite + Unpin),
-    slice: &crate::hub::admin::Output,
+    slice: &crate::hub_client::admin::Output,
     offset: &mut u64,
 ) -> Result<bool, AdminError> {
     use tokio::io::AsyncWriteExt;

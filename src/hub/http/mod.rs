@@ -33,7 +33,6 @@ pub(crate) use self::conn::Conns;
 pub(crate) use self::error::ApiError;
 use self::extract::bearer;
 pub(crate) use self::metrics::plain as metrics_router;
-pub(crate) use self::releases::SIGNATURE_HEADER;
 pub(crate) use self::state::Hub;
 use crate::build_info;
 use crate::hub::access::{is_fleet_wide, scope_of, Audited, Caller};

@@ -35,7 +35,7 @@ use crate::util::clip;
 
 /// The header that carries a publish's `.minisig` file, hex-encoded (a header holds one
 /// line; the file is several).
-pub(crate) const SIGNATURE_HEADER: &str = "x-railgrid-signature";
+use crate::proto::hub_dir::SIGNATURE_HEADER;
 /// The largest `.minisig` file.
 const MAX_SIGNATURE: usize = 4096;
 /// A download is sent in pieces of this.

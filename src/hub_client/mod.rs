@@ -1,10 +1,12 @@
 //! The HTTPS client side of the hub protocol, shared by the agent's reconcile loop and the
-//! hub's admin commands: a reqwest client on rustls that trusts the system roots plus the
+//! hub's admin commands (the admin API's client is [`admin`]): a reqwest client on rustls that trusts the system roots plus the
 //! hub's own CA (pinned by file), and answers read with a size cap, so that a hub that is
 //! broken or hostile can make a request fail but never make its caller buffer without end.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+pub(crate) mod admin;
 
 use thiserror::Error;
 

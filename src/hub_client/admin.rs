@@ -10,13 +10,13 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use thiserror::Error;
 
-use super::{HubFile, ADMIN_TOKEN_FILE, HUB_FILE};
-use crate::hub_client::{self, HubClientError};
+use super::{self as hub_client, HubClientError};
 use crate::proto::fleet_job::{HubGroupSubmit, HubGroupView, HubJobSubmit, HubJobView};
 use crate::proto::hub::{
     AgentView, DesiredChange, DesiredView, DrainRequest, EnrolRequest, Enrolled, ErrorBody,
     LabelChange,
 };
+use crate::proto::hub_dir::{HubFile, ADMIN_TOKEN_FILE, HUB_FILE};
 
 /// An admin answer larger than this is refused (a list of 10 000 agents fits).
 const MAX_ANSWER: usize = 64 * 1024 * 1024;
@@ -356,7 +356,7 @@ impl AdminClient {
             .put(&url)
             .header(reqwest::header::AUTHORIZATION, self.auth.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
-            .header(crate::hub::SIGNATURE_HEADER, hex)
+            .header(crate::proto::hub_dir::SIGNATURE_HEADER, hex)
             .timeout(PUBLISH_TIMEOUT)
             .body(binary);
         let resp = self.exchange(req, url.clone()).await?;
