@@ -360,6 +360,7 @@ fn every_setting_is_named_once_in_each_source() {
         env_vars::LOG,
         env_vars::LOG_FORMAT,
         env_vars::JOB_ID,
+        env_vars::SECRETS_DIR,
         env_vars::HUB_DATA_DIR,
         env_vars::HUB_ADMIN_URL,
         env_vars::HUB_ADMIN_TOKEN_FILE,
