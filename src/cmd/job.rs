@@ -336,6 +336,22 @@ fn render(r: &JobRecord) -> String {
         r.spec.argv.join(" "),
         r.owner
     );
+    if !r.spec.env.is_empty() {
+        let names: Vec<&str> = r.spec.env.keys().map(String::as_str).collect();
+        out.push_str(&format!(
+            "env:      {} (values stored with the job and shown by its status; credentials go in secrets)\n",
+            super::admin::clean(&names.join(", "))
+        ));
+    }
+    let secrets: Vec<&str> = crate::proto::secret::names(&r.spec)
+        .map(String::as_str)
+        .collect();
+    if !secrets.is_empty() {
+        out.push_str(&format!(
+            "secrets:  {}\n",
+            super::admin::clean(&secrets.join(", "))
+        ));
+    }
     if let Some(pid) = r.pid {
         out.push_str(&format!("pid:      {pid}\n"));
     }

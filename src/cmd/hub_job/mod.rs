@@ -406,6 +406,22 @@ fn job_detail(j: &HubJobView) -> String {
         }
     }
     line("command", clean(&j.spec.argv.join(" ")));
+    if !j.spec.env.is_empty() {
+        let names: Vec<&str> = j.spec.env.keys().map(String::as_str).collect();
+        line(
+            "env",
+            clean(&format!(
+                "{} (values stored with the job, shown to every token with jobs:read; credentials go in secrets)",
+                names.join(", ")
+            )),
+        );
+    }
+    let secrets: Vec<&str> = crate::proto::secret::names(&j.spec)
+        .map(String::as_str)
+        .collect();
+    if !secrets.is_empty() {
+        line("secrets", clean(&secrets.join(", ")));
+    }
     let state = if j.cancel_requested {
         format!("{} (cancel requested)", j.state)
     } else {

@@ -88,6 +88,23 @@ fn a_secret_reaches_the_job_and_nothing_else_and_its_output_shows_it_masked() {
         "{stdout}"
     );
     assert_eq!(rec["spec"]["secret_files"], json!(["DEPLOY_KEY"]), "{rec}");
+    // The text status names them, and says what --env is.
+    let status = r.cli().args(["status", &id]).output().expect("job status");
+    let status = text(&status.stdout);
+    assert!(
+        status.contains("\nsecrets:  DEPLOY_TOKEN, DEPLOY_KEY\n"),
+        "{status}"
+    );
+    let env = r
+        .cli()
+        .args(["submit", "--env", "API_TOKEN=plain", "--", "true"])
+        .output()
+        .expect("job submit --env");
+    assert!(
+        text(&env.stderr).contains("a credential belongs in a secret"),
+        "{}",
+        text(&env.stderr)
+    );
     // Nowhere in the runner's answers, files or log.
     let listed = get(&r.socket(), "/v1/jobs").expect("list").1;
     for text in [&stdout, &stderr, &rec.to_string(), &listed] {
