@@ -572,6 +572,19 @@ fn the_hubs_network_policy_reaches_the_runner_and_a_job_cannot_widen_it() {
         .output()
         .expect("hub job submit");
     assert!(!out.status.success());
+    // The hub holds no secrets yet: a job naming one is refused here, not at the runner.
+    let body = r#"{"agent": "a1", "spec": {"argv": ["true"], "secrets": ["A_KEY"]}}"#;
+    let (code, answer) = hub.curl(
+        "POST",
+        "/v1/admin/jobs",
+        Some(&hub.admin_token()),
+        Some(body),
+    );
+    assert_eq!(code, 400, "{answer}");
+    assert!(
+        answer.contains("this hub does not hold secrets"),
+        "{answer}"
+    );
     // So does a desired network that may widen what jobs reach, set or cleared.
     let ops = tmp.path().join("ops.token");
     hub.create_token("ops", "agents:write", &[], &ops);
