@@ -158,6 +158,8 @@ impl Engine {
         spec.validate()?;
         crate::proto::secret::check_values(&spec, &secrets)
             .map_err(|e| EngineError::Spec(e.into()))?;
+        crate::runner::job::mask::check(secrets.values().map(String::as_bytes))
+            .map_err(|e| EngineError::Job(e.into()))?;
         if self.inner.shutting_down.load(Ordering::Relaxed) {
             return Err(EngineError::ShuttingDown);
         }
@@ -195,6 +197,18 @@ impl Engine {
         ) {
             return Err(EngineError::NoSandbox {
                 why: format!("secrets as files are kept on the job's private tmpfs: {why}"),
+            });
+        }
+        // Every job runs as one account: only a sandbox (its own PID namespace) or
+        // Landlock (no ptrace across domains) keeps another job out of this one's
+        // /proc/<pid>/environ.
+        if let (false, Some(why), true) = (
+            spec.secrets.is_empty(),
+            self.inner.sandbox.unavailable(),
+            self.inner.fs_guard.is_none(),
+        ) {
+            return Err(EngineError::NoSandbox {
+                why: format!("without a sandbox or Landlock, another job of the runner's account could read a secret from this one's /proc/<pid>/environ: {why}"),
             });
         }
         {

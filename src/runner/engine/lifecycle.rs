@@ -158,6 +158,11 @@ impl Engine {
         cancel: &mut watch::Receiver<Option<Cancel>>,
         admitted_ms: i64,
     ) -> Result<Launched, EngineError> {
+        // Its secrets' values, held since admission, taken at once: whichever way the
+        // launch ends, none stays in memory. A runner that restarted since has none.
+        let secrets = crate::util::lock(&self.inner.secrets)
+            .remove(id)
+            .unwrap_or_default();
         // Committed before the job is launched: a runner killed after the launch leaves a
         // `starting` record for the next one to reconcile, never a `queued` one it would
         // run a second time.
@@ -210,13 +215,12 @@ impl Engine {
             };
             return Ok(Launched::Cancelled(JobState::Cancelled, outcome));
         }
-        // Its secrets' values, held since admission; a runner that restarted since has none.
-        let secrets = crate::util::lock(&self.inner.secrets)
-            .remove(id)
-            .unwrap_or_default();
-        if !spec.secrets.is_empty() && secrets.is_empty() {
+        if crate::proto::secret::names(&spec).next().is_some() && secrets.is_empty() {
+            let names: Vec<&str> = crate::proto::secret::names(&spec)
+                .map(String::as_str)
+                .collect();
             return Err(EngineError::SecretsLost {
-                names: spec.secrets.join(", "),
+                names: names.join(", "),
             });
         }
         let started = job::start(

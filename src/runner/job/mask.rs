@@ -10,56 +10,129 @@
 //! byte at a time), so the end of a chunk that could be the start of a secret is held
 //! back until the next chunk or the end of the stream says what it is.
 
-use aho_corasick::{AhoCorasick, MatchKind};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use base64::Engine as _;
 
 use crate::proto::secret::MIN_VALUE as MIN_SECRET;
 
-pub(super) struct Masker {
-    automaton: AhoCorasick,
-    patterns: Vec<Vec<u8>>,
-    /// For each pattern, what replaces it: `***NAME***`.
-    replacement: Vec<Vec<u8>>,
-    /// The end of the stream so far that may be the start of a secret.
-    held: Vec<u8>,
+/// The bytes of every form of a job's secrets together, at most: what the automaton and
+/// the prefixes cost the runner's memory, outside the job's limits.
+pub(super) const MAX_FORM_BYTES: usize = 1 << 20;
+/// Values longer than this are searched for as written, line by line and in base64 (and
+/// hex) only: a URL-encoded or JSON-escaped key of kilobytes is not what programs print.
+const SHORT_VALUE: usize = 1024;
+/// A multi-line value is masked line by line only up to this many lines.
+const MAX_LINES: usize = 256;
+/// Line widths base64 tools wrap at: GNU `base64` (76) and PEM (64).
+const WRAPS: [usize; 2] = [76, 64];
+
+/// Why a job's secrets cannot be masked.
+#[derive(Debug, thiserror::Error)]
+pub enum MaskError {
+    #[error("the job's secrets take {0} bytes in the forms they are masked in, more than the runner searches output for ({MAX_FORM_BYTES}): give fewer or shorter ones")]
+    TooMuch(usize),
+    #[error("the job's secrets could not be made into a search: {0}")]
+    Build(String),
 }
 
-impl Masker {
-    /// A masker of `secrets` (name, value); `None` when there is nothing to mask.
-    pub(super) fn new<'a>(secrets: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Option<Self> {
+/// A job's secrets in every form they are searched for: built once per job, shared by
+/// its streams.
+pub struct Patterns {
+    automaton: AhoCorasick,
+    /// For each pattern, what replaces it: `***NAME***`.
+    replacement: Vec<Vec<u8>>,
+    longest: usize,
+    /// Hashes of every proper prefix of every pattern, mixed with its length: whether the
+    /// end of the output may be the start of a secret, in one pass over that end. A
+    /// collision only holds bytes back a little longer.
+    prefixes: HashSet<u64>,
+}
+
+/// Refuses secrets whose forms the runner would not search output for (admission's
+/// check, before anything is built).
+pub fn check<'a>(secrets: impl IntoIterator<Item = &'a [u8]>) -> Result<(), MaskError> {
+    let mut seen = HashSet::new();
+    let total: usize = secrets
+        .into_iter()
+        .flat_map(forms)
+        .filter(|p| p.len() >= MIN_SECRET && seen.insert(p.clone()))
+        .map(|p| p.len())
+        .sum();
+    match total > MAX_FORM_BYTES {
+        true => Err(MaskError::TooMuch(total)),
+        false => Ok(()),
+    }
+}
+
+impl Patterns {
+    /// The forms of `secrets` (name, value); `None` when there is nothing to mask.
+    pub fn new<'a>(
+        secrets: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    ) -> Result<Option<Arc<Self>>, MaskError> {
+        let mut seen = HashSet::new();
         let mut patterns: Vec<Vec<u8>> = Vec::new();
         let mut replacement = Vec::new();
+        let mut total = 0;
         for (name, value) in secrets {
             for p in forms(value) {
-                if p.len() >= MIN_SECRET && !patterns.contains(&p) {
+                if p.len() >= MIN_SECRET && seen.insert(p.clone()) {
+                    total += p.len();
                     patterns.push(p);
                     replacement.push(format!("***{name}***").into_bytes());
                 }
             }
         }
+        if total > MAX_FORM_BYTES {
+            return Err(MaskError::TooMuch(total));
+        }
         if patterns.is_empty() {
-            return None;
+            return Ok(None);
         }
         let automaton = AhoCorasick::builder()
             .match_kind(MatchKind::LeftmostLongest)
+            // Compact: a DFA of a megabyte of patterns would take gigabytes.
+            .kind(Some(AhoCorasickKind::ContiguousNFA))
             .build(&patterns)
-            .ok()?;
-        Some(Self {
+            .map_err(|e| MaskError::Build(e.to_string()))?;
+        let mut prefixes = HashSet::with_capacity(total);
+        for p in &patterns {
+            let mut h = 0u64;
+            for (k, &b) in p[..p.len() - 1].iter().enumerate() {
+                h = h.wrapping_mul(BASE).wrapping_add(u64::from(b));
+                prefixes.insert(mix(h, k + 1));
+            }
+        }
+        Ok(Some(Arc::new(Self {
             automaton,
-            patterns,
             replacement,
-            held: Vec::new(),
-        })
+            longest: patterns.iter().map(Vec::len).max().unwrap_or(0),
+            prefixes,
+        })))
     }
 
-    /// `input` masked, less what is held back for the next call.
-    pub(super) fn feed(&mut self, input: &[u8]) -> Vec<u8> {
-        let mut data = std::mem::take(&mut self.held);
-        data.extend_from_slice(input);
-        let mut cut = data.len() - self.open_prefix(&data);
-        let mut out = Vec::with_capacity(data.len());
+    /// The length of the longest end of `data` that may be the start (not the whole) of
+    /// a pattern.
+    fn open_prefix(&self, data: &[u8]) -> usize {
+        let (mut h, mut power, mut found) = (0u64, 1u64, 0);
+        for k in 1..self.longest.min(data.len() + 1) {
+            h = h.wrapping_add(u64::from(data[data.len() - k]).wrapping_mul(power));
+            power = power.wrapping_mul(BASE);
+            if self.prefixes.contains(&mix(h, k)) {
+                found = k;
+            }
+        }
+        found
+    }
+
+    /// `data` with every pattern found in it replaced, up to `cut` (or all of it); where
+    /// it stopped.
+    fn replace(&self, data: &[u8], cut: Option<usize>, out: &mut Vec<u8>) -> usize {
         let mut at = 0;
-        for m in self.automaton.find_iter(&data) {
+        let mut cut = cut.unwrap_or(data.len());
+        for m in self.automaton.find_iter(data) {
             if m.end() > cut {
                 // A secret whose end is not certain yet (a longer one may go on).
                 cut = cut.min(m.start());
@@ -71,56 +144,98 @@ impl Masker {
         }
         let cut = cut.max(at);
         out.extend_from_slice(&data[at..cut]);
+        cut
+    }
+}
+
+const BASE: u64 = 0x100_0000_01b3;
+
+fn mix(h: u64, len: usize) -> u64 {
+    h ^ (len as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// One stream's masking: the shared patterns, and what it holds back.
+pub struct Masker {
+    patterns: Arc<Patterns>,
+    /// The end of the stream so far that may be the start of a secret.
+    held: Vec<u8>,
+}
+
+impl Masker {
+    pub fn new(patterns: Arc<Patterns>) -> Self {
+        Self {
+            patterns,
+            held: Vec::new(),
+        }
+    }
+
+    /// `input` masked, less what is held back for the next call.
+    pub fn feed(&mut self, input: &[u8]) -> Vec<u8> {
+        let mut data = std::mem::take(&mut self.held);
+        data.extend_from_slice(input);
+        let cut = data.len() - self.patterns.open_prefix(&data);
+        let mut out = Vec::with_capacity(data.len());
+        let cut = self.patterns.replace(&data, Some(cut), &mut out);
         self.held = data[cut..].to_vec();
         out
     }
 
     /// What is still held, masked: the stream has ended.
-    pub(super) fn finish(&mut self) -> Vec<u8> {
+    pub fn finish(&mut self) -> Vec<u8> {
         let data = std::mem::take(&mut self.held);
         let mut out = Vec::with_capacity(data.len());
-        let mut at = 0;
-        for m in self.automaton.find_iter(&data) {
-            out.extend_from_slice(&data[at..m.start()]);
-            out.extend_from_slice(&self.replacement[m.pattern().as_usize()]);
-            at = m.end();
-        }
-        out.extend_from_slice(&data[at..]);
+        self.patterns.replace(&data, None, &mut out);
         out
-    }
-
-    /// The length of the longest end of `data` that is the start (not the whole) of a
-    /// pattern.
-    fn open_prefix(&self, data: &[u8]) -> usize {
-        let longest = self.patterns.iter().map(Vec::len).max().unwrap_or(0);
-        (1..longest.min(data.len() + 1))
-            .rev()
-            .find(|&k| {
-                let tail = &data[data.len() - k..];
-                self.patterns
-                    .iter()
-                    .any(|p| p.len() > k && p.starts_with(tail))
-            })
-            .unwrap_or(0)
     }
 }
 
 /// The forms of `value` searched for (some may be too short to use).
 fn forms(value: &[u8]) -> Vec<Vec<u8>> {
+    // A value too short to mask is not masked in a longer encoding either.
+    if value.len() < MIN_SECRET {
+        return Vec::new();
+    }
     let mut all = vec![value.to_vec()];
     // Line by line: a program may print a multi-line value's lines apart.
-    for line in value.split(|&b| b == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        all.push(line.to_vec());
+    let lines: Vec<&[u8]> = value.split(|&b| b == b'\n').collect();
+    if lines.len() <= MAX_LINES {
+        for line in lines {
+            all.push(line.strip_suffix(b"\r").unwrap_or(line).to_vec());
+        }
     }
-    for engine in [
+    let engines = [
         &base64::engine::general_purpose::STANDARD_NO_PAD,
         &base64::engine::general_purpose::URL_SAFE_NO_PAD,
-    ] {
+    ];
+    for engine in engines {
         for skew in 0..3 {
             all.push(base64_core(engine, value, skew));
         }
     }
+    // Encoded from the start of a tool's output and wrapped as base64(1) and PEM wrap it,
+    // whole and line by line.
+    let whole = base64::engine::general_purpose::STANDARD.encode(value);
+    for width in WRAPS {
+        let lines: Vec<&[u8]> = whole.as_bytes().chunks(width).collect();
+        all.push(lines.join(&b"\n"[..]));
+        all.extend(
+            lines
+                .iter()
+                .filter(|l| l.len() == width)
+                .map(|l| l.to_vec()),
+        );
+    }
+    all.push(hex(value, false));
+    all.push(hex(value, true));
+    if value.len() <= SHORT_VALUE {
+        all.extend(short_forms(value));
+    }
+    all
+}
+
+/// URL-encoded (either case of hex) and JSON-escaped (as serde writes it, and with every
+/// non-ASCII character as `\uXXXX`, as Python's json does).
+fn short_forms(value: &[u8]) -> Vec<Vec<u8>> {
     let url = |upper: bool| {
         let mut s = Vec::new();
         for &b in value {
@@ -134,14 +249,35 @@ fn forms(value: &[u8]) -> Vec<Vec<u8>> {
         }
         s
     };
-    all.push(url(true));
-    all.push(url(false));
+    let mut all = vec![url(true), url(false)];
     if let Ok(text) = std::str::from_utf8(value) {
         if let Ok(json) = serde_json::to_string(text) {
             all.push(json.as_bytes()[1..json.len() - 1].to_vec());
+            let ascii: String = json[1..json.len() - 1]
+                .chars()
+                .flat_map(|c| match c.is_ascii() {
+                    true => vec![c.to_string()],
+                    false => c
+                        .encode_utf16(&mut [0; 2])
+                        .iter()
+                        .map(|u| format!("\\u{u:04x}"))
+                        .collect(),
+                })
+                .collect();
+            all.push(ascii.into_bytes());
         }
     }
     all
+}
+
+fn hex(value: &[u8], upper: bool) -> Vec<u8> {
+    value
+        .iter()
+        .flat_map(|b| match upper {
+            true => format!("{b:02X}").into_bytes(),
+            false => format!("{b:02x}").into_bytes(),
+        })
+        .collect()
 }
 
 /// The base64 characters of `value` encoded `skew` bytes into a stream: only those
@@ -165,7 +301,14 @@ mod tests {
     const SECRET: &[u8] = b"s3cr3t-Tok+en/42";
 
     fn masker() -> Masker {
-        Masker::new([("DEPLOY_TOKEN", SECRET)]).expect("a masker")
+        masker_of(&[("DEPLOY_TOKEN", SECRET)])
+    }
+
+    fn masker_of(secrets: &[(&str, &[u8])]) -> Masker {
+        let patterns = Patterns::new(secrets.iter().copied())
+            .expect("patterns")
+            .expect("something to mask");
+        Masker::new(patterns)
     }
 
     /// `text` through a masker in pieces of `size` bytes.
@@ -213,8 +356,7 @@ mod tests {
         }
         assert_eq!(through(b"s3cr3t-Tok%2Ben%2F42", 2), "***DEPLOY_TOKEN***");
         assert_eq!(through(b"s3cr3t-Tok%2ben%2f42", 5), "***DEPLOY_TOKEN***");
-        let quoted = Masker::new([("K", &b"line \"one\"\\x"[..])]).expect("m");
-        let mut quoted = quoted;
+        let mut quoted = masker_of(&[("K", &b"line \"one\"\\x"[..])]);
         let mut out = quoted.feed(br#"{"k":"line \"one\"\\x"}"#);
         out.extend(quoted.finish());
         assert_eq!(String::from_utf8_lossy(&out), r#"{"k":"***K***"}"#);
@@ -223,7 +365,7 @@ mod tests {
     #[test]
     fn a_multi_line_value_is_masked_line_by_line() {
         let key = b"-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END KEY-----\n";
-        let mut m = Masker::new([("KEY", &key[..])]).expect("m");
+        let mut m = masker_of(&[("KEY", &key[..])]);
         let mut out = m.feed(b"first line: MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nwhole:\n");
         out.extend(m.feed(key));
         out.extend(m.finish());
@@ -245,7 +387,42 @@ mod tests {
 
     #[test]
     fn short_values_are_not_masked_and_nothing_is_a_masker_of_nothing() {
-        assert!(Masker::new([("X", &b"short"[..])]).is_none());
-        assert!(Masker::new(std::iter::empty()).is_none());
+        assert!(Patterns::new([("X", &b"short"[..])]).expect("ok").is_none());
+        assert!(Patterns::new(std::iter::empty()).expect("ok").is_none());
+    }
+
+    #[test]
+    fn a_long_value_through_base64_wrapped_hex_and_ascii_json_is_masked() {
+        let long: Vec<u8> = (0..200u8).map(|i| b'a' + i % 26).collect();
+        let mut m = masker_of(&[("LONG", &long)]);
+        let wrapped = base64::engine::general_purpose::STANDARD.encode(&long);
+        let lines: Vec<&str> = (0..wrapped.len())
+            .step_by(76)
+            .map(|i| &wrapped[i..(i + 76).min(wrapped.len())])
+            .collect();
+        let mut out = m.feed(format!("{}\n", lines.join("\n")).as_bytes());
+        out.extend(m.feed(hex(&long, false).as_slice()));
+        out.extend(m.finish());
+        let out = String::from_utf8(out).expect("utf-8");
+        assert!(!out.contains(lines[1]), "{out}");
+        assert!(
+            !out.contains(&String::from_utf8(hex(&long[..40], false)).expect("hex")),
+            "{out}"
+        );
+        let mut m = masker_of(&[("U", "pässwörd-geheim".as_bytes())]);
+        let mut out = m.feed(br#"{"u": "p\u00e4ssw\u00f6rd-geheim"}"#);
+        out.extend(m.finish());
+        assert_eq!(String::from_utf8_lossy(&out), r#"{"u": "***U***"}"#);
+    }
+
+    #[test]
+    fn more_than_a_megabyte_of_forms_is_refused() {
+        let big = vec![b'x'; 64 * 1024];
+        let many: Vec<(&str, &[u8])> = (0..8).map(|_| ("B", &big[..])).collect();
+        // The same value eight times is one set of forms.
+        assert!(Patterns::new(many).is_ok());
+        let values: Vec<Vec<u8>> = (0..8u8).map(|i| vec![b'a' + i; 64 * 1024]).collect();
+        let refused = Patterns::new(values.iter().map(|v| ("B", &v[..])));
+        assert!(matches!(refused, Err(MaskError::TooMuch(_))));
     }
 }

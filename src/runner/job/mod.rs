@@ -19,7 +19,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 mod launch;
-mod mask;
+pub mod mask;
 mod spool;
 mod workspace;
 
@@ -135,6 +135,8 @@ pub enum JobError {
         "secrets as files need the job's sandbox (its private tmpfs), which it does not have here"
     )]
     NoSecretFiles,
+    #[error(transparent)]
+    Mask(#[from] mask::MaskError),
     #[error("could not serve the job's egress proxy")]
     Proxy {
         #[source]
@@ -179,6 +181,7 @@ impl JobError {
                 | JobError::CwdNotDir { .. }
                 | JobError::CwdDenied { .. }
                 | JobError::WorkspaceExists { .. }
+                | JobError::Mask(_)
         )
     }
 }
@@ -274,6 +277,8 @@ pub fn start(
     on_output: Arc<dyn Fn() + Send + Sync>,
 ) -> Result<Started, JobError> {
     let Job { id, spec, secrets } = job;
+    // Built before anything runs: a job whose output could not be masked does not start.
+    let patterns = mask::Patterns::new(secrets.iter().map(|(n, v)| (n.as_str(), v.as_bytes())))?;
     let Tiers {
         cgroups: tier,
         fs,
@@ -440,7 +445,7 @@ pub fn start(
         });
     }
     let (stdout, stderr, spoolers) =
-        spool_streams(paths, id, cap, [out_r, err_r], secrets, on_output)?;
+        spool_streams(paths, id, cap, [out_r, err_r], patterns, on_output)?;
     Ok(Started {
         child,
         egress,
@@ -467,7 +472,7 @@ fn spool_streams(
     id: &str,
     cap: u64,
     [out_r, err_r]: [File; 2],
-    secrets: &BTreeMap<String, String>,
+    patterns: Option<Arc<mask::Patterns>>,
     on_output: Arc<dyn Fn() + Send + Sync>,
 ) -> Result<Spooled, JobError> {
     let (stdout, stderr): (Arc<SpoolStats>, Arc<SpoolStats>) = Default::default();
@@ -486,7 +491,7 @@ fn spool_streams(
             path,
         };
         let (stats, notify) = (stats.clone(), on_output.clone());
-        let masker = mask::Masker::new(secrets.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
+        let masker = patterns.clone().map(mask::Masker::new);
         spoolers.push(tokio::spawn(async move {
             spool(rx, &target, cap, &stats, &*notify, masker).await
         }));

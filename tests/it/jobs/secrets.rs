@@ -159,7 +159,7 @@ fn secrets_are_refused_unless_named_whole_and_long_enough_to_mask() {
 }
 
 #[test]
-fn a_job_admitted_by_a_runner_that_died_fails_rather_than_run_without_its_secrets() {
+fn a_job_admitted_by_a_runner_that_died_fails_rather_than_run_without_its_secrets_files_too() {
     // One job at a time, so the second one is still queued when the runner dies.
     let mut r = Runner::started(&["--max-jobs", "1"]);
     let first = submit_ok(&r, json!({"argv": ["sleep", "60"]}));
@@ -168,7 +168,7 @@ fn a_job_admitted_by_a_runner_that_died_fails_rather_than_run_without_its_secret
     });
     let queued = submit_ok(
         &r,
-        json!({"argv": ["true"], "secrets": ["A_KEY"], "secret_values": {"A_KEY": VALUE}}),
+        json!({"argv": ["true"], "secret_files": ["A_KEY"], "secret_values": {"A_KEY": VALUE}}),
     );
     let mut old = r.guard.take().expect("runner");
     old.signal(Signal::SIGKILL);
