@@ -19,46 +19,42 @@ pub static TOTAL: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Debug, Default)]
 pub struct Denials {
-    kinds: Mutex<BTreeMap<(String, String), u64>>,
-    /// Kinds counted apart, in the room [`MAX_ADDRESS_KINDS`] keeps.
-    addresses: Mutex<usize>,
+    kinds: Mutex<Kinds>,
     total: AtomicU64,
+}
+
+/// The kinds counted so far, and how many of them took the room kept for addresses.
+#[derive(Debug, Default)]
+struct Kinds {
+    counts: BTreeMap<(String, String), u64>,
+    addresses: usize,
 }
 
 impl Denials {
     /// Counts one refusal; how many this job has had.
     pub fn record(&self, destination: &str, reason: &str, address: bool) -> u64 {
         TOTAL.fetch_add(1, Ordering::Relaxed);
-        let mut kinds = self
-            .kinds
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut kinds = crate::util::lock(&self.kinds);
         let mut key = (clip(destination), clip(reason));
-        if !kinds.contains_key(&key) {
-            let mut addresses = self
-                .addresses
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if address && *addresses < MAX_ADDRESS_KINDS {
-                *addresses += 1;
-            } else if kinds.len() - *addresses >= MAX_KINDS {
+        if !kinds.counts.contains_key(&key) {
+            if address && kinds.addresses < MAX_ADDRESS_KINDS {
+                kinds.addresses += 1;
+            } else if kinds.counts.len() - kinds.addresses >= MAX_KINDS {
                 key = (
                     "…".into(),
                     format!("more than {MAX_KINDS} kinds of refusal"),
                 );
             }
         }
-        *kinds.entry(key).or_default() += 1;
+        *kinds.counts.entry(key).or_default() += 1;
         self.total.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// The refusals so far, most frequent first.
     pub fn snapshot(&self) -> Vec<Denial> {
-        let kinds = self
-            .kinds
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let kinds = crate::util::lock(&self.kinds);
         let mut all: Vec<Denial> = kinds
+            .counts
             .iter()
             .map(|((destination, reason), &count)| Denial {
                 destination: destination.clone(),

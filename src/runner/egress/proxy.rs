@@ -153,6 +153,14 @@ impl Proxy {
         forward(req, upstream, &host, port).await
     }
 
+    /// Counts a refusal, and logs it while the job has not refused many.
+    fn note(&self, destination: &str, why: &str, address: bool) {
+        let n = self.denials.record(destination, why, address);
+        if n <= LOGGED || n % 1000 == 0 {
+            tracing::info!(job = %self.job, destination, reason = why, refused = n, "egress refused");
+        }
+    }
+
     /// Counts the refusal and says it in a 403.
     fn refuse(&self, destination: &str, r: &Refused) -> Response<Body> {
         self.note(destination, &r.why, r.address);
@@ -205,16 +213,6 @@ impl Proxy {
         tokio::select! {
             _ = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, COPY_BUF, COPY_BUF) => {}
             _ = stop.changed() => {}
-        }
-    }
-}
-
-impl Proxy {
-    /// Counts a refusal, and logs it while the job has not refused many.
-    fn note(&self, destination: &str, why: &str, address: bool) {
-        let n = self.denials.record(destination, why, address);
-        if n <= LOGGED || n % 1000 == 0 {
-            tracing::info!(job = %self.job, destination, reason = why, refused = n, "egress refused");
         }
     }
 }
