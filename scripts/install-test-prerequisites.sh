@@ -86,8 +86,9 @@ bench_need protoc protobuf-compiler libprotobuf-dev
 # default runtime (crun) refuses a hybrid cgroup layout: runc.
 bench_need podman podman
 bench_need runc runc
-# bench/egress.sh builds its jobs' specs with jq.
+# bench/egress.sh builds its jobs' specs with jq, beside tinyproxy.
 bench_need jq jq
+bench_need tinyproxy tinyproxy
 
 if [ "${#missing[@]}" -eq 0 ]; then
     echo "every test prerequisite is installed"

@@ -24,6 +24,7 @@ pub mod procfs;
 #[cfg(target_os = "linux")]
 pub mod sandbox;
 pub mod spawn;
+pub mod splice;
 pub mod start;
 
 use std::fmt;

@@ -10,6 +10,7 @@ mod decide;
 mod denials;
 mod hello;
 mod proxy;
+mod relay;
 
 pub use self::denials::{Denials, TOTAL as DENIED_TOTAL};
 use crate::proto::egress::Rules;

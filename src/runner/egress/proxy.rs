@@ -14,20 +14,22 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use super::decide::{decide, Refused, Verdict};
 use super::denials::Denials;
 use super::hello::{self, Hello};
+use super::relay::relay;
 use crate::proto::egress::{host_name, Rules};
 
 /// Connections a job may hold through its proxy at once; more wait in the listen
 /// backlog. With [`COPY_BUF`] and hyper's head buffer, bounds the proxy's memory per job
 /// (docs/security.md, "Egress").
 pub(super) const MAX_CONNECTIONS: usize = 256;
-/// Each direction's buffer in a tunnel.
+/// Each direction's buffer in a tunnel: a pipe's worth in the kernel on Linux (see relay.rs),
+/// user memory elsewhere.
 pub(super) const COPY_BUF: usize = 64 * 1024;
 /// A request head larger than this is refused.
 const MAX_HEAD: usize = 64 * 1024;
@@ -182,10 +184,16 @@ impl Proxy {
         let Ok(upgraded) = hyper::upgrade::on(req).await else {
             return;
         };
-        let mut client = TokioIo::new(upgraded);
+        // The accepted socket itself, and what hyper read past the request's head
+        // (a client may send its ClientHello without waiting for the 200).
+        let Ok(parts) = upgraded.downcast::<TokioIo<TcpStream>>() else {
+            tracing::warn!(job = %self.job, "egress proxy: a tunnel that is not a TCP connection");
+            return;
+        };
+        let mut client = parts.io.into_inner();
         let mut stop = self.stop.clone();
         let first = tokio::select! {
-            r = first_bytes(&mut client, &upstream) => r,
+            r = first_bytes(parts.read_buf.to_vec(), &mut client, &upstream) => r,
             _ = stop.changed() => return,
         };
         let first = match first {
@@ -211,7 +219,7 @@ impl Proxy {
             return;
         }
         tokio::select! {
-            _ = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut upstream, COPY_BUF, COPY_BUF) => {}
+            _ = relay(client, upstream) => {}
             _ = stop.changed() => {}
         }
     }
@@ -254,24 +262,27 @@ async fn connect(addrs: &[SocketAddr]) -> Result<TcpStream, String> {
     Err(last)
 }
 
-/// The tunnel's first bytes from the client, enough to read a whole ClientHello when
-/// they start one; nothing when the server speaks first (TLS never does).
-async fn first_bytes<C: AsyncRead + Unpin>(
-    client: &mut C,
+/// The tunnel's first bytes from the client, after those hyper had read (`buf`),
+/// enough to read a whole ClientHello when they start one; nothing when the server
+/// speaks first (TLS never does).
+async fn first_bytes(
+    mut buf: Vec<u8>,
+    client: &mut TcpStream,
     upstream: &TcpStream,
 ) -> Result<Vec<u8>, String> {
-    let mut buf = Vec::with_capacity(2048);
     let mut chunk = [0u8; 4096];
     let deadline = tokio::time::Instant::now() + HELLO_TIMEOUT;
-    tokio::select! {
-        r = client.read(&mut chunk) => match r {
-            Ok(0) | Err(_) => return Ok(buf),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        },
-        _ = upstream.readable() => return Ok(buf),
-        // Neither side spoke: a handshake held back to slip past the check later.
-        _ = tokio::time::sleep_until(deadline) => {
-            return Err("nothing was said in the tunnel in time".into())
+    if buf.is_empty() {
+        tokio::select! {
+            r = client.read(&mut chunk) => match r {
+                Ok(0) | Err(_) => return Ok(buf),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            },
+            _ = upstream.readable() => return Ok(buf),
+            // Neither side spoke: a handshake held back to slip past the check later.
+            _ = tokio::time::sleep_until(deadline) => {
+                return Err("nothing was said in the tunnel in time".into())
+            }
         }
     }
     while hello::read(&buf) == Hello::Incomplete && buf.len() < hello::MAX_RECORD {
