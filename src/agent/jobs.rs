@@ -31,6 +31,7 @@ use super::upload::{upload_stream, Links};
 use crate::proto::drain::DrainReport;
 use crate::proto::fleet_job::{DesiredJob, JobReport};
 use crate::proto::job::{JobRecord, JobSpec, JobState, Truncation};
+use crate::proto::secret::Values;
 use crate::runner::client::{Client, ClientError};
 use crate::runner::job::Stream;
 
@@ -248,6 +249,7 @@ impl JobsTask {
             let job = Job {
                 id: j.id.clone(),
                 spec: j.spec.clone(),
+                secret_values: j.secret_values.clone(),
                 cancel: cancel_rx,
                 turn: self.turn.replace(next_turn),
                 submitted: Some(submitted),
@@ -313,6 +315,8 @@ fn ended_here(id: &str, state: JobState, error: String) -> JobReport {
 struct Job {
     id: String,
     spec: Option<JobSpec>,
+    /// The values of the secrets `spec` names, held only until the runner has the job.
+    secret_values: Values,
     cancel: watch::Receiver<bool>,
     turn: Option<oneshot::Receiver<()>>,
     submitted: Option<oneshot::Sender<()>>,
@@ -387,9 +391,10 @@ impl Job {
         loop {
             let cancelled = *self.cancel.borrow();
             if let (Some(spec), false) = (&self.spec, cancelled) {
-                match self.runner.submit(spec).await {
+                match self.runner.submit_with(spec, &self.secret_values.0).await {
                     Ok((new, sub)) => {
                         created |= new;
+                        self.secret_values = Values::default();
                         if new {
                             tracing::info!(job = %self.id, state = sub.state.as_str(), "hub job submitted to the runner");
                         }

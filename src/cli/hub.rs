@@ -68,6 +68,12 @@ pub enum HubCommand {
         #[command(subcommand)]
         command: HubEnrolTokenCommand,
     },
+    /// Secrets for jobs, sealed at the hub: set, list (never a value), remove, and
+    /// rotate the key that seals them (scope secrets:write).
+    Secret {
+        #[command(subcommand)]
+        command: HubSecretCommand,
+    },
     /// What admins did: every change, refusal, enrolment and rotation.
     Audit {
         #[command(subcommand)]
@@ -78,6 +84,41 @@ pub enum HubCommand {
         #[command(subcommand)]
         command: HubStoreCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HubSecretCommand {
+    /// Set a secret (a new version when it exists): 8 bytes to 64 KiB of UTF-8 text.
+    Set(HubSecretSetArgs),
+    /// Every secret: name, version, scope, who set it and when; never a value.
+    List,
+    /// Remove a secret: jobs naming it that have not left the hub fail.
+    Rm { name: String },
+    /// Seal every secret under a new key, which replaces the key file (back it up).
+    #[command(name = "rotate-key")]
+    RotateKey,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("from").required(true).args(["from_file", "from_stdin"])))]
+pub struct HubSecretSetArgs {
+    /// Its name: letters, digits and _ (a job may be given it as that variable).
+    pub name: String,
+    /// The value is FILE's contents (one trailing newline dropped, unless
+    /// --keep-newline).
+    #[arg(long, value_name = "FILE")]
+    pub from_file: Option<PathBuf>,
+    /// The value is what standard input holds until its end (one trailing newline
+    /// dropped, unless --keep-newline).
+    #[arg(long)]
+    pub from_stdin: bool,
+    /// Keep a trailing newline (a key file that needs it).
+    #[arg(long)]
+    pub keep_newline: bool,
+    /// Send it only to agents whose hub labels match SEL (and accept it only in jobs
+    /// that reach no others).
+    #[arg(long, value_name = "SEL", value_parser = parse_selector)]
+    pub select: Option<Selector>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -100,7 +141,8 @@ pub struct HubTokenCreateArgs {
     #[arg(long, value_name = "NAME")]
     pub name: String,
     /// What it may do, comma-separated: agents:read, agents:write, jobs:read,
-    /// jobs:submit, jobs:cancel, releases:write, rollouts:write, tokens:write, audit:read.
+    /// jobs:submit, jobs:cancel, jobs:network, releases:write, rollouts:write,
+    /// tokens:write, audit:read, secrets:write.
     #[arg(
         long = "scope",
         value_name = "S[,S…]",
@@ -369,6 +411,11 @@ pub struct HubJobSubmitArgs {
     pub connected_only: bool,
     #[command(flatten)]
     pub job: JobSpecArgs,
+    /// Give the job the hub's secret NAME as the variable NAME, or with `NAME=file` as the
+    /// file NAME in $RAILGRID_SECRETS_DIR (0400 on its private tmpfs) (repeatable):
+    /// never stored with the job, masked in its output.
+    #[arg(long, value_name = "NAME[=file]")]
+    pub secret: Vec<String>,
     /// Stream the job's output as it reaches the hub and exit with the job's exit code
     /// (128 + signal, 124 on timeout). Ctrl-C cancels the job; a second one detaches.
     #[arg(long)]
@@ -453,6 +500,10 @@ pub struct HubServeArgs {
     /// (default: only when asked, `hub agent rotate`).
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub agent_token_max_age: Option<Duration>,
+    /// The key that seals secrets at rest (0600, made at the first `hub secret set`)
+    /// [default: <data-dir>/secrets.key]. Replicas share one; the database never holds it.
+    #[arg(long, value_name = "FILE")]
+    pub secrets_key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -65,6 +65,9 @@ pub(super) fn run(args: HubArgs) -> anyhow::Result<ExitCode> {
         HubCommand::EnrolToken { command } => admin(&target, |c| {
             super::hub_access::enrol_token(c, command, json)
         }),
+        HubCommand::Secret { command } => {
+            admin(&target, |c| super::hub_secret::secret(c, command, json))
+        }
         HubCommand::Audit { command } => {
             admin(&target, |c| super::hub_access::audit(c, command, json))
         }
@@ -149,6 +152,11 @@ fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
         keep_audit: a.keep_audit,
         metrics_listen: a.metrics_listen,
         agent_token_max_age: a.agent_token_max_age,
+        secrets_key_file: a
+            .secrets_key_file
+            .as_deref()
+            .map(std::path::absolute)
+            .transpose()?,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

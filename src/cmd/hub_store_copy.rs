@@ -44,6 +44,7 @@ fn as_json(c: &Copied) -> serde_json::Value {
         "release_bytes": c.binary_bytes,
         "admin_token": true,
         "ca": c.ca,
+        "secrets_key_file": c.secrets_key,
     })
 }
 
@@ -75,6 +76,13 @@ fn text(c: &Copied) -> String {
             " (no CA of --tls-self-signed: give the replicas the certificate the hub had)"
         }
     );
+    if let Some(key) = &c.secrets_key {
+        let _ = writeln!(
+            out,
+            "  not the key that seals the secrets: copy {} (0600) into each replica's data dir, or name it with --secrets-key-file",
+            key.display()
+        );
+    }
     out.push_str("Next: start the replicas with --store on this database, where the agents reach the hub; they keep their tokens. Copy admin.token to where admin commands run (docs/hub.md, \"From one SQLite hub to replicas\").");
     out
 }

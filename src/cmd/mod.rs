@@ -11,6 +11,7 @@ mod hub_drain;
 mod hub_job;
 mod hub_release;
 mod hub_rollout;
+mod hub_secret;
 mod hub_store_copy;
 mod install;
 mod interrupts;

@@ -28,6 +28,8 @@ pub(crate) struct Copied {
     pub(crate) tables: Vec<(String, Sum)>,
     pub(crate) binaries: u64,
     pub(crate) binary_bytes: u64,
+    /// The hub holds secrets, which the replicas open only with its key file.
+    pub(crate) secrets_key: Option<std::path::PathBuf>,
     /// Whether the CA of `--tls-self-signed` went over.
     pub(crate) ca: bool,
 }
@@ -41,6 +43,24 @@ pub(crate) async fn copy(from: &Path, to: &str) -> Result<Copied, HubError> {
     // Opening migrates an older store forward, as `hub serve` of this version would.
     let source = SqliteStore::open(&db)?;
     let secrets = shared::of_data_dir(from)?;
+    // Sealed values go over as they are; the key that opens them never goes into the
+    // database, so the replicas need its file.
+    let secrets_key = match crate::hub::store::secrets::SecretStore::secrets(&source)
+        .await?
+        .is_empty()
+    {
+        true => None,
+        false => {
+            let path = from.join(crate::hub::secrets::KEY_FILE);
+            if !path.is_file() {
+                return Err(HubError::CopyNeeds {
+                    path,
+                    what: "the key that seals the hub's secrets (if the hub ran with --secrets-key-file, copy that file here first)",
+                });
+            }
+            Some(path)
+        }
+    };
     let shown = redact(to);
     let store = PgStore::connect_as(to, MAINTENANCE_APPLICATION).await?;
     let hubs = store.hubs_connected().await?;
@@ -109,6 +129,7 @@ pub(crate) async fn copy(from: &Path, to: &str) -> Result<Copied, HubError> {
         binaries: binaries.len() as u64,
         binary_bytes,
         ca,
+        secrets_key,
     })
 }
 

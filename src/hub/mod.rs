@@ -26,6 +26,7 @@ pub(crate) mod fleet;
 mod http;
 pub(crate) mod metrics;
 pub(crate) mod renumber;
+pub(crate) mod secrets;
 mod serve;
 mod shared;
 pub(crate) mod store;
@@ -119,6 +120,8 @@ pub(crate) enum HubError {
         #[source]
         source: crate::release::ReleaseError,
     },
+    #[error(transparent)]
+    Secrets(#[from] secrets::SecretsError),
 }
 
 impl HubError {
@@ -136,6 +139,11 @@ impl HubError {
                 | HubError::NoTarget
                 | HubError::CopyNeeds { .. }
                 | HubError::CopyBinary { .. }
+                | HubError::Secrets(
+                    secrets::SecretsError::Key(_)
+                        | secrets::SecretsError::NoKey { .. }
+                        | secrets::SecretsError::OtherKey { .. }
+                )
                 | HubError::Store(
                     StoreError::BadUrl { .. }
                         | StoreError::DatabaseCa { .. }
@@ -169,6 +177,8 @@ pub(crate) struct ServeOptions {
     pub(crate) agent_token_max_age: Option<Duration>,
     /// Where `/metrics` is served in plain HTTP, without a token (a private network).
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// The key that seals secrets (`None`: [`secrets::KEY_FILE`] in the data dir).
+    pub(crate) secrets_key_file: Option<PathBuf>,
 }
 
 /// Serves until SIGTERM or SIGINT.
@@ -239,6 +249,11 @@ async fn run<S: Store>(
 ) -> Result<(), HubError> {
     let access =
         Arc::new(access::Access::load(store.clone(), opts.data_dir.clone(), admin_sha256).await?);
+    let key_file = opts
+        .secrets_key_file
+        .clone()
+        .unwrap_or_else(|| opts.data_dir.join(secrets::KEY_FILE));
+    let secrets = Arc::new(secrets::Secrets::load(store.clone(), key_file).await?);
     let fleet = Arc::new(
         Fleet::load(
             store.clone(),
@@ -294,6 +309,7 @@ async fn run<S: Store>(
             local.port()
         ),
         access: access.clone(),
+        secrets,
         sessions: Default::default(),
         max_wait: opts.max_wait,
         release_keys,

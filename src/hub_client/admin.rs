@@ -662,3 +662,32 @@ impl AdminClient {
             .await
     }
 }
+
+/// Secrets (`/v1/admin/secrets…`): a value goes to the hub, never comes back.
+impl AdminClient {
+    pub(crate) async fn set_secret(
+        &self,
+        name: &str,
+        req: &crate::proto::secret::SecretSet,
+    ) -> Result<crate::proto::secret::SecretView, AdminError> {
+        let path = format!("/v1/admin/secrets/{}", crate::util::percent_encode(name));
+        self.call(Method::PUT, &path, Some(req)).await
+    }
+
+    pub(crate) async fn secrets(
+        &self,
+    ) -> Result<Vec<crate::proto::secret::SecretView>, AdminError> {
+        self.call(Method::GET, "/v1/admin/secrets", None::<&()>)
+            .await
+    }
+
+    pub(crate) async fn remove_secret(&self, name: &str) -> Result<serde_json::Value, AdminError> {
+        let path = format!("/v1/admin/secrets/{}", crate::util::percent_encode(name));
+        self.call(Method::DELETE, &path, None::<&()>).await
+    }
+
+    pub(crate) async fn rotate_secrets_key(&self) -> Result<serde_json::Value, AdminError> {
+        self.call(Method::POST, "/v1/admin/secrets/rotate-key", None::<&()>)
+            .await
+    }
+}

@@ -15,6 +15,7 @@ pub const SCOPES: &[&str] = &[
     ROLLOUTS_WRITE,
     TOKENS_WRITE,
     AUDIT_READ,
+    SECRETS_WRITE,
 ];
 pub const AGENTS_READ: &str = "agents:read";
 pub const AGENTS_WRITE: &str = "agents:write";
@@ -28,6 +29,9 @@ pub const RELEASES_WRITE: &str = "releases:write";
 pub const ROLLOUTS_WRITE: &str = "rollouts:write";
 pub const TOKENS_WRITE: &str = "tokens:write";
 pub const AUDIT_READ: &str = "audit:read";
+/// Set, list and remove secrets, and rotate their key (docs/security.md, "Secrets"); a
+/// token bound to a selection, only secrets scoped inside it.
+pub const SECRETS_WRITE: &str = "secrets:write";
 /// What only the root token may do (rotate itself).
 pub const ROOT: &str = "root";
 

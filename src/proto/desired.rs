@@ -363,6 +363,7 @@ mod tests {
             jobs: vec![DesiredJob {
                 id: "j1".into(),
                 spec: None,
+                secret_values: Default::default(),
             }],
             cancel_jobs: vec!["j0".into()],
             accept_jobs: false,

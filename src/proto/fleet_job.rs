@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::job::{JobSpec, JobState, Truncation};
+use super::secret::Values;
 
 /// A job the hub wants followed on this host, in the desired state's `jobs`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,6 +21,10 @@ pub struct DesiredJob {
     /// submits it again, also when the runner no longer remembers it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<JobSpec>,
+    /// The values of the secrets `spec` names, sent with it and never stored by the
+    /// agent: it hands them to its runner with the job (docs/security.md, "Secrets").
+    #[serde(default, skip_serializing_if = "Values::is_empty")]
+    pub secret_values: Values,
 }
 
 /// One hub job as its agent sees it, in the report's `jobs`.
@@ -205,11 +210,20 @@ mod tests {
 
     #[test]
     fn a_delivered_job_travels_without_its_spec() {
-        let j = DesiredJob {
+        let mut j = DesiredJob {
             id: "a".into(),
             spec: None,
+            secret_values: Default::default(),
         };
         assert_eq!(serde_json::to_string(&j).expect("json"), r#"{"id":"a"}"#);
+        // A value travels, but no log line that shows the job shows it.
+        j.secret_values
+            .0
+            .insert("TOKEN".into(), "s3cr3t-value".into());
+        assert!(serde_json::to_string(&j)
+            .expect("json")
+            .contains("s3cr3t-value"));
+        assert!(!format!("{j:?}").contains("s3cr3t-value"));
         let r: JobReport =
             serde_json::from_str(r#"{"id": "a", "state": "running", "new": 1}"#).expect("parse");
         assert_eq!(r.state, JobState::Running);

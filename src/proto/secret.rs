@@ -78,15 +78,7 @@ pub fn check_names(spec: &JobSpec) -> Result<(), SecretError> {
         return Err(SecretError::TooMany(all.len()));
     }
     for (i, &name) in all.iter().enumerate() {
-        let ok = name
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-            && name.len() <= 128;
-        if !ok {
-            return Err(SecretError::BadName(name.clone()));
-        }
+        check_name(name)?;
         if all[..i].contains(&name) {
             return Err(SecretError::Twice(name.clone()));
         }
@@ -111,6 +103,82 @@ pub fn check_names(spec: &JobSpec) -> Result<(), SecretError> {
     Ok(())
 }
 
+/// A secret's name, at a hub and in a spec: a variable's (letters, digits and `_`, not
+/// starting with a digit), since a job may be given it as one.
+pub fn check_name(name: &str) -> Result<(), SecretError> {
+    let ok = name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && name.len() <= 128;
+    match ok {
+        true => Ok(()),
+        false => Err(SecretError::BadName(name.to_owned())),
+    }
+}
+
+/// A value that can be given and masked: its size, and no NUL (which no variable holds).
+pub fn check_value(name: &str, v: &str) -> Result<(), SecretError> {
+    if !(MIN_VALUE..=MAX_VALUE).contains(&v.len()) {
+        return Err(SecretError::Size(name.to_owned(), v.len()));
+    }
+    if v.contains('\0') {
+        return Err(SecretError::Nul(name.to_owned()));
+    }
+    Ok(())
+}
+
+/// The values a hub sends with one job, beside its spec in the desired state: a `Debug`
+/// that reaches a log says only their names.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct Values(pub BTreeMap<String, String>);
+
+impl Values {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Values {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
+}
+
+/// `PUT /v1/admin/secrets/{name}`: a value, and the agents it may reach (hub labels).
+#[derive(Default, Deserialize, Serialize)]
+pub struct SecretSet {
+    pub value: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+}
+
+impl std::fmt::Debug for SecretSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretSet")
+            .field("selector", &self.selector)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A secret as the hub lists it: never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct SecretView {
+    pub name: String,
+    /// 1 when first set, one more at each set.
+    pub version: u64,
+    /// Only agents whose hub labels match are sent it; `None`: any agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// The token that set it (its name; `root` for the admin token).
+    pub set_by: String,
+    pub set_ms: u64,
+    /// Which key seals it (a fingerprint of the key, not the key).
+    pub key: String,
+}
+
 /// Checks that `values` are exactly the secrets `spec` names, each of a size that can be
 /// masked.
 pub fn check_values(spec: &JobSpec, values: &BTreeMap<String, String>) -> Result<(), SecretError> {
@@ -119,12 +187,7 @@ pub fn check_values(spec: &JobSpec, values: &BTreeMap<String, String>) -> Result
         let v = values
             .get(name)
             .ok_or_else(|| SecretError::Missing(name.clone()))?;
-        if !(MIN_VALUE..=MAX_VALUE).contains(&v.len()) {
-            return Err(SecretError::Size(name.clone(), v.len()));
-        }
-        if v.contains('\0') {
-            return Err(SecretError::Nul(name.clone()));
-        }
+        check_value(name, v)?;
     }
     if let Some(extra) = values.keys().find(|k| !names(spec).any(|n| n == *k)) {
         return Err(SecretError::Unnamed(extra.clone()));

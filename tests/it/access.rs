@@ -5,7 +5,6 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Output;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -196,18 +195,6 @@ fn hosts_enrol_themselves_as_far_as_their_token_goes_and_rotated_tokens_never_lo
     assert!(!db.contains(&secret) && !agent_tokens.iter().any(|t| db.contains(t.as_str())));
 }
 
-/// `railgrid hub --hub URL --token-file F ARGS…`.
-fn with_token(hub: &TestHub, token: &Path, args: &[&str]) -> Output {
-    railgrid()
-        .args(["hub", "--hub", &hub.url, "--ca-file"])
-        .arg(hub.ca())
-        .arg("--token-file")
-        .arg(token)
-        .args(args)
-        .output()
-        .expect("hub admin")
-}
-
 #[test]
 fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it() {
     let dir = tempdir();
@@ -223,8 +210,7 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
     let ci: PathBuf = dir.path().join("ci.token");
     hub.create_token("ci", "jobs:submit,jobs:read", &["--select", "tier=ci"], &ci);
     // Its jobs run on the agents it reaches, by id or by selector, never elsewhere.
-    let out = with_token(
-        &hub,
+    let out = hub.admin_with(
         &ci,
         &[
             "job", "submit", "--agent", "c1", "--wait", "--", "echo", "ci",
@@ -232,7 +218,7 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
     );
     succeeded(&out);
     assert_eq!(text(&out.stdout), "ci\n");
-    let out = with_token(&hub, &ci, &["job", "submit", "--agent", "p1", "--", "true"]);
+    let out = hub.admin_with(&ci, &["job", "submit", "--agent", "p1", "--", "true"]);
     let err = exited(&out, 1);
     assert!(
         err.contains("403") && err.contains("agent p1 does not"),
@@ -240,8 +226,7 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
     );
     for n in 0..3 {
         let id = format!("sel{n}");
-        let out = with_token(
-            &hub,
+        let out = hub.admin_with(
             &ci,
             &[
                 "job",
@@ -264,9 +249,9 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
     hub.admin_ok(&[
         "job", "submit", "--agent", "p1", "--id", "prod-job", "--", "true",
     ]);
-    let out = with_token(&hub, &ci, &["job", "status", "prod-job"]);
+    let out = hub.admin_with(&ci, &["job", "status", "prod-job"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    let listed = with_token(&hub, &ci, &["job", "list", "--json"]);
+    let listed = hub.admin_with(&ci, &["job", "list", "--json"]);
     let listed: Value = serde_json::from_slice(&listed.stdout).expect("job list");
     assert!(
         listed
@@ -293,7 +278,7 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
         (vec!["audit", "list"], "audit:read"),
         (vec!["token", "rotate-root"], "root"),
     ] {
-        let out = with_token(&hub, &ci, &args);
+        let out = hub.admin_with(&ci, &args);
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(
@@ -328,13 +313,13 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
 
     // Revoked, it opens nothing; the root token rotated, the old one neither.
     hub.admin_ok(&["token", "revoke", "ci"]);
-    let out = with_token(&hub, &ci, &["job", "list"]);
+    let out = hub.admin_with(&ci, &["job", "list"]);
     assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
     let old = dir.path().join("old-admin.token");
     fs::copy(hub.dir.join("admin.token"), &old).expect("copy");
     let said = hub.admin_ok(&["token", "rotate-root"]);
     assert!(said.contains("rotated the root admin token"), "{said}");
-    let out = with_token(&hub, &old, &["agent", "list"]);
+    let out = hub.admin_with(&old, &["agent", "list"]);
     assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
     hub.admin_ok(&["agent", "list"]);
     let (code, _) = hub.reconcile("c1", "rga_nothing", 0);
@@ -344,7 +329,7 @@ fn a_scoped_token_reaches_only_its_scopes_and_agents_and_the_audit_log_names_it(
 
 /// `with_token`, which must be refused 403 saying `words`.
 fn forbidden(hub: &TestHub, token: &Path, args: &[&str], words: &str) {
-    let out = with_token(hub, token, args);
+    let out = hub.admin_with(token, args);
     let err = exited(&out, 1);
     assert!(
         err.contains("403") && err.contains(words),
@@ -386,14 +371,10 @@ fn rights_never_grow_by_delegation_and_a_revoked_id_is_never_taken_over() {
         &make("n2", Some("tier!=prod")),
         "reaches further",
     );
-    let narrower = with_token(&hub, &ci, &make("n3", Some("tier=ci,queue=build")));
+    let narrower = hub.admin_with(&ci, &make("n3", Some("tier=ci,queue=build")));
     succeeded(&narrower);
     forbidden(&hub, &ci, &["enrol-token", "create"], "must give labels");
-    succeeded(&with_token(
-        &hub,
-        &ci,
-        &["enrol-token", "create", "--label", "tier=ci"],
-    ));
+    succeeded(&hub.admin_with(&ci, &["enrol-token", "create", "--label", "tier=ci"]));
     for args in [
         vec!["agent", "label", "p1", "tier=ci"],
         vec!["agent", "drain", "p1"],
@@ -418,11 +399,11 @@ fn rights_never_grow_by_delegation_and_a_revoked_id_is_never_taken_over() {
     ] {
         forbidden(&hub, &ci, &args, "match tier=ci: ");
     }
-    let listed = with_token(&hub, &ci, &["agent", "list", "--json"]);
+    let listed = hub.admin_with(&ci, &["agent", "list", "--json"]);
     let listed: Value = serde_json::from_str(&succeeded(&listed)).expect("agent list");
     assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed:#}");
     assert_eq!(listed[0]["id"], "c1");
-    succeeded(&with_token(&hub, &ci, &["agent", "drain", "c1"]));
+    succeeded(&hub.admin_with(&ci, &["agent", "drain", "c1"]));
     let v = hub.admin_json(&["agent", "show", "p1"]);
     assert_eq!(v["hub_labels"]["tier"], "prod", "untouched: {v:#}");
 

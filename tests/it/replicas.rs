@@ -112,7 +112,7 @@ fn replicas_started_at_once_make_one_schema_and_share_the_ca_and_admin_token() {
             "fresh",
             "SELECT count(*), max(version) FROM railgrid_migrations"
         ),
-        "14|1001",
+        "15|1001",
         "each migration once: the shared ones, then the replicas' own from 1001"
     );
     assert_eq!(
@@ -134,7 +134,7 @@ fn replicas_started_at_once_make_one_schema_and_share_the_ca_and_admin_token() {
     assert_eq!(listed[0]["id"], "web-1", "{listed}");
     // One replica applied the migrations; the other waited on the lock and found them.
     let applied = |h: &TestHub| h.log().matches("applied a hub schema migration").count();
-    assert_eq!(applied(pair.a()) + applied(&pair.b), 14);
+    assert_eq!(applied(pair.a()) + applied(&pair.b), 15);
     // A replica restarted on the database applies nothing again.
     let b = pair.b;
     let dir = b.dir.clone();
@@ -267,6 +267,59 @@ fn an_agent_whose_replica_is_killed_fails_over_and_keeps_its_jobs_and_runner() {
         (v["done"] == true).then_some(())
     });
     assert_eq!(pair.b.admin_ok(&["job", "logs", &before]), "one\ntwo\n");
+
+    // A secret set through B seals under B's key file, which A does not have yet: a job
+    // naming it, which the agent gets through A, fails there saying where the key goes.
+    // With the file copied, the next one gets the value (masked in its output), and the
+    // value is at rest in neither replica's data dir nor in PostgreSQL's.
+    let value = "replica-secret-4e7d1a90";
+    let file = host.path("secret");
+    std::fs::write(&file, value).expect("secret file");
+    pair.b.admin_ok(&[
+        "secret",
+        "set",
+        "SHARED_TOKEN",
+        "--from-file",
+        &path_str(&file),
+    ]);
+    let job = |id: &str| {
+        pair.b.admin_ok(&[
+            "job",
+            "submit",
+            "--agent",
+            "a1",
+            "--id",
+            id,
+            "--secret",
+            "SHARED_TOKEN",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$SHARED_TOKEN\"",
+        ]);
+        wait_for(LIMIT, "the job with a secret done", || {
+            let v = pair.b.admin_json(&["job", "status", id]);
+            (v["done"] == true).then_some(v)
+        })
+    };
+    let v = job("keyless");
+    assert_eq!(v["state"], "failed", "{v}");
+    assert_says(&v, "error", &path_str(&pair.a().dir.join("secrets.key")));
+    std::fs::copy(
+        pair.b.dir.join("secrets.key"),
+        pair.a().dir.join("secrets.key"),
+    )
+    .expect("copy the key file");
+    let v = job("keyed");
+    assert_eq!(v["state"], "succeeded", "{v}");
+    assert_eq!(
+        pair.b.admin_ok(&["job", "logs", "keyed"]),
+        "***SHARED_TOKEN***\n"
+    );
+    for dir in [pg.dir(), &pair.a().dir, &pair.b.dir] {
+        let found = files_holding(dir, value.as_bytes());
+        assert!(found.is_empty(), "the value at rest in {found:?}");
+    }
 
     // A cancel through B of a job the agent runs through A.
     let long = submit(&pair.b, &["sleep", "60"]);

@@ -77,6 +77,9 @@ fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a
     assert_eq!(halted(&hub)["agent"], "s1");
     let ci = dir.path().join("ci.token");
     hub.create_token("ci", "jobs:read", &[], &ci);
+    let value = dir.path().join("secret");
+    fs::write(&value, "copied-secret-value").expect("secret");
+    hub.admin_ok(&["secret", "set", "COPIED", "--from-file", &path_str(&value)]);
     let agents_before = hub.admin_json(&["agent", "list"]);
     let logs_before = hub.admin_ok(&["job", "logs", "hello"]);
 
@@ -122,6 +125,8 @@ fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a
         "audit",
         "release binaries: 1",
         "the CA of --tls-self-signed",
+        "job_secrets",
+        "not the key that seals the secrets",
     ] {
         assert!(said.contains(part), "{part}: {said}");
     }
@@ -137,6 +142,7 @@ fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a
     let rdir = dir.path().join("replica");
     fs::create_dir_all(&rdir).expect("replica dir");
     fs::copy(hub_dir.join("admin.token"), rdir.join("admin.token")).expect("admin token");
+    fs::copy(hub_dir.join("secrets.key"), rdir.join("secrets.key")).expect("secrets key");
     let replica = TestHub::start_on(
         &rdir,
         &listen,
@@ -178,4 +184,22 @@ fn a_sqlite_hub_copied_to_postgresql_serves_the_same_agents_jobs_and_halt_from_a
     );
     succeeded(&out);
     assert!(text(&out.stdout).contains("after the copy"));
+    // The secret went over sealed, and opens with the key file copied beside.
+    let out = submit(
+        &replica,
+        &[
+            "--agent",
+            "d1",
+            "--id",
+            "sealed",
+            "--secret",
+            "COPIED",
+            "--wait",
+            "--",
+            "sh",
+            "-c",
+            "echo \"${#COPIED}\"",
+        ],
+    );
+    assert_eq!(text(&out.stdout).trim(), "19", "{}", text(&out.stderr));
 }

@@ -43,7 +43,12 @@ pub(super) async fn submit(
             selector: selector.to_string(),
             priority: a.priority,
             connected_only: a.connected_only,
-            spec: super::super::job::spec_of(a.job)?,
+            spec: {
+                let mut spec = super::super::job::spec_of(a.job)?;
+                super::super::hub_secret::name_secrets(&mut spec, &a.secret)
+                    .map_err(super::super::usage)?;
+                spec
+            },
         })
         .await?;
     let Some(mut signals) = signals else {

@@ -138,7 +138,8 @@ async fn submit(c: &AdminClient, a: HubJobSubmitArgs, json: bool) -> anyhow::Res
     if a.each {
         return group::submit(c, a, json).await;
     }
-    let spec = super::job::spec_of(a.job)?;
+    let mut spec = super::job::spec_of(a.job)?;
+    super::hub_secret::name_secrets(&mut spec, &a.secret).map_err(super::usage)?;
     // Before the submission: a Ctrl-C from then on cancels the job.
     let signals = if a.wait {
         Some(Interrupts::new()?)

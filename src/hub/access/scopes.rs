@@ -5,7 +5,7 @@ use axum::http::Method;
 
 use crate::proto::access::{
     AGENTS_READ, AGENTS_WRITE, AUDIT_READ, JOBS_CANCEL, JOBS_READ, JOBS_SUBMIT, RELEASES_WRITE,
-    ROLLOUTS_WRITE, ROOT, TOKENS_WRITE,
+    ROLLOUTS_WRITE, ROOT, SECRETS_WRITE, TOKENS_WRITE,
 };
 
 /// (method, route under `/v1/admin`, scope).
@@ -50,6 +50,10 @@ const ROUTES: &[(Method, &str, &str)] = &[
     (Method::POST, "/enrol-tokens", TOKENS_WRITE),
     (Method::POST, "/enrol-tokens/{id}/revoke", TOKENS_WRITE),
     (Method::GET, "/audit", AUDIT_READ),
+    (Method::GET, "/secrets", SECRETS_WRITE),
+    (Method::PUT, "/secrets/{name}", SECRETS_WRITE),
+    (Method::DELETE, "/secrets/{name}", SECRETS_WRITE),
+    (Method::POST, "/secrets/rotate-key", SECRETS_WRITE),
 ];
 
 /// The admin routes that act on the whole fleet: a token with a selection may not use
@@ -62,6 +66,7 @@ const FLEET_WIDE: &[(Method, &str)] = &[
     (Method::POST, "/rollouts/{id}/pause"),
     (Method::POST, "/rollouts/{id}/resume"),
     (Method::POST, "/rollouts/{id}/abort"),
+    (Method::POST, "/secrets/rotate-key"),
 ];
 
 /// Whether `method` on the admin route `route` acts on the whole fleet.

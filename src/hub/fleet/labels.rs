@@ -52,6 +52,14 @@ impl<S: Store> Fleet<S> {
         Ok(entry)
     }
 
+    /// The labels the hub set on agent `id` (not those its host reports): what a secret's
+    /// scope is matched against (docs/security.md, "Secrets").
+    pub(crate) fn hub_labels(&self, id: &str) -> Result<Labels, FleetError> {
+        let entry = self.entry(id)?;
+        let labels = util::lock(&entry.state).hub_labels.clone();
+        Ok(labels)
+    }
+
     /// Sets `set` on agent `id` and removes `remove` (the hub's labels only: a label its
     /// host reports stays, under the hub's if both name a key), for a token that reaches
     /// only agents matching `reach`: the agent must match it before and after, so that

@@ -135,7 +135,8 @@ pub(crate) async fn answer<S: Store>(
     poll: Poll,
     peer: Option<Peer>,
 ) -> ApiResult<Bytes> {
-    let desired = hub.fleet.answer(poll, &a.presented).await?;
+    let mut desired = hub.fleet.answer(poll, &a.presented).await?;
+    deliver_secrets(hub, &a.id, &mut desired, peer).await?;
     if desired.new_token.is_some() {
         rotation(hub, &a.id, peer, "a new token sent to the agent").await;
     }
@@ -145,6 +146,48 @@ pub(crate) async fn answer<S: Store>(
             format!("the answer could not be written: {e}"),
         )
     })
+}
+
+/// Gives each job the answer carries the values of the secrets it names, unsealed now
+/// and checked against the agent's hub labels now; a job whose secrets cannot go is
+/// taken out of the answer and fails at the hub. Each job sent with secrets is a line
+/// in the audit log (names only).
+async fn deliver_secrets<S: Store>(
+    hub: &Hub<S>,
+    agent: &str,
+    desired: &mut crate::proto::desired::DesiredState,
+    peer: Option<Peer>,
+) -> ApiResult<()> {
+    let mut failed = Vec::new();
+    for job in &mut desired.jobs {
+        let Some(spec) = &job.spec else { continue };
+        let names: Vec<String> = crate::proto::secret::names(spec).cloned().collect();
+        if names.is_empty() {
+            continue;
+        }
+        let labels = hub.fleet.hub_labels(agent)?;
+        match hub.secrets.unseal(&names, agent, &labels).await {
+            Ok(values) => {
+                job.secret_values = values;
+                let peer = peer.map_or_else(|| "-".to_owned(), |p| p.0.ip().to_string());
+                hub.access
+                    .audit(crate::hub::access::Audited {
+                        token: agent,
+                        peer: &peer,
+                        action: "secrets sent with a job",
+                        target: &format!("{} to agent {agent}: {}", job.id, names.join(", ")),
+                        outcome: "sent",
+                    })
+                    .await;
+            }
+            Err(why) => failed.push((job.id.clone(), why)),
+        }
+    }
+    for (id, why) in failed {
+        desired.jobs.retain(|j| j.id != id);
+        hub.fleet.fail_unsent(agent, &id, &why).await?;
+    }
+    Ok(())
 }
 
 async fn rotation<S: Store>(hub: &Hub<S>, id: &str, peer: Option<Peer>, outcome: &str) {

@@ -17,6 +17,7 @@ use super::access::{about, checked, peer_ip, CallerOf};
 use super::error::{ApiError, ApiResult};
 use super::extract::{bearer, parse, query, read_body, ApiPath};
 use super::state::Hub;
+use crate::hub::access::Caller;
 use crate::hub::fleet::Upload;
 use crate::hub::metrics::AuthRoute;
 use crate::hub::store::{Appended, JobFilter, Store, Stream};
@@ -53,22 +54,43 @@ fn stream_of(s: &str) -> ApiResult<Stream> {
     })
 }
 
-/// The hub keeps no secrets yet: a job naming one is refused here rather than at its
-/// runner, which would have no value to give it.
-fn no_secrets(spec: &crate::proto::job::JobSpec) -> ApiResult<()> {
-    let names: Vec<&str> = crate::proto::secret::names(spec)
-        .map(String::as_str)
-        .collect();
+/// Refuses a job naming a secret that does not exist, that reaches beyond where the job
+/// may go (`agent` or `selector`), or that the caller's selection does not cover.
+async fn secrets_admitted<S: Store>(
+    hub: &Hub<S>,
+    caller: &Caller,
+    spec: &crate::proto::job::JobSpec,
+    agent: Option<&str>,
+    selector: Option<&str>,
+) -> ApiResult<()> {
+    use crate::hub::secrets::Target;
+    crate::proto::secret::check_names(spec)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
+    let names: Vec<String> = crate::proto::secret::names(spec).cloned().collect();
     if names.is_empty() {
         return Ok(());
     }
-    Err(ApiError::new(
-        StatusCode::BAD_REQUEST,
-        format!(
-            "field secrets ({}): this hub does not hold secrets; a job is given one only by its host's runner (railgrid job submit --secret-file NAME=FILE)",
-            names.join(", ")
-        ),
-    ))
+    let reach = caller.selection().map(|s| (caller.name(), s));
+    let labels;
+    let sel;
+    let target = match (agent, selector) {
+        (Some(id), _) => {
+            labels = hub.fleet.hub_labels(id)?;
+            Target::Agent(id, &labels)
+        }
+        (None, Some(text)) => {
+            sel = Selector::parse(text).map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("selector {}: {e}", clip(text)),
+                )
+            })?;
+            Target::Selected(&sel)
+        }
+        (None, None) => return Ok(()),
+    };
+    hub.secrets.admit(&names, target, reach).await?;
+    Ok(())
 }
 
 pub(super) async fn submit<S: Store>(
@@ -77,7 +99,14 @@ pub(super) async fn submit<S: Store>(
     body: Body,
 ) -> ApiResult<Response> {
     let req: HubJobSubmit = parse(body).await?;
-    no_secrets(&req.spec)?;
+    secrets_admitted(
+        &hub,
+        &caller,
+        &req.spec,
+        req.agent.as_deref(),
+        req.selector.as_deref(),
+    )
+    .await?;
     if req.spec.widen_network {
         caller.may_widen_network()?;
     }
@@ -103,7 +132,7 @@ pub(super) async fn submit_group<S: Store>(
     body: Body,
 ) -> ApiResult<Response> {
     let req: HubGroupSubmit = parse(body).await?;
-    no_secrets(&req.spec)?;
+    secrets_admitted(&hub, &caller, &req.spec, None, Some(&req.selector)).await?;
     if req.spec.widen_network {
         caller.may_widen_network()?;
     }

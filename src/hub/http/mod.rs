@@ -15,6 +15,7 @@ mod metrics;
 mod releases;
 mod rendered;
 mod rollouts;
+mod secrets;
 mod session;
 mod state;
 mod ui;
@@ -95,6 +96,12 @@ pub(crate) fn router<S: Store>(hub: Arc<Hub<S>>) -> Router {
         )
         .route("/agents/rotate", post(access::rotate_agents::<S>))
         .route("/audit", get(access::audit::<S>))
+        .route("/secrets", get(secrets::list::<S>))
+        .route("/secrets/rotate-key", post(secrets::rotate_key::<S>))
+        .route(
+            "/secrets/{name}",
+            axum::routing::put(secrets::set::<S>).delete(secrets::remove::<S>),
+        )
         // A route layer: the gate sees the route it matched (for its scope), and a path
         // matching none is a 404 without a token's check.
         .route_layer(axum::middleware::from_fn_with_state(hub.clone(), gate::<S>));

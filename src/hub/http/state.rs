@@ -16,6 +16,8 @@ pub(crate) struct Hub<S: Store> {
     pub(crate) sessions: super::session::Sessions,
     /// Who may use the admin API, and the audit log.
     pub(crate) access: Arc<crate::hub::access::Access<S>>,
+    /// Secrets for jobs, sealed.
+    pub(crate) secrets: Arc<crate::hub::secrets::Secrets<S>>,
     /// The longest a reconcile is held, whatever `wait` asks.
     pub(crate) max_wait: Duration,
     /// The publishers' keys: a release is taken only signed by one of them.

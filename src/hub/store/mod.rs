@@ -14,6 +14,7 @@ mod conformance;
 pub(crate) mod copy;
 pub(crate) mod postgres;
 pub(crate) mod rollouts;
+pub(crate) mod secrets;
 pub(crate) mod sqlite;
 
 use std::collections::HashMap;
@@ -434,7 +435,7 @@ pub(crate) struct ReportRow {
 /// The hub's database. Every method is one transaction; a method that returns has made
 /// its change durable. The jobs' part of it is [`JobStore`], the rollouts' [`RolloutStore`].
 pub(crate) trait Store:
-    JobStore + RolloutStore + AccessStore + Send + Sync + 'static
+    JobStore + RolloutStore + AccessStore + secrets::SecretStore + Send + Sync + 'static
 {
     fn load(&self) -> impl Future<Output = Result<Snapshot, StoreError>> + Send;
 

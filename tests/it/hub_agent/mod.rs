@@ -4,6 +4,7 @@
 mod desired;
 mod hostile;
 mod kept;
+mod secrets;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

@@ -8,28 +8,6 @@ const VALUE: &str = "tok-3f9a1c2e+5b7d/QZ";
 const KEY_LINE: &str = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC";
 const KEY: &str = "-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END KEY-----\n";
 
-/// Every file under `dir` that holds `needle`.
-fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let Ok(meta) = fs::symlink_metadata(&p) else {
-            continue;
-        };
-        if meta.is_dir() {
-            for e in fs::read_dir(&p).into_iter().flatten().flatten() {
-                stack.push(e.path());
-            }
-        } else if meta.is_file() {
-            let data = fs::read(&p).unwrap_or_default();
-            if data.windows(needle.len()).any(|w| w == needle) {
-                found.push(p.display().to_string());
-            }
-        }
-    }
-    found
-}
-
 fn base64(s: &str) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(s)

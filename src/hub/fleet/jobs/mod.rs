@@ -194,6 +194,8 @@ pub(super) fn desired(
         out.push(DesiredJob {
             id: j.id.clone(),
             spec,
+            // Unsealed as the answer leaves (`hub::secrets::deliver`), never kept here.
+            secret_values: Default::default(),
         });
     }
     (out, cancel)
@@ -562,6 +564,36 @@ impl<S: Store> Fleet<S> {
             }
         }
         self.job(id).await
+    }
+
+    /// Ends job `id` of agent `agent` `failed` with `why`, if it has not started: its
+    /// secrets could not be sent with it (docs/security.md, "Secrets"), so it never
+    /// leaves the hub.
+    pub(crate) async fn fail_unsent(
+        &self,
+        agent: &str,
+        id: &str,
+        why: &str,
+    ) -> Result<(), FleetError> {
+        let entry = self.entry(agent)?;
+        let _one = self.changes.lock().await;
+        let next = util::lock(&entry.state).jobs.get(id).and_then(|j| {
+            if !j.pending() || ended(&j.progress.state) {
+                return None;
+            }
+            let mut next = j.progress.clone();
+            next.state = JobState::Failed.as_str().into();
+            next.error = Some(why.to_owned());
+            next.finished_ms = Some(crate::util::unix_now_ms());
+            next.done = true;
+            Some(next)
+        });
+        if let Some(p) = next {
+            self.save_jobs(&entry, vec![(id.to_owned(), p)], true)
+                .await?;
+            tracing::warn!(job = %id, agent = %agent, error = %why, "job failed at the hub");
+        }
+        Ok(())
     }
 
     /// Ends every open job of `entry`, which was just revoked: none may wait for, or be

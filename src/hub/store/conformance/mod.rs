@@ -10,7 +10,9 @@ use super::*;
 use crate::proto::job::Stream;
 
 mod access;
+mod secrets;
 use self::access::*;
+use self::secrets::*;
 
 #[path = "../../../../tests/it/fixtures/pg.rs"]
 mod pg;
@@ -161,6 +163,7 @@ cases! {
     an_enrolment_token_enrols_as_many_hosts_as_it_may_and_never_takes_an_id,
     a_token_is_revoked_even_when_its_row_no_longer_reads,
     admin_tokens_audit_and_rotation_are_kept,
+    secrets_are_set_by_version_under_one_key_and_resealed_at_once,
 }
 
 fn settings(max_jobs: usize) -> DesiredSettings {

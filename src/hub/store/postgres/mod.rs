@@ -31,6 +31,7 @@ mod jobs;
 mod listen;
 mod rollouts;
 mod rows;
+mod secrets;
 mod tls;
 mod tx;
 

@@ -10,6 +10,7 @@ mod access;
 mod dump;
 mod jobs;
 mod rollouts;
+mod secrets;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -124,6 +125,8 @@ pub(super) const MIGRATIONS: &[&str] = &[
     super::rollouts::FETCH_MIGRATION,
     // 13: what a job's egress proxy refused, by destination (JSON, see `Denial`).
     "ALTER TABLE jobs ADD COLUMN egress_denied TEXT;",
+    // 14: secrets for jobs, sealed (the key is a file beside the hub, never a row).
+    super::secrets::MIGRATION,
 ];
 
 /// Takes the next generation, never past [`MAX_GENERATION`] (no row then).

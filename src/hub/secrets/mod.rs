@@ -1,0 +1,445 @@
+//! Secrets for jobs at the hub (docs/security.md, "Secrets"): set, listed without their
+//! values, removed, their key rotated; checked when a job names them, and unsealed only
+//! as the answer that carries that job to an agent leaves the hub.
+//!
+//! A secret is scoped by a selector on hub labels (the ones operators set, never the
+//! ones a host reports of itself): a job may name it only when every agent the job may
+//! reach is inside that scope, and a token bound to a selection only when the secret's
+//! scope is inside the token's. The agent a job reaches is checked again as the value
+//! leaves: a relabelled agent is not sent a secret it no longer matches.
+
+mod key;
+
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use self::key::Key;
+pub(crate) use self::key::KeyError;
+use crate::hub::store::secrets::{Put, SecretRow, SecretStore};
+use crate::hub::store::{Labels, StoreError};
+use crate::proto::secret::{check_name, check_value, SecretError, SecretSet, SecretView, Values};
+use crate::proto::selector::Selector;
+use crate::util::{self, clip};
+
+/// The key file's name in the data dir, unless `--secrets-key-file` names another.
+pub(crate) const KEY_FILE: &str = "secrets.key";
+/// How often a compared write is tried again when another hub moved the secret first.
+const TRIES: usize = 3;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SecretsError {
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Bad(#[from] SecretError),
+    #[error("selector {}: {why}", clip(.text))]
+    BadSelector { text: String, why: String },
+    #[error("no secret {} at this hub (railgrid hub secret list)", clip(.0))]
+    NoSuchSecret(String),
+    #[error("the hub's secrets are sealed under key {found}, but there is no key file {path}: copy the key file of the hub that set them there (or name it with --secrets-key-file)")]
+    NoKey { path: PathBuf, found: String },
+    #[error("the hub's secrets are sealed under key {found}, but the key file {path} holds key {ours}: start with the key file they were sealed under (--secrets-key-file), which replicas share")]
+    OtherKey {
+        path: PathBuf,
+        found: String,
+        ours: String,
+    },
+    #[error("the secrets key file {path} could not be written")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("secret {} was changed by another hub at the same time: try again", clip(.0))]
+    Moved(String),
+    #[error("{0}")]
+    OutOfScope(String),
+}
+
+/// Where a job goes: what its secrets' scopes must contain.
+pub(crate) enum Target<'a> {
+    /// One agent, by its hub labels.
+    Agent(&'a str, &'a Labels),
+    /// Any agent a selector matches (routed, or a fan-out).
+    Selected(&'a Selector),
+}
+
+/// The hub's secrets: the store's sealed rows and the key that opens them.
+pub(crate) struct Secrets<S> {
+    store: Arc<S>,
+    path: PathBuf,
+    key: RwLock<Option<Arc<Key>>>,
+    /// One change at a time from this hub (the store's turn orders hubs).
+    changes: tokio::sync::Mutex<()>,
+}
+
+/// `path` with `.new` added: a rotation's next key, until the store has taken it.
+fn next_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".new");
+    PathBuf::from(p)
+}
+
+fn view(row: &SecretRow) -> SecretView {
+    SecretView {
+        name: row.name.clone(),
+        version: row.version,
+        selector: row.selector.clone(),
+        set_by: row.set_by.clone(),
+        set_ms: row.set_ms,
+        key: row.key_id.clone(),
+    }
+}
+
+fn selector(text: &str) -> Result<Selector, SecretsError> {
+    Selector::parse(text).map_err(|e| SecretsError::BadSelector {
+        text: text.to_owned(),
+        why: e.to_string(),
+    })
+}
+
+/// A stored selector: one that no longer parses reaches no agent.
+fn scope_of(row: &SecretRow) -> Result<Option<Selector>, String> {
+    row.selector
+        .as_deref()
+        .map(Selector::parse)
+        .transpose()
+        .map_err(|e| format!("secret {}'s selector does not parse: {e}", row.name))
+}
+
+/// Refuses a token that reaches only `reach` a secret scoped `scope` beyond it.
+fn within_reach(
+    name: &str,
+    scope: Option<&Selector>,
+    reach: Option<(&str, &Selector)>,
+) -> Result<(), SecretsError> {
+    let Some((token, reach)) = reach else {
+        return Ok(());
+    };
+    match scope {
+        Some(s) if s.within(reach) => Ok(()),
+        Some(s) => Err(SecretsError::OutOfScope(format!(
+            "token {token} reaches only agents matching {reach}; secret {name} reaches agents matching {s}, beyond it"
+        ))),
+        None => Err(SecretsError::OutOfScope(format!(
+            "token {token} reaches only agents matching {reach}; secret {name} may reach any agent (set it with --select inside that selection)"
+        ))),
+    }
+}
+
+impl<S: SecretStore> Secrets<S> {
+    /// Reads the key file, if there is one, and checks that it opens what the store
+    /// holds; a rotation cut short is finished or undone first.
+    pub(crate) async fn load(store: Arc<S>, path: PathBuf) -> Result<Self, SecretsError> {
+        let rows = store.secrets().await?;
+        let found = rows.first().map(|r| r.key_id.clone());
+        let next = next_path(&path);
+        if next.exists() {
+            // The store took the next key (its rows say so) and the rename did not
+            // happen: finish it. Otherwise the rotation never reached the store.
+            let taken = match (Key::read(&next), &found) {
+                (Ok(k), Some(found)) => k.id() == found,
+                _ => false,
+            };
+            let done = match taken {
+                true => std::fs::rename(&next, &path),
+                false => std::fs::remove_file(&next),
+            };
+            done.map_err(|source| SecretsError::Write {
+                path: next.clone(),
+                source,
+            })?;
+            tracing::warn!(path = %path.display(), finished = taken, "a rotation of the secrets key was cut short; its end is settled");
+        }
+        let key = match path.exists() {
+            true => Some(Arc::new(Key::read(&path)?)),
+            false => None,
+        };
+        if let Some(found) = found {
+            match &key {
+                None => return Err(SecretsError::NoKey { path, found }),
+                Some(k) if k.id() != found => {
+                    return Err(SecretsError::OtherKey {
+                        path,
+                        found,
+                        ours: k.id().to_owned(),
+                    })
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(Self {
+            store,
+            path,
+            key: RwLock::new(key),
+            changes: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Every secret, never a value.
+    pub(crate) async fn list(&self) -> Result<Vec<SecretView>, SecretsError> {
+        Ok(self.store.secrets().await?.iter().map(view).collect())
+    }
+
+    /// The key sealing `key_id`: the one held, or the file's if another hub rotated it.
+    fn key_for(&self, key_id: &str) -> Result<Arc<Key>, SecretsError> {
+        if let Some(k) = util::read(&self.key).as_ref().filter(|k| k.id() == key_id) {
+            return Ok(k.clone());
+        }
+        if !self.path.exists() {
+            return Err(SecretsError::NoKey {
+                path: self.path.clone(),
+                found: key_id.to_owned(),
+            });
+        }
+        let k = Arc::new(Key::read(&self.path)?);
+        if k.id() != key_id {
+            return Err(SecretsError::OtherKey {
+                path: self.path.clone(),
+                found: key_id.to_owned(),
+                ours: k.id().to_owned(),
+            });
+        }
+        *util::write(&self.key) = Some(k.clone());
+        Ok(k)
+    }
+
+    /// The key new values are sealed with, made (and its file written) the first time.
+    fn current_key(&self) -> Result<Arc<Key>, SecretsError> {
+        if let Some(k) = util::read(&self.key).as_ref() {
+            return Ok(k.clone());
+        }
+        let write = |source| SecretsError::Write {
+            path: self.path.clone(),
+            source,
+        };
+        let (k, text) = Key::generate().map_err(write)?;
+        // Never over a key another process wrote meanwhile.
+        let made = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&self.path);
+        let k = match made {
+            Ok(mut f) => {
+                use std::io::Write;
+                f.write_all(text.as_bytes())
+                    .and_then(|()| f.sync_all())
+                    .map_err(write)?;
+                crate::sys::dirfd::Dir::open(self.path.parent().unwrap_or(Path::new(".")))
+                    .and_then(|d| d.sync())
+                    .map_err(write)?;
+                tracing::info!(path = %self.path.display(), key = k.id(), "made the key that seals secrets: back it up apart from the database (docs/security.md, \"Secrets\")");
+                Arc::new(k)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                Arc::new(Key::read(&self.path)?)
+            }
+            Err(e) => return Err(write(e)),
+        };
+        *util::write(&self.key) = Some(k.clone());
+        Ok(k)
+    }
+
+    /// Sets secret `name` for `by` (a token's name), which reaches only agents matching
+    /// `reach`'s selector, if any.
+    pub(crate) async fn set(
+        &self,
+        name: &str,
+        req: SecretSet,
+        by: &str,
+        reach: Option<(&str, &Selector)>,
+    ) -> Result<SecretView, SecretsError> {
+        check_name(name)?;
+        check_value(name, &req.value)?;
+        let scope = req.selector.as_deref().map(selector).transpose()?;
+        // Stored as the hub prints it, so that every spelling of a scope lists alike.
+        let stored = scope.as_ref().map(ToString::to_string);
+        within_reach(name, scope.as_ref(), reach)?;
+        let _one = self.changes.lock().await;
+        for _ in 0..TRIES {
+            let now = self.store.secrets_named(&[name.to_owned()]).await?;
+            if let Some(old) = now.first() {
+                // Nor may it take over one it could not have set.
+                let old_scope = scope_of(old).map_err(SecretsError::OutOfScope)?;
+                within_reach(name, old_scope.as_ref(), reach)?;
+            }
+            let previous = now.first().map(|r| r.version);
+            let version = previous.unwrap_or(0) + 1;
+            let key = self.current_key()?;
+            let sealed = key
+                .seal(name, version, req.value.as_bytes())
+                .map_err(|source| SecretsError::Write {
+                    path: self.path.clone(),
+                    source,
+                })?;
+            let row = SecretRow {
+                name: name.to_owned(),
+                version,
+                selector: stored.clone(),
+                sealed,
+                key_id: key.id().to_owned(),
+                set_by: by.to_owned(),
+                set_ms: util::unix_now_ms(),
+            };
+            match self.store.put_secret(&row, previous).await? {
+                Put::Done => return Ok(view(&row)),
+                Put::Moved => continue,
+                // Another hub rotated the key: take the file's, or say why not.
+                Put::OtherKey(found) => {
+                    self.key_for(&found)?;
+                }
+            }
+        }
+        Err(SecretsError::Moved(name.to_owned()))
+    }
+
+    /// Removes secret `name`; its last version.
+    pub(crate) async fn remove(
+        &self,
+        name: &str,
+        reach: Option<(&str, &Selector)>,
+    ) -> Result<u64, SecretsError> {
+        let _one = self.changes.lock().await;
+        let now = self.store.secrets_named(&[name.to_owned()]).await?;
+        let Some(old) = now.first() else {
+            return Err(SecretsError::NoSuchSecret(name.to_owned()));
+        };
+        let scope = scope_of(old).map_err(SecretsError::OutOfScope)?;
+        within_reach(name, scope.as_ref(), reach)?;
+        self.store
+            .remove_secret(name)
+            .await?
+            .ok_or_else(|| SecretsError::NoSuchSecret(name.to_owned()))
+    }
+
+    /// Seals every secret under a new key, which then replaces the key file: `(old key,
+    /// new key, secrets resealed)`. The new key is written beside the old first, so that
+    /// a hub killed at any step starts with the key that opens what the store holds.
+    pub(crate) async fn rotate_key(&self) -> Result<(Option<String>, String, usize), SecretsError> {
+        let _one = self.changes.lock().await;
+        let next = next_path(&self.path);
+        let write = |path: &Path| {
+            let path = path.to_owned();
+            move |source| SecretsError::Write { path, source }
+        };
+        let (key, text) = Key::generate().map_err(write(&next))?;
+        util::write_atomic(&next, text.as_bytes(), 0o600).map_err(write(&next))?;
+        let old = util::read(&self.key).as_ref().map(|k| k.id().to_owned());
+        let mut done = None;
+        for _ in 0..TRIES {
+            let rows = self.store.secrets().await?;
+            let mut resealed = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let value = self.open(row)?;
+                let sealed = key
+                    .seal(&row.name, row.version, &value)
+                    .map_err(write(&next))?;
+                resealed.push(SecretRow {
+                    sealed,
+                    key_id: key.id().to_owned(),
+                    ..row.clone()
+                });
+            }
+            if self.store.reseal_secrets(&resealed).await? == Put::Done {
+                done = Some(resealed.len());
+                break;
+            }
+        }
+        let Some(count) = done else {
+            let _ = std::fs::remove_file(&next);
+            return Err(SecretsError::Moved("(all)".into()));
+        };
+        std::fs::rename(&next, &self.path)
+            .and_then(|()| {
+                crate::sys::dirfd::Dir::open(self.path.parent().unwrap_or(Path::new(".")))?.sync()
+            })
+            .map_err(write(&self.path))?;
+        let id = key.id().to_owned();
+        *util::write(&self.key) = Some(Arc::new(key));
+        Ok((old, id, count))
+    }
+
+    fn open(&self, row: &SecretRow) -> Result<Vec<u8>, SecretsError> {
+        let key = self.key_for(&row.key_id)?;
+        key.open(&row.name, row.version, &row.sealed)
+            .ok_or_else(|| SecretsError::OtherKey {
+                path: self.path.clone(),
+                found: format!("{} (it does not open: altered in the store?)", row.key_id),
+                ours: key.id().to_owned(),
+            })
+    }
+
+    /// Checks, as a job is submitted, that the secrets it names exist and reach no
+    /// further than `target`, and that a token reaching only `reach` may use them.
+    pub(crate) async fn admit(
+        &self,
+        names: &[String],
+        target: Target<'_>,
+        reach: Option<(&str, &Selector)>,
+    ) -> Result<(), SecretsError> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let rows = self.store.secrets_named(names).await?;
+        for name in names {
+            let Some(row) = rows.iter().find(|r| &r.name == name) else {
+                return Err(SecretsError::NoSuchSecret(name.clone()));
+            };
+            let scope = scope_of(row).map_err(SecretsError::OutOfScope)?;
+            within_reach(name, scope.as_ref(), reach)?;
+            let Some(scope) = scope else { continue };
+            match target {
+                Target::Agent(id, labels) if !scope.matches(labels) => {
+                    return Err(SecretsError::OutOfScope(format!(
+                        "secret {name} is only for agents matching {scope}; agent {id}'s hub labels do not match"
+                    )))
+                }
+                Target::Selected(sel) if !sel.within(&scope) => {
+                    return Err(SecretsError::OutOfScope(format!(
+                        "secret {name} is only for agents matching {scope}; the job's selector {sel} may reach others (select inside it)"
+                    )))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The values of `names` for agent `agent` with hub labels `labels`, as the answer
+    /// that carries the job leaves; why not, in words for the job's error.
+    pub(crate) async fn unseal(
+        &self,
+        names: &[String],
+        agent: &str,
+        labels: &Labels,
+    ) -> Result<Values, String> {
+        let rows = self.store.secrets_named(names).await.map_err(|e| {
+            format!(
+                "the hub could not read its secrets: {}",
+                util::error_chain(&e)
+            )
+        })?;
+        let mut values = Values::default();
+        for name in names {
+            let Some(row) = rows.iter().find(|r| &r.name == name) else {
+                return Err(format!("secret {name} no longer exists at the hub"));
+            };
+            if let Some(scope) = scope_of(row)? {
+                if !scope.matches(labels) {
+                    return Err(format!(
+                        "secret {name} is only for agents matching {scope}, and agent {agent}'s hub labels no longer match: it was not sent"
+                    ));
+                }
+            }
+            let value = self.open(row).map_err(|e| e.to_string())?;
+            let value =
+                String::from_utf8(value).map_err(|_| format!("secret {name} is not UTF-8 text"))?;
+            values.0.insert(name.clone(), value);
+        }
+        Ok(values)
+    }
+}

@@ -1,0 +1,84 @@
+//! Secrets as the hub's database keeps them: sealed (docs/security.md, "Secrets"). The
+//! store sees a name, a version, a selector, who set it, and bytes it cannot read; the
+//! key that opens them is a file beside the hub, never a row.
+//!
+//! Every change takes the `secret_seq` row first: its lock makes two hubs' changes take
+//! turns, so that the check that all values are sealed under one key, and a version
+//! compared before it is set, hold until commit.
+
+use std::future::Future;
+
+use super::StoreError;
+
+/// The migration that makes the secrets' table (portable SQL).
+pub(crate) const MIGRATION: &str = "INSERT INTO meta (key, value) VALUES ('secret_seq', 0);
+    CREATE TABLE job_secrets (
+        name TEXT PRIMARY KEY,
+        version BIGINT NOT NULL,
+        selector TEXT,
+        sealed BLOB NOT NULL,
+        key_id TEXT NOT NULL,
+        set_by TEXT NOT NULL,
+        set_ms BIGINT NOT NULL
+    );";
+
+/// The counter whose row every change takes first (the module doc).
+pub(crate) const TURN: &str = "secret_seq";
+/// The columns of a [`SecretRow`], in its order.
+pub(crate) const COLUMNS: &str = "name, version, selector, sealed, key_id, set_by, set_ms";
+
+/// One secret, sealed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SecretRow {
+    pub(crate) name: String,
+    pub(crate) version: u64,
+    pub(crate) selector: Option<String>,
+    /// Nonce and ciphertext (`hub::secrets::key`).
+    pub(crate) sealed: Vec<u8>,
+    /// The fingerprint of the key that sealed it.
+    pub(crate) key_id: String,
+    pub(crate) set_by: String,
+    pub(crate) set_ms: u64,
+}
+
+/// How a compared write ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Put {
+    Done,
+    /// The secret's version was not the one compared (another hub set or removed it).
+    Moved,
+    /// Other secrets are sealed under another key: this one.
+    OtherKey(String),
+}
+
+pub(crate) trait SecretStore: Send + Sync + 'static {
+    /// Every secret, by name.
+    fn secrets(&self) -> impl Future<Output = Result<Vec<SecretRow>, StoreError>> + Send;
+
+    /// The secrets named, those that exist.
+    fn secrets_named(
+        &self,
+        names: &[String],
+    ) -> impl Future<Output = Result<Vec<SecretRow>, StoreError>> + Send;
+
+    /// Writes `row` if the secret's version is still `previous` (`None`: it does not
+    /// exist) and every other secret is sealed under `row.key_id`.
+    fn put_secret(
+        &self,
+        row: &SecretRow,
+        previous: Option<u64>,
+    ) -> impl Future<Output = Result<Put, StoreError>> + Send;
+
+    /// Removes a secret; its last version, if it existed.
+    fn remove_secret(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
+
+    /// Replaces every secret's sealed value and key at once, if each is still at the
+    /// version in `rows` and no other exists (a rotation of the key).
+    fn reseal_secrets(
+        &self,
+        rows: &[SecretRow],
+    ) -> impl Future<Output = Result<Put, StoreError>> + Send;
+}
