@@ -45,12 +45,10 @@ pub(crate) async fn copy(from: &Path, to: &str) -> Result<Copied, HubError> {
     let secrets = shared::of_data_dir(from)?;
     // Sealed values go over as they are; the key that opens them never goes into the
     // database, so the replicas need its file.
-    let secrets_key = match crate::hub::store::secrets::SecretStore::secrets(&source)
-        .await?
-        .is_empty()
-    {
-        true => None,
-        false => {
+    let sealed = crate::hub::store::secrets::SecretStore::secrets(&source).await?;
+    let secrets_key = match sealed.first() {
+        None => None,
+        Some(row) => {
             let path = from.join(crate::hub::secrets::KEY_FILE);
             if !path.is_file() {
                 return Err(HubError::CopyNeeds {
@@ -58,6 +56,7 @@ pub(crate) async fn copy(from: &Path, to: &str) -> Result<Copied, HubError> {
                     what: "the key that seals the hub's secrets (if the hub ran with --secrets-key-file, copy that file here first)",
                 });
             }
+            crate::hub::secrets::check_key_file(&path, &row.key_id)?;
             Some(path)
         }
     };

@@ -143,6 +143,7 @@ impl HubError {
                     secrets::SecretsError::Key(_)
                         | secrets::SecretsError::NoKey { .. }
                         | secrets::SecretsError::OtherKey { .. }
+                        | secrets::SecretsError::Write { .. }
                 )
                 | HubError::Store(
                     StoreError::BadUrl { .. }

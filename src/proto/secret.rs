@@ -53,7 +53,7 @@ pub enum SecretError {
     AlsoInEnv(String),
     #[error("field secrets: {} names a variable the runner sets or refuses", clip(.0))]
     Reserved(String),
-    #[error("secret {} has no value in secret_values", clip(.0))]
+    #[error("secret {} came without its value (secret_values): a hub that held it back says why in its log", clip(.0))]
     Missing(String),
     #[error("secret_values: {} is not a secret the spec names", clip(.0))]
     Unnamed(String),

@@ -119,12 +119,13 @@ impl<S: Store> Fleet<S> {
         .await;
     }
 
-    /// A reconcile's last part: the desired state `poll`'s agent is answered with now.
+    /// A reconcile's last part: the desired state `poll`'s agent is answered with now,
+    /// and the jobs it offers for the first time (no answer before carried them).
     pub(crate) async fn answer(
         &self,
         poll: Poll,
         presented: &str,
-    ) -> Result<DesiredState, FleetError> {
+    ) -> Result<(DesiredState, std::collections::HashSet<String>), FleetError> {
         let Poll { entry, token, .. } = poll;
         if self.store_lost.load(Ordering::Acquire) {
             return Err(FleetError::StoreLost);
@@ -135,12 +136,19 @@ impl<S: Store> Fleet<S> {
             return Err(FleetError::Revoked(entry.id.clone()));
         }
         crate::hub::metrics::RECONCILES.inc();
+        let unoffered = super::jobs::unoffered(&util::lock(&entry.state).jobs);
         let mut desired = self.desired_for(&entry, true);
         desired.new_token = self
             .token_for_answer(&entry, presented)
             .await?
             .map(desired::NewToken);
-        Ok(desired)
+        let fresh = desired
+            .jobs
+            .iter()
+            .filter(|j| j.spec.is_some() && unoffered.contains(&j.id))
+            .map(|j| j.id.clone())
+            .collect();
+        Ok((desired, fresh))
     }
 
     /// The version `report` says this agent rolled back, with why, when it says so for

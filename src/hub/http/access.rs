@@ -75,6 +75,17 @@ pub(super) async fn create_enrol_token<S: Store>(
     body: Body,
 ) -> ApiResult<Response> {
     let req: EnrolTokenRequest = parse(body).await?;
+    if let Some(sel) = caller.selection() {
+        // The agents it enrols start with these labels.
+        hub.secrets
+            .labels_allowed(
+                "(enrolled)",
+                &Default::default(),
+                &req.labels,
+                Some((caller.name(), sel)),
+            )
+            .await?;
+    }
     let made = hub.access.create_enrol_token(&caller, &req).await?;
     let id = made.view.id.clone();
     Ok(about((StatusCode::CREATED, Json(made)).into_response(), id))

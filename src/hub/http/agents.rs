@@ -135,8 +135,8 @@ pub(crate) async fn answer<S: Store>(
     poll: Poll,
     peer: Option<Peer>,
 ) -> ApiResult<Bytes> {
-    let mut desired = hub.fleet.answer(poll, &a.presented).await?;
-    deliver_secrets(hub, &a.id, &mut desired, peer).await?;
+    let (mut desired, fresh) = hub.fleet.answer(poll, &a.presented).await?;
+    deliver_secrets(hub, &a.id, &mut desired, &fresh, peer).await?;
     if desired.new_token.is_some() {
         rotation(hub, &a.id, peer, "a new token sent to the agent").await;
     }
@@ -148,43 +148,89 @@ pub(crate) async fn answer<S: Store>(
     })
 }
 
-/// Gives each job the answer carries the values of the secrets it names, unsealed now
-/// and checked against the agent's hub labels now; a job whose secrets cannot go is
-/// taken out of the answer and fails at the hub. Each job sent with secrets is a line
-/// in the audit log (names only).
+/// The bytes of secret values one answer carries, at most: with the specs' budget, far
+/// under the 1 MiB an agent reads of an answer. Jobs past it wait for later answers.
+const VALUE_BUDGET: usize = 320 * 1024;
+
+/// Gives each job the answer carries the values of the secrets it names, unsealed now and
+/// checked against the agent's hub labels now. A job offered for the first time (`fresh`)
+/// whose secrets may not go fails at the hub, saying why; one an earlier answer (or
+/// another replica) may have carried is never failed here, since its agent may have it:
+/// it goes without the values, which its runner refuses unless it has the job already.
+/// A job whose secrets must wait (the store did not answer, or the answer is full) is left
+/// out of this answer (its agent's follower of it, if any, comes back with the next), its
+/// offer withdrawn. The first offer of each job with secrets is a line in the audit log
+/// (names only).
 async fn deliver_secrets<S: Store>(
     hub: &Hub<S>,
     agent: &str,
     desired: &mut crate::proto::desired::DesiredState,
+    fresh: &std::collections::HashSet<String>,
     peer: Option<Peer>,
 ) -> ApiResult<()> {
-    let mut failed = Vec::new();
+    use crate::hub::secrets::Undelivered;
+    let (mut failed, mut held) = (Vec::new(), Vec::new());
+    let mut budget = VALUE_BUDGET;
+    let mut labels = None;
     for job in &mut desired.jobs {
         let Some(spec) = &job.spec else { continue };
         let names: Vec<String> = crate::proto::secret::names(spec).cloned().collect();
         if names.is_empty() {
             continue;
         }
-        let labels = hub.fleet.hub_labels(agent)?;
-        match hub.secrets.unseal(&names, agent, &labels).await {
-            Ok(values) => {
-                job.secret_values = values;
-                let peer = peer.map_or_else(|| "-".to_owned(), |p| p.0.ip().to_string());
-                hub.access
-                    .audit(crate::hub::access::Audited {
-                        token: agent,
-                        peer: &peer,
-                        action: "secrets sent with a job",
-                        target: &format!("{} to agent {agent}: {}", job.id, names.join(", ")),
-                        outcome: "sent",
-                    })
-                    .await;
+        let labels = match &labels {
+            Some(l) => l,
+            None => labels.insert(hub.fleet.hub_labels(agent)?),
+        };
+        let is_fresh = fresh.contains(&job.id);
+        let values = match hub.secrets.unseal(&names, agent, labels).await {
+            Ok(v) => v,
+            Err(Undelivered::Refused(why)) if is_fresh => {
+                failed.push((job.id.clone(), why));
+                continue;
             }
-            Err(why) => failed.push((job.id.clone(), why)),
+            Err(Undelivered::Refused(why)) => {
+                tracing::warn!(job = %job.id, agent, error = %why, "a job's secrets were held back from its agent, which may have the job already: sent without them");
+                continue;
+            }
+            Err(Undelivered::Passing(why)) => {
+                tracing::warn!(job = %job.id, agent, error = %why, "a job's secrets wait for a later answer");
+                held.push(job.id.clone());
+                continue;
+            }
+        };
+        let size = serde_json::to_string(&values).map_or(usize::MAX, |t| t.len());
+        if size > budget {
+            match is_fresh && size > VALUE_BUDGET {
+                true => failed.push((
+                    job.id.clone(),
+                    format!("its secrets take {size} bytes in an answer to its agent, more than the {VALUE_BUDGET} one answer carries"),
+                )),
+                false => held.push(job.id.clone()),
+            }
+            continue;
+        }
+        budget -= size;
+        job.secret_values = values;
+        if is_fresh {
+            let peer = peer.map_or_else(|| "-".to_owned(), |p| p.0.ip().to_string());
+            hub.access
+                .audit(crate::hub::access::Audited {
+                    token: agent,
+                    peer: &peer,
+                    action: "secrets sent with a job",
+                    target: &format!("{} to agent {agent}: {}", job.id, names.join(", ")),
+                    outcome: "sent",
+                })
+                .await;
         }
     }
+    desired
+        .jobs
+        .retain(|j| !held.contains(&j.id) && !failed.iter().any(|(id, _)| *id == j.id));
+    held.retain(|id| fresh.contains(id));
+    hub.fleet.withdraw(agent, &held);
     for (id, why) in failed {
-        desired.jobs.retain(|j| j.id != id);
         hub.fleet.fail_unsent(agent, &id, &why).await?;
     }
     Ok(())
@@ -258,6 +304,17 @@ pub(super) async fn labels<S: Store>(
     body: Body,
 ) -> ApiResult<Response> {
     let change: LabelChange = parse(body).await?;
+    if let Some(sel) = caller.selection() {
+        let before = hub.fleet.hub_labels(&id)?;
+        let mut after = before.clone();
+        for k in &change.remove {
+            after.remove(k);
+        }
+        after.extend(change.set.iter().map(|(k, v)| (k.clone(), v.clone())));
+        hub.secrets
+            .labels_allowed(&id, &before, &after, Some((caller.name(), sel)))
+            .await?;
+    }
     let view = hub
         .fleet
         .change_labels(&id, &change.set, &change.remove, caller.selection())

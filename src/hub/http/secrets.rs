@@ -30,7 +30,10 @@ impl From<SecretsError> for ApiError {
             SecretsError::Bad(_) | SecretsError::BadSelector { .. } => StatusCode::BAD_REQUEST,
             SecretsError::NoSuchSecret(_) => StatusCode::NOT_FOUND,
             SecretsError::OutOfScope(_) => StatusCode::FORBIDDEN,
-            SecretsError::Moved(_) => StatusCode::CONFLICT,
+            SecretsError::Moved(_)
+            | SecretsError::RotationMoved
+            | SecretsError::RotationPending { .. } => StatusCode::CONFLICT,
+            SecretsError::TooLarge(_) => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, crate::util::error_chain(&e))

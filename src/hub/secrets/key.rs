@@ -44,9 +44,25 @@ impl std::fmt::Debug for Key {
     }
 }
 
-/// What binds a sealed value to its place: its secret's name and version.
-fn aad(name: &str, version: u64) -> Vec<u8> {
-    format!("railgrid secret\0{name}\0{version}").into_bytes()
+/// Where a sealed value belongs: its secret's name, version and scope, bound to it so
+/// that none of them can be changed in the store without the value failing to open.
+pub(crate) struct Place<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) version: u64,
+    pub(crate) selector: Option<&'a str>,
+}
+
+impl Place<'_> {
+    fn aad(&self) -> Vec<u8> {
+        let scope = self.selector.map_or(String::new(), |s| format!("\0{s}"));
+        format!("railgrid secret\0{}\0{}{scope}", self.name, self.version).into_bytes()
+    }
+}
+
+/// The bytes that sealed value `sealed` holds of its value: what it takes in an answer,
+/// at least.
+pub(crate) fn value_len(sealed: &[u8]) -> usize {
+    sealed.len().saturating_sub(NONCE + 16)
 }
 
 impl Key {
@@ -101,6 +117,9 @@ impl Key {
             return Err(malformed());
         }
         let mut bytes = [0u8; 32];
+        if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(malformed());
+        }
         for (i, b) in bytes.iter_mut().enumerate() {
             *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).ok_or_else(malformed)?, 16)
                 .map_err(|_| malformed())?;
@@ -113,11 +132,11 @@ impl Key {
         &self.id
     }
 
-    /// Seals `value` as version `version` of secret `name`: nonce, then ciphertext.
-    pub(crate) fn seal(&self, name: &str, version: u64, value: &[u8]) -> io::Result<Vec<u8>> {
+    /// Seals `value` for `place`: nonce, then ciphertext.
+    pub(crate) fn seal(&self, place: &Place<'_>, value: &[u8]) -> io::Result<Vec<u8>> {
         let mut nonce = [0u8; NONCE];
         getrandom::fill(&mut nonce).map_err(io::Error::other)?;
-        let aad = aad(name, version);
+        let aad = place.aad();
         let sealed = self
             .cipher
             .encrypt(
@@ -133,11 +152,11 @@ impl Key {
         Ok(out)
     }
 
-    /// Opens what [`Self::seal`] made of version `version` of `name`; `None` when it was
-    /// not sealed by this key for that place (or was altered).
-    pub(crate) fn open(&self, name: &str, version: u64, sealed: &[u8]) -> Option<Vec<u8>> {
+    /// Opens what [`Self::seal`] made for `place`; `None` when it was not sealed by this
+    /// key for that place (or was altered).
+    pub(crate) fn open(&self, place: &Place<'_>, sealed: &[u8]) -> Option<Vec<u8>> {
         let (nonce, body) = (sealed.get(..NONCE)?, sealed.get(NONCE..)?);
-        let aad = aad(name, version);
+        let aad = place.aad();
         self.cipher
             .decrypt(
                 nonce.into(),
@@ -155,25 +174,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_value_opens_only_with_its_key_name_and_version() {
+    fn a_value_opens_only_with_its_key_name_version_and_scope() {
+        let at = |name, version, selector| Place {
+            name,
+            version,
+            selector,
+        };
         let (key, text) = Key::generate().expect("key");
-        let sealed = key.seal("DEPLOY", 3, b"s3cr3t value").expect("seal");
+        let here = at("DEPLOY", 3, Some("queue=deploy"));
+        let sealed = key.seal(&here, b"s3cr3t value").expect("seal");
+        assert_eq!(value_len(&sealed), b"s3cr3t value".len());
         assert!(!sealed
             .windows(b"s3cr3t".len())
             .any(|w| w == b"s3cr3t".as_slice()));
         assert_eq!(
-            key.open("DEPLOY", 3, &sealed).as_deref(),
+            key.open(&here, &sealed).as_deref(),
             Some(&b"s3cr3t value"[..])
         );
-        assert_eq!(key.open("OTHER", 3, &sealed), None);
-        assert_eq!(key.open("DEPLOY", 2, &sealed), None);
+        for elsewhere in [
+            at("OTHER", 3, Some("queue=deploy")),
+            at("DEPLOY", 2, Some("queue=deploy")),
+            at("DEPLOY", 3, None),
+            at("DEPLOY", 3, Some("queue=build")),
+        ] {
+            assert_eq!(key.open(&elsewhere, &sealed), None);
+        }
         let (other, _) = Key::generate().expect("key");
         assert_ne!(other.id(), key.id());
-        assert_eq!(other.open("DEPLOY", 3, &sealed), None);
+        assert_eq!(other.open(&here, &sealed), None);
         let mut flipped = sealed.clone();
         *flipped.last_mut().expect("bytes") ^= 1;
-        assert_eq!(key.open("DEPLOY", 3, &flipped), None);
-        assert_eq!(key.open("DEPLOY", 3, &sealed[..10]), None);
+        assert_eq!(key.open(&here, &flipped), None);
+        assert_eq!(key.open(&here, &sealed[..10]), None);
 
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("secrets.key");
@@ -182,7 +214,9 @@ mod tests {
         assert_eq!(again.id(), key.id());
         crate::util::write_atomic(&path, text.as_bytes(), 0o644).expect("write");
         assert!(matches!(Key::read(&path), Err(KeyError::Exposed { .. })));
-        crate::util::write_atomic(&path, b"abc\n", 0o600).expect("write");
-        assert!(matches!(Key::read(&path), Err(KeyError::Malformed { .. })));
+        for bad in ["abc\n".to_owned(), format!("+{}\n", &text[1..64])] {
+            crate::util::write_atomic(&path, bad.as_bytes(), 0o600).expect("write");
+            assert!(matches!(Key::read(&path), Err(KeyError::Malformed { .. })));
+        }
     }
 }

@@ -14,8 +14,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use self::key::Key;
 pub(crate) use self::key::KeyError;
+use self::key::{value_len, Key, Place};
 use crate::hub::store::secrets::{Put, SecretRow, SecretStore};
 use crate::hub::store::{Labels, StoreError};
 use crate::proto::secret::{check_name, check_value, SecretError, SecretSet, SecretView, Values};
@@ -26,6 +26,9 @@ use crate::util::{self, clip};
 pub(crate) const KEY_FILE: &str = "secrets.key";
 /// How often a compared write is tried again when another hub moved the secret first.
 const TRIES: usize = 3;
+/// The bytes of values one job may be given: with the specs an answer carries, they stay
+/// under the 1 MiB an agent reads of an answer.
+pub(crate) const MAX_JOB_VALUES: usize = 128 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SecretsError {
@@ -55,8 +58,23 @@ pub(crate) enum SecretsError {
     },
     #[error("secret {} was changed by another hub at the same time: try again", clip(.0))]
     Moved(String),
+    #[error("the secrets changed while their key was rotated: try again")]
+    RotationMoved,
+    #[error("{path} exists: a rotation of the secrets key is under way, or was cut short (a restart of this hub settles it)")]
+    RotationPending { path: PathBuf },
     #[error("{0}")]
     OutOfScope(String),
+    #[error("the secrets a job names hold {0} bytes: at most {MAX_JOB_VALUES} go with one job")]
+    TooLarge(usize),
+}
+
+/// Why a job's secrets did not go with an answer.
+#[derive(Debug)]
+pub(crate) enum Undelivered {
+    /// For good: the job cannot be given them (gone, out of scope, not opening).
+    Refused(String),
+    /// For now: the store did not answer.
+    Passing(String),
 }
 
 /// Where a job goes: what its secrets' scopes must contain.
@@ -91,6 +109,70 @@ fn view(row: &SecretRow) -> SecretView {
         set_by: row.set_by.clone(),
         set_ms: row.set_ms,
         key: row.key_id.clone(),
+    }
+}
+
+fn place(row: &SecretRow) -> Place<'_> {
+    Place {
+        name: &row.name,
+        version: row.version,
+        selector: row.selector.as_deref(),
+    }
+}
+
+/// Makes the key file `path` with a fresh key, never over one that exists (`None` then):
+/// written whole under another name first, so that a crash leaves no torn key.
+fn create_key_file(path: &Path) -> std::io::Result<Option<Key>> {
+    use std::io::Write;
+    let (key, text) = Key::generate()?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp.{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::hard_link(&tmp, path)
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    match written {
+        Ok(()) => {
+            sync_dir(path)?;
+            Ok(Some(key))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Makes a rename or link in `path`'s directory durable.
+fn sync_dir(path: &Path) -> std::io::Result<()> {
+    crate::sys::dirfd::Dir::open(path.parent().unwrap_or(Path::new(".")))?.sync()
+}
+
+/// `path` with `.old` added: the key a rotation replaced, for backups taken before it.
+fn old_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".old");
+    PathBuf::from(p)
+}
+
+/// Checks that the key file `path` opens what is sealed under key `found` (for `hub
+/// store copy`, which carries sealed values to replicas that will need that file).
+pub(crate) fn check_key_file(path: &Path, found: &str) -> Result<(), SecretsError> {
+    let k = Key::read(path)?;
+    match k.id() == found {
+        true => Ok(()),
+        false => Err(SecretsError::OtherKey {
+            path: path.to_owned(),
+            found: found.to_owned(),
+            ours: k.id().to_owned(),
+        }),
     }
 }
 
@@ -139,19 +221,19 @@ impl<S: SecretStore> Secrets<S> {
         let next = next_path(&path);
         if next.exists() {
             // The store took the next key (its rows say so) and the rename did not
-            // happen: finish it. Otherwise the rotation never reached the store.
-            let taken = match (Key::read(&next), &found) {
-                (Ok(k), Some(found)) => k.id() == found,
-                _ => false,
-            };
-            let done = match taken {
-                true => std::fs::rename(&next, &path),
-                false => std::fs::remove_file(&next),
-            };
-            done.map_err(|source| SecretsError::Write {
+            // happen: finish it. Otherwise the rotation never reached the store. A file
+            // that cannot be read is left for the operator: it may be the only copy.
+            let k = Key::read(&next)?;
+            let taken = found.as_deref() == Some(k.id());
+            let io = |source| SecretsError::Write {
                 path: next.clone(),
                 source,
-            })?;
+            };
+            match taken {
+                true => std::fs::rename(&next, &path).map_err(io)?,
+                false => std::fs::remove_file(&next).map_err(io)?,
+            }
+            sync_dir(&path).map_err(io)?;
             tracing::warn!(path = %path.display(), finished = taken, "a rotation of the secrets key was cut short; its end is settled");
         }
         let key = match path.exists() {
@@ -189,6 +271,13 @@ impl<S: SecretStore> Secrets<S> {
         if let Some(k) = util::read(&self.key).as_ref().filter(|k| k.id() == key_id) {
             return Ok(k.clone());
         }
+        // This hub's rotation between the store's commit and the file's rename.
+        let next = next_path(&self.path);
+        if let Ok(k) = Key::read(&next) {
+            if k.id() == key_id {
+                return Ok(Arc::new(k));
+            }
+        }
         if !self.path.exists() {
             return Err(SecretsError::NoKey {
                 path: self.path.clone(),
@@ -207,41 +296,32 @@ impl<S: SecretStore> Secrets<S> {
         Ok(k)
     }
 
-    /// The key new values are sealed with, made (and its file written) the first time.
+    /// The key new values are sealed with: the key file's (read again each time: another
+    /// hub may have rotated it), made the first time.
     fn current_key(&self) -> Result<Arc<Key>, SecretsError> {
-        if let Some(k) = util::read(&self.key).as_ref() {
-            return Ok(k.clone());
-        }
         let write = |source| SecretsError::Write {
             path: self.path.clone(),
             source,
         };
-        let (k, text) = Key::generate().map_err(write)?;
-        // Never over a key another process wrote meanwhile.
-        let made = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&self.path);
-        let k = match made {
-            Ok(mut f) => {
-                use std::io::Write;
-                f.write_all(text.as_bytes())
-                    .and_then(|()| f.sync_all())
-                    .map_err(write)?;
-                crate::sys::dirfd::Dir::open(self.path.parent().unwrap_or(Path::new(".")))
-                    .and_then(|d| d.sync())
-                    .map_err(write)?;
-                tracing::info!(path = %self.path.display(), key = k.id(), "made the key that seals secrets: back it up apart from the database (docs/security.md, \"Secrets\")");
-                Arc::new(k)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                Arc::new(Key::read(&self.path)?)
-            }
-            Err(e) => return Err(write(e)),
+        let k = match self.path.exists() {
+            true => Key::read(&self.path)?,
+            false => match create_key_file(&self.path).map_err(write)? {
+                Some(k) => {
+                    tracing::info!(path = %self.path.display(), key = k.id(), "made the key that seals secrets: back it up apart from the database (docs/security.md, \"Secrets kept at the hub\")");
+                    k
+                }
+                None => Key::read(&self.path)?,
+            },
         };
-        *util::write(&self.key) = Some(k.clone());
-        Ok(k)
+        let mut held = util::write(&self.key);
+        match held.as_ref().filter(|h| h.id() == k.id()) {
+            Some(h) => Ok(h.clone()),
+            None => {
+                let k = Arc::new(k);
+                *held = Some(k.clone());
+                Ok(k)
+            }
+        }
     }
 
     /// Sets secret `name` for `by` (a token's name), which reaches only agents matching
@@ -270,12 +350,17 @@ impl<S: SecretStore> Secrets<S> {
             let previous = now.first().map(|r| r.version);
             let version = previous.unwrap_or(0) + 1;
             let key = self.current_key()?;
-            let sealed = key
-                .seal(name, version, req.value.as_bytes())
-                .map_err(|source| SecretsError::Write {
-                    path: self.path.clone(),
-                    source,
-                })?;
+            let at = Place {
+                name,
+                version,
+                selector: stored.as_deref(),
+            };
+            let sealed =
+                key.seal(&at, req.value.as_bytes())
+                    .map_err(|source| SecretsError::Write {
+                        path: self.path.clone(),
+                        source,
+                    })?;
             let row = SecretRow {
                 name: name.to_owned(),
                 version,
@@ -310,15 +395,17 @@ impl<S: SecretStore> Secrets<S> {
         };
         let scope = scope_of(old).map_err(SecretsError::OutOfScope)?;
         within_reach(name, scope.as_ref(), reach)?;
+        // Compared: one replaced meanwhile (in another scope, say) is not removed unseen.
         self.store
-            .remove_secret(name)
+            .remove_secret(name, old.version)
             .await?
-            .ok_or_else(|| SecretsError::NoSuchSecret(name.to_owned()))
+            .ok_or_else(|| SecretsError::Moved(name.to_owned()))
     }
 
     /// Seals every secret under a new key, which then replaces the key file: `(old key,
-    /// new key, secrets resealed)`. The new key is written beside the old first, so that
-    /// a hub killed at any step starts with the key that opens what the store holds.
+    /// new key, secrets resealed)`. The new key is written beside the old first (never
+    /// over another rotation's), so that a hub killed at any step starts with the key
+    /// that opens what the store holds; the old one stays as `.old`, for backups.
     pub(crate) async fn rotate_key(&self) -> Result<(Option<String>, String, usize), SecretsError> {
         let _one = self.changes.lock().await;
         let next = next_path(&self.path);
@@ -326,37 +413,47 @@ impl<S: SecretStore> Secrets<S> {
             let path = path.to_owned();
             move |source| SecretsError::Write { path, source }
         };
-        let (key, text) = Key::generate().map_err(write(&next))?;
-        util::write_atomic(&next, text.as_bytes(), 0o600).map_err(write(&next))?;
+        let Some(key) = create_key_file(&next).map_err(write(&next))? else {
+            return Err(SecretsError::RotationPending { path: next });
+        };
         let old = util::read(&self.key).as_ref().map(|k| k.id().to_owned());
         let mut done = None;
         for _ in 0..TRIES {
             let rows = self.store.secrets().await?;
+            let from = rows.first().map(|r| r.key_id.clone());
             let mut resealed = Vec::with_capacity(rows.len());
             for row in &rows {
-                let value = self.open(row)?;
-                let sealed = key
-                    .seal(&row.name, row.version, &value)
-                    .map_err(write(&next))?;
+                let value = match self.open(row) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let _ = std::fs::remove_file(&next);
+                        return Err(e);
+                    }
+                };
+                let sealed = key.seal(&place(row), &value).map_err(write(&next))?;
                 resealed.push(SecretRow {
                     sealed,
                     key_id: key.id().to_owned(),
                     ..row.clone()
                 });
             }
-            if self.store.reseal_secrets(&resealed).await? == Put::Done {
+            let from = from.unwrap_or_else(|| key.id().to_owned());
+            if self.store.reseal_secrets(&resealed, &from).await? == Put::Done {
                 done = Some(resealed.len());
                 break;
             }
         }
         let Some(count) = done else {
             let _ = std::fs::remove_file(&next);
-            return Err(SecretsError::Moved("(all)".into()));
+            return Err(SecretsError::RotationMoved);
         };
+        let kept = old_path(&self.path);
+        let _ = std::fs::remove_file(&kept);
+        if self.path.exists() {
+            std::fs::hard_link(&self.path, &kept).map_err(write(&kept))?;
+        }
         std::fs::rename(&next, &self.path)
-            .and_then(|()| {
-                crate::sys::dirfd::Dir::open(self.path.parent().unwrap_or(Path::new(".")))?.sync()
-            })
+            .and_then(|()| sync_dir(&self.path))
             .map_err(write(&self.path))?;
         let id = key.id().to_owned();
         *util::write(&self.key) = Some(Arc::new(key));
@@ -365,12 +462,39 @@ impl<S: SecretStore> Secrets<S> {
 
     fn open(&self, row: &SecretRow) -> Result<Vec<u8>, SecretsError> {
         let key = self.key_for(&row.key_id)?;
-        key.open(&row.name, row.version, &row.sealed)
+        key.open(&place(row), &row.sealed)
             .ok_or_else(|| SecretsError::OtherKey {
                 path: self.path.clone(),
                 found: format!("{} (it does not open: altered in the store?)", row.key_id),
                 ours: key.id().to_owned(),
             })
+    }
+
+    /// Refuses a token that reaches only `reach` labels (`after`, from `before`) that would
+    /// bring an agent into the scope of a secret beyond that selection: a selected token
+    /// may not relabel an agent of its own into a secret it could not use.
+    pub(crate) async fn labels_allowed(
+        &self,
+        agent: &str,
+        before: &Labels,
+        after: &Labels,
+        reach: Option<(&str, &Selector)>,
+    ) -> Result<(), SecretsError> {
+        let Some((token, sel)) = reach else {
+            return Ok(());
+        };
+        for row in self.store.secrets().await? {
+            let Ok(Some(scope)) = scope_of(&row) else {
+                continue;
+            };
+            if scope.matches(after) && !scope.matches(before) && !scope.within(sel) {
+                return Err(SecretsError::OutOfScope(format!(
+                    "token {token} reaches only agents matching {sel}: these labels would bring agent {agent} into the scope of secret {} ({scope}), beyond it",
+                    row.name
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Checks, as a job is submitted, that the secrets it names exist and reach no
@@ -385,6 +509,10 @@ impl<S: SecretStore> Secrets<S> {
             return Ok(());
         }
         let rows = self.store.secrets_named(names).await?;
+        let total: usize = rows.iter().map(|r| value_len(&r.sealed)).sum();
+        if total > MAX_JOB_VALUES {
+            return Err(SecretsError::TooLarge(total));
+        }
         for name in names {
             let Some(row) = rows.iter().find(|r| &r.name == name) else {
                 return Err(SecretsError::NoSuchSecret(name.clone()));
@@ -416,28 +544,32 @@ impl<S: SecretStore> Secrets<S> {
         names: &[String],
         agent: &str,
         labels: &Labels,
-    ) -> Result<Values, String> {
+    ) -> Result<Values, Undelivered> {
         let rows = self.store.secrets_named(names).await.map_err(|e| {
-            format!(
+            Undelivered::Passing(format!(
                 "the hub could not read its secrets: {}",
                 util::error_chain(&e)
-            )
+            ))
         })?;
         let mut values = Values::default();
         for name in names {
             let Some(row) = rows.iter().find(|r| &r.name == name) else {
-                return Err(format!("secret {name} no longer exists at the hub"));
+                return Err(Undelivered::Refused(format!(
+                    "secret {name} no longer exists at the hub"
+                )));
             };
-            if let Some(scope) = scope_of(row)? {
+            if let Some(scope) = scope_of(row).map_err(Undelivered::Refused)? {
                 if !scope.matches(labels) {
-                    return Err(format!(
+                    return Err(Undelivered::Refused(format!(
                         "secret {name} is only for agents matching {scope}, and agent {agent}'s hub labels no longer match: it was not sent"
-                    ));
+                    )));
                 }
             }
-            let value = self.open(row).map_err(|e| e.to_string())?;
-            let value =
-                String::from_utf8(value).map_err(|_| format!("secret {name} is not UTF-8 text"))?;
+            let value = self
+                .open(row)
+                .map_err(|e| Undelivered::Refused(util::error_chain(&e)))?;
+            let value = String::from_utf8(value)
+                .map_err(|_| Undelivered::Refused(format!("secret {name} is not UTF-8 text")))?;
             values.0.insert(name.clone(), value);
         }
         Ok(values)

@@ -62,23 +62,26 @@ pub(crate) trait SecretStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<SecretRow>, StoreError>> + Send;
 
     /// Writes `row` if the secret's version is still `previous` (`None`: it does not
-    /// exist) and every other secret is sealed under `row.key_id`.
+    /// exist) and every secret, this one's older version too, is sealed under
+    /// `row.key_id` (a hub that missed a rotation cannot seal under a key no file holds).
     fn put_secret(
         &self,
         row: &SecretRow,
         previous: Option<u64>,
     ) -> impl Future<Output = Result<Put, StoreError>> + Send;
 
-    /// Removes a secret; its last version, if it existed.
+    /// Removes a secret if it is still at `version`; that version, if it was.
     fn remove_secret(
         &self,
         name: &str,
+        version: u64,
     ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
 
     /// Replaces every secret's sealed value and key at once, if each is still at the
-    /// version in `rows` and no other exists (a rotation of the key).
+    /// version in `rows`, sealed under key `from`, and no other exists (a rotation).
     fn reseal_secrets(
         &self,
         rows: &[SecretRow],
+        from: &str,
     ) -> impl Future<Output = Result<Put, StoreError>> + Send;
 }

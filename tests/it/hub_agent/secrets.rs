@@ -138,6 +138,31 @@ fn a_hub_secret_reaches_only_jobs_in_its_scope_masked_and_is_never_at_rest_in_pl
         "{err}"
     );
 
+    // Nor may a selected token relabel an agent of its own into another secret's scope.
+    hub.admin_ok(&[
+        "secret",
+        "set",
+        "PROD_TOKEN",
+        "--from-file",
+        &vf,
+        "--select",
+        "env=prod",
+    ]);
+    let labeller = tmp.path().join("labeller.token");
+    hub.create_token(
+        "labeller",
+        "agents:write",
+        &["--select", "queue=deploy"],
+        &labeller,
+    );
+    let out = hub.admin_with(&labeller, &["agent", "label", "a1", "env=prod"]);
+    let err = exited(&out, 1);
+    assert!(
+        err.contains("403") && err.contains("scope of secret PROD_TOKEN"),
+        "{err}"
+    );
+    hub.admin_ok(&["secret", "rm", "PROD_TOKEN"]);
+
     // Given: a byte at a time with a pause between, in base64 at three alignments, and as
     // a 0400 file on the job's private tmpfs; every output shows it masked.
     let script = r#"v=$DEPLOY_TOKEN
@@ -242,6 +267,12 @@ fn a_hub_secret_reaches_only_jobs_in_its_scope_masked_and_is_never_at_rest_in_pl
     let rotated = hub.admin_json(&["secret", "rotate-key"]);
     assert_eq!(rotated["resealed"], 2, "{rotated}");
     assert_ne!(fs::read(&key).expect("key"), before);
+    // The key it replaced is kept beside it, for backups of the database taken before.
+    assert_eq!(
+        fs::read(hub_dir.join("secrets.key.old")).expect("old key"),
+        before
+    );
+    assert!(!hub_dir.join("secrets.key.new").exists());
     assert_ne!(hub.admin_json(&["secret", "list"])[0]["key"], old_id);
     let v = run(
         &hub,

@@ -158,6 +158,14 @@ impl OpenJob {
     }
 }
 
+/// The ids of the jobs no answer has carried yet.
+pub(super) fn unoffered(jobs: &HashMap<String, OpenJob>) -> std::collections::HashSet<String> {
+    jobs.values()
+        .filter(|j| !j.offered)
+        .map(|j| j.id.clone())
+        .collect()
+}
+
 fn ended(state: &str) -> bool {
     JobState::parse(state).is_some_and(JobState::is_terminal)
 }
@@ -594,6 +602,18 @@ impl<S: Store> Fleet<S> {
             tracing::warn!(job = %id, agent = %agent, error = %why, "job failed at the hub");
         }
         Ok(())
+    }
+
+    /// Takes back the offer of jobs `ids` of agent `agent`, which the answer that offered
+    /// them did not carry after all (their secrets were held back): as if never offered.
+    pub(crate) fn withdraw(&self, agent: &str, ids: &[String]) {
+        let Ok(entry) = self.entry(agent) else { return };
+        let mut st = util::lock(&entry.state);
+        for id in ids {
+            if let Some(j) = st.jobs.get_mut(id) {
+                j.offered = false;
+            }
+        }
     }
 
     /// Ends every open job of `entry`, which was just revoked: none may wait for, or be

@@ -50,8 +50,8 @@ impl SecretStore for PgStore {
         next_seq(&tx, TURN, &self.url).await?;
         let other = tx
             .query_opt(
-                "SELECT key_id FROM job_secrets WHERE key_id <> $1 AND name <> $2 LIMIT 1",
-                &[&row.key_id, &row.name],
+                "SELECT key_id FROM job_secrets WHERE key_id <> $1 LIMIT 1",
+                &[&row.key_id],
             )
             .await
             .map_err(&e)?;
@@ -93,15 +93,15 @@ impl SecretStore for PgStore {
         Ok(Put::Done)
     }
 
-    async fn remove_secret(&self, name: &str) -> Result<Option<u64>, StoreError> {
+    async fn remove_secret(&self, name: &str, version: u64) -> Result<Option<u64>, StoreError> {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
         next_seq(&tx, TURN, &self.url).await?;
         let gone = tx
             .query_opt(
-                "DELETE FROM job_secrets WHERE name = $1 RETURNING version",
-                &[&name],
+                "DELETE FROM job_secrets WHERE name = $1 AND version = $2 RETURNING version",
+                &[&name, &(version as i64)],
             )
             .await
             .map_err(&e)?
@@ -110,7 +110,7 @@ impl SecretStore for PgStore {
         Ok(gone)
     }
 
-    async fn reseal_secrets(&self, rows: &[SecretRow]) -> Result<Put, StoreError> {
+    async fn reseal_secrets(&self, rows: &[SecretRow], from: &str) -> Result<Put, StoreError> {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
@@ -127,8 +127,14 @@ impl SecretStore for PgStore {
             let n = tx
                 .execute(
                     "UPDATE job_secrets SET sealed = $1, key_id = $2
-                     WHERE name = $3 AND version = $4",
-                    &[&row.sealed, &row.key_id, &row.name, &(row.version as i64)],
+                     WHERE name = $3 AND version = $4 AND key_id = $5",
+                    &[
+                        &row.sealed,
+                        &row.key_id,
+                        &row.name,
+                        &(row.version as i64),
+                        &from,
+                    ],
                 )
                 .await
                 .map_err(&e)?;

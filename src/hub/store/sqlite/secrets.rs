@@ -15,16 +15,15 @@ fn secret_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SecretRow> {
     })
 }
 
-/// A key other than `key_id` that seals a secret other than `except`.
+/// A key other than `key_id` that seals a secret.
 fn other_key(
     tx: &rusqlite::Transaction<'_>,
     key_id: &str,
-    except: &str,
     path: &str,
 ) -> Result<Option<String>, StoreError> {
     tx.query_row(
-        "SELECT key_id FROM job_secrets WHERE key_id <> ?1 AND name <> ?2 LIMIT 1",
-        params![key_id, except],
+        "SELECT key_id FROM job_secrets WHERE key_id <> ?1 LIMIT 1",
+        params![key_id],
         |r| r.get(0),
     )
     .optional()
@@ -70,7 +69,7 @@ impl SecretStore for SqliteStore {
             let e = sql(path);
             let tx = conn.transaction().map_err(&e)?;
             next_seq(&tx, TURN, path)?;
-            if let Some(other) = other_key(&tx, &row.key_id, &row.name, path)? {
+            if let Some(other) = other_key(&tx, &row.key_id, path)? {
                 return Ok(Put::OtherKey(other));
             }
             let now: Option<i64> = tx
@@ -109,7 +108,7 @@ impl SecretStore for SqliteStore {
         .await
     }
 
-    async fn remove_secret(&self, name: &str) -> Result<Option<u64>, StoreError> {
+    async fn remove_secret(&self, name: &str, version: u64) -> Result<Option<u64>, StoreError> {
         let name = name.to_owned();
         self.with(move |conn, path| {
             let e = sql(path);
@@ -117,8 +116,8 @@ impl SecretStore for SqliteStore {
             next_seq(&tx, TURN, path)?;
             let gone: Option<i64> = tx
                 .query_row(
-                    "DELETE FROM job_secrets WHERE name = ?1 RETURNING version",
-                    params![name],
+                    "DELETE FROM job_secrets WHERE name = ?1 AND version = ?2 RETURNING version",
+                    params![name, version as i64],
                     |r| r.get(0),
                 )
                 .optional()
@@ -129,8 +128,8 @@ impl SecretStore for SqliteStore {
         .await
     }
 
-    async fn reseal_secrets(&self, rows: &[SecretRow]) -> Result<Put, StoreError> {
-        let rows = rows.to_vec();
+    async fn reseal_secrets(&self, rows: &[SecretRow], from: &str) -> Result<Put, StoreError> {
+        let (rows, from) = (rows.to_vec(), from.to_owned());
         self.with(move |conn, path| {
             let e = sql(path);
             let tx = conn.transaction().map_err(&e)?;
@@ -145,8 +144,8 @@ impl SecretStore for SqliteStore {
                 let n = tx
                     .execute(
                         "UPDATE job_secrets SET sealed = ?1, key_id = ?2
-                         WHERE name = ?3 AND version = ?4",
-                        params![row.sealed, row.key_id, row.name, row.version as i64],
+                         WHERE name = ?3 AND version = ?4 AND key_id = ?5",
+                        params![row.sealed, row.key_id, row.name, row.version as i64, from],
                     )
                     .map_err(&e)?;
                 if n != 1 {

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Secrets' costs, in one run, on one hub with one agent (self-signed TLS on 127.0.0.1):
+# - output: a job printing 1 GiB of text with ten secrets given (every byte through the
+#   runner's masking) against the same job with none, ROUNDS times each way, taking turns;
+# - `hub secret set` (seal, compared write) against `hub desired set` (a store write of the
+#   same admin API), SETS times each, one CLI process a call;
+# - dispatch: `hub job submit --wait -- true` with ten secrets (unsealed as the answer
+#   leaves, an audit line) against none, JOBS times each, taking turns.
+#
+#   bash bench/secrets.sh [ROUNDS] [SETS] [JOBS]
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+ROUNDS=${1:-3}
+SETS=${2:-50}
+JOBS=${3:-30}
+build_release
+BIN=./target/release/railgrid
+make_work secrets
+serve_hub "$BIN"
+agent=
+trap 'kill -TERM $agent $hub 2>/dev/null; wait $agent $hub 2>/dev/null; rm -rf "$WORK"' EXIT
+hub_url
+H() { "$BIN" hub --data-dir "$WORK/hub" "$@"; }
+H agent add bench --token-out "$WORK/bench.token" >/dev/null
+"$BIN" agent run --state-dir "$WORK/state" --log-dir "$WORK/log" "${USER_FLAGS[@]}" \
+  --hub "$URL" --agent-id bench --token-file "$WORK/bench.token" \
+  --ca-file "$WORK/hub/ca.pem" 2>/dev/null &
+agent=$!
+for _ in $(seq 400); do
+  H agent show bench --json 2>/dev/null | grep -q '"connected":true' \
+    && [ -S "$WORK/state/runner/runner.sock" ] && break
+  sleep 0.05
+done
+ms() { echo $(( $(date +%s%N) / 1000000 )); }
+p50() { sort -n | awk '{ t[NR] = $1 } END { print t[int((NR + 1) / 2)] }'; }
+
+echo "# railgrid secrets benchmark: $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, $(uname -r)"
+flags=()
+for i in $(seq 10); do
+  head -c 15 /dev/urandom | base64 >"$WORK/s$i"
+  H secret set "S$i" --from-file "$WORK/s$i" >/dev/null
+  flags+=(--secret-file "S$i=$WORK/s$i")
+done
+
+# Output: 1 GiB of build-log-like text, through the runner's own socket.
+J() { "$BIN" job --state-dir "$WORK/state" "$@"; }
+PRINT='yes "   Compiling railgrid v0.1.0 (/work/src/runner/job/spool.rs:139) in 0.42s" | head -c 1073741824'
+for r in $(seq "$ROUNDS"); do
+  for mode in none ten; do
+    args=(); [ "$mode" = ten ] && args=("${flags[@]}")
+    t0=$(ms)
+    id=$(J submit "${args[@]}" --detach -- sh -c "$PRINT")
+    J wait "$id" >/dev/null
+    echo "output round=$r mode=$mode ms=$(( $(ms) - t0 ))" | tee -a "$WORK/out"
+  done
+done
+
+# The admin API's writes.
+for i in $(seq "$SETS"); do
+  t0=$(ms); H secret set S1 --from-file "$WORK/s$(( i % 10 + 1 ))" >/dev/null; echo $(( $(ms) - t0 ))
+done | p50 | sed 's/^/set secret_set_p50_ms=/' | tee -a "$WORK/out"
+for i in $(seq "$SETS"); do
+  t0=$(ms); H desired set --agent bench --max-jobs $(( i % 5 + 4 )) >/dev/null; echo $(( $(ms) - t0 ))
+done | p50 | sed 's/^/set desired_set_p50_ms=/' | tee -a "$WORK/out"
+H secret set S1 --from-file "$WORK/s1" >/dev/null
+
+# Dispatch: submit to the end of a trivial job, through the hub and the agent.
+named=()
+for i in $(seq 10); do named+=(--secret "S$i"); done
+for mode in none ten; do : >"$WORK/dispatch-$mode"; done
+for i in $(seq "$JOBS"); do
+  for mode in none ten; do
+    args=(); [ "$mode" = ten ] && args=("${named[@]}")
+    t0=$(ms)
+    H job submit --agent bench "${args[@]}" --wait -- true >/dev/null
+    echo $(( $(ms) - t0 )) >>"$WORK/dispatch-$mode"
+  done
+done
+for mode in none ten; do
+  echo "dispatch mode=$mode p50_ms=$(p50 <"$WORK/dispatch-$mode")" | tee -a "$WORK/out"
+done
+
+awk '
+  /^output/ { split($3, m, "="); split($4, v, "="); sum[m[2]] += v[2] }
+  /^set/ { split($2, v, "="); set[v[1]] = v[2] }
+  /^dispatch/ { split($2, m, "="); split($3, v, "="); d[m[2]] = v[2] }
+  END {
+    printf "output with ten secrets: %.2f of the throughput with none (target >= 0.9)\n", sum["none"] / sum["ten"]
+    printf "secret set: %d ms at p50 (desired set: %d ms)\n", set["secret_set_p50_ms"], set["desired_set_p50_ms"]
+    printf "dispatch with ten secrets: %+d ms at p50 (%d against %d)\n", d["ten"] - d["none"], d["ten"], d["none"]
+  }' "$WORK/out"
