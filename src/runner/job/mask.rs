@@ -21,6 +21,17 @@ use crate::proto::secret::MIN_VALUE as MIN_SECRET;
 /// The bytes of every form of a job's secrets together, at most: what the automaton and
 /// the prefixes cost the runner's memory, outside the job's limits.
 pub(super) const MAX_FORM_BYTES: usize = 1 << 20;
+/// Forms of up to this many bytes together are searched with a DFA (a table lookup a
+/// byte, the speed output needs); more with a compact NFA, whose memory stays near the
+/// patterns' size where a DFA's would grow with the alphabet (docs/benchmarks.md,
+/// "Secrets").
+const DFA_FORM_BYTES: usize = 16 * 1024;
+/// A DFA that would take more than this falls back to the compact NFA.
+const MAX_DFA_MEMORY: usize = 16 << 20;
+/// Patterns a quick group holds: the most aho-corasick's Teddy prefilter takes.
+const QUICK_GROUP: usize = 64;
+/// Quick groups a job's patterns may make; past it each would cost more than it saves.
+const MAX_QUICK_GROUPS: usize = 4;
 /// Values longer than this are searched for as written, line by line and in base64 (and
 /// hex) only: a URL-encoded or JSON-escaped key of kilobytes is not what programs print.
 const SHORT_VALUE: usize = 1024;
@@ -42,13 +53,18 @@ pub enum MaskError {
 /// its streams.
 pub struct Patterns {
     automaton: AhoCorasick,
+    /// The same patterns in groups small enough for a vectorised prefilter (Teddy, 64
+    /// patterns at most): output none of them finds anywhere needs no search by
+    /// `automaton`, whose many patterns no prefilter covers (docs/benchmarks.md,
+    /// "Secrets"). Empty when the groups would be too many to be quicker.
+    quick: Vec<AhoCorasick>,
     /// For each pattern, what replaces it: `***NAME***`.
     replacement: Vec<Vec<u8>>,
     longest: usize,
     /// Hashes of every proper prefix of every pattern, mixed with its length: whether the
     /// end of the output may be the start of a secret, in one pass over that end. A
     /// collision only holds bytes back a little longer.
-    prefixes: HashSet<u64>,
+    prefixes: HashSet<u64, Mixed>,
 }
 
 /// Refuses secrets whose forms the runner would not search output for (admission's
@@ -91,13 +107,41 @@ impl Patterns {
         if patterns.is_empty() {
             return Ok(None);
         }
-        let automaton = AhoCorasick::builder()
-            .match_kind(MatchKind::LeftmostLongest)
-            // Compact: a DFA of a megabyte of patterns would take gigabytes.
-            .kind(Some(AhoCorasickKind::ContiguousNFA))
-            .build(&patterns)
-            .map_err(|e| MaskError::Build(e.to_string()))?;
-        let mut prefixes = HashSet::with_capacity(total);
+        let build = |kind| {
+            AhoCorasick::builder()
+                .match_kind(MatchKind::LeftmostLongest)
+                .kind(Some(kind))
+                .build(&patterns)
+                .map_err(|e| MaskError::Build(e.to_string()))
+        };
+        let fast = match total <= DFA_FORM_BYTES {
+            true => build(AhoCorasickKind::DFA)
+                .ok()
+                .filter(|a| a.memory_usage() <= MAX_DFA_MEMORY),
+            false => None,
+        };
+        // Only beside a DFA: the same few bytes of patterns make the groups small too.
+        let grouped = fast.is_some() && patterns.len().div_ceil(QUICK_GROUP) <= MAX_QUICK_GROUPS;
+        let automaton = match fast {
+            Some(a) => a,
+            None => build(AhoCorasickKind::ContiguousNFA)?,
+        };
+        let quick = match grouped {
+            true => patterns
+                .chunks(QUICK_GROUP)
+                .map(|group| {
+                    // Leftmost: with the standard semantics, aho-corasick leaves the
+                    // prefilter out of a DFA's search (measured: 0.6 against 4.6 GB/s).
+                    AhoCorasick::builder()
+                        .match_kind(MatchKind::LeftmostFirst)
+                        .kind(Some(AhoCorasickKind::DFA))
+                        .build(group)
+                        .map_err(|e| MaskError::Build(e.to_string()))
+                })
+                .collect::<Result<_, _>>()?,
+            false => Vec::new(),
+        };
+        let mut prefixes = HashSet::with_capacity_and_hasher(total, Mixed::default());
         for p in &patterns {
             let mut h = 0u64;
             for (k, &b) in p[..p.len() - 1].iter().enumerate() {
@@ -107,6 +151,7 @@ impl Patterns {
         }
         Ok(Some(Arc::new(Self {
             automaton,
+            quick,
             replacement,
             longest: patterns.iter().map(Vec::len).max().unwrap_or(0),
             prefixes,
@@ -132,6 +177,11 @@ impl Patterns {
     fn replace(&self, data: &[u8], cut: Option<usize>, out: &mut Vec<u8>) -> usize {
         let mut at = 0;
         let mut cut = cut.unwrap_or(data.len());
+        // Most output holds no secret: said at a prefilter's speed.
+        if !self.quick.is_empty() && !self.quick.iter().any(|q| q.is_match(data)) {
+            out.extend_from_slice(&data[..cut]);
+            return cut;
+        }
         for m in self.automaton.find_iter(data) {
             if m.end() > cut {
                 // A secret whose end is not certain yet (a longer one may go on).
@@ -145,6 +195,29 @@ impl Patterns {
         let cut = cut.max(at);
         out.extend_from_slice(&data[at..cut]);
         cut
+    }
+}
+
+/// The prefixes' keys are hashes already, mixed with their length: hashing them again
+/// (SipHash, a few dozen lookups a read of output) was a measurable part of masking.
+type Mixed = std::hash::BuildHasherDefault<AsIs>;
+
+#[derive(Default)]
+struct AsIs(u64);
+
+impl std::hash::Hasher for AsIs {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
     }
 }
 
@@ -413,6 +486,29 @@ mod tests {
         let mut out = m.feed(br#"{"u": "p\u00e4ssw\u00f6rd-geheim"}"#);
         out.extend(m.finish());
         assert_eq!(String::from_utf8_lossy(&out), r#"{"u": "***U***"}"#);
+    }
+
+    #[test]
+    fn few_forms_are_searched_with_a_dfa_and_many_with_the_compact_nfa_alike() {
+        let small = Patterns::new([("T", SECRET)]).expect("p").expect("some");
+        assert_eq!(small.automaton.kind(), AhoCorasickKind::DFA);
+        assert_eq!(small.quick.len(), 1);
+        // A 6 KiB key: its forms (as written, lines, base64s, hex) are past the DFA's share.
+        let key: Vec<u8> = (0..6000u32)
+            .map(|i| b"ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"[(i * 7 % 32) as usize])
+            .collect();
+        let large = Patterns::new([("T", SECRET), ("K", &key[..])])
+            .expect("p")
+            .expect("some");
+        assert_eq!(large.automaton.kind(), AhoCorasickKind::ContiguousNFA);
+        assert!(large.quick.is_empty());
+        for patterns in [small, large] {
+            let mut m = Masker::new(patterns);
+            let mut out = m.feed(b"x s3cr3t-Tok+en/42 y ");
+            out.extend(m.feed(&hex(SECRET, true)));
+            out.extend(m.finish());
+            assert_eq!(String::from_utf8_lossy(&out), "x ***T*** y ***T***");
+        }
     }
 
     #[test]

@@ -224,6 +224,14 @@ fn a_hub_secret_reaches_only_jobs_in_its_scope_masked_and_is_never_at_rest_in_pl
             && audit.contains("s1 to agent a1: DEPLOY_TOKEN, DEPLOY_KEY"),
         "{audit}"
     );
+    // Each set and removal too, by name and version.
+    for line in [
+        "PUT /v1/admin/secrets/{name}",
+        "DEPLOY_TOKEN version 1",
+        "DELETE /v1/admin/secrets/{name}",
+    ] {
+        assert!(audit.contains(line), "{line}: {audit}");
+    }
 
     // A relabelled agent is not sent a secret it no longer matches, though the job was
     // admitted while it did: the job fails at the hub, saying why.
