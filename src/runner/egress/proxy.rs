@@ -25,12 +25,9 @@ use super::relay::relay;
 use crate::proto::egress::{host_name, Rules};
 
 /// Connections a job may hold through its proxy at once; more wait in the listen
-/// backlog. With [`COPY_BUF`] and hyper's head buffer, bounds the proxy's memory per job
+/// backlog. With [`super::relay::COPY_BUF`] and hyper's head buffer, bounds the proxy's memory per job
 /// (docs/security.md, "Egress").
 pub(super) const MAX_CONNECTIONS: usize = 256;
-/// Each direction's buffer in a tunnel: a pipe's worth in the kernel on Linux (see relay.rs),
-/// user memory elsewhere.
-pub(super) const COPY_BUF: usize = 64 * 1024;
 /// A request head larger than this is refused.
 const MAX_HEAD: usize = 64 * 1024;
 const HEADER_READ: Duration = Duration::from_secs(30);

@@ -8,9 +8,10 @@ use std::io;
 
 use tokio::net::TcpStream;
 
-use super::proxy::COPY_BUF;
 use crate::sys::splice::shutdown_write;
 
+/// Each direction's buffer in a tunnel, and what one splice moves.
+pub(super) const COPY_BUF: usize = 64 * 1024;
 /// What a direction carries through its buffer before it asks for a pipe.
 #[cfg(target_os = "linux")]
 const BULK: u64 = 1024 * 1024;

@@ -572,7 +572,7 @@ fn the_hubs_network_policy_reaches_the_runner_and_a_job_cannot_widen_it() {
         .output()
         .expect("hub job submit");
     assert!(!out.status.success());
-    // The hub holds no secrets yet: a job naming one is refused here, not at the runner.
+    // A job naming a secret the hub does not hold is refused here, not at the runner.
     let body = r#"{"agent": "a1", "spec": {"argv": ["true"], "secrets": ["A_KEY"]}}"#;
     let (code, answer) = hub.curl(
         "POST",
@@ -580,11 +580,8 @@ fn the_hubs_network_policy_reaches_the_runner_and_a_job_cannot_widen_it() {
         Some(&hub.admin_token()),
         Some(body),
     );
-    assert_eq!(code, 400, "{answer}");
-    assert!(
-        answer.contains("this hub does not hold secrets"),
-        "{answer}"
-    );
+    assert_eq!(code, 404, "{answer}");
+    assert!(answer.contains("no secret A_KEY at this hub"), "{answer}");
     // So does a desired network that may widen what jobs reach, set or cleared.
     let ops = tmp.path().join("ops.token");
     hub.create_token("ops", "agents:write", &[], &ops);

@@ -2,6 +2,8 @@
 //! key file beside it, given only to jobs whose agents are in their scope, masked in
 //! every output, and at rest nowhere in plaintext.
 
+use std::path::{Path, PathBuf};
+
 use nix::sys::signal::Signal;
 
 use super::*;
@@ -55,7 +57,8 @@ fn a_hub_secret_reaches_only_jobs_in_its_scope_masked_and_is_never_at_rest_in_pl
     )
     .expect("key");
     let vf = path_str(&value_file);
-    hub.admin_ok(&[
+    // The token's set, again later with a new value.
+    let set_token = [
         "secret",
         "set",
         "DEPLOY_TOKEN",
@@ -63,7 +66,8 @@ fn a_hub_secret_reaches_only_jobs_in_its_scope_masked_and_is_never_at_rest_in_pl
         &vf,
         "--select",
         "queue=deploy",
-    ]);
+    ];
+    hub.admin_ok(&set_token);
     let kf = path_str(&key_file);
     hub.admin_ok(&[
         "secret",
@@ -97,141 +101,8 @@ fn a_hub_secret_reaches_only_jobs_in_its_scope_masked_and_is_never_at_rest_in_pl
     assert_eq!(list[1]["set_by"], "root", "{list}");
     assert!(!list.to_string().contains(TOKEN) && !list.to_string().contains(KEY_LINE));
 
-    // Refused at submission: a selection that may reach agents outside the scope, an
-    // agent outside it, a secret the hub does not have, and a token whose selection
-    // does not hold the secret's scope.
-    let out = hub.admin(&[
-        "job",
-        "submit",
-        "--select",
-        "os=linux",
-        "--secret",
-        "DEPLOY_TOKEN",
-        "--",
-        "true",
-    ]);
-    let err = exited(&out, 1);
-    assert!(
-        err.contains("only for agents matching queue=deploy"),
-        "{err}"
-    );
-    let out = hub.admin(&[
-        "job", "submit", "--agent", "a1", "--secret", "NOPE", "--", "true",
-    ]);
-    assert!(exited(&out, 1).contains("no secret NOPE"));
-    let deployer = tmp.path().join("deployer.token");
-    hub.create_token(
-        "deployer",
-        "jobs:submit,jobs:read",
-        &["--select", "queue=deploy"],
-        &deployer,
-    );
-    let out = hub.admin_with(
-        &deployer,
-        &[
-            "job", "submit", "--agent", "a1", "--secret", "ANYWHERE", "--", "true",
-        ],
-    );
-    let err = exited(&out, 1);
-    assert!(
-        err.contains("403") && err.contains("secret ANYWHERE may reach any agent"),
-        "{err}"
-    );
-
-    // Nor may a selected token relabel an agent of its own into another secret's scope.
-    hub.admin_ok(&[
-        "secret",
-        "set",
-        "PROD_TOKEN",
-        "--from-file",
-        &vf,
-        "--select",
-        "env=prod",
-    ]);
-    let labeller = tmp.path().join("labeller.token");
-    hub.create_token(
-        "labeller",
-        "agents:write",
-        &["--select", "queue=deploy"],
-        &labeller,
-    );
-    let out = hub.admin_with(&labeller, &["agent", "label", "a1", "env=prod"]);
-    let err = exited(&out, 1);
-    assert!(
-        err.contains("403") && err.contains("scope of secret PROD_TOKEN"),
-        "{err}"
-    );
-    hub.admin_ok(&["secret", "rm", "PROD_TOKEN"]);
-
-    // Given: a byte at a time with a pause between, in base64 at three alignments, and as
-    // a 0400 file on the job's private tmpfs; every output shows it masked.
-    let script = r#"v=$DEPLOY_TOKEN
-        while [ -n "$v" ]; do rest=${v#?}; printf '%s' "${v%"$rest"}"; v=$rest; sleep 0.02; done; echo
-        printf '%s' "$DEPLOY_TOKEN" | base64
-        printf 'x%s' "$DEPLOY_TOKEN" | base64
-        printf 'xy%s' "$DEPLOY_TOKEN" | base64 >&2
-        stat -c %a "$RAILGRID_SECRETS_DIR/DEPLOY_KEY"
-        cat "$RAILGRID_SECRETS_DIR/DEPLOY_KEY""#;
-    let out = hub.admin_with(
-        &deployer,
-        &[
-            "job",
-            "submit",
-            "--agent",
-            "a1",
-            "--id",
-            "s1",
-            "--secret",
-            "DEPLOY_TOKEN",
-            "--secret",
-            "DEPLOY_KEY=file",
-            "--",
-            "sh",
-            "-c",
-            script,
-        ],
-    );
-    succeeded(&out);
-    let v = wait_for(APPLIED, "job s1 done", || {
-        let v = hub.admin_json(&["job", "status", "s1"]);
-        (v["done"] == true).then_some(v)
-    });
-    assert_eq!(v["state"], "succeeded", "{v:#}");
-    let stdout = hub.admin_ok(&["job", "logs", "s1"]);
-    let stderr = hub.admin_ok(&["job", "logs", "s1", "--stderr"]);
-    let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines[0], "***DEPLOY_TOKEN***", "{stdout}");
-    assert!(
-        lines[1].contains("***DEPLOY_TOKEN***") && lines[2].contains("***DEPLOY_TOKEN***"),
-        "{stdout}"
-    );
-    assert!(stderr.contains("***DEPLOY_TOKEN***"), "{stderr}");
-    assert_eq!(lines[3], "400", "{stdout}");
-    assert!(
-        stdout.contains("***DEPLOY_KEY***") && !stdout.contains(KEY_LINE),
-        "{stdout}"
-    );
-    masked(&format!("{stdout}{stderr}"), TOKEN);
-    // The job's record names its secrets, never a value; the audit log names each use.
-    assert_eq!(
-        v["spec"]["secrets"],
-        serde_json::json!(["DEPLOY_TOKEN"]),
-        "{v}"
-    );
-    let audit = hub.admin_json(&["audit", "list"]).to_string();
-    assert!(
-        audit.contains("secrets sent with a job")
-            && audit.contains("s1 to agent a1: DEPLOY_TOKEN, DEPLOY_KEY"),
-        "{audit}"
-    );
-    // Each set and removal too, by name and version.
-    for line in [
-        "PUT /v1/admin/secrets/{name}",
-        "DEPLOY_TOKEN version 1",
-        "DELETE /v1/admin/secrets/{name}",
-    ] {
-        assert!(audit.contains(line), "{line}: {audit}");
-    }
+    let deployer = refused_at_submission(&hub, tmp.path(), &vf);
+    given_and_masked(&hub, &deployer);
 
     // A relabelled agent is not sent a secret it no longer matches, though the job was
     // admitted while it did: the job fails at the hub, saying why.
@@ -301,15 +172,7 @@ fn a_hub_secret_reaches_only_jobs_in_its_scope_masked_and_is_never_at_rest_in_pl
     // after its restart, never neither.
     fs::write(&value_file, NEXT).expect("next value");
     let mut setting = hub
-        .admin_cmd(&[
-            "secret",
-            "set",
-            "DEPLOY_TOKEN",
-            "--from-file",
-            &vf,
-            "--select",
-            "queue=deploy",
-        ])
+        .admin_cmd(&set_token)
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("set");
@@ -338,28 +201,7 @@ fn a_hub_secret_reaches_only_jobs_in_its_scope_masked_and_is_never_at_rest_in_pl
     // At rest nowhere: not in the hub's data dir (its database and log included), the
     // agent's state and log dirs (the runner's state is inside), nor any answer.
     drop(agent);
-    let hub_log = hub_dir.with_extension("log");
-    for needle in [TOKEN, NEXT, KEY_LINE, &b64(TOKEN), &b64(NEXT)] {
-        for dir in [&hub_dir, &h.host.state(), &h.host.path("logs")] {
-            let found = files_holding(dir, needle.as_bytes());
-            assert!(found.is_empty(), "{needle} at rest in {found:?}");
-        }
-        assert!(
-            !read_lossy(&hub_log).contains(needle),
-            "{needle} in the hub's log"
-        );
-        for args in [
-            &["job", "list"][..],
-            &["job", "status", "s1"],
-            &["audit", "list"],
-            &["secret", "list"],
-        ] {
-            assert!(
-                !hub.admin_json(args).to_string().contains(needle),
-                "{needle} in {args:?}"
-            );
-        }
-    }
+    at_rest_nowhere(&h, &hub, &hub_dir);
 
     // A hub started with another key file refuses to, naming the file.
     hub.stop();
@@ -382,4 +224,175 @@ fn a_hub_secret_reaches_only_jobs_in_its_scope_masked_and_is_never_at_rest_in_pl
         err.contains(&path_str(&other)) && err.contains("sealed under key"),
         "{err}"
     );
+}
+
+/// The refusals at submission, and of a selected token; the token that may use the
+/// deploy secrets.
+fn refused_at_submission(hub: &TestHub, tmp: &Path, vf: &str) -> PathBuf {
+    // Refused at submission: a selection that may reach agents outside the scope, an
+    // agent outside it, a secret the hub does not have, and a token whose selection
+    // does not hold the secret's scope.
+    let out = hub.admin(&[
+        "job",
+        "submit",
+        "--select",
+        "os=linux",
+        "--secret",
+        "DEPLOY_TOKEN",
+        "--",
+        "true",
+    ]);
+    let err = exited(&out, 1);
+    assert!(
+        err.contains("only for agents matching queue=deploy"),
+        "{err}"
+    );
+    let out = hub.admin(&[
+        "job", "submit", "--agent", "a1", "--secret", "NOPE", "--", "true",
+    ]);
+    assert!(exited(&out, 1).contains("no secret NOPE"));
+    let deployer = tmp.join("deployer.token");
+    hub.create_token(
+        "deployer",
+        "jobs:submit,jobs:read",
+        &["--select", "queue=deploy"],
+        &deployer,
+    );
+    let out = hub.admin_with(
+        &deployer,
+        &[
+            "job", "submit", "--agent", "a1", "--secret", "ANYWHERE", "--", "true",
+        ],
+    );
+    let err = exited(&out, 1);
+    assert!(
+        err.contains("403") && err.contains("secret ANYWHERE may reach any agent"),
+        "{err}"
+    );
+
+    // Nor may a selected token relabel an agent of its own into another secret's scope.
+    hub.admin_ok(&[
+        "secret",
+        "set",
+        "PROD_TOKEN",
+        "--from-file",
+        vf,
+        "--select",
+        "env=prod",
+    ]);
+    let labeller = tmp.join("labeller.token");
+    hub.create_token(
+        "labeller",
+        "agents:write",
+        &["--select", "queue=deploy"],
+        &labeller,
+    );
+    let out = hub.admin_with(&labeller, &["agent", "label", "a1", "env=prod"]);
+    let err = exited(&out, 1);
+    assert!(
+        err.contains("403") && err.contains("scope of secret PROD_TOKEN"),
+        "{err}"
+    );
+    hub.admin_ok(&["secret", "rm", "PROD_TOKEN"]);
+    deployer
+}
+
+/// A job given both deploy secrets, through the hub, shows them masked everywhere.
+fn given_and_masked(hub: &TestHub, deployer: &Path) {
+    // Given: a byte at a time with a pause between, in base64 at three alignments, and as
+    // a 0400 file on the job's private tmpfs; every output shows it masked.
+    let script = r#"v=$DEPLOY_TOKEN
+        while [ -n "$v" ]; do rest=${v#?}; printf '%s' "${v%"$rest"}"; v=$rest; sleep 0.02; done; echo
+        printf '%s' "$DEPLOY_TOKEN" | base64
+        printf 'x%s' "$DEPLOY_TOKEN" | base64
+        printf 'xy%s' "$DEPLOY_TOKEN" | base64 >&2
+        stat -c %a "$RAILGRID_SECRETS_DIR/DEPLOY_KEY"
+        cat "$RAILGRID_SECRETS_DIR/DEPLOY_KEY""#;
+    let out = hub.admin_with(
+        deployer,
+        &[
+            "job",
+            "submit",
+            "--agent",
+            "a1",
+            "--id",
+            "s1",
+            "--secret",
+            "DEPLOY_TOKEN",
+            "--secret",
+            "DEPLOY_KEY=file",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    );
+    succeeded(&out);
+    let v = wait_for(APPLIED, "job s1 done", || {
+        let v = hub.admin_json(&["job", "status", "s1"]);
+        (v["done"] == true).then_some(v)
+    });
+    assert_eq!(v["state"], "succeeded", "{v:#}");
+    let stdout = hub.admin_ok(&["job", "logs", "s1"]);
+    let stderr = hub.admin_ok(&["job", "logs", "s1", "--stderr"]);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "***DEPLOY_TOKEN***", "{stdout}");
+    assert!(
+        lines[1].contains("***DEPLOY_TOKEN***") && lines[2].contains("***DEPLOY_TOKEN***"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("***DEPLOY_TOKEN***"), "{stderr}");
+    assert_eq!(lines[3], "400", "{stdout}");
+    assert!(
+        stdout.contains("***DEPLOY_KEY***") && !stdout.contains(KEY_LINE),
+        "{stdout}"
+    );
+    masked(&format!("{stdout}{stderr}"), TOKEN);
+    // The job's record names its secrets, never a value; the audit log names each use.
+    assert_eq!(
+        v["spec"]["secrets"],
+        serde_json::json!(["DEPLOY_TOKEN"]),
+        "{v}"
+    );
+    let audit = hub.admin_json(&["audit", "list"]).to_string();
+    assert!(
+        audit.contains("secrets sent with a job")
+            && audit.contains("s1 to agent a1: DEPLOY_TOKEN, DEPLOY_KEY"),
+        "{audit}"
+    );
+    // Each set and removal too, by name and version.
+    for line in [
+        "PUT /v1/admin/secrets/{name}",
+        "DEPLOY_TOKEN version 1",
+        "DELETE /v1/admin/secrets/{name}",
+    ] {
+        assert!(audit.contains(line), "{line}: {audit}");
+    }
+}
+
+/// No value, nor its base64, in any file of the hub, the agent or its runner, nor in
+/// any answer.
+fn at_rest_nowhere(h: &HubHost, hub: &TestHub, hub_dir: &Path) {
+    let hub_log = hub_dir.with_extension("log");
+    for needle in [TOKEN, NEXT, KEY_LINE, &b64(TOKEN), &b64(NEXT)] {
+        for dir in [hub_dir, &h.host.state(), &h.host.path("logs")] {
+            let found = files_holding(dir, needle.as_bytes());
+            assert!(found.is_empty(), "{needle} at rest in {found:?}");
+        }
+        assert!(
+            !read_lossy(&hub_log).contains(needle),
+            "{needle} in the hub's log"
+        );
+        for args in [
+            &["job", "list"][..],
+            &["job", "status", "s1"],
+            &["audit", "list"],
+            &["secret", "list"],
+        ] {
+            assert!(
+                !hub.admin_json(args).to_string().contains(needle),
+                "{needle} in {args:?}"
+            );
+        }
+    }
 }

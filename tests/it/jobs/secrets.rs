@@ -114,7 +114,7 @@ fn secrets_are_refused_unless_named_whole_and_long_enough_to_mask() {
     let cases = [
         (
             json!({"argv": ["true"], "secrets": ["A_KEY"]}),
-            "has no value",
+            "came without its value",
         ),
         (
             json!({"argv": ["true"], "secrets": ["A_KEY"], "secret_values": {"A_KEY": "short"}}),
