@@ -2,15 +2,22 @@
 # Secrets' costs, in one run, on one hub with one agent (self-signed TLS on 127.0.0.1):
 # - output: a job printing 1 GiB of text with ten secrets given (every byte through the
 #   runner's masking) against the same job with none, ROUNDS times each way, taking turns;
+#   once with the job and the runner free on every core, once with both on one core
+#   (`taskset` on the runner, whose jobs inherit it), where every cycle of masking is on
+#   the output's path and the scheduler's placement of three processes on two cores,
+#   which moves a free round by up to a third, no longer does;
 # - `hub secret set` (seal, compared write) against `hub desired set` (a store write of the
 #   same admin API), SETS times each, one CLI process a call;
 # - dispatch: `hub job submit --wait -- true` with ten secrets (unsealed as the answer
 #   leaves, an audit line) against none, JOBS times each, taking turns.
 #
+# Output is also measured as the runner's own CPU time (user + system, from /proc) for
+# each job: what masking costs the host. Ratios are of medians.
+#
 #   bash bench/secrets.sh [ROUNDS] [SETS] [JOBS]
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
-ROUNDS=${1:-3}
+ROUNDS=${1:-5}
 SETS=${2:-50}
 JOBS=${3:-30}
 build_release
@@ -45,15 +52,27 @@ done
 # Output: 1 GiB of build-log-like text, through the runner's own socket.
 J() { "$BIN" job --state-dir "$WORK/state" "$@"; }
 PRINT='yes "   Compiling railgrid v0.1.0 (/work/src/runner/job/spool.rs:139) in 0.42s" | head -c 1073741824'
-for r in $(seq "$ROUNDS"); do
-  for mode in none ten; do
-    args=(); [ "$mode" = ten ] && args=("${flags[@]}")
-    t0=$(ms)
-    id=$(J submit "${args[@]}" --detach -- sh -c "$PRINT")
-    J wait "$id" >/dev/null
-    echo "output round=$r mode=$mode ms=$(( $(ms) - t0 ))" | tee -a "$WORK/out"
+runner=$(head -n1 "$WORK/state/runner/runner.lock")
+tick=$(getconf CLK_TCK)
+cpu_ms() { awk -v t="$tick" '{ print int(($14 + $15) * 1000 / t) }' "/proc/$runner/stat"; }
+all_cores=0-$(( $(nproc) - 1 ))
+for place in free one; do
+  case $place in
+    free) taskset -a -cp "$all_cores" "$runner" >/dev/null ;;
+    one) taskset -a -cp 1 "$runner" >/dev/null ;;
+  esac
+  for r in $(seq "$ROUNDS"); do
+    for mode in none ten; do
+      args=(); [ "$mode" = ten ] && args=("${flags[@]}")
+      t0=$(ms); c0=$(cpu_ms)
+      id=$(J submit "${args[@]}" --detach -- sh -c "$PRINT")
+      J wait "$id" >/dev/null
+      echo "output place=$place round=$r mode=$mode ms=$(( $(ms) - t0 ))" \
+        "runner_cpu_ms=$(( $(cpu_ms) - c0 ))" | tee -a "$WORK/out"
+    done
   done
 done
+taskset -a -cp "$all_cores" "$runner" >/dev/null
 
 # The admin API's writes.
 for i in $(seq "$SETS"); do
@@ -80,12 +99,22 @@ for mode in none ten; do
   echo "dispatch mode=$mode p50_ms=$(p50 <"$WORK/dispatch-$mode")" | tee -a "$WORK/out"
 done
 
+# The median of one field over the output rounds of a placement and mode.
+median() {
+  awk -v p="place=$1" -v m="mode=$2" -v f="$3" '$1 == "output" && $2 == p && $4 == m {
+    for (i = 5; i <= NF; i++) if (index($i, f "=") == 1) print substr($i, length(f) + 2)
+  }' "$WORK/out" | p50
+}
+for place in free one; do
+  none=$(median "$place" none ms) ten=$(median "$place" ten ms)
+  echo "output ($place): ten secrets $ten ms, none $none ms at the median:" \
+    "$(awk -v a="$none" -v b="$ten" 'BEGIN { printf "%.2f", a / b }') of the throughput (target >= 0.9);" \
+    "runner CPU $(median "$place" ten runner_cpu_ms) against $(median "$place" none runner_cpu_ms) ms"
+done
 awk '
-  /^output/ { split($3, m, "="); split($4, v, "="); sum[m[2]] += v[2] }
   /^set/ { split($2, v, "="); set[v[1]] = v[2] }
   /^dispatch/ { split($2, m, "="); split($3, v, "="); d[m[2]] = v[2] }
   END {
-    printf "output with ten secrets: %.2f of the throughput with none (target >= 0.9)\n", sum["none"] / sum["ten"]
     printf "secret set: %d ms at p50 (desired set: %d ms)\n", set["secret_set_p50_ms"], set["desired_set_p50_ms"]
     printf "dispatch with ten secrets: %+d ms at p50 (%d against %d)\n", d["ten"] - d["none"], d["ten"], d["none"]
   }' "$WORK/out"

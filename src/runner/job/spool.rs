@@ -74,6 +74,11 @@ fn spool_failure(what: &str, path: &Path, e: &io::Error) -> String {
     }
 }
 
+/// Most a drain takes: more than a pipe holds, so all the dead group wrote is taken.
+const DRAIN_MAX: usize = 2 * 1024 * 1024;
+/// Most a read takes: what a pipe holds.
+const READ: usize = 64 * 1024;
+
 /// Copies a job's stream into its spool file until every writer is gone. Past `cap`
 /// bytes are counted and dropped, so a slow reader or a chatty job never blocks: the pipe
 /// is always drained. A write that fails (a full disk) ends the file there for good, so it
@@ -82,9 +87,6 @@ fn spool_failure(what: &str, path: &Path, e: &io::Error) -> String {
 /// inodes (file creation dominates the runner's cost for trivial jobs). Reads are async
 /// (no thread per stream); writes go straight to the page cache, which takes microseconds,
 /// so they stay on the runtime rather than paying a thread hand-off per chunk.
-/// Most a drain takes: more than a pipe holds, so all the dead group wrote is taken.
-const DRAIN_MAX: usize = 2 * 1024 * 1024;
-
 pub(super) async fn spool(
     mut reader: tokio::net::unix::pipe::Receiver,
     target: &SpoolTarget,
@@ -94,7 +96,8 @@ pub(super) async fn spool(
     mut masker: Option<super::mask::Masker>,
 ) {
     use tokio::io::AsyncReadExt;
-    let mut buf = vec![0u8; 64 * 1024];
+    // A masker reads into a buffer of its own, right after what it holds back.
+    let mut buf = vec![0u8; if masker.is_some() { 0 } else { READ }];
     let mut sink = Sink {
         target,
         cap,
@@ -106,12 +109,16 @@ pub(super) async fn spool(
     // group that writes without pause cannot keep the drain going.
     let mut drain_left: Option<usize> = None;
     loop {
+        let space = match masker.as_mut() {
+            Some(m) => m.space(READ),
+            None => &mut buf[..],
+        };
         let n = match drain_left.as_mut() {
             Some(left) => {
-                let want = buf.len().min(*left);
+                let want = space.len().min(*left);
                 // Straight from the pipe, not through the reactor, whose readiness may lag
                 // behind what the dead group wrote last. Empty (WouldBlock) or closed: done.
-                match crate::sys::pipe::read_now(&reader, &mut buf[..want]) {
+                match crate::sys::pipe::read_now(&reader, &mut space[..want]) {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
                         *left -= n;
@@ -121,7 +128,7 @@ pub(super) async fn spool(
             }
             None => tokio::select! {
                 // Cancel-safe: a read that loses the race has taken nothing.
-                r = reader.read(&mut buf) => match r {
+                r = reader.read(space) => match r {
                     Ok(0) => break,
                     Ok(n) => n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -137,7 +144,7 @@ pub(super) async fn spool(
         stats.produced.fetch_add(n as u64, Ordering::Relaxed);
         // Masked before anything is written: a secret never reaches the disk.
         let kept = match masker.as_mut() {
-            Some(m) => sink.put(&m.feed(&buf[..n]), stats),
+            Some(m) => sink.put(m.masked(n), stats),
             None => sink.put(&buf[..n], stats),
         };
         // Followers only care about bytes they can read.
@@ -146,7 +153,7 @@ pub(super) async fn spool(
         }
     }
     if let Some(m) = masker.as_mut() {
-        sink.put(&m.finish(), stats);
+        sink.put(m.finish(), stats);
     }
     notify();
 }

@@ -3,42 +3,37 @@
 //! dashboard never see one.
 //!
 //! Each secret is searched for as written and in the encodings a program most often
-//! prints it in: each line of a multi-line value, standard and URL-safe base64 in all
-//! three alignments (only the characters that depend on the secret alone), URL-encoding
-//! (either case of hex) and JSON string escaping; one Aho-Corasick automaton finds them
-//! all in one pass. Output arrives in chunks cut anywhere (a job may print a secret a
-//! byte at a time), so the end of a chunk that could be the start of a secret is held
-//! back until the next chunk or the end of the stream says what it is.
+//! prints it in (forms.rs); one Aho-Corasick automaton finds them all, and looks only
+//! where a quicker search for a few bytes of each (quick.rs) says one may be. Output
+//! arrives in chunks cut anywhere (a job may print a secret a byte at a time), so the end
+//! of a chunk that could be the start of a secret is held back until the next chunk or
+//! the end of the stream says what it is (prefixes.rs).
+
+mod forms;
+mod prefixes;
+mod quick;
 
 use std::collections::HashSet;
+use std::ops::Range;
 use std::sync::Arc;
 
-use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
-use base64::Engine as _;
+use aho_corasick::{AhoCorasick, AhoCorasickKind, Input, MatchKind};
 
 use crate::proto::secret::MIN_VALUE as MIN_SECRET;
+use forms::forms;
+use prefixes::Prefixes;
+use quick::Quick;
 
 /// The bytes of every form of a job's secrets together, at most: what the automaton and
 /// the prefixes cost the runner's memory, outside the job's limits.
 pub(super) const MAX_FORM_BYTES: usize = 1 << 20;
 /// Forms of up to this many bytes together are searched with a DFA (a table lookup a
-/// byte, the speed output needs); more with a compact NFA, whose memory stays near the
-/// patterns' size where a DFA's would grow with the alphabet (docs/benchmarks.md,
-/// "Secrets").
+/// byte, the speed output needs) behind the quick search; more with a compact NFA, whose
+/// memory stays near the patterns' size where a DFA's would grow with the alphabet
+/// (docs/benchmarks.md, "Secrets").
 const DFA_FORM_BYTES: usize = 16 * 1024;
 /// A DFA that would take more than this falls back to the compact NFA.
 const MAX_DFA_MEMORY: usize = 16 << 20;
-/// Patterns a quick group holds: the most aho-corasick's Teddy prefilter takes.
-const QUICK_GROUP: usize = 64;
-/// Quick groups a job's patterns may make; past it each would cost more than it saves.
-const MAX_QUICK_GROUPS: usize = 4;
-/// Values longer than this are searched for as written, line by line and in base64 (and
-/// hex) only: a URL-encoded or JSON-escaped key of kilobytes is not what programs print.
-const SHORT_VALUE: usize = 1024;
-/// A multi-line value is masked line by line only up to this many lines.
-const MAX_LINES: usize = 256;
-/// Line widths base64 tools wrap at: GNU `base64` (76) and PEM (64).
-const WRAPS: [usize; 2] = [76, 64];
 
 /// Why a job's secrets cannot be masked.
 #[derive(Debug, thiserror::Error)]
@@ -53,18 +48,13 @@ pub enum MaskError {
 /// its streams.
 pub struct Patterns {
     automaton: AhoCorasick,
-    /// The same patterns in groups small enough for a vectorised prefilter (Teddy, 64
-    /// patterns at most): output none of them finds anywhere needs no search by
-    /// `automaton`, whose many patterns no prefilter covers (docs/benchmarks.md,
-    /// "Secrets"). Empty when the groups would be too many to be quicker.
-    quick: Vec<AhoCorasick>,
+    /// Where a secret may be; `None` past a DFA's share of forms, where every byte goes
+    /// through `automaton`.
+    quick: Option<Quick>,
     /// For each pattern, what replaces it: `***NAME***`.
     replacement: Vec<Vec<u8>>,
     longest: usize,
-    /// Hashes of every proper prefix of every pattern, mixed with its length: whether the
-    /// end of the output may be the start of a secret, in one pass over that end. A
-    /// collision only holds bytes back a little longer.
-    prefixes: HashSet<u64, Mixed>,
+    prefixes: Prefixes,
 }
 
 /// Refuses secrets whose forms the runner would not search output for (admission's
@@ -90,9 +80,12 @@ impl Patterns {
     ) -> Result<Option<Arc<Self>>, MaskError> {
         let mut seen = HashSet::new();
         let mut patterns: Vec<Vec<u8>> = Vec::new();
+        // Which patterns are each secret's: its forms share anchors.
+        let mut owned: Vec<Range<usize>> = Vec::new();
         let mut replacement = Vec::new();
         let mut total = 0;
         for (name, value) in secrets {
+            let first = patterns.len();
             for p in forms(value) {
                 if p.len() >= MIN_SECRET && seen.insert(p.clone()) {
                     total += p.len();
@@ -100,6 +93,7 @@ impl Patterns {
                     replacement.push(format!("***{name}***").into_bytes());
                 }
             }
+            owned.push(first..patterns.len());
         }
         if total > MAX_FORM_BYTES {
             return Err(MaskError::TooMuch(total));
@@ -120,256 +114,161 @@ impl Patterns {
                 .filter(|a| a.memory_usage() <= MAX_DFA_MEMORY),
             false => None,
         };
-        // Only beside a DFA: the same few bytes of patterns make the groups small too.
-        let grouped = fast.is_some() && patterns.len().div_ceil(QUICK_GROUP) <= MAX_QUICK_GROUPS;
+        // Only beside a DFA: what the quick search finds is looked at by the automaton.
+        let quick = match fast.is_some() {
+            true => Quick::new(
+                &owned
+                    .iter()
+                    .map(|r| patterns[r.clone()].iter().map(Vec::as_slice).collect())
+                    .collect::<Vec<_>>(),
+            ),
+            false => None,
+        };
         let automaton = match fast {
             Some(a) => a,
             None => build(AhoCorasickKind::ContiguousNFA)?,
         };
-        let quick = match grouped {
-            true => patterns
-                .chunks(QUICK_GROUP)
-                .map(|group| {
-                    // Leftmost: with the standard semantics, aho-corasick leaves the
-                    // prefilter out of a DFA's search (measured: 0.6 against 4.6 GB/s).
-                    AhoCorasick::builder()
-                        .match_kind(MatchKind::LeftmostFirst)
-                        .kind(Some(AhoCorasickKind::DFA))
-                        .build(group)
-                        .map_err(|e| MaskError::Build(e.to_string()))
-                })
-                .collect::<Result<_, _>>()?,
-            false => Vec::new(),
-        };
-        let mut prefixes = HashSet::with_capacity_and_hasher(total, Mixed::default());
-        for p in &patterns {
-            let mut h = 0u64;
-            for (k, &b) in p[..p.len() - 1].iter().enumerate() {
-                h = h.wrapping_mul(BASE).wrapping_add(u64::from(b));
-                prefixes.insert(mix(h, k + 1));
-            }
-        }
         Ok(Some(Arc::new(Self {
             automaton,
             quick,
             replacement,
             longest: patterns.iter().map(Vec::len).max().unwrap_or(0),
-            prefixes,
+            prefixes: Prefixes::new(&patterns),
         })))
     }
 
-    /// The length of the longest end of `data` that may be the start (not the whole) of
-    /// a pattern.
-    fn open_prefix(&self, data: &[u8]) -> usize {
-        let (mut h, mut power, mut found) = (0u64, 1u64, 0);
-        for k in 1..self.longest.min(data.len() + 1) {
-            h = h.wrapping_add(u64::from(data[data.len() - k]).wrapping_mul(power));
-            power = power.wrapping_mul(BASE);
-            if self.prefixes.contains(&mix(h, k)) {
-                found = k;
-            }
-        }
-        found
-    }
-
-    /// `data` with every pattern found in it replaced, up to `cut` (or all of it); where
-    /// it stopped.
-    fn replace(&self, data: &[u8], cut: Option<usize>, out: &mut Vec<u8>) -> usize {
-        let mut at = 0;
+    /// `data` with every pattern found in it replaced, up to `cut` (or all of it): where
+    /// it stopped, and whether anything was replaced (if not, `out` was left alone: the
+    /// output is `data` up to there).
+    fn replace(&self, data: &[u8], cut: Option<usize>, out: &mut Vec<u8>) -> (usize, bool) {
         let mut cut = cut.unwrap_or(data.len());
-        // Most output holds no secret: said at a prefilter's speed.
-        if !self.quick.is_empty() && !self.quick.iter().any(|q| q.is_match(data)) {
-            out.extend_from_slice(&data[..cut]);
-            return cut;
-        }
-        for m in self.automaton.find_iter(data) {
-            if m.end() > cut {
-                // A secret whose end is not certain yet (a longer one may go on).
-                cut = cut.min(m.start());
-                break;
-            }
-            out.extend_from_slice(&data[at..m.start()]);
+        let mut at = 0;
+        let mut masked = false;
+        let mut put = |m: aho_corasick::Match, at: &mut usize, out: &mut Vec<u8>| {
+            out.extend_from_slice(&data[*at..m.start()]);
             out.extend_from_slice(&self.replacement[m.pattern().as_usize()]);
-            at = m.end();
+            *at = m.end();
+            masked = true;
+        };
+        match &self.quick {
+            Some(quick) => {
+                let mut hits = quick.hits(data);
+                let mut from = 0;
+                while let Some(hit) = hits.from(from) {
+                    // Whatever holds this anchor starts at most `reach` before it and
+                    // ends at most `longest` after it.
+                    let start = hit.saturating_sub(quick.reach).max(at);
+                    let near = Input::new(data).span(start..(hit + self.longest).min(data.len()));
+                    if self.automaton.find(near).is_none() {
+                        from = hit + 1;
+                        continue;
+                    }
+                    // The leftmost-longest match from there, which may go on past `near`.
+                    let Some(m) = self
+                        .automaton
+                        .find(Input::new(data).span(start..data.len()))
+                    else {
+                        break;
+                    };
+                    if m.end() > cut {
+                        cut = cut.min(m.start());
+                        break;
+                    }
+                    put(m, &mut at, out);
+                    from = at;
+                }
+            }
+            None => {
+                for m in self.automaton.find_iter(data) {
+                    if m.end() > cut {
+                        // A secret whose end is not certain yet (a longer one may go on).
+                        cut = cut.min(m.start());
+                        break;
+                    }
+                    put(m, &mut at, out);
+                }
+            }
         }
         let cut = cut.max(at);
-        out.extend_from_slice(&data[at..cut]);
-        cut
-    }
-}
-
-/// The prefixes' keys are hashes already, mixed with their length: hashing them again
-/// (SipHash, a few dozen lookups a read of output) was a measurable part of masking.
-type Mixed = std::hash::BuildHasherDefault<AsIs>;
-
-#[derive(Default)]
-struct AsIs(u64);
-
-impl std::hash::Hasher for AsIs {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        if masked {
+            out.extend_from_slice(&data[at..cut]);
         }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
+        (cut, masked)
     }
 }
 
-const BASE: u64 = 0x100_0000_01b3;
-
-fn mix(h: u64, len: usize) -> u64 {
-    h ^ (len as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-}
-
-/// One stream's masking: the shared patterns, and what it holds back.
+/// One stream's masking: the shared patterns, and one buffer that holds what is held
+/// back and, right after it, the next read (so no read is copied to be searched).
 pub struct Masker {
     patterns: Arc<Patterns>,
-    /// The end of the stream so far that may be the start of a secret.
-    held: Vec<u8>,
+    buf: Vec<u8>,
+    /// What of `buf` is held back: moved to its front when the next read is asked for
+    /// (the output of the last read may still be borrowed from `buf` until then).
+    held: Range<usize>,
+    /// The output of a read in which something was masked.
+    out: Vec<u8>,
 }
 
 impl Masker {
     pub fn new(patterns: Arc<Patterns>) -> Self {
         Self {
             patterns,
-            held: Vec::new(),
+            buf: Vec::new(),
+            held: 0..0,
+            out: Vec::new(),
         }
     }
 
-    /// `input` masked, less what is held back for the next call.
-    pub fn feed(&mut self, input: &[u8]) -> Vec<u8> {
-        let mut data = std::mem::take(&mut self.held);
-        data.extend_from_slice(input);
-        let cut = data.len() - self.patterns.open_prefix(&data);
-        let mut out = Vec::with_capacity(data.len());
-        let cut = self.patterns.replace(&data, Some(cut), &mut out);
-        self.held = data[cut..].to_vec();
-        out
+    /// Room for a read of up to `len` bytes, right after what is held.
+    pub fn space(&mut self, len: usize) -> &mut [u8] {
+        let held = self.held.len();
+        self.buf.copy_within(self.held.clone(), 0);
+        self.held = 0..held;
+        if self.buf.len() < held + len {
+            self.buf.resize(held + len, 0);
+        }
+        &mut self.buf[held..held + len]
+    }
+
+    /// The `n` bytes just read into [`Masker::space`], masked, less what is held back
+    /// for the next read.
+    pub fn masked(&mut self, n: usize) -> &[u8] {
+        let data = &self.buf[..self.held.end + n];
+        let cut = data.len() - self.patterns.prefixes.open(data);
+        self.out.clear();
+        let (cut, masked) = self.patterns.replace(data, Some(cut), &mut self.out);
+        self.held = cut..data.len();
+        match masked {
+            true => &self.out,
+            false => &data[..cut],
+        }
     }
 
     /// What is still held, masked: the stream has ended.
-    pub fn finish(&mut self) -> Vec<u8> {
-        let data = std::mem::take(&mut self.held);
-        let mut out = Vec::with_capacity(data.len());
-        self.patterns.replace(&data, None, &mut out);
-        out
-    }
-}
-
-/// The forms of `value` searched for (some may be too short to use).
-fn forms(value: &[u8]) -> Vec<Vec<u8>> {
-    // A value too short to mask is not masked in a longer encoding either.
-    if value.len() < MIN_SECRET {
-        return Vec::new();
-    }
-    let mut all = vec![value.to_vec()];
-    // Line by line: a program may print a multi-line value's lines apart.
-    let lines: Vec<&[u8]> = value.split(|&b| b == b'\n').collect();
-    if lines.len() <= MAX_LINES {
-        for line in lines {
-            all.push(line.strip_suffix(b"\r").unwrap_or(line).to_vec());
+    pub fn finish(&mut self) -> &[u8] {
+        let data = &self.buf[self.held.clone()];
+        self.held = 0..0;
+        self.out.clear();
+        match self.patterns.replace(data, None, &mut self.out) {
+            (_, true) => &self.out,
+            (cut, false) => &data[..cut],
         }
     }
-    let engines = [
-        &base64::engine::general_purpose::STANDARD_NO_PAD,
-        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
-    ];
-    for engine in engines {
-        for skew in 0..3 {
-            all.push(base64_core(engine, value, skew));
-        }
-    }
-    // Encoded from the start of a tool's output and wrapped as base64(1) and PEM wrap it,
-    // whole and line by line.
-    let whole = base64::engine::general_purpose::STANDARD.encode(value);
-    for width in WRAPS {
-        let lines: Vec<&[u8]> = whole.as_bytes().chunks(width).collect();
-        all.push(lines.join(&b"\n"[..]));
-        all.extend(
-            lines
-                .iter()
-                .filter(|l| l.len() == width)
-                .map(|l| l.to_vec()),
-        );
-    }
-    all.push(hex(value, false));
-    all.push(hex(value, true));
-    if value.len() <= SHORT_VALUE {
-        all.extend(short_forms(value));
-    }
-    all
-}
 
-/// URL-encoded (either case of hex) and JSON-escaped (as serde writes it, and with every
-/// non-ASCII character as `\uXXXX`, as Python's json does).
-fn short_forms(value: &[u8]) -> Vec<Vec<u8>> {
-    let url = |upper: bool| {
-        let mut s = Vec::new();
-        for &b in value {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                s.push(b);
-            } else if upper {
-                s.extend_from_slice(format!("%{b:02X}").as_bytes());
-            } else {
-                s.extend_from_slice(format!("%{b:02x}").as_bytes());
-            }
-        }
-        s
-    };
-    let mut all = vec![url(true), url(false)];
-    if let Ok(text) = std::str::from_utf8(value) {
-        if let Ok(json) = serde_json::to_string(text) {
-            all.push(json.as_bytes()[1..json.len() - 1].to_vec());
-            let ascii: String = json[1..json.len() - 1]
-                .chars()
-                .flat_map(|c| match c.is_ascii() {
-                    true => vec![c.to_string()],
-                    false => c
-                        .encode_utf16(&mut [0; 2])
-                        .iter()
-                        .map(|u| format!("\\u{u:04x}"))
-                        .collect(),
-                })
-                .collect();
-            all.push(ascii.into_bytes());
-        }
+    /// `input` masked, less what is held back: a read copied into [`Masker::space`].
+    #[cfg(test)]
+    fn feed(&mut self, input: &[u8]) -> Vec<u8> {
+        self.space(input.len()).copy_from_slice(input);
+        self.masked(input.len()).to_vec()
     }
-    all
-}
-
-fn hex(value: &[u8], upper: bool) -> Vec<u8> {
-    value
-        .iter()
-        .flat_map(|b| match upper {
-            true => format!("{b:02X}").into_bytes(),
-            false => format!("{b:02x}").into_bytes(),
-        })
-        .collect()
-}
-
-/// The base64 characters of `value` encoded `skew` bytes into a stream: only those
-/// whose six bits all come from `value`, so they are the same whatever surrounds it.
-fn base64_core(engine: &base64::engine::GeneralPurpose, value: &[u8], skew: usize) -> Vec<u8> {
-    let mut bytes = vec![0u8; skew];
-    bytes.extend_from_slice(value);
-    let text = engine.encode(&bytes).into_bytes();
-    let first = (8 * skew).div_ceil(6);
-    let last = (8 * bytes.len()) / 6;
-    text.get(first..last)
-        .map(<[u8]>::to_vec)
-        .unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
+    use super::forms::hex;
     use super::*;
     use base64::engine::general_purpose::{STANDARD, URL_SAFE};
+    use base64::Engine as _;
 
     const SECRET: &[u8] = b"s3cr3t-Tok+en/42";
 
@@ -391,7 +290,7 @@ mod tests {
         for piece in text.chunks(size.max(1)) {
             out.extend(m.feed(piece));
         }
-        out.extend(m.finish());
+        out.extend_from_slice(m.finish());
         String::from_utf8(out).expect("utf-8")
     }
 
@@ -431,7 +330,7 @@ mod tests {
         assert_eq!(through(b"s3cr3t-Tok%2ben%2f42", 5), "***DEPLOY_TOKEN***");
         let mut quoted = masker_of(&[("K", &b"line \"one\"\\x"[..])]);
         let mut out = quoted.feed(br#"{"k":"line \"one\"\\x"}"#);
-        out.extend(quoted.finish());
+        out.extend_from_slice(quoted.finish());
         assert_eq!(String::from_utf8_lossy(&out), r#"{"k":"***K***"}"#);
     }
 
@@ -441,7 +340,7 @@ mod tests {
         let mut m = masker_of(&[("KEY", &key[..])]);
         let mut out = m.feed(b"first line: MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\nwhole:\n");
         out.extend(m.feed(key));
-        out.extend(m.finish());
+        out.extend_from_slice(m.finish());
         assert_eq!(
             String::from_utf8_lossy(&out),
             "first line: ***KEY***\nwhole:\n***KEY***"
@@ -475,7 +374,7 @@ mod tests {
             .collect();
         let mut out = m.feed(format!("{}\n", lines.join("\n")).as_bytes());
         out.extend(m.feed(hex(&long, false).as_slice()));
-        out.extend(m.finish());
+        out.extend_from_slice(m.finish());
         let out = String::from_utf8(out).expect("utf-8");
         assert!(!out.contains(lines[1]), "{out}");
         assert!(
@@ -484,7 +383,7 @@ mod tests {
         );
         let mut m = masker_of(&[("U", "pässwörd-geheim".as_bytes())]);
         let mut out = m.feed(br#"{"u": "p\u00e4ssw\u00f6rd-geheim"}"#);
-        out.extend(m.finish());
+        out.extend_from_slice(m.finish());
         assert_eq!(String::from_utf8_lossy(&out), r#"{"u": "***U***"}"#);
     }
 
@@ -492,7 +391,7 @@ mod tests {
     fn few_forms_are_searched_with_a_dfa_and_many_with_the_compact_nfa_alike() {
         let small = Patterns::new([("T", SECRET)]).expect("p").expect("some");
         assert_eq!(small.automaton.kind(), AhoCorasickKind::DFA);
-        assert_eq!(small.quick.len(), 1);
+        assert_eq!(small.quick.as_ref().map(Quick::groups), Some(1));
         // A 6 KiB key: its forms (as written, lines, base64s, hex) are past the DFA's share.
         let key: Vec<u8> = (0..6000u32)
             .map(|i| b"ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"[(i * 7 % 32) as usize])
@@ -501,12 +400,12 @@ mod tests {
             .expect("p")
             .expect("some");
         assert_eq!(large.automaton.kind(), AhoCorasickKind::ContiguousNFA);
-        assert!(large.quick.is_empty());
+        assert!(large.quick.is_none());
         for patterns in [small, large] {
             let mut m = Masker::new(patterns);
             let mut out = m.feed(b"x s3cr3t-Tok+en/42 y ");
             out.extend(m.feed(&hex(SECRET, true)));
-            out.extend(m.finish());
+            out.extend_from_slice(m.finish());
             assert_eq!(String::from_utf8_lossy(&out), "x ***T*** y ***T***");
         }
     }
@@ -520,5 +419,82 @@ mod tests {
         let values: Vec<Vec<u8>> = (0..8u8).map(|i| vec![b'a' + i; 64 * 1024]).collect();
         let refused = Patterns::new(values.iter().map(|v| ("B", &v[..])));
         assert!(matches!(refused, Err(MaskError::TooMuch(_))));
+    }
+
+    /// Every form replaced in the whole text at once: what masking must give however
+    /// the text is cut and whatever the quick search skips.
+    fn at_once(p: &Patterns, text: &[u8]) -> Vec<u8> {
+        let (mut out, mut at) = (Vec::new(), 0);
+        for m in p.automaton.find_iter(text) {
+            out.extend_from_slice(&text[at..m.start()]);
+            out.extend_from_slice(&p.replacement[m.pattern().as_usize()]);
+            at = m.end();
+        }
+        out.extend_from_slice(&text[at..]);
+        out
+    }
+
+    #[test]
+    fn output_cut_anywhere_among_near_misses_is_masked_as_if_searched_at_once() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let alphabet = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=%\n -";
+        let mut values: Vec<Vec<u8>> = (0..10)
+            .map(|_| (0..20).map(|_| alphabet[next(64)]).collect())
+            .collect();
+        // Digits, which are everywhere in logs; a value whose forms contain another's.
+        values.push(b"20261207".to_vec());
+        values.push(b"20261207-and-more\nsecond line!".to_vec());
+        let named: Vec<(String, &[u8])> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (format!("S{i}"), &v[..]))
+            .collect();
+        let p = Patterns::new(named.iter().map(|(n, v)| (n.as_str(), *v)))
+            .expect("patterns")
+            .expect("some");
+        assert!(p.quick.is_some(), "the quick search is what is tested");
+        let all: Vec<Vec<u8>> = values.iter().flat_map(|v| forms(v)).collect();
+        for round in 0..200 {
+            let mut text = Vec::new();
+            while text.len() < 4000 {
+                let form = &all[next(all.len())];
+                match next(4) {
+                    0 => text.extend_from_slice(form),
+                    1 => text.extend_from_slice(&form[..next(form.len())]),
+                    2 => {
+                        let mut near = form.clone();
+                        let i = next(near.len());
+                        near[i] = alphabet[next(alphabet.len())];
+                        text.extend_from_slice(&near);
+                    }
+                    _ => text.extend((0..next(40)).map(|_| alphabet[next(alphabet.len())])),
+                }
+            }
+            let mut m = Masker::new(p.clone());
+            let mut out = Vec::new();
+            let mut rest = &text[..];
+            while !rest.is_empty() {
+                let size = match round % 3 {
+                    0 => 1 + next(8),
+                    1 => 1 + next(300),
+                    _ => 1 + next(4096),
+                };
+                let (piece, after) = rest.split_at(size.min(rest.len()));
+                out.extend(m.feed(piece));
+                rest = after;
+            }
+            out.extend_from_slice(m.finish());
+            assert!(
+                out == at_once(&p, &text),
+                "round {round}: {}",
+                String::from_utf8_lossy(&text)
+            );
+        }
     }
 }
