@@ -14,7 +14,7 @@
 # Output is also measured as the runner's own CPU time (user + system, from /proc) for
 # each job: what masking costs the host. Ratios are of medians.
 #
-#   bash bench/secrets.sh [ROUNDS] [SETS] [JOBS]
+#   [ONE_WRITER=1] bash bench/secrets.sh [ROUNDS] [SETS] [JOBS]
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 ROUNDS=${1:-5}
@@ -51,7 +51,11 @@ done
 
 # Output: 1 GiB of build-log-like text, through the runner's own socket.
 J() { "$BIN" job --state-dir "$WORK/state" "$@"; }
-PRINT='yes "   Compiling railgrid v0.1.0 (/work/src/runner/job/spool.rs:139) in 0.42s" | head -c 1073741824'
+LINE='"   Compiling railgrid v0.1.0 (/work/src/runner/job/spool.rs:139) in 0.42s"'
+PRINT="yes $LINE | head -c 1073741824"
+# ONE_WRITER=1: the job writes from one process (`cat` of 64 MiB, 16 times), so the free
+# cores hold two busy processes, the writer and the runner, rather than three.
+[ "${ONE_WRITER:-0}" = 1 ] && PRINT="yes $LINE | head -c 67108864 >log && for i in \$(seq 16); do cat log; done"
 runner=$(head -n1 "$WORK/state/runner/runner.lock")
 tick=$(getconf CLK_TCK)
 cpu_ms() { awk -v t="$tick" '{ print int(($14 + $15) * 1000 / t) }' "/proc/$runner/stat"; }
