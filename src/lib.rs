@@ -19,8 +19,7 @@ pub(crate) mod release;
 pub mod runner;
 pub(crate) mod small_file;
 pub mod supervisor;
-#[allow(unsafe_code)]
-pub mod sys;
+pub use railgrid_sys as sys;
 pub(crate) mod util;
 
 pub(crate) use util::error_chain;

@@ -1,7 +1,8 @@
 //! The floors of the layout (docs/design.md, "Layout"): no source file over 1 000 lines,
-//! no function over 200, and no import circle between the modules of one room of `src/`.
-//! Read from the tree as rustfmt leaves it; a failure names the file, the function or the
-//! circle.
+//! no function over 200, no import circle between the modules of one room of a crate, and
+//! crates that depend only on those below them, none but railgrid-sys allowing unsafe
+//! code. Read from the tree as rustfmt leaves it; a failure names the file, the function,
+//! the circle or the dependency.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -79,7 +80,7 @@ fn functions(lines: &[&str]) -> Vec<(String, usize, usize)> {
 #[test]
 fn no_file_over_a_thousand_lines_and_no_function_over_two_hundred() {
     let mut over = Vec::new();
-    for dir in ["src", "tests", "examples"] {
+    for dir in ["src", "crates", "tests", "examples"] {
         for path in rust_files(&root().join(dir)) {
             let text = fs::read_to_string(&path).expect("a source file");
             let lines: Vec<&str> = text.lines().collect();
@@ -108,9 +109,9 @@ fn the_function_reader_measures_what_rustfmt_writes() {
     assert_eq!(functions(&lines), [("two".to_owned(), 3, 5)]);
 }
 
-/// `src/a/b.rs` and `src/a/b/mod.rs` are module `a::b`.
-fn module_of(path: &Path) -> Vec<String> {
-    let rel = path.strip_prefix(root().join("src")).expect("below src");
+/// In a crate whose sources are `src`, `src/a/b.rs` and `src/a/b/mod.rs` are module `a::b`.
+fn module_of(src: &Path, path: &Path) -> Vec<String> {
+    let rel = path.strip_prefix(src).expect("below the crate's sources");
     let mut parts: Vec<String> = rel
         .with_extension("")
         .iter()
@@ -192,12 +193,38 @@ fn references(at: &[String], text: &str) -> BTreeSet<Vec<String>> {
     out
 }
 
+/// The sources of every crate: the binary's, then each below `crates/`.
+fn crate_sources() -> Vec<PathBuf> {
+    let mut all = vec![root().join("src")];
+    let mut crates: Vec<PathBuf> = fs::read_dir(root().join("crates"))
+        .expect("crates/")
+        .map(|e| e.expect("a directory entry").path().join("src"))
+        .collect();
+    crates.sort();
+    all.extend(crates);
+    all
+}
+
 #[test]
 fn no_import_circle_between_the_modules_of_one_room() {
-    let files: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = rust_files(&root().join("src"))
+    let mut circles = Vec::new();
+    for src in crate_sources() {
+        circles.extend(circles_in(&src));
+    }
+    assert!(
+        circles.is_empty(),
+        "import circles:\n{}",
+        circles.join("\n")
+    );
+}
+
+/// The import circles between the modules of one room of the crate whose sources are
+/// `src`.
+fn circles_in(src: &Path) -> Vec<String> {
+    let files: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = rust_files(src)
         .into_iter()
         .map(|path| {
-            let at = module_of(&path);
+            let at = module_of(src, &path);
             let refs = references(&at, &fs::read_to_string(&path).expect("a source file"));
             (at, refs)
         })
@@ -220,18 +247,90 @@ fn no_import_circle_between_the_modules_of_one_room() {
         }
     }
     let mut circles = Vec::new();
+    let krate = src.parent().unwrap_or(src).display();
     for (room, graph) in &rooms {
         for start in graph.keys() {
             if let Some(circle) = circle_from(graph, start) {
-                circles.push(format!("{}: {}", room.join("::"), circle.join(" -> ")));
+                circles.push(format!(
+                    "{krate}: {}: {}",
+                    room.join("::"),
+                    circle.join(" -> ")
+                ));
                 break;
             }
         }
     }
+    circles
+}
+
+/// The crates from the bottom up: each may depend only on those before it. The binary's
+/// own crate (the CLI, the commands and the rooms not yet moved out) is last.
+const CRATES: &[&str] = &["railgrid-sys", "railgrid"];
+
+/// The only crate that may hold unsafe code.
+const UNSAFE_CRATE: &str = "railgrid-sys";
+
+#[test]
+fn each_crate_depends_only_on_those_below_it_and_only_sys_may_hold_unsafe_code() {
+    let mut wrong = Vec::new();
+    let mut manifests = vec![root().join("Cargo.toml")];
+    manifests.extend(
+        crate_sources()
+            .iter()
+            .skip(1)
+            .map(|s| s.with_file_name("Cargo.toml")),
+    );
+    let workspace: toml::Table = fs::read_to_string(root().join("Cargo.toml"))
+        .expect("Cargo.toml")
+        .parse()
+        .expect("Cargo.toml is TOML");
+    let forbidden = workspace["workspace"]["lints"]["rust"]["unsafe_code"].as_str();
+    if forbidden != Some("forbid") {
+        wrong.push(format!(
+            "the workspace's lints do not forbid unsafe code ({forbidden:?})"
+        ));
+    }
+    for manifest in manifests {
+        let text = fs::read_to_string(&manifest).expect("a crate's Cargo.toml");
+        let table: toml::Table = text.parse().expect("Cargo.toml is TOML");
+        let name = table["package"]["name"].as_str().expect("a package name");
+        let Some(place) = CRATES.iter().position(|c| *c == name) else {
+            wrong.push(format!(
+                "{name} is not in the layout's list of crates (CRATES)"
+            ));
+            continue;
+        };
+        for kind in ["dependencies", "dev-dependencies", "build-dependencies"] {
+            let Some(deps) = table.get(kind).and_then(toml::Value::as_table) else {
+                continue;
+            };
+            for dep in deps.keys().filter(|d| d.starts_with("railgrid")) {
+                match CRATES.iter().position(|c| c == dep) {
+                    Some(at) if at < place => {}
+                    _ => wrong.push(format!("{name} depends on {dep}, which is not below it")),
+                }
+            }
+        }
+        let inherits = table
+            .get("lints")
+            .and_then(|l| l.get("workspace"))
+            .and_then(toml::Value::as_bool)
+            == Some(true);
+        if name != UNSAFE_CRATE && !inherits {
+            wrong.push(format!(
+                "{name} does not take the workspace's lints, which forbid unsafe code"
+            ));
+        }
+        if name == UNSAFE_CRATE && inherits {
+            wrong.push(format!(
+                "{name} takes the workspace's lints, which forbid its unsafe code"
+            ));
+        }
+    }
     assert!(
-        circles.is_empty(),
-        "import circles:\n{}",
-        circles.join("\n")
+        wrong.is_empty(),
+        "the crates' layering:\n{}",
+        wrong.join("\n")
     );
 }
 

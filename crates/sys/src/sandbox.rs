@@ -154,6 +154,7 @@ impl std::fmt::Debug for Filter {
 
 // SAFETY: the programs are plain data, never mutated after they are made.
 unsafe impl Send for Filter {}
+// SAFETY: as above: shared, the programs are only read.
 unsafe impl Sync for Filter {}
 
 /// Why a sandbox could not be made: the step, the mount it was at (its index in
@@ -392,7 +393,7 @@ fn failed(sh: &Shared<'_>, step: Step) -> libc::c_int {
 extern "C" fn init(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the `Shared` of the runner's frame, which waits on the pipe.
     let sh = unsafe { &*(arg as *const Shared<'_>) };
-    // SAFETY (whole block): each call is one system call on memory prepared before the
+    // SAFETY: the whole block: each call is one system call on memory prepared before the
     // clone, valid while the runner waits; PID 1 keeps every signal blocked (they were
     // blocked around the clone) and takes them with sigwaitinfo only.
     unsafe {
@@ -865,7 +866,7 @@ unsafe fn bind_checked(base: &CStr, rel: &CStr, (dev, ino): (u64, u64), target: 
 extern "C" fn job(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the runner's `Shared`, valid while PID 1 is suspended (vfork).
     let sh = unsafe { &*(arg as *const Shared<'_>) };
-    // SAFETY (whole block): plain system calls on memory prepared before the clones.
+    // SAFETY: the whole block: plain system calls on memory prepared before the clones.
     unsafe {
         super::child::reset_signal_handlers();
         if libc::setsid() < 0 {

@@ -244,7 +244,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         // SAFETY: _exit ends the child at once, without running the parent's atexit work.
         unsafe { libc::_exit(127) }
     };
-    // SAFETY (whole block): each call is a thin wrapper of one system call on memory that
+    // SAFETY: the whole block: each call is a thin wrapper of one system call on memory that
     // was prepared before the clone and stays valid while the parent is suspended.
     unsafe {
         super::child::reset_signal_handlers();
@@ -291,6 +291,7 @@ pub(super) struct Stack {
 // SAFETY: the mapping is owned by this value alone; moving it to another thread moves
 // the ownership of the memory with it.
 unsafe impl Send for Stack {}
+// SAFETY: a shared `Stack` gives no access to the memory, only its address and length.
 unsafe impl Sync for Stack {}
 
 impl Stack {
