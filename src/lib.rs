@@ -6,20 +6,19 @@ pub(crate) mod agent;
 pub(crate) mod build_info;
 pub mod cli;
 pub mod cmd;
-pub mod env_policy;
-pub(crate) mod env_vars;
-pub(crate) mod file_error;
 pub(crate) mod hub;
 pub mod hub_client;
 pub mod logging;
-pub(crate) mod metrics_text;
 pub(crate) mod proc_tree;
 pub mod proto;
 pub(crate) mod release;
 pub mod runner;
-pub(crate) mod small_file;
+pub(crate) mod stream_body;
 pub mod supervisor;
+
+// The crates below this one, under the names the code above them uses.
 pub use railgrid_sys as sys;
-pub(crate) mod util;
+pub use railgrid_util as util;
+pub use railgrid_util::{env_policy, env_vars, file_error, metrics_text, small_file};
 
 pub(crate) use util::error_chain;

@@ -406,7 +406,7 @@ impl Job {
                     }) if code == "draining" => {
                         self.wait_out_drain().await;
                         // Paced: the runner may still be told the drain's end.
-                        tokio::time::sleep(pause.next()).await;
+                        tokio::time::sleep(pause.pause()).await;
                         continue;
                     }
                     // Refused for good: a bad spec, an id taken, one too large, or a
@@ -423,7 +423,7 @@ impl Job {
                     }
                     Err(e) => {
                         self.failed("submitting it to the runner", &e);
-                        tokio::time::sleep(pause.next()).await;
+                        tokio::time::sleep(pause.pause()).await;
                         continue;
                     }
                 }
@@ -448,7 +448,7 @@ impl Job {
                 }
                 Err(e) => {
                     self.failed("reading it from the runner", &e);
-                    tokio::time::sleep(pause.next()).await;
+                    tokio::time::sleep(pause.pause()).await;
                 }
             }
         }
@@ -501,7 +501,7 @@ impl Job {
                     }
                     None => {
                         // Tried again soon, not after a long wait on the runner.
-                        tokio::time::sleep(pause.next()).await;
+                        tokio::time::sleep(pause.pause()).await;
                         continue;
                     }
                 }
@@ -524,7 +524,7 @@ impl Job {
                     }
                     Err(e) => {
                         self.failed("following it", &e);
-                        tokio::time::sleep(pause.next()).await;
+                        tokio::time::sleep(pause.pause()).await;
                     }
                 },
                 // Cancel-safe: `changed` only observes; the wait is asked again after.

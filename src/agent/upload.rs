@@ -100,7 +100,7 @@ impl Retry {
     }
 
     async fn pause(&mut self) {
-        tokio::time::sleep(self.0.next()).await;
+        tokio::time::sleep(self.0.pause()).await;
     }
 
     fn reset(&mut self) {

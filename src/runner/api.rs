@@ -590,5 +590,5 @@ fn follow(api: Api, id: String, path: std::path::PathBuf, offset: u64) -> Respon
             }
         }
     });
-    crate::util::streamed_bytes(rx)
+    crate::stream_body::streamed_bytes(rx)
 }

@@ -26,7 +26,7 @@ impl Backoff {
         if ran_for >= self.stable {
             self.pause.reset();
         }
-        self.pause.next()
+        self.pause.pause()
     }
 }
 

@@ -342,7 +342,7 @@ fn every_setting_is_named_once_in_each_source() {
 
     // Every variable is a constant of env_vars.rs, and every agent-setting constant
     // there is a setting.
-    let consts: Vec<&str> = include_str!("../../env_vars.rs")
+    let consts: Vec<&str> = include_str!("../../../crates/util/src/env_vars.rs")
         .lines()
         .filter_map(|l| {
             l.strip_prefix("pub(crate) const ")

@@ -111,7 +111,7 @@ pub(crate) async fn enrol_if_needed(settings: &HubSettings) -> Result<(), HubLin
             tracing::warn!(error = %why, "could not enrol with the hub yet; trying again");
             failing = Some(why);
         }
-        tokio::time::sleep(pause.next()).await;
+        tokio::time::sleep(pause.pause()).await;
     }
     unreachable!("the loop returns")
 }

@@ -313,7 +313,7 @@ fn follow<S: Store>(
             };
         }
     });
-    crate::util::streamed_bytes(rx)
+    crate::stream_body::streamed_bytes(rx)
 }
 
 #[derive(Deserialize)]

@@ -460,7 +460,7 @@ impl Writer {
             if !episode {
                 tracing::warn!(db = %self.path.display(), held = self.unsaved.len(), "could not record job state changes (is the disk full?): holding them in memory and trying again until they are");
             }
-            self.retry_at = now + self.backoff.next();
+            self.retry_at = now + self.backoff.pause();
         } else if committed && (applied || writes) {
             // Something was just written: there is room again, so the held go next.
             self.retry_at = now;

@@ -88,7 +88,7 @@ impl Listener {
                     tracing::warn!(database = %self.url, error = %crate::util::error_chain(&e), "lost the hub database's notifications; listening again (everything is loaded again once it is back)");
                 }
             }
-            tokio::time::sleep(pause.next()).await;
+            tokio::time::sleep(pause.pause()).await;
         }
     }
 

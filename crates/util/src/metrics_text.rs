@@ -6,14 +6,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A Prometheus counter that carries its own name and help, so that what it counts is
 /// said where it is declared.
-pub(crate) struct Counter {
+pub struct Counter {
     name: &'static str,
     help: &'static str,
     n: AtomicU64,
 }
 
 impl Counter {
-    pub(crate) const fn new(name: &'static str, help: &'static str) -> Self {
+    pub const fn new(name: &'static str, help: &'static str) -> Self {
         Self {
             name,
             help,
@@ -21,18 +21,18 @@ impl Counter {
         }
     }
 
-    pub(crate) fn inc(&self) {
+    pub fn inc(&self) {
         self.n.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn render(&self, out: &mut String) {
+    pub fn render(&self, out: &mut String) {
         let n = self.n.load(Ordering::Relaxed);
         sample(out, self.name, self.help, "counter", n);
     }
 }
 
 /// A Prometheus histogram over fixed buckets.
-pub(crate) struct Histogram {
+pub struct Histogram {
     bounds: &'static [f64],
     counts: [AtomicU64; 12],
     sum_micros: AtomicU64,
@@ -40,7 +40,7 @@ pub(crate) struct Histogram {
 }
 
 impl Histogram {
-    pub(crate) const fn new(bounds: &'static [f64]) -> Self {
+    pub const fn new(bounds: &'static [f64]) -> Self {
         Self {
             bounds,
             counts: [const { AtomicU64::new(0) }; 12],
@@ -49,7 +49,7 @@ impl Histogram {
         }
     }
 
-    pub(crate) fn observe(&self, seconds: f64) {
+    pub fn observe(&self, seconds: f64) {
         let seconds = seconds.max(0.0);
         let i = self
             .bounds
@@ -62,7 +62,7 @@ impl Histogram {
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn render(&self, out: &mut String, name: &str, help: &str) {
+    pub fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         let mut cumulative = 0;
         for (i, b) in self.bounds.iter().enumerate() {
@@ -78,29 +78,23 @@ impl Histogram {
 }
 
 /// A label value as the text format wants it.
-pub(crate) fn escape(v: &str) -> String {
+pub fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
 }
 
-pub(crate) fn gauge(out: &mut String, name: &str, help: &str, kind: &str) {
+pub fn gauge(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
 /// A series of one unlabelled sample, with its HELP and TYPE lines.
-pub(crate) fn sample(
-    out: &mut String,
-    name: &str,
-    help: &str,
-    kind: &str,
-    value: impl std::fmt::Display,
-) {
+pub fn sample(out: &mut String, name: &str, help: &str, kind: &str, value: impl std::fmt::Display) {
     gauge(out, name, help, kind);
     let _ = writeln!(out, "{name} {value}");
 }
 
-pub(crate) fn labelled(
+pub fn labelled(
     out: &mut String,
     name: &str,
     label: &str,

@@ -1,25 +1,21 @@
-//! Small helpers shared across modules.
+//! railgrid's small shared tools, one of each: the clock, text cut by characters or by
+//! bytes, a lock that survives a panic, the one way an operator-named file is read
+//! (`small_file`), the one I/O error the modules' errors wrap (`file_error`), every
+//! environment variable railgrid reads or sets (`env_vars`) and the ones it refuses
+//! (`env_policy`), and Prometheus' text format (`metrics_text`).
+
+pub mod env_policy;
+pub mod env_vars;
+pub mod file_error;
+pub mod metrics_text;
+pub mod small_file;
+
+use railgrid_sys as sys;
 
 use std::fmt::Write;
 
-/// An `application/octet-stream` response whose body is what `rx` yields, as it comes:
-/// a followed job stream (the runner's and the hub's).
-pub(crate) fn streamed_bytes(
-    rx: tokio::sync::mpsc::Receiver<Result<Vec<u8>, std::io::Error>>,
-) -> axum::response::Response {
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
-    let mut resp = axum::response::Response::new(axum::body::Body::from_stream(stream));
-    resp.headers_mut().insert(
-        axum::http::header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("application/octet-stream"),
-    );
-    resp
-}
-
 /// Formats an error and every source under it: "a: b: c".
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+pub fn error_chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();
     let mut cur = err.source();
     while let Some(e) = cur {
@@ -30,17 +26,17 @@ pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
 }
 
 /// Longest client-supplied value an error message repeats, in characters.
-pub(crate) const ECHO_CHARS: usize = 128;
+pub const ECHO_CHARS: usize = 128;
 
 /// Seconds since the Unix epoch (0 before it).
-pub(crate) fn unix_now() -> u64 {
+pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
 /// Milliseconds since the Unix epoch (0 before it).
-pub(crate) fn unix_now_ms() -> u64 {
+pub fn unix_now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -49,12 +45,12 @@ pub(crate) fn unix_now_ms() -> u64 {
 /// `s` as an error message may repeat it: at most [`ECHO_CHARS`] characters, and '…' when
 /// cut. A value a client sent may be megabytes; the message it gets back (and the log
 /// line) must not be.
-pub(crate) fn clip(s: &str) -> std::borrow::Cow<'_, str> {
+pub fn clip(s: &str) -> std::borrow::Cow<'_, str> {
     clip_to(s, ECHO_CHARS)
 }
 
 /// [`clip`] to `max_chars`.
-pub(crate) fn clip_to(s: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+pub fn clip_to(s: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
     match s.char_indices().nth(max_chars) {
         None => s.into(),
         Some((end, _)) => format!("{}…", &s[..end]).into(),
@@ -64,7 +60,7 @@ pub(crate) fn clip_to(s: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
 /// The longest prefix of `s` of at most `max` bytes that ends on a character boundary:
 /// for bounds counted in bytes (what a peer stores), where [`clip_to`] counts characters
 /// (what a person reads).
-pub(crate) fn prefix_bytes(s: &str, max: usize) -> &str {
+pub fn prefix_bytes(s: &str, max: usize) -> &str {
     let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
         end -= 1;
@@ -73,7 +69,7 @@ pub(crate) fn prefix_bytes(s: &str, max: usize) -> &str {
 }
 
 /// Cuts `s` to [`prefix_bytes`] of `max`, with `…` after it when something was cut.
-pub(crate) fn cut_bytes(s: &mut String, max: usize) {
+pub fn cut_bytes(s: &mut String, max: usize) {
     if s.len() > max {
         let end = prefix_bytes(s, max).len();
         s.truncate(end);
@@ -85,14 +81,14 @@ pub(crate) fn cut_bytes(s: &mut String, max: usize) {
 /// starts over after a success: the one retry rhythm of every loop that waits for a peer
 /// (a hub, a database, a runner, a disk).
 #[derive(Debug, Clone)]
-pub(crate) struct Doubling {
+pub struct Doubling {
     first: std::time::Duration,
     max: std::time::Duration,
     next: std::time::Duration,
 }
 
 impl Doubling {
-    pub(crate) fn new(first: std::time::Duration, max: std::time::Duration) -> Self {
+    pub fn new(first: std::time::Duration, max: std::time::Duration) -> Self {
         let first = first.min(max);
         Self {
             first,
@@ -102,14 +98,14 @@ impl Doubling {
     }
 
     /// The pause before the next try; the one after it is twice as long, up to `max`.
-    pub(crate) fn next(&mut self) -> std::time::Duration {
+    pub fn pause(&mut self) -> std::time::Duration {
         let pause = self.next;
         self.next = self.next.saturating_mul(2).min(self.max);
         pause
     }
 
     /// After a success: the next pause is `first` again.
-    pub(crate) fn reset(&mut self) {
+    pub fn reset(&mut self) {
         self.next = self.first;
     }
 }
@@ -117,13 +113,13 @@ impl Doubling {
 /// Locks `m`, recovering the guard if another thread panicked while holding it. Every
 /// mutex in railgrid guards state that stays consistent between statements (a log file
 /// handle, a queue, a connection), so a panic elsewhere must not wedge the process.
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// `s` as one URL path segment or query value: everything but `A-Za-z0-9._-` is
 /// percent-encoded, so a value can neither end its segment nor add a parameter.
-pub(crate) fn percent_encode(s: &str) -> String {
+pub fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"._-".contains(&b) {
@@ -136,22 +132,22 @@ pub(crate) fn percent_encode(s: &str) -> String {
 }
 
 /// [`lock`] for the read side of an `RwLock`.
-pub(crate) fn read<T>(m: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+pub fn read<T>(m: &std::sync::RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     m.read().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// [`lock`] for the write side of an `RwLock`.
-pub(crate) fn write<T>(m: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+pub fn write<T>(m: &std::sync::RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     m.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Serde helper: a `SystemTime` as whole seconds since the Unix epoch.
-pub(crate) mod unix_secs {
+pub mod unix_secs {
     use std::time::{SystemTime, UNIX_EPOCH};
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub(crate) fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
         let secs = t
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -159,7 +155,7 @@ pub(crate) mod unix_secs {
         s.serialize_u64(secs)
     }
 
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
         let secs = u64::deserialize(d)?;
         Ok(UNIX_EPOCH + std::time::Duration::from_secs(secs))
     }
@@ -169,7 +165,7 @@ pub(crate) mod unix_secs {
 /// written, fsynced and renamed over it, then the directory is fsynced, so a crash leaves
 /// either the old or the new file, never a torn one. The directory is opened once and
 /// every step goes through that descriptor, so all of them act on the same directory.
-pub(crate) fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::PermissionsExt;
     let parent = match path.parent() {
@@ -204,7 +200,7 @@ pub(crate) fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> s
 
 /// Called once a long-lived command has finished starting (its child is launched): gives
 /// back the pages of code that only startup ran (see [`crate::sys::memory`]).
-pub(crate) fn release_startup_code() {
+pub fn release_startup_code() {
     match crate::sys::memory::page_out_own_code() {
         Ok(bytes) => tracing::debug!(bytes, "released startup code pages"),
         Err(e) => tracing::debug!(error = %e, "could not release startup code pages"),
@@ -212,7 +208,7 @@ pub(crate) fn release_startup_code() {
 }
 
 /// A time in milliseconds since the epoch as RFC 3339 (seconds), or `-` for none.
-pub(crate) fn rfc3339_ms(ms: Option<u64>) -> String {
+pub fn rfc3339_ms(ms: Option<u64>) -> String {
     ms.map_or_else(
         || "-".into(),
         |ms| {
@@ -225,7 +221,7 @@ pub(crate) fn rfc3339_ms(ms: Option<u64>) -> String {
 }
 
 /// `argv` as a shell would need it typed: words with spaces or quotes are quoted.
-pub(crate) fn shell_words(argv: &[String]) -> String {
+pub fn shell_words(argv: &[String]) -> String {
     argv.iter()
         .map(|w| {
             let plain = !w.is_empty()
@@ -250,11 +246,11 @@ mod tests {
         use std::time::Duration;
         let ms = Duration::from_millis;
         let mut d = Doubling::new(ms(100), ms(500));
-        let seen: Vec<Duration> = (0..5).map(|_| d.next()).collect();
+        let seen: Vec<Duration> = (0..5).map(|_| d.pause()).collect();
         assert_eq!(seen, [ms(100), ms(200), ms(400), ms(500), ms(500)]);
         d.reset();
-        assert_eq!(d.next(), ms(100));
-        assert_eq!(Doubling::new(ms(900), ms(500)).next(), ms(500));
+        assert_eq!(d.pause(), ms(100));
+        assert_eq!(Doubling::new(ms(900), ms(500)).pause(), ms(500));
     }
 
     #[test]

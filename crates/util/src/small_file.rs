@@ -15,15 +15,15 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// Tokens and public keys: a line of text.
-pub(crate) const TOKEN_MAX: u64 = 4 << 10;
+pub const TOKEN_MAX: u64 = 4 << 10;
 /// Private keys, and the hub's small config files.
-pub(crate) const KEY_MAX: u64 = 64 << 10;
+pub const KEY_MAX: u64 = 64 << 10;
 /// Configuration files, certificates and CA bundles.
-pub(crate) const CONFIG_MAX: u64 = 1 << 20;
+pub const CONFIG_MAX: u64 = 1 << 20;
 
 /// Why a file that holds a secret is not private to this process's account.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Exposed {
+pub enum Exposed {
     /// Owned by another account (uid), which could read or replace it.
     Owner(u32),
     /// Open to group or others (its mode).
@@ -32,7 +32,7 @@ pub(crate) enum Exposed {
 
 /// The one check of a secret's file: owned by this account or root, and closed to group
 /// and others. Each caller says it in its own words (what the secret is, what to run).
-pub(crate) fn private(meta: &Metadata) -> Result<(), Exposed> {
+pub fn private(meta: &Metadata) -> Result<(), Exposed> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let (euid, _) = crate::sys::current_ids();
     if meta.uid() != euid && meta.uid() != 0 {
@@ -47,14 +47,14 @@ pub(crate) fn private(meta: &Metadata) -> Result<(), Exposed> {
 
 /// An open regular file and what `fstat` said of it.
 #[derive(Debug)]
-pub(crate) struct SmallFile {
+pub struct SmallFile {
     file: File,
     meta: Metadata,
 }
 
 impl SmallFile {
     /// Opens `path` for reading; refused (`InvalidInput`) unless it is a regular file.
-    pub(crate) fn open(path: &Path) -> io::Result<Self> {
+    pub fn open(path: &Path) -> io::Result<Self> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -71,13 +71,13 @@ impl SmallFile {
 
     /// What `fstat` said when the file was opened: owner and mode checks use this, so
     /// that what is checked is what is read.
-    pub(crate) fn meta(&self) -> &Metadata {
+    pub fn meta(&self) -> &Metadata {
         &self.meta
     }
 
     /// The whole file, refused (`FileTooLarge`) when it holds more than `max` bytes, also
     /// when it grew after it was opened.
-    pub(crate) fn read(self, max: u64) -> io::Result<Vec<u8>> {
+    pub fn read(self, max: u64) -> io::Result<Vec<u8>> {
         if self.meta.len() > max {
             return Err(too_large(max));
         }
@@ -90,19 +90,19 @@ impl SmallFile {
     }
 
     /// The whole file as UTF-8 text (`InvalidData` otherwise), at most `max` bytes.
-    pub(crate) fn read_string(self, max: u64) -> io::Result<String> {
+    pub fn read_string(self, max: u64) -> io::Result<String> {
         String::from_utf8(self.read(max)?)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text"))
     }
 }
 
 /// The regular file at `path`, at most `max` bytes.
-pub(crate) fn read(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+pub fn read(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     SmallFile::open(path)?.read(max)
 }
 
 /// The regular file at `path` as UTF-8 text, at most `max` bytes.
-pub(crate) fn read_string(path: &Path, max: u64) -> io::Result<String> {
+pub fn read_string(path: &Path, max: u64) -> io::Result<String> {
     SmallFile::open(path)?.read_string(max)
 }
 

@@ -9,7 +9,7 @@
 
 use thiserror::Error;
 
-use crate::util::clip;
+use crate::clip;
 
 /// The variables glibc removes from the environment of set-user-id and set-group-id
 /// programs (`UNSECURE_ENVVARS` in glibc's `sysdeps/generic/unsecvars.h`; `GLIBC_TUNABLES`

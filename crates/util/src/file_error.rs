@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
-pub(crate) enum FileError {
+pub enum FileError {
     #[error("could not read {path}")]
     Read {
         path: PathBuf,
@@ -31,19 +31,19 @@ pub(crate) enum FileError {
 
 impl FileError {
     /// For `map_err`: reading `path` failed.
-    pub(crate) fn read(path: impl AsRef<Path>) -> impl FnOnce(io::Error) -> Self {
+    pub fn read(path: impl AsRef<Path>) -> impl FnOnce(io::Error) -> Self {
         let path = path.as_ref().to_owned();
         move |source| Self::Read { path, source }
     }
 
     /// For `map_err`: writing `path` failed.
-    pub(crate) fn write(path: impl AsRef<Path>) -> impl FnOnce(io::Error) -> Self {
+    pub fn write(path: impl AsRef<Path>) -> impl FnOnce(io::Error) -> Self {
         let path = path.as_ref().to_owned();
         move |source| Self::Write { path, source }
     }
 
     /// For `map_err`: removing `path` failed.
-    pub(crate) fn remove(path: impl AsRef<Path>) -> impl FnOnce(io::Error) -> Self {
+    pub fn remove(path: impl AsRef<Path>) -> impl FnOnce(io::Error) -> Self {
         let path = path.as_ref().to_owned();
         move |source| Self::Remove { path, source }
     }
