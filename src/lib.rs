@@ -10,13 +10,13 @@ pub(crate) mod hub;
 pub mod hub_client;
 pub mod logging;
 pub(crate) mod proc_tree;
-pub mod proto;
 pub(crate) mod release;
 pub mod runner;
 pub(crate) mod stream_body;
 pub mod supervisor;
 
 // The crates below this one, under the names the code above them uses.
+pub use railgrid_proto as proto;
 pub use railgrid_sys as sys;
 pub use railgrid_util as util;
 pub use railgrid_util::{env_policy, env_vars, file_error, metrics_text, small_file};

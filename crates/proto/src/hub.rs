@@ -49,10 +49,10 @@ pub struct AgentView {
     /// The labels in force: the reported ones (the host's, `os`, `arch`, `hostname`),
     /// the hub's over them.
     #[serde(default)]
-    pub labels: crate::proto::labels::Labels,
+    pub labels: crate::labels::Labels,
     /// The labels the hub set (`hub agent label`).
     #[serde(default)]
-    pub hub_labels: crate::proto::labels::Labels,
+    pub hub_labels: crate::labels::Labels,
     /// False while the hub drains it (`hub agent drain`); what the host says of the
     /// drain in force is in its report.
     #[serde(default = "yes")]
@@ -92,7 +92,7 @@ pub struct DrainRequest {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LabelChange {
     #[serde(default)]
-    pub set: crate::proto::labels::Labels,
+    pub set: crate::labels::Labels,
     #[serde(default)]
     pub remove: Vec<String>,
 }
@@ -162,7 +162,7 @@ desired_settings! {
     force_stop: bool;
     /// The network jobs reach unless they ask for less (`none`, `open`; docs/security.md,
     /// "Egress"): the host's `runner.network` when no scope sets it.
-    network: crate::proto::job::Network;
+    network: crate::job::Network;
 }
 
 /// The largest admission limit the hub passes on (the runner's own bound).

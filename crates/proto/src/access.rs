@@ -78,7 +78,7 @@ pub struct EnrolTokenRequest {
     pub ttl_secs: Option<u64>,
     /// Hub labels every host it enrols gets.
     #[serde(default)]
-    pub labels: crate::proto::labels::Labels,
+    pub labels: crate::labels::Labels,
 }
 
 /// An enrolment token as listed (never its secret).
@@ -90,7 +90,7 @@ pub struct EnrolTokenView {
     pub max_uses: Option<u64>,
     pub uses: u64,
     #[serde(default)]
-    pub labels: crate::proto::labels::Labels,
+    pub labels: crate::labels::Labels,
     pub created_ms: u64,
     pub expires_ms: Option<u64>,
     pub revoked_ms: Option<u64>,

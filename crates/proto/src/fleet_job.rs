@@ -48,7 +48,7 @@ pub struct JobReport {
     pub output_done: bool,
     /// What the job's egress proxy refused, by destination.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub egress_denied: Vec<crate::proto::egress::Denial>,
+    pub egress_denied: Vec<crate::egress::Denial>,
 }
 
 /// The answer to `PUT /v1/jobs/{job}/output/{stream}?offset=N`, and to an upload the hub
@@ -186,7 +186,7 @@ pub struct HubJobView {
     pub waiting: Option<String>,
     /// What the job's egress proxy refused (network `allow`), by destination.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub egress_denied: Vec<crate::proto::egress::Denial>,
+    pub egress_denied: Vec<crate::egress::Denial>,
 }
 
 fn default_priority() -> u8 {

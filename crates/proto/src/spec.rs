@@ -7,7 +7,7 @@
 use thiserror::Error;
 
 use crate::env_policy::{self, EnvError};
-use crate::proto::job::JobSpec;
+use crate::job::JobSpec;
 use crate::util::clip;
 
 /// Default grace between SIGTERM and SIGKILL of a job's process group.
@@ -47,7 +47,7 @@ pub const MIN_CPU_MILLIS: u64 = 10;
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SpecError {
     #[error(transparent)]
-    Secret(#[from] crate::proto::secret::SecretError),
+    Secret(#[from] crate::secret::SecretError),
     #[error("field argv is required and must name a program: [\"program\", \"arg\", ...]")]
     NoArgv,
     #[error("field argv[{index}] holds a NUL byte")]
@@ -94,7 +94,7 @@ pub enum SpecError {
 impl JobSpec {
     /// Checks everything that does not need the file system.
     pub fn validate(&self) -> Result<(), SpecError> {
-        crate::proto::secret::check_names(self)?;
+        crate::secret::check_names(self)?;
         if self.argv.first().is_none_or(|p| p.is_empty()) {
             return Err(SpecError::NoArgv);
         }
@@ -275,7 +275,7 @@ fn valid_name(s: &str, allow_at: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::job::Limits;
+    use crate::job::Limits;
 
     fn spec(argv: &[&str]) -> JobSpec {
         JobSpec::from_argv(argv.iter().copied())

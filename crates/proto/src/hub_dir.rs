@@ -7,23 +7,23 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 /// The root admin token's file in the data directory.
-pub(crate) const ADMIN_TOKEN_FILE: &str = "admin.token";
+pub const ADMIN_TOKEN_FILE: &str = "admin.token";
 /// Where the hub says it serves, in the data directory.
-pub(crate) const HUB_FILE: &str = "hub.json";
+pub const HUB_FILE: &str = "hub.json";
 /// The header of `PUT /v1/admin/releases/…` that carries the release's minisign
 /// signature, hex-encoded.
-pub(crate) const SIGNATURE_HEADER: &str = "x-railgrid-signature";
+pub const SIGNATURE_HEADER: &str = "x-railgrid-signature";
 
 /// `<data>/hub.json`: where the hub serves, for the admin commands on its host.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct HubFile {
-    pub(crate) url: String,
-    pub(crate) listen: String,
-    pub(crate) pid: u32,
+pub struct HubFile {
+    pub url: String,
+    pub listen: String,
+    pub pid: u32,
     /// The CA agents pin, when the hub made its own.
     #[serde(default)]
-    pub(crate) ca_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
     /// Where `/metrics` is served in plain HTTP (`--metrics-listen`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) metrics: Option<String>,
+    pub metrics: Option<String>,
 }

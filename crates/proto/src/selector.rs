@@ -353,7 +353,7 @@ impl<'a> Parser<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::labels::parse_list;
+    use crate::labels::parse_list;
 
     fn matches(selector: &str, labels: &str) -> bool {
         Selector::parse(selector)

@@ -1,5 +1,6 @@
 //! Wire types: everything railgrid sends or receives as JSON, in one place, so that a
-//! change to the protocol is a change to this module and nothing else.
+//! change to the protocol is a change to this crate and nothing else; and the checks both
+//! sides of a message share (a job's spec, its secrets, a selector).
 //!
 //! Rules for evolving them (the runner's API and, next, the hub protocol v1):
 //! - a new field is optional: `#[serde(default)]` on the way in, so that an older peer's
@@ -21,7 +22,7 @@ pub mod egress;
 pub mod fleet_job;
 pub mod health;
 pub mod hub;
-pub(crate) mod hub_dir;
+pub mod hub_dir;
 pub mod job;
 pub mod labels;
 pub mod report;
@@ -29,3 +30,6 @@ pub mod rollout;
 pub mod secret;
 pub mod selector;
 pub mod spec;
+
+use railgrid_util as util;
+use railgrid_util::{env_policy, env_vars};

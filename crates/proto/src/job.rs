@@ -158,7 +158,7 @@ pub struct JobRecord {
     pub finished_ms: Option<i64>,
     /// What the job's egress proxy refused (network `allow`), by destination.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub egress_denied: Vec<crate::proto::egress::Denial>,
+    pub egress_denied: Vec<crate::egress::Denial>,
     /// The state shown is held in memory: the database could not take it yet (a full
     /// disk), and the runner writes it as soon as it can. Lost if the runner dies first.
     #[serde(default)]

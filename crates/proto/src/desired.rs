@@ -185,7 +185,7 @@ pub struct DesiredRunner {
     /// The network jobs reach unless they ask for less; `None` keeps the host's own
     /// (`runner.network`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<crate::proto::job::Network>,
+    pub network: Option<crate::job::Network>,
 }
 
 /// A desired state that says nothing of the runner still wants one: the embedded default
@@ -358,7 +358,7 @@ mod tests {
                 max_jobs_per_owner: Some(2),
                 max_queued: Some(10),
                 max_output_bytes: Some(1 << 20),
-                network: Some(crate::proto::job::Network::None),
+                network: Some(crate::job::Network::None),
             },
             jobs: vec![DesiredJob {
                 id: "j1".into(),
