@@ -9,14 +9,14 @@ pub mod cmd;
 pub(crate) mod hub;
 pub mod hub_client;
 pub mod logging;
-pub(crate) mod proc_tree;
 pub(crate) mod release;
 pub mod runner;
 pub(crate) mod stream_body;
-pub mod supervisor;
 
 // The crates below this one, under the names the code above them uses.
 pub use railgrid_proto as proto;
+pub use railgrid_supervisor as supervisor;
+pub use railgrid_supervisor::proc_tree;
 pub use railgrid_sys as sys;
 pub use railgrid_util as util;
 pub use railgrid_util::{env_policy, env_vars, file_error, metrics_text, small_file};

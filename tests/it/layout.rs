@@ -269,6 +269,7 @@ const CRATES: &[&str] = &[
     "railgrid-sys",
     "railgrid-util",
     "railgrid-proto",
+    "railgrid-supervisor",
     "railgrid",
 ];
 

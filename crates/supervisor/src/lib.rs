@@ -26,6 +26,7 @@ pub mod backoff;
 pub mod env;
 pub mod lock;
 pub mod log;
+pub mod proc_tree;
 
 use std::ffi::OsString;
 use std::fs;
@@ -41,13 +42,17 @@ use thiserror::Error;
 use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
 
-use crate::env_policy::{self, EnvError};
+use railgrid_sys as sys;
+use railgrid_util as util;
+use railgrid_util::env_policy::{self, EnvError};
+use railgrid_util::error_chain;
+use sys::exe::{ExeError, PinnedExe};
+use sys::group::Sig;
+use sys::spawn::{self, Credentials};
+use sys::ProcessId;
+
 use crate::proc_tree::Group;
 use crate::proc_tree::Reapable;
-use crate::sys::exe::{ExeError, PinnedExe};
-use crate::sys::group::Sig;
-use crate::sys::spawn::{self, Credentials};
-use crate::sys::{self, ProcessId};
 
 use self::account::Account;
 use self::backoff::Backoff;

@@ -31,13 +31,13 @@ use crate::sys::{self, ProcessId};
 /// How often a stop re-checks whether what it signalled is gone. Only while stopping.
 const POLL: Duration = Duration::from_millis(5);
 /// How long a group or cgroup may take to empty after SIGKILL.
-pub(crate) const KILL_WAIT: Duration = Duration::from_secs(2);
+pub const KILL_WAIT: Duration = Duration::from_secs(2);
 
 /// When a runner stop must be done by, once it has begun; `None` before a stop.
-pub(crate) type StopDeadline = watch::Receiver<Option<Instant>>;
+pub type StopDeadline = watch::Receiver<Option<Instant>>;
 
 #[derive(Debug, Error)]
-pub(crate) enum GroupError {
+pub enum GroupError {
     #[error("refusing to signal process group {pgid}: {why}")]
     Refused { pgid: i32, why: &'static str },
     #[error("could not send {sig} to {what} {pid}")]
@@ -52,7 +52,7 @@ pub(crate) enum GroupError {
 
 /// What one stop reaches. Built once, terminated once.
 #[derive(Debug, Clone)]
-pub(crate) struct Group {
+pub struct Group {
     /// Shown with the warnings this module logs itself ("job 7", "runner").
     name: String,
     /// The process group signalled, or with `lone` only that process.
@@ -66,21 +66,21 @@ pub(crate) struct Group {
 
 /// What a stop did.
 #[derive(Debug, Default)]
-pub(crate) struct Outcome {
+pub struct Outcome {
     /// SIGTERM was sent: something lived and was what it claimed to be.
-    pub(crate) signalled: bool,
+    pub signalled: bool,
     /// The grace was not enough (or was cut short): SIGKILL or `cgroup.kill` was needed.
-    pub(crate) killed: bool,
+    pub killed: bool,
     /// A stop deadline ended the grace early.
-    pub(crate) cut_short: bool,
+    pub cut_short: bool,
     /// Something still lived after the kill and [`KILL_WAIT`].
-    pub(crate) survivors: bool,
+    pub survivors: bool,
     /// How the leader ended, when the stop reaped it.
-    pub(crate) leader: Option<ExitStatus>,
+    pub leader: Option<ExitStatus>,
 }
 
 /// A child process this process can reap: tokio's, or a job launched without fork.
-pub(crate) trait Reapable {
+pub trait Reapable {
     /// Waits for the child to exit and reaps it; must be cancel-safe.
     fn wait(&mut self) -> impl std::future::Future<Output = io::Result<ExitStatus>> + Send;
 }
@@ -103,7 +103,7 @@ impl Reapable for NoLeader {
 impl Group {
     /// Process group `pgid`. Refuses 0, 1 and negative ids (every process, our group,
     /// init) and our own group, so that a confused id can never take railgrid down.
-    pub(crate) fn new(name: impl Into<String>, pgid: i32) -> Result<Self, GroupError> {
+    pub fn new(name: impl Into<String>, pgid: i32) -> Result<Self, GroupError> {
         let pid = ProcessId::new(pgid).ok_or(GroupError::Refused {
             pgid,
             why: "groups 0 and 1 are never signalled",
@@ -118,7 +118,7 @@ impl Group {
     }
 
     /// Only process `pid`, which leads no group of its own: its group is someone else's.
-    pub(crate) fn lone(name: impl Into<String>, pid: ProcessId) -> Result<Self, GroupError> {
+    pub fn lone(name: impl Into<String>, pid: ProcessId) -> Result<Self, GroupError> {
         if pid == ProcessId::current() {
             return Err(GroupError::Refused {
                 pgid: pid.get(),
@@ -132,7 +132,7 @@ impl Group {
 
     /// Only what lives in `cg`: the job cgroup of a job whose group is gone.
     #[cfg(target_os = "linux")]
-    pub(crate) fn cgroup_only(name: impl Into<String>, cg: sys::cgroup::Cgroup) -> Self {
+    pub fn cgroup_only(name: impl Into<String>, cg: sys::cgroup::Cgroup) -> Self {
         let mut g = Self::unchecked(name.into(), None);
         g.cgroup = Some(cg);
         g
@@ -152,7 +152,7 @@ impl Group {
     /// Adds the cgroup tier: every process in `cg` is signalled too, the grace waits for
     /// `cg` to empty, and the kill is `cgroup.kill`.
     #[cfg(target_os = "linux")]
-    pub(crate) fn with_cgroup(mut self, cg: sys::cgroup::Cgroup) -> Self {
+    pub fn with_cgroup(mut self, cg: sys::cgroup::Cgroup) -> Self {
         self.cgroup = Some(cg);
         self
     }
@@ -160,14 +160,14 @@ impl Group {
     /// Signal only while `pid` is the process that started at `start_time`, or, once that
     /// process has exited, while its group still has members: the kernel never hands out
     /// a pid that is the id of a live group, so such a group is still the same one.
-    pub(crate) fn verified(mut self, pid: ProcessId, start_time: u64) -> Self {
+    pub fn verified(mut self, pid: ProcessId, start_time: u64) -> Self {
         self.identity = Some((pid, start_time));
         self
     }
 
     /// True while something this stop would reach lives: the cgroup is populated, or
     /// (without one) the group has a live member.
-    pub(crate) fn alive(&self) -> bool {
+    pub fn alive(&self) -> bool {
         #[cfg(target_os = "linux")]
         if let Some(cg) = &self.cgroup {
             // A cgroup that cannot be read any more was removed: nothing lives in it.
@@ -183,7 +183,7 @@ impl Group {
     /// Stops what the group holds when its leader has already been reaped (or there is
     /// none): nothing is signalled when nothing lives. `on_kill(cut_short)` runs right
     /// before the SIGKILL, for the caller's own log line.
-    pub(crate) async fn terminate(
+    pub async fn terminate(
         &self,
         grace: Duration,
         hurry: Option<StopDeadline>,
@@ -198,7 +198,7 @@ impl Group {
 
     /// Stops a group whose leader this process has yet to reap: the grace waits for the
     /// leader and the rest, and the leader is reaped after the kill.
-    pub(crate) async fn stop_leader(
+    pub async fn stop_leader(
         &self,
         leader: &mut impl Reapable,
         grace: Duration,
@@ -272,7 +272,7 @@ impl Group {
     /// start). The stop is over once nothing lives and `released()` says so too; a signal
     /// that cannot be sent is an error rather than a warning. `on_kill` runs right before
     /// the SIGKILL.
-    pub(crate) fn terminate_blocking(
+    pub fn terminate_blocking(
         &self,
         grace: Duration,
         kill_wait: Duration,
@@ -317,13 +317,13 @@ impl Group {
     }
 
     /// SIGKILL now, without a grace: `cgroup.kill`, or SIGKILL to the group.
-    pub(crate) fn kill_now(&self) {
+    pub fn kill_now(&self) {
         self.kill();
     }
 
     /// [`Self::kill_now`], then waits up to `wait` for nothing to live; returns whether
     /// it emptied.
-    pub(crate) async fn kill_and_wait(&self, wait: Duration) -> bool {
+    pub async fn kill_and_wait(&self, wait: Duration) -> bool {
         self.kill();
         self.wait_empty(Instant::now() + wait).await
     }
@@ -408,7 +408,7 @@ fn wait_blocking(limit: Duration, done: &mut impl FnMut() -> bool) -> bool {
 
 /// Resolves once the stop deadline in `rx` has passed; never while there is none (or no
 /// `rx` at all). A fresh call starts a fresh wait, so it may be raced again and again.
-pub(crate) async fn deadline_passed(rx: Option<StopDeadline>) {
+pub async fn deadline_passed(rx: Option<StopDeadline>) {
     let Some(mut rx) = rx else {
         return std::future::pending().await;
     };
