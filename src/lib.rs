@@ -3,22 +3,21 @@
 //! against — one binary. See docs/design.md for the invariants each module upholds.
 
 pub(crate) mod agent;
-pub(crate) mod build_info;
 pub mod cli;
 pub mod cmd;
 pub(crate) mod hub;
 pub mod hub_client;
 pub mod logging;
 pub(crate) mod release;
-pub mod runner;
-pub(crate) mod stream_body;
 
 // The crates below this one, under the names the code above them uses.
+pub use railgrid_build as build_info;
 pub use railgrid_proto as proto;
+pub use railgrid_runner as runner;
 pub use railgrid_supervisor as supervisor;
 pub use railgrid_supervisor::proc_tree;
 pub use railgrid_sys as sys;
 pub use railgrid_util as util;
-pub use railgrid_util::{env_policy, env_vars, file_error, metrics_text, small_file};
+pub use railgrid_util::{env_policy, env_vars, file_error, metrics_text, small_file, stream_body};
 
 pub(crate) use util::error_chain;

@@ -268,8 +268,10 @@ fn circles_in(src: &Path) -> Vec<String> {
 const CRATES: &[&str] = &[
     "railgrid-sys",
     "railgrid-util",
+    "railgrid-build",
     "railgrid-proto",
     "railgrid-supervisor",
+    "railgrid-runner",
     "railgrid",
 ];
 

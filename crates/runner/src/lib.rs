@@ -21,7 +21,7 @@ pub mod egress;
 pub mod engine;
 pub mod job;
 pub mod leftover;
-pub(crate) mod metrics;
+pub mod metrics;
 pub mod process;
 pub mod sandbox;
 #[cfg(target_os = "linux")]
@@ -40,8 +40,12 @@ use tokio::time::Instant as TokioInstant;
 use thiserror::Error;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::build_info;
-use crate::supervisor::lock::{self, LockError, PidLock};
+use railgrid_build as build_info;
+use railgrid_proto as proto;
+use railgrid_supervisor::lock::{self, LockError, PidLock};
+use railgrid_supervisor::{self as supervisor, proc_tree};
+use railgrid_sys as sys;
+use railgrid_util::{self as util, env_vars, error_chain, metrics_text, small_file, stream_body};
 
 /// How long open requests may take to finish after the jobs have stopped.
 const SERVER_DRAIN: Duration = Duration::from_secs(2);

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::{blocking, Engine, EngineError};
+use crate::job::{self, JobError, SpoolStats};
 use crate::proto::admission::{Admission, AdmissionChange};
 use crate::proto::job::{JobRecord, JobSpec, JobState};
-use crate::runner::job::{self, JobError, SpoolStats};
-use crate::runner::store::{self, Inserted, Outcome};
+use crate::store::{self, Inserted, Outcome};
 
 pub(super) struct RunningJob {
     pub(super) owner: String,
@@ -22,7 +22,7 @@ pub(super) struct RunningJob {
     pub(super) stdout: Option<Arc<SpoolStats>>,
     pub(super) stderr: Option<Arc<SpoolStats>>,
     /// What its egress proxy refused so far.
-    pub(super) denials: Option<Arc<crate::runner::egress::Denials>>,
+    pub(super) denials: Option<Arc<crate::egress::Denials>>,
     /// Another job's workspace its `cwd` is in (`../ID/…`): retention leaves it alone.
     pub(super) uses: Option<String>,
 }
@@ -158,7 +158,7 @@ impl Engine {
         spec.validate()?;
         crate::proto::secret::check_values(&spec, &secrets)
             .map_err(|e| EngineError::Spec(e.into()))?;
-        crate::runner::job::mask::check(secrets.values().map(String::as_bytes))
+        crate::job::mask::check(secrets.values().map(String::as_bytes))
             .map_err(|e| EngineError::Job(e.into()))?;
         if self.inner.shutting_down.load(Ordering::Relaxed) {
             return Err(EngineError::ShuttingDown);
@@ -320,7 +320,7 @@ impl Engine {
             .mark_finished(id, JobState::Cancelled, &outcome)
             .await?;
         self.when_recorded(id, "cancelled", recorded);
-        crate::runner::metrics::job_ended(JobState::Cancelled.as_str(), None);
+        crate::metrics::job_ended(JobState::Cancelled.as_str(), None);
         self.count_finished(id, 0).await;
         self.bump();
         Ok(())

@@ -57,7 +57,7 @@ pub struct Tiers<'a> {
     pub cgroups: Option<&'a CgroupTier>,
     pub fs: Option<&'a FsGuard>,
     /// The sandbox, held or not (it says which).
-    pub sandbox: Option<&'a crate::runner::sandbox::Sandboxing>,
+    pub sandbox: Option<&'a crate::sandbox::Sandboxing>,
 }
 
 /// The cgroup tier, when the runner's cgroup is delegated to it.

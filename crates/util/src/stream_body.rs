@@ -2,7 +2,7 @@
 
 /// An `application/octet-stream` response whose body is what `rx` yields, as it comes:
 /// a followed job stream (the runner's and the hub's).
-pub(crate) fn streamed_bytes(
+pub fn streamed_bytes(
     rx: tokio::sync::mpsc::Receiver<Result<Vec<u8>, std::io::Error>>,
 ) -> axum::response::Response {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {

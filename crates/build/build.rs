@@ -1,4 +1,4 @@
-//! Stamps the binary with its version, commit and target.
+//! Stamps railgrid with its version, commit and target.
 //!
 //! `RAILGRID_BUILD_VERSION` overrides the Cargo version, so tests and release tooling can
 //! build a binary that reports another version from the same source.
@@ -27,8 +27,12 @@ fn main() {
 
 fn git_commit() -> Option<String> {
     let dir = std::env::var("CARGO_MANIFEST_DIR").ok()?;
-    let git = std::path::Path::new(&dir).join(".git");
-    if git.join("HEAD").exists() {
+    // The repository's, above this crate's directory.
+    let git = std::path::Path::new(&dir)
+        .ancestors()
+        .map(|d| d.join(".git"))
+        .find(|g| g.join("HEAD").exists());
+    if let Some(git) = git {
         println!("cargo:rerun-if-changed={}", git.join("HEAD").display());
         if let Ok(head) = std::fs::read_to_string(git.join("HEAD")) {
             if let Some(r) = head.strip_prefix("ref: ") {

@@ -306,7 +306,7 @@ async fn health(State(api): State<Api>) -> Json<Health> {
 async fn metrics(State(api): State<Api>) -> Response {
     let (running, queued) = api.engine.job_counts();
     let kept = api.engine.kept();
-    let now = crate::runner::metrics::Now {
+    let now = crate::metrics::Now {
         running: running as u64,
         queued: queued as u64,
         max_jobs: api.engine.admission().max_jobs as u64,
@@ -316,7 +316,7 @@ async fn metrics(State(api): State<Api>) -> Response {
         draining: api.engine.drain_view().drain.is_some(),
         confinement: api.engine.confinement(),
     };
-    let mut resp = crate::runner::metrics::render(&now).into_response();
+    let mut resp = crate::metrics::render(&now).into_response();
     resp.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,
         axum::http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

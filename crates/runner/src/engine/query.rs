@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{blocking, Engine, EngineError};
+use crate::job;
 use crate::proto::job::{JobRecord, JobState};
-use crate::runner::job;
 
 /// What [`Engine::wait_until`] waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -464,7 +464,7 @@ impl JobSandbox {
             cwd: &self.cwd,
             seccomp: s.filter.as_ref(),
             own_network: self.own_network,
-            proxy_port: self.proxy.then_some(crate::runner::egress::PORT),
+            proxy_port: self.proxy.then_some(crate::egress::PORT),
         }
     }
 }

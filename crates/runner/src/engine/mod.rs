@@ -76,7 +76,7 @@ pub struct EngineConfig {
     /// Start jobs with fork and exec even where `clone` with a pidfd works.
     pub force_fork: bool,
     /// Every job's sandbox (`runner.sandbox*`).
-    pub sandbox: crate::runner::sandbox::SandboxConfig,
+    pub sandbox: crate::sandbox::SandboxConfig,
 }
 
 impl Default for EngineConfig {
@@ -94,7 +94,7 @@ impl Default for EngineConfig {
             max_kept_bytes: DEFAULT_MAX_KEPT_BYTES,
             job_path: None,
             force_fork: false,
-            sandbox: crate::runner::sandbox::SandboxConfig::default(),
+            sandbox: crate::sandbox::SandboxConfig::default(),
         }
     }
 }
@@ -133,7 +133,7 @@ pub enum EngineError {
     )]
     NoNetworkSandbox { network: &'static str, why: String },
     #[error(transparent)]
-    Sandbox(crate::runner::sandbox::SandboxError),
+    Sandbox(crate::sandbox::SandboxError),
     #[error(transparent)]
     Store(#[from] JobStoreError),
     #[error("internal task failed: {0}")]
@@ -325,7 +325,7 @@ impl Engine {
     /// host that refuses one).
     pub(super) fn sandbox_refusal(&self) -> Option<String> {
         let s = &self.inner.sandbox;
-        (s.mode() == crate::runner::sandbox::SandboxMode::Required)
+        (s.mode() == crate::sandbox::SandboxMode::Required)
             .then(|| s.unavailable().map(str::to_owned))
             .flatten()
     }

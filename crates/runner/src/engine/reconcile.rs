@@ -1,5 +1,5 @@
 //! Startup reconciliation: what a previous runner left behind is ended in the background
-//! (one task per leftover job or job cgroup, see [`crate::runner::leftover`]) while this
+//! (one task per leftover job or job cgroup, see [`crate::leftover`]) while this
 //! runner already serves, its queued jobs are queued again, and the retention totals are
 //! read back. Also `when_recorded`, which follows a state change the disk could not take
 //! yet until it is committed.
@@ -10,10 +10,10 @@ use std::time::Duration;
 use super::admission::Queued;
 use super::retention::Totals;
 use super::{blocking, Engine, EngineError};
+use crate::leftover::{self, Context, Leftover};
 use crate::proto::job::JobState;
 use crate::proto::spec;
-use crate::runner::leftover::{self, Context, Leftover};
-use crate::runner::store::Recorded;
+use crate::store::Recorded;
 
 impl Engine {
     /// When a state change was held rather than committed (a full disk), wakes waiters

@@ -17,7 +17,7 @@ static JOB_DURATION: Histogram = Histogram::new(DURATION_BUCKETS);
 static JOBS_ENDED: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
 
 /// A job ended as `state`, `ran_ms` after it was admitted (when it ran at all).
-pub(crate) fn job_ended(state: &str, ran_ms: Option<u64>) {
+pub fn job_ended(state: &str, ran_ms: Option<u64>) {
     *crate::util::lock(&JOBS_ENDED)
         .entry(state.to_owned())
         .or_default() += 1;
@@ -27,18 +27,18 @@ pub(crate) fn job_ended(state: &str, ran_ms: Option<u64>) {
 }
 
 /// What is, read from the engine at a scrape.
-pub(crate) struct Now<'a> {
-    pub(crate) running: u64,
-    pub(crate) queued: u64,
-    pub(crate) max_jobs: u64,
-    pub(crate) kept_bytes: u64,
-    pub(crate) finished_jobs: u64,
-    pub(crate) commits_pending: u64,
-    pub(crate) draining: bool,
-    pub(crate) confinement: &'a str,
+pub struct Now<'a> {
+    pub running: u64,
+    pub queued: u64,
+    pub max_jobs: u64,
+    pub kept_bytes: u64,
+    pub finished_jobs: u64,
+    pub commits_pending: u64,
+    pub draining: bool,
+    pub confinement: &'a str,
 }
 
-pub(crate) fn render(now: &Now<'_>) -> String {
+pub fn render(now: &Now<'_>) -> String {
     let mut out = String::with_capacity(4096);
     sample(
         &mut out,
@@ -87,7 +87,7 @@ pub(crate) fn render(now: &Now<'_>) -> String {
         "railgrid_runner_egress_denied_total",
         "Connections jobs' egress proxies refused since the runner started (network allow).",
         "counter",
-        crate::runner::egress::DENIED_TOTAL.load(std::sync::atomic::Ordering::Relaxed),
+        crate::egress::DENIED_TOTAL.load(std::sync::atomic::Ordering::Relaxed),
     );
     sample(
         &mut out,

@@ -246,7 +246,7 @@ impl SpoolTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runner::job::JobPaths;
+    use crate::job::JobPaths;
     use crate::sys::pipe;
     use std::fs;
     use std::os::fd::OwnedFd;

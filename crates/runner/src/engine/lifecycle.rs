@@ -11,11 +11,11 @@ use tokio::sync::watch;
 
 use super::admission::Cancel;
 use super::{blocking, Engine, EngineError};
+use crate::confine::Tiers;
+use crate::job;
 use crate::proc_tree::{self, Reapable};
 use crate::proto::job::{JobSpec, JobState};
-use crate::runner::confine::Tiers;
-use crate::runner::job;
-use crate::runner::store::{Outcome, Recorded};
+use crate::store::{Outcome, Recorded};
 use crate::supervisor;
 use crate::sys::{self, ProcessId};
 
@@ -54,7 +54,7 @@ impl Engine {
         }
         tracing::info!(job = %id, state = state.as_str(), exit_code = ?outcome.exit_code, signal = ?outcome.signal, "job finished");
         let ran = (crate::util::unix_now_ms() as i64).saturating_sub(admitted_ms);
-        crate::runner::metrics::job_ended(state.as_str(), u64::try_from(ran).ok());
+        crate::metrics::job_ended(state.as_str(), u64::try_from(ran).ok());
         {
             let mut s = self.sched();
             if let Some(run) = s.running.remove(&id) {

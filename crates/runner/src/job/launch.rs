@@ -9,8 +9,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use super::JobError;
+use crate::process::JobProcess;
 use crate::proto::job::JobSpec;
-use crate::runner::process::JobProcess;
 use crate::supervisor::DEFAULT_PATH;
 use crate::sys::dirfd::Dir;
 use crate::sys::errno::Failure;

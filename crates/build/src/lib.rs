@@ -4,21 +4,21 @@ use serde::{Deserialize, Serialize};
 
 /// The version this binary reports; `RAILGRID_BUILD_VERSION` at build time overrides the
 /// crate version.
-pub(crate) const VERSION: &str = env!("RAILGRID_VERSION");
+pub const VERSION: &str = env!("RAILGRID_VERSION");
 /// The git commit it was built from, empty when unknown.
-pub(crate) const COMMIT: &str = env!("RAILGRID_COMMIT");
+pub const COMMIT: &str = env!("RAILGRID_COMMIT");
 /// The target triple it was built for.
-pub(crate) const TARGET: &str = env!("RAILGRID_TARGET");
+pub const TARGET: &str = env!("RAILGRID_TARGET");
 
 /// `railgrid version --json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct BuildInfo {
-    pub(crate) version: String,
-    pub(crate) commit: Option<String>,
-    pub(crate) target: String,
+pub struct BuildInfo {
+    pub version: String,
+    pub commit: Option<String>,
+    pub target: String,
 }
 
-pub(crate) fn current() -> BuildInfo {
+pub fn current() -> BuildInfo {
     BuildInfo {
         version: VERSION.to_owned(),
         commit: (!COMMIT.is_empty()).then(|| COMMIT.to_owned()),
