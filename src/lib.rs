@@ -2,17 +2,17 @@
 //! that executes jobs in confined process trees, and the reference hub they reconcile
 //! against — one binary. See docs/design.md for the invariants each module upholds.
 
-pub(crate) mod agent;
 pub mod cli;
 pub mod cmd;
 pub(crate) mod hub;
 pub mod hub_client;
 pub mod logging;
-pub(crate) mod release;
 
 // The crates below this one, under the names the code above them uses.
+pub use railgrid_agent as agent;
 pub use railgrid_build as build_info;
 pub use railgrid_proto as proto;
+pub use railgrid_release as release;
 pub use railgrid_runner as runner;
 pub use railgrid_supervisor as supervisor;
 pub use railgrid_supervisor::proc_tree;

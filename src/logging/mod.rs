@@ -12,7 +12,6 @@
 mod escape;
 
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -22,15 +21,6 @@ pub enum LogFormat {
     /// One JSON object a line: `timestamp`, `level`, `target`, `fields.message` and the
     /// event's other fields, and the spans it is in.
     Json,
-}
-
-/// Set once the log is set up: the agent passes it on to the runner it starts (whose
-/// environment is built from nothing).
-static JSON: AtomicBool = AtomicBool::new(false);
-
-/// Whether this process logs JSON.
-pub(crate) fn is_json() -> bool {
-    JSON.load(Ordering::Relaxed)
 }
 
 /// Logs to stderr (unless `stderr` is false) and, when given, to a second writer (the
@@ -49,7 +39,7 @@ pub(crate) fn init(
         .and_then(|s| s.parse::<Targets>().ok())
         .unwrap_or_else(|| Targets::new().with_default(LevelFilter::INFO));
     let json = format == LogFormat::Json;
-    JSON.store(json, Ordering::Relaxed);
+    crate::util::log_format::set_json(json);
     // NO_COLOR (no-color.org): no escape codes, even on a terminal.
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let layer = |writer: tracing_subscriber::fmt::writer::BoxMakeWriter, ansi: bool| {

@@ -270,8 +270,11 @@ const CRATES: &[&str] = &[
     "railgrid-util",
     "railgrid-build",
     "railgrid-proto",
+    "railgrid-release",
+    "railgrid-hub-client",
     "railgrid-supervisor",
     "railgrid-runner",
+    "railgrid-agent",
     "railgrid",
 ];
 

@@ -2,12 +2,14 @@
 //! bytes, a lock that survives a panic, the one way an operator-named file is read
 //! (`small_file`), the one I/O error the modules' errors wrap (`file_error`), every
 //! environment variable railgrid reads or sets (`env_vars`) and the ones it refuses
-//! (`env_policy`), Prometheus' text format (`metrics_text`) and, for the two HTTP servers, a followed
-//! stream as a response body (`stream_body`, feature `http`).
+//! (`env_policy`), whether the process logs JSON (`log_format`), Prometheus' text format
+//! (`metrics_text`) and, for the two HTTP servers, a followed stream as a response body
+//! (`stream_body`, feature `http`).
 
 pub mod env_policy;
 pub mod env_vars;
 pub mod file_error;
+pub mod log_format;
 pub mod metrics_text;
 pub mod small_file;
 #[cfg(feature = "http")]
