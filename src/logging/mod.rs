@@ -1,6 +1,8 @@
 //! The process's log: text for a person, or one JSON object a line for a collector
 //! (`--log-format json`, `RAILGRID_LOG_FORMAT=json`), on stderr and, for the agent, in its
-//! rolling file. `RAILGRID_LOG` takes a filter such as `debug` or `railgrid=trace`.
+//! rolling file. `RAILGRID_LOG` takes a filter such as `debug`, `railgrid=trace` (every
+//! crate of railgrid: targets are the crates' module paths, and match by prefix) or
+//! `info,railgrid_agent::hub=debug` (one room of one crate).
 //!
 //! Much of what is logged comes from clients and jobs (a host's name, an error an agent
 //! reports, a job's argv). One line is one event whatever they hold: in text, every field

@@ -126,7 +126,7 @@ fn a_revoked_token_shows_in_status_and_the_runner_keeps_running() {
     let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
     // Each retry is logged at debug level: the test sees them happen.
     let mut cmd = h.agent_command(&hub.url, "a1");
-    cmd.env("RAILGRID_LOG", "info,railgrid::agent::hub=debug");
+    cmd.env("RAILGRID_LOG", "info,railgrid_agent::hub=debug");
     let agent = Guard::new(cmd.spawn().expect("spawn agent"));
     let runner = h.host.wait_runner("a runner", |_| true);
     let g = hub_generation(&hub, "a1");
