@@ -68,7 +68,7 @@ impl Quick {
         Hits {
             quick: self,
             data,
-            next: vec![Next::Unknown; self.groups.len()],
+            next: [Next::Unknown; MAX_GROUPS],
         }
     }
 }
@@ -84,14 +84,15 @@ enum Next {
 pub(super) struct Hits<'a> {
     quick: &'a Quick,
     data: &'a [u8],
-    next: Vec<Next>,
+    /// One for each group (at most `MAX_GROUPS`): no allocation per read.
+    next: [Next; MAX_GROUPS],
 }
 
 impl Hits<'_> {
     /// Where the first anchor at or after `from` starts.
     pub(super) fn from(&mut self, from: usize) -> Option<usize> {
         let mut first = None;
-        for (group, next) in self.quick.groups.iter().zip(&mut self.next) {
+        for (group, next) in self.quick.groups.iter().zip(self.next.iter_mut()) {
             let stale = match *next {
                 Next::Unknown => true,
                 Next::At(at) => at < from,
