@@ -4,13 +4,13 @@
 
 pub mod cli;
 pub mod cmd;
-pub(crate) mod hub;
 pub mod hub_client;
 pub mod logging;
 
 // The crates below this one, under the names the code above them uses.
 pub use railgrid_agent as agent;
 pub use railgrid_build as build_info;
+pub use railgrid_hub as hub;
 pub use railgrid_proto as proto;
 pub use railgrid_release as release;
 pub use railgrid_runner as runner;

@@ -80,7 +80,7 @@ fn store(target: Target, command: HubStoreCommand, json: bool) -> anyhow::Result
         HubStoreCommand::Renumber(a) => a,
         HubStoreCommand::Copy(a) => return super::hub_store_copy::run(a, json),
     };
-    let url = crate::hub::config::store_url(a.store, a.config.as_deref()).map_err(usage)?;
+    let url = super::hub_config::store_url(a.store, a.config.as_deref()).map_err(usage)?;
     let rt = super::current_thread_runtime()?;
     let done = rt
         .block_on(crate::hub::renumber::renumber(
@@ -148,7 +148,7 @@ fn serve(target: Target, a: HubServeArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .map(std::path::absolute)
             .collect::<Result<_, _>>()?,
-        store: crate::hub::config::store_url(a.store, a.config.as_deref()).map_err(usage)?,
+        store: super::hub_config::store_url(a.store, a.config.as_deref()).map_err(usage)?,
         keep_audit: a.keep_audit,
         metrics_listen: a.metrics_listen,
         agent_token_max_age: a.agent_token_max_age,

@@ -8,7 +8,7 @@ use crate::cli::HubStoreCopyArgs;
 use crate::hub::copy::Copied;
 
 pub(super) fn run(a: HubStoreCopyArgs, json: bool) -> anyhow::Result<ExitCode> {
-    let url = crate::hub::config::store_url(a.to, a.config.as_deref())
+    let url = super::hub_config::store_url(a.to, a.config.as_deref())
         .map_err(usage)?
         .ok_or_else(|| {
             usage(anyhow::anyhow!(

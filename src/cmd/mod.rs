@@ -7,6 +7,7 @@ mod agent_drain;
 mod agent_reload;
 mod hub;
 mod hub_access;
+mod hub_config;
 mod hub_drain;
 mod hub_job;
 mod hub_release;

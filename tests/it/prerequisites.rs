@@ -5,8 +5,7 @@
 
 use std::path::Path;
 
-/// What installs the prerequisites, as the README says.
-pub const INSTALL: &str = "bash scripts/install-test-prerequisites.sh";
+pub use railgrid_testkit::INSTALL;
 
 fn on_path(tool: &str) -> bool {
     let path = std::env::var_os("PATH").unwrap_or_default();

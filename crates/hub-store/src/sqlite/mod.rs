@@ -1,0 +1,761 @@
+//! The embedded store: one SQLite file in the hub's data dir, WAL with
+//! `synchronous=FULL`: a change the hub has answered for (an enrolment, a desired change)
+//! survives a crash of the hub and a power cut. Reports come in batches (one transaction
+//! a second at most), so the fsync per commit costs little.
+//!
+//! One connection behind a mutex, used from blocking threads: the hub's writes are few
+//! and its reads come from memory.
+
+mod access;
+mod dump;
+mod jobs;
+mod rollouts;
+mod secrets;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::{
+    merge_labels, plan_append, AgentRow, AppendPlan, Appended, Assigned, Assignment, Enrol,
+    HaltRow, JobFilter, JobProgress, JobRow, JobStore, Labels, ReleaseRow, ReportRow, ScopeRow,
+    Snapshot, Store, StoreError, Stream, OPEN_STATES,
+};
+use crate::proto::desired::MAX_GENERATION;
+use crate::proto::hub::DesiredSettings;
+
+/// Schema migrations, applied in order; `user_version` records how many ran. Portable
+/// SQL: the same statements run on PostgreSQL.
+pub(super) const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value BIGINT NOT NULL
+    );
+    INSERT INTO meta (key, value) VALUES ('generation', 0);
+    CREATE TABLE agents (
+        id TEXT PRIMARY KEY,
+        token_sha256 TEXT NOT NULL,
+        enrolled_at BIGINT NOT NULL,
+        revoked_at BIGINT,
+        last_seen BIGINT,
+        observed_generation BIGINT NOT NULL DEFAULT 0,
+        report TEXT
+    );
+    CREATE TABLE desired (
+        scope TEXT PRIMARY KEY,
+        generation BIGINT NOT NULL,
+        settings TEXT NOT NULL
+    );",
+    // 2: jobs through the hub, and their output in chunks (each upload's new bytes).
+    // PostgreSQL: BYTEA for BLOB.
+    "INSERT INTO meta (key, value) VALUES ('job_seq', 0);
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        seq BIGINT NOT NULL UNIQUE,
+        agent TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        created_ms BIGINT NOT NULL,
+        state TEXT NOT NULL,
+        cancel_requested BIGINT NOT NULL DEFAULT 0,
+        exit_code BIGINT,
+        exit_signal BIGINT,
+        error TEXT,
+        finished_ms BIGINT,
+        stdout_bytes BIGINT NOT NULL DEFAULT 0,
+        stderr_bytes BIGINT NOT NULL DEFAULT 0,
+        runner_truncated TEXT,
+        done BIGINT NOT NULL DEFAULT 0,
+        stdout_length BIGINT NOT NULL DEFAULT 0,
+        stderr_length BIGINT NOT NULL DEFAULT 0,
+        stdout_stored BIGINT NOT NULL DEFAULT 0,
+        stderr_stored BIGINT NOT NULL DEFAULT 0
+    );
+    CREATE INDEX jobs_by_agent ON jobs (agent, seq);
+    CREATE INDEX jobs_by_done ON jobs (done, seq);
+    CREATE TABLE job_output (
+        job TEXT NOT NULL,
+        stream TEXT NOT NULL,
+        start BIGINT NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (job, stream, start)
+    );",
+    // 3: release artifacts (their bytes are files in the data dir) and halted versions.
+    "CREATE TABLE releases (
+        version TEXT NOT NULL,
+        os TEXT NOT NULL,
+        arch TEXT NOT NULL,
+        size BIGINT NOT NULL,
+        sha256 TEXT NOT NULL,
+        signature TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        published_at BIGINT NOT NULL,
+        PRIMARY KEY (version, os, arch)
+    );
+    CREATE TABLE halts (
+        version TEXT PRIMARY KEY,
+        agent TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        halted_at BIGINT NOT NULL
+    );",
+    // 4: when the hub first heard a job had reached its agent's runner.
+    "ALTER TABLE jobs ADD COLUMN started_ms BIGINT;",
+    // 5: the labels the hub sets on an agent (JSON), over the ones its host reports.
+    "ALTER TABLE agents ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';",
+    // 6: jobs routed by labels: their selector, priority and queue deadline. A queued
+    // job has no agent yet (`agent = ''`).
+    "ALTER TABLE jobs ADD COLUMN selector TEXT;
+    ALTER TABLE jobs ADD COLUMN priority BIGINT NOT NULL DEFAULT 50;
+    ALTER TABLE jobs ADD COLUMN queue_deadline_ms BIGINT;",
+    // 7: fan-out: the group a job is a member of (one job per matching agent).
+    "ALTER TABLE jobs ADD COLUMN job_group TEXT;
+    CREATE INDEX jobs_by_group ON jobs (job_group, seq);",
+    // 8: retries of a selected job lost with its agent: which attempt a job is, how
+    // many more it may have, and the agent the last one was lost on.
+    "ALTER TABLE jobs ADD COLUMN attempt BIGINT NOT NULL DEFAULT 1;
+    ALTER TABLE jobs ADD COLUMN retries BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN avoid TEXT;",
+    // 9: rollouts, their members, and the lease of the hub that drives them.
+    super::rollouts::MIGRATION,
+    // 10: scoped admin tokens, enrolment tokens, the audit log, agent token rotation.
+    super::access::MIGRATION,
+    // 11: an audit line that stands for many refusals alike.
+    super::access::AUDIT_COUNT_MIGRATION,
+    // 12: which agent was served which release's artifact, for a rollout's evidence.
+    super::rollouts::FETCH_MIGRATION,
+    // 13: what a job's egress proxy refused, by destination (JSON, see `Denial`).
+    "ALTER TABLE jobs ADD COLUMN egress_denied TEXT;",
+    // 14: secrets for jobs, sealed (the key is a file beside the hub, never a row).
+    super::secrets::MIGRATION,
+];
+
+/// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
+const NEXT_GENERATION: &str =
+    "UPDATE meta SET value = value + 1 WHERE key = 'generation' AND value < ?1 RETURNING value";
+
+pub struct SqliteStore {
+    path: PathBuf,
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl SqliteStore {
+    /// Opens (creating and migrating) `path`.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let name = path.display().to_string();
+        let err = |source| StoreError::Sqlite {
+            path: name.clone(),
+            source,
+        };
+        let mut conn = Connection::open(path).map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(err)?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(err)?;
+        if version > MIGRATIONS.len() as i64 {
+            return Err(StoreError::NewerSchema {
+                path: name,
+                found: version,
+                known: MIGRATIONS.len(),
+            });
+        }
+        for (n, sql) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
+            let tx = conn.transaction().map_err(err)?;
+            tx.execute_batch(sql).map_err(err)?;
+            tx.pragma_update(None, "user_version", (n + 1) as i64)
+                .map_err(err)?;
+            tx.commit().map_err(err)?;
+        }
+        Ok(Self {
+            path: path.to_owned(),
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// Runs `f` on the connection, on a blocking thread.
+    async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection, &str) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let conn = self.conn.clone();
+        let name = self.path.display().to_string();
+        tokio::task::spawn_blocking(move || f(&mut crate::util::lock(&conn), &name))
+            .await
+            .map_err(StoreError::Worker)?
+    }
+}
+
+fn sql(path: &str) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+    move |source| StoreError::Sqlite {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn next_generation(tx: &rusqlite::Transaction<'_>, path: &str) -> Result<u64, StoreError> {
+    let g: Option<i64> = tx
+        .query_row(NEXT_GENERATION, params![MAX_GENERATION as i64], |r| {
+            r.get(0)
+        })
+        .optional()
+        .map_err(sql(path))?;
+    g.map(u64_of)
+        .ok_or_else(|| StoreError::GenerationsExhausted(path.to_owned()))
+}
+
+fn opt_u64(v: Option<i64>) -> Option<u64> {
+    v.map(|n| n.max(0) as u64)
+}
+
+fn u64_of(n: i64) -> u64 {
+    n.max(0) as u64
+}
+
+/// The next number of the counter `key` in `meta` (jobs, rollouts, enrolment tokens,
+/// audit lines).
+fn next_seq(tx: &rusqlite::Transaction<'_>, key: &str, path: &str) -> Result<i64, StoreError> {
+    tx.query_row(
+        "UPDATE meta SET value = value + 1 WHERE key = ?1 RETURNING value",
+        params![key],
+        |r| r.get(0),
+    )
+    .map_err(sql(path))
+}
+
+/// Gives `scope` the next generation.
+fn bump_scope(tx: &rusqlite::Transaction<'_>, scope: &str, path: &str) -> Result<u64, StoreError> {
+    let generation = next_generation(tx, path)?;
+    tx.execute(
+        "INSERT INTO desired (scope, generation, settings) VALUES (?1, ?2, '{}')
+         ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation",
+        params![scope, generation as i64],
+    )
+    .map_err(sql(path))?;
+    Ok(generation)
+}
+
+/// A change to one scope that moves it: its generation is bumped, the change commits,
+/// and the generation is returned.
+fn bump_and_commit(
+    tx: rusqlite::Transaction<'_>,
+    scope: &str,
+    path: &str,
+) -> Result<u64, StoreError> {
+    let generation = bump_scope(&tx, scope, path)?;
+    tx.commit().map_err(sql(path))?;
+    Ok(generation)
+}
+
+const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
+    exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
+    stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
+    queue_deadline_ms, job_group, attempt, retries, avoid, scope, egress_denied";
+
+/// The raw columns of a job row, parsed afterwards (outside rusqlite's row closure, so
+/// that a record that does not parse is an error that names it).
+type RawJob = (
+    (String, i64, String, String, i64, String, i64),
+    (Option<i64>, Option<i64>, Option<String>, Option<i64>),
+    (i64, i64, Option<String>, i64),
+    (i64, i64, i64, i64, Option<i64>),
+    (Option<String>, i64, Option<i64>, Option<String>),
+    (i64, i64, Option<String>, Option<String>, Option<String>),
+);
+
+fn raw_job(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawJob> {
+    Ok((
+        (
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+            r.get(6)?,
+        ),
+        (r.get(7)?, r.get(8)?, r.get(9)?, r.get(10)?),
+        (r.get(11)?, r.get(12)?, r.get(13)?, r.get(14)?),
+        (r.get(15)?, r.get(16)?, r.get(17)?, r.get(18)?, r.get(19)?),
+        (r.get(20)?, r.get(21)?, r.get(22)?, r.get(23)?),
+        (r.get(24)?, r.get(25)?, r.get(26)?, r.get(27)?, r.get(28)?),
+    ))
+}
+
+fn job_row(path: &str, raw: RawJob) -> Result<JobRow, StoreError> {
+    let (
+        (id, seq, agent, spec, created_ms, state, cancel),
+        (code, signal, error, finished),
+        rest,
+        lens,
+        (selector, priority, queue_deadline, group),
+        (attempt, retries, avoid, scope, denied),
+    ) = raw;
+    let corrupt = |what: String| {
+        let path = path.to_owned();
+        move |source| StoreError::Corrupt { path, what, source }
+    };
+    let spec = serde_json::from_str(&spec).map_err(corrupt(format!("the spec of job {id:?}")))?;
+    let (stdout_bytes, stderr_bytes, truncated, done) = rest;
+    let runner_truncated = truncated
+        .map(|t| serde_json::from_str(&t))
+        .transpose()
+        .map_err(corrupt(format!("the truncation of job {id:?}")))?;
+    let egress_denied = denied
+        .map(|t| serde_json::from_str(&t))
+        .transpose()
+        .map_err(corrupt(format!("the egress refusals of job {id:?}")))?
+        .unwrap_or_default();
+    Ok(JobRow {
+        seq: u64_of(seq),
+        agent,
+        spec,
+        created_ms: u64_of(created_ms),
+        progress: JobProgress {
+            state,
+            cancel_requested: cancel != 0,
+            exit_code: code.map(|c| c as i32),
+            signal: signal.map(|s| s as i32),
+            error,
+            finished_ms: opt_u64(finished),
+            started_ms: opt_u64(lens.4),
+            stdout_bytes: u64_of(stdout_bytes),
+            stderr_bytes: u64_of(stderr_bytes),
+            runner_truncated,
+            egress_denied,
+            done: done != 0,
+        },
+        stdout_length: u64_of(lens.0),
+        stderr_length: u64_of(lens.1),
+        stdout_stored: u64_of(lens.2),
+        stderr_stored: u64_of(lens.3),
+        selector,
+        priority: priority.clamp(0, i64::from(u8::MAX)) as u8,
+        queue_deadline_ms: opt_u64(queue_deadline),
+        group,
+        attempt: attempt.clamp(1, i64::from(u32::MAX)) as u32,
+        retries: retries.clamp(0, i64::from(u8::MAX)) as u8,
+        avoid,
+        scope,
+        id,
+    })
+}
+
+fn select_jobs(
+    conn: &Connection,
+    path: &str,
+    query: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<JobRow>, StoreError> {
+    let e = sql(path);
+    let mut stmt = conn.prepare_cached(query).map_err(&e)?;
+    let raws = stmt
+        .query_map(params, raw_job)
+        .map_err(&e)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(&e)?;
+    raws.into_iter().map(|raw| job_row(path, raw)).collect()
+}
+
+/// Stored settings (`None`: a scope never set, the default).
+pub(super) fn parse_settings(
+    path: &str,
+    scope: &str,
+    json: Option<&str>,
+) -> Result<DesiredSettings, StoreError> {
+    json.map_or(Ok(DesiredSettings::default()), |j| {
+        serde_json::from_str(j).map_err(|source| StoreError::Corrupt {
+            path: path.to_owned(),
+            what: format!("desired settings of scope {scope:?}"),
+            source,
+        })
+    })
+}
+
+fn encode(path: &str, what: &str, v: &impl serde::Serialize) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|source| StoreError::Corrupt {
+        path: path.to_owned(),
+        what: what.to_owned(),
+        source,
+    })
+}
+
+impl Store for SqliteStore {
+    async fn load(&self) -> Result<Snapshot, StoreError> {
+        self.with(|conn, path| {
+            let e = sql(path);
+            let generation: i64 = conn
+                .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |r| {
+                    r.get(0)
+                })
+                .map_err(&e)?;
+            let mut stmt = conn
+                .prepare(
+                    "SELECT id, token_sha256, enrolled_at, revoked_at, last_seen, observed_generation, report,
+                         labels, next_token_sha256, rotate_asked, token_issued_ms
+                     FROM agents ORDER BY id",
+                )
+                .map_err(&e)?;
+            let agents = stmt
+                .query_map([], |r| {
+                    Ok(AgentRow {
+                        id: r.get(0)?,
+                        token_sha256: r.get(1)?,
+                        enrolled_at: r.get::<_, i64>(2)?.max(0) as u64,
+                        revoked_at: opt_u64(r.get(3)?),
+                        last_seen: opt_u64(r.get(4)?),
+                        observed_generation: r.get::<_, i64>(5)?.max(0) as u64,
+                        report: r.get(6)?,
+                        labels: r.get(7)?,
+                        next_token_sha256: r.get(8)?,
+                        rotate_asked: r.get::<_, i64>(9)? != 0,
+                        token_issued_ms: opt_u64(r.get(10)?),
+                    })
+                })
+                .map_err(&e)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(&e)?;
+            let mut stmt = conn
+                .prepare("SELECT scope, generation, settings FROM desired ORDER BY scope")
+                .map_err(&e)?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, String>(2)?,
+                    ))
+                })
+                .map_err(&e)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(&e)?;
+            let mut scopes = Vec::with_capacity(rows.len());
+            for (scope, generation, settings) in rows {
+                let settings = serde_json::from_str(&settings).map_err(|source| {
+                    StoreError::Corrupt {
+                        path: path.to_owned(),
+                        what: format!("desired settings of scope {scope:?}"),
+                        source,
+                    }
+                })?;
+                scopes.push(ScopeRow {
+                    scope,
+                    generation: generation.max(0) as u64,
+                    settings,
+                });
+            }
+            let open_jobs = select_jobs(
+                conn,
+                path,
+                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE done = 0 ORDER BY seq"),
+                [],
+            )?;
+            let releases = conn
+                .prepare(
+                    "SELECT version, os, arch, size, sha256, signature, key_id, published_at
+                     FROM releases ORDER BY published_at, version, os, arch",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map([], |r| {
+                        Ok(ReleaseRow {
+                            version: r.get(0)?,
+                            os: r.get(1)?,
+                            arch: r.get(2)?,
+                            size: u64_of(r.get(3)?),
+                            sha256: r.get(4)?,
+                            signature: r.get(5)?,
+                            key_id: r.get(6)?,
+                            published_at: u64_of(r.get(7)?),
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()
+                })
+                .map_err(&e)?;
+            let halts = conn
+                .prepare("SELECT version, agent, reason, halted_at FROM halts ORDER BY version")
+                .and_then(|mut stmt| {
+                    stmt.query_map([], |r| {
+                        Ok(HaltRow {
+                            version: r.get(0)?,
+                            agent: r.get(1)?,
+                            reason: r.get(2)?,
+                            halted_at: u64_of(r.get(3)?),
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()
+                })
+                .map_err(&e)?;
+            Ok(Snapshot {
+                agents,
+                scopes,
+                open_jobs,
+                generation: generation.max(0) as u64,
+                releases,
+                halts,
+            })
+        })
+        .await
+    }
+
+    async fn enrol(
+        &self,
+        id: &str,
+        token_sha256: &str,
+        now: u64,
+        reuse_revoked: bool,
+    ) -> Result<Enrol, StoreError> {
+        let (id, hash) = (id.to_owned(), token_sha256.to_owned());
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            let existing: Option<Option<i64>> = tx
+                .query_row(
+                    "SELECT revoked_at FROM agents WHERE id = ?1",
+                    params![id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(&e)?;
+            match existing {
+                Some(None) => return Ok(Enrol::Exists),
+                Some(Some(_)) if !reuse_revoked => return Ok(Enrol::Revoked),
+                // A new agent under the id: none of the old one's own settings.
+                Some(Some(_)) => {
+                    tx.execute(
+                        "UPDATE desired SET settings = '{}' WHERE scope = ?1",
+                        params![id],
+                    )
+                    .map_err(&e)?;
+                }
+                None => {}
+            }
+            tx.execute(
+                "INSERT INTO agents (id, token_sha256, enrolled_at, observed_generation)
+                 VALUES (?1, ?2, ?3, 0)
+                 ON CONFLICT (id) DO UPDATE SET token_sha256 = excluded.token_sha256,
+                     enrolled_at = excluded.enrolled_at, revoked_at = NULL, labels = '{}',
+                     next_token_sha256 = NULL, rotate_asked = 0, token_issued_ms = NULL,
+                     enrolled_via = NULL, enrolled_peer = NULL, enrolled_host = NULL",
+                params![id, hash, now as i64],
+            )
+            .map_err(&e)?;
+            bump_and_commit(tx, &id, path).map(Enrol::Done)
+        })
+        .await
+    }
+
+    async fn revoke(&self, id: &str, now: u64) -> Result<Option<u64>, StoreError> {
+        let id = id.to_owned();
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            let n = tx
+                .execute(
+                    "UPDATE agents SET revoked_at = ?2 WHERE id = ?1",
+                    params![id, now as i64],
+                )
+                .map_err(&e)?;
+            if n == 0 {
+                return Ok(None);
+            }
+            bump_and_commit(tx, &id, path).map(Some)
+        })
+        .await
+    }
+
+    async fn renumber(&self) -> Result<u64, StoreError> {
+        self.with(|conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            let was: i64 = tx
+                .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |r| {
+                    r.get(0)
+                })
+                .map_err(&e)?;
+            for statement in super::RENUMBER {
+                tx.execute(statement, []).map_err(&e)?;
+            }
+            tx.commit().map_err(&e)?;
+            Ok(u64_of(was))
+        })
+        .await
+    }
+
+    async fn set_scope(
+        &self,
+        scope: &str,
+        settings: &DesiredSettings,
+        base: Option<&DesiredSettings>,
+    ) -> Result<Result<u64, DesiredSettings>, StoreError> {
+        let scope = scope.to_owned();
+        let base = base.cloned();
+        let json = serde_json::to_string(settings).map_err(|source| StoreError::Corrupt {
+            path: self.path.display().to_string(),
+            what: "desired settings to store".into(),
+            source,
+        })?;
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            if let Some(base) = base {
+                let stored: Option<String> = tx
+                    .query_row(
+                        "SELECT settings FROM desired WHERE scope = ?1",
+                        params![scope],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(&e)?;
+                let stored = parse_settings(path, &scope, stored.as_deref())?;
+                if stored != base {
+                    return Ok(Err(stored));
+                }
+            }
+            let generation = next_generation(&tx, path)?;
+            tx.execute(
+                "INSERT INTO desired (scope, generation, settings) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation,
+                     settings = excluded.settings",
+                params![scope, generation as i64, json],
+            )
+            .map_err(&e)?;
+            tx.commit().map_err(&e)?;
+            Ok(Ok(generation))
+        })
+        .await
+    }
+
+    async fn record_reports(&self, batch: Vec<ReportRow>) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "UPDATE agents SET last_seen = ?2, observed_generation = ?3, report = ?4
+                         WHERE id = ?1",
+                    )
+                    .map_err(&e)?;
+                for r in &batch {
+                    stmt.execute(params![
+                        r.id,
+                        r.seen_at as i64,
+                        r.observed_generation as i64,
+                        r.report
+                    ])
+                    .map_err(&e)?;
+                }
+            }
+            tx.commit().map_err(&e)
+        })
+        .await
+    }
+
+    async fn put_release(&self, row: &ReleaseRow) -> Result<u64, StoreError> {
+        let row = row.clone();
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            tx.execute(
+                "INSERT INTO releases (version, os, arch, size, sha256, signature, key_id, published_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                 ON CONFLICT (version, os, arch) DO UPDATE SET size = excluded.size,
+                     sha256 = excluded.sha256, signature = excluded.signature,
+                     key_id = excluded.key_id, published_at = excluded.published_at",
+                params![
+                    row.version,
+                    row.os,
+                    row.arch,
+                    row.size as i64,
+                    row.sha256,
+                    row.signature,
+                    row.key_id,
+                    row.published_at as i64
+                ],
+            )
+            .map_err(&e)?;
+            bump_and_commit(tx, "", path)
+        })
+        .await
+    }
+
+    async fn change_labels(
+        &self,
+        id: &str,
+        set: &Labels,
+        remove: &[String],
+    ) -> Result<Option<(u64, Labels)>, StoreError> {
+        let (id, set, remove) = (id.to_owned(), set.clone(), remove.to_vec());
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            let stored: Option<String> = tx
+                .query_row(
+                    "SELECT labels FROM agents WHERE id = ?1 AND revoked_at IS NULL",
+                    params![id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(&e)?;
+            let Some(stored) = stored else {
+                return Ok(None);
+            };
+            let (labels, json) = merge_labels(path, &id, &stored, &set, &remove)?;
+            tx.execute(
+                "UPDATE agents SET labels = ?2 WHERE id = ?1",
+                params![id, json],
+            )
+            .map_err(&e)?;
+            let generation = bump_and_commit(tx, &id, path)?;
+            Ok(Some((generation, labels)))
+        })
+        .await
+    }
+
+    async fn set_halt(&self, version: &str, halt: Option<&HaltRow>) -> Result<u64, StoreError> {
+        let version = version.to_owned();
+        let halt = halt.cloned();
+        self.with(move |conn, path| {
+            let e = sql(path);
+            let tx = conn.transaction().map_err(&e)?;
+            match halt {
+                Some(h) => tx.execute(
+                    "INSERT INTO halts (version, agent, reason, halted_at) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (version) DO UPDATE SET agent = excluded.agent,
+                         reason = excluded.reason, halted_at = excluded.halted_at",
+                    params![version, h.agent, h.reason, h.halted_at as i64],
+                ),
+                None => tx.execute("DELETE FROM halts WHERE version = ?1", params![version]),
+            }
+            .map_err(&e)?;
+            bump_and_commit(tx, "", path)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("hub.db");
+        drop(SqliteStore::open(&path).expect("open"));
+        let conn = Connection::open(&path).expect("raw");
+        conn.pragma_update(None, "user_version", 99).expect("bump");
+        drop(conn);
+        match SqliteStore::open(&path) {
+            Err(StoreError::NewerSchema { found: 99, .. }) => {}
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("a newer schema was accepted"),
+        }
+    }
+}
