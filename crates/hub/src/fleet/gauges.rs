@@ -34,7 +34,7 @@ impl<S: Store> Fleet<S> {
             }
         }
         {
-            let q = util::lock(&self.queue);
+            let q = util::lock(&self.jobs.queue);
             let now = util::unix_now_ms();
             for (text, n, oldest_ms) in q.depths() {
                 *g.open_jobs.entry(QUEUED.into()).or_default() += n;

@@ -23,7 +23,7 @@ impl Housekeeper {
         Self(tokio::spawn(async move {
             let mut retain = tokio::time::interval(RETAIN_EVERY);
             retain.set_missed_tick_behavior(MissedTickBehavior::Delay);
-            let every = patience::every(fleet.job_limits.agent_patience);
+            let every = patience::every(fleet.jobs.limits.agent_patience);
             let mut absent = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             absent.set_missed_tick_behavior(MissedTickBehavior::Delay);
             loop {

@@ -57,8 +57,8 @@ use crate::util;
 
 pub use self::error::FleetError;
 pub use self::housekeeping::Housekeeper;
+use self::jobs::board::JobBoard;
 pub use self::jobs::queue::Dispatcher;
-use self::jobs::queue::Queue;
 use self::jobs::OpenJob;
 pub use self::jobs::{JobLimits, OutputSlice, Upload};
 use self::labels::stored_labels;
@@ -228,7 +228,7 @@ impl Drop for Held<'_> {
 /// waiting writer queues new readers behind it, so two readers taking two locks in
 /// opposite orders deadlock as soon as a writer waits between them. The order:
 /// `changes` (async) → `agents` (its label index, then its map) → an agent's `state` →
-/// `releases` → `fleet` → `job_index` → `queue` → `reports` → the metrics' own.
+/// `releases` → `fleet` → `jobs` (its index, then its queue) → `reports` → the metrics' own.
 pub struct Fleet<S: Store> {
     store: Arc<S>,
     fleet: RwLock<Scope>,
@@ -245,22 +245,12 @@ pub struct Fleet<S: Store> {
     newest: AtomicU64,
     /// How long the hub asks agents to wait between reconciles when they do not long poll.
     poll_interval: Duration,
-    /// The agent of each open job.
-    job_index: RwLock<HashMap<String, Arc<AgentEntry>>>,
-    /// Selected jobs no agent has yet ([`queue`]).
-    queue: Mutex<Queue>,
-    /// Wakes the [`Dispatcher`].
-    dispatch_kick: tokio::sync::Notify,
+    /// The open jobs: which agent holds each, the queue, and what wakes their waiters.
+    jobs: JobBoard,
     /// Wakes the [`Roller`]: an agent's version or upgrade moved.
     rollout_kick: tokio::sync::Notify,
     /// Moves when another replica changed the admin or enrolment tokens.
     tokens_moved: watch::Sender<u64>,
-    /// Moves on every change to any job (its state, its output): what `job wait` and
-    /// `job logs --follow` wait on.
-    job_activity: watch::Sender<u64>,
-    job_limits: JobLimits,
-    /// Jobs done since retention last ran.
-    jobs_done: AtomicUsize,
     releases: RwLock<Releases>,
     /// Other hubs share the store ([`replicas`]).
     replicated: bool,
@@ -338,14 +328,9 @@ impl<S: Store> Fleet<S> {
             held: AtomicUsize::new(0),
             newest: AtomicU64::new(generation),
             poll_interval,
-            job_index: RwLock::new(job_index),
-            queue: Mutex::new(Queue::new(job_limits.priority_aging)),
-            dispatch_kick: tokio::sync::Notify::new(),
+            jobs: JobBoard::new(job_index, job_limits),
             rollout_kick: tokio::sync::Notify::new(),
             tokens_moved: watch::Sender::new(0),
-            job_activity: watch::Sender::new(0),
-            job_limits,
-            jobs_done: AtomicUsize::new(0),
             releases: RwLock::new(Releases::load(releases, halts)),
             replicated: store.replicated(),
             store_lost: AtomicBool::new(false),

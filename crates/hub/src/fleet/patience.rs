@@ -28,7 +28,7 @@ impl<S: Store> Fleet<S> {
     /// many. With replicas, the agents' last contact is read from the store first: an
     /// agent polling another replica is not absent.
     pub async fn end_jobs_of_absent(&self) -> Result<usize, FleetError> {
-        let Some(patience) = self.job_limits.agent_patience else {
+        let Some(patience) = self.jobs.limits.agent_patience else {
             return Ok(0);
         };
         let absent_since = |last_seen: Option<u64>| {

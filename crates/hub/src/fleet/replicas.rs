@@ -105,7 +105,7 @@ impl<S: Store> Fleet<S> {
                 let _one = self.changes.lock().await;
                 self.follow_fleet().await?;
             }
-            Event::Output(_) => self.job_moved(),
+            Event::Output(_) => self.jobs.moved(),
             Event::Queued(id) => {
                 let _one = self.changes.lock().await;
                 self.follow_queued(&id).await?;
@@ -230,7 +230,7 @@ impl<S: Store> Fleet<S> {
                 self.resync_locked(&entry).await?;
             }
         }
-        self.job_moved();
+        self.jobs.moved();
         Ok(())
     }
 

@@ -27,7 +27,7 @@ impl<S: Store> Fleet<S> {
             next.seq = seq;
             tracing::warn!(job = %id, retry = %next.id, agent = %entry.id, attempt = next.attempt, "a lost job is queued again");
             self.enqueue(next);
-            self.job_moved();
+            self.jobs.moved();
         }
         Ok(())
     }

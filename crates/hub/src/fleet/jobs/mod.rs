@@ -13,6 +13,7 @@
 //! Every change that alters what the agent is sent gives the agent the next generation,
 //! so the agent's held poll answers at once.
 
+pub(super) mod board;
 mod output;
 pub(super) mod queue;
 mod view;
@@ -315,16 +316,8 @@ fn moves_desired(job: &OpenJob, next: &JobProgress) -> bool {
 const JUST_QUEUED: &str = "queued: its status says what it waits for";
 
 impl<S: Store> Fleet<S> {
-    fn job_entry(&self, id: &str) -> Option<Arc<AgentEntry>> {
-        util::read(&self.job_index).get(id).cloned()
-    }
-
-    pub(super) fn job_moved(&self) {
-        self.job_activity.send_modify(|n| *n = n.wrapping_add(1));
-    }
-
     pub fn job_activity(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.job_activity.subscribe()
+        self.jobs.activity()
     }
 
     /// Takes a job for `req.agent`, where it waits until the agent takes it, or for any
@@ -423,20 +416,20 @@ impl<S: Store> Fleet<S> {
         let _one = self.changes.lock().await;
         match &entry {
             Some(entry) => {
-                if util::lock(&entry.state).jobs.len() >= self.job_limits.max_open {
+                if util::lock(&entry.state).jobs.len() >= self.jobs.limits.max_open {
                     return Err(FleetError::TooManyJobs {
                         agent: entry.id.clone(),
-                        max: self.job_limits.max_open,
+                        max: self.jobs.limits.max_open,
                     });
                 }
             }
             None => {
-                if self.queued_len() >= queue::MAX_QUEUED {
+                if self.jobs.queued_len() >= queue::MAX_QUEUED {
                     return Err(FleetError::QueueFull(queue::MAX_QUEUED));
                 }
             }
         }
-        if self.job_entry(&id).is_some() {
+        if self.jobs.agent_of(&id).is_some() {
             return Err(FleetError::JobExists(id));
         }
         let created_ms = crate::util::unix_now_ms();
@@ -479,11 +472,11 @@ impl<S: Store> Fleet<S> {
         let (Some(entry), Some(generation)) = (entry, generation) else {
             tracing::info!(job = %id, selector = row.selector.as_deref().unwrap_or(""), priority, "job queued");
             self.enqueue(row.clone());
-            self.job_moved();
+            self.jobs.moved();
             // Not the census `job status` takes: counting the agents a selector matches
             // at each submission would cost a large fleet's submissions more than
             // their transaction (docs/benchmarks.md, "Routing at 10 000 agents").
-            let mut v = view(row, &self.job_limits);
+            let mut v = view(row, &self.jobs.limits);
             v.waiting = Some(JUST_QUEUED.into());
             return Ok(v);
         };
@@ -494,10 +487,10 @@ impl<S: Store> Fleet<S> {
             st.jobs.insert(id.clone(), job);
             st.own.generation = st.own.generation.max(generation);
         }
-        util::write(&self.job_index).insert(id.clone(), entry.clone());
+        util::write(&self.jobs.index).insert(id.clone(), entry.clone());
         self.newest.fetch_max(generation, Ordering::AcqRel);
         self.announce(&entry);
-        self.job_moved();
+        self.jobs.moved();
         tracing::info!(job = %id, agent = %agent, generation, "job submitted");
         Ok(self.shown(row))
     }
@@ -506,7 +499,7 @@ impl<S: Store> Fleet<S> {
     /// otherwise through the agent (the runner's cancel). A job that has ended is left
     /// as it is.
     pub async fn cancel_job(&self, id: &str) -> Result<HubJobView, FleetError> {
-        if self.replicated && self.job_entry(id).is_none() {
+        if self.replicated && self.jobs.agent_of(id).is_none() {
             // Taken by another replica a moment ago: follow it first.
             if let Some(agent) = self.store.job_agent(id).await? {
                 let _one = self.changes.lock().await;
@@ -524,7 +517,7 @@ impl<S: Store> Fleet<S> {
                 return self.job(id).await;
             }
         }
-        if let Some(entry) = self.job_entry(id) {
+        if let Some(entry) = self.jobs.agent_of(id) {
             let _one = self.changes.lock().await;
             let revoked = entry.is_revoked();
             let next = {
@@ -699,11 +692,11 @@ impl<S: Store> Fleet<S> {
             }
         }
         if !done.is_empty() {
-            let mut index = util::write(&self.job_index);
+            let mut index = util::write(&self.jobs.index);
             for id in &done {
                 index.remove(id);
             }
-            self.jobs_done.fetch_add(done.len(), Ordering::Relaxed);
+            self.jobs.count_done(done.len());
             drop(index);
             // Room opened on the agent.
             self.kick();
@@ -712,7 +705,7 @@ impl<S: Store> Fleet<S> {
             self.newest.fetch_max(g, Ordering::AcqRel);
             self.announce(entry);
         }
-        self.job_moved();
+        self.jobs.moved();
         for id in lost {
             self.retry_lost(entry, &id).await?;
         }
@@ -735,7 +728,7 @@ impl<S: Store> Fleet<S> {
             let mut updates = Vec::new();
             let mut bump = false;
             let mut seen = std::collections::HashSet::new();
-            for r in reports.iter().take(self.job_limits.max_open + 64) {
+            for r in reports.iter().take(self.jobs.limits.max_open + 64) {
                 if !seen.insert(r.id.as_str()) {
                     // One report per job: a second would be merged from the same base.
                     continue;
@@ -816,8 +809,8 @@ impl<S: Store> Fleet<S> {
             return false;
         }
         {
-            let mut index = util::write(&self.job_index);
-            let mut queue = util::lock(&self.queue);
+            let mut index = util::write(&self.jobs.index);
+            let mut queue = util::lock(&self.jobs.queue);
             for id in &gone {
                 index.remove(id);
             }
@@ -827,16 +820,16 @@ impl<S: Store> Fleet<S> {
                 index.insert(id, entry.clone());
             }
         }
-        self.job_moved();
+        self.jobs.moved();
         true
     }
 
     /// Deletes the oldest done jobs past the hub's bound, when some got done.
     pub(super) async fn retain_jobs(&self) {
-        if self.jobs_done.swap(0, Ordering::Relaxed) == 0 {
+        if !self.jobs.take_done() {
             return;
         }
-        match self.store.retain_jobs(self.job_limits.keep_done).await {
+        match self.store.retain_jobs(self.jobs.limits.keep_done).await {
             Ok(0) => {}
             Ok(n) => tracing::debug!(deleted = n, "old done jobs deleted"),
             Err(e) => {

@@ -56,7 +56,7 @@ impl<S: Store> Fleet<S> {
     /// learns about.
     pub async fn authorize_upload(&self, upload: &Upload, token: &str) -> Result<(), FleetError> {
         let refused = || FleetError::JobToken(util::clip(&upload.job).into_owned());
-        let agent = match self.job_entry(&upload.job) {
+        let agent = match self.jobs.agent_of(&upload.job) {
             Some(e) => e.id.clone(),
             None => match self.store.job_agent(&upload.job).await? {
                 Some(agent) => agent,
@@ -80,11 +80,11 @@ impl<S: Store> Fleet<S> {
                 upload.stream,
                 upload.offset,
                 data,
-                self.job_limits.max_output,
+                self.jobs.limits.max_output,
             )
             .await?;
         if n > 0 {
-            self.job_moved();
+            self.jobs.moved();
         }
         Ok(r)
     }

@@ -270,17 +270,17 @@ pub(in crate::fleet) struct Censuses(HashMap<String, Census>);
 impl<S: Store> Fleet<S> {
     /// Wakes the dispatcher: a job was queued, or room may have opened.
     pub(in crate::fleet) fn kick(&self) {
-        if util::lock(&self.queue).len() > 0 {
-            self.dispatch_kick.notify_one();
+        if util::lock(&self.jobs.queue).len() > 0 {
+            self.jobs.dispatch.notify_one();
         }
     }
 
     /// Whether `entry` may take a queued job now (it holds fewer jobs than it may).
     pub(in crate::fleet) fn kick_if_room(&self, entry: &Arc<AgentEntry>) {
-        if util::lock(&self.queue).len() > 0
+        if util::lock(&self.jobs.queue).len() > 0
             && matches!(self.standing(entry), Standing::Room { .. })
         {
-            self.dispatch_kick.notify_one();
+            self.jobs.dispatch.notify_one();
         }
     }
 
@@ -328,26 +328,22 @@ impl<S: Store> Fleet<S> {
     /// Queues a selected job the store holds now.
     pub(in crate::fleet) fn enqueue(&self, row: JobRow) {
         let id = row.id.clone();
-        if !util::lock(&self.queue).insert(row) {
+        if !util::lock(&self.jobs.queue).insert(row) {
             tracing::error!(job = %id, "a queued job's selector does not parse; it stays queued at the hub until cancelled");
         }
         self.kick();
     }
 
-    pub(in crate::fleet) fn queued_len(&self) -> usize {
-        util::lock(&self.queue).len()
-    }
-
     /// One dispatch round; how many jobs it handed out. Takes the change lock.
     pub(in crate::fleet) async fn dispatch(&self) -> Result<usize, FleetError> {
-        if self.queued_len() == 0 {
+        if self.jobs.queued_len() == 0 {
             return Ok(0);
         }
         let _one = self.changes.lock().await;
         let fleet = self.fleet_scope().settings;
         // The lanes as they stand, numbered for this round; the agents are looked at
         // without the queue's lock, which every reconcile takes.
-        let lanes: Vec<(String, Takers)> = util::lock(&self.queue)
+        let lanes: Vec<(String, Takers)> = util::lock(&self.jobs.queue)
             .lanes
             .iter()
             .map(|(text, lane)| (text.clone(), lane.takers.clone()))
@@ -374,7 +370,7 @@ impl<S: Store> Fleet<S> {
             })
             .collect();
         let plan = {
-            let q = util::lock(&self.queue);
+            let q = util::lock(&self.jobs.queue);
             // A lane emptied meanwhile has nothing to plan; one opened meanwhile waits
             // for the next round.
             let now: Vec<Option<&Lane>> = lanes.iter().map(|(text, _)| q.lanes.get(text)).collect();
@@ -385,7 +381,7 @@ impl<S: Store> Fleet<S> {
         }
         if plan.len() == ROUND {
             // More may fit: the next round follows at once.
-            self.dispatch_kick.notify_one();
+            self.jobs.dispatch.notify_one();
         }
         let batch: Vec<Assignment> = plan
             .iter()
@@ -411,7 +407,7 @@ impl<S: Store> Fleet<S> {
                 }
                 // Another replica assigned it (its change reaches this hub as that
                 // agent's), or it ended there.
-                Assigned::Gone => drop(util::lock(&self.queue).remove(&job)),
+                Assigned::Gone => drop(util::lock(&self.jobs.queue).remove(&job)),
                 // Fuller than this hub knew (another replica's assignments): the job
                 // waits for the next round.
                 Assigned::Full => {}
@@ -422,7 +418,7 @@ impl<S: Store> Fleet<S> {
             self.announce(&slots[slot].entry);
         }
         if given > 0 {
-            self.job_moved();
+            self.jobs.moved();
         }
         Ok(given)
     }
@@ -430,7 +426,7 @@ impl<S: Store> Fleet<S> {
     /// Queued job `id` is `entry`'s now, as stored: out of the queue, into the agent's
     /// desired state. Its poll is woken by the caller.
     fn assigned(&self, id: &str, entry: &Arc<AgentEntry>, generation: u64, now: u64) {
-        let Some(mut row) = util::lock(&self.queue).remove(id) else {
+        let Some(mut row) = util::lock(&self.jobs.queue).remove(id) else {
             return;
         };
         crate::metrics::DISPATCH.observe(now.saturating_sub(row.created_ms) as f64 / 1000.0);
@@ -443,7 +439,7 @@ impl<S: Store> Fleet<S> {
             st.own.generation = st.own.generation.max(generation);
             st.last_assigned_ms = now;
         }
-        util::write(&self.job_index).insert(id.to_owned(), entry.clone());
+        util::write(&self.jobs.index).insert(id.to_owned(), entry.clone());
         self.newest.fetch_max(generation, Ordering::AcqRel);
         tracing::info!(job = %id, agent = %entry.id, generation, "queued job assigned");
     }
@@ -451,14 +447,14 @@ impl<S: Store> Fleet<S> {
     /// Ends the queued jobs past their queue timeout as `expired`. Takes the change lock.
     pub(in crate::fleet) async fn expire(&self) -> Result<(), FleetError> {
         let now = util::unix_now_ms();
-        if util::lock(&self.queue).due(now).is_empty() {
+        if util::lock(&self.jobs.queue).due(now).is_empty() {
             return Ok(());
         }
         let _one = self.changes.lock().await;
-        let due = util::lock(&self.queue).due(now);
+        let due = util::lock(&self.jobs.queue).due(now);
         let mut censuses = Censuses::default();
         for id in due {
-            let Some(row) = util::lock(&self.queue).remove(&id) else {
+            let Some(row) = util::lock(&self.jobs.queue).remove(&id) else {
                 continue;
             };
             let timeout = row
@@ -500,16 +496,16 @@ impl<S: Store> Fleet<S> {
         let ended = self.store.end_queued(&row.id, &p).await?;
         if ended {
             crate::metrics::job_ended(&p.state, p.error.as_deref(), None);
-            self.jobs_done.fetch_add(1, Ordering::Relaxed);
+            self.jobs.count_done(1);
         }
-        self.job_moved();
+        self.jobs.moved();
         Ok(ended)
     }
 
     /// Cancels a queued job at the hub: no agent was given it. Called with `changes`
     /// held; false when it is not queued here.
     pub(in crate::fleet) async fn cancel_queued(&self, id: &str) -> Result<bool, FleetError> {
-        let Some(row) = util::lock(&self.queue).remove(id) else {
+        let Some(row) = util::lock(&self.jobs.queue).remove(id) else {
             return Ok(false);
         };
         let why = "cancelled at the hub while queued: no agent was given it".to_owned();
@@ -522,7 +518,7 @@ impl<S: Store> Fleet<S> {
                 Ok(true)
             }
             Err(e) => {
-                util::lock(&self.queue).insert(row);
+                util::lock(&self.jobs.queue).insert(row);
                 Err(e)
             }
         }
@@ -550,7 +546,7 @@ impl<S: Store> Fleet<S> {
             }
         };
         let agents = |n: usize| if n == 1 { "agent" } else { "agents" };
-        let ahead = util::lock(&self.queue).ahead(&row.id);
+        let ahead = util::lock(&self.jobs.queue).ahead(&row.id);
         if c.matching == 0 {
             format!("no agent matches {text}: it waits for one that does (a host enrolled with these labels, or labelled with `railgrid hub agent label`)")
         } else if c.connected == 0 {
@@ -619,10 +615,10 @@ impl<S: Store> Fleet<S> {
         match self.store.get_job(id).await? {
             Some(row) if row.agent.is_empty() && !row.progress.done => self.enqueue(row),
             _ => {
-                util::lock(&self.queue).remove(id);
+                util::lock(&self.jobs.queue).remove(id);
             }
         }
-        self.job_moved();
+        self.jobs.moved();
         Ok(())
     }
 
@@ -631,7 +627,7 @@ impl<S: Store> Fleet<S> {
     pub(in crate::fleet) fn adopt_queue(&self, rows: Vec<JobRow>) {
         let open: std::collections::HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
         {
-            let mut q = util::lock(&self.queue);
+            let mut q = util::lock(&self.jobs.queue);
             for id in q.ids() {
                 if !open.contains(id.as_str()) {
                     q.remove(&id);
@@ -657,7 +653,7 @@ impl Dispatcher {
                 tokio::select! {
                     // Cancel-safe: a `notify_one` while another arm wins is kept as a
                     // permit for the next `notified`.
-                    () = fleet.dispatch_kick.notified() => {}
+                    () = fleet.jobs.dispatch.notified() => {}
                     _ = tick.tick() => {}
                 }
                 let r = match fleet.expire().await {

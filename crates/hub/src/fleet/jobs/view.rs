@@ -98,9 +98,12 @@ impl<S: Store> Fleet<S> {
     fn shown_in(&self, row: JobRow, censuses: &mut Censuses) -> HubJobView {
         let queued = row.agent.is_empty() && !row.progress.done;
         let waiting = queued.then(|| self.queue_waiting_in(&row, censuses));
-        let mut v = view(row, &self.job_limits);
+        let mut v = view(row, &self.jobs.limits);
         if v.state == PENDING && !v.done {
-            v.waiting = self.job_entry(&v.id).map(|e| self.waiting_for(&e, &v.id));
+            v.waiting = self
+                .jobs
+                .agent_of(&v.id)
+                .map(|e| self.waiting_for(&e, &v.id));
         } else {
             v.waiting = waiting;
         }
