@@ -10,9 +10,11 @@
 
 pub mod access;
 pub mod copy;
+mod migrations;
 pub mod postgres;
 pub mod rollouts;
 pub mod secrets;
+mod sql;
 pub mod sqlite;
 
 use std::collections::HashMap;
@@ -695,6 +697,21 @@ pub trait JobStore: Send + Sync + 'static {
     /// Deletes the oldest done jobs and their output beyond the newest `keep`; returns
     /// how many went.
     fn retain_jobs(&self, keep: usize) -> impl Future<Output = Result<usize, StoreError>> + Send;
+}
+
+/// Stored settings (`None`: a scope never set, the default).
+pub(crate) fn parse_settings(
+    path: &str,
+    scope: &str,
+    json: Option<&str>,
+) -> Result<DesiredSettings, StoreError> {
+    json.map_or(Ok(DesiredSettings::default()), |j| {
+        serde_json::from_str(j).map_err(|source| StoreError::Corrupt {
+            path: path.to_owned(),
+            what: format!("desired settings of scope {scope:?}"),
+            source,
+        })
+    })
 }
 
 #[cfg(test)]

@@ -98,8 +98,7 @@ impl AccessStore for PgStore {
         let tx = conn.transaction().await.map_err(&e)?;
         let n = tx
             .execute(
-                "INSERT INTO admin_tokens (name, sha256, scopes, selector, created_ms, expires_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (name) DO NOTHING",
+                sql::ADMIN_TOKEN_INSERT,
                 &[
                     &row.name,
                     &row.sha256,
@@ -160,8 +159,7 @@ impl AccessStore for PgStore {
             ..row.clone()
         };
         tx.execute(
-            "INSERT INTO enrol_tokens (id, sha256, max_uses, labels, created_ms, expires_ms)
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            sql::ENROL_TOKEN_INSERT,
             &[
                 &stored.id,
                 &stored.sha256,
@@ -293,12 +291,9 @@ impl AccessStore for PgStore {
             });
         }
         if !again {
-            tx.execute(
-                "UPDATE enrol_tokens SET uses = uses + 1 WHERE id = $1",
-                &[&token.id],
-            )
-            .await
-            .map_err(&e)?;
+            tx.execute(sql::ENROL_TOKEN_USE, &[&token.id])
+                .await
+                .map_err(&e)?;
         }
         let generation = self.bump_and_commit(tx, &en.id).await?;
         Ok(Enrolled::Done {
@@ -314,8 +309,7 @@ impl AccessStore for PgStore {
         let tx = conn.transaction().await.map_err(&e)?;
         let seq = next_seq(&tx, "audit_seq", &self.url).await?;
         tx.execute(
-            "INSERT INTO audit (seq, at_ms, token, peer, action, target, outcome, count)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            sql::AUDIT_INSERT,
             &[
                 &seq,
                 &(row.at_ms as i64),
@@ -335,13 +329,10 @@ impl AccessStore for PgStore {
 
     async fn add_audit_count(&self, seq: u64, n: u64) -> Result<(), StoreError> {
         let conn = self.conn().await?;
-        conn.execute(
-            "UPDATE audit SET count = count + $2 WHERE seq = $1",
-            &[&(seq as i64), &(n as i64)],
-        )
-        .await
-        .map(drop)
-        .map_err(self.err())
+        conn.execute(sql::AUDIT_ADD_COUNT, &[&(seq as i64), &(n as i64)])
+            .await
+            .map(drop)
+            .map_err(self.err())
     }
 
     async fn audit(
@@ -372,7 +363,7 @@ impl AccessStore for PgStore {
     async fn prune_audit(&self, before_ms: u64) -> Result<usize, StoreError> {
         let conn = self.conn().await?;
         let n = conn
-            .execute("DELETE FROM audit WHERE at_ms < $1", &[&(before_ms as i64)])
+            .execute(sql::AUDIT_PRUNE, &[&(before_ms as i64)])
             .await
             .map_err(self.err())?;
         Ok(n as usize)
@@ -385,10 +376,7 @@ impl AccessStore for PgStore {
         let all: Vec<String> = match ids {
             Some(ids) => ids.to_vec(),
             None => tx
-                .query(
-                    "SELECT id FROM agents WHERE revoked_at IS NULL ORDER BY id",
-                    &[],
-                )
+                .query(sql::LIVE_AGENT_IDS, &[])
                 .await
                 .map_err(&e)?
                 .iter()
@@ -398,10 +386,7 @@ impl AccessStore for PgStore {
         let mut asked: Vec<(String, u64)> = Vec::new();
         for id in all {
             let n = tx
-                .execute(
-                    "UPDATE agents SET rotate_asked = 1 WHERE id = $1 AND revoked_at IS NULL",
-                    &[&id],
-                )
+                .execute(sql::AGENT_ASK_ROTATION, &[&id])
                 .await
                 .map_err(&e)?;
             if n == 1 {
@@ -416,12 +401,9 @@ impl AccessStore for PgStore {
 
     async fn set_next_token(&self, id: &str, next_sha256: &str) -> Result<(), StoreError> {
         let conn = self.conn().await?;
-        conn.execute(
-            "UPDATE agents SET next_token_sha256 = $2 WHERE id = $1 AND revoked_at IS NULL",
-            &[&id, &next_sha256],
-        )
-        .await
-        .map_err(self.err())?;
+        conn.execute(sql::AGENT_SET_NEXT_TOKEN, &[&id, &next_sha256])
+            .await
+            .map_err(self.err())?;
         Ok(())
     }
 
@@ -435,9 +417,7 @@ impl AccessStore for PgStore {
         let promoted = self
             .change_agent(
                 id,
-                "UPDATE agents SET token_sha256 = next_token_sha256, next_token_sha256 = NULL,
-                     rotate_asked = 0, token_issued_ms = $3
-                 WHERE id = $1 AND next_token_sha256 = $2 AND revoked_at IS NULL",
+                sql::AGENT_ROTATE,
                 &[&id, &next_sha256, &(now_ms as i64)],
             )
             .await?;

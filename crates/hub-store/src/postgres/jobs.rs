@@ -66,19 +66,10 @@ impl JobStore for PgStore {
         )
         .await
         .map_err(&e)?;
-        let count = tx
-            .prepare_cached("SELECT COUNT(*) FROM jobs WHERE agent = $1 AND done = 0")
-            .await
-            .map_err(&e)?;
+        let count = tx.prepare_cached(sql::AGENT_OPEN_JOBS).await.map_err(&e)?;
         // A row another replica assigned meanwhile no longer has `agent = ''` when this
         // statement gets its lock: nothing changes.
-        let assign = tx
-            .prepare_cached(
-                "UPDATE jobs SET agent = $2, state = 'pending'
-                 WHERE id = $1 AND agent = '' AND done = 0",
-            )
-            .await
-            .map_err(&e)?;
+        let assign = tx.prepare_cached(sql::JOB_ASSIGN).await.map_err(&e)?;
         let mut open: HashMap<&str, u64> = HashMap::new();
         let mut given: Vec<(&str, u64)> = Vec::new();
         let mut out = Vec::with_capacity(batch.len());
@@ -117,9 +108,7 @@ impl JobStore for PgStore {
         let tx = conn.transaction().await.map_err(&e)?;
         let n = tx
             .execute(
-                "UPDATE jobs SET state = $2, cancel_requested = $3, error = $4,
-                     finished_ms = $5, done = $6
-                 WHERE id = $1 AND agent = '' AND done = 0",
+                sql::QUEUED_JOB_END,
                 &[
                     &id,
                     &p.state,
@@ -244,7 +233,7 @@ impl JobStore for PgStore {
             };
         if keep > 0 {
             tx.execute(
-                "INSERT INTO job_output (job, stream, start, data) VALUES ($1, $2, $3, $4)",
+                sql::OUTPUT_INSERT,
                 &[&job, &s, &(stored as i64), &&data[skip..skip + keep]],
             )
             .await
@@ -271,13 +260,7 @@ impl JobStore for PgStore {
         let conn = self.conn().await?;
         let offset = offset.min(i64::MAX as u64);
         let stmt = conn
-            .prepare_cached(
-                "SELECT start, data FROM job_output
-                 WHERE job = $1 AND stream = $2 AND start >= COALESCE(
-                     (SELECT MAX(start) FROM job_output
-                      WHERE job = $1 AND stream = $2 AND start <= $3), 0)
-                 ORDER BY start",
-            )
+            .prepare_cached(sql::OUTPUT_FROM)
             .await
             .map_err(self.err())?;
         let rows = conn
@@ -313,7 +296,7 @@ impl JobStore for PgStore {
     async fn job_agent(&self, id: &str) -> Result<Option<String>, StoreError> {
         let conn = self.conn().await?;
         let row = conn
-            .query_opt("SELECT agent FROM jobs WHERE id = $1", &[&id])
+            .query_opt(sql::JOB_AGENT, &[&id])
             .await
             .map_err(self.err())?;
         Ok(row.map(|r| r.get(0)))
@@ -363,20 +346,13 @@ impl JobStore for PgStore {
         if !got {
             return Ok(0);
         }
-        let done: i64 = tx
-            .query_one("SELECT COUNT(*) FROM jobs WHERE done = 1", &[])
-            .await
-            .map_err(&e)?
-            .get(0);
+        let done: i64 = tx.query_one(sql::DONE_JOBS, &[]).await.map_err(&e)?.get(0);
         let over = (u64_of(done) as usize).saturating_sub(keep);
         if over == 0 {
             return Ok(0);
         }
         let ids: Vec<String> = tx
-            .query(
-                "SELECT id FROM jobs WHERE done = 1 ORDER BY seq LIMIT $1",
-                &[&(over as i64)],
-            )
+            .query(sql::OLDEST_DONE_JOBS, &[&(over as i64)])
             .await
             .map_err(&e)?
             .iter()

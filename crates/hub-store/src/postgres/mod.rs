@@ -1,6 +1,6 @@
 //! The replicated store: PostgreSQL, shared by any number of stateless hubs.
 //!
-//! - **The same statements as SQLite** ([`super::sqlite::MIGRATIONS`], with `BYTEA` for
+//! - **The same statements as SQLite** ([`crate::migrations::MIGRATIONS`], with `BYTEA` for
 //!   `BLOB`), plus what replicas share: `hub_secrets` (the admin token's hash, the CA of
 //!   `--tls-self-signed`) and `release_blobs` (published binaries). Migrations run at
 //!   start in one transaction under an advisory lock, so replicas starting together on
@@ -41,14 +41,16 @@ use self::rows::*;
 pub use self::tls::redact;
 use self::tls::{split_root_cert, tls_config, Tls};
 use self::tx::{next_generation, notify, snapshot};
-use super::sqlite::{parse_settings, MIGRATIONS};
 use super::{
     merge_labels, plan_append, AgentRow, AgentSnapshot, AppendPlan, Appended, Assigned, Assignment,
     Enrol, Event, FleetSnapshot, HaltRow, JobFilter, JobProgress, JobRow, JobStore, Labels,
     ReleaseRow, ReportRow, Snapshot, Store, StoreError, Stream,
 };
+use crate::migrations::MIGRATIONS;
+use crate::parse_settings;
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
+use crate::sql;
 
 /// The notification channel of railgrid hubs.
 const CHANNEL: &str = "railgrid_hub";
@@ -87,10 +89,6 @@ pub const MAINTENANCE_APPLICATION: &str = "railgrid-hub-maintenance";
 /// The advisory lock every running hub holds shared (on its listening connection), and
 /// `hub store renumber` takes exclusively.
 const HUBS_LOCK: i64 = 0x7261_696c_6875_6273; // "railhubs"
-
-/// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
-const NEXT_GENERATION: &str =
-    "UPDATE meta SET value = value + 1 WHERE key = 'generation' AND value < $1 RETURNING value";
 
 const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
     exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
@@ -447,10 +445,7 @@ async fn next_seq(
     url: &str,
 ) -> Result<i64, StoreError> {
     let row = tx
-        .query_one(
-            "UPDATE meta SET value = value + 1 WHERE key = $1 RETURNING value",
-            &[&key],
-        )
+        .query_one(sql::SEQ_NEXT, &[&key])
         .await
         .map_err(|source| StoreError::Postgres {
             url: url.to_owned(),
@@ -509,7 +504,7 @@ impl PgStore {
     async fn fleet_snapshot(&self, conn: &impl GenericClient) -> Result<FleetSnapshot, StoreError> {
         let e = self.err();
         let generation: i64 = conn
-            .query_one("SELECT value FROM meta WHERE key = 'generation'", &[])
+            .query_one(sql::GENERATION, &[])
             .await
             .map_err(&e)?
             .get(0);
@@ -523,21 +518,14 @@ impl PgStore {
             .map(|r| scope_row(&self.url, &r))
             .transpose()?;
         let releases = conn
-            .query(
-                "SELECT version, os, arch, size, sha256, signature, key_id, published_at
-                 FROM releases ORDER BY published_at, version, os, arch",
-                &[],
-            )
+            .query(sql::RELEASES_ALL, &[])
             .await
             .map_err(&e)?
             .iter()
             .map(release_row)
             .collect();
         let halts = conn
-            .query(
-                "SELECT version, agent, reason, halted_at FROM halts ORDER BY version",
-                &[],
-            )
+            .query(sql::HALTS_ALL, &[])
             .await
             .map_err(&e)?
             .iter()
@@ -571,10 +559,7 @@ impl Store for PgStore {
                 .map(agent_row)
                 .collect();
             let scopes = conn
-                .query(
-                    "SELECT scope, generation, settings FROM desired ORDER BY scope",
-                    &[],
-                )
+                .query(sql::DESIRED_ALL, &[])
                 .await
                 .map_err(&e)?
                 .iter()
@@ -658,12 +643,8 @@ impl Store for PgStore {
     }
 
     async fn revoke(&self, id: &str, now: u64) -> Result<Option<u64>, StoreError> {
-        self.change_agent(
-            id,
-            "UPDATE agents SET revoked_at = $2 WHERE id = $1",
-            &[&id, &(now as i64)],
-        )
-        .await
+        self.change_agent(id, sql::AGENT_REVOKE, &[&id, &(now as i64)])
+            .await
     }
 
     async fn renumber(&self) -> Result<u64, StoreError> {
@@ -713,14 +694,9 @@ impl Store for PgStore {
                 return Ok(Err(stored));
             }
         }
-        tx.execute(
-            "INSERT INTO desired (scope, generation, settings) VALUES ($1, $2, $3)
-             ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation,
-                 settings = excluded.settings",
-            &[&scope, &(generation as i64), &json],
-        )
-        .await
-        .map_err(&e)?;
+        tx.execute(sql::DESIRED_PUT, &[&scope, &(generation as i64), &json])
+            .await
+            .map_err(&e)?;
         self.commit_change(tx, scope, Some(generation)).await?;
         Ok(Ok(generation))
     }
@@ -760,11 +736,7 @@ impl Store for PgStore {
         let tx = conn.transaction().await.map_err(&e)?;
         let generation = bump_scope(&tx, "", &self.url).await?;
         tx.execute(
-            "INSERT INTO releases (version, os, arch, size, sha256, signature, key_id, published_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-             ON CONFLICT (version, os, arch) DO UPDATE SET size = excluded.size,
-                 sha256 = excluded.sha256, signature = excluded.signature,
-                 key_id = excluded.key_id, published_at = excluded.published_at",
+            sql::RELEASE_PUT,
             &[
                 &row.version,
                 &row.os,
@@ -805,7 +777,7 @@ impl Store for PgStore {
         };
         let stored: String = row.get(0);
         let (labels, json) = merge_labels(&self.url, id, &stored, set, remove)?;
-        tx.execute("UPDATE agents SET labels = $2 WHERE id = $1", &[&id, &json])
+        tx.execute(sql::AGENT_SET_LABELS, &[&id, &json])
             .await
             .map_err(&e)?;
         let generation = self.bump_and_commit(tx, id).await?;
@@ -820,17 +792,12 @@ impl Store for PgStore {
         match halt {
             Some(h) => {
                 tx.execute(
-                    "INSERT INTO halts (version, agent, reason, halted_at) VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (version) DO UPDATE SET agent = excluded.agent,
-                         reason = excluded.reason, halted_at = excluded.halted_at",
+                    sql::HALT_PUT,
                     &[&version, &h.agent, &h.reason, &(h.halted_at as i64)],
                 )
                 .await
             }
-            None => {
-                tx.execute("DELETE FROM halts WHERE version = $1", &[&version])
-                    .await
-            }
+            None => tx.execute(sql::HALT_DELETE, &[&version]).await,
         }
         .map_err(&e)?;
         self.commit_change(tx, "", Some(generation)).await?;
@@ -902,7 +869,7 @@ impl Store for PgStore {
     async fn generation(&self) -> Result<u64, StoreError> {
         let conn = self.conn().await?;
         let row = conn
-            .query_one("SELECT value FROM meta WHERE key = 'generation'", &[])
+            .query_one(sql::GENERATION, &[])
             .await
             .map_err(self.err())?;
         Ok(u64_of(row.get(0)))

@@ -97,9 +97,7 @@ impl RolloutStore for PgStore {
             ..row.clone()
         };
         tx.execute(
-            "INSERT INTO rollouts (id, seq, version, selector, waves, soak_ms, max_parallel,
-                 max_failures, deadline_ms, state, reason, created_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            sql::ROLLOUT_INSERT,
             &[
                 &stored.id,
                 &seq,
@@ -117,13 +115,7 @@ impl RolloutStore for PgStore {
         )
         .await
         .map_err(&e)?;
-        let ins = tx
-            .prepare(
-                "INSERT INTO rollout_members (rollout, agent, wave, position, state, from_version)
-                 VALUES ($1, $2, $3, $4, $5, $6)",
-            )
-            .await
-            .map_err(&e)?;
+        let ins = tx.prepare(sql::MEMBER_INSERT).await.map_err(&e)?;
         for m in members {
             tx.execute(
                 &ins,
@@ -235,7 +227,7 @@ impl RolloutStore for PgStore {
         let tx = conn.transaction().await.map_err(&e)?;
         let renewed = tx
             .execute(
-                "UPDATE leases SET expires_ms = $3 WHERE name = $1 AND holder = $2",
+                sql::LEASE_RENEW,
                 &[&ROLLOUT_LEASE, &holder, &(lease_until_ms as i64)],
             )
             .await
@@ -250,18 +242,12 @@ impl RolloutStore for PgStore {
             return Ok(Recorded::Moved);
         }
         tx.execute(
-            "UPDATE rollouts SET wave = $2, last_commit_ms = $3 WHERE id = $1",
+            sql::ROLLOUT_SET_WAVE,
             &[&p.id, &(p.wave as i64), &opt_i64(p.last_commit_ms)],
         )
         .await
         .map_err(&e)?;
-        let upd = tx
-            .prepare(
-                "UPDATE rollout_members SET state = $3, given_ms = $4, ended_ms = $5, error = $6
-                 WHERE rollout = $1 AND agent = $2",
-            )
-            .await
-            .map_err(&e)?;
+        let upd = tx.prepare(sql::MEMBER_UPDATE).await.map_err(&e)?;
         for m in &p.members {
             tx.execute(
                 &upd,
@@ -286,23 +272,16 @@ impl RolloutStore for PgStore {
 
     async fn record_fetch(&self, f: &Fetch) -> Result<(), StoreError> {
         let conn = self.conn().await?;
-        conn.execute(
-            "INSERT INTO release_fetches (agent, version, fetched_ms) VALUES ($1, $2, $3)
-             ON CONFLICT (agent, version) DO UPDATE SET fetched_ms = excluded.fetched_ms",
-            &[&f.agent, &f.version, &(f.now_ms as i64)],
-        )
-        .await
-        .map(drop)
-        .map_err(self.err())
+        conn.execute(sql::FETCH_PUT, &[&f.agent, &f.version, &(f.now_ms as i64)])
+            .await
+            .map(drop)
+            .map_err(self.err())
     }
 
     async fn fetches(&self, version: &str) -> Result<Vec<(String, u64)>, StoreError> {
         let conn = self.conn().await?;
         let rows = conn
-            .query(
-                "SELECT agent, fetched_ms FROM release_fetches WHERE version = $1",
-                &[&version],
-            )
+            .query(sql::VERSION_FETCHES, &[&version])
             .await
             .map_err(self.err())?;
         Ok(rows
@@ -322,11 +301,7 @@ impl RolloutStore for PgStore {
         let conn = self.conn().await?;
         let taken = conn
             .query_opt(
-                "INSERT INTO leases (name, holder, expires_ms) VALUES ($1, $2, $3)
-                 ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,
-                     expires_ms = excluded.expires_ms
-                 WHERE leases.holder = excluded.holder OR leases.expires_ms < $4
-                 RETURNING holder",
+                sql::LEASE_TAKE,
                 &[&name, &holder, &(until_ms as i64), &(now_ms as i64)],
             )
             .await
@@ -344,10 +319,7 @@ async fn move_on(
     let fin = crate::proto::rollout::is_final(&m.to);
     let back = m.to == crate::proto::rollout::ROLLING_BACK;
     tx.execute(
-        "UPDATE rollouts SET state = $2, reason = $3, finished_ms = $4,
-             wave = CASE WHEN $5 THEN 0 ELSE wave END,
-             failures_accepted = COALESCE($6, failures_accepted)
-         WHERE id = $1",
+        sql::ROLLOUT_UPDATE,
         &[
             &row.id,
             &m.to,

@@ -3,7 +3,7 @@
 
 use tokio_postgres::Row;
 
-use crate::sqlite::parse_settings;
+use crate::parse_settings;
 use crate::{AgentRow, HaltRow, JobProgress, JobRow, ReleaseRow, ScopeRow, StoreError};
 
 pub(super) fn u64_of(n: i64) -> u64 {

@@ -49,20 +49,14 @@ impl SecretStore for PgStore {
         let tx = conn.transaction().await.map_err(&e)?;
         next_seq(&tx, TURN, &self.url).await?;
         let other = tx
-            .query_opt(
-                "SELECT key_id FROM job_secrets WHERE key_id <> $1 LIMIT 1",
-                &[&row.key_id],
-            )
+            .query_opt(sql::OTHER_SECRET_KEY, &[&row.key_id])
             .await
             .map_err(&e)?;
         if let Some(other) = other {
             return Ok(Put::OtherKey(other.get(0)));
         }
         let now = tx
-            .query_opt(
-                "SELECT version FROM job_secrets WHERE name = $1",
-                &[&row.name],
-            )
+            .query_opt(sql::SECRET_VERSION, &[&row.name])
             .await
             .map_err(&e)?
             .map(|r| u64_of(r.get(0)));
@@ -99,10 +93,7 @@ impl SecretStore for PgStore {
         let tx = conn.transaction().await.map_err(&e)?;
         next_seq(&tx, TURN, &self.url).await?;
         let gone = tx
-            .query_opt(
-                "DELETE FROM job_secrets WHERE name = $1 AND version = $2 RETURNING version",
-                &[&name, &(version as i64)],
-            )
+            .query_opt(sql::SECRET_DELETE, &[&name, &(version as i64)])
             .await
             .map_err(&e)?
             .map(|r| u64_of(r.get(0)));
@@ -116,7 +107,7 @@ impl SecretStore for PgStore {
         let tx = conn.transaction().await.map_err(&e)?;
         next_seq(&tx, TURN, &self.url).await?;
         let count: i64 = tx
-            .query_one("SELECT COUNT(*) FROM job_secrets", &[])
+            .query_one(sql::SECRET_COUNT, &[])
             .await
             .map_err(&e)?
             .get(0);
@@ -126,8 +117,7 @@ impl SecretStore for PgStore {
         for row in rows {
             let n = tx
                 .execute(
-                    "UPDATE job_secrets SET sealed = $1, key_id = $2
-                     WHERE name = $3 AND version = $4 AND key_id = $5",
+                    sql::SECRET_RESEAL,
                     &[
                         &row.sealed,
                         &row.key_id,

@@ -34,7 +34,7 @@ pub(super) async fn next_generation(
         source,
     };
     let row = tx
-        .query_opt(NEXT_GENERATION, &[&(MAX_GENERATION as i64)])
+        .query_opt(sql::GENERATION_NEXT, &[&(MAX_GENERATION as i64)])
         .await
         .map_err(err)?;
     row.map(|r| u64_of(r.get(0)))

@@ -84,8 +84,7 @@ impl AccessStore for SqliteStore {
         self.with(move |conn, path| {
             let n = conn
                 .execute(
-                    "INSERT INTO admin_tokens (name, sha256, scopes, selector, created_ms, expires_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (name) DO NOTHING",
+                    &lite(sql::ADMIN_TOKEN_INSERT),
                     params![
                         row.name,
                         row.sha256,
@@ -151,8 +150,7 @@ impl AccessStore for SqliteStore {
                 ..row
             };
             tx.execute(
-                "INSERT INTO enrol_tokens (id, sha256, max_uses, labels, created_ms, expires_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                &lite(sql::ENROL_TOKEN_INSERT),
                 params![
                     stored.id,
                     stored.sha256,
@@ -267,7 +265,7 @@ impl AccessStore for SqliteStore {
             .map_err(&e)?;
             if !again {
                 tx.execute(
-                    "UPDATE enrol_tokens SET uses = uses + 1 WHERE id = ?1",
+                    &lite(sql::ENROL_TOKEN_USE),
                     params![token.id],
                 )
                 .map_err(&e)?;
@@ -289,8 +287,7 @@ impl AccessStore for SqliteStore {
             let tx = conn.transaction().map_err(&e)?;
             let seq = next_seq(&tx, "audit_seq", path)?;
             tx.execute(
-                "INSERT INTO audit (seq, at_ms, token, peer, action, target, outcome, count)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                &lite(sql::AUDIT_INSERT),
                 params![
                     seq,
                     row.at_ms as i64,
@@ -311,12 +308,9 @@ impl AccessStore for SqliteStore {
 
     async fn add_audit_count(&self, seq: u64, n: u64) -> Result<(), StoreError> {
         self.with(move |conn, path| {
-            conn.execute(
-                "UPDATE audit SET count = count + ?2 WHERE seq = ?1",
-                params![seq as i64, n as i64],
-            )
-            .map(drop)
-            .map_err(sql(path))
+            conn.execute(&lite(sql::AUDIT_ADD_COUNT), params![seq as i64, n as i64])
+                .map(drop)
+                .map_err(sql(path))
         })
         .await
     }
@@ -347,11 +341,8 @@ impl AccessStore for SqliteStore {
 
     async fn prune_audit(&self, before_ms: u64) -> Result<usize, StoreError> {
         self.with(move |conn, path| {
-            conn.execute(
-                "DELETE FROM audit WHERE at_ms < ?1",
-                params![before_ms as i64],
-            )
-            .map_err(sql(path))
+            conn.execute(&lite(sql::AUDIT_PRUNE), params![before_ms as i64])
+                .map_err(sql(path))
         })
         .await
     }
@@ -365,7 +356,7 @@ impl AccessStore for SqliteStore {
             let all: Vec<String> = match ids {
                 Some(ids) => ids,
                 None => tx
-                    .prepare("SELECT id FROM agents WHERE revoked_at IS NULL ORDER BY id")
+                    .prepare(&lite(sql::LIVE_AGENT_IDS))
                     .and_then(|mut s| {
                         s.query_map([], |r| r.get(0))?
                             .collect::<Result<Vec<String>, _>>()
@@ -374,10 +365,7 @@ impl AccessStore for SqliteStore {
             };
             for id in all {
                 let n = tx
-                    .execute(
-                        "UPDATE agents SET rotate_asked = 1 WHERE id = ?1 AND revoked_at IS NULL",
-                        params![id],
-                    )
+                    .execute(&lite(sql::AGENT_ASK_ROTATION), params![id])
                     .map_err(&e)?;
                 if n == 1 {
                     let g = bump_scope(&tx, &id, path)?;
@@ -393,12 +381,9 @@ impl AccessStore for SqliteStore {
     async fn set_next_token(&self, id: &str, next_sha256: &str) -> Result<(), StoreError> {
         let (id, next) = (id.to_owned(), next_sha256.to_owned());
         self.with(move |conn, path| {
-            conn.execute(
-                "UPDATE agents SET next_token_sha256 = ?2 WHERE id = ?1 AND revoked_at IS NULL",
-                params![id, next],
-            )
-            .map(drop)
-            .map_err(sql(path))
+            conn.execute(&lite(sql::AGENT_SET_NEXT_TOKEN), params![id, next])
+                .map(drop)
+                .map_err(sql(path))
         })
         .await
     }
@@ -412,12 +397,7 @@ impl AccessStore for SqliteStore {
         let (id, next) = (id.to_owned(), next_sha256.to_owned());
         self.with(move |conn, path| {
             let n = conn
-                .execute(
-                    "UPDATE agents SET token_sha256 = next_token_sha256, next_token_sha256 = NULL,
-                         rotate_asked = 0, token_issued_ms = ?3
-                     WHERE id = ?1 AND next_token_sha256 = ?2 AND revoked_at IS NULL",
-                    params![id, next, now_ms as i64],
-                )
+                .execute(&lite(sql::AGENT_ROTATE), params![id, next, now_ms as i64])
                 .map_err(sql(path))?;
             Ok(n == 1)
         })

@@ -138,9 +138,7 @@ impl JobStore for SqliteStore {
                     Some(n) => *n,
                     None => {
                         let n: i64 = tx
-                            .prepare_cached(
-                                "SELECT COUNT(*) FROM jobs WHERE agent = ?1 AND done = 0",
-                            )
+                            .prepare_cached(&lite(sql::AGENT_OPEN_JOBS))
                             .and_then(|mut s| s.query_row(params![a.agent], |r| r.get(0)))
                             .map_err(&e)?;
                         u64_of(n)
@@ -152,10 +150,7 @@ impl JobStore for SqliteStore {
                     continue;
                 }
                 let n = tx
-                    .prepare_cached(
-                        "UPDATE jobs SET agent = ?2, state = 'pending'
-                         WHERE id = ?1 AND agent = '' AND done = 0",
-                    )
+                    .prepare_cached(&lite(sql::JOB_ASSIGN))
                     .and_then(|mut s| s.execute(params![a.job, a.agent]))
                     .map_err(&e)?;
                 if n == 0 {
@@ -181,9 +176,7 @@ impl JobStore for SqliteStore {
         self.with(move |conn, path| {
             let n = conn
                 .execute(
-                    "UPDATE jobs SET state = ?2, cancel_requested = ?3, error = ?4,
-                         finished_ms = ?5, done = ?6
-                     WHERE id = ?1 AND agent = '' AND done = 0",
+                    &lite(sql::QUEUED_JOB_END),
                     params![
                         id,
                         p.state,
@@ -231,7 +224,7 @@ impl JobStore for SqliteStore {
                 };
             if keep > 0 {
                 tx.execute(
-                    "INSERT INTO job_output (job, stream, start, data) VALUES (?1, ?2, ?3, ?4)",
+                    &lite(sql::OUTPUT_INSERT),
                     params![job, s, stored as i64, &data[skip..skip + keep]],
                 )
                 .map_err(&e)?;
@@ -261,11 +254,7 @@ impl JobStore for SqliteStore {
                 .prepare_cached(
                     // From the chunk that holds `offset` (the last one starting at or
                     // before it), by the primary key: no scan of the chunks before.
-                    "SELECT start, data FROM job_output
-                     WHERE job = ?1 AND stream = ?2 AND start >= COALESCE(
-                         (SELECT MAX(start) FROM job_output
-                          WHERE job = ?1 AND stream = ?2 AND start <= ?3), 0)
-                     ORDER BY start",
+                    &lite(sql::OUTPUT_FROM),
                 )
                 .map_err(&e)?;
             let offset = offset.min(i64::MAX as u64);
@@ -311,7 +300,7 @@ impl JobStore for SqliteStore {
     async fn job_agent(&self, id: &str) -> Result<Option<String>, StoreError> {
         let id = id.to_owned();
         self.with(move |conn, path| {
-            conn.prepare_cached("SELECT agent FROM jobs WHERE id = ?1")
+            conn.prepare_cached(&lite(sql::JOB_AGENT))
                 .and_then(|mut stmt| stmt.query_row(params![id], |r| r.get(0)).optional())
                 .map_err(sql(path))
         })
@@ -349,7 +338,7 @@ impl JobStore for SqliteStore {
             let e = sql(path);
             let tx = conn.transaction().map_err(&e)?;
             let done: i64 = tx
-                .query_row("SELECT COUNT(*) FROM jobs WHERE done = 1", [], |r| r.get(0))
+                .query_row(&lite(sql::DONE_JOBS), [], |r| r.get(0))
                 .map_err(&e)?;
             let over = (u64_of(done) as usize).saturating_sub(keep);
             if over == 0 {
@@ -357,7 +346,7 @@ impl JobStore for SqliteStore {
             }
             let ids: Vec<String> = {
                 let mut stmt = tx
-                    .prepare_cached("SELECT id FROM jobs WHERE done = 1 ORDER BY seq LIMIT ?1")
+                    .prepare_cached(&lite(sql::OLDEST_DONE_JOBS))
                     .map_err(&e)?;
                 let ids = stmt
                     .query_map(params![over as i64], |r| r.get(0))

@@ -22,116 +22,11 @@ use super::{
     HaltRow, JobFilter, JobProgress, JobRow, JobStore, Labels, ReleaseRow, ReportRow, ScopeRow,
     Snapshot, Store, StoreError, Stream, OPEN_STATES,
 };
+use crate::migrations::MIGRATIONS;
+use crate::parse_settings;
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
-
-/// Schema migrations, applied in order; `user_version` records how many ran. Portable
-/// SQL: the same statements run on PostgreSQL.
-pub(super) const MIGRATIONS: &[&str] = &[
-    "CREATE TABLE meta (
-        key TEXT PRIMARY KEY,
-        value BIGINT NOT NULL
-    );
-    INSERT INTO meta (key, value) VALUES ('generation', 0);
-    CREATE TABLE agents (
-        id TEXT PRIMARY KEY,
-        token_sha256 TEXT NOT NULL,
-        enrolled_at BIGINT NOT NULL,
-        revoked_at BIGINT,
-        last_seen BIGINT,
-        observed_generation BIGINT NOT NULL DEFAULT 0,
-        report TEXT
-    );
-    CREATE TABLE desired (
-        scope TEXT PRIMARY KEY,
-        generation BIGINT NOT NULL,
-        settings TEXT NOT NULL
-    );",
-    // 2: jobs through the hub, and their output in chunks (each upload's new bytes).
-    // PostgreSQL: BYTEA for BLOB.
-    "INSERT INTO meta (key, value) VALUES ('job_seq', 0);
-    CREATE TABLE jobs (
-        id TEXT PRIMARY KEY,
-        seq BIGINT NOT NULL UNIQUE,
-        agent TEXT NOT NULL,
-        spec TEXT NOT NULL,
-        created_ms BIGINT NOT NULL,
-        state TEXT NOT NULL,
-        cancel_requested BIGINT NOT NULL DEFAULT 0,
-        exit_code BIGINT,
-        exit_signal BIGINT,
-        error TEXT,
-        finished_ms BIGINT,
-        stdout_bytes BIGINT NOT NULL DEFAULT 0,
-        stderr_bytes BIGINT NOT NULL DEFAULT 0,
-        runner_truncated TEXT,
-        done BIGINT NOT NULL DEFAULT 0,
-        stdout_length BIGINT NOT NULL DEFAULT 0,
-        stderr_length BIGINT NOT NULL DEFAULT 0,
-        stdout_stored BIGINT NOT NULL DEFAULT 0,
-        stderr_stored BIGINT NOT NULL DEFAULT 0
-    );
-    CREATE INDEX jobs_by_agent ON jobs (agent, seq);
-    CREATE INDEX jobs_by_done ON jobs (done, seq);
-    CREATE TABLE job_output (
-        job TEXT NOT NULL,
-        stream TEXT NOT NULL,
-        start BIGINT NOT NULL,
-        data BLOB NOT NULL,
-        PRIMARY KEY (job, stream, start)
-    );",
-    // 3: release artifacts (their bytes are files in the data dir) and halted versions.
-    "CREATE TABLE releases (
-        version TEXT NOT NULL,
-        os TEXT NOT NULL,
-        arch TEXT NOT NULL,
-        size BIGINT NOT NULL,
-        sha256 TEXT NOT NULL,
-        signature TEXT NOT NULL,
-        key_id TEXT NOT NULL,
-        published_at BIGINT NOT NULL,
-        PRIMARY KEY (version, os, arch)
-    );
-    CREATE TABLE halts (
-        version TEXT PRIMARY KEY,
-        agent TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        halted_at BIGINT NOT NULL
-    );",
-    // 4: when the hub first heard a job had reached its agent's runner.
-    "ALTER TABLE jobs ADD COLUMN started_ms BIGINT;",
-    // 5: the labels the hub sets on an agent (JSON), over the ones its host reports.
-    "ALTER TABLE agents ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';",
-    // 6: jobs routed by labels: their selector, priority and queue deadline. A queued
-    // job has no agent yet (`agent = ''`).
-    "ALTER TABLE jobs ADD COLUMN selector TEXT;
-    ALTER TABLE jobs ADD COLUMN priority BIGINT NOT NULL DEFAULT 50;
-    ALTER TABLE jobs ADD COLUMN queue_deadline_ms BIGINT;",
-    // 7: fan-out: the group a job is a member of (one job per matching agent).
-    "ALTER TABLE jobs ADD COLUMN job_group TEXT;
-    CREATE INDEX jobs_by_group ON jobs (job_group, seq);",
-    // 8: retries of a selected job lost with its agent: which attempt a job is, how
-    // many more it may have, and the agent the last one was lost on.
-    "ALTER TABLE jobs ADD COLUMN attempt BIGINT NOT NULL DEFAULT 1;
-    ALTER TABLE jobs ADD COLUMN retries BIGINT NOT NULL DEFAULT 0;
-    ALTER TABLE jobs ADD COLUMN avoid TEXT;",
-    // 9: rollouts, their members, and the lease of the hub that drives them.
-    super::rollouts::MIGRATION,
-    // 10: scoped admin tokens, enrolment tokens, the audit log, agent token rotation.
-    super::access::MIGRATION,
-    // 11: an audit line that stands for many refusals alike.
-    super::access::AUDIT_COUNT_MIGRATION,
-    // 12: which agent was served which release's artifact, for a rollout's evidence.
-    super::rollouts::FETCH_MIGRATION,
-    // 13: what a job's egress proxy refused, by destination (JSON, see `Denial`).
-    "ALTER TABLE jobs ADD COLUMN egress_denied TEXT;",
-    // 14: secrets for jobs, sealed (the key is a file beside the hub, never a row).
-    super::secrets::MIGRATION,
-];
-
-/// Takes the next generation, never past [`MAX_GENERATION`] (no row then).
-const NEXT_GENERATION: &str =
-    "UPDATE meta SET value = value + 1 WHERE key = 'generation' AND value < ?1 RETURNING value";
+use crate::sql::{self, lite};
 
 pub struct SqliteStore {
     path: PathBuf,
@@ -198,9 +93,11 @@ fn sql(path: &str) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
 
 fn next_generation(tx: &rusqlite::Transaction<'_>, path: &str) -> Result<u64, StoreError> {
     let g: Option<i64> = tx
-        .query_row(NEXT_GENERATION, params![MAX_GENERATION as i64], |r| {
-            r.get(0)
-        })
+        .query_row(
+            &lite(sql::GENERATION_NEXT),
+            params![MAX_GENERATION as i64],
+            |r| r.get(0),
+        )
         .optional()
         .map_err(sql(path))?;
     g.map(u64_of)
@@ -218,12 +115,8 @@ fn u64_of(n: i64) -> u64 {
 /// The next number of the counter `key` in `meta` (jobs, rollouts, enrolment tokens,
 /// audit lines).
 fn next_seq(tx: &rusqlite::Transaction<'_>, key: &str, path: &str) -> Result<i64, StoreError> {
-    tx.query_row(
-        "UPDATE meta SET value = value + 1 WHERE key = ?1 RETURNING value",
-        params![key],
-        |r| r.get(0),
-    )
-    .map_err(sql(path))
+    tx.query_row(&lite(sql::SEQ_NEXT), params![key], |r| r.get(0))
+        .map_err(sql(path))
 }
 
 /// Gives `scope` the next generation.
@@ -360,21 +253,6 @@ fn select_jobs(
     raws.into_iter().map(|raw| job_row(path, raw)).collect()
 }
 
-/// Stored settings (`None`: a scope never set, the default).
-pub(super) fn parse_settings(
-    path: &str,
-    scope: &str,
-    json: Option<&str>,
-) -> Result<DesiredSettings, StoreError> {
-    json.map_or(Ok(DesiredSettings::default()), |j| {
-        serde_json::from_str(j).map_err(|source| StoreError::Corrupt {
-            path: path.to_owned(),
-            what: format!("desired settings of scope {scope:?}"),
-            source,
-        })
-    })
-}
-
 fn encode(path: &str, what: &str, v: &impl serde::Serialize) -> Result<String, StoreError> {
     serde_json::to_string(v).map_err(|source| StoreError::Corrupt {
         path: path.to_owned(),
@@ -388,7 +266,7 @@ impl Store for SqliteStore {
         self.with(|conn, path| {
             let e = sql(path);
             let generation: i64 = conn
-                .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |r| {
+                .query_row(&lite(sql::GENERATION), [], |r| {
                     r.get(0)
                 })
                 .map_err(&e)?;
@@ -419,7 +297,7 @@ impl Store for SqliteStore {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(&e)?;
             let mut stmt = conn
-                .prepare("SELECT scope, generation, settings FROM desired ORDER BY scope")
+                .prepare(&lite(sql::DESIRED_ALL))
                 .map_err(&e)?;
             let rows = stmt
                 .query_map([], |r| {
@@ -455,8 +333,7 @@ impl Store for SqliteStore {
             )?;
             let releases = conn
                 .prepare(
-                    "SELECT version, os, arch, size, sha256, signature, key_id, published_at
-                     FROM releases ORDER BY published_at, version, os, arch",
+                    &lite(sql::RELEASES_ALL),
                 )
                 .and_then(|mut stmt| {
                     stmt.query_map([], |r| {
@@ -475,7 +352,7 @@ impl Store for SqliteStore {
                 })
                 .map_err(&e)?;
             let halts = conn
-                .prepare("SELECT version, agent, reason, halted_at FROM halts ORDER BY version")
+                .prepare(&lite(sql::HALTS_ALL))
                 .and_then(|mut stmt| {
                     stmt.query_map([], |r| {
                         Ok(HaltRow {
@@ -553,10 +430,7 @@ impl Store for SqliteStore {
             let e = sql(path);
             let tx = conn.transaction().map_err(&e)?;
             let n = tx
-                .execute(
-                    "UPDATE agents SET revoked_at = ?2 WHERE id = ?1",
-                    params![id, now as i64],
-                )
+                .execute(&lite(sql::AGENT_REVOKE), params![id, now as i64])
                 .map_err(&e)?;
             if n == 0 {
                 return Ok(None);
@@ -571,9 +445,7 @@ impl Store for SqliteStore {
             let e = sql(path);
             let tx = conn.transaction().map_err(&e)?;
             let was: i64 = tx
-                .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |r| {
-                    r.get(0)
-                })
+                .query_row(&lite(sql::GENERATION), [], |r| r.get(0))
                 .map_err(&e)?;
             for statement in super::RENUMBER {
                 tx.execute(statement, []).map_err(&e)?;
@@ -616,9 +488,7 @@ impl Store for SqliteStore {
             }
             let generation = next_generation(&tx, path)?;
             tx.execute(
-                "INSERT INTO desired (scope, generation, settings) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation,
-                     settings = excluded.settings",
+                &lite(sql::DESIRED_PUT),
                 params![scope, generation as i64, json],
             )
             .map_err(&e)?;
@@ -663,11 +533,7 @@ impl Store for SqliteStore {
             let e = sql(path);
             let tx = conn.transaction().map_err(&e)?;
             tx.execute(
-                "INSERT INTO releases (version, os, arch, size, sha256, signature, key_id, published_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-                 ON CONFLICT (version, os, arch) DO UPDATE SET size = excluded.size,
-                     sha256 = excluded.sha256, signature = excluded.signature,
-                     key_id = excluded.key_id, published_at = excluded.published_at",
+                &lite(sql::RELEASE_PUT),
                 params![
                     row.version,
                     row.os,
@@ -707,11 +573,8 @@ impl Store for SqliteStore {
                 return Ok(None);
             };
             let (labels, json) = merge_labels(path, &id, &stored, &set, &remove)?;
-            tx.execute(
-                "UPDATE agents SET labels = ?2 WHERE id = ?1",
-                params![id, json],
-            )
-            .map_err(&e)?;
+            tx.execute(&lite(sql::AGENT_SET_LABELS), params![id, json])
+                .map_err(&e)?;
             let generation = bump_and_commit(tx, &id, path)?;
             Ok(Some((generation, labels)))
         })
@@ -726,12 +589,10 @@ impl Store for SqliteStore {
             let tx = conn.transaction().map_err(&e)?;
             match halt {
                 Some(h) => tx.execute(
-                    "INSERT INTO halts (version, agent, reason, halted_at) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (version) DO UPDATE SET agent = excluded.agent,
-                         reason = excluded.reason, halted_at = excluded.halted_at",
+                    &lite(sql::HALT_PUT),
                     params![version, h.agent, h.reason, h.halted_at as i64],
                 ),
-                None => tx.execute("DELETE FROM halts WHERE version = ?1", params![version]),
+                None => tx.execute(&lite(sql::HALT_DELETE), params![version]),
             }
             .map_err(&e)?;
             bump_and_commit(tx, "", path)

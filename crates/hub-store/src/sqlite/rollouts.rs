@@ -86,9 +86,7 @@ impl RolloutStore for SqliteStore {
                 ..row
             };
             tx.execute(
-                "INSERT INTO rollouts (id, seq, version, selector, waves, soak_ms, max_parallel,
-                     max_failures, deadline_ms, state, reason, created_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                &lite(sql::ROLLOUT_INSERT),
                 params![
                     stored.id,
                     seq,
@@ -108,8 +106,7 @@ impl RolloutStore for SqliteStore {
             {
                 let mut ins = tx
                     .prepare(
-                        "INSERT INTO rollout_members (rollout, agent, wave, position, state, from_version)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        &lite(sql::MEMBER_INSERT),
                     )
                     .map_err(&e)?;
                 for m in &members {
@@ -206,7 +203,7 @@ impl RolloutStore for SqliteStore {
             let tx = conn.transaction().map_err(&e)?;
             let renewed = tx
                 .execute(
-                    "UPDATE leases SET expires_ms = ?3 WHERE name = ?1 AND holder = ?2",
+                    &lite(sql::LEASE_RENEW),
                     params![ROLLOUT_LEASE, holder, lease_until_ms as i64],
                 )
                 .map_err(&e)?;
@@ -220,17 +217,12 @@ impl RolloutStore for SqliteStore {
                 return Ok(Recorded::Moved);
             }
             tx.execute(
-                "UPDATE rollouts SET wave = ?2, last_commit_ms = ?3 WHERE id = ?1",
+                &lite(sql::ROLLOUT_SET_WAVE),
                 params![p.id, p.wave as i64, opt_i64(p.last_commit_ms)],
             )
             .map_err(&e)?;
             {
-                let mut upd = tx
-                    .prepare(
-                        "UPDATE rollout_members SET state = ?3, given_ms = ?4, ended_ms = ?5, error = ?6
-                         WHERE rollout = ?1 AND agent = ?2",
-                    )
-                    .map_err(&e)?;
+                let mut upd = tx.prepare(&lite(sql::MEMBER_UPDATE)).map_err(&e)?;
                 for m in &p.members {
                     upd.execute(params![
                         p.id,
@@ -256,8 +248,7 @@ impl RolloutStore for SqliteStore {
         let f = f.clone();
         self.with(move |conn, path| {
             conn.execute(
-                "INSERT INTO release_fetches (agent, version, fetched_ms) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (agent, version) DO UPDATE SET fetched_ms = excluded.fetched_ms",
+                &lite(sql::FETCH_PUT),
                 params![f.agent, f.version, f.now_ms as i64],
             )
             .map(drop)
@@ -269,7 +260,7 @@ impl RolloutStore for SqliteStore {
     async fn fetches(&self, version: &str) -> Result<Vec<(String, u64)>, StoreError> {
         let version = version.to_owned();
         self.with(move |conn, path| {
-            conn.prepare("SELECT agent, fetched_ms FROM release_fetches WHERE version = ?1")
+            conn.prepare(&lite(sql::VERSION_FETCHES))
                 .and_then(|mut s| {
                     s.query_map(params![version], |r| {
                         Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
@@ -292,11 +283,7 @@ impl RolloutStore for SqliteStore {
         self.with(move |conn, path| {
             let taken: Option<String> = conn
                 .query_row(
-                    "INSERT INTO leases (name, holder, expires_ms) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,
-                         expires_ms = excluded.expires_ms
-                     WHERE leases.holder = excluded.holder OR leases.expires_ms < ?4
-                     RETURNING holder",
+                    &lite(sql::LEASE_TAKE),
                     params![name, holder, until_ms as i64, now_ms as i64],
                     |r| r.get(0),
                 )
@@ -319,10 +306,7 @@ fn move_on(
     let fin = crate::proto::rollout::is_final(&m.to);
     let back = m.to == crate::proto::rollout::ROLLING_BACK;
     tx.execute(
-        "UPDATE rollouts SET state = ?2, reason = ?3, finished_ms = ?4,
-             wave = CASE WHEN ?5 THEN 0 ELSE wave END,
-             failures_accepted = COALESCE(?6, failures_accepted)
-         WHERE id = ?1",
+        &lite(sql::ROLLOUT_UPDATE),
         params![
             row.id,
             m.to,

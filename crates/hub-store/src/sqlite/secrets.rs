@@ -21,13 +21,9 @@ fn other_key(
     key_id: &str,
     path: &str,
 ) -> Result<Option<String>, StoreError> {
-    tx.query_row(
-        "SELECT key_id FROM job_secrets WHERE key_id <> ?1 LIMIT 1",
-        params![key_id],
-        |r| r.get(0),
-    )
-    .optional()
-    .map_err(sql(path))
+    tx.query_row(&lite(sql::OTHER_SECRET_KEY), params![key_id], |r| r.get(0))
+        .optional()
+        .map_err(sql(path))
 }
 
 impl SecretStore for SqliteStore {
@@ -73,11 +69,7 @@ impl SecretStore for SqliteStore {
                 return Ok(Put::OtherKey(other));
             }
             let now: Option<i64> = tx
-                .query_row(
-                    "SELECT version FROM job_secrets WHERE name = ?1",
-                    params![row.name],
-                    |r| r.get(0),
-                )
+                .query_row(&lite(sql::SECRET_VERSION), params![row.name], |r| r.get(0))
                 .optional()
                 .map_err(&e)?;
             if now.map(u64_of) != previous {
@@ -116,7 +108,7 @@ impl SecretStore for SqliteStore {
             next_seq(&tx, TURN, path)?;
             let gone: Option<i64> = tx
                 .query_row(
-                    "DELETE FROM job_secrets WHERE name = ?1 AND version = ?2 RETURNING version",
+                    &lite(sql::SECRET_DELETE),
                     params![name, version as i64],
                     |r| r.get(0),
                 )
@@ -135,7 +127,7 @@ impl SecretStore for SqliteStore {
             let tx = conn.transaction().map_err(&e)?;
             next_seq(&tx, TURN, path)?;
             let count: i64 = tx
-                .query_row("SELECT COUNT(*) FROM job_secrets", [], |r| r.get(0))
+                .query_row(&lite(sql::SECRET_COUNT), [], |r| r.get(0))
                 .map_err(&e)?;
             if u64_of(count) != rows.len() as u64 {
                 return Ok(Put::Moved);
@@ -143,8 +135,7 @@ impl SecretStore for SqliteStore {
             for row in &rows {
                 let n = tx
                     .execute(
-                        "UPDATE job_secrets SET sealed = ?1, key_id = ?2
-                         WHERE name = ?3 AND version = ?4 AND key_id = ?5",
+                        &lite(sql::SECRET_RESEAL),
                         params![row.sealed, row.key_id, row.name, row.version as i64, from],
                     )
                     .map_err(&e)?;

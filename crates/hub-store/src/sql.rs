@@ -1,0 +1,249 @@
+//! The statements both backends run, each written once, with PostgreSQL's numbered
+//! parameters (`$1`); SQLite runs them through [`lite`], which numbers them its own way
+//! (`?1`: SQLite would read `$1` as a name, numbered by where it first appears). What
+//! differs between the backends (types, `ANY`, locking reads) stays with each.
+//!
+//! Grouped by table, in the order of the migrations.
+
+// meta
+pub(crate) const GENERATION: &str = "SELECT value FROM meta WHERE key = 'generation'";
+/// Takes the next generation, never past `MAX_GENERATION` (no row then).
+pub(crate) const GENERATION_NEXT: &str = "UPDATE meta
+     SET value = value + 1
+     WHERE key = 'generation' AND value < $1
+     RETURNING value";
+pub(crate) const SEQ_NEXT: &str =
+    "UPDATE meta SET value = value + 1 WHERE key = $1 RETURNING value";
+
+// desired
+pub(crate) const DESIRED_ALL: &str =
+    "SELECT scope, generation, settings FROM desired ORDER BY scope";
+pub(crate) const DESIRED_PUT: &str = "INSERT INTO desired (scope, generation, settings)
+     VALUES ($1, $2, $3)
+     ON CONFLICT (scope)
+     DO UPDATE SET generation = excluded.generation, settings = excluded.settings";
+
+// agents
+pub(crate) const AGENT_ASK_ROTATION: &str = "UPDATE agents
+     SET rotate_asked = 1
+     WHERE id = $1 AND revoked_at IS NULL";
+pub(crate) const AGENT_REVOKE: &str = "UPDATE agents SET revoked_at = $2 WHERE id = $1";
+pub(crate) const AGENT_ROTATE: &str = "UPDATE agents
+     SET token_sha256 = next_token_sha256, next_token_sha256 = NULL, rotate_asked = 0,
+         token_issued_ms = $3
+     WHERE id = $1 AND next_token_sha256 = $2 AND revoked_at IS NULL";
+pub(crate) const AGENT_SET_LABELS: &str = "UPDATE agents SET labels = $2 WHERE id = $1";
+pub(crate) const AGENT_SET_NEXT_TOKEN: &str = "UPDATE agents
+     SET next_token_sha256 = $2
+     WHERE id = $1 AND revoked_at IS NULL";
+pub(crate) const LIVE_AGENT_IDS: &str =
+    "SELECT id FROM agents WHERE revoked_at IS NULL ORDER BY id";
+
+// releases
+pub(crate) const RELEASES_ALL: &str =
+    "SELECT version, os, arch, size, sha256, signature, key_id, published_at
+     FROM releases
+     ORDER BY published_at, version, os, arch";
+pub(crate) const RELEASE_PUT: &str = "INSERT INTO releases (version, os, arch, size, sha256,
+         signature, key_id, published_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+     ON CONFLICT (version, os, arch)
+     DO UPDATE SET size = excluded.size, sha256 = excluded.sha256,
+         signature = excluded.signature, key_id = excluded.key_id,
+         published_at = excluded.published_at";
+
+// halts
+pub(crate) const HALTS_ALL: &str =
+    "SELECT version, agent, reason, halted_at FROM halts ORDER BY version";
+pub(crate) const HALT_DELETE: &str = "DELETE FROM halts WHERE version = $1";
+pub(crate) const HALT_PUT: &str = "INSERT INTO halts (version, agent, reason, halted_at)
+     VALUES ($1, $2, $3, $4)
+     ON CONFLICT (version)
+     DO UPDATE SET agent = excluded.agent, reason = excluded.reason,
+         halted_at = excluded.halted_at";
+
+// jobs
+pub(crate) const AGENT_OPEN_JOBS: &str = "SELECT COUNT(*) FROM jobs WHERE agent = $1 AND done = 0";
+pub(crate) const DONE_JOBS: &str = "SELECT COUNT(*) FROM jobs WHERE done = 1";
+pub(crate) const JOB_AGENT: &str = "SELECT agent FROM jobs WHERE id = $1";
+pub(crate) const JOB_ASSIGN: &str = "UPDATE jobs
+     SET agent = $2, state = 'pending'
+     WHERE id = $1 AND agent = '' AND done = 0";
+pub(crate) const OLDEST_DONE_JOBS: &str =
+    "SELECT id FROM jobs WHERE done = 1 ORDER BY seq LIMIT $1";
+pub(crate) const QUEUED_JOB_END: &str = "UPDATE jobs
+     SET state = $2, cancel_requested = $3, error = $4, finished_ms = $5, done = $6
+     WHERE id = $1 AND agent = '' AND done = 0";
+
+// job_output
+pub(crate) const OUTPUT_FROM: &str = "SELECT start, data
+     FROM job_output
+     WHERE job = $1 AND stream = $2
+     AND start >= COALESCE( (SELECT MAX(start)
+     FROM job_output
+     WHERE job = $1 AND stream = $2
+     AND start <= $3), 0)
+     ORDER BY start";
+pub(crate) const OUTPUT_INSERT: &str = "INSERT INTO job_output (job, stream, start, data)
+     VALUES ($1, $2, $3, $4)";
+
+// leases
+pub(crate) const LEASE_RENEW: &str =
+    "UPDATE leases SET expires_ms = $3 WHERE name = $1 AND holder = $2";
+pub(crate) const LEASE_TAKE: &str = "INSERT INTO leases (name, holder, expires_ms)
+     VALUES ($1, $2, $3)
+     ON CONFLICT (name)
+     DO UPDATE SET holder = excluded.holder, expires_ms = excluded.expires_ms
+     WHERE leases.holder = excluded.holder OR leases.expires_ms < $4
+     RETURNING holder";
+
+// rollouts
+pub(crate) const ROLLOUT_INSERT: &str = "INSERT INTO rollouts (id, seq, version, selector,
+         waves, soak_ms, max_parallel, max_failures, deadline_ms, state, reason, created_ms)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+pub(crate) const ROLLOUT_SET_WAVE: &str =
+    "UPDATE rollouts SET wave = $2, last_commit_ms = $3 WHERE id = $1";
+pub(crate) const ROLLOUT_UPDATE: &str = "UPDATE rollouts
+     SET state = $2, reason = $3, finished_ms = $4, wave = CASE WHEN $5 THEN 0 ELSE wave END,
+         failures_accepted = COALESCE($6, failures_accepted)
+     WHERE id = $1";
+
+// rollout_members
+pub(crate) const MEMBER_INSERT: &str =
+    "INSERT INTO rollout_members (rollout, agent, wave, position, state, from_version)
+     VALUES ($1, $2, $3, $4, $5, $6)";
+pub(crate) const MEMBER_UPDATE: &str = "UPDATE rollout_members
+     SET state = $3, given_ms = $4, ended_ms = $5, error = $6
+     WHERE rollout = $1 AND agent = $2";
+
+// release_fetches
+pub(crate) const FETCH_PUT: &str = "INSERT INTO release_fetches (agent, version, fetched_ms)
+     VALUES ($1, $2, $3)
+     ON CONFLICT (agent, version)
+     DO UPDATE SET fetched_ms = excluded.fetched_ms";
+pub(crate) const VERSION_FETCHES: &str =
+    "SELECT agent, fetched_ms FROM release_fetches WHERE version = $1";
+
+// admin_tokens
+pub(crate) const ADMIN_TOKEN_INSERT: &str =
+    "INSERT INTO admin_tokens (name, sha256, scopes, selector, created_ms, expires_ms)
+     VALUES ($1, $2, $3, $4, $5, $6)
+     ON CONFLICT (name) DO NOTHING";
+
+// enrol_tokens
+pub(crate) const ENROL_TOKEN_INSERT: &str =
+    "INSERT INTO enrol_tokens (id, sha256, max_uses, labels, created_ms, expires_ms)
+     VALUES ($1, $2, $3, $4, $5, $6)";
+pub(crate) const ENROL_TOKEN_USE: &str = "UPDATE enrol_tokens SET uses = uses + 1 WHERE id = $1";
+
+// audit
+pub(crate) const AUDIT_ADD_COUNT: &str = "UPDATE audit SET count = count + $2 WHERE seq = $1";
+pub(crate) const AUDIT_INSERT: &str =
+    "INSERT INTO audit (seq, at_ms, token, peer, action, target, outcome, count)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+pub(crate) const AUDIT_PRUNE: &str = "DELETE FROM audit WHERE at_ms < $1";
+
+// job_secrets
+pub(crate) const OTHER_SECRET_KEY: &str =
+    "SELECT key_id FROM job_secrets WHERE key_id <> $1 LIMIT 1";
+pub(crate) const SECRET_COUNT: &str = "SELECT COUNT(*) FROM job_secrets";
+pub(crate) const SECRET_DELETE: &str = "DELETE
+     FROM job_secrets
+     WHERE name = $1 AND version = $2
+     RETURNING version";
+pub(crate) const SECRET_RESEAL: &str = "UPDATE job_secrets
+     SET sealed = $1, key_id = $2
+     WHERE name = $3 AND version = $4 AND key_id = $5";
+pub(crate) const SECRET_VERSION: &str = "SELECT version FROM job_secrets WHERE name = $1";
+
+/// `statement` with `$N` written `?N`, as SQLite numbers parameters.
+pub(crate) fn lite(statement: &str) -> String {
+    let mut out = String::with_capacity(statement.len());
+    let mut chars = statement.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+            out.push('?');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every statement of this file: its parameters are `$1` to `$n`, none skipped.
+    const ALL: &[&str] = &[
+        AUDIT_PRUNE,
+        HALT_DELETE,
+        SECRET_DELETE,
+        ADMIN_TOKEN_INSERT,
+        AUDIT_INSERT,
+        DESIRED_PUT,
+        ENROL_TOKEN_INSERT,
+        HALT_PUT,
+        OUTPUT_INSERT,
+        LEASE_TAKE,
+        FETCH_PUT,
+        RELEASE_PUT,
+        MEMBER_INSERT,
+        ROLLOUT_INSERT,
+        SECRET_COUNT,
+        AGENT_OPEN_JOBS,
+        DONE_JOBS,
+        JOB_AGENT,
+        VERSION_FETCHES,
+        LIVE_AGENT_IDS,
+        OLDEST_DONE_JOBS,
+        OTHER_SECRET_KEY,
+        DESIRED_ALL,
+        OUTPUT_FROM,
+        GENERATION,
+        SECRET_VERSION,
+        HALTS_ALL,
+        RELEASES_ALL,
+        AGENT_SET_LABELS,
+        AGENT_SET_NEXT_TOKEN,
+        AGENT_REVOKE,
+        AGENT_ASK_ROTATION,
+        AGENT_ROTATE,
+        AUDIT_ADD_COUNT,
+        ENROL_TOKEN_USE,
+        SECRET_RESEAL,
+        JOB_ASSIGN,
+        QUEUED_JOB_END,
+        LEASE_RENEW,
+        SEQ_NEXT,
+        GENERATION_NEXT,
+        MEMBER_UPDATE,
+        ROLLOUT_UPDATE,
+        ROLLOUT_SET_WAVE,
+    ];
+
+    #[test]
+    fn parameters_are_numbered_from_one_without_a_gap() {
+        for statement in ALL {
+            let mut seen: Vec<usize> = statement
+                .split('$')
+                .skip(1)
+                .map(|rest| {
+                    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                    digits.parse().expect("a number after $")
+                })
+                .collect();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen, (1..=seen.len()).collect::<Vec<_>>(), "{statement}");
+        }
+    }
+
+    #[test]
+    fn sqlite_reads_the_same_parameters_by_number() {
+        assert_eq!(
+            lite("UPDATE agents SET labels = $2 WHERE id = $1 AND x = '$a'"),
+            "UPDATE agents SET labels = ?2 WHERE id = ?1 AND x = '$a'"
+        );
+    }
+}
