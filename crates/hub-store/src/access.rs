@@ -10,6 +10,7 @@ use std::future::Future;
 
 use super::StoreError;
 use crate::proto::labels::Labels;
+pub(crate) use crate::sql::{ADMIN_TOKEN_COLUMNS, AUDIT_COLUMNS, ENROL_TOKEN_COLUMNS};
 
 /// The migration that makes the access tables (portable SQL).
 pub const MIGRATION: &str = "INSERT INTO meta (key, value) VALUES ('enrol_token_seq', 0);
@@ -50,12 +51,6 @@ pub const MIGRATION: &str = "INSERT INTO meta (key, value) VALUES ('enrol_token_
     ALTER TABLE agents ADD COLUMN enrolled_peer TEXT;
     ALTER TABLE agents ADD COLUMN enrolled_host TEXT;
     ALTER TABLE jobs ADD COLUMN scope TEXT;";
-
-pub const ADMIN_TOKEN_COLUMNS: &str =
-    "name, sha256, scopes, selector, created_ms, expires_ms, revoked_ms";
-pub const ENROL_TOKEN_COLUMNS: &str =
-    "id, sha256, max_uses, uses, labels, created_ms, expires_ms, revoked_ms";
-pub const AUDIT_COLUMNS: &str = "seq, at_ms, token, peer, action, target, outcome, count";
 
 /// The migration that lets one audit line stand for many refusals alike (portable SQL).
 pub const AUDIT_COUNT_MIGRATION: &str =

@@ -9,6 +9,7 @@
 use std::future::Future;
 
 use super::StoreError;
+pub(crate) use crate::sql::ROLLOUT_COLUMNS;
 
 /// The migration that makes the rollout tables (portable SQL).
 pub const MIGRATION: &str = "INSERT INTO meta (key, value) VALUES ('rollout_seq', 0);
@@ -66,12 +67,6 @@ pub struct Fetch {
     pub version: String,
     pub now_ms: u64,
 }
-
-pub const ROLLOUT_COLUMNS: &str = "id, seq, version, selector, waves, soak_ms, max_parallel,
-    max_failures, failures_accepted, deadline_ms, state, reason, wave, last_commit_ms,
-    created_ms, finished_ms";
-pub const MEMBER_COLUMNS: &str =
-    "agent, wave, position, state, from_version, given_ms, ended_ms, error";
 
 /// The states in which a rollout holds its agents, in SQL.
 pub fn active_states_sql() -> String {

@@ -9,6 +9,7 @@
 use std::future::Future;
 
 use super::StoreError;
+pub(crate) use crate::sql::SECRET_COLUMNS as COLUMNS;
 
 /// The migration that makes the secrets' table (portable SQL).
 pub const MIGRATION: &str = "INSERT INTO meta (key, value) VALUES ('secret_seq', 0);
@@ -24,9 +25,6 @@ pub const MIGRATION: &str = "INSERT INTO meta (key, value) VALUES ('secret_seq',
 
 /// The counter whose row every change takes first (the module doc).
 pub const TURN: &str = "secret_seq";
-/// The columns of a [`SecretRow`], in its order.
-pub const COLUMNS: &str = "name, version, selector, sealed, key_id, set_by, set_ms";
-
 /// One secret, sealed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecretRow {

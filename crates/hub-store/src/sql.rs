@@ -5,6 +5,57 @@
 //!
 //! Grouped by table, in the order of the migrations.
 
+// Column lists: macros, so that a statement naming one is still one constant (`concat!`
+// takes literals only).
+macro_rules! job_columns {
+    () => {
+        "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code, exit_signal,
+         error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done, stdout_length,
+         stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
+         queue_deadline_ms, job_group, attempt, retries, avoid, scope, egress_denied"
+    };
+}
+macro_rules! secret_columns {
+    () => {
+        "name, version, selector, sealed, key_id, set_by, set_ms"
+    };
+}
+macro_rules! admin_token_columns {
+    () => {
+        "name, sha256, scopes, selector, created_ms, expires_ms, revoked_ms"
+    };
+}
+macro_rules! enrol_token_columns {
+    () => {
+        "id, sha256, max_uses, uses, labels, created_ms, expires_ms, revoked_ms"
+    };
+}
+macro_rules! audit_columns {
+    () => {
+        "seq, at_ms, token, peer, action, target, outcome, count"
+    };
+}
+macro_rules! rollout_columns {
+    () => {
+        "id, seq, version, selector, waves, soak_ms, max_parallel,
+         max_failures, failures_accepted, deadline_ms, state, reason, wave, last_commit_ms,
+         created_ms, finished_ms"
+    };
+}
+macro_rules! member_columns {
+    () => {
+        "agent, wave, position, state, from_version, given_ms, ended_ms, error"
+    };
+}
+/// The columns of a job row, in `JobRow`'s order.
+pub(crate) const JOB_COLUMNS: &str = job_columns!();
+/// The columns of a `SecretRow`, in its order.
+pub(crate) const SECRET_COLUMNS: &str = secret_columns!();
+pub(crate) const ADMIN_TOKEN_COLUMNS: &str = admin_token_columns!();
+pub(crate) const ENROL_TOKEN_COLUMNS: &str = enrol_token_columns!();
+pub(crate) const AUDIT_COLUMNS: &str = audit_columns!();
+pub(crate) const ROLLOUT_COLUMNS: &str = rollout_columns!();
+
 // meta
 pub(crate) const GENERATION: &str = "SELECT value FROM meta WHERE key = 'generation'";
 /// Takes the next generation, never past `MAX_GENERATION` (no row then).
@@ -18,6 +69,11 @@ pub(crate) const SEQ_NEXT: &str =
 // desired
 pub(crate) const DESIRED_ALL: &str =
     "SELECT scope, generation, settings FROM desired ORDER BY scope";
+pub(crate) const DESIRED_CLEAR: &str = "UPDATE desired SET settings = '{}' WHERE scope = $1";
+/// A scope's generation moved, its settings kept (or none, for a new scope).
+pub(crate) const DESIRED_PUT_GENERATION: &str = "INSERT INTO desired (scope, generation, settings)
+     VALUES ($1, $2, '{}')
+     ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation";
 pub(crate) const DESIRED_PUT: &str = "INSERT INTO desired (scope, generation, settings)
      VALUES ($1, $2, $3)
      ON CONFLICT (scope)
@@ -156,6 +212,47 @@ pub(crate) const SECRET_RESEAL: &str = "UPDATE job_secrets
      WHERE name = $3 AND version = $4 AND key_id = $5";
 pub(crate) const SECRET_VERSION: &str = "SELECT version FROM job_secrets WHERE name = $1";
 
+// Statements built on a column list
+pub(crate) const OPEN_JOBS: &str = concat!(
+    "SELECT ",
+    job_columns!(),
+    " FROM jobs WHERE done = 0 ORDER BY seq"
+);
+pub(crate) const JOB_BY_ID: &str = concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = $1");
+pub(crate) const SECRETS_ALL: &str = concat!(
+    "SELECT ",
+    secret_columns!(),
+    " FROM job_secrets ORDER BY name"
+);
+pub(crate) const SECRET_PUT: &str = concat!(
+    "INSERT INTO job_secrets (",
+    secret_columns!(),
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7)
+     ON CONFLICT (name) DO UPDATE SET version = excluded.version,
+         selector = excluded.selector, sealed = excluded.sealed, key_id = excluded.key_id,
+         set_by = excluded.set_by, set_ms = excluded.set_ms"
+);
+pub(crate) const ADMIN_TOKENS_ALL: &str = concat!(
+    "SELECT ",
+    admin_token_columns!(),
+    " FROM admin_tokens ORDER BY name"
+);
+pub(crate) const ENROL_TOKENS_ALL: &str = concat!(
+    "SELECT ",
+    enrol_token_columns!(),
+    " FROM enrol_tokens ORDER BY created_ms, id"
+);
+pub(crate) const ROLLOUT_MEMBERS: &str = concat!(
+    "SELECT ",
+    member_columns!(),
+    " FROM rollout_members WHERE rollout = $1 ORDER BY position"
+);
+pub(crate) const ROLLOUT_BY_ID: &str = concat!(
+    "SELECT ",
+    rollout_columns!(),
+    " FROM rollouts WHERE id = $1"
+);
+
 /// `statement` with `$N` written `?N`, as SQLite numbers parameters.
 pub(crate) fn lite(statement: &str) -> String {
     let mut out = String::with_capacity(statement.len());
@@ -217,6 +314,16 @@ mod tests {
         LEASE_RENEW,
         SEQ_NEXT,
         GENERATION_NEXT,
+        DESIRED_CLEAR,
+        DESIRED_PUT_GENERATION,
+        OPEN_JOBS,
+        JOB_BY_ID,
+        SECRETS_ALL,
+        SECRET_PUT,
+        ADMIN_TOKENS_ALL,
+        ENROL_TOKENS_ALL,
+        ROLLOUT_MEMBERS,
+        ROLLOUT_BY_ID,
         MEMBER_UPDATE,
         ROLLOUT_UPDATE,
         ROLLOUT_SET_WAVE,

@@ -120,10 +120,7 @@ impl AccessStore for PgStore {
     async fn admin_tokens(&self) -> Result<Vec<AdminTokenRow>, StoreError> {
         let conn = self.conn().await?;
         Ok(conn
-            .query(
-                &format!("SELECT {ADMIN_TOKEN_COLUMNS} FROM admin_tokens ORDER BY name"),
-                &[],
-            )
+            .query(sql::ADMIN_TOKENS_ALL, &[])
             .await
             .map_err(self.err())?
             .iter()
@@ -177,15 +174,12 @@ impl AccessStore for PgStore {
 
     async fn enrol_tokens(&self) -> Result<Vec<EnrolTokenRow>, StoreError> {
         let conn = self.conn().await?;
-        conn.query(
-            &format!("SELECT {ENROL_TOKEN_COLUMNS} FROM enrol_tokens ORDER BY created_ms, id"),
-            &[],
-        )
-        .await
-        .map_err(self.err())?
-        .iter()
-        .map(|r| enrol_row(&self.url, r))
-        .collect()
+        conn.query(sql::ENROL_TOKENS_ALL, &[])
+            .await
+            .map_err(self.err())?
+            .iter()
+            .map(|r| enrol_row(&self.url, r))
+            .collect()
     }
 
     async fn revoke_enrol_token(

@@ -283,13 +283,7 @@ impl JobStore for PgStore {
 
     async fn get_job(&self, id: &str) -> Result<Option<JobRow>, StoreError> {
         let conn = self.conn().await?;
-        let mut rows = self
-            .select_jobs(
-                &conn,
-                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1"),
-                &[&id],
-            )
-            .await?;
+        let mut rows = self.select_jobs(&conn, sql::JOB_BY_ID, &[&id]).await?;
         Ok(rows.pop())
     }
 

@@ -50,7 +50,7 @@ use crate::migrations::MIGRATIONS;
 use crate::parse_settings;
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
-use crate::sql;
+use crate::sql::{self, JOB_COLUMNS};
 
 /// The notification channel of railgrid hubs.
 const CHANNEL: &str = "railgrid_hub";
@@ -89,11 +89,6 @@ pub const MAINTENANCE_APPLICATION: &str = "railgrid-hub-maintenance";
 /// The advisory lock every running hub holds shared (on its listening connection), and
 /// `hub store renumber` takes exclusively.
 const HUBS_LOCK: i64 = 0x7261_696c_6875_6273; // "railhubs"
-
-const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
-    exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
-    stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
-    queue_deadline_ms, job_group, attempt, retries, avoid, scope, egress_denied";
 
 use super::OPEN_STATES;
 
@@ -460,16 +455,12 @@ async fn bump_scope(
     url: &str,
 ) -> Result<u64, StoreError> {
     let generation = next_generation(tx, url).await?;
-    tx.execute(
-        "INSERT INTO desired (scope, generation, settings) VALUES ($1, $2, '{}')
-         ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation",
-        &[&scope, &(generation as i64)],
-    )
-    .await
-    .map_err(|source| StoreError::Postgres {
-        url: url.to_owned(),
-        source,
-    })?;
+    tx.execute(sql::DESIRED_PUT_GENERATION, &[&scope, &(generation as i64)])
+        .await
+        .map_err(|source| StoreError::Postgres {
+            url: url.to_owned(),
+            source,
+        })?;
     Ok(generation)
 }
 
@@ -565,13 +556,7 @@ impl Store for PgStore {
                 .iter()
                 .map(|r| scope_row(&self.url, r))
                 .collect::<Result<Vec<_>, _>>()?;
-            let open_jobs = self
-                .select_jobs(
-                    &conn,
-                    &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE done = 0 ORDER BY seq"),
-                    &[],
-                )
-                .await?;
+            let open_jobs = self.select_jobs(&conn, sql::OPEN_JOBS, &[]).await?;
             Ok(Snapshot {
                 agents,
                 scopes,
@@ -614,12 +599,7 @@ impl Store for PgStore {
                 return Ok(Enrol::Revoked);
             }
             // A new agent under the id: none of the old one's own settings.
-            tx.execute(
-                "UPDATE desired SET settings = '{}' WHERE scope = $1",
-                &[&id],
-            )
-            .await
-            .map_err(&e)?;
+            tx.execute(sql::DESIRED_CLEAR, &[&id]).await.map_err(&e)?;
         }
         // Two replicas enrolling one id at once: the second waits on the first's row
         // and finds it enrolled.

@@ -5,7 +5,7 @@
 use super::*;
 use crate::rollouts::{
     active_states_sql, overlapping, unstarted, Fetch, MemberRow, Progress, Recorded, RolloutRow,
-    RolloutStore, StateMove, MEMBER_COLUMNS, ROLLOUT_COLUMNS, ROLLOUT_LEASE,
+    RolloutStore, StateMove, ROLLOUT_COLUMNS, ROLLOUT_LEASE,
 };
 
 fn rollout_row(r: &tokio_postgres::Row) -> RolloutRow {
@@ -169,23 +169,11 @@ impl RolloutStore for PgStore {
             .start()
             .await
             .map_err(&e)?;
-        let Some(row) = tx
-            .query_opt(
-                &format!("SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE id = $1"),
-                &[&id],
-            )
-            .await
-            .map_err(&e)?
-        else {
+        let Some(row) = tx.query_opt(sql::ROLLOUT_BY_ID, &[&id]).await.map_err(&e)? else {
             return Ok(None);
         };
         let members = tx
-            .query(
-                &format!(
-                    "SELECT {MEMBER_COLUMNS} FROM rollout_members WHERE rollout = $1 ORDER BY position"
-                ),
-                &[&id],
-            )
+            .query(sql::ROLLOUT_MEMBERS, &[&id])
             .await
             .map_err(&e)?
             .iter()

@@ -20,13 +20,7 @@ impl SecretStore for PgStore {
     async fn secrets(&self) -> Result<Vec<SecretRow>, StoreError> {
         let e = self.err();
         let conn = self.conn().await?;
-        let rows = conn
-            .query(
-                &format!("SELECT {COLUMNS} FROM job_secrets ORDER BY name"),
-                &[],
-            )
-            .await
-            .map_err(&e)?;
+        let rows = conn.query(sql::SECRETS_ALL, &[]).await.map_err(&e)?;
         Ok(rows.iter().map(secret_row).collect())
     }
 
@@ -64,13 +58,7 @@ impl SecretStore for PgStore {
             return Ok(Put::Moved);
         }
         tx.execute(
-            &format!(
-                "INSERT INTO job_secrets ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)
-                 ON CONFLICT (name) DO UPDATE SET version = excluded.version,
-                     selector = excluded.selector, sealed = excluded.sealed,
-                     key_id = excluded.key_id, set_by = excluded.set_by,
-                     set_ms = excluded.set_ms"
-            ),
+            sql::SECRET_PUT,
             &[
                 &row.name,
                 &(row.version as i64),

@@ -102,14 +102,12 @@ impl AccessStore for SqliteStore {
 
     async fn admin_tokens(&self) -> Result<Vec<AdminTokenRow>, StoreError> {
         self.with(|conn, path| {
-            conn.prepare(&format!(
-                "SELECT {ADMIN_TOKEN_COLUMNS} FROM admin_tokens ORDER BY name"
-            ))
-            .and_then(|mut s| {
-                s.query_map([], admin_token_row)?
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .map_err(sql(path))
+            conn.prepare(&lite(sql::ADMIN_TOKENS_ALL))
+                .and_then(|mut s| {
+                    s.query_map([], admin_token_row)?
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .map_err(sql(path))
         })
         .await
     }
@@ -170,9 +168,7 @@ impl AccessStore for SqliteStore {
     async fn enrol_tokens(&self) -> Result<Vec<EnrolTokenRow>, StoreError> {
         self.with(|conn, path| {
             let raws = conn
-                .prepare(&format!(
-                    "SELECT {ENROL_TOKEN_COLUMNS} FROM enrol_tokens ORDER BY created_ms, id"
-                ))
+                .prepare(&lite(sql::ENROL_TOKENS_ALL))
                 .and_then(|mut s| s.query_map([], raw_enrol)?.collect::<Result<Vec<_>, _>>())
                 .map_err(sql(path))?;
             raws.into_iter().map(|r| enrol_row(path, r)).collect()

@@ -286,12 +286,7 @@ impl JobStore for SqliteStore {
     async fn get_job(&self, id: &str) -> Result<Option<JobRow>, StoreError> {
         let id = id.to_owned();
         self.with(move |conn, path| {
-            let mut rows = select_jobs(
-                conn,
-                path,
-                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"),
-                params![id],
-            )?;
+            let mut rows = select_jobs(conn, path, &lite(sql::JOB_BY_ID), params![id])?;
             Ok(rows.pop())
         })
         .await

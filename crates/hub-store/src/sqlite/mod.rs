@@ -26,7 +26,7 @@ use crate::migrations::MIGRATIONS;
 use crate::parse_settings;
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
-use crate::sql::{self, lite};
+use crate::sql::{self, lite, JOB_COLUMNS};
 
 pub struct SqliteStore {
     path: PathBuf,
@@ -123,8 +123,7 @@ fn next_seq(tx: &rusqlite::Transaction<'_>, key: &str, path: &str) -> Result<i64
 fn bump_scope(tx: &rusqlite::Transaction<'_>, scope: &str, path: &str) -> Result<u64, StoreError> {
     let generation = next_generation(tx, path)?;
     tx.execute(
-        "INSERT INTO desired (scope, generation, settings) VALUES (?1, ?2, '{}')
-         ON CONFLICT (scope) DO UPDATE SET generation = excluded.generation",
+        &lite(sql::DESIRED_PUT_GENERATION),
         params![scope, generation as i64],
     )
     .map_err(sql(path))?;
@@ -142,11 +141,6 @@ fn bump_and_commit(
     tx.commit().map_err(sql(path))?;
     Ok(generation)
 }
-
-const JOB_COLUMNS: &str = "id, seq, agent, spec, created_ms, state, cancel_requested, exit_code,
-    exit_signal, error, finished_ms, stdout_bytes, stderr_bytes, runner_truncated, done,
-    stdout_length, stderr_length, stdout_stored, stderr_stored, started_ms, selector, priority,
-    queue_deadline_ms, job_group, attempt, retries, avoid, scope, egress_denied";
 
 /// The raw columns of a job row, parsed afterwards (outside rusqlite's row closure, so
 /// that a record that does not parse is an error that names it).
@@ -328,7 +322,7 @@ impl Store for SqliteStore {
             let open_jobs = select_jobs(
                 conn,
                 path,
-                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE done = 0 ORDER BY seq"),
+                &lite(sql::OPEN_JOBS),
                 [],
             )?;
             let releases = conn
@@ -401,11 +395,8 @@ impl Store for SqliteStore {
                 Some(Some(_)) if !reuse_revoked => return Ok(Enrol::Revoked),
                 // A new agent under the id: none of the old one's own settings.
                 Some(Some(_)) => {
-                    tx.execute(
-                        "UPDATE desired SET settings = '{}' WHERE scope = ?1",
-                        params![id],
-                    )
-                    .map_err(&e)?;
+                    tx.execute(&lite(sql::DESIRED_CLEAR), params![id])
+                        .map_err(&e)?;
                 }
                 None => {}
             }

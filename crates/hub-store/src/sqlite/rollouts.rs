@@ -3,7 +3,7 @@
 use super::*;
 use crate::rollouts::{
     active_states_sql, overlapping, unstarted, Fetch, MemberRow, Progress, Recorded, RolloutRow,
-    RolloutStore, StateMove, MEMBER_COLUMNS, ROLLOUT_COLUMNS, ROLLOUT_LEASE,
+    RolloutStore, StateMove, ROLLOUT_COLUMNS, ROLLOUT_LEASE,
 };
 
 fn rollout_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RolloutRow> {
@@ -41,13 +41,9 @@ fn member_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<MemberRow> {
 }
 
 fn get_on(conn: &Connection, path: &str, id: &str) -> Result<Option<RolloutRow>, StoreError> {
-    conn.query_row(
-        &format!("SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE id = ?1"),
-        params![id],
-        rollout_row,
-    )
-    .optional()
-    .map_err(sql(path))
+    conn.query_row(&lite(sql::ROLLOUT_BY_ID), params![id], rollout_row)
+        .optional()
+        .map_err(sql(path))
 }
 
 fn opt_i64(v: Option<u64>) -> Option<i64> {
@@ -153,9 +149,7 @@ impl RolloutStore for SqliteStore {
                 return Ok(None);
             };
             let members = conn
-                .prepare(&format!(
-                    "SELECT {MEMBER_COLUMNS} FROM rollout_members WHERE rollout = ?1 ORDER BY position"
-                ))
+                .prepare(&lite(sql::ROLLOUT_MEMBERS))
                 .and_then(|mut s| {
                     s.query_map(params![id], member_row)?
                         .collect::<Result<Vec<_>, _>>()

@@ -29,7 +29,7 @@ fn other_key(
 impl SecretStore for SqliteStore {
     async fn secrets(&self) -> Result<Vec<SecretRow>, StoreError> {
         self.with(|conn, path| {
-            conn.prepare(&format!("SELECT {COLUMNS} FROM job_secrets ORDER BY name"))
+            conn.prepare(&lite(sql::SECRETS_ALL))
                 .and_then(|mut s| s.query_map([], secret_row)?.collect())
                 .map_err(sql(path))
         })
@@ -76,13 +76,7 @@ impl SecretStore for SqliteStore {
                 return Ok(Put::Moved);
             }
             tx.execute(
-                &format!(
-                    "INSERT INTO job_secrets ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                     ON CONFLICT (name) DO UPDATE SET version = excluded.version,
-                         selector = excluded.selector, sealed = excluded.sealed,
-                         key_id = excluded.key_id, set_by = excluded.set_by,
-                         set_ms = excluded.set_ms"
-                ),
+                &lite(sql::SECRET_PUT),
                 params![
                     row.name,
                     row.version as i64,
