@@ -10,7 +10,7 @@ use std::future::Future;
 
 use super::StoreError;
 use crate::proto::labels::Labels;
-pub(crate) use crate::sql::{ADMIN_TOKEN_COLUMNS, AUDIT_COLUMNS, ENROL_TOKEN_COLUMNS};
+pub(crate) use crate::sql::{ADMIN_TOKEN_COLUMNS, ENROL_TOKEN_COLUMNS};
 
 /// The migration that makes the access tables (portable SQL).
 pub const MIGRATION: &str = "INSERT INTO meta (key, value) VALUES ('enrol_token_seq', 0);

@@ -53,7 +53,6 @@ pub(crate) const JOB_COLUMNS: &str = job_columns!();
 pub(crate) const SECRET_COLUMNS: &str = secret_columns!();
 pub(crate) const ADMIN_TOKEN_COLUMNS: &str = admin_token_columns!();
 pub(crate) const ENROL_TOKEN_COLUMNS: &str = enrol_token_columns!();
-pub(crate) const AUDIT_COLUMNS: &str = audit_columns!();
 pub(crate) const ROLLOUT_COLUMNS: &str = rollout_columns!();
 
 // meta
@@ -251,6 +250,23 @@ pub(crate) const ROLLOUT_BY_ID: &str = concat!(
     "SELECT ",
     rollout_columns!(),
     " FROM rollouts WHERE id = $1"
+);
+/// A page of jobs, newest first, each filter left out when NULL (`CAST … IS NULL`: a
+/// parameter PostgreSQL can type, which SQLite reads alike).
+pub(crate) const JOBS_PAGE: &str = concat!(
+    "SELECT ",
+    job_columns!(),
+    " FROM jobs
+     WHERE (CAST($1 AS TEXT) IS NULL OR agent = $1)
+         AND (CAST($2 AS TEXT) IS NULL OR selector = $2)
+         AND (CAST($3 AS TEXT) IS NULL OR job_group = $3) AND seq < $4
+     ORDER BY seq DESC LIMIT $5"
+);
+pub(crate) const AUDIT_PAGE: &str = concat!(
+    "SELECT ",
+    audit_columns!(),
+    " FROM audit WHERE at_ms >= $1 AND (CAST($2 AS TEXT) IS NULL OR token = $2)
+     ORDER BY seq DESC LIMIT $3"
 );
 
 /// `statement` with `$N` written `?N`, as SQLite numbers parameters.

@@ -5,7 +5,7 @@
 use super::*;
 use crate::access::{
     AccessStore, AdminTokenRow, AuditRow, EnrolTokenRow, Enrolled, Enrolment, ADMIN_TOKEN_COLUMNS,
-    AUDIT_COLUMNS, ENROL_TOKEN_COLUMNS,
+    ENROL_TOKEN_COLUMNS,
 };
 
 fn admin_token_row(r: &tokio_postgres::Row) -> AdminTokenRow {
@@ -338,11 +338,7 @@ impl AccessStore for PgStore {
         let conn = self.conn().await?;
         let mut rows: Vec<AuditRow> = conn
             .query(
-                &format!(
-                    "SELECT {AUDIT_COLUMNS} FROM audit WHERE at_ms >= $1
-                         AND ($2::TEXT IS NULL OR token = $2)
-                     ORDER BY seq DESC LIMIT $3"
-                ),
+                sql::AUDIT_PAGE,
                 &[&(since_ms as i64), &token, &(limit as i64)],
             )
             .await

@@ -307,12 +307,7 @@ impl JobStore for PgStore {
         let limit = limit as i64;
         self.select_jobs(
             &conn,
-            &format!(
-                "SELECT {JOB_COLUMNS} FROM jobs
-                 WHERE ($1::TEXT IS NULL OR agent = $1) AND ($2::TEXT IS NULL OR selector = $2)
-                     AND ($3::TEXT IS NULL OR job_group = $3) AND seq < $4
-                 ORDER BY seq DESC LIMIT $5"
-            ),
+            sql::JOBS_PAGE,
             &[
                 &filter.agent,
                 &filter.selector,

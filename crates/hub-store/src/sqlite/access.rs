@@ -3,7 +3,7 @@
 use super::*;
 use crate::access::{
     AccessStore, AdminTokenRow, AuditRow, EnrolTokenRow, Enrolled, Enrolment, ADMIN_TOKEN_COLUMNS,
-    AUDIT_COLUMNS, ENROL_TOKEN_COLUMNS,
+    ENROL_TOKEN_COLUMNS,
 };
 
 fn admin_token_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AdminTokenRow> {
@@ -320,10 +320,7 @@ impl AccessStore for SqliteStore {
         let token = token.map(str::to_owned);
         self.with(move |conn, path| {
             let mut rows = conn
-                .prepare(&format!(
-                    "SELECT {AUDIT_COLUMNS} FROM audit WHERE at_ms >= ?1 AND (?2 IS NULL OR token = ?2)
-                     ORDER BY seq DESC LIMIT ?3"
-                ))
+                .prepare(&lite(sql::AUDIT_PAGE))
                 .and_then(|mut s| {
                     s.query_map(params![since_ms as i64, token, limit as i64], audit_row)?
                         .collect::<Result<Vec<_>, _>>()

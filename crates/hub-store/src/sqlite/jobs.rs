@@ -316,12 +316,7 @@ impl JobStore for SqliteStore {
             select_jobs(
                 conn,
                 path,
-                &format!(
-                    "SELECT {JOB_COLUMNS} FROM jobs
-                     WHERE (?1 IS NULL OR agent = ?1) AND (?2 IS NULL OR selector = ?2)
-                         AND (?3 IS NULL OR job_group = ?3) AND seq < ?4
-                     ORDER BY seq DESC LIMIT ?5"
-                ),
+                &lite(sql::JOBS_PAGE),
                 params![agent, selector, group, before, limit as i64],
             )
         })

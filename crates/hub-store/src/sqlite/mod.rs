@@ -26,7 +26,7 @@ use crate::migrations::MIGRATIONS;
 use crate::parse_settings;
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
-use crate::sql::{self, lite, JOB_COLUMNS};
+use crate::sql::{self, lite};
 
 pub struct SqliteStore {
     path: PathBuf,
