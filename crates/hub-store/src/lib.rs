@@ -107,9 +107,6 @@ impl StoreError {
     }
 }
 
-/// The states of a job that has not ended (in the expressions' SQL form).
-pub(crate) const OPEN_STATES: &str = "'pending', 'queued', 'starting', 'running'";
-
 /// An agent's stored `observed_generation` after a renumbering: whatever generation it
 /// reports (other than 0), it is told to take the hub's own desired state, since the
 /// numbers it holds may now name other states.

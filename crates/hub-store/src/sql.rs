@@ -15,6 +15,12 @@ macro_rules! job_columns {
          queue_deadline_ms, job_group, attempt, retries, avoid, scope, egress_denied"
     };
 }
+/// The states of a job that has not ended, as SQL values.
+macro_rules! open_states {
+    () => {
+        "'pending', 'queued', 'starting', 'running'"
+    };
+}
 macro_rules! secret_columns {
     () => {
         "name, version, selector, sealed, key_id, set_by, set_ms"
@@ -267,6 +273,33 @@ pub(crate) const AUDIT_PAGE: &str = concat!(
     audit_columns!(),
     " FROM audit WHERE at_ms >= $1 AND (CAST($2 AS TEXT) IS NULL OR token = $2)
      ORDER BY seq DESC LIMIT $3"
+);
+/// A job's progress as its agent reported it: keeps a cancel asked, an ended job's
+/// outcome, and a done job whole (portable forms of `MAX`/`GREATEST` of two values).
+pub(crate) const JOB_PROGRESS: &str = concat!(
+    "UPDATE jobs SET
+         cancel_requested = CASE WHEN cancel_requested > $3 THEN cancel_requested ELSE $3 END,
+         state = CASE WHEN state IN (",
+    open_states!(),
+    ") THEN $2 ELSE state END,
+         exit_code = CASE WHEN state IN (",
+    open_states!(),
+    ") THEN $4 ELSE exit_code END,
+         exit_signal = CASE WHEN state IN (",
+    open_states!(),
+    ") THEN $5 ELSE exit_signal END,
+         error = CASE WHEN state IN (",
+    open_states!(),
+    ") THEN $6 ELSE error END,
+         finished_ms = CASE WHEN state IN (",
+    open_states!(),
+    ") THEN $7 ELSE finished_ms END,
+         stdout_bytes = CASE WHEN stdout_bytes > $8 THEN stdout_bytes ELSE $8 END,
+         stderr_bytes = CASE WHEN stderr_bytes > $9 THEN stderr_bytes ELSE $9 END,
+         runner_truncated = COALESCE($10, runner_truncated), done = $11,
+         started_ms = COALESCE(started_ms, $12),
+         egress_denied = COALESCE($13, egress_denied)
+     WHERE id = $1 AND done = 0"
 );
 
 /// `statement` with `$N` written `?N`, as SQLite numbers parameters.

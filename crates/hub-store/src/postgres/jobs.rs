@@ -144,25 +144,7 @@ impl JobStore for PgStore {
         // Each replica writes from its own copy of the job: the statement keeps what
         // another may have written meanwhile. A cancel asked stays asked, an ended job's
         // outcome stays as it ended, and a done job is not touched.
-        let stmt = tx
-            .prepare_cached(&format!(
-                "UPDATE jobs SET
-                     cancel_requested = GREATEST(cancel_requested, $3),
-                     state = CASE WHEN state IN ({OPEN}) THEN $2 ELSE state END,
-                     exit_code = CASE WHEN state IN ({OPEN}) THEN $4 ELSE exit_code END,
-                     exit_signal = CASE WHEN state IN ({OPEN}) THEN $5 ELSE exit_signal END,
-                     error = CASE WHEN state IN ({OPEN}) THEN $6 ELSE error END,
-                     finished_ms = CASE WHEN state IN ({OPEN}) THEN $7 ELSE finished_ms END,
-                     stdout_bytes = GREATEST(stdout_bytes, $8),
-                     stderr_bytes = GREATEST(stderr_bytes, $9),
-                     runner_truncated = COALESCE($10, runner_truncated), done = $11,
-                     started_ms = COALESCE(started_ms, $12),
-                     egress_denied = COALESCE($13, egress_denied)
-                 WHERE id = $1 AND done = 0",
-                OPEN = OPEN_STATES
-            ))
-            .await
-            .map_err(&e)?;
+        let stmt = tx.prepare_cached(sql::JOB_PROGRESS).await.map_err(&e)?;
         // In id order, as every replica locks them.
         let mut jobs = jobs;
         jobs.sort_unstable_by(|a, b| a.0.cmp(&b.0));

@@ -69,22 +69,7 @@ impl JobStore for SqliteStore {
                     // As on PostgreSQL: a write computed from an older copy of the job
                     // (a reconcile whose client went away, written after a newer one)
                     // keeps a cancel asked, an ended job's outcome, and a done job whole.
-                    .prepare_cached(&format!(
-                        "UPDATE jobs SET
-                             cancel_requested = MAX(cancel_requested, ?3),
-                             state = CASE WHEN state IN ({OPEN}) THEN ?2 ELSE state END,
-                             exit_code = CASE WHEN state IN ({OPEN}) THEN ?4 ELSE exit_code END,
-                             exit_signal = CASE WHEN state IN ({OPEN}) THEN ?5 ELSE exit_signal END,
-                             error = CASE WHEN state IN ({OPEN}) THEN ?6 ELSE error END,
-                             finished_ms = CASE WHEN state IN ({OPEN}) THEN ?7 ELSE finished_ms END,
-                             stdout_bytes = MAX(stdout_bytes, ?8),
-                             stderr_bytes = MAX(stderr_bytes, ?9),
-                             runner_truncated = COALESCE(?10, runner_truncated), done = ?11,
-                             started_ms = COALESCE(started_ms, ?12),
-                             egress_denied = COALESCE(?13, egress_denied)
-                         WHERE id = ?1 AND done = 0",
-                        OPEN = OPEN_STATES
-                    ))
+                    .prepare_cached(&lite(sql::JOB_PROGRESS))
                     .map_err(&e)?;
                 for (id, p) in &jobs {
                     let truncated = p

@@ -20,7 +20,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::{
     merge_labels, plan_append, AgentRow, AppendPlan, Appended, Assigned, Assignment, Enrol,
     HaltRow, JobFilter, JobProgress, JobRow, JobStore, Labels, ReleaseRow, ReportRow, ScopeRow,
-    Snapshot, Store, StoreError, Stream, OPEN_STATES,
+    Snapshot, Store, StoreError, Stream,
 };
 use crate::migrations::MIGRATIONS;
 use crate::parse_settings;
