@@ -376,7 +376,19 @@ mod tests {
         MEMBER_UPDATE,
         ROLLOUT_UPDATE,
         ROLLOUT_SET_WAVE,
+        JOBS_PAGE,
+        AUDIT_PAGE,
+        JOB_PROGRESS,
     ];
+
+    #[test]
+    fn every_statement_of_the_file_is_checked() {
+        let declared = include_str!("sql.rs")
+            .lines()
+            .filter(|l| l.starts_with("pub(crate) const ") && !l.contains("_COLUMNS:"))
+            .count();
+        assert_eq!(ALL.len(), declared, "a statement is missing from ALL");
+    }
 
     #[test]
     fn parameters_are_numbered_from_one_without_a_gap() {
