@@ -302,6 +302,44 @@ pub(crate) const JOB_PROGRESS: &str = concat!(
      WHERE id = $1 AND done = 0"
 );
 
+/// A read, and the same read locking the rows it reads: PostgreSQL's `FOR UPDATE`, for a
+/// change that decides on them among replicas (SQLite's one writer needs no lock).
+macro_rules! read_and_locked {
+    ($read:ident, $locked:ident, $text:literal) => {
+        pub(crate) const $read: &str = $text;
+        pub(crate) const $locked: &str = concat!($text, " FOR UPDATE");
+    };
+}
+read_and_locked!(
+    AGENT_REVOKED_AT,
+    AGENT_REVOKED_AT_LOCKED,
+    "SELECT revoked_at FROM agents WHERE id = $1"
+);
+read_and_locked!(
+    AGENT_LABELS,
+    AGENT_LABELS_LOCKED,
+    "SELECT labels FROM agents WHERE id = $1 AND revoked_at IS NULL"
+);
+read_and_locked!(
+    AGENT_ENROLMENT,
+    AGENT_ENROLMENT_LOCKED,
+    "SELECT revoked_at, enrolled_at, enrolled_peer, enrolled_host, last_seen, enrolled_via
+     FROM agents WHERE id = $1"
+);
+read_and_locked!(
+    DESIRED_SETTINGS,
+    DESIRED_SETTINGS_LOCKED,
+    "SELECT settings FROM desired WHERE scope = $1"
+);
+
+/// A new job (SQLite has looked for its id in the same transaction; on PostgreSQL a
+/// replica may have taken it meanwhile, and the conflict says so).
+pub(crate) const JOB_INSERT: &str =
+    "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,
+         queue_deadline_ms, job_group, attempt, retries, avoid, scope)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+     ON CONFLICT (id) DO NOTHING";
+
 /// `statement` with `$N` written `?N`, as SQLite numbers parameters.
 pub(crate) fn lite(statement: &str) -> String {
     let mut out = String::with_capacity(statement.len());
@@ -379,14 +417,28 @@ mod tests {
         JOBS_PAGE,
         AUDIT_PAGE,
         JOB_PROGRESS,
+        AGENT_REVOKED_AT,
+        AGENT_REVOKED_AT_LOCKED,
+        AGENT_LABELS,
+        AGENT_LABELS_LOCKED,
+        AGENT_ENROLMENT,
+        AGENT_ENROLMENT_LOCKED,
+        DESIRED_SETTINGS,
+        DESIRED_SETTINGS_LOCKED,
+        JOB_INSERT,
     ];
 
     #[test]
     fn every_statement_of_the_file_is_checked() {
-        let declared = include_str!("sql.rs")
+        let source = include_str!("sql.rs");
+        let declared = source
             .lines()
             .filter(|l| l.starts_with("pub(crate) const ") && !l.contains("_COLUMNS:"))
-            .count();
+            .count()
+            + 2 * source
+                .lines()
+                .filter(|l| l.starts_with("read_and_locked!("))
+                .count();
         assert_eq!(ALL.len(), declared, "a statement is missing from ALL");
     }
 

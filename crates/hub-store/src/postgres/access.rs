@@ -220,11 +220,7 @@ impl AccessStore for PgStore {
             return Ok(Enrolled::Refused { via: token.id, why });
         }
         let existing = tx
-            .query_opt(
-                "SELECT revoked_at, enrolled_at, enrolled_peer, enrolled_host, last_seen, enrolled_via
-                 FROM agents WHERE id = $1 FOR UPDATE",
-                &[&en.id],
-            )
+            .query_opt(sql::AGENT_ENROLMENT_LOCKED, &[&en.id])
             .await
             .map_err(&e)?;
         let mut again = false;

@@ -19,10 +19,7 @@ impl JobStore for PgStore {
         let seq = next_seq(&tx, "job_seq", &self.url).await?;
         let n = tx
             .execute(
-                "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,
-                     queue_deadline_ms, job_group, attempt, retries, avoid, scope)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-                 ON CONFLICT (id) DO NOTHING",
+                sql::JOB_INSERT,
                 &[
                     &job.id,
                     &seq,

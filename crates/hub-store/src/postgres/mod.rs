@@ -583,10 +583,7 @@ impl Store for PgStore {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
         let existing = tx
-            .query_opt(
-                "SELECT revoked_at FROM agents WHERE id = $1 FOR UPDATE",
-                &[&id],
-            )
+            .query_opt(sql::AGENT_REVOKED_AT_LOCKED, &[&id])
             .await
             .map_err(&e)?;
         if let Some(row) = existing {
@@ -659,10 +656,7 @@ impl Store for PgStore {
         let generation = next_generation(&tx, &self.url).await?;
         if let Some(base) = base {
             let stored: Option<String> = tx
-                .query_opt(
-                    "SELECT settings FROM desired WHERE scope = $1 FOR UPDATE",
-                    &[&scope],
-                )
+                .query_opt(sql::DESIRED_SETTINGS_LOCKED, &[&scope])
                 .await
                 .map_err(&e)?
                 .map(|r| r.get(0));
@@ -744,10 +738,7 @@ impl Store for PgStore {
         // The row locked: another replica's change to these labels waits, then merges
         // into this one's result.
         let Some(row) = tx
-            .query_opt(
-                "SELECT labels FROM agents WHERE id = $1 AND revoked_at IS NULL FOR UPDATE",
-                &[&id],
-            )
+            .query_opt(sql::AGENT_LABELS_LOCKED, &[&id])
             .await
             .map_err(&e)?
         else {

@@ -204,14 +204,25 @@ impl AccessStore for SqliteStore {
             if let Some(why) = token.refusal(en.now_ms, None) {
                 return Ok(Enrolled::Refused { via: token.id, why });
             }
-            type Existing = (Option<i64>, i64, Option<String>, Option<String>, Option<i64>, Option<String>);
+            type Existing = (
+                Option<i64>,
+                i64,
+                Option<String>,
+                Option<String>,
+                Option<i64>,
+                Option<String>,
+            );
             let existing: Option<Existing> = tx
-                .query_row(
-                    "SELECT revoked_at, enrolled_at, enrolled_peer, enrolled_host, last_seen, enrolled_via
-                     FROM agents WHERE id = ?1",
-                    params![en.id],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
-                )
+                .query_row(&lite(sql::AGENT_ENROLMENT), params![en.id], |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                    ))
+                })
                 .optional()
                 .map_err(&e)?;
             let mut again = false;
@@ -260,11 +271,8 @@ impl AccessStore for SqliteStore {
             )
             .map_err(&e)?;
             if !again {
-                tx.execute(
-                    &lite(sql::ENROL_TOKEN_USE),
-                    params![token.id],
-                )
-                .map_err(&e)?;
+                tx.execute(&lite(sql::ENROL_TOKEN_USE), params![token.id])
+                    .map_err(&e)?;
             }
             let generation = bump_and_commit(tx, &en.id, path)?;
             Ok(Enrolled::Done {

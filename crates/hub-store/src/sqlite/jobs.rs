@@ -22,9 +22,7 @@ impl JobStore for SqliteStore {
             }
             let seq = next_seq(&tx, "job_seq", path)?;
             tx.execute(
-                "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,
-                     queue_deadline_ms, job_group, attempt, retries, avoid, scope)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                &lite(sql::JOB_INSERT),
                 params![
                     job.id,
                     seq,

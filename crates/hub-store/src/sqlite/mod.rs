@@ -383,11 +383,7 @@ impl Store for SqliteStore {
             let e = sql(path);
             let tx = conn.transaction().map_err(&e)?;
             let existing: Option<Option<i64>> = tx
-                .query_row(
-                    "SELECT revoked_at FROM agents WHERE id = ?1",
-                    params![id],
-                    |r| r.get(0),
-                )
+                .query_row(&lite(sql::AGENT_REVOKED_AT), params![id], |r| r.get(0))
                 .optional()
                 .map_err(&e)?;
             match existing {
@@ -465,11 +461,7 @@ impl Store for SqliteStore {
             let tx = conn.transaction().map_err(&e)?;
             if let Some(base) = base {
                 let stored: Option<String> = tx
-                    .query_row(
-                        "SELECT settings FROM desired WHERE scope = ?1",
-                        params![scope],
-                        |r| r.get(0),
-                    )
+                    .query_row(&lite(sql::DESIRED_SETTINGS), params![scope], |r| r.get(0))
                     .optional()
                     .map_err(&e)?;
                 let stored = parse_settings(path, &scope, stored.as_deref())?;
@@ -553,11 +545,7 @@ impl Store for SqliteStore {
             let e = sql(path);
             let tx = conn.transaction().map_err(&e)?;
             let stored: Option<String> = tx
-                .query_row(
-                    "SELECT labels FROM agents WHERE id = ?1 AND revoked_at IS NULL",
-                    params![id],
-                    |r| r.get(0),
-                )
+                .query_row(&lite(sql::AGENT_LABELS), params![id], |r| r.get(0))
                 .optional()
                 .map_err(&e)?;
             let Some(stored) = stored else {

@@ -228,7 +228,8 @@ impl Drop for Held<'_> {
 /// waiting writer queues new readers behind it, so two readers taking two locks in
 /// opposite orders deadlock as soon as a writer waits between them. The order:
 /// `changes` (async) → `agents` (its label index, then its map) → an agent's `state` →
-/// `releases` → `fleet` → `jobs` (its index, then its queue) → `reports` → the metrics' own.
+/// `releases` → `fleet` → `jobs` (its index, then its queue) → `reports` → the
+/// metrics' own.
 pub struct Fleet<S: Store> {
     store: Arc<S>,
     fleet: RwLock<Scope>,
