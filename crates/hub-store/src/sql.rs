@@ -85,6 +85,28 @@ pub(crate) const DESIRED_PUT: &str = "INSERT INTO desired (scope, generation, se
      DO UPDATE SET generation = excluded.generation, settings = excluded.settings";
 
 // agents
+/// An agent added by the hub (`hub agent add`), or its revoked id taken again when asked.
+pub(crate) const AGENT_ADD: &str =
+    "INSERT INTO agents (id, token_sha256, enrolled_at, observed_generation)
+     VALUES ($1, $2, $3, 0)
+     ON CONFLICT (id) DO UPDATE SET token_sha256 = excluded.token_sha256,
+         enrolled_at = excluded.enrolled_at, revoked_at = NULL, labels = '{}',
+         next_token_sha256 = NULL, rotate_asked = 0, token_issued_ms = NULL,
+         enrolled_via = NULL, enrolled_peer = NULL, enrolled_host = NULL
+     WHERE agents.revoked_at IS NOT NULL";
+/// A host enrolled by a token; over a row of the same id only when `$9` (the same
+/// token's enrolment asked again, its answer lost).
+pub(crate) const AGENT_ENROL: &str =
+    "INSERT INTO agents (id, token_sha256, enrolled_at, observed_generation, labels,
+         token_issued_ms, enrolled_via, enrolled_peer, enrolled_host)
+     VALUES ($1, $2, $3, 0, $4, $5, $6, $7, $8)
+     ON CONFLICT (id) DO UPDATE SET token_sha256 = excluded.token_sha256,
+         enrolled_at = excluded.enrolled_at, revoked_at = NULL, last_seen = NULL,
+         labels = excluded.labels, next_token_sha256 = NULL, rotate_asked = 0,
+         token_issued_ms = excluded.token_issued_ms,
+         enrolled_via = excluded.enrolled_via, enrolled_peer = excluded.enrolled_peer,
+         enrolled_host = excluded.enrolled_host
+     WHERE $9";
 pub(crate) const AGENT_ASK_ROTATION: &str = "UPDATE agents
      SET rotate_asked = 1
      WHERE id = $1 AND revoked_at IS NULL";
@@ -426,6 +448,8 @@ mod tests {
         DESIRED_SETTINGS,
         DESIRED_SETTINGS_LOCKED,
         JOB_INSERT,
+        AGENT_ADD,
+        AGENT_ENROL,
     ];
 
     #[test]

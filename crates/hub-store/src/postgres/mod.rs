@@ -599,16 +599,7 @@ impl Store for PgStore {
         // Two replicas enrolling one id at once: the second waits on the first's row
         // and finds it enrolled.
         let inserted = tx
-            .execute(
-                "INSERT INTO agents (id, token_sha256, enrolled_at, observed_generation)
-                 VALUES ($1, $2, $3, 0)
-                 ON CONFLICT (id) DO UPDATE SET token_sha256 = excluded.token_sha256,
-                     enrolled_at = excluded.enrolled_at, revoked_at = NULL, labels = '{}',
-                     next_token_sha256 = NULL, rotate_asked = 0, token_issued_ms = NULL,
-                     enrolled_via = NULL, enrolled_peer = NULL, enrolled_host = NULL
-                 WHERE agents.revoked_at IS NOT NULL",
-                &[&id, &token_sha256, &(now as i64)],
-            )
+            .execute(sql::AGENT_ADD, &[&id, &token_sha256, &(now as i64)])
             .await
             .map_err(&e)?;
         if inserted == 0 {

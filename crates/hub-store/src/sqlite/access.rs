@@ -249,15 +249,7 @@ impl AccessStore for SqliteStore {
             let labels = encode(path, "an enrolment token's labels", &token.labels)?;
             let now_s = (en.now_ms / 1000) as i64;
             tx.execute(
-                "INSERT INTO agents (id, token_sha256, enrolled_at, observed_generation, labels,
-                     token_issued_ms, enrolled_via, enrolled_peer, enrolled_host)
-                 VALUES (?1, ?2, ?3, 0, ?4, ?5, ?6, ?7, ?8)
-                 ON CONFLICT (id) DO UPDATE SET token_sha256 = excluded.token_sha256,
-                     enrolled_at = excluded.enrolled_at, revoked_at = NULL, last_seen = NULL,
-                     labels = excluded.labels, next_token_sha256 = NULL, rotate_asked = 0,
-                     token_issued_ms = excluded.token_issued_ms,
-                     enrolled_via = excluded.enrolled_via, enrolled_peer = excluded.enrolled_peer,
-                     enrolled_host = excluded.enrolled_host",
+                &lite(sql::AGENT_ENROL),
                 params![
                     en.id,
                     agent_sha256,
@@ -266,7 +258,8 @@ impl AccessStore for SqliteStore {
                     en.now_ms as i64,
                     token.id,
                     en.peer,
-                    en.host
+                    en.host,
+                    again
                 ],
             )
             .map_err(&e)?;

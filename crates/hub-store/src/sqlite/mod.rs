@@ -396,16 +396,8 @@ impl Store for SqliteStore {
                 }
                 None => {}
             }
-            tx.execute(
-                "INSERT INTO agents (id, token_sha256, enrolled_at, observed_generation)
-                 VALUES (?1, ?2, ?3, 0)
-                 ON CONFLICT (id) DO UPDATE SET token_sha256 = excluded.token_sha256,
-                     enrolled_at = excluded.enrolled_at, revoked_at = NULL, labels = '{}',
-                     next_token_sha256 = NULL, rotate_asked = 0, token_issued_ms = NULL,
-                     enrolled_via = NULL, enrolled_peer = NULL, enrolled_host = NULL",
-                params![id, hash, now as i64],
-            )
-            .map_err(&e)?;
+            tx.execute(&lite(sql::AGENT_ADD), params![id, hash, now as i64])
+                .map_err(&e)?;
             bump_and_commit(tx, &id, path).map(Enrol::Done)
         })
         .await
