@@ -1,7 +1,7 @@
 //! Fixtures shared by the tests of more than one crate: the store's conformance suite
 //! (crates/hub-store) and the binary's integration tests (tests/it) start their
 //! PostgreSQL the same way. A dev-dependency only; nothing here reaches a build of
-//! railgrid itself.
+//! railgrid itself. The small helpers below are the integration tests' too.
 
 pub mod pg;
 
@@ -9,22 +9,25 @@ pub mod pg;
 /// finds one missing.
 pub const INSTALL: &str = "bash scripts/install-test-prerequisites.sh";
 
-fn is_root() -> bool {
+/// Whether the tests run as root (uid switching, the `postgres` account).
+pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-fn tempdir() -> tempfile::TempDir {
+/// A fresh temporary directory, removed when dropped.
+pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("railgrid-test")
         .tempdir()
         .expect("tempdir")
 }
 
-fn path_str(p: &std::path::Path) -> String {
+pub fn path_str(p: &std::path::Path) -> String {
     p.to_str().expect("utf-8 path").to_owned()
 }
 
-fn free_port() -> u16 {
+/// A loopback port nobody listens on now (bound and let go).
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
