@@ -64,6 +64,7 @@ fn report(generation: u64) -> AgentReport {
         drain: None,
         jobs_summary: None,
         jobs: Vec::new(),
+        jobs_version: None,
     }
 }
 

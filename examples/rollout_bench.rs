@@ -74,6 +74,7 @@ impl Sim {
             jobs_summary: None,
             drain: None,
             jobs: Vec::new(),
+            jobs_version: None,
         }
     }
 

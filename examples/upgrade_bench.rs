@@ -69,6 +69,7 @@ fn report(version: &str, generation: u64, committed: bool) -> AgentReport {
         jobs_summary: None,
         drain: None,
         jobs: Vec::new(),
+        jobs_version: None,
     }
 }
 

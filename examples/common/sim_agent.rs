@@ -50,6 +50,7 @@ pub(crate) async fn agent(
     let url = format!("{}/v1/agents/{id}/reconcile", hub.url);
     let auth = hub_client::bearer(&token).expect("header");
     let mut generation = 0;
+    let mut jobs_version = None;
     let mut mine: HashSet<String> = HashSet::new();
     loop {
         let report = AgentReport {
@@ -90,6 +91,7 @@ pub(crate) async fn agent(
                     egress_denied: Vec::new(),
                 })
                 .collect(),
+            jobs_version,
         };
         let sent = hub
             .http
@@ -118,6 +120,7 @@ pub(crate) async fn agent(
             }
         };
         generation = desired.generation;
+        jobs_version = desired.jobs_version;
         let now = Instant::now();
         let listed: HashSet<&str> = desired.jobs.iter().map(|j| j.id.as_str()).collect();
         mine.retain(|j| listed.contains(j.as_str()));

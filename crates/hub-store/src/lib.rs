@@ -590,7 +590,8 @@ pub trait Store:
 /// What [`JobStore::assign_job`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Assigned {
-    /// The job is the agent's now; its scope took this generation.
+    /// The job is the agent's now; the change took this number of the fleet's counter
+    /// (the agent's scope keeps its generation: jobs are not settings).
     To(u64),
     /// The job is no longer queued (another hub assigned it, or it ended): nothing changed.
     Gone,
@@ -620,9 +621,11 @@ pub struct JobFilter<'a> {
 /// The jobs through the hub and their output, as the hub's database keeps them; the same
 /// rules as [`Store`].
 pub trait JobStore: Send + Sync + 'static {
-    /// Adds a job (its `seq` is assigned here). A job for an agent gives the agent's
-    /// scope the next generation; a queued one (no agent yet) bumps nothing, and tells
-    /// the other hubs. Returns (seq, generation), or `None` when the id is taken.
+    /// Adds a job (its `seq` is assigned here). A job for an agent takes the next number
+    /// of the fleet's counter, so that the other hubs' check for a missed change covers
+    /// it, but moves no scope's generation (jobs are not settings); a queued one (no
+    /// agent yet) takes none. Either tells the other hubs. Returns (seq, the number
+    /// taken), or `None` when the id is taken.
     fn insert_job(
         &self,
         job: &JobRow,
@@ -631,8 +634,9 @@ pub trait JobStore: Send + Sync + 'static {
     /// Gives each queued job of `batch` to its agent if the job is still queued and the
     /// agent has fewer than its `max_open` jobs not done (counting the batch's own), in
     /// one transaction: the store decides, so that two hubs never hand one job out twice,
-    /// nor one agent more than it may take. Each agent given a job gets the next
-    /// generation. One outcome per assignment, in order.
+    /// nor one agent more than it may take. Each agent given a job takes the next
+    /// number of the fleet's counter, as [`Self::insert_job`] does. One outcome per
+    /// assignment, in order.
     fn assign_jobs(
         &self,
         batch: &[Assignment],
@@ -647,7 +651,8 @@ pub trait JobStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Records what changed about some of `agent`'s jobs, in one transaction; with `bump`
-    /// the agent's scope gets the next generation, which is returned.
+    /// (what the agent is sent changed) the change takes the next number of the fleet's
+    /// counter, as [`Self::insert_job`] does, which is returned.
     fn update_jobs(
         &self,
         agent: &str,

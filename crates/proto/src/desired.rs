@@ -67,6 +67,12 @@ pub struct DesiredState {
     /// Ids of jobs to cancel (the runner's cancel: group, grace, kill).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cancel_jobs: Vec<String>,
+    /// Names the `jobs` and `cancel_jobs` of this answer, apart from the generation
+    /// (jobs never move it: a job is not a setting). The agent echoes it in its reports
+    /// as `jobs_version`; the hub moves it whenever what it sends of the jobs changes.
+    /// Opaque: compared for equality only, and another hub (a replica, a restart) names
+    /// the same list otherwise.
+    pub jobs_version: Option<u64>,
     /// False while the hub drains this agent: the host takes no new job (the runner
     /// refuses them) and its running jobs finish (docs/design.md, "Drain").
     #[serde(default = "enabled_by_default", skip_serializing_if = "is_true")]
@@ -98,6 +104,7 @@ impl Default for DesiredState {
             runner: DesiredRunner::default(),
             jobs: Vec::new(),
             cancel_jobs: Vec::new(),
+            jobs_version: None,
             accept_jobs: true,
             drain_deadline_ms: None,
             new_token: None,
@@ -366,6 +373,7 @@ mod tests {
                 secret_values: Default::default(),
             }],
             cancel_jobs: vec!["j0".into()],
+            jobs_version: Some(7),
             accept_jobs: false,
             drain_deadline_ms: Some(5),
             new_token: None,

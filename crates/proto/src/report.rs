@@ -36,6 +36,10 @@ pub struct AgentReport {
     /// The hub's jobs on this host, each as the agent sees it now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<JobReport>,
+    /// The `jobs_version` of the last answer whose jobs this agent took: a hub holding
+    /// the poll answers at once while its own differs (a job given or cancelled since,
+    /// or an answer lost on its way). `None` from an agent older than the field.
+    pub jobs_version: Option<u64>,
 }
 
 /// The runner as the agent's supervisor sees it.

@@ -18,13 +18,18 @@ struct HeldPoll(Child);
 
 impl HeldPoll {
     fn start(hub: &TestHub, id: &str, token: &str, generation: u64, wait: u64) -> HeldPoll {
+        Self::report(hub, id, token, &report(generation), wait)
+    }
+
+    /// A poll with `report` as its body.
+    fn report(hub: &TestHub, id: &str, token: &str, report: &str, wait: u64) -> HeldPoll {
         let child = Command::new("curl")
             .args(["-sS", "--max-time", "60", "--cacert"])
             .arg(hub.ca())
             .args(["-w", "\n%{http_code}", "-H"])
             .arg(format!("Authorization: Bearer {token}"))
             .args(["-H", "Content-Type: application/json", "--data-binary"])
-            .arg(report(generation))
+            .arg(report)
             .arg(format!("{}/v1/agents/{id}/reconcile?wait={wait}", hub.url))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -201,6 +206,79 @@ fn a_change_wakes_the_held_polls_it_concerns_and_no_others() {
     });
 }
 
+/// A report that echoes the jobs' version `v` of the answer it took.
+fn echoing(generation: u64, v: &serde_json::Value) -> String {
+    let mut r = json(&report(generation));
+    r["jobs_version"] = v.clone();
+    r.to_string()
+}
+
+#[test]
+fn a_job_wakes_its_agents_held_poll_and_leaves_its_generation() {
+    let tmp = tempdir();
+    let hub = TestHub::start(&tmp.path().join("hub"), &[]);
+    let (a, b) = (token(&hub.enrol("a")), token(&hub.enrol("b")));
+    let first = |id: &str, t: &str| {
+        let (code, body) = hub.reconcile(id, t, 0);
+        assert_eq!(code, 200, "{body}");
+        json(&body)
+    };
+    let (da, db) = (first("a", &a), first("b", &b));
+    let g = |d: &serde_json::Value| d["generation"].as_u64().expect("generation");
+    let (ga, gb) = (g(&da), g(&db));
+    let v1 = da["jobs_version"].clone();
+    assert!(v1.is_u64(), "an answer names its jobs' version: {da}");
+
+    let pa = HeldPoll::report(&hub, "a", &a, &echoing(ga, &v1), 30);
+    // An agent older than the version echoes none: woken all the same.
+    let pb = HeldPoll::start(&hub, "b", &b, gb, 30);
+    wait_for(Duration::from_secs(10), "both polls held", || {
+        (held(&hub) == 2).then_some(())
+    });
+    hub.admin_ok(&["job", "submit", "--agent", "a", "--id", "j1", "--", "true"]);
+    let (code, body) = pa.answer(Duration::from_secs(10));
+    assert_eq!(code, 200, "{body}");
+    let d = json(&body);
+    assert_eq!(d["jobs"][0]["id"], "j1", "{d}");
+    assert!(d["jobs"][0]["spec"].is_object(), "{d}");
+    assert_eq!(g(&d), ga, "a job is not a setting: the generation stays");
+    let v2 = d["jobs_version"].clone();
+    assert_ne!(v2, v1, "{d}");
+
+    // Taken (echoed), the answer holds, though the job is not reported yet; b's too.
+    let mut pa = HeldPoll::report(&hub, "a", &a, &echoing(ga, &v2), 30);
+    wait_for(Duration::from_secs(10), "a's poll held again", || {
+        (held(&hub) == 2).then_some(())
+    });
+    assert!(!pa.done(), "a poll that took its jobs was answered again");
+    // The answer lost on its way (the old version echoed): at once, the job in it.
+    let (code, body) =
+        HeldPoll::report(&hub, "a", &a, &echoing(ga, &v1), 30).answer(Duration::from_secs(10));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["jobs"][0]["id"], "j1", "{body}");
+
+    hub.admin_ok(&["job", "submit", "--agent", "b", "--id", "j2", "--", "true"]);
+    let (code, body) = pb.answer(Duration::from_secs(10));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(json(&body)["jobs"][0]["id"], "j2", "{body}");
+    assert_eq!(g(&json(&body)), gb);
+    // A job no answer carried yet: an agent that echoes nothing is answered at once.
+    hub.admin_ok(&["job", "submit", "--agent", "b", "--id", "j3", "--", "true"]);
+    let (code, body) = HeldPoll::start(&hub, "b", &b, gb, 30).answer(Duration::from_secs(10));
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"j3\""), "{body}");
+
+    // A cancel is news too, and still no setting.
+    hub.admin_ok(&["job", "cancel", "j1"]);
+    let (code, body) = pa.answer(Duration::from_secs(10));
+    assert_eq!(code, 200, "{body}");
+    let d = json(&body);
+    assert_eq!(d["cancel_jobs"][0], "j1", "{d}");
+    assert_eq!(g(&d), ga);
+    let shown = hub.admin_json(&["desired", "show", "--agent", "a"]);
+    assert_eq!(shown["effective"]["generation"], ga, "{shown}");
+}
+
 #[test]
 fn a_poll_with_nothing_new_is_held_for_its_wait_then_answered_unchanged() {
     let tmp = tempdir();
@@ -224,7 +302,7 @@ fn a_restarted_hub_keeps_its_agents_tokens_desired_state_and_ca() {
     hub.set_desired("keep", &["--max-jobs", "5"]);
     let (code, body) = hub.reconcile("keep", &t, 0);
     assert_eq!(code, 200, "{body}");
-    let before = json(&body);
+    let mut before = json(&body);
     let ca_before = read_lossy(&hub.ca());
     let listen = hub.listen.clone();
     let out = hub.stop();
@@ -235,7 +313,12 @@ fn a_restarted_hub_keeps_its_agents_tokens_desired_state_and_ca() {
     // The same token, over a new server certificate from the same CA.
     let (code, body) = hub.reconcile("keep", &t, 0);
     assert_eq!(code, 200, "{body}");
-    assert_eq!(json(&body), before);
+    let mut after = json(&body);
+    // Each hub process names its jobs' versions its own way: an agent's echo of the
+    // old one is answered at once, once.
+    let versions = [&mut before, &mut after].map(|d| d["jobs_version"].take());
+    assert_ne!(versions[0], versions[1]);
+    assert_eq!(after, before);
     let shown = hub.admin_json(&["agent", "show", "keep"]);
     assert_eq!(
         shown["report"]["hostname"], "test",

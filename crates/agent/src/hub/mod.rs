@@ -3,8 +3,11 @@
 //! Task: [`HubTask`], one per agent with a `[hub]`; callers hold a [`HubHandle`].
 //! - Out, to the hub: `POST {url}/v1/agents/{id}/reconcile?wait=30` with the agent's
 //!   report ([`AgentReport`]: version, platform, host name, the generation applied, the
-//!   runner's state and its job counts) and `Authorization: Bearer <token>`.
+//!   runner's state and its job counts, each hub job's state, and the `jobs_version` of
+//!   the last answer whose jobs it took) and `Authorization: Bearer <token>`.
 //! - In, from the hub: a desired state ([`DesiredState`]), read with a 1 MiB cap.
+//! - Out, to the jobs task: each answer's jobs and cancels ([`JobsLink::offer`]); a job
+//!   is not a setting, and moves no generation.
 //! - Out, to the reconciler: each desired state that differs from the one in force
 //!   ([`ReconcilerHandle::desired`]); the reconciler applies it, keeps it in
 //!   `<state>/desired.json` ([`persist`]) and says on its watch channel ([`Observed`])
@@ -173,6 +176,7 @@ impl HubHandle {
             upgrade_open: true,
             drain,
             drain_open: true,
+            jobs_version: None,
             reached,
         };
         Self {
@@ -238,6 +242,9 @@ struct HubTask {
     /// The drain in force on the host, reported with every reconcile.
     drain: watch::Receiver<Option<DrainReport>>,
     drain_open: bool,
+    /// The `jobs_version` of the last answer whose jobs went to the jobs task, echoed in
+    /// every report: a hub holding the poll answers at once when its own differs.
+    jobs_version: Option<u64>,
     /// How the link fares, for an upgrade's commit.
     reached: watch::Sender<Contact>,
 }
@@ -437,6 +444,7 @@ impl HubTask {
             drain: self.drain.borrow_and_update().clone(),
             jobs_summary,
             jobs,
+            jobs_version: self.jobs_version,
         }
     }
 
@@ -535,6 +543,8 @@ impl HubTask {
             std::mem::take(&mut desired.jobs),
             std::mem::take(&mut desired.cancel_jobs),
         );
+        let jobs_version = desired.jobs_version.take();
+        let jobs_news = std::mem::replace(&mut self.jobs_version, jobs_version) != jobs_version;
         let news = desired != applied;
         if news {
             if reset {
@@ -566,7 +576,7 @@ impl HubTask {
         // Something new is reported back at once, and a hub that held the poll is polled
         // again at once; one that answered "nothing new" without holding it (it does
         // not long-poll) is asked again after the interval it names.
-        if news || was_reset || wait.is_zero() || sent.elapsed() >= HELD {
+        if news || jobs_news || was_reset || wait.is_zero() || sent.elapsed() >= HELD {
             return Next::Again;
         }
         let interval = desired

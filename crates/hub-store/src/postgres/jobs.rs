@@ -14,7 +14,7 @@ impl JobStore for PgStore {
         let generation = if queued {
             None
         } else {
-            Some(bump_scope(&tx, &job.agent, &self.url).await?)
+            Some(next_generation(&tx, &self.url).await?)
         };
         let seq = next_seq(&tx, "job_seq", &self.url).await?;
         let n = tx
@@ -88,7 +88,7 @@ impl JobStore for PgStore {
             let generation = match given.iter().find(|(g, _)| *g == a.agent) {
                 Some((_, g)) => *g,
                 None => {
-                    let g = bump_scope(&tx, &a.agent, &self.url).await?;
+                    let g = next_generation(&tx, &self.url).await?;
                     given.push((&a.agent, g));
                     g
                 }
@@ -134,7 +134,7 @@ impl JobStore for PgStore {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
         let generation = if bump {
-            Some(bump_scope(&tx, agent, &self.url).await?)
+            Some(next_generation(&tx, &self.url).await?)
         } else {
             None
         };

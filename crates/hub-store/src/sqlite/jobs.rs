@@ -44,7 +44,7 @@ impl JobStore for SqliteStore {
             let generation = if job.agent.is_empty() {
                 None
             } else {
-                Some(bump_scope(&tx, &job.agent, path)?)
+                Some(next_generation(&tx, path)?)
             };
             tx.commit().map_err(&e)?;
             Ok(Some((u64_of(seq), generation)))
@@ -54,11 +54,11 @@ impl JobStore for SqliteStore {
 
     async fn update_jobs(
         &self,
-        agent: &str,
+        // The job ids name the rows; PostgreSQL tells the other hubs whose they are.
+        _agent: &str,
         jobs: Vec<(String, JobProgress)>,
         bump: bool,
     ) -> Result<Option<u64>, StoreError> {
-        let agent = agent.to_owned();
         self.with(move |conn, path| {
             let e = sql(path);
             let tx = conn.transaction().map_err(&e)?;
@@ -97,7 +97,7 @@ impl JobStore for SqliteStore {
                 }
             }
             let generation = if bump {
-                Some(bump_scope(&tx, &agent, path)?)
+                Some(next_generation(&tx, path)?)
             } else {
                 None
             };
@@ -143,7 +143,7 @@ impl JobStore for SqliteStore {
                 open.insert(&a.agent, count + 1);
                 let generation = match given.get(a.agent.as_str()) {
                     Some(g) => *g,
-                    None => bump_scope(&tx, &a.agent, path)?,
+                    None => next_generation(&tx, path)?,
                 };
                 given.insert(&a.agent, generation);
                 out.push(Assigned::To(generation));

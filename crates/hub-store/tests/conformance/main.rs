@@ -418,6 +418,13 @@ async fn a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_lis
         (2, 3, Some("b"))
     );
     assert_eq!(assign(&store, "q1", "a", 1).await, Assigned::To(3));
+    let snap = store.load().await.expect("load");
+    let a = snap.scopes.iter().find(|s| s.scope == "a");
+    assert_eq!(
+        a.map(|s| s.generation),
+        Some(1),
+        "a job takes a number of the counter but leaves its agent's generation (its enrolment's)"
+    );
     assert_eq!(
         assign(&store, "q1", "b", 1).await,
         Assigned::Gone,

@@ -12,9 +12,9 @@
 //! larger of the fleet's and its own, so it only ever grows.
 //!
 //! Jobs ([`jobs`]): each agent's open jobs (not yet done) are in memory with it, and
-//! are part of its desired state; every change to them is in the store before it is
-//! acted on, and a change of what the agent is sent moves its generation, as a change
-//! of its settings does.
+//! travel with its desired state; every change to them is in the store before it is
+//! acted on, and a change of what the agent is sent moves its jobs' own version
+//! ([`jobs::version`]), never its generation: a held poll waits on both.
 //!
 //! Tasks: [`ReportFlusher`] writes the reports queued by reconciles to the store in one
 //! transaction a second (an agent sends its report again at each reconcile, so a batch
@@ -59,6 +59,7 @@ pub use self::error::FleetError;
 pub use self::housekeeping::Housekeeper;
 use self::jobs::board::JobBoard;
 pub use self::jobs::queue::Dispatcher;
+use self::jobs::version::JobsVersion;
 use self::jobs::OpenJob;
 pub use self::jobs::{JobLimits, OutputSlice, Upload};
 use self::labels::stored_labels;
@@ -164,6 +165,8 @@ pub struct AgentEntry {
     revoked: AtomicBool,
     /// The generation of its effective desired state; held polls wait on it.
     generation: watch::Sender<u64>,
+    /// The version of what it is sent of its jobs; held polls wait on it too.
+    jobs_version: JobsVersion,
     /// Polls held open now.
     polls: AtomicUsize,
     /// Its latest report waits for the next batch.
@@ -177,6 +180,7 @@ impl AgentEntry {
             state: Mutex::new(state),
             revoked: AtomicBool::new(revoked),
             generation: watch::Sender::new(generation),
+            jobs_version: JobsVersion::new(),
             polls: AtomicUsize::new(0),
             dirty: AtomicBool::new(false),
         })
@@ -184,6 +188,11 @@ impl AgentEntry {
 
     fn is_revoked(&self) -> bool {
         self.revoked.load(Ordering::Acquire)
+    }
+
+    /// What it is sent of its jobs changed: its held polls answer.
+    fn jobs_moved(&self) {
+        self.jobs_version.moved(&self.polls);
     }
 
     /// True at most once a second: a catch-up with the store may start now.
@@ -407,6 +416,8 @@ impl<S: Store> Fleet<S> {
     /// What `entry` is sent; `offer`: it is being sent (not shown to an admin), so the
     /// jobs it starts have been offered.
     fn desired_for(&self, entry: &AgentEntry, offer: bool) -> DesiredState {
+        // Before the jobs it names (see `JobsVersion::current`).
+        let jobs_version = offer.then(|| entry.jobs_version.current());
         let (generation, s) = self.effective(entry);
         let (jobs, cancel_jobs, agent) = {
             let mut st = util::lock(&entry.state);
@@ -436,6 +447,7 @@ impl<S: Store> Fleet<S> {
             },
             jobs,
             cancel_jobs,
+            jobs_version,
             accept_jobs: s.accept_jobs.unwrap_or(true),
             drain_deadline_ms: s.drain_deadline_ms.filter(|_| s.accept_jobs == Some(false)),
             new_token: None,

@@ -10,8 +10,12 @@ use crate::proto::hub::SETTINGS;
 pub struct Poll {
     entry: Arc<AgentEntry>,
     rx: watch::Receiver<u64>,
+    /// The agent's jobs' version ([`super::jobs::version`]).
+    jobs: watch::Receiver<u64>,
     /// The generation the agent reported.
     observed: u64,
+    /// The jobs' version the agent echoed; `None` from an agent older than the field.
+    jobs_seen: Option<u64>,
     /// The hash of the agent's token when its report was taken.
     token: String,
 }
@@ -29,10 +33,14 @@ impl<S: Store> Fleet<S> {
             return Err(FleetError::StoreLost);
         }
         let observed = report.observed_generation;
+        // Kept with the poll, not in the report: a report that moves only by it would be
+        // a store write for nothing.
+        let jobs_seen = report.jobs_version.take();
         // The token it was being sent, used: its only one from now on.
         self.promote_if_next(entry, presented).await?;
         let token = util::lock(&entry.state).token_sha256.clone();
         let mut rx = entry.generation.subscribe();
+        let jobs_rx = entry.jobs_version.subscribe();
         // A fleet change takes its generation before each agent's channel is told: what
         // this agent may have been answered already counts too.
         let mut current = (*rx.borrow_and_update()).max(self.effective_generation(entry));
@@ -90,32 +98,41 @@ impl<S: Store> Fleet<S> {
         Ok(Poll {
             entry: entry.clone(),
             rx,
+            jobs: jobs_rx,
             observed,
+            jobs_seen,
             token,
         })
     }
 
-    /// Holds `poll` until the agent's desired state passes what it reported, it is
-    /// revoked, the store is lost, or `wait` has passed; at once when `wait` is zero. A
-    /// future of its own, small: it is what ten thousand idle agents cost while held.
+    /// Holds `poll` until the agent's desired state passes what it reported, what it
+    /// is sent of its jobs moves past what it echoed, it is revoked, the store is lost,
+    /// or `wait` has passed; at once when `wait` is zero. A future of its own, small: it
+    /// is what ten thousand idle agents cost while held.
     pub async fn hold(&self, poll: &mut Poll, wait: Duration) {
         let Poll {
             entry,
             rx,
+            jobs,
             observed,
+            jobs_seen,
             ..
         } = poll;
-        if wait.is_zero() || *rx.borrow() > *observed {
+        if wait.is_zero() || *rx.borrow() > *observed || jobs_due(entry, jobs, *jobs_seen) {
             return;
         }
         let _held = Held::new(&entry.polls, &self.held);
         // Either way the answer is computed from what holds then.
-        let _ = tokio::time::timeout(
-            wait,
-            rx.wait_for(|g| {
-                *g > *observed || entry.is_revoked() || self.store_lost.load(Ordering::Acquire)
-            }),
-        )
+        let settings = rx.wait_for(|g| {
+            *g > *observed || entry.is_revoked() || self.store_lost.load(Ordering::Acquire)
+        });
+        let _ = tokio::time::timeout(wait, async {
+            tokio::select! {
+                // Both cancel-safe: a watch receiver keeps its seen-version.
+                _ = settings => {}
+                _ = jobs.changed() => {}
+            }
+        })
         .await;
     }
 
@@ -289,6 +306,18 @@ pub(super) const MAX_ERROR_FIELD: usize = 1024;
 const MAX_BAD_VERSIONS: usize = 16;
 
 /// Cuts a report's strings to what the hub keeps.
+/// Whether a poll is answered at once for its jobs: the version it echoed is not the
+/// one now, or, from an agent that echoes none, some job was never sent. Marks the
+/// version now as seen, so that the hold wakes for a later one only.
+fn jobs_due(entry: &AgentEntry, jobs: &mut watch::Receiver<u64>, seen: Option<u64>) -> bool {
+    let now = *jobs.borrow_and_update();
+    match seen {
+        Some(seen) => seen != now,
+        // Such an agent learns of an answer lost on its way only at its next hold's end.
+        None => super::jobs::some_unoffered(&util::lock(&entry.state).jobs),
+    }
+}
+
 pub(super) fn bound_report(r: &mut AgentReport) {
     for f in [
         &mut r.version,

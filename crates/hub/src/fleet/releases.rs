@@ -211,6 +211,7 @@ mod tests {
             jobs_summary: None,
             drain: None,
             jobs: Vec::new(),
+            jobs_version: None,
         }
     }
 

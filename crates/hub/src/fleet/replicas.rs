@@ -293,9 +293,11 @@ impl<S: Store> Fleet<S> {
             return None;
         };
         let announced = *entry.generation.borrow();
-        // Jobs first and the scope's generation last: an answer computed meanwhile never
-        // carries the new generation without what it stands for.
-        let mut moved = self.adopt_jobs(&entry, open_jobs);
+        // Jobs first (they move the agent's jobs' version, never its generation) and the
+        // scope's generation last: an answer computed meanwhile never carries the new
+        // generation without what it stands for.
+        self.adopt_jobs(&entry, open_jobs);
+        let mut moved = false;
         let token_changed;
         {
             let mut st = util::lock(&entry.state);

@@ -10,19 +10,20 @@
 //!   one run, also where a runner forgot it);
 //! - asked to cancel and not ended: its id in `cancel_jobs` too.
 //!
-//! Every change that alters what the agent is sent gives the agent the next generation,
-//! so the agent's held poll answers at once.
+//! Every change that alters what the agent is sent moves the agent's jobs' version
+//! ([`version`]), so the agent's held poll answers at once; its generation stays, as
+//! that names its settings only.
 
 pub(super) mod board;
 mod output;
 pub(super) mod queue;
+pub(super) mod version;
 mod view;
 
 pub use self::output::{OutputSlice, Upload};
 use self::view::view;
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -165,6 +166,11 @@ pub(super) fn unoffered(jobs: &HashMap<String, OpenJob>) -> std::collections::Ha
         .filter(|j| !j.offered)
         .map(|j| j.id.clone())
         .collect()
+}
+
+/// Whether some job was never carried by an answer.
+pub(super) fn some_unoffered(jobs: &HashMap<String, OpenJob>) -> bool {
+    jobs.values().any(|j| !j.offered)
 }
 
 fn ended(state: &str) -> bool {
@@ -465,11 +471,11 @@ impl<S: Store> Fleet<S> {
             stdout_stored: 0,
             stderr_stored: 0,
         };
-        let Some((seq, generation)) = self.store.insert_job(&row).await? else {
+        let Some((seq, change)) = self.store.insert_job(&row).await? else {
             return Err(FleetError::JobExists(id));
         };
         row.seq = seq;
-        let (Some(entry), Some(generation)) = (entry, generation) else {
+        let Some(entry) = entry else {
             tracing::info!(job = %id, selector = row.selector.as_deref().unwrap_or(""), priority, "job queued");
             self.enqueue(row.clone());
             self.jobs.moved();
@@ -485,13 +491,11 @@ impl<S: Store> Fleet<S> {
         {
             let mut st = util::lock(&entry.state);
             st.jobs.insert(id.clone(), job);
-            st.own.generation = st.own.generation.max(generation);
         }
         util::write(&self.jobs.index).insert(id.clone(), entry.clone());
-        self.newest.fetch_max(generation, Ordering::AcqRel);
-        self.announce(&entry);
+        entry.jobs_moved();
         self.jobs.moved();
-        tracing::info!(job = %id, agent = %agent, generation, "job submitted");
+        tracing::info!(job = %id, agent = %agent, change = change.unwrap_or(0), "job submitted");
         Ok(self.shown(row))
     }
 
@@ -651,16 +655,15 @@ impl<S: Store> Fleet<S> {
         self.save_jobs(entry, updates, false).await
     }
 
-    /// Records what changed about `updates`' jobs and applies it; `bump` gives the agent
-    /// the next generation. Called with `changes` held.
+    /// Records what changed about `updates`' jobs and applies it; `bump`: what the agent
+    /// is sent changed, and its held polls answer. Called with `changes` held.
     pub(super) async fn save_jobs(
         &self,
         entry: &AgentEntry,
         updates: Vec<(String, JobProgress)>,
         bump: bool,
     ) -> Result<(), FleetError> {
-        let generation = self
-            .store
+        self.store
             .update_jobs(&entry.id, updates.clone(), bump)
             .await?;
         let mut done = Vec::new();
@@ -687,9 +690,6 @@ impl<S: Store> Fleet<S> {
                     job.progress = p;
                 }
             }
-            if let Some(g) = generation {
-                st.own.generation = st.own.generation.max(g);
-            }
         }
         if !done.is_empty() {
             let mut index = util::write(&self.jobs.index);
@@ -701,9 +701,8 @@ impl<S: Store> Fleet<S> {
             // Room opened on the agent.
             self.kick();
         }
-        if let Some(g) = generation {
-            self.newest.fetch_max(g, Ordering::AcqRel);
-            self.announce(entry);
+        if bump {
+            entry.jobs_moved();
         }
         self.jobs.moved();
         for id in lost {
@@ -713,7 +712,7 @@ impl<S: Store> Fleet<S> {
     }
 
     /// Takes in the jobs of an agent's report: what changed is stored, and what changes
-    /// the agent's desired state moves its generation (so the reconcile answers at once).
+    /// what the agent is sent moves its jobs' version (so the reconcile answers at once).
     pub(super) async fn job_reports(
         &self,
         entry: &Arc<AgentEntry>,
@@ -773,9 +772,9 @@ impl<S: Store> Fleet<S> {
     }
 
     /// Takes in an agent's open jobs as another hub stored them: new ones, their
-    /// progress, and those done (which leave). Called with `changes` held, so that the
-    /// store holds every change this hub made.
-    pub(super) fn adopt_jobs(&self, entry: &Arc<AgentEntry>, rows: Vec<JobRow>) -> bool {
+    /// progress, and those done (which leave); its held polls answer when any moved.
+    /// Called with `changes` held, so that the store holds every change this hub made.
+    pub(super) fn adopt_jobs(&self, entry: &Arc<AgentEntry>, rows: Vec<JobRow>) {
         let open: std::collections::HashSet<String> = rows.iter().map(|r| r.id.clone()).collect();
         let (mut added, mut gone) = (Vec::new(), Vec::new());
         let mut moved = false;
@@ -806,7 +805,7 @@ impl<S: Store> Fleet<S> {
             }
         }
         if added.is_empty() && gone.is_empty() && !moved {
-            return false;
+            return;
         }
         {
             let mut index = util::write(&self.jobs.index);
@@ -820,8 +819,8 @@ impl<S: Store> Fleet<S> {
                 index.insert(id, entry.clone());
             }
         }
+        entry.jobs_moved();
         self.jobs.moved();
-        true
     }
 
     /// Deletes the oldest done jobs past the hub's bound, when some got done.

@@ -24,7 +24,6 @@
 
 use std::cmp::{Ordering as Order, Reverse};
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -398,9 +397,9 @@ impl<S: Store> Fleet<S> {
         for ((job, slot), outcome) in plan.into_iter().zip(outcomes) {
             let entry = &slots[slot].entry;
             match outcome {
-                Assigned::To(generation) => {
+                Assigned::To(change) => {
                     given += 1;
-                    self.assigned(&job, entry, generation, now);
+                    self.assigned(&job, entry, change, now);
                     if !woken.contains(&slot) {
                         woken.push(slot);
                     }
@@ -415,7 +414,7 @@ impl<S: Store> Fleet<S> {
         }
         // Stored, then woken.
         for slot in woken {
-            self.announce(&slots[slot].entry);
+            slots[slot].entry.jobs_moved();
         }
         if given > 0 {
             self.jobs.moved();
@@ -425,7 +424,7 @@ impl<S: Store> Fleet<S> {
 
     /// Queued job `id` is `entry`'s now, as stored: out of the queue, into the agent's
     /// desired state. Its poll is woken by the caller.
-    fn assigned(&self, id: &str, entry: &Arc<AgentEntry>, generation: u64, now: u64) {
+    fn assigned(&self, id: &str, entry: &Arc<AgentEntry>, change: u64, now: u64) {
         let Some(mut row) = util::lock(&self.jobs.queue).remove(id) else {
             return;
         };
@@ -436,12 +435,10 @@ impl<S: Store> Fleet<S> {
         {
             let mut st = util::lock(&entry.state);
             st.jobs.insert(id.to_owned(), job);
-            st.own.generation = st.own.generation.max(generation);
             st.last_assigned_ms = now;
         }
         util::write(&self.jobs.index).insert(id.to_owned(), entry.clone());
-        self.newest.fetch_max(generation, Ordering::AcqRel);
-        tracing::info!(job = %id, agent = %entry.id, generation, "queued job assigned");
+        tracing::info!(job = %id, agent = %entry.id, change, "queued job assigned");
     }
 
     /// Ends the queued jobs past their queue timeout as `expired`. Takes the change lock.
