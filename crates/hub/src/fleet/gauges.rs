@@ -34,9 +34,8 @@ impl<S: Store> Fleet<S> {
             }
         }
         {
-            let q = util::lock(&self.jobs.queue);
             let now = util::unix_now_ms();
-            for (text, n, oldest_ms) in q.depths() {
+            for (text, n, oldest_ms) in self.jobs.queue_depths() {
                 *g.open_jobs.entry(QUEUED.into()).or_default() += n;
                 g.queue_oldest_secs
                     .insert(text.clone(), now.saturating_sub(oldest_ms) / 1000);

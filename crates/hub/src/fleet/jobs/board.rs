@@ -2,7 +2,9 @@
 //! the queue of selected jobs no agent has yet, and the signals that wake what waits on
 //! them (the dispatcher; `job wait` and `job logs --follow`).
 //!
-//! Lock order within (a part of the fleet's, docs/design.md): `index` → `queue`.
+//! Its index and queue are the jobs module's alone; the fleet's other parts go through
+//! the methods here. Lock order within (a part of the fleet's, docs/design.md): `index`
+//! → `queue`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,11 +19,11 @@ use crate::util;
 
 pub(in crate::fleet) struct JobBoard {
     /// The agent of each open job it was sent.
-    pub(in crate::fleet) index: RwLock<HashMap<String, Arc<AgentEntry>>>,
+    pub(super) index: RwLock<HashMap<String, Arc<AgentEntry>>>,
     /// Selected jobs no agent has yet ([`super::queue`]).
-    pub(in crate::fleet) queue: Mutex<Queue>,
+    pub(super) queue: Mutex<Queue>,
     /// Wakes the [`Dispatcher`](super::queue::Dispatcher).
-    pub(in crate::fleet) dispatch: Notify,
+    pub(super) dispatch: Notify,
     /// Moves on every change to any job (its state, its output).
     activity: watch::Sender<u64>,
     /// Jobs done since retention last ran.
@@ -51,6 +53,11 @@ impl JobBoard {
 
     pub(in crate::fleet) fn queued_len(&self) -> usize {
         util::lock(&self.queue).len()
+    }
+
+    /// Each lane's selector, its depth and when its oldest job was submitted (Unix ms).
+    pub(in crate::fleet) fn queue_depths(&self) -> Vec<(String, u64, u64)> {
+        util::lock(&self.queue).depths()
     }
 
     /// Some job changed: wakes `job wait` and `job logs --follow`.
