@@ -10,6 +10,7 @@
 
 pub mod access;
 pub mod copy;
+mod exec;
 mod migrations;
 pub mod postgres;
 pub mod rollouts;
@@ -53,6 +54,15 @@ pub enum StoreError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("the hub database {store}: column {index} of a row read holds {found}, where {want} belongs")]
+    Column {
+        store: String,
+        index: usize,
+        want: &'static str,
+        found: &'static str,
+    },
+    #[error("the hub database {store} lacks {what}: was it made by a hub (or restored whole)?")]
+    Missing { store: String, what: String },
     #[error("the hub database's worker thread failed")]
     Worker(#[source] tokio::task::JoinError),
     #[error("the hub database {url}")]
@@ -105,6 +115,16 @@ impl StoreError {
             _ => false,
         }
     }
+}
+
+/// A number the store keeps in a signed 64-bit column, as the unsigned one it stands
+/// for (a negative one, which no hub writes, reads as 0).
+pub(crate) fn u64_of(n: i64) -> u64 {
+    n.max(0) as u64
+}
+
+pub(crate) fn opt_u64(v: Option<i64>) -> Option<u64> {
+    v.map(u64_of)
 }
 
 /// An agent's stored `observed_generation` after a renumbering: whatever generation it

@@ -9,6 +9,8 @@
 use std::future::Future;
 
 use super::StoreError;
+use crate::exec::{args, next_seq, Decided, Param, Row, Tx};
+use crate::sql;
 pub(crate) use crate::sql::SECRET_COLUMNS as COLUMNS;
 
 /// The migration that makes the secrets' table (portable SQL).
@@ -82,4 +84,113 @@ pub trait SecretStore: Send + Sync + 'static {
         rows: &[SecretRow],
         from: &str,
     ) -> impl Future<Output = Result<Put, StoreError>> + Send;
+}
+
+// The bodies both backends run (crate::exec): each backend's `SecretStore` only opens
+// the transaction and runs one.
+
+fn secret_row(mut r: Row) -> Result<SecretRow, StoreError> {
+    Ok(SecretRow {
+        name: r.text(0)?,
+        version: r.u64(1)?,
+        selector: r.opt_text(2)?,
+        sealed: r.bytes(3)?,
+        key_id: r.text(4)?,
+        set_by: r.text(5)?,
+        set_ms: r.u64(6)?,
+    })
+}
+
+pub(crate) async fn all(tx: &mut impl Tx) -> Result<Vec<SecretRow>, StoreError> {
+    let rows = tx.query(sql::SECRETS_ALL, &[]).await?;
+    rows.into_iter().map(secret_row).collect()
+}
+
+/// By name: one statement for any number of names (`IN ($1, …)`, both dialects').
+pub(crate) async fn named(
+    tx: &mut impl Tx,
+    names: &[String],
+) -> Result<Vec<SecretRow>, StoreError> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let list: Vec<String> = (1..=names.len()).map(|i| format!("${i}")).collect();
+    let statement = format!(
+        "SELECT {COLUMNS} FROM job_secrets WHERE name IN ({}) ORDER BY name",
+        list.join(", ")
+    );
+    let args: Vec<Param<'_>> = names.iter().map(Param::from).collect();
+    let rows = tx.query(&statement, &args).await?;
+    rows.into_iter().map(secret_row).collect()
+}
+
+pub(crate) async fn put(
+    tx: &mut impl Tx,
+    row: &SecretRow,
+    previous: Option<u64>,
+) -> Result<Decided<Put>, StoreError> {
+    next_seq(tx, TURN).await?;
+    if let Some(mut other) = tx
+        .query_opt(sql::OTHER_SECRET_KEY, &args![&row.key_id])
+        .await?
+    {
+        return Ok(Decided::Rollback(Put::OtherKey(other.text(0)?)));
+    }
+    let now = match tx.query_opt(sql::SECRET_VERSION, &args![&row.name]).await? {
+        Some(mut r) => Some(r.u64(0)?),
+        None => None,
+    };
+    if now != previous {
+        return Ok(Decided::Rollback(Put::Moved));
+    }
+    let put = args![
+        &row.name,
+        row.version,
+        &row.selector,
+        &row.sealed,
+        &row.key_id,
+        &row.set_by,
+        row.set_ms
+    ];
+    tx.execute(sql::SECRET_PUT, &put).await?;
+    Ok(Decided::Commit(Put::Done))
+}
+
+pub(crate) async fn remove(
+    tx: &mut impl Tx,
+    name: &str,
+    version: u64,
+) -> Result<Decided<Option<u64>>, StoreError> {
+    next_seq(tx, TURN).await?;
+    let gone = match tx
+        .query_opt(sql::SECRET_DELETE, &args![name, version])
+        .await?
+    {
+        Some(mut r) => Some(r.u64(0)?),
+        None => None,
+    };
+    Ok(Decided::Commit(gone))
+}
+
+pub(crate) async fn reseal(
+    tx: &mut impl Tx,
+    rows: &[SecretRow],
+    from: &str,
+) -> Result<Decided<Put>, StoreError> {
+    next_seq(tx, TURN).await?;
+    let count = match tx.query_opt(sql::SECRET_COUNT, &[]).await? {
+        Some(mut r) => r.u64(0)?,
+        None => 0,
+    };
+    if count != rows.len() as u64 {
+        return Ok(Decided::Rollback(Put::Moved));
+    }
+    for row in rows {
+        let reseal = args![&row.sealed, &row.key_id, &row.name, row.version, from];
+        if tx.execute(sql::SECRET_RESEAL, &reseal).await? != 1 {
+            // Not half a rotation: what was resealed before goes too.
+            return Ok(Decided::Rollback(Put::Moved));
+        }
+    }
+    Ok(Decided::Commit(Put::Done))
 }

@@ -27,6 +27,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 mod access;
 mod copy;
+mod exec;
 mod jobs;
 mod listen;
 mod rollouts;

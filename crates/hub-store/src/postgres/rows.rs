@@ -6,13 +6,7 @@ use tokio_postgres::Row;
 use crate::parse_settings;
 use crate::{AgentRow, HaltRow, JobProgress, JobRow, ReleaseRow, ScopeRow, StoreError};
 
-pub(super) fn u64_of(n: i64) -> u64 {
-    n.max(0) as u64
-}
-
-pub(super) fn opt_u64(v: Option<i64>) -> Option<u64> {
-    v.map(u64_of)
-}
+pub(super) use crate::{opt_u64, u64_of};
 
 pub(super) fn corrupt(
     url: &str,

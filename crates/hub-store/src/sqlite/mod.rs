@@ -8,6 +8,7 @@
 
 mod access;
 mod dump;
+mod exec;
 mod jobs;
 mod rollouts;
 mod secrets;
@@ -104,13 +105,7 @@ fn next_generation(tx: &rusqlite::Transaction<'_>, path: &str) -> Result<u64, St
         .ok_or_else(|| StoreError::GenerationsExhausted(path.to_owned()))
 }
 
-fn opt_u64(v: Option<i64>) -> Option<u64> {
-    v.map(|n| n.max(0) as u64)
-}
-
-fn u64_of(n: i64) -> u64 {
-    n.max(0) as u64
-}
+use crate::{opt_u64, u64_of};
 
 /// The next number of the counter `key` in `meta` (jobs, rollouts, enrolment tokens,
 /// audit lines).

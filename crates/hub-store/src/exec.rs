@@ -1,0 +1,238 @@
+//! One body for a store method on both backends. A method's statements and decisions are
+//! written once, as an `async fn` over [`Tx`], an open transaction; a backend only opens
+//! it, runs the body and commits. SQLite runs the body on its worker thread, where
+//! nothing waits ([`run_now`]); PostgreSQL awaits each statement on its connection.
+//!
+//! Parameters and columns cross as the few types the schema uses: 64-bit integers
+//! (every number, `BIGINT` on PostgreSQL), text, bytes (`BLOB`/`BYTEA`), each possibly
+//! `NULL`. A column read as another type is an error that names the database and the
+//! column, never a panic.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use crate::StoreError;
+
+/// A statement's parameter, as both drivers bind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Param<'a> {
+    Int(Option<i64>),
+    Text(Option<&'a str>),
+    Bytes(&'a [u8]),
+}
+
+impl From<i64> for Param<'_> {
+    fn from(n: i64) -> Self {
+        Param::Int(Some(n))
+    }
+}
+
+/// As the store keeps every unsigned number: in a signed 64-bit column.
+impl From<u64> for Param<'_> {
+    fn from(n: u64) -> Self {
+        Param::Int(Some(n as i64))
+    }
+}
+
+impl<'a> From<&'a str> for Param<'a> {
+    fn from(s: &'a str) -> Self {
+        Param::Text(Some(s))
+    }
+}
+
+impl<'a> From<&'a String> for Param<'a> {
+    fn from(s: &'a String) -> Self {
+        Param::Text(Some(s))
+    }
+}
+
+impl<'a> From<&'a Option<String>> for Param<'a> {
+    fn from(s: &'a Option<String>) -> Self {
+        Param::Text(s.as_deref())
+    }
+}
+
+impl<'a> From<&'a Vec<u8>> for Param<'a> {
+    fn from(b: &'a Vec<u8>) -> Self {
+        Param::Bytes(b)
+    }
+}
+
+/// A statement's parameters: `args![a, b]` is `[Param::from(a), Param::from(b)]`.
+macro_rules! args {
+    ($($a:expr),* $(,)?) => { [$($crate::exec::Param::from($a)),*] };
+}
+pub(crate) use args;
+
+/// One column's value, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Value {
+    Null,
+    Int(i64),
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+impl Value {
+    fn kind(&self) -> &'static str {
+        match self {
+            Value::Null => "NULL",
+            Value::Int(_) => "an integer",
+            Value::Text(_) => "text",
+            Value::Bytes(_) => "bytes",
+        }
+    }
+}
+
+/// A row as read: its values, and the database it came from (for errors).
+#[derive(Debug)]
+pub(crate) struct Row {
+    pub(crate) values: Vec<Value>,
+    pub(crate) store: Arc<str>,
+}
+
+impl Row {
+    fn take(&mut self, i: usize) -> Value {
+        self.values
+            .get_mut(i)
+            .map_or(Value::Null, |v| std::mem::replace(v, Value::Null))
+    }
+
+    fn wrong(&self, i: usize, want: &'static str, found: &Value) -> StoreError {
+        StoreError::Column {
+            store: self.store.to_string(),
+            index: i,
+            want,
+            found: found.kind(),
+        }
+    }
+
+    pub(crate) fn int(&mut self, i: usize) -> Result<i64, StoreError> {
+        match self.take(i) {
+            Value::Int(n) => Ok(n),
+            other => Err(self.wrong(i, "an integer", &other)),
+        }
+    }
+
+    /// A number the store keeps signed (a negative one reads as 0, as `u64_of` does).
+    pub(crate) fn u64(&mut self, i: usize) -> Result<u64, StoreError> {
+        self.int(i).map(crate::u64_of)
+    }
+
+    pub(crate) fn opt_text(&mut self, i: usize) -> Result<Option<String>, StoreError> {
+        match self.take(i) {
+            Value::Null => Ok(None),
+            Value::Text(s) => Ok(Some(s)),
+            other => Err(self.wrong(i, "text", &other)),
+        }
+    }
+
+    pub(crate) fn text(&mut self, i: usize) -> Result<String, StoreError> {
+        match self.take(i) {
+            Value::Text(s) => Ok(s),
+            other => Err(self.wrong(i, "text", &other)),
+        }
+    }
+
+    pub(crate) fn bytes(&mut self, i: usize) -> Result<Vec<u8>, StoreError> {
+        match self.take(i) {
+            Value::Bytes(b) => Ok(b),
+            other => Err(self.wrong(i, "bytes", &other)),
+        }
+    }
+}
+
+/// An open transaction of either backend. Statements are written with PostgreSQL's
+/// `$1` parameters (crate::sql); SQLite's runs them through `sql::lite`.
+pub(crate) trait Tx {
+    /// The database, as errors name it (a path, a URL).
+    fn name(&self) -> &str;
+
+    /// Runs a statement; the rows it changed.
+    fn execute(
+        &mut self,
+        sql: &str,
+        args: &[Param<'_>],
+    ) -> impl Future<Output = Result<u64, StoreError>>;
+
+    /// Runs a query; every row it answered.
+    fn query(
+        &mut self,
+        sql: &str,
+        args: &[Param<'_>],
+    ) -> impl Future<Output = Result<Vec<Row>, StoreError>>;
+
+    /// The first row a query answered, if any.
+    fn query_opt(
+        &mut self,
+        sql: &str,
+        args: &[Param<'_>],
+    ) -> impl Future<Output = Result<Option<Row>, StoreError>> {
+        async move { Ok(self.query(sql, args).await?.into_iter().next()) }
+    }
+}
+
+/// What a body that writes decided: its writes kept, or none of them (a compared write
+/// that found the row moved must not keep what it wrote before it looked).
+pub(crate) enum Decided<T> {
+    Commit(T),
+    Rollback(T),
+}
+
+/// The next number of the counter `key` in `meta`; its row stays locked until the end of
+/// the transaction, which makes the writers behind one counter take turns.
+pub(crate) async fn next_seq(tx: &mut impl Tx, key: &str) -> Result<i64, StoreError> {
+    match tx.query_opt(crate::sql::SEQ_NEXT, &args![key]).await? {
+        Some(mut row) => row.int(0),
+        None => Err(StoreError::Missing {
+            store: tx.name().to_owned(),
+            what: format!("the counter {key}"),
+        }),
+    }
+}
+
+/// Runs `body` to its end on this thread, for a backend whose statements never wait
+/// (SQLite's, on its worker thread).
+pub(crate) fn run_now<T>(body: impl Future<Output = T>) -> T {
+    let mut body = pin!(body);
+    match body.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(out) => out,
+        // A body over SQLite's `Tx` awaits nothing else: it cannot be pending.
+        Poll::Pending => unreachable!("a store body waited on something other than SQLite"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(values: Vec<Value>) -> Row {
+        Row {
+            values,
+            store: "test.db".into(),
+        }
+    }
+
+    #[test]
+    fn a_column_read_as_another_type_is_an_error_that_names_it() {
+        let mut r = row(vec![Value::Text("x".into()), Value::Null, Value::Int(-3)]);
+        let e = r.int(0).expect_err("text is no integer").to_string();
+        assert!(e.contains("test.db") && e.contains("column 0"), "{e}");
+        assert_eq!(r.opt_text(1).expect("null"), None);
+        assert_eq!(r.u64(2).expect("int"), 0, "a negative count reads as 0");
+        assert!(r.text(5).is_err(), "past the row: NULL, not text");
+    }
+
+    #[test]
+    fn arguments_take_the_stores_forms() {
+        let name = String::from("n");
+        let none: Option<String> = None;
+        let sealed = vec![1u8];
+        let a = args![&name, 7u64, -1i64, &none, &sealed];
+        assert_eq!(a[1], Param::Int(Some(7)));
+        assert_eq!(a[3], Param::Text(None));
+        assert_eq!(a[4], Param::Bytes(&[1]));
+    }
+}

@@ -1,0 +1,151 @@
+//! PostgreSQL's side of [`Tx`]: each statement awaited on the transaction's connection.
+
+use std::error::Error;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use deadpool_postgres::GenericClient;
+use tokio_postgres::types::{IsNull, ToSql, Type};
+
+use super::PgStore;
+use crate::exec::{Decided, Param, Row, Tx, Value};
+use crate::StoreError;
+
+/// One of the pool's connections, in a transaction or not (a read alone needs none).
+pub(super) struct PgTx<'a, C> {
+    client: &'a C,
+    url: Arc<str>,
+}
+
+impl<C> PgTx<'_, C> {
+    fn err(&self) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
+        move |source| StoreError::Postgres {
+            url: self.url.to_string(),
+            source,
+        }
+    }
+}
+
+type BoxError = Box<dyn Error + Sync + Send>;
+
+impl ToSql for Param<'_> {
+    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, BoxError> {
+        match *self {
+            Param::Int(n) => n.to_sql(ty, out),
+            Param::Text(s) => s.to_sql(ty, out),
+            Param::Bytes(b) => b.to_sql(ty, out),
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        <i64 as ToSql>::accepts(ty) || <&str as ToSql>::accepts(ty) || <&[u8] as ToSql>::accepts(ty)
+    }
+
+    /// Checked against the variant's own type: text never goes into a `BIGINT`.
+    fn to_sql_checked(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, BoxError> {
+        match *self {
+            Param::Int(n) => n.to_sql_checked(ty, out),
+            Param::Text(s) => s.to_sql_checked(ty, out),
+            Param::Bytes(b) => b.to_sql_checked(ty, out),
+        }
+    }
+}
+
+/// One column of `row`, as the store reads it.
+fn value(row: &tokio_postgres::Row, i: usize) -> Result<Value, tokio_postgres::Error> {
+    let ty = row.columns()[i].type_();
+    let v = if *ty == Type::INT8 {
+        row.try_get::<_, Option<i64>>(i)?.map(Value::Int)
+    } else if *ty == Type::INT4 {
+        row.try_get::<_, Option<i32>>(i)?
+            .map(|n| Value::Int(n.into()))
+    } else if *ty == Type::INT2 {
+        row.try_get::<_, Option<i16>>(i)?
+            .map(|n| Value::Int(n.into()))
+    } else if *ty == Type::BOOL {
+        row.try_get::<_, Option<bool>>(i)?
+            .map(|b| Value::Int(b.into()))
+    } else if *ty == Type::BYTEA {
+        row.try_get::<_, Option<Vec<u8>>>(i)?.map(Value::Bytes)
+    } else {
+        // Text, and anything else the driver reads as text (it says so when it cannot).
+        row.try_get::<_, Option<String>>(i)?.map(Value::Text)
+    };
+    Ok(v.unwrap_or(Value::Null))
+}
+
+impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
+    fn name(&self) -> &str {
+        &self.url
+    }
+
+    async fn execute(&mut self, statement: &str, args: &[Param<'_>]) -> Result<u64, StoreError> {
+        let args: Vec<&(dyn ToSql + Sync)> = args.iter().map(|a| a as _).collect();
+        self.client
+            .execute(statement, &args)
+            .await
+            .map_err(self.err())
+    }
+
+    async fn query(&mut self, statement: &str, args: &[Param<'_>]) -> Result<Vec<Row>, StoreError> {
+        let args: Vec<&(dyn ToSql + Sync)> = args.iter().map(|a| a as _).collect();
+        let rows = self
+            .client
+            .query(statement, &args)
+            .await
+            .map_err(self.err())?;
+        rows.iter()
+            .map(|r| {
+                let values = (0..r.len())
+                    .map(|i| value(r, i))
+                    .collect::<Result<_, _>>()
+                    .map_err(self.err())?;
+                Ok(Row {
+                    values,
+                    store: self.url.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
+impl PgStore {
+    /// Runs `body` in one transaction, committed when it decides so (rolled back when it
+    /// decides so, or fails).
+    pub(super) async fn transact<T>(
+        &self,
+        body: impl AsyncFnOnce(
+            &mut PgTx<'_, deadpool_postgres::Transaction<'_>>,
+        ) -> Result<Decided<T>, StoreError>,
+    ) -> Result<T, StoreError> {
+        let e = self.err();
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await.map_err(&e)?;
+        let decided = body(&mut PgTx {
+            client: &tx,
+            url: self.url.as_str().into(),
+        })
+        .await?;
+        match decided {
+            Decided::Commit(out) => {
+                tx.commit().await.map_err(&e)?;
+                Ok(out)
+            }
+            // Dropped: rolled back.
+            Decided::Rollback(out) => Ok(out),
+        }
+    }
+
+    /// Runs `body`, which only reads, outside a transaction.
+    pub(super) async fn read<T>(
+        &self,
+        body: impl AsyncFnOnce(&mut PgTx<'_, deadpool_postgres::Object>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let conn = self.conn().await?;
+        body(&mut PgTx {
+            client: &conn,
+            url: self.url.as_str().into(),
+        })
+        .await
+    }
+}

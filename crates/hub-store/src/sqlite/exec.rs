@@ -1,0 +1,121 @@
+//! SQLite's side of [`Tx`]: statements run at once on the worker thread that holds the
+//! connection, so a body over it never waits ([`crate::exec::run_now`]).
+
+use std::sync::Arc;
+
+use rusqlite::types::{ToSqlOutput, ValueRef};
+
+use super::{sql, SqliteStore};
+pub(super) use crate::exec::run_now;
+use crate::exec::{Decided, Param, Row, Tx, Value};
+use crate::sql::lite;
+use crate::StoreError;
+
+/// The store's one connection, in a transaction or not (a read alone needs none).
+pub(super) struct LiteTx<'c> {
+    conn: &'c rusqlite::Connection,
+    path: Arc<str>,
+}
+
+impl rusqlite::ToSql for Param<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        match self {
+            Param::Int(n) => n.to_sql(),
+            Param::Text(s) => s.to_sql(),
+            Param::Bytes(b) => b.to_sql(),
+        }
+    }
+}
+
+impl LiteTx<'_> {
+    fn err(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+        sql(&self.path)
+    }
+}
+
+impl Tx for LiteTx<'_> {
+    fn name(&self) -> &str {
+        &self.path
+    }
+
+    async fn execute(&mut self, statement: &str, args: &[Param<'_>]) -> Result<u64, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&lite(statement))
+            .map_err(self.err())?;
+        let n = stmt
+            .execute(rusqlite::params_from_iter(args))
+            .map_err(self.err())?;
+        Ok(n as u64)
+    }
+
+    async fn query(&mut self, statement: &str, args: &[Param<'_>]) -> Result<Vec<Row>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&lite(statement))
+            .map_err(self.err())?;
+        let width = stmt.column_count();
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(args))
+            .map_err(self.err())?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next().map_err(self.err())? {
+            let mut values = Vec::with_capacity(width);
+            for i in 0..width {
+                values.push(match r.get_ref(i).map_err(self.err())? {
+                    ValueRef::Null => Value::Null,
+                    ValueRef::Integer(n) => Value::Int(n),
+                    // No column of the schema is REAL; a count or sum may be.
+                    ValueRef::Real(f) => Value::Int(f as i64),
+                    ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+                    ValueRef::Blob(b) => Value::Bytes(b.to_vec()),
+                });
+            }
+            out.push(Row {
+                values,
+                store: self.path.clone(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl SqliteStore {
+    /// Runs `body` in one transaction on the worker thread, committed when it decides so
+    /// (rolled back when it decides so, or fails). A body written once runs through
+    /// [`run_now`]: `transact(move |t| run_now(secrets::put(t, &row, ..)))`.
+    pub(super) async fn transact<T: Send + 'static>(
+        &self,
+        body: impl FnOnce(&mut LiteTx<'_>) -> Result<Decided<T>, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.with(move |conn, path| {
+            let tx = conn.transaction().map_err(sql(path))?;
+            let decided = body(&mut LiteTx {
+                conn: &tx,
+                path: path.into(),
+            })?;
+            match decided {
+                Decided::Commit(out) => {
+                    tx.commit().map_err(sql(path))?;
+                    Ok(out)
+                }
+                Decided::Rollback(out) => Ok(out),
+            }
+        })
+        .await
+    }
+
+    /// Runs `body`, which only reads, outside a transaction.
+    pub(super) async fn read<T: Send + 'static>(
+        &self,
+        body: impl FnOnce(&mut LiteTx<'_>) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.with(move |conn, path| {
+            body(&mut LiteTx {
+                conn,
+                path: path.into(),
+            })
+        })
+        .await
+    }
+}
