@@ -21,6 +21,38 @@ pub(crate) enum Param<'a> {
     Int(Option<i64>),
     Text(Option<&'a str>),
     Bytes(&'a [u8]),
+    /// PostgreSQL's `BOOLEAN` (a statement's condition); SQLite's 0 or 1.
+    Bool(bool),
+}
+
+impl From<bool> for Param<'_> {
+    fn from(b: bool) -> Self {
+        Param::Bool(b)
+    }
+}
+
+impl From<Option<i64>> for Param<'_> {
+    fn from(n: Option<i64>) -> Self {
+        Param::Int(n)
+    }
+}
+
+impl From<Option<u64>> for Param<'_> {
+    fn from(n: Option<u64>) -> Self {
+        Param::Int(n.map(|n| n as i64))
+    }
+}
+
+impl From<Option<usize>> for Param<'_> {
+    fn from(n: Option<usize>) -> Self {
+        Param::Int(n.map(|n| n as i64))
+    }
+}
+
+impl From<usize> for Param<'_> {
+    fn from(n: usize) -> Self {
+        Param::Int(Some(n as i64))
+    }
 }
 
 impl From<i64> for Param<'_> {
@@ -121,6 +153,14 @@ impl Row {
         self.int(i).map(crate::u64_of)
     }
 
+    pub(crate) fn opt_u64(&mut self, i: usize) -> Result<Option<u64>, StoreError> {
+        match self.take(i) {
+            Value::Null => Ok(None),
+            Value::Int(n) => Ok(Some(crate::u64_of(n))),
+            other => Err(self.wrong(i, "an integer", &other)),
+        }
+    }
+
     pub(crate) fn opt_text(&mut self, i: usize) -> Result<Option<String>, StoreError> {
         match self.take(i) {
             Value::Null => Ok(None),
@@ -149,6 +189,10 @@ impl Row {
 pub(crate) trait Tx {
     /// The database, as errors name it (a path, a URL).
     fn name(&self) -> &str;
+
+    /// Whether a read that decides a change must lock the rows it reads (PostgreSQL's
+    /// `FOR UPDATE`: other hubs write beside this one; SQLite's one writer needs none).
+    fn locks_rows(&self) -> bool;
 
     /// Runs a statement; the rows it changed.
     fn execute(

@@ -9,6 +9,8 @@
 use std::future::Future;
 
 use super::StoreError;
+use crate::exec::{args, next_seq, Decided, Row, Tx};
+use crate::sql;
 pub(crate) use crate::sql::ROLLOUT_COLUMNS;
 
 /// The migration that makes the rollout tables (portable SQL).
@@ -239,4 +241,233 @@ pub fn unstarted(to: &str) -> &'static str {
     } else {
         "'pending', 'deferred'"
     }
+}
+
+// The bodies both backends run (crate::exec): each backend's `RolloutStore` only opens
+// the transaction (or the snapshot) and runs one.
+
+fn rollout_row(mut r: Row) -> Result<RolloutRow, StoreError> {
+    Ok(RolloutRow {
+        id: r.text(0)?,
+        seq: r.u64(1)?,
+        version: r.text(2)?,
+        selector: r.opt_text(3)?,
+        waves: r.text(4)?,
+        soak_ms: r.u64(5)?,
+        max_parallel: r.u64(6)? as usize,
+        max_failures: r.u64(7)? as usize,
+        failures_accepted: r.u64(8)? as usize,
+        deadline_ms: r.opt_u64(9)?,
+        state: r.text(10)?,
+        reason: r.opt_text(11)?,
+        wave: r.u64(12)? as usize,
+        last_commit_ms: r.opt_u64(13)?,
+        created_ms: r.u64(14)?,
+        finished_ms: r.opt_u64(15)?,
+    })
+}
+
+fn member_row(mut r: Row) -> Result<MemberRow, StoreError> {
+    Ok(MemberRow {
+        agent: r.text(0)?,
+        wave: r.u64(1)? as usize,
+        position: r.u64(2)? as usize,
+        state: r.text(3)?,
+        from_version: r.opt_text(4)?,
+        given_ms: r.opt_u64(5)?,
+        ended_ms: r.opt_u64(6)?,
+        error: r.opt_text(7)?,
+    })
+}
+
+/// Rollout `id`; its row locked until the transaction ends where other hubs write too.
+async fn rollout(tx: &mut impl Tx, id: &str, lock: bool) -> Result<Option<RolloutRow>, StoreError> {
+    let statement = if lock && tx.locks_rows() {
+        sql::ROLLOUT_BY_ID_LOCKED
+    } else {
+        sql::ROLLOUT_BY_ID
+    };
+    tx.query_opt(statement, &args![id])
+        .await?
+        .map(rollout_row)
+        .transpose()
+}
+
+pub(crate) async fn insert(
+    tx: &mut impl Tx,
+    row: &RolloutRow,
+    members: &[MemberRow],
+) -> Result<Decided<Result<RolloutRow, Vec<(String, String)>>>, StoreError> {
+    // First: the counter's row lock makes two starts through two replicas take turns, so
+    // the second sees the first's members.
+    let seq = next_seq(tx, "rollout_seq").await?;
+    let statement = format!(
+        "SELECT m.agent, m.rollout FROM rollout_members m JOIN rollouts r ON r.id = m.rollout
+         WHERE r.state IN ({})",
+        active_states_sql()
+    );
+    let held = tx
+        .query(&statement, &[])
+        .await?
+        .into_iter()
+        .map(|mut r| Ok((r.text(0)?, r.text(1)?)))
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let clash = overlapping(held, members);
+    if !clash.is_empty() {
+        return Ok(Decided::Rollback(Err(clash)));
+    }
+    let stored = RolloutRow {
+        id: format!("r{seq}"),
+        seq: crate::u64_of(seq),
+        ..row.clone()
+    };
+    let insert = args![
+        &stored.id,
+        seq,
+        &stored.version,
+        &stored.selector,
+        &stored.waves,
+        stored.soak_ms,
+        stored.max_parallel,
+        stored.max_failures,
+        stored.deadline_ms,
+        &stored.state,
+        &stored.reason,
+        stored.created_ms,
+    ];
+    tx.execute(sql::ROLLOUT_INSERT, &insert).await?;
+    for m in members {
+        let member = args![
+            &stored.id,
+            &m.agent,
+            m.wave,
+            m.position,
+            &m.state,
+            &m.from_version
+        ];
+        tx.execute(sql::MEMBER_INSERT, &member).await?;
+    }
+    Ok(Decided::Commit(Ok(stored)))
+}
+
+pub(crate) async fn list(tx: &mut impl Tx, active: bool) -> Result<Vec<RolloutRow>, StoreError> {
+    let filter = if active {
+        format!("WHERE state IN ({})", active_states_sql())
+    } else {
+        String::new()
+    };
+    let statement = format!("SELECT {ROLLOUT_COLUMNS} FROM rollouts {filter} ORDER BY seq");
+    let rows = tx.query(&statement, &[]).await?;
+    rows.into_iter().map(rollout_row).collect()
+}
+
+/// A rollout and its members; run in one snapshot, so that they agree.
+pub(crate) async fn get(
+    tx: &mut impl Tx,
+    id: &str,
+) -> Result<Option<(RolloutRow, Vec<MemberRow>)>, StoreError> {
+    let Some(row) = rollout(tx, id, false).await? else {
+        return Ok(None);
+    };
+    let members = tx.query(sql::ROLLOUT_MEMBERS, &args![id]).await?;
+    let members = members
+        .into_iter()
+        .map(member_row)
+        .collect::<Result<_, _>>()?;
+    Ok(Some((row, members)))
+}
+
+pub(crate) async fn move_to(
+    tx: &mut impl Tx,
+    id: &str,
+    from: &[&str],
+    m: &StateMove,
+) -> Result<Decided<Option<RolloutRow>>, StoreError> {
+    let Some(row) = rollout(tx, id, true).await? else {
+        return Ok(Decided::Rollback(None));
+    };
+    if !from.contains(&row.state.as_str()) {
+        return Ok(Decided::Rollback(None));
+    }
+    move_on(tx, &row, m).await?;
+    let moved = rollout(tx, id, true).await?;
+    Ok(Decided::Commit(moved))
+}
+
+pub(crate) async fn record(
+    tx: &mut impl Tx,
+    holder: &str,
+    lease_until_ms: u64,
+    p: &Progress,
+) -> Result<Decided<Recorded>, StoreError> {
+    let renew = args![ROLLOUT_LEASE, holder, lease_until_ms];
+    if tx.execute(sql::LEASE_RENEW, &renew).await? == 0 {
+        return Ok(Decided::Rollback(Recorded::LeaseLost));
+    }
+    let Some(row) = rollout(tx, &p.id, true).await? else {
+        return Ok(Decided::Rollback(Recorded::Moved));
+    };
+    if row.state != p.state {
+        return Ok(Decided::Rollback(Recorded::Moved));
+    }
+    let wave = args![&p.id, p.wave, p.last_commit_ms];
+    tx.execute(sql::ROLLOUT_SET_WAVE, &wave).await?;
+    for m in &p.members {
+        let member = args![&p.id, &m.agent, &m.state, m.given_ms, m.ended_ms, &m.error];
+        tx.execute(sql::MEMBER_UPDATE, &member).await?;
+    }
+    if let Some(m) = &p.moved {
+        move_on(tx, &row, m).await?;
+    }
+    Ok(Decided::Commit(Recorded::Written))
+}
+
+/// Moves `row` as `m` says, within the caller's transaction.
+async fn move_on(tx: &mut impl Tx, row: &RolloutRow, m: &StateMove) -> Result<(), StoreError> {
+    let fin = crate::proto::rollout::is_final(&m.to);
+    let back = m.to == crate::proto::rollout::ROLLING_BACK;
+    let update = args![
+        &row.id,
+        &m.to,
+        &m.reason,
+        fin.then_some(m.now_ms),
+        back,
+        m.failures_accepted,
+    ];
+    tx.execute(sql::ROLLOUT_UPDATE, &update).await?;
+    if fin || back {
+        let statement = format!(
+            "UPDATE rollout_members SET state = 'skipped', ended_ms = $2
+             WHERE rollout = $1 AND state IN ({})",
+            unstarted(&m.to)
+        );
+        tx.execute(&statement, &args![&row.id, m.now_ms]).await?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn record_fetch(tx: &mut impl Tx, f: &Fetch) -> Result<(), StoreError> {
+    let fetch = args![&f.agent, &f.version, f.now_ms];
+    tx.execute(sql::FETCH_PUT, &fetch).await.map(drop)
+}
+
+pub(crate) async fn fetches(
+    tx: &mut impl Tx,
+    version: &str,
+) -> Result<Vec<(String, u64)>, StoreError> {
+    let rows = tx.query(sql::VERSION_FETCHES, &args![version]).await?;
+    rows.into_iter()
+        .map(|mut r| Ok((r.text(0)?, r.u64(1)?)))
+        .collect()
+}
+
+pub(crate) async fn take_lease(
+    tx: &mut impl Tx,
+    name: &str,
+    holder: &str,
+    now_ms: u64,
+    until_ms: u64,
+) -> Result<bool, StoreError> {
+    let take = args![name, holder, until_ms, now_ms];
+    Ok(tx.query_opt(sql::LEASE_TAKE, &take).await?.is_some())
 }

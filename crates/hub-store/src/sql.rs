@@ -279,6 +279,12 @@ pub(crate) const ROLLOUT_BY_ID: &str = concat!(
     rollout_columns!(),
     " FROM rollouts WHERE id = $1"
 );
+/// [`ROLLOUT_BY_ID`] locking the row, for a step or a move among replicas.
+pub(crate) const ROLLOUT_BY_ID_LOCKED: &str = concat!(
+    "SELECT ",
+    rollout_columns!(),
+    " FROM rollouts WHERE id = $1 FOR UPDATE"
+);
 /// A page of jobs, newest first, each filter left out when NULL (`CAST … IS NULL`: a
 /// parameter PostgreSQL can type, which SQLite reads alike).
 pub(crate) const JOBS_PAGE: &str = concat!(
@@ -433,6 +439,7 @@ mod tests {
         ENROL_TOKENS_ALL,
         ROLLOUT_MEMBERS,
         ROLLOUT_BY_ID,
+        ROLLOUT_BY_ID_LOCKED,
         MEMBER_UPDATE,
         ROLLOUT_UPDATE,
         ROLLOUT_SET_WAVE,

@@ -34,11 +34,15 @@ impl ToSql for Param<'_> {
             Param::Int(n) => n.to_sql(ty, out),
             Param::Text(s) => s.to_sql(ty, out),
             Param::Bytes(b) => b.to_sql(ty, out),
+            Param::Bool(b) => b.to_sql(ty, out),
         }
     }
 
     fn accepts(ty: &Type) -> bool {
-        <i64 as ToSql>::accepts(ty) || <&str as ToSql>::accepts(ty) || <&[u8] as ToSql>::accepts(ty)
+        <i64 as ToSql>::accepts(ty)
+            || <&str as ToSql>::accepts(ty)
+            || <&[u8] as ToSql>::accepts(ty)
+            || <bool as ToSql>::accepts(ty)
     }
 
     /// Checked against the variant's own type: text never goes into a `BIGINT`.
@@ -47,6 +51,7 @@ impl ToSql for Param<'_> {
             Param::Int(n) => n.to_sql_checked(ty, out),
             Param::Text(s) => s.to_sql_checked(ty, out),
             Param::Bytes(b) => b.to_sql_checked(ty, out),
+            Param::Bool(b) => b.to_sql_checked(ty, out),
         }
     }
 }
@@ -77,6 +82,10 @@ fn value(row: &tokio_postgres::Row, i: usize) -> Result<Value, tokio_postgres::E
 impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
     fn name(&self) -> &str {
         &self.url
+    }
+
+    fn locks_rows(&self) -> bool {
+        true
     }
 
     async fn execute(&mut self, statement: &str, args: &[Param<'_>]) -> Result<u64, StoreError> {
@@ -136,8 +145,34 @@ impl PgStore {
         }
     }
 
-    /// Runs `body`, which only reads, outside a transaction.
-    pub(super) async fn read<T>(
+    /// Runs `body`, which only reads, in one read-only snapshot (its reads agree with
+    /// each other, whatever other hubs commit meanwhile).
+    pub(super) async fn snapshot<T>(
+        &self,
+        body: impl AsyncFnOnce(
+            &mut PgTx<'_, deadpool_postgres::Transaction<'_>>,
+        ) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let e = self.err();
+        let mut conn = self.conn().await?;
+        let tx = conn
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(&e)?;
+        let out = body(&mut PgTx {
+            client: &tx,
+            url: self.url.as_str().into(),
+        })
+        .await?;
+        tx.commit().await.map_err(&e)?;
+        Ok(out)
+    }
+
+    /// Runs `body` outside a transaction: reads, or one statement that commits alone.
+    pub(super) async fn plain<T>(
         &self,
         body: impl AsyncFnOnce(&mut PgTx<'_, deadpool_postgres::Object>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {

@@ -7,11 +7,11 @@ use crate::StoreError;
 
 impl SecretStore for PgStore {
     async fn secrets(&self) -> Result<Vec<SecretRow>, StoreError> {
-        self.read(async |t| secrets::all(t).await).await
+        self.plain(async |t| secrets::all(t).await).await
     }
 
     async fn secrets_named(&self, names: &[String]) -> Result<Vec<SecretRow>, StoreError> {
-        self.read(async |t| secrets::named(t, names).await).await
+        self.plain(async |t| secrets::named(t, names).await).await
     }
 
     async fn put_secret(&self, row: &SecretRow, previous: Option<u64>) -> Result<Put, StoreError> {

@@ -23,6 +23,7 @@ impl rusqlite::ToSql for Param<'_> {
             Param::Int(n) => n.to_sql(),
             Param::Text(s) => s.to_sql(),
             Param::Bytes(b) => b.to_sql(),
+            Param::Bool(b) => b.to_sql(),
         }
     }
 }
@@ -36,6 +37,10 @@ impl LiteTx<'_> {
 impl Tx for LiteTx<'_> {
     fn name(&self) -> &str {
         &self.path
+    }
+
+    fn locks_rows(&self) -> bool {
+        false
     }
 
     async fn execute(&mut self, statement: &str, args: &[Param<'_>]) -> Result<u64, StoreError> {
@@ -105,8 +110,9 @@ impl SqliteStore {
         .await
     }
 
-    /// Runs `body`, which only reads, outside a transaction.
-    pub(super) async fn read<T: Send + 'static>(
+    /// Runs `body` outside a transaction: reads, which see one state (the one connection
+    /// is the body's alone meanwhile), or one statement that commits alone.
+    pub(super) async fn plain<T: Send + 'static>(
         &self,
         body: impl FnOnce(&mut LiteTx<'_>) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {

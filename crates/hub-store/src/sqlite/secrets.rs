@@ -7,12 +7,13 @@ use crate::StoreError;
 
 impl SecretStore for SqliteStore {
     async fn secrets(&self) -> Result<Vec<SecretRow>, StoreError> {
-        self.read(|t| run_now(secrets::all(t))).await
+        self.plain(|t| run_now(secrets::all(t))).await
     }
 
     async fn secrets_named(&self, names: &[String]) -> Result<Vec<SecretRow>, StoreError> {
         let names = names.to_vec();
-        self.read(move |t| run_now(secrets::named(t, &names))).await
+        self.plain(move |t| run_now(secrets::named(t, &names)))
+            .await
     }
 
     async fn put_secret(&self, row: &SecretRow, previous: Option<u64>) -> Result<Put, StoreError> {
