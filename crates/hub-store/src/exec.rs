@@ -190,9 +190,15 @@ pub(crate) trait Tx {
     /// The database, as errors name it (a path, a URL).
     fn name(&self) -> &str;
 
-    /// Whether a read that decides a change must lock the rows it reads (PostgreSQL's
-    /// `FOR UPDATE`: other hubs write beside this one; SQLite's one writer needs none).
-    fn locks_rows(&self) -> bool;
+    /// Whether other hubs write to this database too (PostgreSQL): a read that decides a
+    /// change locks the rows it reads (`FOR UPDATE`), and a change they must load again
+    /// says so ([`Tx::tell`]). SQLite's one hub needs neither.
+    fn shared(&self) -> bool;
+
+    /// Tells the other hubs, when the transaction commits, that `key` changed as `kind`
+    /// says (`a`: an agent, `f`: the fleet, `q`: a queued job, `t`: the tokens), with the
+    /// generation the change took, if any. Nothing where no other hub is.
+    fn tell(&mut self, kind: char, generation: Option<u64>, key: &str);
 
     /// Runs a statement; the rows it changed.
     fn execute(
@@ -235,6 +241,24 @@ pub(crate) async fn next_seq(tx: &mut impl Tx, key: &str) -> Result<i64, StoreEr
             what: format!("the counter {key}"),
         }),
     }
+}
+
+/// The next generation of the fleet's one counter; an error once every generation a hub
+/// may hand out has been (`MAX_GENERATION`).
+pub(crate) async fn next_generation(tx: &mut impl Tx) -> Result<u64, StoreError> {
+    let bound = args![crate::proto::desired::MAX_GENERATION];
+    match tx.query_opt(crate::sql::GENERATION_NEXT, &bound).await? {
+        Some(mut row) => row.u64(0),
+        None => Err(StoreError::GenerationsExhausted(tx.name().to_owned())),
+    }
+}
+
+/// Gives `scope` the next generation, which is returned.
+pub(crate) async fn bump_scope(tx: &mut impl Tx, scope: &str) -> Result<u64, StoreError> {
+    let generation = next_generation(tx).await?;
+    let put = args![scope, generation];
+    tx.execute(crate::sql::DESIRED_PUT_GENERATION, &put).await?;
+    Ok(generation)
 }
 
 /// Runs `body` to its end on this thread, for a backend whose statements never wait

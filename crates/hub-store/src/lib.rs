@@ -117,6 +117,20 @@ impl StoreError {
     }
 }
 
+/// `v` as the JSON text a column keeps; `place` (a path, a URL) and `what` name it in
+/// the error.
+pub(crate) fn encode(
+    place: &str,
+    what: &str,
+    v: &impl serde::Serialize,
+) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|source| StoreError::Corrupt {
+        path: place.to_owned(),
+        what: what.to_owned(),
+        source,
+    })
+}
+
 /// A number the store keeps in a signed 64-bit column, as the unsigned one it stands
 /// for (a negative one, which no hub writes, reads as 0).
 pub(crate) fn u64_of(n: i64) -> u64 {

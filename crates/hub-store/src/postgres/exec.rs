@@ -7,6 +7,7 @@ use bytes::BytesMut;
 use deadpool_postgres::GenericClient;
 use tokio_postgres::types::{IsNull, ToSql, Type};
 
+use super::tx::notify;
 use super::PgStore;
 use crate::exec::{Decided, Param, Row, Tx, Value};
 use crate::StoreError;
@@ -15,6 +16,8 @@ use crate::StoreError;
 pub(super) struct PgTx<'a, C> {
     client: &'a C,
     url: Arc<str>,
+    /// What to tell the other hubs at commit: (kind, generation or 0, key).
+    told: Vec<(char, u64, String)>,
 }
 
 impl<C> PgTx<'_, C> {
@@ -84,8 +87,13 @@ impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
         &self.url
     }
 
-    fn locks_rows(&self) -> bool {
+    fn shared(&self) -> bool {
         true
+    }
+
+    fn tell(&mut self, kind: char, generation: Option<u64>, key: &str) {
+        self.told
+            .push((kind, generation.unwrap_or(0), key.to_owned()));
     }
 
     async fn execute(&mut self, statement: &str, args: &[Param<'_>]) -> Result<u64, StoreError> {
@@ -130,14 +138,26 @@ impl PgStore {
         let e = self.err();
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
-        let decided = body(&mut PgTx {
+        let mut t = PgTx {
             client: &tx,
             url: self.url.as_str().into(),
-        })
-        .await?;
+            told: Vec::new(),
+        };
+        let decided = body(&mut t).await?;
+        let told = t.told;
         match decided {
             Decided::Commit(out) => {
+                // A NOTIFY is delivered at commit: never of a change that did not commit.
+                for (kind, generation, key) in &told {
+                    notify(&tx, &self.payload(*kind, *generation, key))
+                        .await
+                        .map_err(&e)?;
+                }
                 tx.commit().await.map_err(&e)?;
+                // The generations taken count as this hub's own, once committed.
+                for (_, generation, _) in told.iter().filter(|t| t.1 > 0) {
+                    self.took(*generation);
+                }
                 Ok(out)
             }
             // Dropped: rolled back.
@@ -165,6 +185,7 @@ impl PgStore {
         let out = body(&mut PgTx {
             client: &tx,
             url: self.url.as_str().into(),
+            told: Vec::new(),
         })
         .await?;
         tx.commit().await.map_err(&e)?;
@@ -177,9 +198,11 @@ impl PgStore {
         body: impl AsyncFnOnce(&mut PgTx<'_, deadpool_postgres::Object>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let conn = self.conn().await?;
+        // Nothing told: a statement that commits alone tells no other hub.
         body(&mut PgTx {
             client: &conn,
             url: self.url.as_str().into(),
+            told: Vec::new(),
         })
         .await
     }

@@ -6,7 +6,7 @@ use tokio_postgres::Row;
 use crate::parse_settings;
 use crate::{AgentRow, HaltRow, JobProgress, JobRow, ReleaseRow, ScopeRow, StoreError};
 
-pub(super) use crate::{opt_u64, u64_of};
+pub(super) use crate::{encode, opt_u64, u64_of};
 
 pub(super) fn corrupt(
     url: &str,
@@ -117,16 +117,4 @@ pub(super) fn halt_row(r: &Row) -> HaltRow {
         reason: r.get(2),
         halted_at: u64_of(r.get(3)),
     }
-}
-
-pub(super) fn encode(
-    url: &str,
-    what: &str,
-    v: &impl serde::Serialize,
-) -> Result<String, StoreError> {
-    serde_json::to_string(v).map_err(|source| StoreError::Corrupt {
-        path: url.to_owned(),
-        what: what.to_owned(),
-        source,
-    })
 }

@@ -39,9 +39,11 @@ impl Tx for LiteTx<'_> {
         &self.path
     }
 
-    fn locks_rows(&self) -> bool {
+    fn shared(&self) -> bool {
         false
     }
+
+    fn tell(&mut self, _kind: char, _generation: Option<u64>, _key: &str) {}
 
     async fn execute(&mut self, statement: &str, args: &[Param<'_>]) -> Result<u64, StoreError> {
         let mut stmt = self

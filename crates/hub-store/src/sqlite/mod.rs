@@ -105,7 +105,7 @@ fn next_generation(tx: &rusqlite::Transaction<'_>, path: &str) -> Result<u64, St
         .ok_or_else(|| StoreError::GenerationsExhausted(path.to_owned()))
 }
 
-use crate::{opt_u64, u64_of};
+use crate::{encode, opt_u64, u64_of};
 
 /// The next number of the counter `key` in `meta` (jobs, rollouts, enrolment tokens,
 /// audit lines).
@@ -240,14 +240,6 @@ fn select_jobs(
         .collect::<Result<Vec<_>, _>>()
         .map_err(&e)?;
     raws.into_iter().map(|raw| job_row(path, raw)).collect()
-}
-
-fn encode(path: &str, what: &str, v: &impl serde::Serialize) -> Result<String, StoreError> {
-    serde_json::to_string(v).map_err(|source| StoreError::Corrupt {
-        path: path.to_owned(),
-        what: what.to_owned(),
-        source,
-    })
 }
 
 impl Store for SqliteStore {
