@@ -20,7 +20,15 @@ pub(super) struct PgTx<'a, C> {
     told: Vec<(char, u64, String)>,
 }
 
-impl<C> PgTx<'_, C> {
+impl<C: GenericClient + Sync> PgTx<'_, C> {
+    /// `statement`, prepared once per connection: a body that runs one statement per
+    /// row (members, progress) pays for its parsing once.
+    async fn prepared(&self, statement: &str) -> Result<tokio_postgres::Statement, StoreError> {
+        self.client
+            .prepare_cached(statement)
+            .await
+            .map_err(self.err())
+    }
     fn err(&self) -> impl Fn(tokio_postgres::Error) -> StoreError + '_ {
         move |source| StoreError::Postgres {
             url: self.url.to_string(),
@@ -98,17 +106,19 @@ impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
 
     async fn execute(&mut self, statement: &str, args: &[Param<'_>]) -> Result<u64, StoreError> {
         let args: Vec<&(dyn ToSql + Sync)> = args.iter().map(|a| a as _).collect();
+        let statement = self.prepared(statement).await?;
         self.client
-            .execute(statement, &args)
+            .execute(&statement, &args)
             .await
             .map_err(self.err())
     }
 
     async fn query(&mut self, statement: &str, args: &[Param<'_>]) -> Result<Vec<Row>, StoreError> {
         let args: Vec<&(dyn ToSql + Sync)> = args.iter().map(|a| a as _).collect();
+        let statement = self.prepared(statement).await?;
         let rows = self
             .client
-            .query(statement, &args)
+            .query(&statement, &args)
             .await
             .map_err(self.err())?;
         rows.iter()
