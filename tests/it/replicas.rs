@@ -246,6 +246,59 @@ fn a_change_through_one_replica_wakes_the_agent_held_by_the_other() {
 }
 
 #[test]
+fn replicas_answer_an_agents_jobs_with_one_version_and_hold_what_it_took() {
+    let Some(pg) = Postgres::start() else { return };
+    let pair = Pair::start(&pg, "jobsv");
+    let token = std::fs::read_to_string(pair.b.enrol("a2")).expect("token");
+    let t = token.trim();
+    let answer = |hub: &TestHub, body: &str, wait: u64| -> Value {
+        let path = format!("/v1/agents/a2/reconcile?wait={wait}");
+        let (code, out) = hub.curl("POST", &path, Some(t), Some(body));
+        assert_eq!(code, 200, "{out}");
+        serde_json::from_str(&out).expect("desired")
+    };
+    let first = answer(pair.a(), &report(0), 0);
+    let g = generation_of(&first);
+    let echo = |v: &Value| {
+        let mut r: Value = serde_json::from_str(&report(g)).expect("report");
+        r["jobs_version"] = v.clone();
+        r.to_string()
+    };
+    pair.b
+        .admin_ok(&["job", "submit", "--agent", "a2", "--id", "j1", "--", "true"]);
+    // Behind: B answers at once, the job in it, and A (once it followed) names the same
+    // list with the same version: an agent whose polls alternate between them (a load
+    // balancer per request) is not answered at once for ever.
+    let from_b = answer(&pair.b, &echo(&first["jobs_version"]), 30);
+    assert_eq!(from_b["jobs"][0]["id"], "j1", "{from_b}");
+    assert_eq!(generation_of(&from_b), g, "a job is no setting");
+    let v = from_b["jobs_version"].clone();
+    wait_for(LIMIT, "A answers with B's version", || {
+        let d = answer(pair.a(), &echo(&first["jobs_version"]), 0);
+        (d["jobs_version"] == v).then_some(())
+    });
+    // Taken: A holds it, and wakes for a job given through B.
+    let woken = std::thread::scope(|s| {
+        let poll = s.spawn(|| answer(pair.a(), &echo(&v), 30));
+        wait_for(LIMIT, "A holds the poll that echoes B's version", || {
+            let (_, body) = pair.a().curl("GET", "/v1/health", None, None);
+            body.contains("\"polls_held\":1").then_some(())
+        });
+        pair.b
+            .admin_ok(&["job", "submit", "--agent", "a2", "--id", "j2", "--", "true"]);
+        poll.join().expect("poll")
+    });
+    let ids: Vec<&Value> = woken["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .map(|j| &j["id"])
+        .collect();
+    assert!(ids.contains(&&Value::from("j2")), "{woken}");
+    assert_ne!(woken["jobs_version"], v, "{woken}");
+}
+
+#[test]
 fn an_agent_whose_replica_is_killed_fails_over_and_keeps_its_jobs_and_runner() {
     let Some(pg) = Postgres::start() else { return };
     let mut pair = Pair::start(&pg, "failover");

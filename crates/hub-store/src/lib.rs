@@ -209,6 +209,9 @@ pub struct AgentRow {
     pub rotate_asked: bool,
     /// When its token was made (Unix ms; `None`: at its enrolment).
     pub token_issued_ms: Option<u64>,
+    /// The number of the fleet's counter the latest change to what it is sent of its
+    /// jobs took (0: none yet); every hub answers it with this version.
+    pub jobs_version: u64,
 }
 
 /// The desired settings of one scope: `""` is the fleet, otherwise an agent's id.
@@ -624,8 +627,9 @@ pub trait Store:
 /// What [`JobStore::assign_job`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Assigned {
-    /// The job is the agent's now; the change took this number of the fleet's counter
-    /// (the agent's scope keeps its generation: jobs are not settings).
+    /// The job is the agent's now; the change took this number of the fleet's counter,
+    /// the agent's jobs' version now (its scope keeps its generation: jobs are not
+    /// settings).
     To(u64),
     /// The job is no longer queued (another hub assigned it, or it ended): nothing changed.
     Gone,
@@ -656,8 +660,9 @@ pub struct JobFilter<'a> {
 /// rules as [`Store`].
 pub trait JobStore: Send + Sync + 'static {
     /// Adds a job (its `seq` is assigned here). A job for an agent takes the next number
-    /// of the fleet's counter, so that the other hubs' check for a missed change covers
-    /// it, but moves no scope's generation (jobs are not settings); a queued one (no
+    /// of the fleet's counter, which becomes the agent's `jobs_version` (so that every
+    /// hub answers the agent alike, and the other hubs' check for a missed change covers
+    /// it), but moves no scope's generation (jobs are not settings); a queued one (no
     /// agent yet) takes none. Either tells the other hubs. Returns (seq, the number
     /// taken), or `None` when the id is taken.
     fn insert_job(

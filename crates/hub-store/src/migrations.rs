@@ -103,4 +103,7 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     "ALTER TABLE jobs ADD COLUMN egress_denied TEXT;",
     // 14: secrets for jobs, sealed (the key is a file beside the hub, never a row).
     super::secrets::MIGRATION,
+    // 15: the version of what an agent is sent of its jobs: the number of the fleet's
+    // counter its latest such change took (jobs move no generation).
+    "ALTER TABLE agents ADD COLUMN jobs_version BIGINT NOT NULL DEFAULT 0;",
 ];

@@ -14,7 +14,7 @@ impl JobStore for PgStore {
         let generation = if queued {
             None
         } else {
-            Some(next_generation(&tx, &self.url).await?)
+            Some(jobs_moved(&tx, &job.agent, &self.url).await?)
         };
         let seq = next_seq(&tx, "job_seq", &self.url).await?;
         let n = tx
@@ -88,7 +88,7 @@ impl JobStore for PgStore {
             let generation = match given.iter().find(|(g, _)| *g == a.agent) {
                 Some((_, g)) => *g,
                 None => {
-                    let g = next_generation(&tx, &self.url).await?;
+                    let g = jobs_moved(&tx, &a.agent, &self.url).await?;
                     given.push((&a.agent, g));
                     g
                 }
@@ -134,7 +134,7 @@ impl JobStore for PgStore {
         let mut conn = self.conn().await?;
         let tx = conn.transaction().await.map_err(&e)?;
         let generation = if bump {
-            Some(next_generation(&tx, &self.url).await?)
+            Some(jobs_moved(&tx, agent, &self.url).await?)
         } else {
             None
         };
@@ -335,4 +335,21 @@ impl JobStore for PgStore {
         tx.commit().await.map_err(&e)?;
         Ok(ids.len())
     }
+}
+
+/// What `agent` is sent of its jobs changed: the change takes the next number of the
+/// counter, which becomes the agent's jobs' version (the other hubs answer it so too).
+async fn jobs_moved(
+    tx: &deadpool_postgres::Transaction<'_>,
+    agent: &str,
+    url: &str,
+) -> Result<u64, StoreError> {
+    let version = next_generation(tx, url).await?;
+    tx.execute(sql::AGENT_SET_JOBS_VERSION, &[&agent, &(version as i64)])
+        .await
+        .map_err(|source| StoreError::Postgres {
+            url: url.to_owned(),
+            source,
+        })?;
+    Ok(version)
 }

@@ -92,7 +92,8 @@ pub const MAINTENANCE_APPLICATION: &str = "railgrid-hub-maintenance";
 const HUBS_LOCK: i64 = 0x7261_696c_6875_6273; // "railhubs"
 
 const AGENT_COLUMNS: &str = "id, token_sha256, enrolled_at, revoked_at, last_seen,
-    observed_generation, report, labels, next_token_sha256, rotate_asked, token_issued_ms";
+    observed_generation, report, labels, next_token_sha256, rotate_asked, token_issued_ms,
+    jobs_version";
 
 pub struct PgStore {
     /// The URL without its password, for messages.

@@ -32,6 +32,7 @@ pub(super) fn agent_row(r: &Row) -> AgentRow {
         next_token_sha256: r.get(8),
         rotate_asked: r.get::<_, i64>(9) != 0,
         token_issued_ms: opt_u64(r.get(10)),
+        jobs_version: u64_of(r.get(11)),
     }
 }
 

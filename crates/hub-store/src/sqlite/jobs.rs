@@ -44,7 +44,7 @@ impl JobStore for SqliteStore {
             let generation = if job.agent.is_empty() {
                 None
             } else {
-                Some(next_generation(&tx, path)?)
+                Some(jobs_moved(&tx, &job.agent, path)?)
             };
             tx.commit().map_err(&e)?;
             Ok(Some((u64_of(seq), generation)))
@@ -54,11 +54,11 @@ impl JobStore for SqliteStore {
 
     async fn update_jobs(
         &self,
-        // The job ids name the rows; PostgreSQL tells the other hubs whose they are.
-        _agent: &str,
+        agent: &str,
         jobs: Vec<(String, JobProgress)>,
         bump: bool,
     ) -> Result<Option<u64>, StoreError> {
+        let agent = agent.to_owned();
         self.with(move |conn, path| {
             let e = sql(path);
             let tx = conn.transaction().map_err(&e)?;
@@ -97,7 +97,7 @@ impl JobStore for SqliteStore {
                 }
             }
             let generation = if bump {
-                Some(next_generation(&tx, path)?)
+                Some(jobs_moved(&tx, &agent, path)?)
             } else {
                 None
             };
@@ -143,7 +143,7 @@ impl JobStore for SqliteStore {
                 open.insert(&a.agent, count + 1);
                 let generation = match given.get(a.agent.as_str()) {
                     Some(g) => *g,
-                    None => next_generation(&tx, path)?,
+                    None => jobs_moved(&tx, &a.agent, path)?,
                 };
                 given.insert(&a.agent, generation);
                 out.push(Assigned::To(generation));
@@ -339,4 +339,16 @@ impl JobStore for SqliteStore {
         })
         .await
     }
+}
+
+/// What `agent` is sent of its jobs changed: the change takes the next number of the
+/// counter, which becomes the agent's jobs' version.
+fn jobs_moved(tx: &rusqlite::Transaction<'_>, agent: &str, path: &str) -> Result<u64, StoreError> {
+    let version = next_generation(tx, path)?;
+    tx.execute(
+        &lite(sql::AGENT_SET_JOBS_VERSION),
+        params![agent, version as i64],
+    )
+    .map_err(sql(path))?;
+    Ok(version)
 }

@@ -254,7 +254,7 @@ impl Store for SqliteStore {
             let mut stmt = conn
                 .prepare(
                     "SELECT id, token_sha256, enrolled_at, revoked_at, last_seen, observed_generation, report,
-                         labels, next_token_sha256, rotate_asked, token_issued_ms
+                         labels, next_token_sha256, rotate_asked, token_issued_ms, jobs_version
                      FROM agents ORDER BY id",
                 )
                 .map_err(&e)?;
@@ -272,6 +272,7 @@ impl Store for SqliteStore {
                         next_token_sha256: r.get(8)?,
                         rotate_asked: r.get::<_, i64>(9)? != 0,
                         token_issued_ms: opt_u64(r.get(10)?),
+                        jobs_version: u64_of(r.get(11)?),
                     })
                 })
                 .map_err(&e)?

@@ -425,6 +425,16 @@ async fn a_queued_job_is_assigned_once_within_the_agents_room_and_groups_are_lis
         Some(1),
         "a job takes a number of the counter but leaves its agent's generation (its enrolment's)"
     );
+    let versions: Vec<(&str, u64)> = snap
+        .agents
+        .iter()
+        .map(|a| (a.id.as_str(), a.jobs_version))
+        .collect();
+    assert_eq!(
+        versions,
+        [("a", 3), ("b", 0)],
+        "the number is a's jobs' version"
+    );
     assert_eq!(
         assign(&store, "q1", "b", 1).await,
         Assigned::Gone,

@@ -167,6 +167,9 @@ pub struct AgentEntry {
     generation: watch::Sender<u64>,
     /// The version of what it is sent of its jobs; held polls wait on it too.
     jobs_version: JobsVersion,
+    /// The jobs' version this hub last answered it with, while it echoes none (an agent
+    /// older than the field); `u64::MAX` before the first answer.
+    echoless: AtomicU64,
     /// Polls held open now.
     polls: AtomicUsize,
     /// Its latest report waits for the next batch.
@@ -174,13 +177,20 @@ pub struct AgentEntry {
 }
 
 impl AgentEntry {
-    fn new(id: String, state: AgentState, revoked: bool, generation: u64) -> Arc<Self> {
+    fn new(
+        id: String,
+        state: AgentState,
+        revoked: bool,
+        generation: u64,
+        jobs_version: u64,
+    ) -> Arc<Self> {
         Arc::new(Self {
             id,
             state: Mutex::new(state),
             revoked: AtomicBool::new(revoked),
             generation: watch::Sender::new(generation),
-            jobs_version: JobsVersion::new(),
+            jobs_version: JobsVersion::new(jobs_version),
+            echoless: AtomicU64::new(u64::MAX),
             polls: AtomicUsize::new(0),
             dirty: AtomicBool::new(false),
         })
@@ -190,9 +200,10 @@ impl AgentEntry {
         self.revoked.load(Ordering::Acquire)
     }
 
-    /// What it is sent of its jobs changed: its held polls answer.
-    fn jobs_moved(&self) {
-        self.jobs_version.moved(&self.polls);
+    /// What it is sent of its jobs changed, as stored with `version`: its held polls
+    /// answer.
+    fn jobs_moved(&self, version: u64) {
+        self.jobs_version.advance(version, &self.polls);
     }
 
     /// True at most once a second: a catch-up with the store may start now.
@@ -313,7 +324,8 @@ impl<S: Store> Fleet<S> {
                     .unwrap_or(a.enrolled_at.saturating_mul(1000)),
                 ..AgentState::new(a.token_sha256, a.enrolled_at, own)
             };
-            let entry = AgentEntry::new(a.id.clone(), state, a.revoked_at.is_some(), generation);
+            let revoked = a.revoked_at.is_some();
+            let entry = AgentEntry::new(a.id.clone(), state, revoked, generation, a.jobs_version);
             map.insert(a.id, entry);
         }
         let mut job_index = HashMap::with_capacity(open_jobs.len());
@@ -531,7 +543,8 @@ impl<S: Store> Fleet<S> {
                     hub_labels,
                     ..AgentState::new(hash, now, own)
                 };
-                let entry = AgentEntry::new(id.to_owned(), state, false, generation.max(fleet_gen));
+                let generation = generation.max(fleet_gen);
+                let entry = AgentEntry::new(id.to_owned(), state, false, generation, 0);
                 self.agents.insert(entry);
             }
         }

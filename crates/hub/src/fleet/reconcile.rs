@@ -16,6 +16,9 @@ pub struct Poll {
     observed: u64,
     /// The jobs' version the agent echoed; `None` from an agent older than the field.
     jobs_seen: Option<u64>,
+    /// The echo is ahead of this hub, which waits to follow the store rather than answer
+    /// from what it has.
+    jobs_follow: bool,
     /// The hash of the agent's token when its report was taken.
     token: String,
 }
@@ -44,6 +47,7 @@ impl<S: Store> Fleet<S> {
         // A fleet change takes its generation before each agent's channel is told: what
         // this agent may have been answered already counts too.
         let mut current = (*rx.borrow_and_update()).max(self.effective_generation(entry));
+        let mut caught_up = false;
         if observed > current && self.replicated {
             // An agent that moved here from another replica may be ahead of what this
             // one has followed so far: catch up before taking it for a restore (once a
@@ -53,7 +57,21 @@ impl<S: Store> Fleet<S> {
                 return Err(FleetError::CatchingUp(entry.id.clone()));
             }
             self.catch_up(&entry.id).await?;
+            caught_up = true;
             current = (*rx.borrow_and_update()).max(self.effective_generation(entry));
+        }
+        // Likewise for its jobs: another hub changed them and this one has not followed.
+        // Answered from what this hub has, the agent would drop a job it runs; so catch
+        // up (as seldom), or hold the poll until this hub follows. Still ahead after a
+        // catch-up, the store itself is behind (a restore): the agent is answered at once
+        // and takes this hub's version.
+        let mut jobs_follow = false;
+        if jobs_seen.is_some_and(|s| s > entry.jobs_version.current()) && self.replicated {
+            if !caught_up && entry.may_catch_up() {
+                self.catch_up(&entry.id).await?;
+            } else if !caught_up {
+                jobs_follow = true;
+            }
         }
         // After a renumbering the numbers an agent holds may name other states: until it
         // has reported 0 once, any other number is taken as ahead.
@@ -101,6 +119,7 @@ impl<S: Store> Fleet<S> {
             jobs: jobs_rx,
             observed,
             jobs_seen,
+            jobs_follow,
             token,
         })
     }
@@ -116,9 +135,11 @@ impl<S: Store> Fleet<S> {
             jobs,
             observed,
             jobs_seen,
+            jobs_follow,
             ..
         } = poll;
-        if wait.is_zero() || *rx.borrow() > *observed || jobs_due(entry, jobs, *jobs_seen) {
+        let jobs_due = jobs_due(entry, jobs, *jobs_seen, *jobs_follow);
+        if wait.is_zero() || *rx.borrow() > *observed || jobs_due {
             return;
         }
         let _held = Held::new(&entry.polls, &self.held);
@@ -143,7 +164,12 @@ impl<S: Store> Fleet<S> {
         poll: Poll,
         presented: &str,
     ) -> Result<(DesiredState, std::collections::HashSet<String>), FleetError> {
-        let Poll { entry, token, .. } = poll;
+        let Poll {
+            entry,
+            token,
+            jobs_seen,
+            ..
+        } = poll;
         if self.store_lost.load(Ordering::Acquire) {
             return Err(FleetError::StoreLost);
         }
@@ -155,6 +181,14 @@ impl<S: Store> Fleet<S> {
         crate::metrics::RECONCILES.inc();
         let unoffered = super::jobs::unoffered(&util::lock(&entry.state).jobs);
         let mut desired = self.desired_for(&entry, true);
+        if jobs_seen.is_none() {
+            // An agent older than the jobs' version: what it was answered is remembered
+            // here, and it is asked back at once (it would otherwise wait out the poll
+            // interval after an answer that a job, not a setting, cut short).
+            let version = desired.jobs_version.unwrap_or_default();
+            entry.echoless.store(version, Ordering::Release);
+            desired.poll_interval_secs = Some(0);
+        }
         desired.new_token = self
             .token_for_answer(&entry, presented)
             .await?
@@ -305,19 +339,25 @@ const MAX_FIELD: usize = 256;
 pub(super) const MAX_ERROR_FIELD: usize = 1024;
 const MAX_BAD_VERSIONS: usize = 16;
 
-/// Cuts a report's strings to what the hub keeps.
-/// Whether a poll is answered at once for its jobs: the version it echoed is not the
-/// one now, or, from an agent that echoes none, some job was never sent. Marks the
+/// Whether a poll is answered at once for its jobs: the version it echoed is behind this
+/// hub's (or ahead of it, unless this hub waits to follow: `follow`), or, from an agent
+/// that echoes none, the version moved since this hub last answered it. Marks the
 /// version now as seen, so that the hold wakes for a later one only.
-fn jobs_due(entry: &AgentEntry, jobs: &mut watch::Receiver<u64>, seen: Option<u64>) -> bool {
+fn jobs_due(
+    entry: &AgentEntry,
+    jobs: &mut watch::Receiver<u64>,
+    seen: Option<u64>,
+    follow: bool,
+) -> bool {
     let now = *jobs.borrow_and_update();
     match seen {
-        Some(seen) => seen != now,
+        Some(seen) => seen < now || (seen > now && !follow),
         // Such an agent learns of an answer lost on its way only at its next hold's end.
-        None => super::jobs::some_unoffered(&util::lock(&entry.state).jobs),
+        None => entry.echoless.load(Ordering::Acquire) != now,
     }
 }
 
+/// Cuts a report's strings to what the hub keeps.
 pub(super) fn bound_report(r: &mut AgentReport) {
     for f in [
         &mut r.version,

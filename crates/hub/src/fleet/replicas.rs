@@ -286,7 +286,13 @@ impl<S: Store> Fleet<S> {
                 ..AgentState::new(agent.token_sha256.clone(), agent.enrolled_at, own)
             };
             adopt_report(&mut state, &agent, false);
-            let entry = AgentEntry::new(agent.id.clone(), state, revoked, generation);
+            let entry = AgentEntry::new(
+                agent.id.clone(),
+                state,
+                revoked,
+                generation,
+                agent.jobs_version,
+            );
             let entry = self.agents.insert(entry);
             self.adopt_jobs(&entry, open_jobs);
             self.announce(&entry);
@@ -297,6 +303,7 @@ impl<S: Store> Fleet<S> {
         // scope's generation last: an answer computed meanwhile never carries the new
         // generation without what it stands for.
         self.adopt_jobs(&entry, open_jobs);
+        entry.jobs_moved(agent.jobs_version);
         let mut moved = false;
         let token_changed;
         {

@@ -168,11 +168,6 @@ pub(super) fn unoffered(jobs: &HashMap<String, OpenJob>) -> std::collections::Ha
         .collect()
 }
 
-/// Whether some job was never carried by an answer.
-pub(super) fn some_unoffered(jobs: &HashMap<String, OpenJob>) -> bool {
-    jobs.values().any(|j| !j.offered)
-}
-
 fn ended(state: &str) -> bool {
     JobState::parse(state).is_some_and(JobState::is_terminal)
 }
@@ -493,9 +488,11 @@ impl<S: Store> Fleet<S> {
             st.jobs.insert(id.clone(), job);
         }
         util::write(&self.jobs.index).insert(id.clone(), entry.clone());
-        entry.jobs_moved();
+        if let Some(version) = change {
+            entry.jobs_moved(version);
+        }
         self.jobs.moved();
-        tracing::info!(job = %id, agent = %agent, change = change.unwrap_or(0), "job submitted");
+        tracing::info!(job = %id, agent = %agent, jobs_version = change.unwrap_or(0), "job submitted");
         Ok(self.shown(row))
     }
 
@@ -663,7 +660,8 @@ impl<S: Store> Fleet<S> {
         updates: Vec<(String, JobProgress)>,
         bump: bool,
     ) -> Result<(), FleetError> {
-        self.store
+        let version = self
+            .store
             .update_jobs(&entry.id, updates.clone(), bump)
             .await?;
         let mut done = Vec::new();
@@ -701,8 +699,8 @@ impl<S: Store> Fleet<S> {
             // Room opened on the agent.
             self.kick();
         }
-        if bump {
-            entry.jobs_moved();
+        if let Some(version) = version {
+            entry.jobs_moved(version);
         }
         self.jobs.moved();
         for id in lost {
@@ -772,8 +770,9 @@ impl<S: Store> Fleet<S> {
     }
 
     /// Takes in an agent's open jobs as another hub stored them: new ones, their
-    /// progress, and those done (which leave); its held polls answer when any moved.
-    /// Called with `changes` held, so that the store holds every change this hub made.
+    /// progress, and those done (which leave); the caller moves its jobs' version as
+    /// stored. Called with `changes` held, so that the store holds every change this hub
+    /// made.
     pub(super) fn adopt_jobs(&self, entry: &Arc<AgentEntry>, rows: Vec<JobRow>) {
         let open: std::collections::HashSet<String> = rows.iter().map(|r| r.id.clone()).collect();
         let (mut added, mut gone) = (Vec::new(), Vec::new());
@@ -819,7 +818,6 @@ impl<S: Store> Fleet<S> {
                 index.insert(id, entry.clone());
             }
         }
-        entry.jobs_moved();
         self.jobs.moved();
     }
 

@@ -400,8 +400,8 @@ impl<S: Store> Fleet<S> {
                 Assigned::To(change) => {
                     given += 1;
                     self.assigned(&job, entry, change, now);
-                    if !woken.contains(&slot) {
-                        woken.push(slot);
+                    if !woken.contains(&(slot, change)) {
+                        woken.push((slot, change));
                     }
                 }
                 // Another replica assigned it (its change reaches this hub as that
@@ -413,8 +413,8 @@ impl<S: Store> Fleet<S> {
             }
         }
         // Stored, then woken.
-        for slot in woken {
-            slots[slot].entry.jobs_moved();
+        for (slot, version) in woken {
+            slots[slot].entry.jobs_moved(version);
         }
         if given > 0 {
             self.jobs.moved();

@@ -2,29 +2,28 @@
 //! not a setting, and moving the generation for each one made every job a new desired
 //! state on the host (written to disk there, and a reconciler's pass).
 //!
-//! An answer carries the version it was computed at (`jobs_version`) and the agent
-//! echoes it; a poll whose echo differs is answered at once, and a held poll wakes when
-//! the version moves. So a job given, or a cancel asked, reaches the agent as a settings
-//! change does, and an answer lost on its way (a connection cut) is made good by the next
-//! poll rather than by the next change.
-//!
-//! Kept in memory only: each hub process starts every agent's version at a random number
-//! of its own, so that a restarted hub, or another replica, never takes an echo of an
-//! old one for its own (it answers at once, once, and is echoed from then on).
+//! Each such change takes the next number of the fleet's one counter in the store, which
+//! becomes the agent's `jobs_version` there too; so every hub, a replica or a restarted
+//! one, answers an agent with the same version for the same jobs. An answer carries the
+//! version it was computed at and the agent echoes it:
+//! - an echo below the version (a job given or a cancel asked since, or an answer lost
+//!   on its way) is answered at once;
+//! - an echo above it means another hub changed the agent's jobs and this one has not
+//!   followed yet: it catches up with the store, or holds the poll until it follows
+//!   (never answering from what it has, which would take a job back from the agent);
+//! - an equal echo holds the poll until the version moves.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 
 use tokio::sync::watch;
-
-use crate::proto::desired::MAX_GENERATION;
 
 /// The versions of one agent's jobs; held polls wait on it beside the generation.
 pub(in crate::fleet) struct JobsVersion(watch::Sender<u64>);
 
 impl JobsVersion {
-    pub(in crate::fleet) fn new() -> Self {
-        Self(watch::Sender::new(epoch()))
+    /// As stored.
+    pub(in crate::fleet) fn new(stored: u64) -> Self {
+        Self(watch::Sender::new(stored))
     }
 
     /// The version now. Read before the jobs it names: a change in between then moves
@@ -33,12 +32,18 @@ impl JobsVersion {
         *self.0.borrow()
     }
 
-    /// What the agent is sent of its jobs changed: its held polls answer. Counted as a
-    /// wake-up when one is held (`polls`).
-    pub(in crate::fleet) fn moved(&self, polls: &AtomicUsize) {
-        // Within JSON's exact integers, as generations are.
-        self.0.send_modify(|v| *v = (*v + 1) % MAX_GENERATION);
-        if polls.load(Ordering::Relaxed) > 0 {
+    /// What the agent is sent of its jobs changed, as stored with `version`: its held
+    /// polls answer. Never back: an older number (a change loaded late) changes nothing.
+    /// Counted as a wake-up when a poll is held (`polls`).
+    pub(in crate::fleet) fn advance(&self, version: u64, polls: &AtomicUsize) {
+        let moved = self.0.send_if_modified(|v| {
+            let newer = version > *v;
+            if newer {
+                *v = version;
+            }
+            newer
+        });
+        if moved && polls.load(Ordering::Relaxed) > 0 {
             crate::metrics::WAKEUPS.inc();
         }
     }
@@ -48,38 +53,23 @@ impl JobsVersion {
     }
 }
 
-/// This process's first version of every agent's jobs.
-fn epoch() -> u64 {
-    static EPOCH: OnceLock<u64> = OnceLock::new();
-    *EPOCH.get_or_init(|| {
-        let mut bytes = [0u8; 8];
-        if getrandom::fill(&mut bytes).is_err() {
-            // No worse than a clock: only another process's numbers must differ.
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64);
-            bytes = nanos.to_le_bytes();
-        }
-        u64::from_le_bytes(bytes) % MAX_GENERATION
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_version_moves_and_stays_an_exact_json_number() {
-        let v = JobsVersion::new();
+    fn a_version_only_moves_forward_and_wakes_on_a_move() {
+        let v = JobsVersion::new(5);
         let polls = AtomicUsize::new(0);
-        let first = v.current();
-        assert!(first < MAX_GENERATION);
         let rx = v.subscribe();
-        v.moved(&polls);
-        assert_ne!(v.current(), first);
+        v.advance(4, &polls);
+        assert!(
+            !rx.has_changed().expect("open"),
+            "an older number is no move"
+        );
+        assert_eq!(v.current(), 5);
+        v.advance(9, &polls);
         assert!(rx.has_changed().expect("open"));
-        let top = JobsVersion(watch::Sender::new(MAX_GENERATION - 1));
-        top.moved(&polls);
-        assert_eq!(top.current(), 0);
+        assert_eq!(v.current(), 9);
     }
 }
