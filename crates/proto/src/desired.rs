@@ -69,9 +69,9 @@ pub struct DesiredState {
     pub cancel_jobs: Vec<String>,
     /// Names the `jobs` and `cancel_jobs` of this answer, apart from the generation
     /// (jobs never move it: a job is not a setting). The agent echoes it in its reports
-    /// as `jobs_version`; the hub moves it whenever what it sends of the jobs changes.
-    /// Opaque: compared for equality only, and another hub (a replica, a restart) names
-    /// the same list otherwise.
+    /// as `jobs_version`; it grows whenever what the hub sends of the jobs changes, and
+    /// a poll whose echo is behind is answered at once. Every replica gives the same
+    /// jobs the same version.
     pub jobs_version: Option<u64>,
     /// False while the hub drains this agent: the host takes no new job (the runner
     /// refuses them) and its running jobs finish (docs/design.md, "Drain").

@@ -37,7 +37,7 @@ pub struct AgentReport {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<JobReport>,
     /// The `jobs_version` of the last answer whose jobs this agent took: a hub holding
-    /// the poll answers at once while its own differs (a job given or cancelled since,
+    /// the poll answers at once while its own is newer (a job given or cancelled since,
     /// or an answer lost on its way). `None` from an agent older than the field.
     pub jobs_version: Option<u64>,
 }
