@@ -98,25 +98,9 @@ macro_rules! args {
 }
 pub(crate) use args;
 
-/// One column's value, as read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Value {
-    Null,
-    Int(i64),
-    Text(String),
-    Bytes(Vec<u8>),
-}
-
-impl Value {
-    fn kind(&self) -> &'static str {
-        match self {
-            Value::Null => "NULL",
-            Value::Int(_) => "an integer",
-            Value::Text(_) => "text",
-            Value::Bytes(_) => "bytes",
-        }
-    }
-}
+/// One column's value, as read: the schema's few types ([`Cell`], which a copy between
+/// stores reads too).
+pub(crate) use crate::copy::Cell as Value;
 
 /// A row as read: its values, and the database it came from (for errors).
 #[derive(Debug)]

@@ -145,13 +145,8 @@ impl CopyTarget {
         let mut sum = Sum::default();
         while let Some(row) = rows.try_next().await.map_err(&e)? {
             let mut cells = Vec::with_capacity(table.columns.len());
-            for (i, col) in row.columns().iter().enumerate() {
-                let cell = match *col.type_() {
-                    Type::INT8 => row.get::<_, Option<i64>>(i).map(Cell::Int),
-                    Type::BYTEA => row.get::<_, Option<Vec<u8>>>(i).map(Cell::Bytes),
-                    _ => row.get::<_, Option<String>>(i).map(Cell::Text),
-                };
-                cells.push(cell.unwrap_or(Cell::Null));
+            for i in 0..row.len() {
+                cells.push(super::exec::cell(&row, i).map_err(&e)?);
             }
             sum.add(&cells);
         }

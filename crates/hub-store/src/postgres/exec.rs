@@ -67,8 +67,8 @@ impl ToSql for Param<'_> {
     }
 }
 
-/// One column of `row`, as the store reads it.
-fn value(row: &tokio_postgres::Row, i: usize) -> Result<Value, tokio_postgres::Error> {
+/// One column of `row`, as the store reads it (and a copy between stores).
+pub(super) fn cell(row: &tokio_postgres::Row, i: usize) -> Result<Value, tokio_postgres::Error> {
     let ty = row.columns()[i].type_();
     let v = if *ty == Type::INT8 {
         row.try_get::<_, Option<i64>>(i)?.map(Value::Int)
@@ -124,7 +124,7 @@ impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
         rows.iter()
             .map(|r| {
                 let values = (0..r.len())
-                    .map(|i| value(r, i))
+                    .map(|i| cell(r, i))
                     .collect::<Result<_, _>>()
                     .map_err(self.err())?;
                 Ok(Row {

@@ -1,8 +1,6 @@
 //! The SQLite store read table by table for `hub store copy`, a page at a time in rowid
 //! order (every table here has a rowid), so that memory stays bounded.
 
-use rusqlite::types::ValueRef;
-
 use super::{sql, SqliteStore};
 use crate::copy::{quote, Cell, Table, NOT_COPIED, PAGE_BYTES, PAGE_ROWS};
 use crate::StoreError;
@@ -68,18 +66,7 @@ impl SqliteStore {
                         at: format!("{}.{} (rowid {last})", t.name, t.columns[i - 1]),
                         why: why.to_owned(),
                     };
-                    let cell = match r.get_ref(i).map_err(sql(path))? {
-                        ValueRef::Null => Cell::Null,
-                        ValueRef::Integer(n) => Cell::Int(n),
-                        ValueRef::Text(b) => Cell::Text(
-                            std::str::from_utf8(b)
-                                .map_err(|_| odd("text that is not UTF-8"))?
-                                .to_owned(),
-                        ),
-                        ValueRef::Blob(b) => Cell::Bytes(b.to_vec()),
-                        // The schema has no REAL column.
-                        ValueRef::Real(_) => return Err(odd("a floating-point number")),
-                    };
+                    let cell = super::exec::cell(r.get_ref(i).map_err(sql(path))?).map_err(odd)?;
                     bytes += cell.size();
                     row.push(cell);
                 }

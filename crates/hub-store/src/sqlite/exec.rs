@@ -69,14 +69,13 @@ impl Tx for LiteTx<'_> {
         while let Some(r) = rows.next().map_err(self.err())? {
             let mut values = Vec::with_capacity(width);
             for i in 0..width {
-                values.push(match r.get_ref(i).map_err(self.err())? {
-                    ValueRef::Null => Value::Null,
-                    ValueRef::Integer(n) => Value::Int(n),
-                    // No column of the schema is REAL; a count or sum may be.
-                    ValueRef::Real(f) => Value::Int(f as i64),
-                    ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
-                    ValueRef::Blob(b) => Value::Bytes(b.to_vec()),
-                });
+                let v = r.get_ref(i).map_err(self.err())?;
+                values.push(cell(v).map_err(|found| StoreError::Column {
+                    store: self.path.to_string(),
+                    index: i,
+                    want: "a value of the schema's types",
+                    found,
+                })?);
             }
             out.push(Row {
                 values,
@@ -126,4 +125,20 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// A column's value as SQLite holds it, as the store reads it; what the schema never
+/// holds (a floating-point number, text that is not UTF-8) is named instead.
+pub(super) fn cell(v: ValueRef<'_>) -> Result<Value, &'static str> {
+    Ok(match v {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(n) => Value::Int(n),
+        ValueRef::Text(t) => Value::Text(
+            std::str::from_utf8(t)
+                .map_err(|_| "text that is not UTF-8")?
+                .to_owned(),
+        ),
+        ValueRef::Blob(b) => Value::Bytes(b.to_vec()),
+        ValueRef::Real(_) => return Err("a floating-point number"),
+    })
 }
