@@ -112,7 +112,7 @@ fn replicas_started_at_once_make_one_schema_and_share_the_ca_and_admin_token() {
             "fresh",
             "SELECT count(*), max(version) FROM railgrid_migrations"
         ),
-        "15|1001",
+        "16|1001",
         "each migration once: the shared ones, then the replicas' own from 1001"
     );
     assert_eq!(
@@ -134,7 +134,7 @@ fn replicas_started_at_once_make_one_schema_and_share_the_ca_and_admin_token() {
     assert_eq!(listed[0]["id"], "web-1", "{listed}");
     // One replica applied the migrations; the other waited on the lock and found them.
     let applied = |h: &TestHub| h.log().matches("applied a hub schema migration").count();
-    assert_eq!(applied(pair.a()) + applied(&pair.b), 15);
+    assert_eq!(applied(pair.a()) + applied(&pair.b), 16);
     // A replica restarted on the database applies nothing again.
     let b = pair.b;
     let dir = b.dir.clone();

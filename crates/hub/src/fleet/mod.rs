@@ -168,7 +168,7 @@ pub struct AgentEntry {
     /// The version of what it is sent of its jobs; held polls wait on it too.
     jobs_version: JobsVersion,
     /// The jobs' version this hub last answered it with, while it echoes none (an agent
-    /// older than the field); `u64::MAX` before the first answer.
+    /// older than the field); until then, the one loaded.
     echoless: AtomicU64,
     /// Polls held open now.
     polls: AtomicUsize,
@@ -190,7 +190,7 @@ impl AgentEntry {
             revoked: AtomicBool::new(revoked),
             generation: watch::Sender::new(generation),
             jobs_version: JobsVersion::new(jobs_version),
-            echoless: AtomicU64::new(u64::MAX),
+            echoless: AtomicU64::new(jobs_version),
             polls: AtomicUsize::new(0),
             dirty: AtomicBool::new(false),
         })
