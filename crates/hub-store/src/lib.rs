@@ -147,10 +147,14 @@ pub(crate) fn opt_u64(v: Option<i64>) -> Option<u64> {
 pub const MUST_RESET: u64 = i64::MAX as u64;
 
 /// What [`Store::renumber`] runs, on either database.
-pub(crate) const RENUMBER: [&str; 3] = [
+pub(crate) const RENUMBER: [&str; 4] = [
     "UPDATE meta SET value = 1 WHERE key = 'generation'",
     "UPDATE desired SET generation = 1",
     "UPDATE agents SET observed_generation = 9223372036854775807",
+    // Numbers of the same counter: kept, they would stay ahead of every later change,
+    // which could then never move them. An agent's echo of an old one is ahead of the
+    // hub's 0, and is answered at once.
+    "UPDATE agent_jobs SET version = 0",
 ];
 
 /// What another replica changed, as its notification says (replicated stores only).

@@ -104,6 +104,8 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     // 14: secrets for jobs, sealed (the key is a file beside the hub, never a row).
     super::secrets::MIGRATION,
     // 15: the version of what an agent is sent of its jobs: the number of the fleet's
-    // counter its latest such change took (jobs move no generation).
-    "ALTER TABLE agents ADD COLUMN jobs_version BIGINT NOT NULL DEFAULT 0;",
+    // counter its latest such change took (jobs move no generation). A table of its
+    // own, of two small columns: every job's change writes it, and rewriting the
+    // agent's row (its report with it) made dispatch a fifth slower.
+    "CREATE TABLE agent_jobs (agent TEXT PRIMARY KEY, version BIGINT NOT NULL);",
 ];

@@ -112,8 +112,10 @@ pub(crate) const AGENT_ASK_ROTATION: &str = "UPDATE agents
      WHERE id = $1 AND revoked_at IS NULL";
 pub(crate) const AGENT_REVOKE: &str = "UPDATE agents SET revoked_at = $2 WHERE id = $1";
 /// What an agent is sent of its jobs changed, and took this number of the counter.
-pub(crate) const AGENT_SET_JOBS_VERSION: &str =
-    "UPDATE agents SET jobs_version = $2 WHERE id = $1 AND jobs_version < $2";
+pub(crate) const AGENT_SET_JOBS_VERSION: &str = "INSERT INTO agent_jobs (agent, version)
+     VALUES ($1, $2)
+     ON CONFLICT (agent) DO UPDATE SET version = excluded.version
+     WHERE agent_jobs.version < excluded.version";
 pub(crate) const AGENT_ROTATE: &str = "UPDATE agents
      SET token_sha256 = next_token_sha256, next_token_sha256 = NULL, rotate_asked = 0,
          token_issued_ms = $3

@@ -91,9 +91,11 @@ pub const MAINTENANCE_APPLICATION: &str = "railgrid-hub-maintenance";
 /// `hub store renumber` takes exclusively.
 const HUBS_LOCK: i64 = 0x7261_696c_6875_6273; // "railhubs"
 
-const AGENT_COLUMNS: &str = "id, token_sha256, enrolled_at, revoked_at, last_seen,
-    observed_generation, report, labels, next_token_sha256, rotate_asked, token_issued_ms,
-    jobs_version";
+const AGENT_COLUMNS: &str = "a.id, a.token_sha256, a.enrolled_at, a.revoked_at, a.last_seen,
+    a.observed_generation, a.report, a.labels, a.next_token_sha256, a.rotate_asked,
+    a.token_issued_ms, COALESCE(j.version, 0)";
+/// The agents with their jobs' version (`agent_jobs`, migration 15).
+const AGENTS: &str = "agents a LEFT JOIN agent_jobs j ON j.agent = a.id";
 
 pub struct PgStore {
     /// The URL without its password, for messages.
@@ -541,7 +543,7 @@ impl Store for PgStore {
             let fleet = self.fleet_snapshot(&conn).await?;
             let agents = conn
                 .query(
-                    &format!("SELECT {AGENT_COLUMNS} FROM agents ORDER BY id"),
+                    &format!("SELECT {AGENT_COLUMNS} FROM {AGENTS} ORDER BY a.id"),
                     &[],
                 )
                 .await
@@ -781,7 +783,7 @@ impl Store for PgStore {
         let result = async {
             let Some(agent) = conn
                 .query_opt(
-                    &format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = $1"),
+                    &format!("SELECT {AGENT_COLUMNS} FROM {AGENTS} WHERE a.id = $1"),
                     &[&id],
                 )
                 .await
@@ -841,7 +843,7 @@ impl Store for PgStore {
         let conn = self.conn().await?;
         let rows = conn
             .query(
-                &format!("SELECT {AGENT_COLUMNS} FROM agents ORDER BY id"),
+                &format!("SELECT {AGENT_COLUMNS} FROM {AGENTS} ORDER BY a.id"),
                 &[],
             )
             .await

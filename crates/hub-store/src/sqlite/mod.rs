@@ -247,15 +247,14 @@ impl Store for SqliteStore {
         self.with(|conn, path| {
             let e = sql(path);
             let generation: i64 = conn
-                .query_row(&lite(sql::GENERATION), [], |r| {
-                    r.get(0)
-                })
+                .query_row(&lite(sql::GENERATION), [], |r| r.get(0))
                 .map_err(&e)?;
             let mut stmt = conn
                 .prepare(
-                    "SELECT id, token_sha256, enrolled_at, revoked_at, last_seen, observed_generation, report,
-                         labels, next_token_sha256, rotate_asked, token_issued_ms, jobs_version
-                     FROM agents ORDER BY id",
+                    "SELECT a.id, a.token_sha256, a.enrolled_at, a.revoked_at, a.last_seen,
+                         a.observed_generation, a.report, a.labels, a.next_token_sha256,
+                         a.rotate_asked, a.token_issued_ms, COALESCE(j.version, 0)
+                     FROM agents a LEFT JOIN agent_jobs j ON j.agent = a.id ORDER BY a.id",
                 )
                 .map_err(&e)?;
             let agents = stmt
@@ -278,9 +277,7 @@ impl Store for SqliteStore {
                 .map_err(&e)?
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(&e)?;
-            let mut stmt = conn
-                .prepare(&lite(sql::DESIRED_ALL))
-                .map_err(&e)?;
+            let mut stmt = conn.prepare(&lite(sql::DESIRED_ALL)).map_err(&e)?;
             let rows = stmt
                 .query_map([], |r| {
                     Ok((
@@ -294,29 +291,21 @@ impl Store for SqliteStore {
                 .map_err(&e)?;
             let mut scopes = Vec::with_capacity(rows.len());
             for (scope, generation, settings) in rows {
-                let settings = serde_json::from_str(&settings).map_err(|source| {
-                    StoreError::Corrupt {
+                let settings =
+                    serde_json::from_str(&settings).map_err(|source| StoreError::Corrupt {
                         path: path.to_owned(),
                         what: format!("desired settings of scope {scope:?}"),
                         source,
-                    }
-                })?;
+                    })?;
                 scopes.push(ScopeRow {
                     scope,
                     generation: generation.max(0) as u64,
                     settings,
                 });
             }
-            let open_jobs = select_jobs(
-                conn,
-                path,
-                &lite(sql::OPEN_JOBS),
-                [],
-            )?;
+            let open_jobs = select_jobs(conn, path, &lite(sql::OPEN_JOBS), [])?;
             let releases = conn
-                .prepare(
-                    &lite(sql::RELEASES_ALL),
-                )
+                .prepare(&lite(sql::RELEASES_ALL))
                 .and_then(|mut stmt| {
                     stmt.query_map([], |r| {
                         Ok(ReleaseRow {

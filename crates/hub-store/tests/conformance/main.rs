@@ -551,14 +551,25 @@ async fn releases_halts_and_renumbering_move_the_fleets_generation(b: &impl Back
     assert_eq!(snap.halts, [halt]);
     assert_eq!(store.set_halt("1.2.3", None).await.expect("lift"), 5);
     assert!(store.load().await.expect("load").halts.is_empty());
+    let (_, version) = store
+        .insert_job(&job("j"))
+        .await
+        .expect("job")
+        .expect("new");
+    assert_eq!(version, Some(6));
+    assert_eq!(store.load().await.expect("load").agents[0].jobs_version, 6);
 
     drop(store);
     let store = b.open_alone().await;
-    assert_eq!(store.renumber().await.expect("renumber"), 5, "as it was");
+    assert_eq!(store.renumber().await.expect("renumber"), 6, "as it was");
     let snap = store.load().await.expect("load");
     assert_eq!(snap.generation, 1);
     assert!(snap.scopes.iter().all(|s| s.generation == 1));
     assert_eq!(snap.agents[0].observed_generation, MUST_RESET);
+    assert_eq!(
+        snap.agents[0].jobs_version, 0,
+        "a jobs' version is a number of the same counter, started over with it"
+    );
 }
 
 async fn the_hubs_labels_merge_and_go_with_a_revoked_agent(b: &impl Backend) {
