@@ -7,7 +7,24 @@ use crate::access::{
     self, AccessStore, AdminTokenRow, AuditRow, EnrolTokenRow, Enrolled, Enrolment,
     ADMIN_TOKEN_COLUMNS, ENROL_TOKEN_COLUMNS,
 };
+use crate::exec::Row;
 use crate::StoreError;
+
+impl SqliteStore {
+    /// [`access::revoke`] on the worker thread; the row is decoded by the caller.
+    async fn revoke(
+        &self,
+        table: &'static str,
+        key: &'static str,
+        columns: &'static str,
+        value: &str,
+        now_ms: u64,
+    ) -> Result<Option<Row>, StoreError> {
+        let value = value.to_owned();
+        self.transact(move |t| run_now(access::revoke(t, table, key, columns, &value, now_ms)))
+            .await
+    }
+}
 
 impl AccessStore for SqliteStore {
     async fn create_admin_token(&self, row: &AdminTokenRow) -> Result<bool, StoreError> {
@@ -25,18 +42,8 @@ impl AccessStore for SqliteStore {
         name: &str,
         now_ms: u64,
     ) -> Result<Option<AdminTokenRow>, StoreError> {
-        let name = name.to_owned();
         let row = self
-            .transact(move |t| {
-                run_now(access::revoke(
-                    t,
-                    "admin_tokens",
-                    "name",
-                    ADMIN_TOKEN_COLUMNS,
-                    &name,
-                    now_ms,
-                ))
-            })
+            .revoke("admin_tokens", "name", ADMIN_TOKEN_COLUMNS, name, now_ms)
             .await?;
         row.map(access::admin_token_row).transpose()
     }
@@ -56,18 +63,8 @@ impl AccessStore for SqliteStore {
         id: &str,
         now_ms: u64,
     ) -> Result<Option<EnrolTokenRow>, StoreError> {
-        let id = id.to_owned();
         let row = self
-            .transact(move |t| {
-                run_now(access::revoke(
-                    t,
-                    "enrol_tokens",
-                    "id",
-                    ENROL_TOKEN_COLUMNS,
-                    &id,
-                    now_ms,
-                ))
-            })
+            .revoke("enrol_tokens", "id", ENROL_TOKEN_COLUMNS, id, now_ms)
             .await?;
         row.map(access::enrol_row).transpose()
     }
