@@ -279,17 +279,7 @@ pub(crate) const ROLLOUT_MEMBERS: &str = concat!(
     member_columns!(),
     " FROM rollout_members WHERE rollout = $1 ORDER BY position"
 );
-pub(crate) const ROLLOUT_BY_ID: &str = concat!(
-    "SELECT ",
-    rollout_columns!(),
-    " FROM rollouts WHERE id = $1"
-);
-/// [`ROLLOUT_BY_ID`] locking the row, for a step or a move among replicas.
-pub(crate) const ROLLOUT_BY_ID_LOCKED: &str = concat!(
-    "SELECT ",
-    rollout_columns!(),
-    " FROM rollouts WHERE id = $1 FOR UPDATE"
-);
+
 /// A page of jobs, newest first, each filter left out when NULL (`CAST … IS NULL`: a
 /// parameter PostgreSQL can type, which SQLite reads alike).
 pub(crate) const JOBS_PAGE: &str = concat!(
@@ -337,10 +327,11 @@ pub(crate) const JOB_PROGRESS: &str = concat!(
 
 /// A read, and the same read locking the rows it reads: PostgreSQL's `FOR UPDATE`, for a
 /// change that decides on them among replicas (SQLite's one writer needs no lock).
+/// The text may be given in parts, as `concat!` takes them (a column list's macro).
 macro_rules! read_and_locked {
-    ($read:ident, $locked:ident, $text:literal) => {
-        pub(crate) const $read: &str = $text;
-        pub(crate) const $locked: &str = concat!($text, " FOR UPDATE");
+    ($read:ident, $locked:ident, $($text:expr),+ $(,)?) => {
+        pub(crate) const $read: &str = concat!($($text),+);
+        pub(crate) const $locked: &str = concat!($($text),+, " FOR UPDATE");
     };
 }
 read_and_locked!(
@@ -358,6 +349,13 @@ read_and_locked!(
     AGENT_ENROLMENT_LOCKED,
     "SELECT revoked_at, enrolled_at, enrolled_peer, enrolled_host, last_seen, enrolled_via
      FROM agents WHERE id = $1"
+);
+read_and_locked!(
+    ROLLOUT_BY_ID,
+    ROLLOUT_BY_ID_LOCKED,
+    "SELECT ",
+    rollout_columns!(),
+    " FROM rollouts WHERE id = $1"
 );
 read_and_locked!(
     DESIRED_SETTINGS,
