@@ -371,11 +371,7 @@ pub(crate) async fn self_enrol(
     if let Some(why) = token.refusal(en.now_ms, None) {
         return Ok(Decided::Rollback(Enrolled::Refused { via: token.id, why }));
     }
-    let existing = if tx.shared() {
-        sql::AGENT_ENROLMENT_LOCKED
-    } else {
-        sql::AGENT_ENROLMENT
-    };
+    let existing = tx.locking(sql::AGENT_ENROLMENT, sql::AGENT_ENROLMENT_LOCKED);
     let mut again = false;
     if let Some(mut row) = tx.query_opt(existing, &args![&en.id]).await? {
         if let Some(revoked) = row.opt_u64(0)? {

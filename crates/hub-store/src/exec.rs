@@ -68,6 +68,18 @@ impl From<u64> for Param<'_> {
     }
 }
 
+impl<'a> From<Option<&'a str>> for Param<'a> {
+    fn from(s: Option<&'a str>) -> Self {
+        Param::Text(s)
+    }
+}
+
+impl<'a> From<&'a [u8]> for Param<'a> {
+    fn from(b: &'a [u8]) -> Self {
+        Param::Bytes(b)
+    }
+}
+
 impl<'a> From<&'a str> for Param<'a> {
     fn from(s: &'a str) -> Self {
         Param::Text(Some(s))
@@ -132,6 +144,14 @@ impl Row {
         }
     }
 
+    pub(crate) fn opt_int(&mut self, i: usize) -> Result<Option<i64>, StoreError> {
+        match self.take(i) {
+            Value::Null => Ok(None),
+            Value::Int(n) => Ok(Some(n)),
+            other => Err(self.wrong(i, "an integer", &other)),
+        }
+    }
+
     /// A number the store keeps signed (a negative one reads as 0, as `u64_of` does).
     pub(crate) fn u64(&mut self, i: usize) -> Result<u64, StoreError> {
         self.int(i).map(crate::u64_of)
@@ -179,10 +199,26 @@ pub(crate) trait Tx {
     /// says so ([`Tx::tell`]). SQLite's one hub needs neither.
     fn shared(&self) -> bool;
 
+    /// `locked`, the form of `read` that locks the rows it reads, where other hubs write
+    /// too ([`Tx::shared`]); else `read` (`crate::sql`'s `read_and_locked!` makes both).
+    fn locking<'s>(&self, read: &'s str, locked: &'s str) -> &'s str {
+        if self.shared() {
+            locked
+        } else {
+            read
+        }
+    }
+
     /// Tells the other hubs, when the transaction commits, that `key` changed as `kind`
-    /// says (`a`: an agent, `f`: the fleet, `q`: a queued job, `t`: the tokens), with the
-    /// generation the change took, if any. Nothing where no other hub is.
+    /// says (`a`: an agent, `f`: the fleet, `q`: a queued job, `o`: a job's output, `t`:
+    /// the tokens), with the generation the change took, if any. Nothing where no other
+    /// hub is.
     fn tell(&mut self, kind: char, generation: Option<u64>, key: &str);
+
+    /// Whether this transaction may do `work` now, which one hub at a time does while the
+    /// others skip it (their turn comes round again); held until the transaction ends.
+    /// SQLite's one hub always may.
+    fn try_lock(&mut self, work: Lock) -> impl Future<Output = Result<bool, StoreError>>;
 
     /// Runs a statement; the rows it changed.
     fn execute(
@@ -206,6 +242,16 @@ pub(crate) trait Tx {
     ) -> impl Future<Output = Result<Option<Row>, StoreError>> {
         async move { Ok(self.query(sql, args).await?.into_iter().next()) }
     }
+}
+
+/// Work that one hub at a time does, the others skipping it ([`Tx::try_lock`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lock {
+    /// Deleting the oldest done jobs past the number kept.
+    Retention,
+    /// Maintenance that must run with no hub on the database (every running hub holds
+    /// this lock shared; SQLite's data dir lock keeps its hub out).
+    NoHub,
 }
 
 /// What a body that writes decided: its writes kept, or none of them (a compared write

@@ -11,6 +11,8 @@
 pub mod access;
 pub mod copy;
 mod exec;
+mod fleet;
+pub mod jobs;
 mod migrations;
 pub mod postgres;
 pub mod rollouts;
@@ -28,9 +30,12 @@ use thiserror::Error;
 
 use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
-use crate::proto::job::{JobSpec, Truncation};
 pub use crate::proto::labels::Labels;
 pub use access::AccessStore;
+pub use jobs::{
+    plan_append, AppendPlan, Appended, Assigned, Assignment, JobFilter, JobProgress, JobRow,
+    JobStore,
+};
 pub use rollouts::RolloutStore;
 
 #[derive(Debug, Error)]
@@ -137,25 +142,10 @@ pub(crate) fn u64_of(n: i64) -> u64 {
     n.max(0) as u64
 }
 
-pub(crate) fn opt_u64(v: Option<i64>) -> Option<u64> {
-    v.map(u64_of)
-}
-
 /// An agent's stored `observed_generation` after a renumbering: whatever generation it
 /// reports (other than 0), it is told to take the hub's own desired state, since the
 /// numbers it holds may now name other states.
 pub const MUST_RESET: u64 = i64::MAX as u64;
-
-/// What [`Store::renumber`] runs, on either database.
-pub(crate) const RENUMBER: [&str; 4] = [
-    "UPDATE meta SET value = 1 WHERE key = 'generation'",
-    "UPDATE desired SET generation = 1",
-    "UPDATE agents SET observed_generation = 9223372036854775807",
-    // Numbers of the same counter: kept, they would stay ahead of every later change,
-    // which could then never move them. An agent's echo of an old one is ahead of the
-    // hub's 0, and is answered at once.
-    "UPDATE agent_jobs SET version = 0",
-];
 
 /// What another replica changed, as its notification says (replicated stores only).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,92 +218,6 @@ pub struct ScopeRow {
 
 pub use crate::proto::job::Stream;
 
-/// What changes about a hub job as its agent reports it (or as it is cancelled).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct JobProgress {
-    /// `pending`, or the runner's state.
-    pub state: String,
-    pub cancel_requested: bool,
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    pub error: Option<String>,
-    pub finished_ms: Option<u64>,
-    /// When the hub first heard the job had reached its agent's runner (hub clock).
-    pub started_ms: Option<u64>,
-    pub stdout_bytes: u64,
-    pub stderr_bytes: u64,
-    pub runner_truncated: Option<Truncation>,
-    /// What the job's egress proxy refused, as its agent last reported it.
-    pub egress_denied: Vec<crate::proto::egress::Denial>,
-    /// Ended, and all of its output the hub will hold is there.
-    pub done: bool,
-}
-
-/// One hub job, as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobRow {
-    pub id: String,
-    /// Submission order, over the whole hub.
-    pub seq: u64,
-    /// Empty while a selected job waits in the fleet's queue.
-    pub agent: String,
-    pub spec: JobSpec,
-    pub created_ms: u64,
-    pub progress: JobProgress,
-    /// The selector it was routed by (canonical text), for a selected job.
-    pub selector: Option<String>,
-    pub priority: u8,
-    /// When a queued job nobody took ends `expired` (Unix ms).
-    pub queue_deadline_ms: Option<u64>,
-    /// The fan-out it is a member of.
-    pub group: Option<String>,
-    /// 1 for a job as submitted; `n` for `ID.n`, its retry after attempt `n - 1` was lost.
-    pub attempt: u32,
-    /// Retries left, should this attempt end `lost`.
-    pub retries: u8,
-    /// The agent the previous attempt was lost on: another one is preferred.
-    pub avoid: Option<String>,
-    /// The selector of the scoped token that submitted it: only agents whose hub labels
-    /// match may take it.
-    pub scope: Option<String>,
-    /// How much of each stream the hub has acknowledged, and how much of it it keeps
-    /// (less, past its cap).
-    pub stdout_length: u64,
-    pub stderr_length: u64,
-    pub stdout_stored: u64,
-    pub stderr_stored: u64,
-}
-
-impl JobRow {
-    /// A queued job running `true`, every other field at its default: where a test
-    /// builds the row it needs, field by field.
-    pub fn queued(id: &str) -> Self {
-        Self {
-            id: id.into(),
-            seq: 0,
-            agent: String::new(),
-            spec: JobSpec::from_argv(["true"]),
-            created_ms: 0,
-            progress: JobProgress {
-                state: crate::proto::fleet_job::QUEUED.into(),
-                ..JobProgress::default()
-            },
-            selector: None,
-            priority: crate::proto::fleet_job::DEFAULT_PRIORITY,
-            queue_deadline_ms: None,
-            group: None,
-            attempt: 1,
-            retries: 0,
-            avoid: None,
-            scope: None,
-            stdout_length: 0,
-            stderr_length: 0,
-            stdout_stored: 0,
-            stderr_stored: 0,
-        }
-    }
-}
-
 /// What an enrolment by an admin did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Enrol {
@@ -323,81 +227,6 @@ pub enum Enrol {
     Exists,
     /// Revoked, and not asked to reuse its id: nothing changed.
     Revoked,
-}
-
-/// The outcome of an output upload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Appended {
-    /// The stream's acknowledged length now.
-    Length(u64),
-    /// The upload starts past the acknowledged length, which it names: nothing taken.
-    Gap(u64),
-    NoJob,
-}
-
-/// What an upload does to a stream, by the one rule every store follows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AppendPlan {
-    /// Nothing to write: the answer.
-    Answer(Appended),
-    /// Write `data[skip..skip + keep]` at the stored end; the stream is `length` long then.
-    Take {
-        skip: usize,
-        keep: usize,
-        length: u64,
-    },
-}
-
-/// An upload of `len` bytes at `offset` to a stream the hub acknowledged `length` bytes
-/// of and keeps `stored` of (at most `cap`). What the hub has already is the same bytes
-/// (a spool is append-only): only what lies past `length` is new, and a job `done` takes
-/// nothing more.
-pub fn plan_append(
-    length: u64,
-    stored: u64,
-    done: bool,
-    offset: u64,
-    len: usize,
-    cap: u64,
-) -> AppendPlan {
-    if done {
-        return AppendPlan::Answer(Appended::Length(length));
-    }
-    if offset > length {
-        return AppendPlan::Answer(Appended::Gap(length));
-    }
-    let skip = length - offset;
-    if skip >= len as u64 {
-        return AppendPlan::Answer(Appended::Length(length));
-    }
-    let new = len - skip as usize;
-    AppendPlan::Take {
-        skip: skip as usize,
-        keep: (new as u64).min(cap.saturating_sub(stored)) as usize,
-        length: length + new as u64,
-    }
-}
-
-/// The hub's labels of agent `id` as stored (`stored`, JSON) with `set` merged in and
-/// `remove` taken out: the labels and their JSON. One rule for every store.
-pub(crate) fn merge_labels(
-    place: &str,
-    id: &str,
-    stored: &str,
-    set: &Labels,
-    remove: &[String],
-) -> Result<(Labels, String), StoreError> {
-    let mut labels = parse_labels(place, id, stored)?;
-    for k in remove {
-        labels.remove(k);
-    }
-    labels.extend(set.iter().map(|(k, v)| (k.clone(), v.clone())));
-    let json = serde_json::to_string(&labels).map_err(|source| StoreError::Corrupt {
-        path: place.to_owned(),
-        what: format!("the labels of agent {id:?}"),
-        source,
-    })?;
-    Ok((labels, json))
 }
 
 /// The hub's labels of agent `id`, from their stored JSON.
@@ -628,122 +457,6 @@ pub trait Store:
     }
 }
 
-/// What [`JobStore::assign_job`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Assigned {
-    /// The job is the agent's now; the change took this number of the fleet's counter,
-    /// the agent's jobs' version now (its scope keeps its generation: jobs are not
-    /// settings).
-    To(u64),
-    /// The job is no longer queued (another hub assigned it, or it ended): nothing changed.
-    Gone,
-    /// The agent has as many open jobs as it may: nothing changed.
-    Full,
-}
-
-/// One assignment of a dispatch round: queued job `job` to `agent`, if the agent has
-/// fewer than `max_open` jobs not done.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Assignment {
-    pub job: String,
-    pub agent: String,
-    pub max_open: usize,
-}
-
-/// Which jobs a listing shows.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct JobFilter<'a> {
-    pub agent: Option<&'a str>,
-    /// Jobs routed by this selector (canonical text).
-    pub selector: Option<&'a str>,
-    /// The members of one fan-out.
-    pub group: Option<&'a str>,
-}
-
-/// The jobs through the hub and their output, as the hub's database keeps them; the same
-/// rules as [`Store`].
-pub trait JobStore: Send + Sync + 'static {
-    /// Adds a job (its `seq` is assigned here). A job for an agent takes the next number
-    /// of the fleet's counter, which becomes the agent's `jobs_version` (so that every
-    /// hub answers the agent alike, and the other hubs' check for a missed change covers
-    /// it), but moves no scope's generation (jobs are not settings); a queued one (no
-    /// agent yet) takes none. Either tells the other hubs. Returns (seq, the number
-    /// taken), or `None` when the id is taken.
-    fn insert_job(
-        &self,
-        job: &JobRow,
-    ) -> impl Future<Output = Result<Option<(u64, Option<u64>)>, StoreError>> + Send;
-
-    /// Gives each queued job of `batch` to its agent if the job is still queued and the
-    /// agent has fewer than its `max_open` jobs not done (counting the batch's own), in
-    /// one transaction: the store decides, so that two hubs never hand one job out twice,
-    /// nor one agent more than it may take. Each agent given a job takes the next
-    /// number of the fleet's counter, as [`Self::insert_job`] does. One outcome per
-    /// assignment, in order.
-    fn assign_jobs(
-        &self,
-        batch: &[Assignment],
-    ) -> impl Future<Output = Result<Vec<Assigned>, StoreError>> + Send;
-
-    /// Ends the queued job `id` as `progress` says (cancelled, expired), if it is still
-    /// queued; false when it is not (assigned meanwhile, or ended).
-    fn end_queued(
-        &self,
-        id: &str,
-        progress: &JobProgress,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Records what changed about some of `agent`'s jobs, in one transaction; with `bump`
-    /// (what the agent is sent changed) the change takes the next number of the fleet's
-    /// counter, as [`Self::insert_job`] does, which is returned.
-    fn update_jobs(
-        &self,
-        agent: &str,
-        jobs: Vec<(String, JobProgress)>,
-        bump: bool,
-    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send;
-
-    /// Appends to a stream what of `data` (uploaded at `offset`) lies past the length
-    /// acknowledged, keeping at most `cap` bytes of the stream.
-    fn append_output(
-        &self,
-        job: &str,
-        stream: Stream,
-        offset: u64,
-        data: bytes::Bytes,
-        cap: u64,
-    ) -> impl Future<Output = Result<Appended, StoreError>> + Send;
-
-    /// Up to `limit` bytes of what the hub keeps of a stream, from `offset`.
-    fn read_output(
-        &self,
-        job: &str,
-        stream: Stream,
-        offset: u64,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<u8>, StoreError>> + Send;
-
-    fn get_job(&self, id: &str) -> impl Future<Output = Result<Option<JobRow>, StoreError>> + Send;
-
-    /// The agent of a job, without the rest of it.
-    fn job_agent(
-        &self,
-        id: &str,
-    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
-
-    /// Jobs newest first, as `filter` picks them, below `before` (a seq), at most `limit`.
-    fn list_jobs(
-        &self,
-        filter: JobFilter<'_>,
-        before: Option<u64>,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<JobRow>, StoreError>> + Send;
-
-    /// Deletes the oldest done jobs and their output beyond the newest `keep`; returns
-    /// how many went.
-    fn retain_jobs(&self, keep: usize) -> impl Future<Output = Result<usize, StoreError>> + Send;
-}
-
 /// Stored settings (`None`: a scope never set, the default).
 pub(crate) fn parse_settings(
     path: &str,
@@ -757,60 +470,4 @@ pub(crate) fn parse_settings(
             source,
         })
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_upload_takes_only_what_lies_past_the_acknowledged_length() {
-        use AppendPlan::{Answer, Take};
-        // (length, stored, done, offset, len, cap) → plan
-        let cases = [
-            (
-                (0, 0, false, 0, 3, 8),
-                Take {
-                    skip: 0,
-                    keep: 3,
-                    length: 3,
-                },
-            ),
-            ((3, 3, false, 0, 3, 8), Answer(Appended::Length(3))),
-            (
-                (3, 3, false, 2, 4, 8),
-                Take {
-                    skip: 1,
-                    keep: 3,
-                    length: 6,
-                },
-            ),
-            ((6, 6, false, 9, 1, 8), Answer(Appended::Gap(6))),
-            (
-                (6, 6, false, 6, 5, 8),
-                Take {
-                    skip: 0,
-                    keep: 2,
-                    length: 11,
-                },
-            ),
-            (
-                (11, 8, false, 11, 4, 8),
-                Take {
-                    skip: 0,
-                    keep: 0,
-                    length: 15,
-                },
-            ),
-            ((5, 5, true, 5, 4, 8), Answer(Appended::Length(5))),
-            ((5, 5, true, 9, 4, 8), Answer(Appended::Length(5))),
-        ];
-        for ((length, stored, done, offset, len, cap), want) in cases {
-            assert_eq!(
-                plan_append(length, stored, done, offset, len, cap),
-                want,
-                "{length} {stored} {done} {offset} {len} {cap}"
-            );
-        }
-    }
 }

@@ -282,8 +282,8 @@ fn member_row(mut r: Row) -> Result<MemberRow, StoreError> {
 
 /// Rollout `id`; its row locked until the transaction ends where other hubs write too.
 async fn rollout(tx: &mut impl Tx, id: &str, lock: bool) -> Result<Option<RolloutRow>, StoreError> {
-    let statement = if lock && tx.shared() {
-        sql::ROLLOUT_BY_ID_LOCKED
+    let statement = if lock {
+        tx.locking(sql::ROLLOUT_BY_ID, sql::ROLLOUT_BY_ID_LOCKED)
     } else {
         sql::ROLLOUT_BY_ID
     };

@@ -21,6 +21,16 @@ macro_rules! open_states {
         "'pending', 'queued', 'starting', 'running'"
     };
 }
+/// An agent's columns with its jobs' version (`agent_jobs`, migration 15), in
+/// `AgentRow`'s order.
+macro_rules! agents_with_jobs {
+    () => {
+        "SELECT a.id, a.token_sha256, a.enrolled_at, a.revoked_at, a.last_seen,
+             a.observed_generation, a.report, a.labels, a.next_token_sha256, a.rotate_asked,
+             a.token_issued_ms, COALESCE(j.version, 0)
+         FROM agents a LEFT JOIN agent_jobs j ON j.agent = a.id"
+    };
+}
 macro_rules! secret_columns {
     () => {
         "name, version, selector, sealed, key_id, set_by, set_ms"
@@ -53,8 +63,6 @@ macro_rules! member_columns {
         "agent, wave, position, state, from_version, given_ms, ended_ms, error"
     };
 }
-/// The columns of a job row, in `JobRow`'s order.
-pub(crate) const JOB_COLUMNS: &str = job_columns!();
 /// The columns of a `SecretRow`, in its order.
 pub(crate) const SECRET_COLUMNS: &str = secret_columns!();
 pub(crate) const ADMIN_TOKEN_COLUMNS: &str = admin_token_columns!();
@@ -62,7 +70,6 @@ pub(crate) const ENROL_TOKEN_COLUMNS: &str = enrol_token_columns!();
 pub(crate) const ROLLOUT_COLUMNS: &str = rollout_columns!();
 
 // meta
-pub(crate) const GENERATION: &str = "SELECT value FROM meta WHERE key = 'generation'";
 /// Takes the next generation, never past `MAX_GENERATION` (no row then).
 pub(crate) const GENERATION_NEXT: &str = "UPDATE meta
      SET value = value + 1
@@ -74,6 +81,8 @@ pub(crate) const SEQ_NEXT: &str =
 // desired
 pub(crate) const DESIRED_ALL: &str =
     "SELECT scope, generation, settings FROM desired ORDER BY scope";
+pub(crate) const DESIRED_OF_SCOPE: &str =
+    "SELECT scope, generation, settings FROM desired WHERE scope = $1";
 pub(crate) const DESIRED_CLEAR: &str = "UPDATE desired SET settings = '{}' WHERE scope = $1";
 /// A scope's generation moved, its settings kept (or none, for a new scope).
 pub(crate) const DESIRED_PUT_GENERATION: &str = "INSERT INTO desired (scope, generation, settings)
@@ -157,8 +166,13 @@ pub(crate) const JOB_AGENT: &str = "SELECT agent FROM jobs WHERE id = $1";
 pub(crate) const JOB_ASSIGN: &str = "UPDATE jobs
      SET agent = $2, state = 'pending'
      WHERE id = $1 AND agent = '' AND done = 0";
-pub(crate) const OLDEST_DONE_JOBS: &str =
-    "SELECT id FROM jobs WHERE done = 1 ORDER BY seq LIMIT $1";
+/// The seq of the done job that has `$1` older ones.
+pub(crate) const OLDEST_DONE_UP_TO: &str =
+    "SELECT seq FROM jobs WHERE done = 1 ORDER BY seq LIMIT 1 OFFSET $1";
+pub(crate) const DONE_JOBS_DELETE: &str = "DELETE FROM jobs WHERE done = 1 AND seq <= $1";
+pub(crate) const DONE_OUTPUT_DELETE: &str = "DELETE
+     FROM job_output
+     WHERE job IN (SELECT id FROM jobs WHERE done = 1 AND seq <= $1)";
 pub(crate) const QUEUED_JOB_END: &str = "UPDATE jobs
      SET state = $2, cancel_requested = $3, error = $4, finished_ms = $5, done = $6
      WHERE id = $1 AND agent = '' AND done = 0";
@@ -250,6 +264,13 @@ pub(crate) const OPEN_JOBS: &str = concat!(
     job_columns!(),
     " FROM jobs WHERE done = 0 ORDER BY seq"
 );
+pub(crate) const AGENT_OPEN_JOB_ROWS: &str = concat!(
+    "SELECT ",
+    job_columns!(),
+    " FROM jobs WHERE agent = $1 AND done = 0 ORDER BY seq"
+);
+pub(crate) const AGENTS_ALL: &str = concat!(agents_with_jobs!(), " ORDER BY a.id");
+pub(crate) const AGENT_BY_ID: &str = concat!(agents_with_jobs!(), " WHERE a.id = $1");
 pub(crate) const JOB_BY_ID: &str = concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = $1");
 pub(crate) const SECRETS_ALL: &str = concat!(
     "SELECT ",
@@ -335,6 +356,11 @@ macro_rules! read_and_locked {
     };
 }
 read_and_locked!(
+    GENERATION,
+    GENERATION_LOCKED,
+    "SELECT value FROM meta WHERE key = 'generation'"
+);
+read_and_locked!(
     AGENT_REVOKED_AT,
     AGENT_REVOKED_AT_LOCKED,
     "SELECT revoked_at FROM agents WHERE id = $1"
@@ -363,8 +389,7 @@ read_and_locked!(
     "SELECT settings FROM desired WHERE scope = $1"
 );
 
-/// A new job (SQLite has looked for its id in the same transaction; on PostgreSQL a
-/// replica may have taken it meanwhile, and the conflict says so).
+/// A new job; no row when its id is taken (by another hub meanwhile, too).
 pub(crate) const JOB_INSERT: &str =
     "INSERT INTO jobs (id, seq, agent, spec, created_ms, state, selector, priority,
          queue_deadline_ms, job_group, attempt, retries, avoid, scope)
@@ -411,7 +436,14 @@ mod tests {
         JOB_AGENT,
         VERSION_FETCHES,
         LIVE_AGENT_IDS,
-        OLDEST_DONE_JOBS,
+        OLDEST_DONE_UP_TO,
+        DONE_JOBS_DELETE,
+        DONE_OUTPUT_DELETE,
+        GENERATION_LOCKED,
+        AGENT_OPEN_JOB_ROWS,
+        AGENTS_ALL,
+        AGENT_BY_ID,
+        DESIRED_OF_SCOPE,
         OTHER_SECRET_KEY,
         DESIRED_ALL,
         OUTPUT_FROM,

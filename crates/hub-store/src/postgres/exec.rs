@@ -7,9 +7,8 @@ use bytes::BytesMut;
 use deadpool_postgres::GenericClient;
 use tokio_postgres::types::{IsNull, ToSql, Type};
 
-use super::tx::notify;
-use super::PgStore;
-use crate::exec::{Decided, Param, Row, Tx, Value};
+use super::{PgStore, CHANNEL, HUBS_LOCK, MIGRATION_LOCK};
+use crate::exec::{Decided, Lock, Param, Row, Tx, Value};
 use crate::StoreError;
 
 /// One of the pool's connections, in a transaction or not (a read alone needs none).
@@ -35,6 +34,16 @@ impl<C: GenericClient + Sync> PgTx<'_, C> {
             source,
         }
     }
+}
+
+/// Tells the other hubs, on commit.
+async fn notify(
+    tx: &deadpool_postgres::Transaction<'_>,
+    payload: &str,
+) -> Result<(), tokio_postgres::Error> {
+    tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &payload])
+        .await
+        .map(drop)
 }
 
 type BoxError = Box<dyn Error + Sync + Send>;
@@ -102,6 +111,20 @@ impl<C: GenericClient + Sync> Tx for PgTx<'_, C> {
     fn tell(&mut self, kind: char, generation: Option<u64>, key: &str) {
         self.told
             .push((kind, generation.unwrap_or(0), key.to_owned()));
+    }
+
+    async fn try_lock(&mut self, work: Lock) -> Result<bool, StoreError> {
+        // Transaction-scoped advisory locks, numbered past the migrations' own.
+        let key = match work {
+            Lock::Retention => MIGRATION_LOCK + 1,
+            Lock::NoHub => HUBS_LOCK,
+        };
+        let row = self
+            .client
+            .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&key])
+            .await
+            .map_err(self.err())?;
+        row.try_get(0).map_err(self.err())
     }
 
     async fn execute(&mut self, statement: &str, args: &[Param<'_>]) -> Result<u64, StoreError> {

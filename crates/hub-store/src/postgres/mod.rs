@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use tokio::sync::mpsc;
-use tokio_postgres::types::ToSql;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 mod access;
@@ -31,27 +30,21 @@ mod exec;
 mod jobs;
 mod listen;
 mod rollouts;
-mod rows;
 mod secrets;
 mod tls;
-mod tx;
 
 pub use self::copy::CopyTarget;
 use self::listen::{Listener, Seen};
-use self::rows::*;
 pub use self::tls::redact;
 use self::tls::{split_root_cert, tls_config, Tls};
-use self::tx::{next_generation, notify, snapshot};
 use super::{
-    merge_labels, plan_append, AgentRow, AgentSnapshot, AppendPlan, Appended, Assigned, Assignment,
-    Enrol, Event, FleetSnapshot, HaltRow, JobFilter, JobProgress, JobRow, JobStore, Labels,
-    ReleaseRow, ReportRow, Snapshot, Store, StoreError, Stream,
+    AgentRow, AgentSnapshot, Enrol, Event, FleetSnapshot, HaltRow, Labels, ReleaseRow, ReportRow,
+    Snapshot, Store, StoreError,
 };
+use crate::encode;
+use crate::fleet;
 use crate::migrations::MIGRATIONS;
-use crate::parse_settings;
-use crate::proto::desired::MAX_GENERATION;
 use crate::proto::hub::DesiredSettings;
-use crate::sql::{self, JOB_COLUMNS};
 
 /// The notification channel of railgrid hubs.
 const CHANNEL: &str = "railgrid_hub";
@@ -90,12 +83,6 @@ pub const MAINTENANCE_APPLICATION: &str = "railgrid-hub-maintenance";
 /// The advisory lock every running hub holds shared (on its listening connection), and
 /// `hub store renumber` takes exclusively.
 const HUBS_LOCK: i64 = 0x7261_696c_6875_6273; // "railhubs"
-
-const AGENT_COLUMNS: &str = "a.id, a.token_sha256, a.enrolled_at, a.revoked_at, a.last_seen,
-    a.observed_generation, a.report, a.labels, a.next_token_sha256, a.rotate_asked,
-    a.token_issued_ms, COALESCE(j.version, 0)";
-/// The agents with their jobs' version (`agent_jobs`, migration 15).
-const AGENTS: &str = "agents a LEFT JOIN agent_jobs j ON j.agent = a.id";
 
 pub struct PgStore {
     /// The URL without its password, for messages.
@@ -350,120 +337,6 @@ impl PgStore {
     fn took(&self, generation: u64) {
         crate::util::lock(&self.seen).add(generation);
     }
-
-    /// The end of every change to a scope (`""`: the fleet): the other hubs are told (a
-    /// NOTIFY is delivered at commit, so never of a change that did not commit), the
-    /// transaction commits, and the generation it took, if any, counts as this hub's own.
-    async fn commit_change(
-        &self,
-        tx: deadpool_postgres::Transaction<'_>,
-        scope: &str,
-        generation: Option<u64>,
-    ) -> Result<(), StoreError> {
-        let e = self.err();
-        let kind = if scope.is_empty() { 'f' } else { 'a' };
-        notify(&tx, &self.payload(kind, generation.unwrap_or(0), scope))
-            .await
-            .map_err(&e)?;
-        tx.commit().await.map_err(&e)?;
-        if let Some(g) = generation {
-            self.took(g);
-        }
-        Ok(())
-    }
-
-    /// A change to one scope that moves it: its generation is bumped, the change commits,
-    /// and the generation is returned.
-    async fn bump_and_commit(
-        &self,
-        tx: deadpool_postgres::Transaction<'_>,
-        scope: &str,
-    ) -> Result<u64, StoreError> {
-        let generation = bump_scope(&tx, scope, &self.url).await?;
-        self.commit_change(tx, scope, Some(generation)).await?;
-        Ok(generation)
-    }
-
-    /// One statement on agent `id`'s row; when it changed the row, the agent's scope moves
-    /// (the other hubs reload it) and its new generation is returned; else nothing changed.
-    async fn change_agent(
-        &self,
-        id: &str,
-        statement: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<u64>, StoreError> {
-        let e = self.err();
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(&e)?;
-        if tx.execute(statement, params).await.map_err(&e)? == 0 {
-            return Ok(None);
-        }
-        self.bump_and_commit(tx, id).await.map(Some)
-    }
-
-    /// [`Self::commit_change`] for several agents' scopes, each with the generation it
-    /// took.
-    async fn commit_changes(
-        &self,
-        tx: deadpool_postgres::Transaction<'_>,
-        scopes: &[(&str, u64)],
-    ) -> Result<(), StoreError> {
-        let e = self.err();
-        for (scope, generation) in scopes {
-            notify(&tx, &self.payload('a', *generation, scope))
-                .await
-                .map_err(&e)?;
-        }
-        tx.commit().await.map_err(&e)?;
-        for (_, generation) in scopes {
-            self.took(*generation);
-        }
-        Ok(())
-    }
-
-    /// The end of a change to a queued job (no agent's scope moves): the other hubs are
-    /// told which job, at commit.
-    async fn commit_queued(
-        &self,
-        tx: deadpool_postgres::Transaction<'_>,
-        id: &str,
-    ) -> Result<(), StoreError> {
-        let e = self.err();
-        notify(&tx, &self.payload('q', 0, id)).await.map_err(&e)?;
-        tx.commit().await.map_err(&e)
-    }
-}
-
-/// The next number of the counter `key` in `meta` (jobs, rollouts, enrolment tokens,
-/// audit lines). Its row stays locked until the transaction ends: two replicas take turns.
-async fn next_seq(
-    tx: &deadpool_postgres::Transaction<'_>,
-    key: &str,
-    url: &str,
-) -> Result<i64, StoreError> {
-    let row = tx
-        .query_one(sql::SEQ_NEXT, &[&key])
-        .await
-        .map_err(|source| StoreError::Postgres {
-            url: url.to_owned(),
-            source,
-        })?;
-    Ok(row.get(0))
-}
-
-async fn bump_scope(
-    tx: &deadpool_postgres::Transaction<'_>,
-    scope: &str,
-    url: &str,
-) -> Result<u64, StoreError> {
-    let generation = next_generation(tx, url).await?;
-    tx.execute(sql::DESIRED_PUT_GENERATION, &[&scope, &(generation as i64)])
-        .await
-        .map_err(|source| StoreError::Postgres {
-            url: url.to_owned(),
-            source,
-        })?;
-    Ok(generation)
 }
 
 impl PgStore {
@@ -482,98 +355,16 @@ impl PgStore {
             .map_err(self.err())?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
-
-    async fn select_jobs(
-        &self,
-        conn: &impl GenericClient,
-        query: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<JobRow>, StoreError> {
-        let stmt = conn.prepare_cached(query).await.map_err(self.err())?;
-        let rows = conn.query(&stmt, params).await.map_err(self.err())?;
-        rows.iter().map(|r| job_row(&self.url, r)).collect()
-    }
-
-    async fn fleet_snapshot(&self, conn: &impl GenericClient) -> Result<FleetSnapshot, StoreError> {
-        let e = self.err();
-        let generation: i64 = conn
-            .query_one(sql::GENERATION, &[])
-            .await
-            .map_err(&e)?
-            .get(0);
-        let scope = conn
-            .query_opt(
-                "SELECT scope, generation, settings FROM desired WHERE scope = ''",
-                &[],
-            )
-            .await
-            .map_err(&e)?
-            .map(|r| scope_row(&self.url, &r))
-            .transpose()?;
-        let releases = conn
-            .query(sql::RELEASES_ALL, &[])
-            .await
-            .map_err(&e)?
-            .iter()
-            .map(release_row)
-            .collect();
-        let halts = conn
-            .query(sql::HALTS_ALL, &[])
-            .await
-            .map_err(&e)?
-            .iter()
-            .map(halt_row)
-            .collect();
-        Ok(FleetSnapshot {
-            scope,
-            generation: u64_of(generation),
-            releases,
-            halts,
-        })
-    }
 }
 
+/// The bodies of `crate::fleet`: whole loads in one read-only snapshot, changes in a
+/// transaction that tells the other hubs at commit.
 impl Store for PgStore {
     async fn load(&self) -> Result<Snapshot, StoreError> {
-        let e = self.err();
-        let mut conn = self.conn().await?;
         // One snapshot of the whole database: agents and jobs agree with each other.
-        let conn = snapshot(&mut conn).await.map_err(&e)?;
-        let result = async {
-            let fleet = self.fleet_snapshot(&conn).await?;
-            let agents = conn
-                .query(
-                    &format!("SELECT {AGENT_COLUMNS} FROM {AGENTS} ORDER BY a.id"),
-                    &[],
-                )
-                .await
-                .map_err(&e)?
-                .iter()
-                .map(agent_row)
-                .collect();
-            let scopes = conn
-                .query(sql::DESIRED_ALL, &[])
-                .await
-                .map_err(&e)?
-                .iter()
-                .map(|r| scope_row(&self.url, r))
-                .collect::<Result<Vec<_>, _>>()?;
-            let open_jobs = self.select_jobs(&conn, sql::OPEN_JOBS, &[]).await?;
-            Ok(Snapshot {
-                agents,
-                scopes,
-                open_jobs,
-                generation: fleet.generation,
-                releases: fleet.releases,
-                halts: fleet.halts,
-            })
-        }
-        .await;
-        conn.commit().await.map_err(&e)?;
-        if let Ok(snap) = &result {
-            crate::util::lock(&self.seen).loaded(snap.generation);
-        }
-        result
+        let snap = self.snapshot(async |t| fleet::load(t).await).await?;
+        crate::util::lock(&self.seen).loaded(snap.generation);
+        Ok(snap)
     }
 
     async fn enrol(
@@ -583,58 +374,17 @@ impl Store for PgStore {
         now: u64,
         reuse_revoked: bool,
     ) -> Result<Enrol, StoreError> {
-        let e = self.err();
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(&e)?;
-        let existing = tx
-            .query_opt(sql::AGENT_REVOKED_AT_LOCKED, &[&id])
+        self.transact(async |t| fleet::enrol(t, id, token_sha256, now, reuse_revoked).await)
             .await
-            .map_err(&e)?;
-        if let Some(row) = existing {
-            if row.get::<_, Option<i64>>(0).is_none() {
-                return Ok(Enrol::Exists);
-            }
-            if !reuse_revoked {
-                return Ok(Enrol::Revoked);
-            }
-            // A new agent under the id: none of the old one's own settings.
-            tx.execute(sql::DESIRED_CLEAR, &[&id]).await.map_err(&e)?;
-        }
-        // Two replicas enrolling one id at once: the second waits on the first's row
-        // and finds it enrolled.
-        let inserted = tx
-            .execute(sql::AGENT_ADD, &[&id, &token_sha256, &(now as i64)])
-            .await
-            .map_err(&e)?;
-        if inserted == 0 {
-            return Ok(Enrol::Exists);
-        }
-        self.bump_and_commit(tx, id).await.map(Enrol::Done)
     }
 
     async fn revoke(&self, id: &str, now: u64) -> Result<Option<u64>, StoreError> {
-        self.change_agent(id, sql::AGENT_REVOKE, &[&id, &(now as i64)])
+        self.transact(async |t| fleet::revoke(t, id, now).await)
             .await
     }
 
     async fn renumber(&self) -> Result<u64, StoreError> {
-        let e = self.err();
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(&e)?;
-        self.alone(&tx).await?;
-        let was: i64 = tx
-            .query_one(
-                "SELECT value FROM meta WHERE key = 'generation' FOR UPDATE",
-                &[],
-            )
-            .await
-            .map_err(&e)?
-            .get(0);
-        for statement in super::RENUMBER {
-            tx.execute(statement, &[]).await.map_err(&e)?;
-        }
-        tx.commit().await.map_err(&e)?;
-        Ok(u64_of(was))
+        self.transact(async |t| fleet::renumber(t).await).await
     }
 
     async fn set_scope(
@@ -644,81 +394,21 @@ impl Store for PgStore {
         base: Option<&DesiredSettings>,
     ) -> Result<Result<u64, DesiredSettings>, StoreError> {
         let json = encode(&self.url, "desired settings to store", settings)?;
-        let e = self.err();
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(&e)?;
-        // The generation row first, as every writer takes it: one lock order.
-        let generation = next_generation(&tx, &self.url).await?;
-        if let Some(base) = base {
-            let stored: Option<String> = tx
-                .query_opt(sql::DESIRED_SETTINGS_LOCKED, &[&scope])
-                .await
-                .map_err(&e)?
-                .map(|r| r.get(0));
-            let stored = parse_settings(&self.url, scope, stored.as_deref())?;
-            if stored != *base {
-                // Rolled back with the transaction: the counter does not move.
-                return Ok(Err(stored));
-            }
-        }
-        tx.execute(sql::DESIRED_PUT, &[&scope, &(generation as i64), &json])
+        self.transact(async |t| fleet::set_scope(t, scope, &json, base).await)
             .await
-            .map_err(&e)?;
-        self.commit_change(tx, scope, Some(generation)).await?;
-        Ok(Ok(generation))
     }
 
     async fn record_reports(&self, batch: Vec<ReportRow>) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());
         }
-        let e = self.err();
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(&e)?;
-        // One statement for the batch: a thousand reports are one round trip. Rows in
-        // id order, as every replica locks them (no deadlock between two flushes), and
-        // never an older report over a newer one another replica wrote.
-        let mut batch = batch;
-        batch.sort_unstable_by(|a, b| a.id.cmp(&b.id));
-        let ids: Vec<&str> = batch.iter().map(|r| r.id.as_str()).collect();
-        let seen: Vec<i64> = batch.iter().map(|r| r.seen_at as i64).collect();
-        let observed: Vec<i64> = batch.iter().map(|r| r.observed_generation as i64).collect();
-        let reports: Vec<&str> = batch.iter().map(|r| r.report.as_str()).collect();
-        tx.execute(
-            "UPDATE agents SET last_seen = b.seen, observed_generation = b.observed,
-                 report = b.report
-             FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::text[])
-                 AS b(id, seen, observed, report)
-             WHERE agents.id = b.id AND (agents.last_seen IS NULL OR agents.last_seen <= b.seen)",
-            &[&ids, &seen, &observed, &reports],
-        )
-        .await
-        .map_err(&e)?;
-        tx.commit().await.map_err(&e)
+        self.transact(async |t| fleet::record_reports(t, batch).await)
+            .await
     }
 
     async fn put_release(&self, row: &ReleaseRow) -> Result<u64, StoreError> {
-        let e = self.err();
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(&e)?;
-        let generation = bump_scope(&tx, "", &self.url).await?;
-        tx.execute(
-            sql::RELEASE_PUT,
-            &[
-                &row.version,
-                &row.os,
-                &row.arch,
-                &(row.size as i64),
-                &row.sha256,
-                &row.signature,
-                &row.key_id,
-                &(row.published_at as i64),
-            ],
-        )
-        .await
-        .map_err(&e)?;
-        self.commit_change(tx, "", Some(generation)).await?;
-        Ok(generation)
+        self.transact(async |t| fleet::put_release(t, row).await)
+            .await
     }
 
     async fn change_labels(
@@ -727,45 +417,13 @@ impl Store for PgStore {
         set: &Labels,
         remove: &[String],
     ) -> Result<Option<(u64, Labels)>, StoreError> {
-        let e = self.err();
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(&e)?;
-        // The row locked: another replica's change to these labels waits, then merges
-        // into this one's result.
-        let Some(row) = tx
-            .query_opt(sql::AGENT_LABELS_LOCKED, &[&id])
+        self.transact(async |t| fleet::change_labels(t, id, set, remove).await)
             .await
-            .map_err(&e)?
-        else {
-            return Ok(None);
-        };
-        let stored: String = row.get(0);
-        let (labels, json) = merge_labels(&self.url, id, &stored, set, remove)?;
-        tx.execute(sql::AGENT_SET_LABELS, &[&id, &json])
-            .await
-            .map_err(&e)?;
-        let generation = self.bump_and_commit(tx, id).await?;
-        Ok(Some((generation, labels)))
     }
 
     async fn set_halt(&self, version: &str, halt: Option<&HaltRow>) -> Result<u64, StoreError> {
-        let e = self.err();
-        let mut conn = self.conn().await?;
-        let tx = conn.transaction().await.map_err(&e)?;
-        let generation = bump_scope(&tx, "", &self.url).await?;
-        match halt {
-            Some(h) => {
-                tx.execute(
-                    sql::HALT_PUT,
-                    &[&version, &h.agent, &h.reason, &(h.halted_at as i64)],
-                )
-                .await
-            }
-            None => tx.execute(sql::HALT_DELETE, &[&version]).await,
-        }
-        .map_err(&e)?;
-        self.commit_change(tx, "", Some(generation)).await?;
-        Ok(generation)
+        self.transact(async |t| fleet::set_halt(t, version, halt).await)
+            .await
     }
 
     fn replicated(&self) -> bool {
@@ -777,47 +435,7 @@ impl Store for PgStore {
     }
 
     async fn load_agent(&self, id: &str) -> Result<Option<AgentSnapshot>, StoreError> {
-        let e = self.err();
-        let mut conn = self.conn().await?;
-        let conn = snapshot(&mut conn).await.map_err(&e)?;
-        let result = async {
-            let Some(agent) = conn
-                .query_opt(
-                    &format!("SELECT {AGENT_COLUMNS} FROM {AGENTS} WHERE a.id = $1"),
-                    &[&id],
-                )
-                .await
-                .map_err(&e)?
-            else {
-                return Ok(None);
-            };
-            let scope = conn
-                .query_opt(
-                    "SELECT scope, generation, settings FROM desired WHERE scope = $1",
-                    &[&id],
-                )
-                .await
-                .map_err(&e)?
-                .map(|r| scope_row(&self.url, &r))
-                .transpose()?;
-            let open_jobs = self
-                .select_jobs(
-                    &conn,
-                    &format!(
-                        "SELECT {JOB_COLUMNS} FROM jobs WHERE agent = $1 AND done = 0 ORDER BY seq"
-                    ),
-                    &[&id],
-                )
-                .await?;
-            Ok(Some(AgentSnapshot {
-                agent: agent_row(&agent),
-                scope,
-                open_jobs,
-            }))
-        }
-        .await;
-        conn.commit().await.map_err(&e)?;
-        result
+        self.snapshot(async |t| fleet::agent(t, id).await).await
     }
 
     async fn in_sync(&self) -> Result<bool, StoreError> {
@@ -826,29 +444,15 @@ impl Store for PgStore {
     }
 
     async fn load_fleet(&self) -> Result<FleetSnapshot, StoreError> {
-        let conn = self.conn().await?;
-        self.fleet_snapshot(&conn).await
+        self.plain(async |t| fleet::fleet(t).await).await
     }
 
     async fn generation(&self) -> Result<u64, StoreError> {
-        let conn = self.conn().await?;
-        let row = conn
-            .query_one(sql::GENERATION, &[])
-            .await
-            .map_err(self.err())?;
-        Ok(u64_of(row.get(0)))
+        self.plain(async |t| fleet::generation(t).await).await
     }
 
     async fn load_agents(&self) -> Result<Vec<AgentRow>, StoreError> {
-        let conn = self.conn().await?;
-        let rows = conn
-            .query(
-                &format!("SELECT {AGENT_COLUMNS} FROM {AGENTS} ORDER BY a.id"),
-                &[],
-            )
-            .await
-            .map_err(self.err())?;
-        Ok(rows.iter().map(agent_row).collect())
+        self.plain(async |t| fleet::agents(t).await).await
     }
 
     async fn shared_secret(&self, name: &str, value: String) -> Result<String, StoreError> {

@@ -7,7 +7,7 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 
 use super::{sql, SqliteStore};
 pub(super) use crate::exec::run_now;
-use crate::exec::{Decided, Param, Row, Tx, Value};
+use crate::exec::{Decided, Lock, Param, Row, Tx, Value};
 use crate::sql::lite;
 use crate::StoreError;
 
@@ -44,6 +44,10 @@ impl Tx for LiteTx<'_> {
     }
 
     fn tell(&mut self, _kind: char, _generation: Option<u64>, _key: &str) {}
+
+    async fn try_lock(&mut self, _work: Lock) -> Result<bool, StoreError> {
+        Ok(true)
+    }
 
     async fn execute(&mut self, statement: &str, args: &[Param<'_>]) -> Result<u64, StoreError> {
         let mut stmt = self

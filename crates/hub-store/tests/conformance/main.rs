@@ -13,8 +13,10 @@ use railgrid_proto::job::Stream;
 use railgrid_testkit::pg;
 
 mod access;
+mod fleet;
 mod secrets;
 use self::access::*;
+use self::fleet::*;
 use self::secrets::*;
 
 /// A database under test, empty at first.
@@ -137,6 +139,7 @@ cases! {
     a_token_is_revoked_even_when_its_row_no_longer_reads,
     admin_tokens_audit_and_rotation_are_kept,
     secrets_are_set_by_version_under_one_key_and_resealed_at_once,
+    reports_land_on_their_agents_in_batches_and_never_over_a_newer_one,
 }
 
 fn settings(max_jobs: usize) -> DesiredSettings {
