@@ -388,3 +388,28 @@ fn the_reference_reader_finds_paths_and_groups() {
     .collect();
     assert_eq!(refs, want);
 }
+
+/// The runner's surface for the agent that starts it: its API client and where its
+/// socket and lock live. Defaults, the cgroup leaf and `runner reap`'s report are the
+/// two sides' contract, in railgrid-proto (`proto::runner`).
+const RUNNER_SURFACE: &[&str] = &["client", "Paths"];
+
+#[test]
+fn the_agent_takes_from_the_runner_only_its_client_and_its_paths() {
+    let src = root().join("crates/agent/src");
+    let mut wrong = Vec::new();
+    for path in rust_files(&src) {
+        let text = fs::read_to_string(&path).expect("read a source file");
+        let text = text.replace("railgrid_runner::", "crate::runner::");
+        let at = module_of(&src, &path);
+        for r in references(&at, &text) {
+            if r.first().map(String::as_str) == Some("runner")
+                && r.get(1)
+                    .is_some_and(|s| !RUNNER_SURFACE.contains(&s.as_str()))
+            {
+                wrong.push(format!("{}: runner::{}", path.display(), r[1..].join("::")));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "reaches into the runner: {wrong:#?}");
+}

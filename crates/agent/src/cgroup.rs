@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::runner::confine::RUNNER_LEAF;
+use crate::proto::runner::RUNNER_LEAF;
 use crate::supervisor::account::Account;
 use crate::sys::cgroup::Cgroup;
 

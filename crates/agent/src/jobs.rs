@@ -30,10 +30,10 @@ use super::runner_link::RunnerLink;
 use super::upload::{upload_stream, Links};
 use crate::proto::drain::DrainReport;
 use crate::proto::fleet_job::{DesiredJob, JobReport};
+use crate::proto::job::Stream;
 use crate::proto::job::{JobRecord, JobSpec, JobState, Truncation};
 use crate::proto::secret::Values;
 use crate::runner::client::{Client, ClientError};
-use crate::runner::job::Stream;
 
 /// Jobs whose state and output are followed at once; the others wait their turn (each
 /// followed job holds three requests to the runner).

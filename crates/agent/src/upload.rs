@@ -21,8 +21,8 @@ use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 
 use crate::hub_client;
 use crate::proto::fleet_job::OutputAck;
+use crate::proto::job::Stream;
 use crate::runner::client::Client;
-use crate::runner::job::Stream;
 
 /// The most sent in one upload (the hub takes at most 1 MiB).
 pub(super) const PIECE: usize = 1024 * 1024;

@@ -27,6 +27,7 @@ pub mod job;
 pub mod labels;
 pub mod report;
 pub mod rollout;
+pub mod runner;
 pub mod secret;
 pub mod selector;
 pub mod spec;

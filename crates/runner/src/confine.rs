@@ -39,11 +39,8 @@ use crate::proto::job::Limits;
 use crate::sys::landlock::{self, Ruleset};
 use crate::sys::spawn::Rlimits;
 
-/// Name of the leaf the runner lives in, so the delegated cgroup has no processes of its
-/// own and may enable controllers for its children (v2 keeps processes in leaves). The
-/// agent starts the runner there when it delegates the cgroup itself.
 #[cfg(target_os = "linux")]
-pub const RUNNER_LEAF: &str = "runner";
+use crate::proto::runner::RUNNER_LEAF;
 /// Job cgroups are `job-<id>` beside the runner's leaf.
 #[cfg(target_os = "linux")]
 const JOB_PREFIX: &str = "job-";

@@ -17,7 +17,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::time::Instant;
 
@@ -25,6 +24,7 @@ use super::job;
 use super::store::{JobStoreError, Outcome, Recorded, Store};
 use crate::proc_tree::Group;
 use crate::proto::job::{JobRecord, JobState};
+pub use crate::proto::runner::{Ended, ReapReport};
 use crate::supervisor::lock;
 use crate::sys::{self, ProcessId};
 
@@ -72,30 +72,6 @@ impl Leftover {
             cgroup: None,
         }
     }
-}
-
-/// How one leftover ended, for logs, the agent's status and `runner reap`'s report.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Ended {
-    pub id: String,
-    /// The job's process, as recorded.
-    pub pid: Option<i32>,
-    /// Whether something of the job still lived and was stopped.
-    pub killed: bool,
-    pub reason: String,
-}
-
-/// What `runner reap` did, printed as JSON on its stdout for the agent.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ReapReport {
-    /// A runner holds the lock (this pid; 0 when it wrote none): its jobs are its own,
-    /// nothing was touched.
-    pub held_by: Option<i32>,
-    pub ended: Vec<Ended>,
-    /// `lost` records the database could not take in time (a full disk); the next
-    /// runner reconciles those jobs again.
-    #[serde(default)]
-    pub uncommitted: Vec<String>,
 }
 
 /// The grace a leftover gets: its own kill grace, at most `cap`.

@@ -42,8 +42,7 @@ pub struct SandboxConfig {
     pub network: crate::proto::job::Network,
 }
 
-/// A job's `/tmp` and `/var/tmp`, each, unless configured.
-pub const DEFAULT_TMP_BYTES: u64 = 1 << 30;
+pub use crate::proto::runner::DEFAULT_TMP_BYTES;
 /// A job's `/dev/shm` unless configured (Docker's default).
 pub const DEFAULT_SHM_BYTES: u64 = 64 << 20;
 

@@ -86,13 +86,13 @@ impl AgentConfig {
             Key::SandboxTmpSize => number(
                 r.sandbox
                     .tmp_size
-                    .unwrap_or(crate::runner::sandbox::DEFAULT_TMP_BYTES),
+                    .unwrap_or(crate::proto::runner::DEFAULT_TMP_BYTES),
             ),
             Key::SandboxAllowSyscalls => list(&r.sandbox.allow_syscalls),
             Key::Network => Value::from(r.sandbox.network.clone().unwrap_or_else(|| "open".into())),
             Key::MaxKeptBytes => number(
                 r.max_kept_bytes
-                    .unwrap_or(crate::runner::engine::DEFAULT_MAX_KEPT_BYTES),
+                    .unwrap_or(crate::proto::runner::DEFAULT_MAX_KEPT_BYTES),
             ),
             Key::HubUrl => list(&self.hub.as_ref()?.urls),
             Key::AgentId => Value::from(&self.hub.as_ref()?.agent_id),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::cgroup;
 use crate::config::AgentConfig;
 use crate::proto::desired::DesiredRunner;
-use crate::runner::leftover::ReapReport;
+use crate::proto::runner::ReapReport;
 use crate::supervisor::account::Account;
 use crate::supervisor::{self, env, Identity, Supervisor};
 use crate::sys::exe::PinnedExe;

@@ -5,6 +5,7 @@
 use crate::config::{AgentConfig, RunnerSettings};
 use crate::proto::admission::AdmissionChange;
 use crate::proto::desired::{DesiredRunner, DesiredState};
+use crate::proto::runner;
 
 /// The desired state a standalone agent derives from its configuration: a runner,
 /// enabled, with the file's job engine limits. `prev` is the one derived last: the
@@ -52,8 +53,10 @@ impl RunnerSpec {
         // else the file's, else the runner's defaults): a limit the hub stops setting is
         // then a new value the running runner takes, not a reason to restart it and end
         // its jobs.
-        let defaults = crate::runner::engine::EngineConfig::default();
-        let max_jobs = d.max_jobs.or(r.max_jobs).unwrap_or(defaults.max_jobs);
+        let max_jobs = d
+            .max_jobs
+            .or(r.max_jobs)
+            .unwrap_or_else(runner::default_max_jobs);
         Self {
             local: RunnerSettings {
                 max_jobs: None,
@@ -76,7 +79,11 @@ impl RunnerSpec {
                         .or(r.max_jobs_per_owner)
                         .unwrap_or(max_jobs),
                 ),
-                max_queued: Some(d.max_queued.or(r.max_queued).unwrap_or(defaults.max_queued)),
+                max_queued: Some(
+                    d.max_queued
+                        .or(r.max_queued)
+                        .unwrap_or(runner::DEFAULT_MAX_QUEUED),
+                ),
                 max_output_bytes: d.max_output_bytes.or(r.max_output_bytes),
                 // The hub's, else the file's (checked when it was loaded).
                 network: d
@@ -307,10 +314,9 @@ mod tests {
         let spec = RunnerSpec::new(&cfg, &hub);
         assert_eq!(spec.desired.max_jobs, Some(4), "from the file");
         assert_eq!(spec.desired.max_jobs_per_owner, Some(1), "from the hub");
-        let defaults = crate::runner::engine::EngineConfig::default();
         assert_eq!(
             spec.desired.max_queued,
-            Some(defaults.max_queued),
+            Some(runner::DEFAULT_MAX_QUEUED),
             "the runner's default"
         );
 
@@ -331,7 +337,7 @@ mod tests {
         assert_eq!(
             decide(7, Some(&spec), &hub, &want),
             Step::Adjust(AdmissionChange {
-                max_jobs: Some(defaults.max_jobs),
+                max_jobs: Some(runner::default_max_jobs()),
                 ..AdmissionChange::default()
             })
         );

@@ -53,8 +53,7 @@ use super::store::{JobStoreError, Store};
 use crate::proto::job::JobSpec;
 use crate::proto::spec::SpecError;
 
-/// What finished jobs may keep on disk by default, spools and workspaces together.
-pub const DEFAULT_MAX_KEPT_BYTES: u64 = 4 * 1024 * 1024 * 1024;
+pub use crate::proto::runner::DEFAULT_MAX_KEPT_BYTES;
 
 /// Limits of one runner. The admission limits (`max_jobs`, `max_jobs_per_owner`,
 /// `max_queued`) are those it starts with: [`Engine::set_admission`] changes them while it
@@ -81,13 +80,10 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
         Self {
-            max_jobs: cpus,
+            max_jobs: crate::proto::runner::default_max_jobs(),
             max_jobs_per_owner: None,
-            max_queued: 1000,
+            max_queued: crate::proto::runner::DEFAULT_MAX_QUEUED,
             max_output_bytes: 64 * 1024 * 1024,
             max_finished_jobs: 1000,
             max_spool_bytes: 1024 * 1024 * 1024,
