@@ -291,6 +291,17 @@ pub(crate) async fn bump_scope(tx: &mut impl Tx, scope: &str) -> Result<u64, Sto
     Ok(generation)
 }
 
+/// `chunk`, its last item repeated up to `n` items: the rows of a statement written for
+/// `n` (a batch's last chunk), so that one prepared statement serves any batch. Only for
+/// a statement that takes a row twice as it takes it once (an `IN` list, an `UPDATE …
+/// FROM` of the same values).
+pub(crate) fn filled<T>(chunk: &[T], n: usize) -> impl Iterator<Item = &T> {
+    let last = chunk.last();
+    chunk
+        .iter()
+        .chain(std::iter::repeat_n(last, n.saturating_sub(chunk.len())).flatten())
+}
+
 /// Runs `body` to its end on this thread, for a backend whose statements never wait
 /// (SQLite's, on its worker thread).
 pub(crate) fn run_now<T>(body: impl Future<Output = T>) -> T {
@@ -321,6 +332,14 @@ mod tests {
         assert_eq!(r.opt_text(1).expect("null"), None);
         assert_eq!(r.u64(2).expect("int"), 0, "a negative count reads as 0");
         assert!(r.text(5).is_err(), "past the row: NULL, not text");
+    }
+
+    #[test]
+    fn a_chunk_is_filled_with_its_last_item() {
+        let filled: Vec<_> = filled(&[1, 2], 4).copied().collect();
+        assert_eq!(filled, [1, 2, 2, 2]);
+        assert_eq!(super::filled(&[1, 2, 3], 3).count(), 3);
+        assert_eq!(super::filled::<u8>(&[], 3).count(), 0, "nothing to repeat");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use std::sync::LazyLock;
 
-use crate::exec::{args, bump_scope, next_generation, Decided, Lock, Param, Row, Tx};
+use crate::exec::{args, bump_scope, filled, next_generation, Decided, Lock, Param, Row, Tx};
 use crate::jobs;
 use crate::proto::hub::DesiredSettings;
 use crate::{
@@ -244,8 +244,7 @@ pub(crate) async fn set_scope(
     Ok(Decided::Commit(Ok(generation)))
 }
 
-/// Reports written at once: a statement of this many rows, the last repeated to fill it,
-/// so that one prepared statement serves any batch.
+/// Reports one statement writes ([`filled`]: one prepared statement serves any batch).
 const REPORTS_AT_ONCE: usize = 64;
 
 /// Each agent's report, unless a newer one is stored (another hub wrote it): in id
@@ -279,13 +278,8 @@ pub(crate) async fn record_reports(
 ) -> Result<Decided<()>, StoreError> {
     batch.sort_unstable_by(|a, b| a.id.cmp(&b.id));
     for chunk in batch.chunks(REPORTS_AT_ONCE) {
-        let last = &chunk[chunk.len() - 1];
         let mut params = Vec::with_capacity(4 * REPORTS_AT_ONCE);
-        for r in chunk
-            .iter()
-            .chain(std::iter::repeat(last))
-            .take(REPORTS_AT_ONCE)
-        {
+        for r in filled(chunk, REPORTS_AT_ONCE) {
             params.extend(args![&r.id, r.seen_at, r.observed_generation, &r.report]);
         }
         tx.execute(&REPORTS_PUT, &params).await?;

@@ -8,8 +8,9 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::LazyLock;
 
-use crate::exec::{args, next_generation, next_seq, Decided, Lock, Row, Tx};
+use crate::exec::{args, filled, next_generation, next_seq, Decided, Lock, Param, Row, Tx};
 use crate::proto::job::{JobSpec, Truncation};
 use crate::{encode, sql, u64_of, StoreError, Stream};
 
@@ -340,7 +341,7 @@ fn job_row(mut r: Row) -> Result<JobRow, StoreError> {
 pub(crate) async fn select(
     tx: &mut impl Tx,
     statement: &str,
-    args: &[crate::exec::Param<'_>],
+    args: &[Param<'_>],
 ) -> Result<Vec<JobRow>, StoreError> {
     let rows = tx.query(statement, args).await?;
     rows.into_iter().map(job_row).collect()
@@ -627,10 +628,28 @@ pub(crate) async fn retain(tx: &mut impl Tx, keep: usize) -> Result<Decided<usiz
         return Ok(Decided::Rollback(0));
     };
     let last = last.int(0)?;
-    tx.execute(sql::DONE_OUTPUT_DELETE, &args![last]).await?;
-    let gone = tx.execute(sql::DONE_JOBS_DELETE, &args![last]).await?;
-    Ok(Decided::Commit(gone as usize))
+    // The jobs first, then the output of exactly those: a job another hub ends between
+    // two statements is either gone whole or kept whole, never left without its row.
+    let gone = tx.query(sql::DONE_JOBS_DELETE, &args![last]).await?;
+    let ids = gone
+        .into_iter()
+        .map(|mut row| row.text(0))
+        .collect::<Result<Vec<_>, _>>()?;
+    for chunk in ids.chunks(IDS_AT_ONCE) {
+        let list: Vec<Param<'_>> = filled(chunk, IDS_AT_ONCE).map(Param::from).collect();
+        tx.execute(&OUTPUT_OF_JOBS_DELETE, &list).await?;
+    }
+    Ok(Decided::Commit(ids.len()))
 }
+
+/// Jobs whose output one statement deletes ([`filled`]: one prepared statement serves
+/// any number).
+const IDS_AT_ONCE: usize = 64;
+
+static OUTPUT_OF_JOBS_DELETE: LazyLock<String> = LazyLock::new(|| {
+    let list: Vec<String> = (1..=IDS_AT_ONCE).map(|i| format!("${i}")).collect();
+    format!("DELETE FROM job_output WHERE job IN ({})", list.join(", "))
+});
 
 #[cfg(test)]
 mod tests {

@@ -169,10 +169,8 @@ pub(crate) const JOB_ASSIGN: &str = "UPDATE jobs
 /// The seq of the done job that has `$1` older ones.
 pub(crate) const OLDEST_DONE_UP_TO: &str =
     "SELECT seq FROM jobs WHERE done = 1 ORDER BY seq LIMIT 1 OFFSET $1";
-pub(crate) const DONE_JOBS_DELETE: &str = "DELETE FROM jobs WHERE done = 1 AND seq <= $1";
-pub(crate) const DONE_OUTPUT_DELETE: &str = "DELETE
-     FROM job_output
-     WHERE job IN (SELECT id FROM jobs WHERE done = 1 AND seq <= $1)";
+pub(crate) const DONE_JOBS_DELETE: &str =
+    "DELETE FROM jobs WHERE done = 1 AND seq <= $1 RETURNING id";
 pub(crate) const QUEUED_JOB_END: &str = "UPDATE jobs
      SET state = $2, cancel_requested = $3, error = $4, finished_ms = $5, done = $6
      WHERE id = $1 AND agent = '' AND done = 0";
@@ -438,7 +436,6 @@ mod tests {
         LIVE_AGENT_IDS,
         OLDEST_DONE_UP_TO,
         DONE_JOBS_DELETE,
-        DONE_OUTPUT_DELETE,
         GENERATION_LOCKED,
         AGENT_OPEN_JOB_ROWS,
         AGENTS_ALL,

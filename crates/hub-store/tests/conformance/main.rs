@@ -14,9 +14,11 @@ use railgrid_testkit::pg;
 
 mod access;
 mod fleet;
+mod jobs;
 mod secrets;
 use self::access::*;
 use self::fleet::*;
+use self::jobs::*;
 use self::secrets::*;
 
 /// A database under test, empty at first.
@@ -140,6 +142,7 @@ cases! {
     admin_tokens_audit_and_rotation_are_kept,
     secrets_are_set_by_version_under_one_key_and_resealed_at_once,
     reports_land_on_their_agents_in_batches_and_never_over_a_newer_one,
+    retention_deletes_each_job_with_its_output_however_many_go,
 }
 
 fn settings(max_jobs: usize) -> DesiredSettings {
