@@ -2,6 +2,7 @@
 //! revocation and its bounds, over real TLS on 127.0.0.1 (curl as the client).
 
 mod connection;
+mod secrets;
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Command, Stdio};
@@ -13,8 +14,9 @@ fn token(path: &std::path::Path) -> String {
     read_lossy(path).trim().to_owned()
 }
 
-/// A reconcile held in a curl of its own; killed when dropped.
-struct HeldPoll(Child);
+/// A reconcile held in a curl of its own, its answer read as it comes (an answer past a
+/// pipe's size would otherwise hold curl); killed when dropped.
+struct HeldPoll(Child, Option<std::thread::JoinHandle<String>>);
 
 impl HeldPoll {
     fn start(hub: &TestHub, id: &str, token: &str, generation: u64, wait: u64) -> HeldPoll {
@@ -23,7 +25,7 @@ impl HeldPoll {
 
     /// A poll with `report` as its body.
     fn report(hub: &TestHub, id: &str, token: &str, report: &str, wait: u64) -> HeldPoll {
-        let child = Command::new("curl")
+        let mut child = Command::new("curl")
             .args(["-sS", "--max-time", "60", "--cacert"])
             .arg(hub.ca())
             .args(["-w", "\n%{http_code}", "-H"])
@@ -35,7 +37,13 @@ impl HeldPoll {
             .stderr(Stdio::null())
             .spawn()
             .expect("curl");
-        HeldPoll(child)
+        let mut stdout = child.stdout.take().expect("stdout");
+        let reader = std::thread::spawn(move || {
+            let mut out = String::new();
+            let _ = std::io::Read::read_to_string(&mut stdout, &mut out);
+            out
+        });
+        HeldPoll(child, Some(reader))
     }
 
     fn done(&mut self) -> bool {
@@ -47,14 +55,12 @@ impl HeldPoll {
         wait_for(limit, "the held poll's answer", || {
             self.done().then_some(())
         });
-        let mut out = String::new();
-        use std::io::Read;
-        self.0
-            .stdout
+        let out = self
+            .1
             .take()
-            .expect("stdout")
-            .read_to_string(&mut out)
-            .expect("read");
+            .expect("read once")
+            .join()
+            .expect("the reader");
         let (body, code) = out.rsplit_once('\n').unwrap_or(("", &out));
         (code.trim().parse().unwrap_or(0), body.to_owned())
     }
