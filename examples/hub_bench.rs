@@ -65,6 +65,7 @@ fn report(generation: u64) -> AgentReport {
         jobs_summary: None,
         jobs: Vec::new(),
         jobs_version: None,
+        refused_generation: None,
     }
 }
 

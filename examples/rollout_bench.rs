@@ -75,6 +75,7 @@ impl Sim {
             drain: None,
             jobs: Vec::new(),
             jobs_version: None,
+            refused_generation: None,
         }
     }
 

@@ -70,6 +70,7 @@ fn report(version: &str, generation: u64, committed: bool) -> AgentReport {
         drain: None,
         jobs: Vec::new(),
         jobs_version: None,
+        refused_generation: None,
     }
 }
 

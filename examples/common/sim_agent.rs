@@ -92,6 +92,7 @@ pub(crate) async fn agent(
                 })
                 .collect(),
             jobs_version,
+            refused_generation: None,
         };
         let sent = hub
             .http

@@ -40,6 +40,11 @@ pub struct AgentReport {
     /// the poll answers at once while its own is newer (a job given or cancelled since,
     /// or an answer lost on its way). `None` from an agent older than the field.
     pub jobs_version: Option<u64>,
+    /// The generation of the desired state this agent could not apply (its runner
+    /// settings), while that is the newest it was given: a hub holding the poll does so
+    /// until a newer one (or a job) comes, rather than answering the same state again at
+    /// once. `None` when it applied the newest, and from an agent older than the field.
+    pub refused_generation: Option<u64>,
 }
 
 /// The runner as the agent's supervisor sees it.

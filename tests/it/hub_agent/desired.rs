@@ -630,3 +630,57 @@ fn the_hubs_network_policy_reaches_the_runner_and_a_job_cannot_widen_it() {
         "{status}"
     );
 }
+
+/// Runner settings the host cannot take (a new runner cannot be built while its log
+/// directory is a file): the agent says which generation it refused, the hub holds its
+/// polls as it would an agent's that applied it (no answer of the same state at once, no
+/// backoff in between), a job still runs as soon as it is given, and a newer state wakes
+/// the poll and is applied once the host can take it.
+#[test]
+fn an_agent_holding_refused_settings_keeps_a_held_poll_and_takes_jobs_at_once() {
+    let tmp = tempdir();
+    let (h, hub) = HubHost::enrolled(&tmp.path().join("hub"), "a1");
+    let _agent = h.start_agent(&hub.url);
+    h.host.wait_runner("a runner", |_| true);
+    let before = hub_generation(&hub, "a1");
+    h.wait_status("the first state applied", APPLIED, connected_at(before));
+    let logs = h.host.path("logs");
+    let aside = h.host.path("logs.aside");
+    fs::rename(&logs, &aside).expect("move the log directory aside");
+    fs::write(&logs, "").expect("a file in its place");
+    // Another network needs a new runner, which this host cannot build for now.
+    hub.admin_ok(&["desired", "set", "--agent", "a1", "--network", "none"]);
+    let refused = hub_generation(&hub, "a1");
+    h.wait_hub_error(&format!("generation {refused}"), LIMIT);
+    let held = || {
+        let (_, body) = hub.curl("GET", "/v1/health", None, None);
+        serde_json::from_str::<Value>(&body).expect("health")["polls_held"].as_u64()
+    };
+    wait_for(LIMIT, "the refusing agent's poll held", || {
+        (held() == Some(1)).then_some(())
+    });
+    let shown = hub.admin_json(&["agent", "show", "a1"]);
+    assert_eq!(shown["report"]["refused_generation"], refused, "{shown:#}");
+
+    let out = hub.admin(&[
+        "job", "submit", "--agent", "a1", "--id", "r-job", "--wait", "--", "true",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        h.status_json()["hub"]["generation"],
+        before,
+        "still refused"
+    );
+
+    fs::remove_file(&logs).expect("the file");
+    fs::rename(&aside, &logs).expect("the log directory back");
+    hub.admin_ok(&["desired", "set", "--agent", "a1", "--max-jobs", "3"]);
+    let g = hub_generation(&hub, "a1");
+    h.wait_status("the newer state applied", APPLIED, connected_at(g));
+    let shown = hub.admin_json(&["agent", "show", "a1"]);
+    assert!(shown["report"]["refused_generation"].is_null(), "{shown:#}");
+}

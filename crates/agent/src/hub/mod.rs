@@ -19,7 +19,9 @@
 //!
 //! A failure (the hub down, a refused token, a broken answer, a desired state the
 //! reconciler could not apply) is retried with capped, jittered exponential backoff
-//! ([`backoff_delay`]) and logged once per change of state, never once per retry. Nothing
+//! ([`backoff_delay`]) and logged once per change of state, never once per retry; a desired
+//! state refused again after a poll the hub held (it knows the refusal from
+//! `refused_generation`) is polled for again at once, the hold pacing the retries. Nothing
 //! here stops the runner or ends the agent: without the hub the agent keeps the desired
 //! state it applied last (docs/design.md, invariant 12).
 //!
@@ -177,6 +179,7 @@ impl HubHandle {
             drain,
             drain_open: true,
             jobs_version: None,
+            refused: None,
             reached,
         };
         Self {
@@ -245,6 +248,10 @@ struct HubTask {
     /// The `jobs_version` of the last answer whose jobs went to the jobs task, echoed in
     /// every report: a hub holding the poll answers at once when its own differs.
     jobs_version: Option<u64>,
+    /// The generation of the desired state the reconciler last refused, while it is the
+    /// newest the hub gave: reported, so that a hub holds the next poll rather than
+    /// answer the same state at once.
+    refused: Option<u64>,
     /// How the link fares, for an upgrade's commit.
     reached: watch::Sender<Contact>,
 }
@@ -445,6 +452,7 @@ impl HubTask {
             jobs_summary,
             jobs,
             jobs_version: self.jobs_version,
+            refused_generation: self.refused,
         }
     }
 
@@ -566,9 +574,19 @@ impl HubTask {
                     why,
                 };
                 self.apply_failed(&e);
+                // Refused again after a poll the hub held (it knows the refusal: it held
+                // until the hold's end, or a job cut it short): polled again at once, the
+                // hold pacing the retries, so that jobs keep coming as they are given.
+                // Else (the first refusal, or a hub that answers it at once) the backoff.
+                let before = self.refused.replace(desired.generation);
+                let held = before == Some(desired.generation) && sent.elapsed() >= HELD;
+                if jobs_news || held {
+                    return Next::Again;
+                }
                 return Next::Pause(self.backoff.next());
             }
         }
+        self.refused = None;
         // A reset was answered at once because generation 0 was reported, whatever the
         // hub does with polls: poll again at once, with the generation now applied.
         let was_reset = std::mem::replace(&mut self.reset, false);

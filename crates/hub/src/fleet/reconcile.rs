@@ -12,7 +12,8 @@ pub struct Poll {
     rx: watch::Receiver<u64>,
     /// The agent's jobs' version ([`super::jobs::version`]).
     jobs: watch::Receiver<u64>,
-    /// The generation the agent reported.
+    /// The newest generation the agent has had: the one it applied, or a newer one it
+    /// could not apply (answered again, it would refuse it again).
     observed: u64,
     /// The jobs' version the agent echoed; `None` from an agent older than the field.
     jobs_seen: Option<u64>,
@@ -111,13 +112,16 @@ impl<S: Store> Fleet<S> {
             .await
             .map_err(|e| FleetError::Store(crate::store::StoreError::Worker(e)))??;
         }
+        // What it refused counts as had, up to what this hub gave (never past: a hostile
+        // number must not hold the poll past a change).
+        let had = observed.max(report.refused_generation.unwrap_or(0).min(current));
         self.queue_report(entry, report);
         self.kick_if_room(entry);
         Ok(Poll {
             entry: entry.clone(),
             rx,
             jobs: jobs_rx,
-            observed,
+            observed: had,
             jobs_seen,
             jobs_follow,
             token,

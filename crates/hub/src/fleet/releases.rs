@@ -212,6 +212,7 @@ mod tests {
             drain: None,
             jobs: Vec::new(),
             jobs_version: None,
+            refused_generation: None,
         }
     }
 
