@@ -285,7 +285,6 @@ impl HubTask {
                     break;
                 }
             }
-            let started = Instant::now();
             let report = self.report().await;
             let recount = self.recount_after(&report);
             // The first answer at once: a new agent (an upgraded one, waiting to commit)
@@ -295,6 +294,8 @@ impl HubTask {
             } else {
                 Duration::ZERO
             };
+            // From the request's start, the report built: how long the hub held it.
+            let started = Instant::now();
             let next = tokio::select! {
                 // Cancel-safe: dropping a reconcile in flight closes its connection; the
                 // next one carries a fresh report, and applying it again changes nothing.
@@ -388,6 +389,8 @@ impl HubTask {
                 self.status.url = self.conn.base().to_owned();
                 self.status.agent_id = settings.agent_id;
                 self.backoff.reset();
+                // The host may take now what it refused: the next answer comes at once.
+                self.refused = None;
                 self.publish();
                 Next::Again
             }
@@ -480,7 +483,9 @@ impl HubTask {
         sent: Instant,
         wait: Duration,
     ) -> Next {
-        super::metrics::RECONCILE.observe(sent.elapsed().as_secs_f64());
+        // Whether the hub held the poll: measured before the reconciler takes its turn.
+        let answered_in = sent.elapsed();
+        super::metrics::RECONCILE.observe(answered_in.as_secs_f64());
         let counter = if answer.is_ok() {
             &super::metrics::RECONCILES_OK
         } else {
@@ -502,6 +507,8 @@ impl HubTask {
                     let applied = self.observed.borrow().desired.generation;
                     tracing::warn!(applied, "the hub refuses the generation this agent reports: reporting generation 0, and taking the hub's answer as a reset");
                     self.reset = true;
+                    // Nothing it refused stands beside a reset: the answer comes at once.
+                    self.refused = None;
                     return Next::Again;
                 }
                 // Replicas of one hub: the next one is tried at once, each once a
@@ -534,6 +541,8 @@ impl HubTask {
         if desired.generation < applied.generation && !reset {
             // A hub restored from an older backup: never go back. The reference hub moves
             // past the reported generation; another one is asked again after the backoff.
+            // Nor is a refusal of a generation it no longer gives reported.
+            self.refused = None;
             let e = HubLinkError::NotApplied {
                 generation: desired.generation,
                 why: format!(
@@ -574,13 +583,18 @@ impl HubTask {
                     why,
                 };
                 self.apply_failed(&e);
-                // Refused again after a poll the hub held (it knows the refusal: it held
-                // until the hold's end, or a job cut it short): polled again at once, the
-                // hold pacing the retries, so that jobs keep coming as they are given.
-                // Else (the first refusal, or a hub that answers it at once) the backoff.
+                // A generation refused for the first time is asked for again at once, with
+                // the refusal reported; refused again after a poll the hub held (it knows
+                // the refusal: it held until the hold's end, or a job cut it short), again
+                // at once, the hold pacing the retries, so that jobs keep coming as they
+                // are given. A hub that answers a known refusal at once (one older than
+                // the field) gets the backoff.
                 let before = self.refused.replace(desired.generation);
-                let held = before == Some(desired.generation) && sent.elapsed() >= HELD;
-                if jobs_news || held {
+                let first = before != Some(desired.generation);
+                if first || jobs_news || answered_in >= HELD {
+                    if !first {
+                        self.backoff.reset();
+                    }
                     return Next::Again;
                 }
                 return Next::Pause(self.backoff.next());

@@ -135,6 +135,7 @@ impl Reconciler {
             observed,
             drain,
             stop_when_idle: false,
+            refusal: None,
         };
         let spec = RunnerSpec::new(&task.cfg, &task.desired);
         if spec.desired.enabled {
@@ -251,6 +252,9 @@ struct ReconcilerTask {
     /// The desired state disables the runner, draining first: it stops once no job is
     /// left (docs/design.md, "Drain").
     stop_when_idle: bool,
+    /// Why the last runner settings were refused: the same refusal again (the hub's
+    /// state asked for at each answer) is logged at debug level only.
+    refusal: Option<String>,
 }
 
 impl ReconcilerTask {
@@ -498,10 +502,16 @@ impl ReconcilerTask {
             Ok(sup) => sup,
             Err(e) => {
                 let why = crate::error_chain(&e);
-                tracing::error!(error = %why, "{origin}: cannot apply the new runner settings; keeping the running ones");
+                if self.refusal.as_ref() == Some(&why) {
+                    tracing::debug!(error = %why, "{origin}: still cannot apply the new runner settings; keeping the running ones");
+                } else {
+                    tracing::error!(error = %why, "{origin}: cannot apply the new runner settings; keeping the running ones");
+                }
+                self.refusal = Some(why.clone());
                 return Ok(Outcome::Refused(why));
             }
         };
+        self.refusal = None;
         self.stop_runner().await;
         self.accept(cfg, desired);
         self.start(sup, want).await?;

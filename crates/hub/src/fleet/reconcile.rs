@@ -113,8 +113,9 @@ impl<S: Store> Fleet<S> {
             .map_err(|e| FleetError::Store(crate::store::StoreError::Worker(e)))??;
         }
         // What it refused counts as had, up to what this hub gave (never past: a hostile
-        // number must not hold the poll past a change).
-        let had = observed.max(report.refused_generation.unwrap_or(0).min(current));
+        // number must not hold the poll past a change); never beside a reset (0).
+        let refused = report.refused_generation.filter(|_| observed != 0);
+        let had = observed.max(refused.unwrap_or(0).min(current));
         self.queue_report(entry, report);
         self.kick_if_room(entry);
         Ok(Poll {
